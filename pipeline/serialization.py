@@ -1,0 +1,95 @@
+"""Deterministic bytes for mechanism state (checkpoints to Redis, restore bit-for-bit).
+
+A state is a nested structure of dicts (str keys), lists, numpy arrays, Python ints/floats/bools,
+str and None. :func:`dumps_state` writes a JSON header describing the structure followed by the
+raw little-endian buffers of the arrays; :func:`loads_state` reverses it exactly (dtype, shape and
+every bit of every array and float). Same state -> same bytes, so checksums are meaningful.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import numpy as np
+
+__all__ = ["dumps_state", "loads_state"]
+
+_MAGIC = b"DPST1"
+
+
+def _encode(obj: Any, buffers: list[bytes]) -> Any:
+    if isinstance(obj, np.ndarray):
+        arr = np.ascontiguousarray(obj)
+        if arr.dtype.hasobject:
+            raise TypeError("object arrays cannot be serialised")
+        dtype = arr.dtype.newbyteorder("<") if arr.dtype.byteorder not in ("|", "<", "=") else arr.dtype
+        buffers.append(arr.astype(dtype, copy=False).tobytes())
+        return {"__nd__": len(buffers) - 1, "dtype": np.dtype(dtype).str, "shape": list(arr.shape)}
+    if isinstance(obj, dict):
+        for key in obj:
+            if not isinstance(key, str):
+                raise TypeError(f"state keys must be str, got {key!r}")
+        # sorted, so buffer numbering follows the header's order: equal states -> equal bytes
+        return {"__map__": {k: _encode(obj[k], buffers) for k in sorted(obj)}}
+    if isinstance(obj, (list, tuple)):
+        return [_encode(v, buffers) for v in obj]
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return {"__int__": str(int(obj))}  # arbitrary precision, no float rounding
+    if isinstance(obj, (float, np.floating)):
+        return {"__float__": float(obj).hex()}  # exact, including inf/nan
+    if obj is None or isinstance(obj, str):
+        return obj
+    raise TypeError(f"cannot serialise value of type {type(obj).__name__}")
+
+
+def _decode(obj: Any, buffers: list[memoryview]) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, buffers) for v in obj]
+    if isinstance(obj, dict):
+        if "__nd__" in obj:
+            arr = np.frombuffer(buffers[obj["__nd__"]], dtype=np.dtype(obj["dtype"]))
+            return arr.reshape(obj["shape"]).copy()
+        if "__map__" in obj:
+            return {k: _decode(v, buffers) for k, v in obj["__map__"].items()}
+        if "__int__" in obj:
+            return int(obj["__int__"])
+        if "__float__" in obj:
+            return float.fromhex(obj["__float__"])
+        raise ValueError(f"corrupt state header entry {obj!r}")
+    return obj
+
+
+def dumps_state(state: dict[str, Any]) -> bytes:
+    buffers: list[bytes] = []
+    header = json.dumps(_encode(state, buffers), sort_keys=True, separators=(",", ":")).encode()
+    parts = [_MAGIC, struct.pack("<I", len(header)), header, struct.pack("<I", len(buffers))]
+    for buf in buffers:
+        parts.append(struct.pack("<Q", len(buf)))
+        parts.append(buf)
+    return b"".join(parts)
+
+
+def loads_state(data: bytes) -> dict[str, Any]:
+    view = memoryview(data)
+    if bytes(view[:5]) != _MAGIC:
+        raise ValueError("not a dpstream state blob (bad magic)")
+    pos = 5
+    (hlen,) = struct.unpack_from("<I", view, pos)
+    pos += 4
+    header = json.loads(bytes(view[pos : pos + hlen]))
+    pos += hlen
+    (count,) = struct.unpack_from("<I", view, pos)
+    pos += 4
+    buffers = []
+    for _ in range(count):
+        (blen,) = struct.unpack_from("<Q", view, pos)
+        pos += 8
+        buffers.append(view[pos : pos + blen])
+        pos += blen
+    if pos != len(view):
+        raise ValueError("trailing bytes after state blob")
+    return _decode(header, buffers)

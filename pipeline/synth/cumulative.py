@@ -1,0 +1,305 @@
+"""Cumulative-time synthesizer: Algorithm 2 + Appendix B of seed 003, with tree-based counters.
+
+Statistic. S_b^t = #{users with Hamming weight ≥ b after t steps}, b = 0..T. It is the prefix sum
+of z_b^t = #{users with weight exactly b−1 after t−1 steps and x^t = 1}. b = 0 is exact:
+S_0^t = n (the roster size, public by DESIGN §3).
+
+Privacy (Theorem 4.1). Counter b (b = 1..T) is a tree-based counter (Algorithm 3) over
+t = b..T (horizon T − b + 1: z_b^t = 0 for t < b) with budget
+
+    ρ_b = ρ·w_b / Σ_b' w_b',   w_b = max(⌈log2(T − b + 1)⌉, 1)^3        (Appendix B)
+
+so Σ_b ρ_b = ρ. Each counter is ρ_b-zCDP for streams that differ in one entry by at most 1
+(add_remove): adding or removing one user changes, for each b, at most one z_b^t (the step its
+weight reaches b), by 1. Composition over b gives ρ-zCDP for a user's whole sequence. replace: the
+changed user's +1 in stream b can move from one step to another, i.e. two entries change by 1,
+doubling the squared L2 sensitivity of the tree's node vector, so each counter's σ² doubles
+(TreeCounter(neighbours="replace")). Monotonisation and the synthetic records are post-processing.
+
+Monotonisation (Algorithm 2): Ŝ_b^t = min(max(S̃_b^t, Ŝ_b^{t−1}), Ŝ_{b−1}^{t−1}) for 1 ≤ b ≤ t,
+Ŝ_b^{b−1} = 0, Ŝ_0^t = n, Ŝ_b^t = 0 for b > t; so 0 ≤ Ŝ_b^t ≤ Ŝ_{b−1}^{t−1} ≤ n automatically.
+Lemma 4.2: |Ŝ_b^t − S_b^t| ≤ max(|S̃_b^t − S_b^t|, |Ŝ_b^{t−1} − S_b^{t−1}|, |Ŝ_{b−1}^{t−1} − S_{b−1}^{t−1}|).
+
+Synthetic data: m = n records. At step t, among the records whose *synthetic* weight is b−1
+(Algorithm 2's pseudocode writes x; the text means x̂), ẑ_b^t = Ŝ_b^t − Ŝ_b^{t−1} chosen
+uniformly at random get a 1, the others a 0. Then #{records with synthetic weight ≥ b} = Ŝ_b^t.
+
+Public: S̃ (noisy_counts), Ŝ (monotone_counts), the synthetic records, ρ_b. Curator-side: the
+users' real weights (held for the values path, hence in :meth:`get_state`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from pipeline.privacy.rng import RandomSource, as_random_source, random_source_from_state
+
+from ._common import (
+    assign_groups,
+    check_beta,
+    check_int,
+    check_neighbours,
+    check_rho,
+    coerce_counts,
+    coerce_values,
+)
+
+__all__ = ["CumulativeSynthesizer", "counter_weights"]
+
+_STATE_KIND = "CumulativeSynthesizer"
+_STATE_VERSION = 1
+
+
+def _tree_counter_cls():
+    from pipeline.counters.tree import TreeCounter  # shared (owned by the counters engineer)
+
+    return TreeCounter
+
+
+def counter_weights(horizon: int) -> np.ndarray:
+    """w_b = max(⌈log2(T − b + 1)⌉, 1)^3 for b = 1..T (Appendix B), as float64 (index b − 1)."""
+    T = int(horizon)
+    out = np.empty(T, dtype=np.float64)
+    for b in range(1, T + 1):
+        h = T - b + 1
+        out[b - 1] = max((h - 1).bit_length(), 1) ** 3  # (h−1).bit_length() = ⌈log2 h⌉ exactly
+    return out
+
+
+class CumulativeSynthesizer:
+    """Continual synthetic binary data preserving all cumulative (Hamming-weight ≥ b) queries.
+
+    Parameters
+    ----------
+    horizon : T. rho : total zCDP budget. beta : failure probability used by :meth:`error_bound`.
+    neighbours : "add_remove" or "replace" (passed to every tree counter: σ² doubles for replace).
+    seed : None (secure OS randomness), int (seeded, tests only) or a RandomSource.
+    n : roster size; required for the counts path, otherwise fixed by the first ``update``.
+
+    ``update(values)`` (one bit per user) or ``release_counts(z_t)`` (z_t[b] = #users whose weight
+    goes from b−1 to b at this step, length T + 1, z_t[0] = 0) once per step; both return the new
+    synthetic column as an int array of shape (n, 1), and give bit-for-bit identical results.
+    """
+
+    def __init__(
+        self,
+        horizon: int,
+        rho: float,
+        beta: float = 0.05,
+        neighbours: str = "add_remove",
+        seed: RandomSource | int | None = None,
+        *,
+        n: int | None = None,
+    ):
+        self.horizon = check_int(horizon, "horizon", low=1)
+        self.rho = check_rho(rho)
+        self.beta = check_beta(beta)
+        self.neighbours = check_neighbours(neighbours)
+        self.n = None if n is None else check_int(n, "n", low=1)
+        self._rng = as_random_source(seed)
+        w = counter_weights(self.horizon)
+        self.rhos = self.rho * w / w.sum()  # ρ_b at index b − 1
+        TreeCounter = _tree_counter_cls()
+        self._counters = []
+        for b in range(1, self.horizon + 1):  # counter b runs over t = b..T; one shared source
+            self._counters.append(
+                TreeCounter(self.horizon - b + 1, float(self.rhos[b - 1]), seed=self._rng, neighbours=self.neighbours)
+            )
+        self.t = 0
+        self._mode: str | None = None
+        self._weights: np.ndarray | None = None  # curator-side real weights
+        self._syn: np.ndarray | None = None
+        self._syn_weights: np.ndarray | None = None
+        self._noisy: list[np.ndarray] = []
+        self._monotone: list[np.ndarray] = []
+        self._s_hat: np.ndarray | None = None  # Ŝ^{t} for b = 0..T
+
+    # ---------------------------------------------------------------------------------------
+    @property
+    def m(self) -> int | None:
+        return self.n
+
+    @property
+    def counters(self) -> list:
+        """The T tree counters (index b − 1); read their ``sigma2``/``variance_at``."""
+        return list(self._counters)
+
+    def counter_variance(self, b: int, t: int) -> float:
+        """Variance of S̃_b^t − S_b^t: the tree counter's, at its local time t − b + 1."""
+        return float(self._counters[b - 1].variance_at(t - b + 1))
+
+    @property
+    def synthetic(self) -> np.ndarray:
+        if self._syn is None:
+            return np.zeros((0, 0), dtype=np.int8)
+        view = self._syn[:, : self.t]
+        view.flags.writeable = False
+        return view
+
+    @property
+    def noisy_counts(self) -> dict[int, np.ndarray]:
+        """S̃^t per step, length T + 1 indexed by b (entry 0 = n exact, entries b > t = 0)."""
+        return {t + 1: a.copy() for t, a in enumerate(self._noisy)}
+
+    @property
+    def monotone_counts(self) -> dict[int, np.ndarray]:
+        """Ŝ^t per step, length T + 1 indexed by b (Ŝ_0 = n, Ŝ_b = 0 for b > t)."""
+        return {t + 1: a.copy() for t, a in enumerate(self._monotone)}
+
+    @property
+    def secure(self) -> bool:
+        return bool(self._rng.secure)
+
+    def error_bound(self, beta: float | None = None) -> float:
+        """Count error bound holding for all (b, t) simultaneously with probability ≥ 1 − beta.
+
+        Corollary B.1 recomputed with the counters' exact variances: each S̃_b^t − S_b^t is a sum
+        of independent discrete Gaussians, σ²-sub-Gaussian with σ² = variance_at(t − b + 1);
+        a two-sided union bound over the T(T+1)/2 pairs gives
+        max_{b,t} √(2·Var_b(t)·ln(T(T+1)/beta)); Lemma 4.2 carries it to Ŝ.
+        """
+        beta = self.beta if beta is None else check_beta(beta)
+        T = self.horizon
+        pairs = T * (T + 1) // 2
+        worst = max(self.counter_variance(b, t) for b in range(1, T + 1) for t in range(b, T + 1))
+        return math.sqrt(2.0 * worst * math.log(2.0 * pairs / beta))
+
+    def paper_alpha_star(self, beta: float | None = None) -> float:
+        """Corollary B.1 as printed, in counts (n·α*): √(Σ_b w_b / ρ · ln(1/β)), β* = Tβ."""
+        beta = self.beta if beta is None else check_beta(beta)
+        return math.sqrt(counter_weights(self.horizon).sum() / self.rho * math.log(1.0 / beta))
+
+    def parameters(self) -> dict[str, Any]:
+        return {
+            "mechanism": "cumulative",
+            "horizon": self.horizon,
+            "rho": self.rho,
+            "rhos": [float(r) for r in self.rhos],
+            "beta": self.beta,
+            "neighbours": self.neighbours,
+            "m": self.n,
+        }
+
+    # ---------------------------------------------------------------------------------------
+    def _set_mode(self, mode: str) -> None:
+        if self._mode is None:
+            self._mode = mode
+        elif self._mode != mode:
+            raise RuntimeError(f"this synthesizer is driven by {self._mode}; do not mix update() and release_counts()")
+
+    def update(self, values) -> np.ndarray:
+        """Consume one step of bits (one per user) and release the new synthetic column (n, 1)."""
+        if self.t >= self.horizon:
+            raise RuntimeError(f"horizon reached: all {self.horizon} steps were already consumed")
+        x = coerce_values(values, 2, self.n, "values")
+        self._set_mode("values")
+        if self.n is None:
+            self.n = int(x.size)
+        if self._weights is None:
+            self._weights = np.zeros(self.n, dtype=np.int64)
+        ones = x == 1
+        z = np.bincount(self._weights[ones] + 1, minlength=self.horizon + 1).astype(np.int64)
+        self._weights = self._weights + x
+        return self._release(z)
+
+    def release_counts(self, z_t) -> np.ndarray:
+        """Release the next step from z_t (length T + 1; z_t[b] = #users whose weight goes b−1 → b)."""
+        if self.t >= self.horizon:
+            raise RuntimeError(f"horizon reached: all {self.horizon} steps were already consumed")
+        if self.n is None:
+            raise ValueError("n (the roster size) must be given to the constructor to use release_counts")
+        z = coerce_counts(z_t, self.horizon + 1, "z_t")
+        step = self.t + 1
+        if z[0] != 0:
+            raise ValueError(f"z_t[0] must be 0 (no user reaches weight 0), got {z[0]}")
+        if np.any(z[step + 1 :] != 0):
+            raise ValueError(f"z_t[b] must be 0 for b > t = {step} (weights cannot exceed t)")
+        if int(z.sum()) > self.n:
+            raise ValueError(f"z_t sums to {int(z.sum())} > n = {self.n}")
+        self._set_mode("counts")
+        return self._release(z)
+
+    def _release(self, z: np.ndarray) -> np.ndarray:
+        T, n, t = self.horizon, self.n, self.t + 1
+        if self._syn is None:
+            self._syn = np.zeros((n, T), dtype=np.int8)
+            self._syn_weights = np.zeros(n, dtype=np.int64)
+            self._s_hat = np.zeros(T + 1, dtype=np.int64)
+            self._s_hat[0] = n
+        prev = self._s_hat
+        noisy = np.zeros(T + 1, dtype=np.int64)
+        noisy[0] = n
+        new = np.zeros(T + 1, dtype=np.int64)
+        new[0] = n
+        for b in range(1, t + 1):
+            noisy[b] = int(self._counters[b - 1].update(int(z[b])))
+            new[b] = min(max(int(noisy[b]), int(prev[b])), int(prev[b - 1]))
+        ones = new - prev  # ẑ_b^t at index b (b ≥ 1); index 0 unused
+        # records with synthetic weight w = b − 1: prev[w] − prev[w + 1]; ẑ_{w+1} of them get a 1
+        sizes = prev[:t] - prev[1 : t + 1]
+        k1 = ones[1 : t + 1]
+        counts = np.stack([sizes - k1, k1], axis=1)
+        labels = assign_groups(self._syn_weights, counts, self._rng)
+        self._syn[:, t - 1] = labels
+        self._syn_weights = self._syn_weights + labels
+        self._s_hat = new
+        self._noisy.append(noisy)
+        self._monotone.append(new.copy())
+        self.t = t
+        return self._syn[:, t - 1 : t].copy()
+
+    # ---------------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        """Everything needed to continue bit-for-bit (curator-side: holds the users' real weights)."""
+        T = self.horizon
+        return {
+            "kind": _STATE_KIND,
+            "version": _STATE_VERSION,
+            "params": {"horizon": T, "rho": self.rho, "beta": self.beta, "neighbours": self.neighbours, "n": self.n},
+            "t": self.t,
+            "mode": self._mode,
+            "weights": self._weights,
+            "synthetic": None if self._syn is None else self._syn[:, : self.t].copy(),
+            "syn_weights": self._syn_weights,
+            "s_hat": self._s_hat,
+            "noisy": np.asarray(self._noisy, dtype=np.int64).reshape(-1, T + 1),
+            "monotone": np.asarray(self._monotone, dtype=np.int64).reshape(-1, T + 1),
+            "counters": [c.get_state(include_rng=False) for c in self._counters],
+            "rng": self._rng.get_state(),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "CumulativeSynthesizer":
+        if state.get("kind") != _STATE_KIND:
+            raise ValueError(f"not a {_STATE_KIND} state (kind={state.get('kind')!r})")
+        p = state["params"]
+        TreeCounter = _tree_counter_cls()
+        obj = cls.__new__(cls)
+        obj.horizon = check_int(p["horizon"], "horizon", low=1)
+        obj.rho = check_rho(p["rho"])
+        obj.beta = check_beta(p["beta"])
+        obj.neighbours = check_neighbours(p["neighbours"])
+        obj.n = None if p["n"] is None else int(p["n"])
+        obj._rng = random_source_from_state(state["rng"])
+        w = counter_weights(obj.horizon)
+        obj.rhos = obj.rho * w / w.sum()
+        obj._counters = [TreeCounter.from_state(s, rng=obj._rng) for s in state["counters"]]
+        obj.t = int(state["t"])
+        obj._mode = state["mode"]
+        obj._weights = None if state["weights"] is None else np.asarray(state["weights"], dtype=np.int64).copy()
+        obj._syn = None
+        if state["synthetic"] is not None:
+            syn = np.asarray(state["synthetic"])
+            obj._syn = np.zeros((syn.shape[0], obj.horizon), dtype=np.int8)
+            obj._syn[:, : syn.shape[1]] = syn
+        obj._syn_weights = None if state["syn_weights"] is None else np.asarray(state["syn_weights"], dtype=np.int64).copy()
+        obj._s_hat = None if state["s_hat"] is None else np.asarray(state["s_hat"], dtype=np.int64).copy()
+        obj._noisy = [np.asarray(r, dtype=np.int64).copy() for r in np.asarray(state["noisy"])]
+        obj._monotone = [np.asarray(r, dtype=np.int64).copy() for r in np.asarray(state["monotone"])]
+        return obj
+
+    def __repr__(self) -> str:
+        return f"CumulativeSynthesizer(horizon={self.horizon}, rho={self.rho}, neighbours={self.neighbours!r}, t={self.t}, n={self.n})"
