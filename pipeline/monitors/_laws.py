@@ -1,0 +1,363 @@
+"""Exact tail probabilities of the discrete noise laws the monitors use, and the sparse-sampling
+helpers built on them (Binomial / geometric / conditional-tail draws from a :class:`RandomSource`).
+
+Everything here is curator-side arithmetic: no private data, no I/O.
+
+Laws (all on the integers, or the integers plus one atom for the capped law):
+
+* :class:`DiscreteLaplaceLaw` ``DL(s)``: pmf ∝ exp(−|x|/s); with ρ = e^{−1/s},
+  P(X ≥ y) = ρ^y/(1+ρ) for integer y ≥ 1 and P(X ≥ y) = 1 − ρ^{1−y}/(1+ρ) for y ≤ 0.
+* :class:`DiscreteGaussianLaw` ``DG(σ²)``: pmf ∝ exp(−x²/(2σ²)); the normaliser by Poisson summation
+  (Jacobi theta), the tail by a direct sum truncated where the remaining terms are below e^{−80}
+  of the sum.
+* :class:`CappedSumLaw` ``W + min(V, D)`` with W ~ DL(s_w), V ~ DL(s_v), D real: the noise of
+  ThresholdMonitor (seed 002, Alg. 3 step 3a–3c: w ~ Lap(10Δ), v̄ = min(v, Δ)). Tails in closed form
+  as sums of geometric series (see :meth:`CappedSumLaw.log_sf`).
+
+Probabilities are returned as natural logs where they can be tiny (1e−20 is routine: β/(m·|X|)).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import special
+
+from pipeline.privacy.rng import RandomSource
+
+__all__ = [
+    "DiscreteLaplaceLaw",
+    "DiscreteGaussianLaw",
+    "CappedSumLaw",
+    "upper_quantile",
+    "lower_quantile",
+    "uniform_open",
+    "binomial_draw",
+    "geometric_draw",
+    "choose_absent_ids",
+]
+
+_NEG_INF = -math.inf
+
+
+def _log_add(a: float, b: float) -> float:
+    if a == _NEG_INF:
+        return b
+    if b == _NEG_INF:
+        return a
+    m = max(a, b)
+    return m + math.log1p(math.exp(-abs(a - b)))
+
+
+def _log_geom(log_r: float, a: float, b: float) -> float:
+    """ln Σ_{u=a}^{b} r^u for integers a ≤ b (b = +inf allowed when r < 1); −inf for an empty range."""
+    if b < a:
+        return _NEG_INF
+    if a == -math.inf:
+        raise ValueError("lower end must be finite")
+    n = b - a + 1
+    if log_r == 0.0:
+        if math.isinf(n):
+            raise ValueError("divergent geometric series")
+        return math.log(n)
+    if log_r < 0.0:
+        one_minus_rn = 1.0 if math.isinf(n) else -math.expm1(n * log_r)
+        return a * log_r + math.log(one_minus_rn) - math.log(-math.expm1(log_r))
+    if math.isinf(n):
+        raise ValueError("divergent geometric series")
+    x = n * log_r
+    log_expm1_x = x + math.log1p(-math.exp(-x)) if x > 30.0 else math.log(math.expm1(x))
+    return a * log_r + log_expm1_x - math.log(math.expm1(log_r))
+
+
+class DiscreteLaplaceLaw:
+    """DL(s): P(X = x) = ((1−ρ)/(1+ρ))·ρ^{|x|}, ρ = e^{−1/s} (the sampler ``discrete_laplace(s)``)."""
+
+    def __init__(self, scale: float):
+        if not (scale > 0 and math.isfinite(scale)):
+            raise ValueError(f"scale must be positive and finite, got {scale!r}")
+        self.scale = float(scale)
+        self.log_rho = -1.0 / self.scale
+        self.rho = math.exp(self.log_rho)
+        self._log1p_rho = math.log1p(self.rho)
+        self._log_norm = math.log(-math.expm1(self.log_rho)) - self._log1p_rho
+
+    def log_sf(self, y: float) -> float:
+        """ln P(X ≥ y) for real y."""
+        big_y = math.ceil(y)
+        if big_y >= 1:
+            return big_y * self.log_rho - self._log1p_rho
+        return math.log1p(-math.exp((1 - big_y) * self.log_rho - self._log1p_rho))
+
+    def log_cdf(self, x: float) -> float:
+        """ln P(X ≤ x) for real x (symmetry: P(X ≤ x) = P(X ≥ −⌊x⌋))."""
+        return self.log_sf(-math.floor(x))
+
+    def log_pmf_sum(self, lo: float, hi: float, c: float) -> float:
+        """ln Σ_{v=lo}^{hi} P(X = v)·e^{c·v} (lo may be −inf; hi may be +inf when it converges)."""
+        total = _NEG_INF
+        # v ≤ −1: P ∝ ρ^{−v}; with u = −v ≥ 1 the term is exp(u·(ln ρ − c)).
+        if lo <= -1:
+            u_lo = max(1.0, -hi)
+            u_hi = -lo  # may be +inf
+            if u_lo <= u_hi:
+                total = _log_add(total, _log_geom(self.log_rho - c, u_lo, u_hi))
+        # v ≥ 0: term exp(v·(ln ρ + c)).
+        if hi >= 0:
+            v_lo = max(0.0, lo)
+            if v_lo <= hi:
+                total = _log_add(total, _log_geom(self.log_rho + c, v_lo, hi))
+        return total + self._log_norm if total != _NEG_INF else _NEG_INF
+
+    def sample_conditional_tail(self, source: RandomSource, t: int, size: int) -> np.ndarray:
+        """Draws of X conditioned on X ≥ t for an integer t ≥ 1: t + Geometric(1 − ρ) (memoryless);
+        inverse CDF from 53-bit uniforms (see :func:`uniform_open`)."""
+        if t < 1:
+            raise ValueError("t must be at least 1")
+        if size == 0:
+            return np.zeros(0, dtype=np.int64)
+        u = uniform_open(source, size)
+        extra = np.floor(np.log(u) / self.log_rho).astype(np.int64)
+        return np.int64(t) + extra
+
+
+class DiscreteGaussianLaw:
+    """DG(σ²): P(X = x) ∝ exp(−x²/(2σ²)) (the sampler ``discrete_gaussian(σ²)``)."""
+
+    def __init__(self, sigma2: float):
+        if not (sigma2 > 0 and math.isfinite(sigma2)):
+            raise ValueError(f"sigma2 must be positive and finite, got {sigma2!r}")
+        self.sigma2 = float(sigma2)
+        sigma = math.sqrt(self.sigma2)
+        if sigma >= 1.0:
+            # Poisson summation: Σ_x e^{−x²/2σ²} = √(2π)σ·(1 + 2Σ_{k≥1} e^{−2π²σ²k²}).
+            corr = sum(math.exp(-2.0 * math.pi**2 * self.sigma2 * k * k) for k in range(1, 4))
+            self._log_z = 0.5 * math.log(2.0 * math.pi * self.sigma2) + math.log1p(2.0 * corr)
+        else:
+            xs = np.arange(-60, 61, dtype=np.float64)
+            self._log_z = float(special.logsumexp(-xs * xs / (2.0 * self.sigma2)))
+
+    def _log_tail_from(self, start: int) -> float:
+        """ln Σ_{x ≥ start} P(X = x) for an integer start ≥ 0."""
+        s2 = self.sigma2
+        # Beyond start + m the terms are below e^{−80} of the first one (ratio per step ≤ e^{−start/σ²}).
+        m1 = math.ceil(math.sqrt(160.0 * s2)) + 2
+        m2 = math.ceil(80.0 * s2 / start) + 2 if start > 0 else m1
+        m = min(m1, m2)
+        xs = np.arange(start, start + m, dtype=np.float64)
+        return float(special.logsumexp(-xs * xs / (2.0 * s2))) - self._log_z
+
+    def log_sf(self, y: float) -> float:
+        big_y = math.ceil(y)
+        if big_y >= 1:
+            return self._log_tail_from(big_y)
+        # P(X ≥ y) = 1 − P(X ≤ y − 1) = 1 − P(X ≥ 1 − y)
+        return math.log1p(-math.exp(self._log_tail_from(1 - big_y)))
+
+    def log_cdf(self, x: float) -> float:
+        return self.log_sf(-math.floor(x))
+
+
+class CappedSumLaw:
+    """N = W + min(V, D), W ~ DL(s_w), V ~ DL(s_v), D real (ThresholdMonitor's w_i + v̄_i)."""
+
+    def __init__(self, scale_w: float, scale_v: float, cap: float):
+        self.w = DiscreteLaplaceLaw(scale_w)
+        self.v = DiscreteLaplaceLaw(scale_v)
+        if not math.isfinite(cap):
+            raise ValueError("cap must be finite")
+        self.cap = float(cap)
+        self._m = math.ceil(self.cap) - 1  # largest integer strictly below the cap
+        self._log_atom = self.v.log_sf(math.ceil(self.cap))  # P(V ≥ D) = P(V̄ = D)
+
+    def log_sf(self, y: float) -> float:
+        """ln P(W + V̄ ≥ y).
+
+        With Y = ⌈y⌉ and M = ⌈D⌉ − 1: Σ_{v ≤ M} P(V=v)·P(W ≥ Y − v) + P(V ≥ D)·P(W ≥ y − D). For
+        v ≤ Y − 1, P(W ≥ Y − v) = ρ_w^{Y−v}/(1+ρ_w), a geometric series in v; for Y ≤ v ≤ M it is
+        1 − ρ_w^{1−Y+v}/(1+ρ_w) (only reached when y is below the cap, where nothing is tiny).
+        """
+        w, v = self.w, self.v
+        big_y = math.ceil(y)
+        m = self._m
+        lw1 = w._log1p_rho
+        log_a = big_y * w.log_rho - lw1 + v.log_pmf_sum(-math.inf, min(m, big_y - 1), -w.log_rho)
+        log_atom = self._log_atom + w.log_sf(y - self.cap)
+        total = _log_add(log_a, log_atom)
+        if big_y <= m:
+            mass = math.exp(v.log_pmf_sum(big_y, m, 0.0))
+            sub = math.exp((1 - big_y) * w.log_rho - lw1 + v.log_pmf_sum(big_y, m, w.log_rho))
+            total = math.log(math.exp(total) + max(0.0, mass - sub))
+        return total
+
+    def log_cdf(self, x: float) -> float:
+        """ln P(W + V̄ ≤ x): Σ_{v ≤ M} P(V=v)·P(W ≥ v − X) + P(V ≥ D)·P(W ≤ x − D), X = ⌊x⌋."""
+        w, v = self.w, self.v
+        big_x = math.floor(x)
+        m = self._m
+        lw1 = w._log1p_rho
+        # v ≥ X + 1: P(W ≥ v − X) = ρ_w^{v−X}/(1+ρ_w)
+        log_c = -big_x * w.log_rho - lw1 + v.log_pmf_sum(big_x + 1, m, w.log_rho) if big_x + 1 <= m else _NEG_INF
+        log_atom = self._log_atom + w.log_cdf(x - self.cap)
+        total = _log_add(log_c, log_atom)
+        hi = min(big_x, m)
+        # v ≤ min(X, M): P(W ≥ v − X) = 1 − ρ_w^{1+X−v}/(1+ρ_w)
+        mass = math.exp(v.log_pmf_sum(-math.inf, hi, 0.0))
+        sub = math.exp((1 + big_x) * w.log_rho - lw1 + v.log_pmf_sum(-math.inf, hi, -w.log_rho))
+        extra = max(0.0, mass - sub)
+        if extra > 0.0:
+            total = math.log(math.exp(total) + extra) if total != _NEG_INF else math.log(extra)
+        return total
+
+
+def upper_quantile(law, log_p: float, start: int = 0) -> int:
+    """Smallest integer u ≥ start with P(N ≥ u) ≤ e^{log_p} (galloping then bisection)."""
+    if law.log_sf(start) <= log_p:
+        return start
+    lo, step = start, 1
+    while law.log_sf(lo + step) > log_p:
+        lo += step
+        step *= 2
+    hi = lo + step  # log_sf(hi) ≤ log_p < log_sf(lo)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if law.log_sf(mid) <= log_p:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def lower_quantile(law, log_p: float) -> int:
+    """Smallest integer l ≥ 0 with P(N ≤ −l) ≤ e^{log_p}."""
+    if law.log_cdf(0) <= log_p:
+        return 0
+    lo, step = 0, 1
+    while law.log_cdf(-(lo + step)) > log_p:
+        lo += step
+        step *= 2
+    hi = lo + step
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if law.log_cdf(-mid) <= log_p:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+# ------------------------------------------------------------------------------------------------
+# Draws from a RandomSource (same code on the secure and the seeded path)
+# ------------------------------------------------------------------------------------------------
+
+_TWO_M53 = 2.0**-53
+
+
+def uniform_open(source: RandomSource, size: int) -> np.ndarray:
+    """Uniforms on the grid {(j + ½)·2^−53 : 0 ≤ j < 2^53} ⊂ (0, 1), from the top 53 bits of words.
+
+    Precision argument used by the inverse-CDF draws below: a draw ``min{k : S(k) < U}`` for a
+    decreasing survival function S has P(K = k) = P(S(k) < U ≤ S(k−1)), which differs from the exact
+    S(k−1) − S(k) by at most 2^−53 (grid spacing) plus the float error of S; so the sampled law is
+    within total variation ~1e−15 per draw of the exact one (and events of probability < 2^−54 are
+    not produced at all, e.g. a zero-count flag at p·|X| ≈ 1e−20 stays unproduced — harmless for
+    privacy since the output is then a deterministic function of fewer random bits, and well below
+    the δ of every calibration here).
+    """
+    w = source.words(size)
+    return ((w >> np.uint64(11)).astype(np.float64) + 0.5) * _TWO_M53
+
+
+def binomial_draw(source: RandomSource, n: int, log_p: float) -> int:
+    """K ~ Binomial(n, p) by inverse survival function: K = min{k : P(Bin > k) < U}.
+
+    n may be as large as 2^40; P(Bin > k) = I_p(k+1, n−k) from ``scipy.special.betainc`` (float
+    arguments, so no integer overflow; relative accuracy ~1e−15 in double precision). A start guess near the mean is corrected to the exact inverse.
+    """
+    n = int(n)
+    if n <= 0 or log_p == _NEG_INF:
+        return 0
+    p = math.exp(log_p)
+    if p >= 1.0:
+        return n
+    u = float(uniform_open(source, 1)[0])
+
+    def sf(k: int) -> float:  # P(Bin(n, p) > k)
+        if k < 0:
+            return 1.0
+        if k >= n:
+            return 0.0
+        if k == 0:
+            return -math.expm1(n * math.log1p(-p))
+        return float(special.betainc(k + 1.0, float(n - k), p))  # I_p(k+1, n−k) = P(Bin > k)
+
+    mean = n * p
+    if mean < 30.0:
+        k = 0
+    else:
+        k = max(0, int(mean - 8.0 * math.sqrt(mean * (1.0 - p))))
+        while k > 0 and sf(k - 1) < u:
+            k = max(0, k - int(4.0 * math.sqrt(mean)) - 1)
+    while sf(k) >= u:
+        k += 1
+    while k > 0 and sf(k - 1) < u:
+        k -= 1
+    return k
+
+
+def geometric_draw(source: RandomSource, log_p: float) -> float:
+    """G = number of failures before the first success, success probability p: P(G > g) = (1−p)^{g+1}.
+    Inverse survival: G = ⌊ln U / ln(1−p)⌋. Returns +inf when p = 0."""
+    if log_p == _NEG_INF:
+        return math.inf
+    p = math.exp(log_p)
+    if p >= 1.0:
+        return 0.0
+    u = float(uniform_open(source, 1)[0])
+    return float(math.floor(math.log(u) / math.log1p(-p)))
+
+
+def choose_absent_ids(source: RandomSource, domain_size: int, support: np.ndarray, count: int) -> np.ndarray:
+    """A uniformly random ``count``-subset of [0, domain_size) \\ support (support sorted, unique).
+
+    Rejection from the id space: draw uniform ids in order, keep an id if it is neither in the
+    support nor already kept — the sequential rejection sampler of a uniform subset (every ordered
+    sequence of distinct absent ids is equally likely). Batched: a batch is processed in draw order
+    (first occurrences), which is the same sequential process. When the absent set is not much
+    larger than ``count`` the complement is enumerated and ``count`` ids are taken by random keys.
+    """
+    count = int(count)
+    if count <= 0:
+        return np.zeros(0, dtype=np.int64)
+    support = np.asarray(support, dtype=np.int64)
+    absent = domain_size - support.size
+    if count > absent:
+        raise ValueError("count exceeds the number of absent ids")
+    if absent <= 4 * count + 64 and domain_size <= (1 << 26):
+        mask = np.ones(domain_size, dtype=bool)
+        mask[support] = False
+        pool = np.flatnonzero(mask)
+        keys = source.random_keys(pool.size)
+        pick = np.argpartition(keys, count - 1)[:count] if count < pool.size else np.arange(pool.size)
+        return np.sort(pool[pick]).astype(np.int64)
+    chosen: list[np.ndarray] = []
+    got = np.zeros(0, dtype=np.int64)
+    while got.size < count:
+        need = count - got.size
+        frac_absent = absent / domain_size
+        batch = int(need / frac_absent * 1.2) + 16
+        cand = source.integers(domain_size, batch)
+        if support.size:
+            pos = np.searchsorted(support, cand)
+            pos = np.minimum(pos, support.size - 1)
+            cand = cand[support[pos] != cand]
+        # first occurrences, in draw order
+        _, first = np.unique(cand, return_index=True)
+        cand = cand[np.sort(first)]
+        if got.size:
+            cand = cand[~np.isin(cand, got)]
+        cand = cand[:need]
+        chosen.append(cand)
+        got = np.concatenate([got, cand])
+    return np.sort(got).astype(np.int64)

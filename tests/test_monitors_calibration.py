@@ -1,0 +1,257 @@
+"""Calibration round trips, the target-charging accountant (notes/tct.md §3 vectors), exact tails of
+the noise laws, and the sparse-sampling primitives."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from pipeline.monitors import calibration as cal
+from pipeline.monitors._laws import (
+    CappedSumLaw,
+    DiscreteGaussianLaw,
+    DiscreteLaplaceLaw,
+    binomial_draw,
+    choose_absent_ids,
+    geometric_draw,
+    lower_quantile,
+    upper_quantile,
+)
+from pipeline.privacy.accounting import zcdp_to_approx_dp
+from pipeline.privacy.rng import as_random_source
+
+# ---------------------------------------------------------------------------------------------
+# notes/tct.md §3 test vectors
+# ---------------------------------------------------------------------------------------------
+
+
+def test_not_prior_q_and_cost_per_hit():
+    q = cal.not_prior_q(0.1)
+    assert round(q, 4) == 0.4750
+    assert round(0.1 / q, 3) == 0.211
+
+
+def test_accountant_vectors_at_eps_0_1_tau_50():
+    acc = cal.TargetChargingAccountant(0.1, 50)
+    assert round(acc.r(1.0), 1) == 210.5
+    assert round(acc.basic(1.0, exact=False).epsilon, 2) == 21.05
+    adv = acc.advanced(1.0, 1e-6, exact=False)
+    assert round(adv.epsilon, 2) == 8.68
+    assert f"{acc.delta_star(1.0, exact=False):.1e}" == "3.7e-06"
+    # advanced total delta = delta + delta*
+    assert adv.delta == pytest.approx(1e-6 + acc.delta_star(1.0, exact=False))
+    # the exact Binomial tail is the quantity the proof bounds: never above Chernoff
+    for alpha in (0.2, 0.5, 1.0, 3.0):
+        assert acc.delta_star(alpha, exact=True) <= acc.delta_star(alpha, exact=False)
+
+
+def test_exact_delta_star_is_the_binomial_tail():
+    acc = cal.TargetChargingAccountant(0.5, 3)
+    alpha = 2.0
+    m = 1 + math.floor((1 + alpha) * 3 / acc.q)
+    # P[Bin(m, q) < 3] by direct summation
+    direct = sum(math.comb(m, j) * acc.q**j * (1 - acc.q) ** (m - j) for j in range(3))
+    assert acc.delta_star(alpha) == pytest.approx(direct, rel=1e-10)
+
+
+def test_best_is_no_worse_than_any_fixed_alpha():
+    acc = cal.TargetChargingAccountant(0.05, 10)
+    best = acc.best(1e-6)
+    for alpha in (0.5, 1.0, 2.0, 5.0):
+        b = acc.basic(alpha)
+        if b.delta <= 1e-6:
+            assert best.epsilon <= b.epsilon * (1 + 1e-9)
+    assert best.delta <= 1e-6 * (1 + 1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# round trips: recomputing ε from the derived parameters gives the target back
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("neighbours", ["add_remove", "replace"])
+@pytest.mark.parametrize("eps,delta,k", [(1.0, 1e-6, 3), (0.5, 1e-8, 1), (2.0, 1e-5, 10)])
+def test_threshold_monitor_round_trip(eps, delta, k, neighbours):
+    et, dt = cal.calibrate_threshold_monitor(eps, delta, k, neighbours)
+    back = cal.threshold_monitor_privacy(et, dt, k, neighbours)
+    assert back.epsilon == pytest.approx(eps, rel=1e-12)
+    assert back.delta == pytest.approx(delta, rel=1e-12)
+    # Theorem 3.2's formula, by hand
+    xi = 75 * (k + 1) * et / math.log(1 / dt) + 25 * et
+    assert back.epsilon == pytest.approx(xi if neighbours == "add_remove" else 2 * xi)
+
+
+def test_threshold_monitor_noise_constants():
+    big_delta, s_w, s_v = cal.threshold_monitor_noise(0.1, 1e-6)
+    b = math.log(1e6) / 0.1
+    assert s_v == pytest.approx(b)
+    assert big_delta == pytest.approx(b * math.log(b))
+    assert s_w == pytest.approx(10 * big_delta)
+
+
+@pytest.mark.parametrize("neighbours", ["add_remove", "replace"])
+@pytest.mark.parametrize("eps,delta,tau", [(1.0, 1e-6, 3), (0.5, 1e-7, 1), (2.0, 1e-6, 20)])
+def test_individual_charging_round_trip(eps, delta, tau, neighbours):
+    e0 = cal.calibrate_individual_charging(eps, delta, tau, neighbours)
+    back = cal.individual_charging_privacy(e0, tau, delta, neighbours)
+    assert back.epsilon <= eps * (1 + 1e-12)
+    assert back.epsilon == pytest.approx(eps, rel=1e-6)
+    assert back.delta <= delta * (1 + 1e-12)
+
+
+def test_replace_costs_more_than_add_remove_for_tct():
+    a = cal.calibrate_individual_charging(1.0, 1e-6, 5, "add_remove")
+    r = cal.calibrate_individual_charging(1.0, 1e-6, 5, "replace")
+    assert r < a
+    assert cal.tct_hits_per_user(5, "replace") == 10
+
+
+@pytest.mark.parametrize("eps,delta,tops", [(1.0, 1e-6, 1), (1.0, 1e-6, 100), (0.3, 1e-9, 5000)])
+def test_svt_restart_round_trip(eps, delta, tops):
+    e1 = cal.calibrate_svt_restart(eps, delta, tops)
+    back = cal.svt_restart_privacy(e1, tops, delta)
+    assert back.epsilon == pytest.approx(eps, rel=1e-9)
+    assert back.epsilon <= eps * (1 + 1e-12)
+    if tops == 1:
+        assert e1 == pytest.approx(eps)  # one run of AboveThreshold is ε₁-DP
+
+
+@pytest.mark.parametrize("neighbours", ["add_remove", "replace"])
+@pytest.mark.parametrize("eps,delta,horizon", [(1.0, 1e-6, 10_000), (0.5, 1e-8, 10)])
+def test_naive_round_trip(eps, delta, horizon, neighbours):
+    s2 = cal.calibrate_naive(eps, delta, horizon, neighbours)
+    back = cal.naive_privacy(s2, horizon, delta, neighbours)
+    assert back.epsilon == pytest.approx(eps, rel=1e-9)
+    factor = 1 if neighbours == "add_remove" else 2
+    assert zcdp_to_approx_dp(horizon * factor / (2 * s2), delta) == pytest.approx(eps, rel=1e-9)
+
+
+@pytest.mark.parametrize("neighbours", ["add_remove", "replace"])
+def test_outside_interval_round_trip(neighbours):
+    a = cal.calibrate_outside_interval(1.0, 1e-6, neighbours)
+    back = cal.outside_interval_privacy(a, 1e-6, neighbours)
+    assert back.epsilon == pytest.approx(1.0, rel=1e-6)
+    assert back.delta <= 1e-6 * (1 + 1e-12)
+    # the notes' simplified constant (Theorem C.6 route) is looser at the same a
+    assert cal.outside_interval_privacy_simplified(a, 1e-6, neighbours).epsilon > back.epsilon
+
+
+def test_outside_interval_pure_round_trip():
+    a = cal.calibrate_outside_interval_pure(2.0, 8)
+    assert cal.outside_interval_pure_privacy(a, 8).epsilon == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    "call,name",
+    [
+        (lambda: cal.calibrate_threshold_monitor(-1.0, 1e-6, 3), "epsilon"),
+        (lambda: cal.calibrate_threshold_monitor(1.0, 2.0, 3), "delta"),
+        (lambda: cal.calibrate_threshold_monitor(1.0, 1e-6, 0), "k"),
+        (lambda: cal.calibrate_threshold_monitor(1.0, 1e-6, 3, "swap"), "neighbours"),
+        (lambda: cal.calibrate_individual_charging(1.0, 1e-6, 0), "tau"),
+        (lambda: cal.calibrate_svt_restart(1.0, 1e-6, 0), "max_tops"),
+        (lambda: cal.calibrate_naive(1.0, 1e-6, 0), "horizon"),
+        (lambda: cal.TargetChargingAccountant(0.1, 5).r(-1.0), "alpha"),
+        (lambda: cal.threshold_monitor_noise(100.0, 0.5), "epsilon"),
+    ],
+)
+def test_argument_errors_name_the_argument(call, name):
+    with pytest.raises((ValueError, TypeError), match=name):
+        call()
+
+
+# ---------------------------------------------------------------------------------------------
+# exact tails of the noise laws (against brute-force sums) and the samplers
+# ---------------------------------------------------------------------------------------------
+
+
+def _dl_pmf(s, xs):
+    r = math.exp(-1 / s)
+    return (1 - r) / (1 + r) * r ** np.abs(xs)
+
+
+def test_discrete_laplace_tails():
+    law = DiscreteLaplaceLaw(3.3)
+    xs = np.arange(-500, 501)
+    p = _dl_pmf(3.3, xs)
+    for y in (-5.5, -1, 0, 0.2, 1, 7, 30):
+        assert math.exp(law.log_sf(y)) == pytest.approx(p[xs >= y].sum(), rel=1e-9)
+        assert math.exp(law.log_cdf(y)) == pytest.approx(p[xs <= y].sum(), rel=1e-9)
+
+
+def test_capped_sum_tails():
+    sw, sv, cap = 7.0, 2.5, 3.4
+    law = CappedSumLaw(sw, sv, cap)
+    xs = np.arange(-700, 701)
+    total = xs[:, None] + np.minimum(xs.astype(float), cap)[None, :]
+    prob = _dl_pmf(sw, xs)[:, None] * _dl_pmf(sv, xs)[None, :]
+    for y in (-20, -3.2, 0, 2, 3.4, 5, 40, 90):
+        assert math.exp(law.log_sf(y)) == pytest.approx(prob[total >= y].sum(), rel=1e-8)
+        assert math.exp(law.log_cdf(y)) == pytest.approx(prob[total <= y].sum(), rel=1e-8)
+    # quantiles are the smallest integers meeting the tail bound
+    u = upper_quantile(law, math.log(1e-6))
+    assert prob[total >= u].sum() <= 1e-6 < prob[total >= u - 1].sum()
+    lo = lower_quantile(law, math.log(1e-6))
+    assert prob[total <= -lo].sum() <= 1e-6 < prob[total <= -(lo - 1)].sum()
+
+
+def test_discrete_gaussian_tails():
+    law = DiscreteGaussianLaw(4.0)
+    xs = np.arange(-300, 301)
+    p = np.exp(-xs.astype(float) ** 2 / 8.0)
+    p /= p.sum()
+    for y in (-3, 0, 1, 5, 9, 20):
+        assert math.exp(law.log_sf(y)) == pytest.approx(p[xs >= y].sum(), rel=1e-9)
+
+
+def test_binomial_draw_matches_the_binomial():
+    src = as_random_source(11)
+    draws = np.array([binomial_draw(src, 40, math.log(0.1)) for _ in range(4000)])
+    observed = np.bincount(draws, minlength=41)[:12]
+    expected = stats.binom.pmf(np.arange(12), 40, 0.1) * draws.size
+    chi2 = (((observed - expected) ** 2) / expected)[expected > 5].sum()
+    assert chi2 < stats.chi2.ppf(0.9999, (expected > 5).sum() - 1)
+    # huge n, tiny p (|X| = 2^32 with p ~ 1e-9): mean 4.29
+    big = np.array([binomial_draw(src, 2**32, math.log(1e-9)) for _ in range(2000)])
+    assert abs(big.mean() - 4.294967296) < 5 * math.sqrt(4.29 / 2000)
+
+
+def test_geometric_draw_mean():
+    src = as_random_source(12)
+    g = np.array([geometric_draw(src, math.log(0.2)) for _ in range(4000)])
+    assert abs(g.mean() - 4.0) < 5 * math.sqrt(20.0 / 4000)  # mean (1−p)/p, var (1−p)/p²
+
+
+@pytest.mark.parametrize("domain", [50, 2**32])
+def test_choose_absent_ids_is_uniform_and_avoids_support(domain):
+    src = as_random_source(13)
+    support = np.array([0, 3, 4, 9, 20], dtype=np.int64)
+    if domain == 50:
+        counts = np.zeros(domain)
+        for _ in range(3000):
+            ids = choose_absent_ids(src, domain, support, 3)
+            assert ids.size == 3 and np.unique(ids).size == 3
+            assert not np.isin(ids, support).any()
+            counts[ids] += 1
+        absent = np.setdiff1d(np.arange(domain), support)
+        expected = 3000 * 3 / absent.size
+        chi2 = ((counts[absent] - expected) ** 2 / expected).sum()
+        assert chi2 < stats.chi2.ppf(0.9999, absent.size - 1)
+    else:
+        ids = choose_absent_ids(src, domain, support, 1000)
+        assert ids.size == 1000 and np.unique(ids).size == 1000
+        assert ids.max() < domain and not np.isin(ids, support).any()
+        # uniform over [0, 2^32): the mean is close to 2^31
+        assert abs(ids.mean() / 2**32 - 0.5) < 5 * math.sqrt(1 / 12 / 1000)
+
+
+def test_active_histogram_paths_agree():
+    from pipeline.monitors._common import active_histogram
+
+    rng = np.random.default_rng(14)
+    vals = rng.integers(0, 5000, 3000)
+    s_small, c_small = active_histogram(vals, 5000)  # bincount path (domain ≤ 4n + 2^16)
+    s_big, c_big = active_histogram(vals, 2**33)  # np.unique path
+    assert np.array_equal(s_small, s_big) and np.array_equal(c_small, c_big)
+    assert c_small.sum() == 3000 and np.all(c_small > 0)
