@@ -1,0 +1,205 @@
+"""Downstream consumer: materialise the synthetic panels from the public topics and query them.
+
+Reads ``releases`` (manifests), ``synthetic`` (column chunks) and ``alerts``. Messages are
+deduplicated by their deterministic keys (release, step, chunk): a republished step after a
+releaser restart carries the same bytes, so duplicates are harmless. A step is accepted only when
+all its chunks are present and the SHA-256 of its new columns matches the manifest.
+
+Queries work on the synthetic records as ordinary data. For fixed-window releases the padding
+(n_pad synthetic records per length-k pattern at every step, public) can be subtracted — the
+"debiased" answers of seed 003 — see :mod:`pipeline.queries`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import orjson
+
+from pipeline.stream.messages import columns_checksum
+
+__all__ = ["SyntheticPanel", "PanelStore", "read_topics", "IncompleteStep"]
+
+
+class IncompleteStep(RuntimeError):
+    """A step's chunks are missing or do not match the manifest's checksum."""
+
+
+@dataclass
+class SyntheticPanel:
+    """One release's synthetic records: ``values[i, t-1]`` is record i's value at step t (-1 = not yet)."""
+
+    release: str
+    type: str
+    manifests: dict[int, dict[str, Any]] = field(default_factory=dict)
+    values: np.ndarray | None = None
+    complete_steps: set[int] = field(default_factory=set)
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        last = max(self.manifests) if self.manifests else None
+        return self.manifests[last].get("parameters", {}) if last else {}
+
+    @property
+    def released_through(self) -> int:
+        """Largest t such that every column 1..t is present."""
+        if self.values is None:
+            return 0
+        have = [(self.values[:, j] >= 0).all() for j in range(self.values.shape[1])]
+        t = 0
+        while t < len(have) and have[t]:
+            t += 1
+        return t
+
+    def as_array(self) -> np.ndarray:
+        """The released columns (m, released_through), int8."""
+        return np.asarray(self.values[:, : self.released_through], dtype=np.int8)
+
+    # -- queries --------------------------------------------------------------------------------
+    def window_counts(self, step: int, debias: bool = False) -> np.ndarray:
+        """Synthetic count of every length-k pattern at ``step`` (fixed-window releases)."""
+        from pipeline.queries import window_histogram
+
+        p = self.parameters
+        k, a = int(p["window"]), int(p["categories"])
+        counts = window_histogram(self.as_array(), step, k, a).astype(np.int64)
+        return counts - int(p["n_pad"]) if debias else counts
+
+    def cumulative_counts(self, step: int) -> np.ndarray:
+        """#records with synthetic weight ≥ b at ``step`` for b = 0..T (cumulative releases)."""
+        from pipeline.queries import cumulative_counts
+
+        arr = self.as_array()
+        if not 1 <= step <= arr.shape[1]:
+            raise ValueError(f"step must be in 1..{arr.shape[1]} (released so far), got {step}")
+        counts = cumulative_counts(arr[:, :step])[step - 1]
+        horizon = self.values.shape[1]
+        return np.concatenate([counts, np.zeros(horizon + 1 - counts.size, dtype=counts.dtype)])
+
+    def export_csv(self, path: str | Path) -> Path:
+        path = Path(path)
+        arr = self.as_array()
+        header = "record," + ",".join(f"step_{t}" for t in range(1, arr.shape[1] + 1))
+        with path.open("w") as fh:
+            fh.write(header + "\n")
+            ids = np.arange(arr.shape[0])[:, None]
+            np.savetxt(fh, np.hstack([ids, arr]), fmt="%d", delimiter=",")
+        return path
+
+    def export_parquet(self, path: str | Path) -> Path:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        arr = self.as_array()
+        table = pa.table({"record": np.arange(arr.shape[0], dtype=np.int64),
+                          **{f"step_{t}": arr[:, t - 1] for t in range(1, arr.shape[1] + 1)}})
+        pq.write_table(table, str(path))
+        return Path(path)
+
+
+class PanelStore:
+    """Applies messages from the three public topics; idempotent and order-tolerant."""
+
+    def __init__(self) -> None:
+        self.panels: dict[str, SyntheticPanel] = {}
+        self.alerts: dict[tuple[str, int], dict[str, Any]] = {}
+        self._chunks: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+        self.duplicates = 0
+
+    def _panel(self, release: str, type_: str = "") -> SyntheticPanel:
+        panel = self.panels.get(release)
+        if panel is None:
+            panel = self.panels[release] = SyntheticPanel(release, type_)
+        elif type_ and not panel.type:
+            panel.type = type_
+        return panel
+
+    def add_manifest(self, value: bytes) -> None:
+        m = orjson.loads(value)
+        panel = self._panel(m["release"], m["type"])
+        if int(m["step"]) in panel.manifests:
+            self.duplicates += 1
+        panel.manifests[int(m["step"])] = m
+        self._try_complete(m["release"], int(m["step"]))
+
+    def add_chunk(self, value: bytes) -> None:
+        c = orjson.loads(value)
+        key = (c["release"], int(c["step"]))
+        bucket = self._chunks.setdefault(key, {})
+        if int(c["chunk"]) in bucket:
+            self.duplicates += 1
+        bucket[int(c["chunk"])] = c
+        self._try_complete(*key)
+
+    def add_alert(self, value: bytes) -> None:
+        a = orjson.loads(value)
+        self.alerts[(a["release"], int(a["step"]))] = a
+
+    def _try_complete(self, release: str, step: int) -> None:
+        panel = self._panel(release)
+        manifest = panel.manifests.get(step)
+        if manifest is None or step in panel.complete_steps:
+            return
+        syn = manifest.get("synthetic")
+        if syn is None:
+            panel.complete_steps.add(step)
+            return
+        chunks = self._chunks.get((release, step), {})
+        if len(chunks) < int(syn["chunks"]):
+            return
+        m = int(syn["records"])
+        cols = [int(s) for s in syn["columns"]]
+        new = np.full((m, len(cols)), -1, dtype=np.int8)
+        try:
+            for c in chunks.values():
+                for j, s in enumerate(cols):
+                    new[int(c["start"]) : int(c["stop"]), j] = np.asarray(c["values"][str(s)], dtype=np.int64)
+        except (KeyError, ValueError, TypeError, OverflowError) as err:
+            raise IncompleteStep(f"{release} step {step}: malformed chunk ({type(err).__name__}: {err})") from None
+        if columns_checksum(new) != syn["sha256"]:
+            raise IncompleteStep(f"{release} step {step}: checksum mismatch (corrupt or mixed chunks)")
+        if panel.values is None:
+            panel.values = np.full((m, int(manifest["horizon"])), -1, dtype=np.int8)
+        for j, s in enumerate(cols):
+            panel.values[:, s - 1] = new[:, j]
+        panel.complete_steps.add(step)
+        self._chunks.pop((release, step), None)
+
+
+def read_topics(bootstrap: str, topic_names: dict[str, str], store: PanelStore | None = None,
+                timeout: float = 30.0, until: callable = None) -> PanelStore:
+    """Read the public topics from the beginning up to their current end (or until ``until(store)``)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    store = store or PanelStore()
+    handlers = {topic_names["releases"]: store.add_manifest, topic_names["synthetic"]: store.add_chunk,
+                topic_names["alerts"]: store.add_alert}
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+                             max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
+    try:
+        tps = []
+        for topic in handlers:
+            parts = consumer.partitions_for_topic(topic) or {0}
+            tps += [TopicPartition(topic, p) for p in sorted(parts)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        end = consumer.end_offsets(tps)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            batch = consumer.poll(timeout_ms=200)
+            for tp, msgs in batch.items():
+                handler = handlers[tp.topic]
+                for msg in msgs:
+                    handler(msg.value)
+            if until is not None:
+                if until(store):
+                    break
+            elif all(consumer.position(tp) >= end[tp] for tp in tps):
+                break
+    finally:
+        consumer.close()
+    return store

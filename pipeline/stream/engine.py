@@ -1,0 +1,214 @@
+"""Releaser-side logic, no I/O: sum the partitions' partials, run the mechanisms, build the records.
+
+For each step the engine records every release's spend in the ledger (refusing a spend that would
+exceed the plan), runs the mechanism on the summed partial aggregates (partials are additive, so
+the result does not depend on the number of workers), and returns one record per release:
+the public manifest, the new synthetic columns, alerts and feedback. The caller commits the records
+and the engine state to Redis atomically before publishing (``pipeline.stream.store``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from pipeline.plan import budget_plan, privacy_budget, step_cost
+from pipeline.privacy.accounting import ApproxDP, PrivacyLedger, ZCDP
+from pipeline.serialization import dumps_state, loads_state
+from pipeline.stream.messages import columns_checksum, SYNTHETIC_CHUNK_RECORDS
+
+__all__ = ["ReleaseEngine", "ReleaseOutput", "release_seed", "SUPPORTED_TYPES"]
+
+SUPPORTED_TYPES = ("fixed_window", "cumulative")
+
+
+def release_seed(deployment, release_name: str) -> int | None:
+    """Per-release seed derived from the deployment seed (None = secure randomness)."""
+    if deployment.random.kind != "seeded":
+        return None
+    digest = hashlib.blake2b(f"{deployment.random.seed}:{release_name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@dataclass
+class ReleaseOutput:
+    release: str
+    step: int
+    manifest: dict[str, Any]
+    column_steps: list[int]
+    columns: np.ndarray | None  # (m, len(column_steps)) int8, or None
+    alerts: dict[str, Any] | None = None
+    feedback: dict[str, Any] | None = None
+
+    def to_bytes(self) -> bytes:
+        return dumps_state({
+            "release": self.release,
+            "step": self.step,
+            "manifest": orjson.dumps(self.manifest).decode(),
+            "column_steps": list(self.column_steps),
+            "columns": self.columns,
+            "alerts": None if self.alerts is None else orjson.dumps(self.alerts).decode(),
+            "feedback": None if self.feedback is None else orjson.dumps(self.feedback).decode(),
+        })
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> "ReleaseOutput":
+        s = loads_state(blob)
+        return cls(
+            release=s["release"], step=int(s["step"]), manifest=orjson.loads(s["manifest"]),
+            column_steps=[int(c) for c in s["column_steps"]], columns=s["columns"],
+            alerts=None if s["alerts"] is None else orjson.loads(s["alerts"]),
+            feedback=None if s["feedback"] is None else orjson.loads(s["feedback"]),
+        )
+
+
+def _cost_json(cost) -> dict[str, float] | None:
+    if cost is None:
+        return None
+    if isinstance(cost, ZCDP):
+        return {"rho": cost.rho}
+    return {"epsilon": cost.epsilon, "delta": cost.delta}
+
+
+class ReleaseEngine:
+    def __init__(self, deployment, n: int):
+        self.deployment = deployment
+        self.n = int(n)
+        self.plan = budget_plan(deployment)
+        self.allotments = self.plan.allotments()
+        self.ledger = PrivacyLedger(privacy_budget(deployment), self.plan)
+        self.step = 0
+        self.mechanisms = {rel.name: self._build(rel) for rel in deployment.releases}
+
+    # -- mechanisms ----------------------------------------------------------------------------
+    def _build(self, rel):
+        dep = self.deployment
+        seed = release_seed(dep, rel.name)
+        attr = dep.attributes[rel.attribute]
+        allot = self.allotments[rel.name]
+        if rel.type == "fixed_window":
+            from pipeline.synth.fixed_window import FixedWindowSynthesizer
+
+            return FixedWindowSynthesizer(dep.horizon, rel.window, allot.rho, beta=rel.beta,
+                                          categories=attr.size, neighbours=dep.neighbours, seed=seed, n=self.n)
+        if rel.type == "cumulative":
+            from pipeline.synth.cumulative import CumulativeSynthesizer
+
+            return CumulativeSynthesizer(dep.horizon, allot.rho, beta=rel.beta, neighbours=dep.neighbours,
+                                         seed=seed, n=self.n)
+        raise NotImplementedError(f"release {rel.name!r}: type {rel.type!r} is not supported by the stream yet")
+
+    # -- one step ------------------------------------------------------------------------------
+    def release(self, step: int, partials: list[dict[str, Any]]) -> list[ReleaseOutput]:
+        """Release ``step`` from the partitions' partials (one per partition)."""
+        if step != self.step + 1:
+            raise ValueError(f"release({step}) but the next step to release is {self.step + 1}")
+        users = sum(int(p["users"]) for p in partials)
+        if users != self.n:
+            raise ValueError(f"partials of step {step} cover {users} users, the roster has {self.n}")
+        costs = {rel.name: step_cost(self.deployment, rel, step, self.allotments[rel.name])
+                 for rel in self.deployment.releases}
+        # All or nothing: try every spend on a copy of the ledger first, so a refusal
+        # (BudgetExhaustedError) leaves no release half-done and no mechanism has drawn noise.
+        trial = PrivacyLedger.from_state(self.ledger.get_state())
+        for name, cost in costs.items():
+            if cost is not None:
+                trial.record(name, step, cost)
+        for name, cost in costs.items():
+            if cost is not None:
+                self.ledger.record(name, step, cost)
+        outputs = []
+        for rel in self.deployment.releases:
+            parts = [p["releases"][rel.name] for p in partials]
+            outputs.append(self._release_one(rel, step, parts, costs[rel.name]))
+        self.step = step
+        return outputs
+
+    def _release_one(self, rel, step: int, parts: list[dict], cost) -> ReleaseOutput:
+        mech = self.mechanisms[rel.name]
+        manifest: dict[str, Any] = {
+            "deployment": self.deployment.name,
+            "release": rel.name,
+            "type": rel.type,
+            "attribute": rel.attribute,
+            "step": step,
+            "horizon": self.deployment.horizon,
+            "neighbours": self.deployment.neighbours,
+            "released_at": time.time(),
+        }
+        columns, column_steps = None, []
+        if rel.type == "fixed_window":
+            manifest["parameters"] = mech.parameters()
+            if step >= rel.window:
+                counts = np.sum([p["counts"] for p in parts], axis=0)
+                columns = mech.release_counts(counts)
+                column_steps = list(range(1, rel.window + 1)) if step == rel.window else [step]
+                manifest["parameters"] = mech.parameters()  # m is known from step k on
+                manifest["noisy_counts"] = mech.noisy_counts[step].tolist()
+                manifest["projected_counts"] = mech.projected_counts[step].tolist()
+                manifest["clamped_bins"] = int(mech.clamped_bins[step])
+            else:
+                manifest["status"] = f"accumulating: the first window is complete at step {rel.window}"
+        elif rel.type == "cumulative":
+            z = np.sum([p["z"] for p in parts], axis=0)
+            columns = mech.release_counts(z)
+            column_steps = [step]
+            manifest["parameters"] = mech.parameters()
+            manifest["noisy_counts"] = mech.noisy_counts[step].tolist()
+            manifest["monotone_counts"] = mech.monotone_counts[step].tolist()
+        if columns is not None:
+            columns = np.asarray(columns, dtype=np.int8)
+            m = columns.shape[0]
+            manifest["synthetic"] = {
+                "columns": column_steps,
+                "records": m,
+                "chunks": max(1, -(-m // SYNTHETIC_CHUNK_RECORDS)),
+                "sha256": columns_checksum(columns),
+            }
+        manifest["privacy"] = self._privacy(rel.name, cost)
+        return ReleaseOutput(rel.name, step, manifest, column_steps, columns)
+
+    def _privacy(self, release: str, cost) -> dict[str, Any]:
+        delta = self.deployment.budget.report_delta
+        rho_total = self.ledger.spent_rho()
+        approx = self.ledger.spent_approx_dp()
+        out: dict[str, Any] = {
+            "step_cost": _cost_json(cost),
+            "release_spent": _cost_json(
+                ZCDP(self.ledger.spent_rho(release)) if isinstance(self.allotments[release], ZCDP)
+                else self.ledger.spent_approx_dp(release)),
+            "release_allotment": _cost_json(self.allotments[release]),
+            "deployment_spent": {"rho": rho_total, "epsilon": approx.epsilon, "delta": approx.delta},
+        }
+        if rho_total > 0:
+            from pipeline.privacy.accounting import zcdp_to_approx_dp
+
+            out["deployment_spent_as_approx_dp"] = {
+                "epsilon": zcdp_to_approx_dp(rho_total, delta) + approx.epsilon,
+                "delta": delta + approx.delta,
+            }
+        return out
+
+    # -- state ---------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "n": self.n,
+            "ledger": self.ledger.get_state(),
+            "mechanisms": {name: mech.get_state() for name, mech in self.mechanisms.items()},
+        }
+
+    @classmethod
+    def from_state(cls, deployment, state: dict[str, Any]) -> "ReleaseEngine":
+        engine = cls(deployment, int(state["n"]))
+        engine.step = int(state["step"])
+        engine.ledger = PrivacyLedger.from_state(state["ledger"])
+        for rel in deployment.releases:
+            cls_ = type(engine.mechanisms[rel.name])
+            engine.mechanisms[rel.name] = cls_.from_state(state["mechanisms"][rel.name])
+        return engine

@@ -1,0 +1,351 @@
+"""IngestCore: per-partition backlog, close markers, feedback gating, replay, checkpoints (real Redis)."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.serialization import loads_state
+from pipeline.stream.ingest import ApplyResult, CloseOutput, IngestCore, Record, is_marker
+from pipeline.stream.messages import CONTROL_HEADER
+from pipeline.stream.reports import REASONS
+from pipeline.stream.roster import Roster
+from pipeline.stream.store import ReleaseStore
+from pipeline.stream.topics import topic_names
+
+PARTS = 3
+MARK = ((CONTROL_HEADER, b"close"),)
+
+
+def deployment(monitors=True, n=30):
+    releases = [
+        {"name": "fw", "type": "fixed_window", "attribute": "poverty", "window": 2, "share": 0.5},
+        {"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 0.5},
+    ]
+    budget = {"rho": 1.0}
+    if monitors:
+        budget.update(epsilon=1.0, delta=1e-6)
+        releases.append({"name": "hh", "type": "heavy_hitters", "attribute": "query", "k": 2, "share": 1.0})
+    return parse_config({
+        "name": "ing",
+        "topics": {"partitions": PARTS},
+        "roster": {"size": n},
+        "horizon": 5,
+        "attributes": {"poverty": {"type": "binary"}, "query": {"type": "hashed", "size": 20}},
+        "budget": budget,
+        "random": {"kind": "seeded", "seed": 3},
+        "releases": releases,
+    })
+
+
+class Log:
+    """A reports partition's log: appends records with increasing offsets."""
+
+    def __init__(self):
+        self.records: list[Record] = []
+
+    def report(self, user, step, **values) -> Record:
+        values = values or {"poverty": 1, "query": 1}
+        rec = Record(len(self.records), orjson.dumps({"user": user, "step": step, "values": values}))
+        self.records.append(rec)
+        return rec
+
+    def raw(self, value: bytes) -> Record:
+        rec = Record(len(self.records), value)
+        self.records.append(rec)
+        return rec
+
+    def marker(self, step) -> Record:
+        rec = Record(len(self.records), orjson.dumps({"step": step}), MARK)
+        self.records.append(rec)
+        return rec
+
+
+def users_of(roster, partition):
+    return [roster.ids[i] for i in roster.rows_of(partition, PARTS)]
+
+
+def core_for(dep, store=None):
+    roster = Roster.from_range(dep.n)
+    core = IngestCore(dep, roster, topic_names(dep), store=store)
+    return core, roster
+
+
+def feedback(release, step, flagged=()):
+    return orjson.dumps({"release": release, "step": step, "flagged": list(flagged)})
+
+
+def closes(outputs):
+    return [o for o in outputs if isinstance(o, CloseOutput)]
+
+
+def applies(outputs):
+    return [o for o in outputs if isinstance(o, ApplyResult)]
+
+
+def decode_partial(out: CloseOutput):
+    """One partition's partial from its chunk messages (chunk order as published)."""
+    chunks = [loads_state(value) for _, value in out.messages]
+    assert [c["chunk"] for c in chunks] == list(range(len(chunks)))
+    assert {(c["step"], c["partition"], c["chunks"]) for c in chunks} == {(out.step, out.partition, len(chunks))}
+    return loads_state(b"".join(c["data"].tobytes() for c in chunks))
+
+
+def test_is_marker():
+    assert is_marker(MARK)
+    assert not is_marker(((CONTROL_HEADER, b"open"),)) and not is_marker(()) and not is_marker(None)
+
+
+def test_reports_then_marker_close_with_checkpoint():
+    dep = deployment(monitors=False)
+    core, roster = core_for(dep)
+    assert core.assign(0) is None  # no store: start from the beginning
+    log = Log()
+    mine = users_of(roster, 0)
+    for u in mine[:3]:
+        log.report(u, 1)
+    log.marker(1)
+    log.report(mine[0], 2, poverty=0)
+    core.enqueue(0, log.records)
+    out = core.drain(0)
+    assert [type(o).__name__ for o in out] == ["ApplyResult", "CloseOutput", "ApplyResult"]
+    assert out[0].accepted == 3 and not out[0].dead_letters
+    close = out[1]
+    assert close.step == 1 and close.partition == 0 and close.summary["reported"] == 3
+    assert close.summary["users"] == len(mine)
+    state = loads_state(close.checkpoint)
+    assert state["offset"] == 3 and state["closed"] == 1  # the checkpoint is at the marker
+    part = decode_partial(close)
+    assert part["step"] == 1 and part["users"] == len(mine)
+    assert part["releases"]["cu"]["z"][1] == 3
+    assert core.states[0].offset == 4 and core.drain(0) == []
+
+
+def test_drain_waits_for_feedback_and_other_partitions_proceed():
+    dep = deployment(monitors=True)
+    core, roster = core_for(dep)
+    logs = {}
+    for p in range(PARTS):
+        core.assign(p)
+        log = logs[p] = Log()
+        u = users_of(roster, p)
+        log.report(u[0], 1, query=4)
+        log.marker(1)
+        log.report(u[1], 2, query=4)
+        log.marker(2)
+        log.report(u[2], 3, query=4)
+        core.enqueue(p, log.records)
+    out0 = core.drain(0)
+    assert [o.step for o in closes(out0)] == [1]  # step 2 waits for step 1's feedback
+    assert sum(a.accepted for a in applies(out0)) == 2  # the report before the blocked marker is applied
+    assert core.feedback_outstanding(0)
+    assert core.drain(0) == []  # still waiting: nothing happens, nothing is lost
+    # another partition goes ahead meanwhile
+    out1 = core.drain(1)
+    assert [o.step for o in closes(out1)] == [1]
+    # feedback releases partition 0 only
+    assert core.apply_feedback(0, feedback("hh", 1, [4])) is True
+    assert core.apply_feedback(0, feedback("hh", 1, [4])) is False  # duplicate feedback
+    assert core.states[0].aggregators["hh"].charges.sum() == 1
+    out0 = core.drain(0)
+    assert [o.step for o in closes(out0)] == [2]
+    assert sum(a.accepted for a in applies(out0)) == 1  # the step-3 report after marker 2
+    assert core.backlog[0] == []
+    assert core.feedback_outstanding(0) and core.feedback_outstanding(1)
+    assert len(core.backlog[1]) == 2  # marker 2 and what follows are still queued for partition 1
+
+
+def test_feedback_for_unassigned_partition_is_ignored():
+    dep = deployment()
+    core, _ = core_for(dep)
+    assert core.apply_feedback(2, feedback("hh", 1, [1])) is False
+
+
+def test_replayed_records_are_skipped():
+    dep = deployment(monitors=False)
+    core, roster = core_for(dep)
+    core.assign(1)
+    log = Log()
+    u = users_of(roster, 1)
+    log.report(u[0], 1)
+    log.report(u[1], 1)
+    log.marker(1)
+    log.report(u[2], 2)
+    core.enqueue(1, log.records)
+    first = core.drain(1)
+    assert len(closes(first)) == 1
+    # at-least-once delivery: the whole log again, plus one new record
+    log.report(u[3], 2)
+    core.enqueue(1, log.records)
+    assert [r.offset for r in core.backlog[1]] == [4]
+    again = core.drain(1)
+    assert not closes(again)
+    assert sum(a.accepted for a in applies(again)) == 1
+    assert not any(a.dead_letters for a in applies(again))  # no spurious duplicates
+
+
+def test_duplicate_marker_publishes_nothing():
+    dep = deployment(monitors=False)
+    core, roster = core_for(dep)
+    core.assign(0)
+    log = Log()
+    log.marker(1)
+    log.marker(1)
+    core.enqueue(0, log.records)
+    out = closes(core.drain(0))
+    assert out[0].messages and out[0].checkpoint
+    assert out[1].messages == [] and out[1].checkpoint == b"" and out[1].summary.get("duplicate")
+    assert core.states[0].closed == 1 and core.states[0].offset == 1
+
+
+def test_wrong_partition_rejection_goes_to_dead_letter():
+    dep = deployment(monitors=False)
+    core, roster = core_for(dep)
+    core.assign(0)
+    log = Log()
+    foreign_user = users_of(roster, 2)[0]
+    mine = users_of(roster, 0)[0]
+    bad = log.report(foreign_user, 1)
+    log.report(mine, 1)
+    batch = log.raw(orjson.dumps({"reports": [
+        {"user": mine, "step": 1, "values": {"poverty": 0}},  # duplicate of offset 1
+        {"user": foreign_user, "step": 2, "values": {"poverty": 1}},
+    ]}))
+    core.enqueue(0, log.records)
+    (res,) = core.drain(0)
+    assert res.accepted == 1
+    assert res.reasons == {"wrong_partition": 2, "duplicate": 1}
+    by_reason = {}
+    for key, value, headers in res.dead_letters:
+        h = dict(headers)
+        by_reason.setdefault(h["dpstream-reason"].decode(), []).append((value, h))
+    (v, h), (v2, h2) = by_reason["wrong_partition"]
+    assert v == bad.value  # the original bytes of a single message
+    assert orjson.loads(v2) == {"user": foreign_user, "step": 2, "values": {"poverty": 1}}
+    assert h2["dpstream-batch-index"] == b"1" and "dpstream-batch-index" not in h
+    assert h["dpstream-source"].decode().startswith(topic_names(dep)["reports"] + "/0/")
+    assert b"key reports by user id" in h["dpstream-detail"]
+    assert batch.offset == 2 and core.states[0].offset == 2
+    # state untouched by the foreign reports: nothing pending for the foreign row
+    assert core.states[0].pending["poverty"].max(initial=-1) == 1
+
+
+def test_dead_letter_keys_are_unique_within_a_run():
+    dep = deployment(monitors=False)
+    core, roster = core_for(dep)
+    core.assign(0)
+    log = Log()
+    for _ in range(5):
+        log.raw(b"garbage")
+    core.enqueue(0, log.records)
+    (res,) = core.drain(0)
+    keys = [k for k, _, _ in res.dead_letters]
+    assert len(set(keys)) == 5 and all(v == b"garbage" for _, v, _ in res.dead_letters)
+    assert res.reasons == {"malformed": 5}
+
+
+def test_every_dead_letter_reason_is_declared():
+    assert "wrong_partition" in REASONS
+
+
+def _run_partition(core, partition, log, start_index, feedbacks):
+    """Enqueue log.records[start_index:] and drain, applying scripted feedback; return close partials."""
+    core.enqueue(partition, log.records[start_index:])
+    got = []
+    while True:
+        out = core.drain(partition)
+        for c in closes(out):
+            if c.messages:
+                got.append((c.step, decode_partial(c)))
+        if core.feedback_outstanding(partition):
+            step = core.states[partition].closed
+            if step in feedbacks:
+                core.apply_feedback(partition, feedback("hh", step, feedbacks[step]))
+                continue
+        if not out:
+            return got
+
+
+def _scripted_log(roster, partition, steps, rng):
+    log = Log()
+    users = users_of(roster, partition)
+    for t in range(1, steps + 1):
+        for u in users:
+            if rng.random() < 0.8:
+                log.report(u, t, poverty=int(rng.integers(0, 2)), query=int(rng.integers(0, 3)))
+        log.raw(b"{not json")
+        log.marker(t)
+    return log
+
+
+def test_checkpoint_restores_into_new_core_with_redis(redis_client):
+    dep = deployment(monitors=True)
+    store = ReleaseStore(redis_client, dep.name)
+    rng = np.random.default_rng(8)
+    roster = Roster.from_range(dep.n)
+    log = _scripted_log(roster, 1, 4, rng)
+    fb = {1: [0], 2: [1, 2], 3: [], 4: [0]}
+
+    # reference: one uninterrupted core
+    ref, _ = core_for(dep)
+    ref.assign(1)
+    expected = _run_partition(ref, 1, log, 0, fb)
+    assert [s for s, _ in expected] == [1, 2, 3, 4]
+
+    # a worker that closes step 2, stores the checkpoint (as the job does), then dies
+    a, _ = core_for(dep, store=store)
+    assert a.assign(1) is None
+    a.enqueue(1, log.records)
+    markers = [r.offset for r in log.records if r.headers]
+    outs = a.drain(1)  # closes step 1, waits for feedback
+    for c in closes(outs):
+        store.save_checkpoint(c.partition, c.checkpoint)
+    a.apply_feedback(1, feedback("hh", 1, fb[1]))  # stores a checkpoint itself (last feedback of the step)
+    outs = a.drain(1)
+    (c2,) = closes(outs)
+    assert c2.step == 2
+    store.save_checkpoint(1, c2.checkpoint)
+    del a
+
+    # a new worker restores from Redis
+    b, _ = core_for(dep, store=ReleaseStore(redis_client, dep.name))
+    resume = b.assign(1)
+    assert resume == markers[1] + 1
+    assert b.states[1].closed == 2 and b.feedback_outstanding(1)
+    assert b.assign(0) is None  # other partitions have no checkpoint
+    # the broker replays from the resume offset (and maybe earlier: enqueue skips those)
+    got = _run_partition(b, 1, log, markers[0], fb)
+    assert [s for s, _ in got] == [3, 4]
+    for (s1, p1), (s2, p2) in zip(expected[2:], got):
+        assert s1 == s2
+        assert orjson.dumps(_plain(p1)) == orjson.dumps(_plain(p2))
+    # after the feedback of step 4 the checkpoint in Redis is the latest state
+    blob = store.load_checkpoint(1)
+    assert loads_state(blob)["closed"] == 4 and not loads_state(blob)["feedback_needed"]
+
+
+def _plain(obj):
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return obj
+
+
+def test_apply_feedback_saves_checkpoint_after_last_feedback(redis_client):
+    dep = deployment(monitors=True)
+    store = ReleaseStore(redis_client, dep.name)
+    core, roster = core_for(dep, store=store)
+    core.assign(2)
+    log = Log()
+    log.report(users_of(roster, 2)[0], 1, query=5)
+    log.marker(1)
+    core.enqueue(2, log.records)
+    core.drain(2)
+    assert store.load_checkpoint(2) is None  # the close's checkpoint is the caller's to store
+    assert core.apply_feedback(2, feedback("hh", 1, [5]))
+    state = loads_state(store.load_checkpoint(2))
+    assert state["closed"] == 1 and state["feedback_needed"] == [] and state["offset"] == 1
+    assert state["aggregators"]["hh"]["charges"].sum() == 1
