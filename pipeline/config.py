@@ -118,11 +118,16 @@ class HeavyHittersRelease(_Release):
 
 
 class BandMonitorRelease(_Release):
+    """Alert when the number of (active) users holding ``value`` leaves [low, high] (counts of users).
+
+    A user leaves the active set after contributing to one Above/Below answer (seed 001, Alg. 1);
+    that single charge per user is what the calibration assumes.
+    """
+
     type: Literal["band_monitor"]
     value: str = Field(description="the attribute value whose count is watched")
     low: float
     high: float
-    k: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
     def _band(self) -> "BandMonitorRelease":

@@ -133,7 +133,7 @@ def _step_row(dep, panels, t, latency, poverty, occupation, planted) -> dict:
     if hh:
         alert = panels.alerts.get((hh[0].name, t), {})
         found = set(alert.get("flagged", []))
-        active = {h.element for h in planted if h.start <= t < h.stop}
+        active = {h.element for h in planted if h.start <= t <= h.stop}
         row["heavy_found"] = f"{len(found & active)}/{len(active)}"
         row["heavy_false"] = len(found - active)
     spent = None

@@ -124,7 +124,7 @@ class ShiftingHeavyHitters(StatefulMixin):
 
     _state_fields = ("domain_size", "epsilon", "delta", "k", "horizon", "beta", "method", "neighbours",
                      "charge_weight", "max_tops_arg", "step", "n", "engine_state", "eta", "tops", "halted",
-                     "noisy_counts")
+                     "noisy_counts", "mode")
 
     def __init__(self, domain_size: int, epsilon: float, delta: float, k: int, horizon: int, beta: float = 0.05,
                  method: str = "tme", seed: Any = None, *, neighbours: str = "replace", charge_weight: int = 1,
@@ -142,6 +142,7 @@ class ShiftingHeavyHitters(StatefulMixin):
         self.tops = 0
         self.halted = False
         self.noisy_counts = np.zeros(0, dtype=np.int64)
+        self.mode = ""  # "values" (update) or "counts" (release_histogram); never mixed
         self._engine = None
         if method == "svt_restart":
             self.eta = self._draw_eta()
@@ -188,9 +189,59 @@ class ShiftingHeavyHitters(StatefulMixin):
             self._engine = IndividualChargingSVT(n, self.plan["epsilon0"], self.k, seed=self._source)
 
     # -- the step -------------------------------------------------------------------------------------
+    def _set_mode(self, mode: str) -> None:
+        if self.mode and self.mode != mode:
+            raise RuntimeError(f"this monitor is driven by {self.mode}; do not mix update() and release_histogram()")
+        self.mode = mode
+
+    @property
+    def needs_feedback(self) -> bool:
+        """Whether users are charged for flags (tme, tct): the stream's workers must be told them."""
+        return self.method in ("tme", "tct")
+
+    def release_histogram(self, support: Any, counts: Any) -> np.ndarray:
+        """One step from the histogram of the *active* users' elements: sorted distinct ``support``
+        ids (< ``domain_size``) and their ``counts`` (≥ 1). The stream's releaser calls this with the
+        sum of the workers' partial histograms; the workers keep the per-user charges (a user is
+        active while charged fewer than k times; charged when it holds a flagged element). Returns
+        the flagged ids; for tct, :attr:`noisy_counts` holds their published noisy counts.
+
+        Same draws in the same order as :meth:`update`, so with the workers charging exactly as
+        the engines do, the stream reproduces the library run bit for bit.
+        """
+        if self.step >= self.horizon:
+            raise RuntimeError(f"horizon={self.horizon} steps reached: the calibration covers no more")
+        sup = np.asarray(support)
+        cnt = np.asarray(counts)
+        if sup.ndim != 1 or cnt.shape != sup.shape:
+            raise ValueError(f"support and counts must be 1-d arrays of one length, got {sup.shape} and {cnt.shape}")
+        if sup.size and (not np.issubdtype(sup.dtype, np.integer) or not np.issubdtype(cnt.dtype, np.integer)):
+            raise ValueError("support and counts must be integer arrays")
+        sup, cnt = sup.astype(np.int64), cnt.astype(np.int64)
+        if sup.size and (sup[0] < 0 or sup[-1] >= self.domain_size or np.any(np.diff(sup) <= 0)):
+            raise ValueError(f"support must be sorted distinct ids in [0, domain_size={self.domain_size})")
+        if np.any(cnt < 1):
+            raise ValueError("counts must be >= 1 (elements absent from the support have count 0)")
+        self._set_mode("counts")
+        if self._engine is None and self.needs_feedback:
+            self._make_engine(0)  # no per-user state on this side: only the noise and the threshold
+        self.step += 1
+        return self._flags(sup, cnt)
+
+    def _flags(self, support: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        if self.method == "tme":
+            return self._engine.flag_histogram(support, counts, self.domain_size)
+        if self.method == "tct":
+            flagged, self.noisy_counts = self._engine.flag_histogram(support, counts, self.domain_size, self.threshold)
+            return flagged
+        if self.method == "naive":
+            return self._naive_flags(support, counts)
+        return self._svt_flags(support, counts)
+
     def update(self, values: Any) -> np.ndarray:
         if self.step >= self.horizon:
             raise RuntimeError(f"horizon={self.horizon} steps reached: the calibration covers no more")
+        self._set_mode("values")
         arr = np.asarray(values)
         if self.n < 0:
             if arr.ndim != 1:
@@ -210,8 +261,10 @@ class ShiftingHeavyHitters(StatefulMixin):
         return flagged
 
     def _naive_step(self, vals: np.ndarray) -> np.ndarray:
+        return self._naive_flags(*active_histogram(vals, self.domain_size))
+
+    def _naive_flags(self, support: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Every element's count + DG(σ²) compared with the threshold; zero-count elements sparsely."""
-        support, counts = active_histogram(vals, self.domain_size)
         noisy = counts + discrete_gaussian(self.plan["sigma2"], support.size, self._source)
         law = DiscreteGaussianLaw(self.plan["sigma2"])
         flagged, _ = sparse_flags(self._source, self.domain_size, support, noisy >= self.threshold,
@@ -219,6 +272,9 @@ class ShiftingHeavyHitters(StatefulMixin):
         return flagged
 
     def _svt_step(self, vals: np.ndarray) -> np.ndarray:
+        return self._svt_flags(*active_histogram(vals, self.domain_size))
+
+    def _svt_flags(self, support: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """The |X| queries of the step in id order through restarted AboveThreshold.
 
         Given the current threshold noise η, the ⊤ events of the queries are independent; the next ⊤
@@ -231,7 +287,6 @@ class ShiftingHeavyHitters(StatefulMixin):
         """
         if self.halted:
             return np.zeros(0, dtype=np.int64)
-        support, counts = active_histogram(vals, self.domain_size)
         noisy = counts + discrete_laplace(self.plan["scale_nu"], support.size, self._source)
         nu_law = DiscreteLaplaceLaw(self.plan["scale_nu"])
         # zero-count ids before support[i]: support[i] − i; zero-rank r ↦ id = r + #{i : support[i] − i ≤ r}

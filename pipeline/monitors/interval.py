@@ -238,13 +238,20 @@ class BandMonitor(StatefulMixin):
         m = np.asarray(mask)
         if m.dtype != bool or m.shape != (self.n,):
             raise ValueError(f"mask must be a boolean array of shape ({self.n},)")
+        answer = self.release_count(int((m & self.active).sum()), lo, hi)
+        if answer != BETWEEN:
+            self.active &= ~m
+        return answer
+
+    def release_count(self, count: int, lo: float, hi: float) -> str:
+        """One step from the count of *active* users satisfying the predicate (the stream's
+        releaser; the workers retire the contributing users after an Above/Below answer)."""
         lo, hi = _check_band(lo, hi)
-        contributing = m & self.active
-        noisy = int(contributing.sum()) + int(discrete_laplace(self._scale, 1, self._source)[0])
+        count = check_int(count, "count", low=0)
+        noisy = count + int(discrete_laplace(self._scale, 1, self._source)[0])
         self.steps += 1
         if lo < noisy < hi:
             return BETWEEN
-        self.active &= ~m
         self.outside += 1
         return ABOVE if noisy >= hi else BELOW
 

@@ -99,6 +99,20 @@ class IndividualChargingSVT(StatefulMixin):
         vals = check_values(values, self.n, domain_size)
         act = self.active
         support, counts = active_histogram(vals[act], domain_size)
+        flagged, published = self.flag_histogram(support, counts, domain_size, threshold)
+        if flagged.size:
+            # charge present users holding a flagged element (C_x += 1; removed at τ)
+            self.counters[act & np.isin(vals, flagged)] += 1
+        return flagged, published
+
+    def flag_histogram(self, support: np.ndarray, counts: np.ndarray, domain_size: int,
+                       threshold: int) -> tuple[np.ndarray, np.ndarray]:
+        """The noisy part of :meth:`query_all_elements` from the active users' histogram alone
+        (sorted ``support`` ids, their ``counts``); per-user counters are not touched (the stream's
+        workers charge their users from the flagged set). Same draws, same order."""
+        threshold = check_int(threshold, "threshold", low=1)
+        support = np.asarray(support, dtype=np.int64)
+        counts = np.asarray(counts, dtype=np.int64)
         noisy = counts + discrete_laplace(self._scale, support.size, self._source)
         hit = noisy >= threshold
         flagged, zeros = sparse_flags(self._source, domain_size, support, hit, self.noise_law.log_sf(threshold))
@@ -109,8 +123,6 @@ class IndividualChargingSVT(StatefulMixin):
             in_support = (support.size > 0) & (support[pos_c] == flagged) if support.size else np.zeros(flagged.size, bool)
             published[in_support] = noisy[pos_c[in_support]]
             published[~in_support] = self.noise_law.sample_conditional_tail(self._source, threshold, int((~in_support).sum()))
-            # charge present users holding a flagged element (C_x += 1; removed at τ)
-            self.counters[act & np.isin(vals, flagged)] += 1
         self.queries += domain_size
         self.hits += int(flagged.size)
         return flagged, published

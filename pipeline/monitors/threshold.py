@@ -183,13 +183,28 @@ class ThresholdMonitorEvolving(ThresholdMonitor):
         domain_size = check_int(domain_size, "domain_size", low=1)
         vals = check_values(values, self.n, domain_size)
         support, counts = active_histogram(vals[self.active], domain_size)
+        flagged = self.flag_histogram(support, counts, domain_size)
+        if flagged.size:
+            # c(j) += f_x(x_{i,j}) = 1 for every user holding a flagged element (step 3e)
+            self.counters[np.isin(vals, flagged)] += 1
+        return flagged
+
+    def flag_histogram(self, support: np.ndarray, counts: np.ndarray, domain_size: int) -> np.ndarray:
+        """The noisy part of :meth:`query_all_elements` from the active users' histogram alone
+        (sorted distinct ``support`` ids and their ``counts``); per-user counters are not touched.
+
+        The stream uses this split: workers count their active users and charge them when told the
+        flagged set; the releaser only sees the summed histogram. Same draws in the same order as
+        :meth:`query_all_elements`, so both paths give the same output for the same source.
+        """
+        if self.granularity != 1:
+            raise ValueError("flag_histogram needs granularity=1 (indicator queries)")
+        support = np.asarray(support, dtype=np.int64)
+        counts = np.asarray(counts, dtype=np.int64)
         noisy = counts + self._noise(support.size)
         hit = noisy >= self._t_units
         log_p_zero = self.noise_law.log_sf(self._t_units)
         flagged, _ = sparse_flags(self._source, domain_size, support, hit, log_p_zero)
         self.queries += domain_size
         self.tops += int(flagged.size)
-        if flagged.size:
-            # c(j) += f_x(x_{i,j}) = 1 for every user holding a flagged element (step 3e)
-            self.counters[np.isin(vals, flagged)] += 1
         return flagged

@@ -14,7 +14,22 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["make_aggregator", "FixedWindowAggregator", "CumulativeAggregator", "ActiveSetAggregator"]
+__all__ = ["make_aggregator", "needs_feedback", "watch_code", "FixedWindowAggregator", "CumulativeAggregator",
+           "ActiveSetAggregator"]
+
+
+def needs_feedback(release) -> bool:
+    """Releases whose flags charge users (workers must apply them before the next close)."""
+    return (release.type == "heavy_hitters" and release.method in ("tme", "tct")) or release.type == "band_monitor"
+
+
+def watch_code(release, attribute) -> int:
+    """The code of a band monitor's watched value in the attribute's public domain."""
+    if attribute.type == "hashed":
+        from pipeline.stream.reports import public_hash
+
+        return public_hash(release.value, attribute.size)
+    return attribute.labels().index(release.value)
 
 
 class FixedWindowAggregator:
@@ -127,12 +142,6 @@ def make_aggregator(release, attribute, rows: int, horizon: int):
         return CumulativeAggregator(rows, horizon)
     if release.type == "heavy_hitters":
         return ActiveSetAggregator(rows, release.k, counted=release.method in ("tme", "tct"))
-    if release.type == "band_monitor":
-        labels = attribute.labels() if attribute.type != "hashed" else None
-        value = labels.index(release.value) if labels else None
-        if value is None:
-            from pipeline.stream.reports import public_hash
-
-            value = public_hash(release.value, attribute.size)
-        return ActiveSetAggregator(rows, release.k, counted=True, watch_value=value)
+    if release.type == "band_monitor":  # a user leaves after one Above/Below it contributed to
+        return ActiveSetAggregator(rows, 1, counted=True, watch_value=watch_code(release, attribute))
     raise ValueError(f"release {release.name!r}: unknown type {release.type!r}")

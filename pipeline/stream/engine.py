@@ -20,11 +20,12 @@ import orjson
 from pipeline.plan import budget_plan, privacy_budget, step_cost
 from pipeline.privacy.accounting import ApproxDP, PrivacyLedger, ZCDP
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.stream.messages import columns_checksum, SYNTHETIC_CHUNK_RECORDS
+from pipeline.stream.aggregators import watch_code
+from pipeline.stream.messages import SYNTHETIC_CHUNK_RECORDS, columns_checksum
 
 __all__ = ["ReleaseEngine", "ReleaseOutput", "release_seed", "SUPPORTED_TYPES"]
 
-SUPPORTED_TYPES = ("fixed_window", "cumulative")
+SUPPORTED_TYPES = ("fixed_window", "cumulative", "heavy_hitters", "band_monitor")
 
 
 def release_seed(deployment, release_name: str) -> int | None:
@@ -67,6 +68,15 @@ class ReleaseOutput:
         )
 
 
+def _labels(attribute, ids: np.ndarray) -> dict[str, str]:
+    """Names of flagged ids from the public domain only (declared values or the public dictionary)."""
+    if attribute.type == "categorical":
+        return {str(i): attribute.values[int(i)] for i in ids}
+    if attribute.type == "hashed":
+        return {str(i): attribute.dictionary[int(i)] for i in ids if int(i) in attribute.dictionary}
+    return {}
+
+
 def _cost_json(cost) -> dict[str, float] | None:
     if cost is None:
         return None
@@ -101,7 +111,16 @@ class ReleaseEngine:
 
             return CumulativeSynthesizer(dep.horizon, allot.rho, beta=rel.beta, neighbours=dep.neighbours,
                                          seed=seed, n=self.n)
-        raise NotImplementedError(f"release {rel.name!r}: type {rel.type!r} is not supported by the stream yet")
+        if rel.type == "heavy_hitters":
+            from pipeline.monitors import ShiftingHeavyHitters
+
+            return ShiftingHeavyHitters(attr.size, allot.epsilon, allot.delta, rel.k, dep.horizon, beta=rel.beta,
+                                        method=rel.method, seed=seed, neighbours=dep.neighbours)
+        if rel.type == "band_monitor":
+            from pipeline.monitors import BandMonitor
+
+            return BandMonitor.from_target(0, allot.epsilon, allot.delta, neighbours=dep.neighbours, seed=seed)
+        raise ValueError(f"release {rel.name!r}: unknown type {rel.type!r}")
 
     # -- one step ------------------------------------------------------------------------------
     def release(self, step: int, partials: list[dict[str, Any]]) -> list[ReleaseOutput]:
@@ -142,6 +161,7 @@ class ReleaseEngine:
             "released_at": time.time(),
         }
         columns, column_steps = None, []
+        alerts = feedback = None
         if rel.type == "fixed_window":
             manifest["parameters"] = mech.parameters()
             if step >= rel.window:
@@ -161,6 +181,10 @@ class ReleaseEngine:
             manifest["parameters"] = mech.parameters()
             manifest["noisy_counts"] = mech.noisy_counts[step].tolist()
             manifest["monotone_counts"] = mech.monotone_counts[step].tolist()
+        elif rel.type == "heavy_hitters":
+            alerts, feedback = self._heavy_hitters(rel, mech, step, parts, manifest)
+        elif rel.type == "band_monitor":
+            alerts, feedback = self._band(rel, mech, step, parts, manifest)
         if columns is not None:
             columns = np.asarray(columns, dtype=np.int8)
             m = columns.shape[0]
@@ -171,7 +195,44 @@ class ReleaseEngine:
                 "sha256": columns_checksum(columns),
             }
         manifest["privacy"] = self._privacy(rel.name, cost)
-        return ReleaseOutput(rel.name, step, manifest, column_steps, columns)
+        return ReleaseOutput(rel.name, step, manifest, column_steps, columns, alerts, feedback)
+
+    def _heavy_hitters(self, rel, mech, step: int, parts: list[dict], manifest: dict):
+        """Sum the partitions' active-user histograms, flag; alerts name ids through the public dictionary."""
+        elements = np.concatenate([np.asarray(p["elements"], dtype=np.int64) for p in parts])
+        counts = np.concatenate([np.asarray(p["counts"], dtype=np.int64) for p in parts])
+        support, inverse = np.unique(elements, return_inverse=True)
+        summed = np.bincount(inverse, weights=counts, minlength=support.size).astype(np.int64)
+        flagged = mech.release_histogram(support, summed)
+        attr = self.deployment.attributes[rel.attribute]
+        manifest["parameters"] = {
+            "mechanism": "shifting_heavy_hitters", "method": rel.method, "domain_size": attr.size, "k": rel.k,
+            "threshold": mech.threshold, "tau": mech.tau, "beta": rel.beta, "neighbours": self.deployment.neighbours,
+        }
+        manifest["flagged"] = len(flagged)
+        alerts = {
+            "release": rel.name, "step": step, "type": "heavy_hitters", "method": rel.method,
+            "flagged": flagged.tolist(), "threshold": mech.threshold, "tau": mech.tau,
+            "labels": _labels(attr, flagged),
+        }
+        if rel.method == "tct":  # individual-charging SVT publishes the noisy count of each hit
+            alerts["noisy_counts"] = np.asarray(mech.noisy_counts).tolist()
+        feedback = {"flagged": flagged.tolist()} if mech.needs_feedback else None
+        return alerts, feedback
+
+    def _band(self, rel, mech, step: int, parts: list[dict], manifest: dict):
+        count = sum(int(p["count"]) for p in parts)
+        answer = mech.release_count(count, rel.low, rel.high)
+        manifest["parameters"] = {"mechanism": "band_monitor", "value": rel.value, "low": rel.low, "high": rel.high,
+                                  "noise_a": mech.a, "neighbours": self.deployment.neighbours}
+        alerts = {"release": rel.name, "step": step, "type": "band", "attribute": rel.attribute, "value": rel.value,
+                  "low": rel.low, "high": rel.high, "answer": answer}
+        # after Above/Below, the users holding the value leave the active set (seed 001, Alg. 1)
+        watched = watch_code(rel, self.deployment.attributes[rel.attribute])
+        # Always sent (possibly empty): workers hold step t+1's close until every charging
+        # release's feedback of step t has arrived.
+        feedback = {"flagged": [watched] if answer != "between" else []}
+        return alerts, feedback
 
     def _privacy(self, release: str, cost) -> dict[str, Any]:
         delta = self.deployment.budget.report_delta

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.stream.aggregators import make_aggregator
+from pipeline.stream.aggregators import make_aggregator, needs_feedback
 from pipeline.stream.reports import ParsedReports
 
 __all__ = ["PartitionState", "FeedbackPending"]
@@ -49,9 +49,7 @@ class PartitionState:
             rel.name: make_aggregator(rel, deployment.attributes[rel.attribute], size, self.horizon)
             for rel in deployment.releases
         }
-        self._feedback_releases = {
-            rel.name for rel in deployment.releases if rel.type in ("heavy_hitters", "band_monitor")
-        }
+        self._feedback_releases = {rel.name for rel in deployment.releases if needs_feedback(rel)}
         self.offset = -1  # offset of the last consumed message of this partition (checkpointing)
 
     # -- reports -----------------------------------------------------------------------------
