@@ -241,3 +241,31 @@ def test_heavy_hitters_and_band_alerts_through_kafka_equal_the_library(services,
         assert drv.panels.alerts[("band", t)]["answer"] == band.update(status[:, t - 1], 1, 300, 900), t
         flagged_any |= bool(expected)
     assert flagged_any  # charging (hence the feedback path) was exercised
+
+
+def test_steps_close_at_full_coverage_without_a_close_command(services, tmp_path):
+    path = write_config(tmp_path, services, "e2e-coverage", steps={"close": "coverage"})
+    dep = load_config(path)
+    X = panel_data(seed=8)
+    with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs") as cluster:
+        drv = StepDriver(cluster.broker, dep, Roster.from_config(dep.roster), cluster.names, cluster=cluster)
+        for t in range(1, T + 1):
+            drv.producer.send_step(t, {"pov": X[:, t - 1]})
+            drv.wait_released(t, timeout=60)  # no close command: every user reported
+        drv.shutdown()
+    ref = batch_reference(dep, X)
+    for name in ("fw", "cu"):
+        np.testing.assert_array_equal(drv.panels.panels[name].as_array(), ref[name])
+
+
+def test_a_deadline_closes_steps_nobody_reported_and_imputes_the_default(services, tmp_path):
+    path = write_config(tmp_path, services, "e2e-deadline", steps={"close": "deadline", "deadline_seconds": 2},
+                        imputation={"rule": "carry_forward", "default": {"pov": 0}})
+    dep = load_config(path)
+    with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs") as cluster:
+        drv = StepDriver(cluster.broker, dep, Roster.from_config(dep.roster), cluster.names, cluster=cluster)
+        drv.wait_released(T, timeout=90)
+        drv.shutdown()
+    ref = batch_reference(dep, np.zeros((N, T), dtype=np.int64))  # everyone imputed to the default 0
+    for name in ("fw", "cu"):
+        np.testing.assert_array_equal(drv.panels.panels[name].as_array(), ref[name])
