@@ -64,7 +64,6 @@ def _supported_releases(cfg: dict) -> dict:
 
 def run_demo(args) -> int:
     from pipeline.config import load_config
-    from pipeline.queries import cumulative_counts, window_histogram
     from pipeline.sim.panel import simulate_categorical_panel, simulate_poverty_panel
     from pipeline.stream.cluster import LocalCluster
     from pipeline.stream.driver import StepDriver

@@ -7,7 +7,6 @@ the same derived seeds must give bit-for-bit the synthetic columns the stream pu
 
 from __future__ import annotations
 
-import base64
 import subprocess
 import sys
 import time

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import orjson
-import pytest
 
 from pipeline.config import parse_config
 from pipeline.serialization import loads_state

@@ -3,7 +3,6 @@ sparse "query every element of the domain" step used by the heavy-hitter engines
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -12,32 +11,8 @@ from pipeline.privacy.noise import exact_scale
 from pipeline.privacy.rng import RandomSource, as_random_source, random_source_from_state
 
 from ._laws import binomial_draw, choose_absent_ids
+from pipeline.validation import check_int, check_real  # noqa: F401  (re-exported)
 
-
-
-def check_real(value: Any, name: str, *, low: float | None = None, high: float | None = None,
-               low_open: bool = False, high_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    v = float(value)
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    if low is not None and (v < low or (low_open and v == low)):
-        raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value!r}")
-    if high is not None and (v > high or (high_open and v == high)):
-        raise ValueError(f"{name} must be {'<' if high_open else '<='} {high}, got {value!r}")
-    return v
-
-
-def check_int(value: Any, name: str, *, low: int | None = None, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    v = int(value)
-    if low is not None and v < low:
-        raise ValueError(f"{name} must be >= {low}, got {value!r}")
-    if high is not None and v > high:
-        raise ValueError(f"{name} must be <= {high}, got {value!r}")
-    return v
 
 
 def check_values(values: Any, n: int, domain_size: int, name: str = "values") -> np.ndarray:

@@ -73,7 +73,30 @@ def _check_band(lo: Any, hi: Any) -> tuple[float, float]:
     return lo, hi
 
 
-class OutsideIntervalMonitor(StatefulMixin):
+class _LaplaceIntervalNoise(StatefulMixin):
+    """Noise, privacy and utility margin shared by the approximate-DP interval monitors: one
+    discrete-Laplace draw DLap(a) per query (pmf ∝ e^{−a|x|}), target charging per record."""
+
+    a: float
+
+    def _after_restore(self) -> None:
+        self._scale = used_scale(1.0 / self.a)
+        self.noise_law = DiscreteLaplaceLaw(self._scale)
+
+    def privacy(self, delta: float, neighbours: str = "replace") -> cal.TCTBound:
+        return cal.outside_interval_privacy(self.a, delta, neighbours)
+
+    def utility_margin(self, rounds: int, beta: float) -> int:
+        """Proposition 2.2's C for the discrete noise: the smallest c with P(|N| > c) ≤ β/R, so that
+        w.p. ≥ 1−β over R rounds: Between ⇒ lo − c ≤ f ≤ hi + c; Above ⇒ f ≥ hi − c; Below ⇒ f ≤ lo + c.
+        (The paper's (1/a)·ln(R/β) is for the continuous Laplace; the discrete tail
+        2ρ^{c+1}/(1+ρ) can exceed e^{−ac} by a factor < 2/(1+e^{−a}), hence this exact version.)"""
+        rounds = check_int(rounds, "rounds", low=1)
+        beta = check_real(beta, "beta", low=0.0, high=1.0, low_open=True, high_open=True)
+        return _two_sided_margin(self.noise_law, beta / rounds)
+
+
+class OutsideIntervalMonitor(_LaplaceIntervalNoise):
     """Seed 001 Algorithm 1 (approximate DP). State: histogram h, noise parameter a, active set.
 
     query(f, lo, hi): f̂ = f(h|S_active) + DLap(a) (pmf ∝ e^{−a|x|}); Between if lo < f̂ < hi, else
@@ -95,22 +118,6 @@ class OutsideIntervalMonitor(StatefulMixin):
     @classmethod
     def from_target(cls, histogram: Any, epsilon: float, delta: float, neighbours: str = "replace", **kw):
         return cls(histogram, cal.calibrate_outside_interval(epsilon, delta, neighbours), **kw)
-
-    def _after_restore(self) -> None:
-        self._scale = used_scale(1.0 / self.a)
-        self.noise_law = DiscreteLaplaceLaw(self._scale)
-
-    def privacy(self, delta: float, neighbours: str = "replace") -> cal.TCTBound:
-        return cal.outside_interval_privacy(self.a, delta, neighbours)
-
-    def utility_margin(self, rounds: int, beta: float) -> int:
-        """Proposition 2.2's C for the discrete noise: the smallest c with P(|N| > c) ≤ β/R, so that
-        w.p. ≥ 1−β over R rounds: Between ⇒ lo − c ≤ f ≤ hi + c; Above ⇒ f ≥ hi − c; Below ⇒ f ≤ lo + c.
-        (The paper's (1/a)·ln(R/β) is for the continuous Laplace; the discrete tail
-        2ρ^{c+1}/(1+ρ) can exceed e^{−ac} by a factor < 2/(1+e^{−a}), hence this exact version.)"""
-        rounds = check_int(rounds, "rounds", low=1)
-        beta = check_real(beta, "beta", low=0.0, high=1.0, low_open=True, high_open=True)
-        return _two_sided_margin(self.noise_law, beta / rounds)
 
     def true_value(self, f: Any) -> int:
         """f(h|S_active) (curator-side; for tests and diagnostics, never publish)."""
@@ -196,7 +203,7 @@ class OutsideIntervalMonitorPure(StatefulMixin):
         return answer
 
 
-class BandMonitor(StatefulMixin):
+class BandMonitor(_LaplaceIntervalNoise):
     """Streaming band alerts where the records are users: at each step, "is the number of active users
     satisfying the step's predicate (e.g. value == v) inside [lo, hi]?". Algorithm 1 of seed 001 with
     the active set over users: a user leaves it once it contributed to an Above/Below answer.
@@ -220,18 +227,6 @@ class BandMonitor(StatefulMixin):
     @classmethod
     def from_target(cls, n_users: int, epsilon: float, delta: float, neighbours: str = "replace", **kw):
         return cls(n_users, cal.calibrate_outside_interval(epsilon, delta, neighbours), **kw)
-
-    def _after_restore(self) -> None:
-        self._scale = used_scale(1.0 / self.a)
-        self.noise_law = DiscreteLaplaceLaw(self._scale)
-
-    def privacy(self, delta: float, neighbours: str = "replace") -> cal.TCTBound:
-        return cal.outside_interval_privacy(self.a, delta, neighbours)
-
-    def utility_margin(self, rounds: int, beta: float) -> int:
-        rounds = check_int(rounds, "rounds", low=1)
-        beta = check_real(beta, "beta", low=0.0, high=1.0, low_open=True, high_open=True)
-        return _two_sided_margin(self.noise_law, beta / rounds)
 
     def update_mask(self, mask: Any, lo: float, hi: float) -> str:
         """``mask[j]`` = whether user j satisfies this step's predicate."""

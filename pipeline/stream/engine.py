@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 
 from pipeline.plan import budget_plan, privacy_budget, step_cost
-from pipeline.privacy.accounting import ApproxDP, PrivacyLedger, ZCDP
+from pipeline.privacy.accounting import PrivacyLedger, ZCDP
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.aggregators import watch_code
 from pipeline.stream.messages import SYNTHETIC_CHUNK_RECORDS, columns_checksum

@@ -7,8 +7,6 @@ except :func:`coerce_values`, which only validates the curator-side input.
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any
 
 import numpy as np
@@ -16,6 +14,7 @@ import numpy as np
 from pipeline.privacy.rng import RandomSource
 
 from pipeline.privacy.accounting import sensitivity_factor as _sensitivity_factor
+from pipeline.validation import check_int, check_real  # noqa: F401  (re-exported)
 
 NEIGHBOURS = ("add_remove", "replace")
 
@@ -27,26 +26,6 @@ MAX_BINS = 1 << 20
 # --------------------------------------------------------------------------------------------
 # argument checks
 # --------------------------------------------------------------------------------------------
-
-def check_int(value: Any, name: str, *, low: int | None = None, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    value = int(value)
-    if low is not None and value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    if high is not None and value > high:
-        raise ValueError(f"{name} must be <= {high}, got {value}")
-    return value
-
-
-def check_real(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    return value
-
 
 def check_rho(rho: Any) -> float:
     rho = check_real(rho, "rho")
