@@ -100,7 +100,7 @@ def test_is_marker():
 def test_reports_then_marker_close_with_checkpoint():
     dep = deployment(monitors=False)
     core, roster = core_for(dep)
-    assert core.assign(0) is None  # no store: start from the beginning
+    assert core.assign(0) == 0  # no checkpoint: replay from the beginning of the log
     log = Log()
     mine = users_of(roster, 0)
     for u in mine[:3]:
@@ -295,7 +295,7 @@ def test_checkpoint_restores_into_new_core_with_redis(redis_client):
 
     # a worker that closes step 2, stores the checkpoint (as the job does), then dies
     a, _ = core_for(dep, store=store)
-    assert a.assign(1) is None
+    assert a.assign(1) == 0
     a.enqueue(1, log.records)
     markers = [r.offset for r in log.records if r.headers]
     outs = a.drain(1)  # closes step 1, waits for feedback
@@ -313,7 +313,7 @@ def test_checkpoint_restores_into_new_core_with_redis(redis_client):
     resume = b.assign(1)
     assert resume == markers[1] + 1
     assert b.states[1].closed == 2 and b.feedback_outstanding(1)
-    assert b.assign(0) is None  # other partitions have no checkpoint
+    assert b.assign(0) == 0  # other partitions have no checkpoint: replay from the start
     # the broker replays from the resume offset (and maybe earlier: enqueue skips those)
     got = _run_partition(b, 1, log, markers[0], fb)
     assert [s for s, _ in got] == [3, 4]

@@ -73,15 +73,16 @@ class IngestCore:
         self.backlog: dict[int, list[Record]] = {}
 
     # -- assignment ------------------------------------------------------------------------------
-    def assign(self, partition: int) -> int | None:
+    def assign(self, partition: int) -> int:
         """Create (or restore) the state of a newly assigned partition.
 
-        Returns the offset to resume consuming from (the checkpoint's marker offset + 1), or None
-        when there is no checkpoint (consume from the beginning of the log).
+        Returns the offset to resume consuming from: the checkpoint's offset + 1, or 0 without a
+        checkpoint — never the consumer group's committed offset, which may be past reports that
+        were consumed but not yet covered by a checkpoint (they would be lost).
         """
         rows = self.roster.rows_of(partition, self.partitions_total)
         state = PartitionState(self.deployment, partition, rows, self.roster.n)
-        resume = None
+        resume = 0
         blob = self.store.load_checkpoint(partition) if self.store is not None else None
         if blob is not None:
             state.set_state(loads_state(blob))

@@ -1,0 +1,263 @@
+"""Stream benchmark: ingest throughput against raw consumption, release latency, memory, releaser cost.
+
+    python -m jobs.bench_stream [--n 1000000] [--partitions 4] [--json out/bench_stream.json] [--quick]
+
+Measured in one run on the embedded broker and Redis:
+
+1. **Raw consumption** (the broker-side limit on this machine): an aiokafka consumer reading the
+   step's single-report messages with ``getmany`` from all partitions, no processing.
+2. **Ingest, single-report messages**: one worker process (Faust) applying the same messages;
+   the rate is taken between 10% and 90% of the reports accepted (read from the worker's
+   Prometheus counter), so start-up and group join are excluded.
+3. **Ingest, batch messages** (``{"reports": [...]}``, 5,000 per message): the same, next step.
+4. **Release latency** per step (close command -> last manifest readable), for a fixed-window
+   (k = 3), a cumulative (T = 12) and a heavy-hitter (tct, |X| = 10^6) release together.
+5. **Memory per user** of worker state (exact array bytes of the partition states) and the worker's
+   resident set size after ingest.
+6. **Releaser cost** (in process, no Kafka): one release step against m, T, 2^k and |X|.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import orjson
+import yaml
+
+HORIZON = 12
+DOMAIN = 1_000_000
+
+
+def _config(n: int, partitions: int, services) -> dict:
+    return {
+        "name": "bench", "broker": services.broker.bootstrap, "redis": services.redis.url,
+        "roster": {"size": n}, "horizon": HORIZON, "topics": {"partitions": partitions},
+        "attributes": {"poverty": {"type": "binary"}, "item": {"type": "hashed", "size": DOMAIN}},
+        "budget": {"rho": 0.01, "epsilon": 1.0, "delta": 1e-6}, "random": {"kind": "seeded", "seed": 1},
+        "steps": {"max_ahead": 3},
+        "releases": [
+            {"name": "fw", "type": "fixed_window", "attribute": "poverty", "window": 3, "share": 0.5},
+            {"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 0.5},
+            {"name": "hh", "type": "heavy_hitters", "attribute": "item", "method": "tct", "k": 3, "share": 1.0},
+        ],
+    }
+
+
+def _single_messages(roster, step: int, pov: np.ndarray, item: np.ndarray) -> list[tuple[bytes, bytes]]:
+    return [(uid.encode(), orjson.dumps({"user": uid, "step": step, "values": {"poverty": int(p), "item": int(i)}}))
+            for uid, p, i in zip(roster.ids, pov.tolist(), item.tolist())]
+
+
+async def _produce(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]]) -> float:
+    from aiokafka import AIOKafkaProducer
+
+    prod = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20,
+                            max_request_size=8 << 20)
+    await prod.start()
+    started = time.perf_counter()
+    try:
+        for i in range(0, len(messages), 10_000):
+            batch = [await prod.send(topic, value=v, key=k) for k, v in messages[i : i + 10_000]]
+            await asyncio.gather(*batch)
+    finally:
+        await prod.stop()
+    return time.perf_counter() - started
+
+
+async def _raw_consume(bootstrap: str, topic: str, expected: int) -> float:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+                                max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or {0})]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        got, started = 0, time.perf_counter()
+        while got < expected:
+            batch = await consumer.getmany(timeout_ms=500, max_records=100_000)
+            got += sum(len(msgs) for msgs in batch.values())
+        return time.perf_counter() - started
+    finally:
+        await consumer.stop()
+
+
+def _accepted(port: int) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    m = re.search(r'dpstream_reports_total\{status="accepted"\} ([0-9.e+]+)', body)
+    return float(m.group(1)) if m else 0.0
+
+
+def _ingest_rate(port: int, start_count: float, expected: int, timeout: float = 600) -> float:
+    """Reports/s between 10% and 90% of ``expected`` newly accepted reports."""
+    lo, hi = start_count + 0.1 * expected, start_count + 0.9 * expected
+    t_lo = t_hi = None
+    deadline = time.monotonic() + timeout
+    while t_hi is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError("ingest did not finish")
+        try:
+            got = _accepted(port)
+        except OSError:
+            got = 0.0
+        now = time.perf_counter()
+        if t_lo is None and got >= lo:
+            t_lo = now
+        if got >= hi:
+            t_hi = now
+        time.sleep(0.02)
+    return 0.8 * expected / max(t_hi - t_lo, 1e-9)
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def releaser_cost(quick: bool) -> list[dict]:
+    """One release step of each mechanism, in process, against its size parameter."""
+    from pipeline.monitors import ShiftingHeavyHitters
+    from pipeline.synth.cumulative import CumulativeSynthesizer
+    from pipeline.synth.fixed_window import FixedWindowSynthesizer
+
+    rows = []
+
+    def timed(fn, reps=3):
+        best = float("inf")
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    for m in ([10_000, 100_000] if quick else [10_000, 100_000, 1_000_000]):
+        for k in (3, 6, 9):
+            s = FixedWindowSynthesizer(HORIZON, k, 1.0, seed=1, n=m)
+            rng = np.random.default_rng(0)
+            counts = rng.multinomial(m, np.full(2**k, 2.0**-k))
+            s.release_counts(counts)  # step k: builds the m records
+            counts2 = rng.multinomial(m, np.full(2**k, 2.0**-k))
+            rows.append({"mechanism": "fixed_window", "m": m, "bins": 2**k,
+                         "seconds": timed(lambda: _fw_step(s, counts2), reps=1)})
+    for horizon in (12, 120) if quick else (12, 120, 365):
+        s = CumulativeSynthesizer(horizon, 1.0, seed=1, n=100_000)
+        z = np.zeros(horizon + 1, dtype=np.int64)
+        z[1] = 30_000
+        rows.append({"mechanism": "cumulative", "m": 100_000, "T": horizon, "seconds": timed(lambda: s.release_counts(z), reps=1)})
+    for domain in (10**4, 10**6, 2**32):
+        hh = ShiftingHeavyHitters(domain, 1.0, 1e-6, 3, 10_000, method="tct", seed=1, neighbours="add_remove")
+        support = np.unique(np.random.default_rng(1).integers(0, domain, 200_000))
+        counts = np.ones(support.size, dtype=np.int64)
+        rows.append({"mechanism": "heavy_hitters(tct)", "domain": domain, "support": int(support.size),
+                     "seconds": timed(lambda: hh.release_histogram(support, counts))})
+    return rows
+
+
+def _fw_step(s, counts):
+    if s.t < s.horizon:
+        s.release_counts(counts)
+
+
+def main(argv=None) -> dict:
+    from pipeline.config import load_config
+    from pipeline.stream.cluster import LocalCluster
+    from pipeline.stream.driver import StepDriver
+    from pipeline.stream.embedded import EmbeddedServices
+    from pipeline.stream.roster import Roster
+    from pipeline.stream.topics import ensure_topics
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--quick", action="store_true", help="n = 100,000 and a smaller releaser sweep")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--out", default="out/bench_stream")
+    args = ap.parse_args(argv)
+    n = 100_000 if args.quick else args.n
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict = {"n": n, "partitions": args.partitions}
+    rng = np.random.default_rng(0)
+    pov = (rng.random((n, HORIZON)) < 0.12).astype(np.int64)
+    item = rng.integers(0, DOMAIN, size=(n, HORIZON))
+    item[: n // 50] = 12345  # one heavy element held by 2% of users
+
+    with EmbeddedServices(broker_log=out / "broker.log") as svc:
+        cfg_path = out / "bench.yaml"
+        cfg_path.write_text(yaml.safe_dump(_config(n, args.partitions, svc)))
+        dep = load_config(cfg_path)
+        roster = Roster.from_config(dep.roster)
+        names = ensure_topics(svc.broker.bootstrap, dep)
+        print(f"n={n:,} users, {args.partitions} partitions; producing step 1 as single-report messages ...", flush=True)
+        msgs = _single_messages(roster, 1, pov[:, 0], item[:, 0])
+        result["produce_single_s"] = asyncio.run(_produce(svc.broker.bootstrap, names["reports"], msgs))
+        del msgs
+        raw_s = asyncio.run(_raw_consume(svc.broker.bootstrap, names["reports"], n))
+        result["raw_consume_msgs_per_s"] = n / raw_s
+        print(f"raw aiokafka consumption: {n / raw_s:,.0f} msgs/s", flush=True)
+
+        with LocalCluster(cfg_path, dep, workers=1, log_dir=out / "logs", metrics=True) as cluster:
+            port = cluster.metrics_ports["worker-0"]
+            rate = _ingest_rate(port, 0.0, n)
+            result["ingest_single_reports_per_s"] = rate
+            result["single_vs_raw"] = rate / result["raw_consume_msgs_per_s"]
+            print(f"ingest, single-report messages: {rate:,.0f} reports/s ({rate / result['raw_consume_msgs_per_s']:.1%} of raw)", flush=True)
+            drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
+            latencies = {1: drv.close(1)}
+            base = _accepted(port)
+            drv.producer.send_step(2, {"poverty": pov[:, 1], "item": item[:, 1]})
+            rate_b = _ingest_rate(port, base, n)
+            result["ingest_batch_reports_per_s"] = rate_b
+            print(f"ingest, batch messages: {rate_b:,.0f} reports/s", flush=True)
+            latencies[2] = drv.close(2)
+            for t in (3, 4):
+                drv.producer.send_step(t, {"poverty": pov[:, t - 1], "item": item[:, t - 1]})
+                while _accepted(port) < t * n:  # latency is measured from a fully ingested step
+                    time.sleep(0.05)
+                latencies[t] = drv.close(t)
+            result["release_latency_s"] = latencies
+            print("release latency (close -> manifests): " + ", ".join(f"t={t}: {v:.2f} s" for t, v in latencies.items()), flush=True)
+            result["worker_rss_mb"] = _rss_mb(cluster.procs["worker-0"].pid)
+            from pipeline.serialization import loads_state
+            from pipeline.stream.store import ReleaseStore
+
+            store = ReleaseStore.from_url(svc.redis.url, dep.name)
+            state_bytes = 0
+            for p in range(args.partitions):
+                st = loads_state(store.load_checkpoint(p))
+                state_bytes += sum(a.nbytes for a in _arrays(st))
+            result["state_bytes_per_user"] = state_bytes / n
+            print(f"worker state: {state_bytes / n:.1f} bytes/user; worker RSS {result['worker_rss_mb']:.0f} MB", flush=True)
+            drv.shutdown()
+    result["releaser_cost"] = releaser_cost(args.quick)
+    for row in result["releaser_cost"]:
+        print("releaser step:", {k: v for k, v in row.items() if k != "seconds"}, f"{row['seconds'] * 1000:.1f} ms")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2, default=float))
+    return result
+
+
+def _arrays(obj):
+    if isinstance(obj, np.ndarray):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _arrays(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _arrays(v)
+
+
+if __name__ == "__main__":
+    main()
