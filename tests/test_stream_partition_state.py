@@ -31,7 +31,7 @@ def deployment(*, n=30, horizon=6, max_ahead=2, rule="carry_forward", default=No
             {"name": "hh", "type": "heavy_hitters", "attribute": "query", "method": hh_method, "k": hh_k,
              "share": 0.5},
             {"name": "band", "type": "band_monitor", "attribute": "status", "value": "unemployed",
-             "low": 0, "high": 100, "k": 1, "share": 0.5},
+             "low": 0, "high": 100, "share": 0.5},
         ]
     return parse_config({
         "name": "ps",
@@ -473,7 +473,7 @@ def test_active_set_uncounted_methods_count_everyone():
     assert agg.partial(2, x)["counts"].tolist() == [2, 1]
 
 
-def test_band_monitor_counts_the_watched_value_and_retires_after_k():
+def test_band_monitor_counts_the_watched_value_and_retires_contributors():
     dep = deployment(n=5, monitors=True)
     h = Harness(dep)
     h.send(*[h.r(u, 1, status="unemployed" if u < 3 else "employed") for u in range(5)])

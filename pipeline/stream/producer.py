@@ -1,8 +1,9 @@
 """Producing reports and control commands (simulator, CSV/JSONL files, the demo).
 
 Single reports are keyed by user id, so Kafka's default partitioner sends each user to the
-partition that owns it (see :mod:`pipeline.stream.roster`). Bulk steps are sent as batch messages
-``{"reports": [...]}``, one or more per owning partition, written to that partition explicitly.
+partition that owns it (see :mod:`pipeline.stream.roster`). Bulk steps are sent as columnar batch
+messages ``{"columns": {"user": [...], "step": t, "<attribute>": [...]}}`` (the fastest form to
+ingest), one or more per owning partition, written to that partition explicitly.
 """
 
 from __future__ import annotations
@@ -52,13 +53,12 @@ class ReportProducer:
         for p in range(self.partitions):
             sel = np.flatnonzero(owners == p)
             for start in range(0, sel.size, self.batch_size):
-                chunk = sel[start : start + self.batch_size]
-                reports = [
-                    {"user": ids[rows[i]], "step": step, "values": {a: labels[a][i] for a in labels}}
-                    for i in chunk
-                ]
-                self._producer.send(self.names["reports"], value=orjson.dumps({"reports": reports}), partition=p)
-                sent += len(reports)
+                chunk = sel[start : start + self.batch_size].tolist()
+                columns = {"user": [ids[rows[i]] for i in chunk], "step": int(step)}
+                for a, lab in labels.items():
+                    columns[a] = [lab[i] for i in chunk]
+                self._producer.send(self.names["reports"], value=orjson.dumps({"columns": columns}), partition=p)
+                sent += len(chunk)
         self._producer.flush()
         return sent
 
