@@ -15,6 +15,8 @@ Measured in one run on the embedded broker and Redis:
 5. **Memory per user** of worker state (exact array bytes of the partition states) and the worker's
    resident set size after ingest.
 6. **Releaser cost** (in process, no Kafka): one release step against m, T, 2^k and |X|.
+7. **Parser throughput** (in process, one core): single-report messages, row batches and columnar
+   batches of the same reports.
 """
 
 from __future__ import annotations
@@ -163,6 +165,40 @@ def releaser_cost(quick: bool) -> list[dict]:
     return rows
 
 
+def parser_throughput(n: int = 200_000) -> dict[str, float]:
+    """Reports/s parsed and validated on one core, per message format (same reports)."""
+    from pipeline.config import parse_config
+    from pipeline.stream.reports import ReportParser
+    from pipeline.stream.roster import Roster
+
+    dep = parse_config({"name": "p", "roster": {"size": n}, "horizon": HORIZON,
+                        "attributes": {"poverty": {"type": "binary"}, "item": {"type": "hashed", "size": DOMAIN}},
+                        "budget": {"rho": 1.0},
+                        "releases": [{"name": "fw", "type": "fixed_window", "attribute": "poverty", "window": 3,
+                                      "share": 1.0}]})
+    parser = ReportParser(Roster.from_config(dep.roster), dep.attributes, HORIZON)
+    reps = [{"user": f"u{i}", "step": 1, "values": {"poverty": i % 2, "item": i % 1000}} for i in range(n)]
+    formats = {
+        "single": [orjson.dumps(r) for r in reps],
+        "row_batch": [orjson.dumps({"reports": reps[j : j + 5000]}) for j in range(0, n, 5000)],
+        "columnar_batch": [orjson.dumps({"columns": {"user": [r["user"] for r in reps[j : j + 5000]], "step": 1,
+                                                     "poverty": [r["values"]["poverty"] for r in reps[j : j + 5000]],
+                                                     "item": [r["values"]["item"] for r in reps[j : j + 5000]]}})
+                           for j in range(0, n, 5000)],
+    }
+    out = {}
+    for name, messages in formats.items():
+        best = min(_timed(lambda: parser.parse(messages)) for _ in range(3))
+        out[name] = n / best
+    return out
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
 def _fw_step(s, counts):
     if s.t < s.horizon:
         s.release_counts(counts)
@@ -239,6 +275,8 @@ def main(argv=None) -> dict:
             result["state_bytes_per_user"] = state_bytes / n
             print(f"worker state: {state_bytes / n:.1f} bytes/user; worker RSS {result['worker_rss_mb']:.0f} MB", flush=True)
             drv.shutdown()
+    result["parser_reports_per_s"] = parser_throughput()
+    print("parser (one core): " + ", ".join(f"{k} {v:,.0f} reports/s" for k, v in result["parser_reports_per_s"].items()))
     result["releaser_cost"] = releaser_cost(args.quick)
     for row in result["releaser_cost"]:
         print("releaser step:", {k: v for k, v in row.items() if k != "seconds"}, f"{row['seconds'] * 1000:.1f} ms")
