@@ -20,7 +20,9 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/dpstream demo
 
+# tests/test_metrics.py scrapes the processes with a real Prometheus server (Debian package).
 test: $(STAMP)
+	./scripts/install-prometheus.sh
 	$(PY) -m pytest -q
 
 # Jobs run on demand (not part of `make test`); results and commands are in the README.

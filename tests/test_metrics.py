@@ -1,0 +1,384 @@
+"""The stream's metrics as a real Prometheus server scrapes them.
+
+A small deployment (embedded broker and Redis, a releaser and two workers as separate processes)
+runs three steps with a few bad reports; then a Prometheus server (the Debian package's
+/usr/bin/prometheus, installed by scripts/install-prometheus.sh — this test installs nothing)
+scrapes every process each second, and the assertions go through its HTTP query API, so metric
+names, labels, exposition format and values are checked end to end.
+
+The helpers that the jobs call (retired users, consumer lag) are also checked directly against a
+real PartitionState and the real broker.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+import yaml
+
+from pipeline.config import load_config
+from pipeline.stream import metrics as M
+from pipeline.stream.cluster import LocalCluster
+from pipeline.stream.driver import StepDriver
+from pipeline.stream.embedded import EmbeddedServices, free_port
+from pipeline.stream.roster import Roster
+
+PROMETHEUS = "/usr/bin/prometheus"
+REPO = Path(__file__).resolve().parents[1]
+N, T, P, WORKERS, WINDOW, DOMAIN, HOT = 600, 3, 2, 2, 2, 64, 7
+
+
+def _jobs_call(name: str) -> bool:
+    return any(name in (REPO / "jobs" / f).read_text() for f in ("worker.py", "releaser.py"))
+
+
+# -- a real Prometheus server ------------------------------------------------------------------------
+class Prometheus:
+    @staticmethod
+    def require() -> None:
+        if not Path(PROMETHEUS).exists():
+            pytest.fail(f"{PROMETHEUS} not found: run scripts/install-prometheus.sh (installs the Debian "
+                        "package `prometheus`; `make test` does it)", pytrace=False)
+
+    def __init__(self, workdir: Path, targets: dict[str, list[int]]):
+        self.require()
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        config = {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in ports]}]}
+                for job, ports in targets.items()
+            ],
+        }
+        (self.dir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.log = open(self.dir / "prometheus.log", "wb")
+        self.proc = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={self.dir / 'prometheus.yml'}", f"--storage.tsdb.path={self.dir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h"],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def query(self, expr: str) -> list[dict]:
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            body = json.load(resp)
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def value(self, expr: str) -> float:
+        result = self.query(expr)
+        assert len(result) == 1, f"{expr}: {result}"
+        return float(result[0]["value"][1])
+
+    def by(self, expr: str, label: str) -> dict[str, float]:
+        return {r["metric"][label]: float(r["value"][1]) for r in self.query(expr)}
+
+    def wait(self, expr: str, want, timeout: float = 60.0):
+        """Poll ``expr`` until ``want(result)``; the last result either way."""
+        deadline, result = time.monotonic() + timeout, None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"prometheus exited with {self.proc.returncode}; see {self.dir / 'prometheus.log'}")
+            try:
+                result = self.query(expr)
+                if want(result):
+                    return result
+            except OSError:
+                pass  # not listening yet
+            time.sleep(0.5)
+        return result
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.log.close()
+
+
+# -- the deployment ----------------------------------------------------------------------------------
+def _data(seed: int = 17):
+    rng = np.random.default_rng(seed)
+    pov = rng.integers(0, 2, size=(N, T))
+    # Most users hold one hot item, so the heavy-hitter release flags it and charges (retires) them.
+    items = np.where(rng.random((N, T)) < 0.6, HOT, rng.integers(0, DOMAIN, size=(N, T)))
+    present = np.ones((N, T), dtype=bool)
+    present[rng.choice(N, size=N // 10, replace=False), 1] = False  # 10% miss step 2 (imputed)
+    return pov, items, present
+
+
+def _true_statistics(pov, items, present) -> set[float]:
+    """Counts of users by value that a leaking metric would carry: per step, per window pattern,
+    cumulative thresholds, per item (carry-forward imputation, as the workers do)."""
+    x_pov, x_item = pov.copy(), items.copy()
+    for t in range(1, T):
+        x_pov[~present[:, t], t] = x_pov[~present[:, t], t - 1]
+        x_item[~present[:, t], t] = x_item[~present[:, t], t - 1]
+    stats: set[float] = set()
+    for t in range(T):
+        stats.update(np.bincount(x_pov[:, t], minlength=2).tolist())
+        stats.update(np.bincount(x_item[:, t]).tolist())
+        stats.update(np.bincount((x_pov[:, : t + 1]).sum(axis=1)).tolist())
+        if t + 1 >= WINDOW:
+            codes = x_pov[:, t + 1 - WINDOW] * 2 + x_pov[:, t]
+            stats.update(np.bincount(codes, minlength=4).tolist())
+    out = {float(s) for s in stats if s > 20}  # small counts collide with step numbers and latencies
+    assert len(out) >= 10  # the check below is not vacuous
+    return out
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory):
+    Prometheus.require()  # before spending time on the deployment
+    tmp = tmp_path_factory.mktemp("metrics")
+    pov, items, present = _data()
+    with EmbeddedServices() as services:
+        cfg = {
+            "name": "metrics-e2e",
+            "broker": services.broker.bootstrap,
+            "redis": services.redis.url,
+            "roster": {"size": N},
+            "horizon": T + 1,
+            "topics": {"partitions": P},
+            "attributes": {"pov": {"type": "binary"}, "item": {"type": "hashed", "size": DOMAIN}},
+            "budget": {"rho": 0.5, "epsilon": 4.0, "delta": 1e-6},
+            "random": {"kind": "seeded", "seed": 23},
+            "releases": [
+                {"name": "fw", "type": "fixed_window", "attribute": "pov", "window": WINDOW, "share": 0.5},
+                {"name": "cu", "type": "cumulative", "attribute": "pov", "share": 0.5},
+                {"name": "hh", "type": "heavy_hitters", "attribute": "item", "method": "tct", "k": 1, "share": 1.0},
+            ],
+        }
+        path = tmp / "deployment.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        dep = load_config(path)
+        roster = Roster.from_config(dep.roster)
+        owners = roster.owners(P)
+        owner0 = next(u for u in roster.ids if owners[roster.row(u)] == 0)
+        with LocalCluster(path, dep, workers=WORKERS, log_dir=tmp / "logs", metrics=True) as cluster:
+            drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
+            bad = {"malformed": 2, "unknown_user": 1, "out_of_domain": 1, "late": 1}
+            drv.producer.send_raw(b'{"user": "u1", "step": 1', partition=0)
+            drv.producer.send_raw(b"not json", partition=0)
+            drv.producer.send_raw(orjson.dumps({"user": "nobody", "step": 1, "values": {"pov": 1, "item": 3}}),
+                                  partition=0)
+            drv.producer.send_raw(orjson.dumps({"user": owner0, "step": 1, "values": {"pov": 5, "item": 3}}),
+                                  partition=0)
+            sent = 0
+            for t in range(1, T + 1):
+                sent += drv.producer.send_step(t, {"pov": pov[:, t - 1], "item": items[:, t - 1]},
+                                               present=present[:, t - 1])
+                drv.close(t)
+                if t == 1:
+                    drv.producer.send_raw(orjson.dumps({"user": owner0, "step": 1, "values": {"pov": 0, "item": 3}}),
+                                          partition=0)
+            cluster.check_alive()
+            # Alerts travel on their own topic: a step's manifests may be read before its alert.
+            deadline = time.monotonic() + 30
+            while any(("hh", t) not in drv.panels.alerts for t in range(1, T + 1)) and time.monotonic() < deadline:
+                drv.poll()
+            manifests = {name: drv.panels.panels[name].manifests for name in ("fw", "cu", "hh")}
+            alerts = dict(drv.panels.alerts)
+            drv.shutdown()
+
+            targets = {"dpstream-releaser": [cluster.metrics_ports["releaser"]],
+                       "dpstream-worker": [cluster.metrics_ports[f"worker-{i}"] for i in range(WORKERS)]}
+            prom = Prometheus(tmp / "prometheus", targets)
+            try:
+                # Every target up and scraped after the run settled (the processes are idle now).
+                prom.wait("up == 1", lambda r: r is not None and len(r) == 1 + WORKERS)
+                prom.wait("max(dpstream_released_step)", lambda r: bool(r) and float(r[0]["value"][1]) == T)
+                yield dict(prom=prom, sent=sent, bad=bad, manifests=manifests, alerts=alerts, dep=dep,
+                           names=cluster.names, truth=_true_statistics(pov, items, present),
+                           items=items, present=present)
+            finally:
+                prom.stop()
+
+
+def test_all_processes_scraped(scraped):
+    prom = scraped["prom"]
+    assert prom.by("up", "job") == {"dpstream-releaser": 1.0, "dpstream-worker": 1.0}
+    assert prom.value('count(up{job="dpstream-worker"} == 1)') == WORKERS
+
+
+def test_reports_and_dead_letters(scraped):
+    prom = scraped["prom"]
+    assert prom.value('sum(dpstream_reports_total{status="accepted"})') == scraped["sent"]
+    assert prom.value('sum(dpstream_reports_total{status="rejected"})') == sum(scraped["bad"].values())
+    assert prom.by("sum by (reason) (dpstream_dead_letters_total)", "reason") == scraped["bad"]
+
+
+def test_steps_latencies_and_privacy(scraped):
+    prom, manifests = scraped["prom"], scraped["manifests"]
+    # Unlabelled series are exported by every process (0 where unused): aggregate across targets.
+    assert prom.value("max(dpstream_released_step)") == T
+    assert prom.value('dpstream_released_step{job="dpstream-releaser"}') == T
+    # Workers set the open step per partition; a partition moved in a rebalance keeps a stale series
+    # on its former owner until it is forgotten, so take the furthest one.
+    assert prom.by("max by (partition) (dpstream_open_step)", "partition") == {str(p): T + 1 for p in range(P)}
+    # One close per partition and step (at least: a close replayed after a rebalance counts again).
+    assert prom.value("sum(dpstream_step_close_seconds_count)") >= P * T
+    assert prom.value('sum(dpstream_step_close_seconds_bucket{le="+Inf"})') == \
+        prom.value("sum(dpstream_step_close_seconds_count)")
+    assert prom.value("sum(dpstream_release_seconds_count)") == T
+    assert prom.value("sum(dpstream_release_seconds_sum)") > 0
+    for hist in ("dpstream_release_seconds", "dpstream_step_close_seconds"):
+        # Over the whole run (cumulative buckets, no rate: there may be a single scrape so far).
+        median = prom.value(f"histogram_quantile(0.5, sum by (le) ({hist}_bucket))")
+        assert math.isfinite(median) and 0 < median <= 30, (hist, median)
+    for name in ("fw", "cu"):
+        assert prom.value(f'dpstream_privacy_spent_rho{{release="{name}"}}') == pytest.approx(
+            manifests[name][T]["privacy"]["release_spent"]["rho"], rel=1e-12)
+    assert prom.value('dpstream_privacy_spent_epsilon{release="hh"}') == pytest.approx(
+        manifests["hh"][T]["privacy"]["release_spent"]["epsilon"], rel=1e-12)
+    assert prom.value('dpstream_heavy_hitters{release="hh"}') == len(scraped["alerts"][("hh", T)]["flagged"])
+    assert any(scraped["alerts"][("hh", t)]["flagged"] for t in range(1, T + 1)), "nothing flagged: vacuous"
+
+
+def test_no_metric_carries_a_true_statistic(scraped):
+    """Trust boundary (docs/privacy.md): labels are operational only, every series is a declared
+    dpstream metric, and no value equals a count of users by value (per bin, item, pattern...)."""
+    series = scraped["prom"].query('{__name__=~"dpstream_.*"}')
+    assert series
+    declared = M.metric_names()
+    leaks = []
+    for s in series:
+        labels = set(s["metric"]) - {"__name__", "job", "instance", "le"}
+        assert labels <= M.ALLOWED_LABELS, s["metric"]
+        assert s["metric"]["__name__"] in declared, s["metric"]
+        # Report and dead-letter counts are counts of reports, checked exactly above; retired users
+        # are by design a count of users (curator-side, documented in deploy/README.md).
+        if s["metric"]["__name__"] in ("dpstream_reports_total", "dpstream_dead_letters_total",
+                                       "dpstream_retired_users_total", "dpstream_partition_retired_users"):
+            continue
+        if float(s["value"][1]) in scraped["truth"]:
+            leaks.append(s)
+    assert not leaks, leaks
+
+
+@pytest.mark.skipif(not _jobs_call("observe_partition"),
+                    reason="jobs/worker.py does not call metrics.observe_partition yet (deploy/README.md)")
+def test_retired_users_scraped(scraped):
+    prom, alerts, items, present = scraped["prom"], scraped["alerts"], scraped["items"], scraped["present"]
+    x = items.copy()
+    for t in range(1, T):
+        x[~present[:, t], t] = x[~present[:, t], t - 1]
+    retired = np.zeros(N, dtype=bool)  # k = 1: a user is retired by the first flag of an item it holds
+    for t in range(1, T + 1):
+        retired |= np.isin(x[:, t - 1], alerts[("hh", t)]["flagged"])
+    want = int(retired.sum())
+    assert want > 0
+    got = prom.value('sum(max by (partition) (dpstream_partition_retired_users{release="hh"}))')
+    assert got == want
+
+
+@pytest.mark.skipif(not _jobs_call("start_lag_monitor"),
+                    reason="jobs/releaser.py does not call metrics.start_lag_monitor yet (deploy/README.md)")
+def test_consumer_lag_scraped(scraped):
+    prom, names = scraped["prom"], scraped["names"]
+    topics = {names["reports"], names["feedback"], names["step-partials"], names["control"]}
+    # Idle deployment: once Faust has committed, every consumed partition is caught up.
+    result = prom.wait("dpstream_consumer_lag", lambda r: bool(r) and all(float(s["value"][1]) == 0 for s in r))
+    assert {(s["metric"]["topic"], s["metric"]["partition"]) for s in result} >= \
+        {(names["reports"], str(p)) for p in range(P)}
+    assert {s["metric"]["topic"] for s in result} == topics
+    assert all(float(s["value"][1]) == 0 for s in result), result
+
+
+# -- the helpers, without the jobs -----------------------------------------------------------------
+def test_lag_monitor_against_the_broker():
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.admin import NewTopic
+    from kafka.structs import OffsetAndMetadata
+
+    with EmbeddedServices() as services:
+        boot = services.broker.bootstrap
+        admin = KafkaAdminClient(bootstrap_servers=boot)
+        admin.create_topics([NewTopic("lag-test", 2, 1)])
+        admin.close()
+        producer = KafkaProducer(bootstrap_servers=boot)
+        # One record per batch: the embedded (Tansu) broker reports the log end as the last batch's
+        # base offset + 1, which is the true end only for single-record batches (Apache Kafka: always).
+        for partition, count in ((0, 10), (1, 3)):
+            for i in range(count):
+                producer.send("lag-test", value=b"%d" % i, partition=partition)
+                producer.flush()
+        producer.close()
+        consumer = KafkaConsumer(bootstrap_servers=boot, group_id="lag-group", enable_auto_commit=False)
+        consumer.commit({TopicPartition("lag-test", 0): OffsetAndMetadata(4, "", -1)})
+        consumer.close()
+        monitor = M.ConsumerLagMonitor(boot, {"lag-group": ["lag-test"]})
+        try:
+            lags = monitor.poll_once()
+        finally:
+            monitor._close_clients()
+        assert lags == {("lag-test", 0): 6, ("lag-test", 1): 3}  # partition 1: nothing committed
+        assert M.METRICS.consumer_lag.labels("lag-test", "0")._value.get() == 6
+
+
+def test_observe_partition_counts_retirements_once():
+    from pipeline.config import parse_config
+    from pipeline.stream.partition_state import PartitionState
+    from pipeline.stream.reports import ParsedReports
+
+    dep = parse_config({
+        "name": "retired", "roster": {"size": 50}, "horizon": 3, "topics": {"partitions": 1},
+        "attributes": {"item": {"type": "hashed", "size": 16}},
+        "budget": {"epsilon": 1.0, "delta": 1e-6},
+        "releases": [{"name": "hh-unit", "type": "heavy_hitters", "attribute": "item", "k": 2, "share": 1.0}],
+    })
+    rows = np.arange(50)
+    x = np.where(rows < 30, 5, 9)
+    st = PartitionState(dep, 0, rows, 50)
+    M.forget_partition(0)
+    M.observe_partition(0, st)  # baseline
+    counter = M.METRICS.retired_users.labels("hh-unit")
+    start = counter._value.get()
+    for t in (1, 2):
+        st.apply(ParsedReports(rows=rows, steps=np.full(50, t), codes={"item": x}, originals=[b""] * 50,
+                               batch_index=[None] * 50))
+        st.close(t)
+        st.apply_feedback(t, "hh-unit", {"flagged": [5]})
+        M.observe_partition(0, st)
+    gauge = M.METRICS.retired_users_now.labels("hh-unit", "0")
+    assert gauge._value.get() == 30  # charged twice = k: retired
+    assert counter._value.get() - start == 30
+    M.forget_partition(0)
+    M.observe_partition(0, st)  # a re-assignment sets a new baseline: not counted again
+    assert counter._value.get() - start == 30
+    assert M.METRICS.open_step.labels("0")._value.get() == 3
+
+
+def test_metrics_labels_are_operational_only():
+    for metric in M.METRICS.all():
+        assert set(metric._labelnames) <= M.ALLOWED_LABELS, metric._name
+
+
+def test_dashboard_queries_run_on_the_scraped_series(scraped):
+    """Every PromQL expression of the Grafana dashboard runs on the real server; those over series
+    this run must produce (all but budget refusals, clamps, and the not-yet-wired ones) return data."""
+    prom = scraped["prom"]
+    dash = json.loads((REPO / "deploy" / "grafana" / "dpstream-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    may_be_empty = {"dpstream_budget_refusals_total", "dpstream_padding_clamped_bins_total"}
+    if not _jobs_call("start_lag_monitor"):
+        may_be_empty.add("dpstream_consumer_lag")
+    if not _jobs_call("observe_partition"):
+        may_be_empty |= {"dpstream_partition_retired_users", "dpstream_retired_users_total"}
+    # rate() needs two scrapes in its window
+    prom.wait("sum(rate(dpstream_reports_total[1m]))", lambda r: bool(r))
+    empty = [e for e in exprs if not prom.query(e) and not any(m in e for m in may_be_empty)]
+    assert not empty, empty
