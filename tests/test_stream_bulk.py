@@ -1,0 +1,105 @@
+"""The bulk consumer against the embedded broker: positions come from the caller (checkpoints), never
+from committed offsets, and two members split reports and feedback co-partitioned."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from kafka import KafkaAdminClient, KafkaProducer
+from kafka.admin import NewTopic
+
+from pipeline.stream.bulk import BulkConsumer
+from pipeline.stream.embedded import EmbeddedServices
+
+P = 4
+
+
+@pytest.fixture(scope="module")
+def broker():
+    with EmbeddedServices() as svc:
+        admin = KafkaAdminClient(bootstrap_servers=svc.broker.bootstrap)
+        admin.create_topics([NewTopic("rep", P, 1), NewTopic("fb", P, 1)])
+        admin.close()
+        prod = KafkaProducer(bootstrap_servers=svc.broker.bootstrap)
+        for p in range(P):
+            for i in range(10):
+                prod.send("rep", value=f"{p}:{i}".encode(), partition=p)
+            prod.send("fb", value=f"fb{p}".encode(), partition=p)
+        prod.flush()
+        prod.close()
+        yield svc.broker.bootstrap
+
+
+async def _collect(consumer: BulkConsumer, want: int, timeout: float = 30.0) -> list:
+    got = []
+
+    async def run():
+        async for batch in consumer.batches():
+            for tp, msgs in batch.items():
+                got.extend((tp.topic, tp.partition, m.offset) for m in msgs)
+            if len(got) >= want:
+                return
+
+    await asyncio.wait_for(run(), timeout)
+    return got
+
+
+def test_positions_come_from_the_assignment_callback(broker):
+    async def main():
+        resume = {"rep": 7, "fb": 0}  # e.g. a checkpoint at offset 6 of every reports partition
+        assigned = []
+
+        async def on_assign(tps):
+            assigned.extend(tps)
+            return {tp: resume[tp.topic] for tp in tps}
+
+        async def on_revoke(tps):
+            pass
+
+        c = BulkConsumer(broker, "bulk-test-1", ["rep", "fb"], on_assign, on_revoke)
+        await c.start()
+        try:
+            got = await _collect(c, want=P * 3 + P)
+        finally:
+            await c.stop()
+        return assigned, got
+
+    assigned, got = asyncio.run(main())
+    assert {(tp.topic, tp.partition) for tp in assigned} == {(t, p) for t in ("rep", "fb") for p in range(P)}
+    rep = sorted(x for x in got if x[0] == "rep")
+    assert rep == [("rep", p, o) for p in range(P) for o in (7, 8, 9)]  # nothing before the resume offsets
+    assert sorted(x for x in got if x[0] == "fb") == [("fb", p, 0) for p in range(P)]
+
+
+def test_two_members_split_partitions_with_reports_and_feedback_together(broker):
+    async def main():
+        owned = {0: set(), 1: set()}
+
+        def make(i):
+            async def on_assign(tps):
+                owned[i] = {(tp.topic, tp.partition) for tp in tps}
+                return {tp: 0 for tp in tps}
+
+            async def on_revoke(tps):
+                owned[i] -= {(tp.topic, tp.partition) for tp in tps}
+
+            return BulkConsumer(broker, "bulk-test-2", ["rep", "fb"], on_assign, on_revoke)
+
+        a, b = make(0), make(1)
+        await a.start()
+        await b.start()
+        try:
+            for _ in range(200):  # until the group has settled with both members
+                await asyncio.gather(a.consumer.getmany(timeout_ms=50), b.consumer.getmany(timeout_ms=50))
+                if owned[0] and owned[1] and len(owned[0] | owned[1]) == 2 * P:
+                    break
+        finally:
+            await a.stop()
+            await b.stop()
+        return owned
+
+    owned = asyncio.run(main())
+    assert owned[0] and owned[1] and not owned[0] & owned[1]
+    for member in owned.values():  # the member owning reports partition p owns feedback partition p
+        assert {p for t, p in member if t == "rep"} == {p for t, p in member if t == "fb"}
