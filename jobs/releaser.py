@@ -22,6 +22,7 @@ import time
 
 import faust
 import orjson
+from faust.types import TP
 
 from pipeline.plan import budget_plan
 from pipeline.privacy.accounting import BudgetExhaustedError
@@ -29,9 +30,10 @@ from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.engine import ReleaseEngine, ReleaseOutput
 from pipeline.stream.faults import crash_point
 from pipeline.stream.messages import CONTROL_HEADER, PartialAssembler, synthetic_chunks
-from pipeline.stream.metrics import METRICS, serve_metrics
+from pipeline.stream.metrics import METRICS, serve_metrics, start_lag_monitor
 from pipeline.stream.runtime import Runtime
 from pipeline.stream.store import StepAlreadyReleased, StepRecord
+from pipeline.stream.topics import read_partition
 
 log = logging.getLogger("dpstream.releaser")
 
@@ -101,12 +103,30 @@ def _record_outputs(record: StepRecord) -> list[ReleaseOutput]:
     return [ReleaseOutput.from_bytes(record.releases[rel.name]) for rel in dep.releases]
 
 
+async def _log_end(topic: str) -> int | None:
+    """End offset of partition 0 of ``topic`` (None when the broker cannot tell)."""
+    tp = TP(topic, 0)
+    try:
+        return (await app.consumer.highwaters(tp)).get(tp)
+    except Exception as err:  # noqa: BLE001 - cannot tell: act as if nothing was lost
+        log.warning("could not read the end of %s: %s", topic, err)
+        return None
+
+
 async def _republish_pending() -> None:
-    """Republish steps committed but not (known to be) fully published before a crash: same bytes."""
+    """Republish steps committed but not (known to be) fully published before a crash: same bytes.
+
+    If the broker lost the public log (a memory-only broker restarted: ``releases`` is empty although
+    steps were published; durable Kafka never shrinks a log), every committed step is republished."""
     global _republished
     if _republished:
         return
-    for step in range(store.last_published() + 1, store.last_released() + 1):
+    first = store.last_published() + 1
+    if first > 1 and await _log_end(names["releases"]) == 0:
+        log.warning("the broker lost the public topics (%s is empty, %d step(s) were published): republishing "
+                    "every committed step from Redis", names["releases"], first - 1)
+        first = 1
+    for step in range(first, store.last_released() + 1):
         record = store.load_step(step)
         await publish(step, _record_outputs(record))
         METRICS.republished.inc()
@@ -162,9 +182,44 @@ def _observe(outputs: list[ReleaseOutput], started: float) -> None:
             METRICS.heavy_hitters.labels(out.release).set(len(out.alerts["flagged"]))
 
 
+_partials_check: int | None = None  # set on assignment: the Redis resume offset to re-read step-partials from
+
+
+def _read_partials(offset: int) -> tuple[list, int]:
+    """step-partials messages from ``offset`` to the current end, read directly (no consumer group)."""
+    return read_partition(rt.broker, names["step-partials"], 0, offset)
+
+
+@app.timer(interval=1.0)
+async def _after_rebalance() -> None:
+    """After a (re)assignment, outside the rebalance callback: re-read step-partials from the resume
+    offset kept in Redis. Faust repositions a newly assigned partition at the group's committed offset
+    after the assignment callback (undoing its seek), and that offset may be past partials of a step
+    not yet released: they would never be read again and the step never released. Also republishes
+    what the public log lacks (see _republish_pending)."""
+    global _partials_check, _last_partial_offset
+    if _partials_check is not None:
+        resume, _partials_check = _partials_check, None
+        records, end = await asyncio.to_thread(_read_partials, resume)
+        if end < resume:  # a log never shrinks on durable Kafka: a memory-only broker restarted
+            log.warning("%s ends at offset %d, before the resume offset %d: the broker lost the log; reading the "
+                        "new log from its start", names["step-partials"], end, resume)
+            await app.consumer.seek(TP(names["step-partials"], 0), 0)
+            _last_partial_offset = -1
+            records, end = await asyncio.to_thread(_read_partials, 0)
+        if records:
+            log.info("re-read %d step-partials message(s) from offset %d", len(records), records[0][0])
+        for offset, key, value in records:
+            _take_partial(offset, key, value)
+        await release_ready_steps()
+    if not _republished:
+        await release_ready_steps()
+
+
 @app.task
 async def _startup() -> None:
     serve_metrics(rt.metrics_port)
+    start_lag_monitor(rt)  # one process exports the lag, so each series exists once
     await release_ready_steps()  # republishes first, under the same lock as releasing
 
 
@@ -175,27 +230,35 @@ _last_partial_offset = -1
 async def _seek_inputs(sender, assigned, **kwargs) -> None:
     """Re-read inputs from Redis-recorded positions, whatever Faust committed: partials from the
     first one of an unreleased step, control commands from the start (closing is idempotent)."""
+    global _republished, _partials_check
+    _republished = False  # after a rebalance (e.g. the broker came back), check the public log again
     for tp in assigned:
         if tp.topic == names["step-partials"]:
-            await app.consumer.seek(tp, store.partials_resume())
+            _partials_check = store.partials_resume()  # re-read by _after_rebalance (this seek may be undone)
+            await app.consumer.seek(tp, _partials_check)
         elif tp.topic == names["control"]:
             await app.consumer.seek(tp, 0)
 
 
+def _take_partial(offset: int, key: bytes | None, value: bytes) -> bool:
+    """Handle one step-partials message (duplicates are harmless); True when it may complete a step."""
+    global _last_partial_offset
+    _last_partial_offset = max(_last_partial_offset, offset)
+    if (key or b"").startswith(b"progress:"):
+        _on_progress(value)
+        return False
+    step = assembler.add(value, offset)
+    if step <= engine.step:
+        assembler.discard_before(engine.step + 1)  # a replayed partial of a released step
+        return False
+    return True
+
+
 @app.agent(partials_topic)
 async def collect(stream):
-    global _last_partial_offset
     async for event in stream.events():
-        key = event.key or b""
-        _last_partial_offset = event.message.offset
-        if key.startswith(b"progress:"):
-            _on_progress(event.value)
-            continue
-        step = assembler.add(event.value, event.message.offset)
-        if step <= engine.step:
-            assembler.discard_before(engine.step + 1)  # a replayed partial of a released step
-            continue
-        await release_ready_steps()
+        if _take_partial(event.message.offset, event.key, event.value):
+            await release_ready_steps()
 
 
 # -- closing steps ----------------------------------------------------------------------------------

@@ -18,12 +18,14 @@ import logging
 import time
 
 import faust
+from faust.types import TP
 
 from pipeline.stream.faults import crash_point
 from pipeline.stream.ingest import CloseOutput, IngestCore, Record
 from pipeline.serialization import dumps_state
-from pipeline.stream.metrics import METRICS, serve_metrics
+from pipeline.stream.metrics import METRICS, forget_partition, observe_partition, serve_metrics
 from pipeline.stream.runtime import Runtime
+from pipeline.stream.topics import read_partition
 
 log = logging.getLogger("dpstream.worker")
 
@@ -57,11 +59,45 @@ async def _restore(sender, assigned, **kwargs) -> None:
         if tp.topic != names["reports"] or tp.partition in core.states:
             continue
         resume = core.assign(tp.partition)
-        METRICS.open_step.labels(str(tp.partition)).set(core.states[tp.partition].closed + 1)
-        if resume is not None:
-            await app.consumer.seek(tp, resume)
-            log.info("partition %d restored at step %d, replaying from offset %d",
-                     tp.partition, core.states[tp.partition].closed, resume)
+        observe_partition(tp.partition, core.states[tp.partition])
+        if core.feedback_outstanding(tp.partition):
+            _recover_feedback_of.add(tp.partition)
+        if resume:
+            _check_log[tp.partition] = resume  # checked against the log's end by _check_restored_logs
+        await app.consumer.seek(tp, resume)
+        log.info("partition %d at step %d, consuming from offset %d",
+                 tp.partition, core.states[tp.partition].closed, resume)
+
+
+_check_log: dict[int, int] = {}  # partition -> resume offset of its restored checkpoint, not yet checked
+
+
+async def _rebase_if_log_lost(partition: int, resume: int) -> None:
+    """The checkpoint's close marker was read from the log, so the log ends after it; a log that ends
+    before it was lost (a memory-only broker restarted: durable Kafka never shrinks a log). Keep the
+    checkpointed state and read the new log from its start instead of skipping its first messages."""
+    tp = TP(names["reports"], partition)
+    try:
+        end = (await app.consumer.highwaters(tp)).get(tp)
+    except Exception as err:  # noqa: BLE001 - cannot tell: keep the checkpoint's position
+        log.warning("partition %d: could not read the log end (%s)", partition, err)
+        return
+    if end is None or resume <= end or partition not in core.states:
+        return
+    log.warning("reports partition %d ends at offset %d, before its checkpoint's close marker (offset %d): the broker "
+                "lost the log (memory-only broker restarted?). Keeping the checkpointed state (step %d closed) and "
+                "reading the new log from its start; reports in flight at the loss must be sent again.",
+                partition, end, resume - 1, core.states[partition].closed)
+    core.states[partition].offset = -1
+    core.backlog[partition].clear()
+    await app.consumer.seek(tp, 0)  # also lets Faust deliver offsets below the checkpoint's again
+
+
+@app.timer(interval=1.0)
+async def _check_restored_logs() -> None:
+    """Compare restored checkpoints with their logs' ends, outside the rebalance callback."""
+    for partition in list(_check_log):
+        await _rebase_if_log_lost(partition, _check_log.pop(partition))
 
 
 @app.on_partitions_revoked.connect
@@ -69,6 +105,7 @@ async def _revoke(sender, revoked, **kwargs) -> None:
     for tp in revoked:
         if tp.topic == names["reports"]:
             core.revoke(tp.partition)
+            forget_partition(tp.partition)
 
 
 _locks: dict[int, asyncio.Lock] = {}
@@ -127,7 +164,14 @@ async def ingest(stream):
         for partition, records in runs.items():
             if partition not in core.states:  # revoked meanwhile: its new owner replays it
                 continue
-            core.enqueue(partition, records)
+            rewind = core.enqueue(partition, records)
+            if rewind is not None:
+                # Faust seeks a newly assigned partition to the group's committed offset after the
+                # assignment callback, undoing the seek to the checkpoint when it had committed past it
+                log.warning("partition %d: consumer at offset %d, past the next offset to handle (%d): seeking back",
+                            partition, records[0].offset, rewind)
+                await app.consumer.seek(TP(names["reports"], partition), rewind)
+                continue
             await _drain(partition)
 
 
@@ -136,7 +180,26 @@ async def feedback(stream):
     async for event in stream.events():
         partition = event.message.partition
         if core.apply_feedback(partition, event.value):
+            observe_partition(partition, core.states[partition])
             await _drain(partition)  # a close may have been waiting for this feedback
+
+
+_recover_feedback_of: set[int] = set()  # restored partitions whose close waits for feedback
+
+
+@app.timer(interval=1.0)
+async def _recover_feedback() -> None:
+    """A restored checkpoint may wait for feedback another worker already consumed and committed;
+    Faust undoes a seek of the feedback partition back to 0, so read it directly instead. Only the
+    last closed step's feedback applies, once per release (apply_feedback ignores the rest)."""
+    for partition in sorted(_recover_feedback_of):
+        _recover_feedback_of.discard(partition)
+        if partition not in core.states or not core.feedback_outstanding(partition):
+            continue
+        messages, _ = await asyncio.to_thread(read_partition, rt.broker, names["feedback"], partition)
+        if any([core.apply_feedback(partition, value) for _, _, value in messages]):
+            observe_partition(partition, core.states[partition])
+            await _drain(partition)
 
 
 @app.task

@@ -56,9 +56,10 @@ def _run_job(module: str, args) -> int:
     dep = _load(args.config)
     broker, redis_url = _endpoints(dep)
     os.environ["DPSTREAM_BROKER"], os.environ["DPSTREAM_REDIS"] = broker, redis_url
+    if args.faust_datadir:  # read by Runtime.faust_settings when the job module declares its app
+        os.environ["DPSTREAM_FAUST_DATADIR"] = args.faust_datadir
     job = importlib.import_module(module)
-    datadir = args.faust_datadir or str(Path(".dpstream") / module.rsplit(".", 1)[-1])
-    sys.argv = [f"dpstream-{module}", "--datadir", datadir, "worker", "-l", args.loglevel, "--without-web"]
+    sys.argv = [f"dpstream-{module}", "worker", "-l", args.loglevel, "--without-web"]
     job.app.main()
     return EXIT_OK
 

@@ -11,6 +11,7 @@ same partials (the releaser deduplicates them) and every accepted report counts 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,8 @@ class ApplyResult:
 
 
 class IngestCore:
+    REWIND_GRACE_SECONDS = 10.0  # see enqueue
+
     def __init__(self, deployment, roster, topic_names: dict[str, str], store=None):
         self.deployment = deployment
         self.roster = roster
@@ -71,6 +74,7 @@ class IngestCore:
         # feedback not yet received stays at the head; the other partitions go on meanwhile (one
         # worker may own every partition, so waiting here would deadlock the releaser).
         self.backlog: dict[int, list[Record]] = {}
+        self._rewinds: dict[int, tuple[int, float]] = {}  # partition -> (offset sought back to, since when)
 
     # -- assignment ------------------------------------------------------------------------------
     def assign(self, partition: int) -> int:
@@ -94,11 +98,33 @@ class IngestCore:
     def revoke(self, partition: int) -> None:
         self.states.pop(partition, None)
         self.backlog.pop(partition, None)
+        self._rewinds.pop(partition, None)
 
-    def enqueue(self, partition: int, records: list[Record]) -> None:
-        """Queue records of an assigned partition, skipping any the restored state already reflects."""
-        done = self.states[partition].offset
-        self.backlog[partition].extend(r for r in records if r.offset > done)
+    def enqueue(self, partition: int, records: list[Record], now: float | None = None) -> int | None:
+        """Queue records of an assigned partition, skipping any the state or the backlog already holds.
+
+        Returns None, or the offset to seek back to when the records start past the next one this
+        partition needs (nothing is queued then): the consumer was positioned past records the state
+        does not reflect — Faust seeks a newly assigned partition to the group's committed offset,
+        which may be past the last checkpoint — and skipping them would lose reports. Records fetched
+        before the seek took effect come the same way and are dropped (seeking again is harmless);
+        a gap still there ``REWIND_GRACE_SECONDS`` after the first seek back is a real one
+        (transaction markers, retention) and is accepted.
+        """
+        now = time.monotonic() if now is None else now
+        backlog = self.backlog[partition]
+        done = backlog[-1].offset if backlog else self.states[partition].offset
+        new = [r for r in records if r.offset > done]
+        if new and new[0].offset > done + 1:
+            target, since = self._rewinds.get(partition, (None, now))
+            if target != done + 1:
+                since = now
+                self._rewinds[partition] = (done + 1, now)
+            if now - since < self.REWIND_GRACE_SECONDS:
+                return done + 1
+        self._rewinds.pop(partition, None)
+        backlog.extend(new)
+        return None
 
     def drain(self, partition: int) -> list[ApplyResult | CloseOutput]:
         """Handle the partition's backlog in order until it is empty or a close waits for feedback.
@@ -116,9 +142,18 @@ class IngestCore:
                 if run:
                     outputs.append(self.apply_reports(partition, run))
                     run = []
+                step = self.marker_step(rec.value)
+                next_step = self.states[partition].closed + 1
+                if step is None or step > next_step:
+                    # Not a close of the next step (the releaser writes markers in order): a garbled
+                    # or forged marker. Dead-letter it; raising would crash the worker on every replay.
+                    detail = (f"close marker for step {step} but the next step to close is {next_step}"
+                              if step is not None else "close marker without a valid step")
+                    outputs.append(self._reject_record(partition, rec, "malformed", detail))
+                    done += 1
+                    continue
                 if self.feedback_outstanding(partition):
                     break  # resume when the feedback of the last closed step arrives
-                step = self.marker_step(rec.value)
                 messages, blob, summary = self.close(partition, step, rec.offset)
                 outputs.append(CloseOutput(partition, step, messages, blob, summary))
             else:
@@ -191,6 +226,20 @@ class IngestCore:
             self.store.save_checkpoint(partition, dumps_state(state.get_state()))
         return changed
 
-    def marker_step(self, value: bytes) -> int:
-        msg: Any = orjson.loads(value)
-        return int(msg["step"])
+    @staticmethod
+    def marker_step(value: bytes) -> int | None:
+        """The step a close marker closes, or None when the value is not ``{"step": <int ≥ 1>}``."""
+        try:
+            msg: Any = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return None
+        step = msg.get("step") if type(msg) is dict else None
+        return step if type(step) is int and step >= 1 else None
+
+    def _reject_record(self, partition: int, rec: Record, reason: str, detail: str) -> ApplyResult:
+        """One record straight to the dead-letter topic (its offset counts as consumed)."""
+        state = self.states[partition]
+        state.offset = max(state.offset, rec.offset)
+        headers = dead_letter_headers(reason, detail, self.names["reports"], partition, rec.offset, None)
+        return ApplyResult(partition=partition, reasons={reason: 1},
+                           dead_letters=[(f"{partition}:{rec.offset}:-".encode(), bytes(rec.value), headers)])

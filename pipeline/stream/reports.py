@@ -273,7 +273,7 @@ class ReportParser:
         get = self.roster._row.get
         rows = np.fromiter((get(u, -1) if type(u) is str else -2 for u in users), dtype=np.int64, count=size)
         if type(step) is int:
-            steps = np.full(size, step, dtype=np.int64)
+            steps = np.full(size, min(max(step, 0), 2**62), dtype=np.int64)  # huge: future_step, not OverflowError
         else:
             steps = np.fromiter((v if type(v) is int and abs(v) < 2**62 else 0 for v in step), dtype=np.int64, count=size)
         reason = np.zeros(size, dtype=np.int8)  # 0 ok; else an index into _COL_REASONS

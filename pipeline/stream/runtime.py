@@ -64,6 +64,7 @@ class Runtime:
         """Faust settings shared by the jobs (short rebalance timeouts: a lone worker joins in ~3 s)."""
         return dict(
             broker=self.broker_url,
+            datadir=os.environ.get("DPSTREAM_FAUST_DATADIR", ".dpstream/{conf.id}-data"),
             store="memory://",
             web_enabled=False,
             consumer_auto_offset_reset="earliest",
