@@ -65,19 +65,6 @@ def _config(directory: Path, svc, name: str, n: int, horizon: int, partitions: i
     return str(path)
 
 
-def _reference(dep, X) -> dict[str, np.ndarray]:
-    from pipeline.stream.engine import release_seed
-    from pipeline.synth.cumulative import CumulativeSynthesizer
-    from pipeline.synth.fixed_window import FixedWindowSynthesizer
-
-    horizon = X.shape[1]
-    fw = FixedWindowSynthesizer(horizon, K, 0.25, seed=release_seed(dep, "fw"))
-    cu = CumulativeSynthesizer(horizon, 0.25, seed=release_seed(dep, "cu"))
-    for t in range(horizon):
-        fw.update(X[:, t])
-        cu.update(X[:, t])
-    return {"fw": np.asarray(fw.synthetic), "cu": np.asarray(cu.synthetic)}
-
 
 class Run:
     """One scenario: a deployment, its cluster and a driver; ``step`` sends and closes a step."""
@@ -185,10 +172,11 @@ def _drive(run: Run, cluster) -> None:
 
 
 def _verify(run: Run) -> dict[str, bool]:
+    from pipeline.stream.engine import batch_reference
     from pipeline.stream.store import ReleaseStore
 
     T = run.args.horizon
-    ref = _reference(run.dep, run.X)
+    ref = batch_reference(run.dep, {"pov": run.X})
     panels = run.drv.panels.panels
     checks = {}
     checks["complete"] = all(rel in panels and panels[rel].complete_steps == set(range(1, T + 1))

@@ -20,12 +20,10 @@ from pipeline.config import load_config
 from pipeline.stream.cluster import LocalCluster
 from pipeline.stream.driver import StepDriver
 from pipeline.stream.embedded import EmbeddedServices
-from pipeline.stream.engine import release_seed
+from pipeline.stream.engine import batch_reference, release_seed
 from pipeline.stream.faults import FAULT_EXIT_CODE
 from pipeline.stream.roster import Roster
 from pipeline.stream.store import ReleaseStore
-from pipeline.synth.cumulative import CumulativeSynthesizer
-from pipeline.synth.fixed_window import FixedWindowSynthesizer
 
 N, T, K = 1500, 6, 3
 
@@ -61,14 +59,6 @@ def write_config(tmp_path, services, name: str, **extra) -> str:
 def panel_data(seed: int = 3) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 2, size=(N, T))
 
-
-def batch_reference(dep, X):
-    fw = FixedWindowSynthesizer(T, K, 0.25, seed=release_seed(dep, "fw"))
-    cu = CumulativeSynthesizer(T, 0.25, seed=release_seed(dep, "cu"))
-    for t in range(T):
-        fw.update(X[:, t])
-        cu.update(X[:, t])
-    return {"fw": np.asarray(fw.synthetic), "cu": np.asarray(cu.synthetic)}
 
 
 def read_dead_letters(bootstrap: str, topic: str, expect: int, timeout: float = 30.0):
@@ -118,7 +108,7 @@ def test_stream_equals_batch_and_rejects_bad_input_with_reasons(services, tmp_pa
         cluster.check_alive()
 
         # 1. the published synthetic data equals the library run in batch, bit for bit
-        ref = batch_reference(dep, X)
+        ref = batch_reference(dep, {"pov": X})
         for name in ("fw", "cu"):
             np.testing.assert_array_equal(drv.panels.panels[name].as_array(), ref[name])
 
@@ -178,7 +168,7 @@ def test_releaser_crash_at_each_protocol_point_changes_nothing(services, tmp_pat
             drv.close(t)
         drv.shutdown()
 
-        ref = batch_reference(dep, X)
+        ref = batch_reference(dep, {"pov": X})
         for rel in ("fw", "cu"):
             np.testing.assert_array_equal(drv.panels.panels[rel].as_array(), ref[rel])
             assert drv.panels.panels[rel].complete_steps == set(range(1, T + 1))
@@ -252,7 +242,7 @@ def test_steps_close_at_full_coverage_without_a_close_command(services, tmp_path
             drv.producer.send_step(t, {"pov": X[:, t - 1]})
             drv.wait_released(t, timeout=60)  # no close command: every user reported
         drv.shutdown()
-    ref = batch_reference(dep, X)
+    ref = batch_reference(dep, {"pov": X})
     for name in ("fw", "cu"):
         np.testing.assert_array_equal(drv.panels.panels[name].as_array(), ref[name])
 
@@ -265,6 +255,6 @@ def test_a_deadline_closes_steps_nobody_reported_and_imputes_the_default(service
         drv = StepDriver(cluster.broker, dep, Roster.from_config(dep.roster), cluster.names, cluster=cluster)
         drv.wait_released(T, timeout=90)
         drv.shutdown()
-    ref = batch_reference(dep, np.zeros((N, T), dtype=np.int64))  # everyone imputed to the default 0
+    ref = batch_reference(dep, {"pov": np.zeros((N, T), dtype=np.int64)})  # everyone imputed to the default 0
     for name in ("fw", "cu"):
         np.testing.assert_array_equal(drv.panels.panels[name].as_array(), ref[name])

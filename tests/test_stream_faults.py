@@ -17,9 +17,7 @@ not republish committed releases after a memory-only broker lost them.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import time
 import urllib.request
 from pathlib import Path
@@ -33,13 +31,11 @@ from pipeline.consumer import read_topics
 from pipeline.stream.cluster import LocalCluster
 from pipeline.stream.driver import StepDriver
 from pipeline.stream.embedded import EmbeddedServices
-from pipeline.stream.engine import release_seed
+from pipeline.stream.engine import batch_reference as engine_reference
 from pipeline.stream.faults import FAULT_EXIT_CODE
 from pipeline.stream.roster import Roster
 from pipeline.stream.store import ReleaseStore
 from pipeline.stream.topics import ensure_topics
-from pipeline.synth.cumulative import CumulativeSynthesizer
-from pipeline.synth.fixed_window import FixedWindowSynthesizer
 
 N, T, K = 1200, 6, 3
 
@@ -71,15 +67,10 @@ def panel_data(seed: int, n: int = N, horizon: int = T) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 2, size=(n, horizon))
 
 
+
 def batch_reference(dep, X) -> dict[str, np.ndarray]:
     """The library run in batch with the stream's derived seeds (= an uninterrupted run)."""
-    horizon = X.shape[1]
-    fw = FixedWindowSynthesizer(horizon, K, 0.25, seed=release_seed(dep, "fw"))
-    cu = CumulativeSynthesizer(horizon, 0.25, seed=release_seed(dep, "cu"))
-    for t in range(horizon):
-        fw.update(X[:, t])
-        cu.update(X[:, t])
-    return {"fw": np.asarray(fw.synthetic), "cu": np.asarray(cu.synthetic)}
+    return engine_reference(dep, {"pov": X})
 
 
 def expected_ledger(horizon: int = T) -> list[str]:

@@ -23,7 +23,7 @@ from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.aggregators import watch_code
 from pipeline.stream.messages import SYNTHETIC_CHUNK_RECORDS, columns_checksum
 
-__all__ = ["ReleaseEngine", "ReleaseOutput", "release_seed", "SUPPORTED_TYPES"]
+__all__ = ["ReleaseEngine", "ReleaseOutput", "release_seed", "batch_reference", "SUPPORTED_TYPES"]
 
 SUPPORTED_TYPES = ("fixed_window", "cumulative", "heavy_hitters", "band_monitor")
 
@@ -34,6 +34,34 @@ def release_seed(deployment, release_name: str) -> int | None:
         return None
     digest = hashlib.blake2b(f"{deployment.random.seed}:{release_name}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+def batch_reference(deployment, panels: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What the stream must publish for each synthetic-data release of ``deployment``: the library
+    synthesizer run in batch over ``panels[attribute]`` (n × steps codes, imputation already applied)
+    with the release's planned budget and the stream's derived seed. An uninterrupted, crashed or
+    scaled-out stream run with the same seed must equal it bit for bit."""
+    from pipeline.synth.cumulative import CumulativeSynthesizer
+    from pipeline.synth.fixed_window import FixedWindowSynthesizer
+
+    dep = deployment
+    allot = budget_plan(dep).allotments()
+    out = {}
+    for rel in dep.releases:
+        if rel.type == "fixed_window":
+            mech = FixedWindowSynthesizer(dep.horizon, rel.window, allot[rel.name].rho, beta=rel.beta,
+                                          categories=dep.attributes[rel.attribute].size,
+                                          neighbours=dep.neighbours, seed=release_seed(dep, rel.name))
+        elif rel.type == "cumulative":
+            mech = CumulativeSynthesizer(dep.horizon, allot[rel.name].rho, beta=rel.beta,
+                                         neighbours=dep.neighbours, seed=release_seed(dep, rel.name))
+        else:
+            continue
+        panel = np.asarray(panels[rel.attribute])
+        for t in range(panel.shape[1]):
+            mech.update(panel[:, t])
+        out[rel.name] = np.asarray(mech.synthetic)
+    return out
 
 
 @dataclass
