@@ -6,7 +6,8 @@ Measured in one run on the embedded broker and Redis:
 
 1. **Raw consumption** (the broker-side limit on this machine): an aiokafka consumer reading the
    step's single-report messages with ``getmany`` from all partitions, no processing.
-2. **Ingest, single-report messages**: one worker process (Faust) applying the same messages;
+2. **Ingest, single-report messages**: one worker process (aiokafka bulk consumer, the production
+   job) applying the same messages;
    the rate is taken between 10% and 90% of the reports accepted (read from the worker's
    Prometheus counter), so start-up and group join are excluded.
 3. **Ingest, batch messages** (``{"reports": [...]}``, 5,000 per message): the same, next step.

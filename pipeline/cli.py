@@ -59,7 +59,10 @@ def _run_job(module: str, args) -> int:
     if args.faust_datadir:  # read by Runtime.faust_settings when the job module declares its app
         os.environ["DPSTREAM_FAUST_DATADIR"] = args.faust_datadir
     job = importlib.import_module(module)
-    sys.argv = [f"dpstream-{module}", "worker", "-l", args.loglevel, "--without-web"]
+    if hasattr(job, "main"):  # plain asyncio job (the worker)
+        job.main(args.loglevel)
+        return EXIT_OK
+    sys.argv = [f"dpstream-{module}", "worker", "-l", args.loglevel, "--without-web"]  # Faust app
     job.app.main()
     return EXIT_OK
 
@@ -235,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of `python -m jobs.sipp_batch`")
     b.set_defaults(func=cmd_batch)
 
-    for name, fn, help_ in (("worker", cmd_worker, "run an ingest worker (Faust)"),
+    for name, fn, help_ in (("worker", cmd_worker, "run an ingest worker (aiokafka, bulk)"),
                             ("releaser", cmd_releaser, "run the releaser (Faust, one instance)")):
         sp = with_config(sub.add_parser(name, help=help_))
         sp.add_argument("--loglevel", default="info", choices=["crit", "error", "warn", "info", "debug"])

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from pipeline.config import load_config
 from pipeline.stream.ingest import ApplyResult, CloseOutput, IngestCore, Record
 from pipeline.stream.messages import CONTROL_HEADER
-from pipeline.stream.reports import REASONS, public_hash
+from pipeline.stream.reports import REASONS, ReportParser, public_hash
 from pipeline.stream.roster import Roster
 from pipeline.stream.topics import topic_names
 
@@ -363,6 +363,55 @@ def test_fuzz_oracle_can_fail(deployment):
     scen = (1, [(msgs, [2], ["owner"] * len(msgs)),
                 ([(orjson.dumps({"user": u_own, "step": 1, "values": {"pov": 1}}), u_own)], [1], ["owner"])])  # late
     assert run_scenario(deployment, scen, owners) == (2, 8)
+
+
+valid_report = st.fixed_dictionaries({
+    "user": st.sampled_from(ROSTER_IDS), "step": st.integers(min_value=1, max_value=HORIZON),
+    "values": st.fixed_dictionaries({}, optional={"pov": st.sampled_from([0, 1, True, False]),
+                                                  "status": st.sampled_from(STATUS + [0, 1, 2]),
+                                                  "item": st.one_of(st.text(max_size=5),
+                                                                    st.integers(0, ITEM_SIZE - 1))}).filter(bool),
+}).map(orjson.dumps)
+parser_input = st.lists(st.one_of(valid_report, valid_report, valid_report, message().map(lambda m: m[0])),
+                        max_size=12)
+
+
+def _parsed(parsed) -> tuple:
+    return (parsed.rows.tolist(), parsed.steps.tolist(), {a: c.tolist() for a, c in parsed.codes.items()},
+            [bytes(parsed.original(i)) for i in range(len(parsed))], parsed.batch_index, parsed.message,
+            [(r.reason, r.detail, bytes(r.original), r.batch_index, r.message) for r in parsed.rejections])
+
+
+@settings(max_examples=400, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(messages=parser_input, chunk=st.integers(min_value=1, max_value=4))
+def test_fast_single_report_path_equals_the_reference_parser(deployment, messages, chunk):
+    """The typed fast path for runs of single reports decides nothing the reference path would not:
+    same accepted arrays in the same order, same rejections (it never rejects by itself)."""
+    roster = Roster.from_range(N_USERS)
+    fast = ReportParser(roster, deployment.attributes, deployment.horizon, fast_chunk=chunk)
+    reference = ReportParser(roster, deployment.attributes, deployment.horizon, fast_chunk=0)
+    assert _parsed(fast.parse(messages)) == _parsed(reference.parse(messages))
+
+
+def test_fast_path_takes_clean_chunks_and_refuses_any_doubt(deployment):
+    """The equivalence above is not vacuous: clean chunks do go through the fast path, and each
+    kind of doubt (a rejected report, null, a float, an extra field, a batch) sends a chunk back."""
+    parser = ReportParser(Roster.from_range(N_USERS), deployment.attributes, deployment.horizon)
+    good = [orjson.dumps({"user": f"u{i}", "step": 1 + i % HORIZON, "values": {"pov": i % 2, "item": "q"}})
+            for i in range(N_USERS)]
+    seg = parser._fast_singles(good, 0)
+    assert seg is not None and seg[0].tolist() == list(range(N_USERS))
+    assert seg[2]["item"].tolist() == [public_hash("q", ITEM_SIZE)] * N_USERS
+    assert seg[2]["status"].tolist() == [-1] * N_USERS
+    for bad in ({"user": "nobody", "step": 1, "values": {"pov": 1}}, {"user": "u1", "step": 0, "values": {"pov": 1}},
+                {"user": "u1", "step": HORIZON + 1, "values": {"pov": 1}}, {"user": "u1", "step": 1, "values": {}},
+                {"user": "u1", "step": 1, "values": {"pov": None}}, {"user": "u1", "step": 1, "values": {"pov": 1.0}},
+                {"user": "u1", "step": 1, "values": {"pov": 2}}, {"user": "u1", "step": 1, "values": {"status": "z"}},
+                {"user": "u1", "step": 1, "values": {"pov": 1}, "x": 1}, {"user": "u1", "step": True, "values": {"pov": 1}},
+                {"reports": []}, b'{"user": "u1", "step": 1180591620717411303424, "values": {"pov": 1}}'):
+        raw = bad if isinstance(bad, bytes) else orjson.dumps(bad)
+        assert parser._fast_singles(good + [raw], 0) is None, bad
+    assert parser._fast_singles(good + [b"\xff"], 0) is None and parser._fast_singles(good + [None], 0) is None
 
 
 def test_enqueue_past_unhandled_records_asks_to_seek_back(deployment):

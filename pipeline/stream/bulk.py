@@ -49,6 +49,7 @@ class BulkConsumer:
     def __init__(self, bootstrap: str, group_id: str, topics: list[str], on_assign: OnAssign, on_revoke: OnRevoke,
                  max_records: int = 50_000, session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 4_000):
         self.topics = list(topics)
+        self.group_id = group_id
         self._on_assign = on_assign
         self._on_revoke = on_revoke
         self.max_records = int(max_records)

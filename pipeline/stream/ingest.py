@@ -1,4 +1,4 @@
-"""Ingest logic of a worker, independent of the transport (the Faust job drives it).
+"""Ingest logic of a worker, independent of the transport (jobs/worker.py drives it).
 
 A worker owns some partitions of ``reports``. For each it keeps a :class:`PartitionState`
 (restored from the partition's Redis checkpoint when assigned). Records of a partition are handled
@@ -105,8 +105,8 @@ class IngestCore:
 
         Returns None, or the offset to seek back to when the records start past the next one this
         partition needs (nothing is queued then): the consumer was positioned past records the state
-        does not reflect — Faust seeks a newly assigned partition to the group's committed offset,
-        which may be past the last checkpoint — and skipping them would lose reports. Records fetched
+        does not reflect — a client that moves a new assignment to the group's committed offset (Faust
+        does), or an offset reset — and skipping them would lose reports. Records fetched
         before the seek took effect come the same way and are dropped (seeking again is harmless);
         a gap still there ``REWIND_GRACE_SECONDS`` after the first seek back is a real one
         (transaction markers, retention) and is accepted.
@@ -138,7 +138,7 @@ class IngestCore:
         run: list[Record] = []
         done = 0
         for rec in backlog:
-            if is_marker(rec.headers):
+            if rec.headers and is_marker(rec.headers):  # reports carry no headers
                 if run:
                     outputs.append(self.apply_reports(partition, run))
                     run = []
