@@ -34,8 +34,6 @@ from pipeline.stream.runtime import Runtime
 
 log = logging.getLogger("dpstream.worker")
 
-COMMIT_INTERVAL_S = 2.0  # handled positions committed for the lag gauge only
-
 
 class IngestWorker:
     """One ingest process: the consumer, the producer, and the transport-free :class:`IngestCore`."""
@@ -54,7 +52,6 @@ class IngestWorker:
         # written its last checkpoint before the new owner reads it.
         self._busy = asyncio.Lock()
         self._feedback_done: dict[int, int] = {}  # feedback partition -> next offset (lag metric only)
-        self._committed: dict[TopicPartition, int] = {}
 
     # -- assignment ------------------------------------------------------------------------------
     async def _on_assign(self, tps: set[TopicPartition]) -> dict[TopicPartition, int]:
@@ -124,19 +121,37 @@ class IngestWorker:
                     self.consumer.consumer.seek(tp, rewind)
                     continue
                 touched.add(tp.partition)
-            for partition in sorted(touched):
-                await self._drain(partition)
+            await self._drain(sorted(touched))
 
-    async def _drain(self, partition: int) -> None:
-        pending = []  # dead letters and partials of this partition, acknowledged before any checkpoint
-        for out in self.core.drain(partition):
-            if isinstance(out, CloseOutput):
-                await self._close(out, pending)
-                pending = []
-            else:
-                pending.extend(await self._apply(out))
-        if pending:
-            await asyncio.gather(*pending)
+    async def _drain(self, partitions: list[int]) -> None:
+        """Handle the partitions' backlogs; publish everything, then write the checkpoints.
+
+        A checkpoint says "step closed, records up to its marker handled", so it is written only
+        once the broker has acknowledged the partials and dead letters before it, or a crash in
+        between would lose them (the replay starts after the marker). The partials of every
+        partition go out before any checkpoint, which keeps checkpoint writes off the release's
+        critical path; only a partition's last checkpoint of the fetch is written.
+        """
+        started = time.perf_counter()
+        pending, checkpoints = [], {}
+        for partition in partitions:
+            for out in self.core.drain(partition):
+                if isinstance(out, CloseOutput):
+                    pending.extend([await self.producer.send(self.names["step-partials"], key=key, value=value,
+                                                             partition=0) for key, value in out.messages])
+                    if out.checkpoint:  # empty for a replayed close of a step already closed
+                        checkpoints[partition] = out
+                        log.info("partition %d closed step %d: %s", out.partition, out.step, out.summary)
+                else:
+                    pending.extend(await self._apply(out))
+        await asyncio.gather(*pending)
+        if checkpoints:
+            log.info("partials acknowledged: %s", {p: out.step for p, out in checkpoints.items()})
+        for out in checkpoints.values():
+            crash_point("worker.before_checkpoint", out.step)
+            self.store.save_checkpoint(out.partition, out.checkpoint)
+            METRICS.step_close_seconds.observe(time.perf_counter() - started)
+            METRICS.open_step.labels(str(out.partition)).set(out.step + 1)
 
     async def _apply(self, result: ApplyResult) -> list:
         METRICS.reports.labels("accepted").inc(result.accepted)
@@ -154,42 +169,16 @@ class IngestWorker:
                                                     .encode(), value=body, partition=0))
         return futures
 
-    async def _close(self, out: CloseOutput, pending: list) -> None:
-        # The checkpoint says "step closed, offsets up to the marker handled"; write it only once the
-        # broker has acknowledged the partial and the dead letters before it, or a crash in between
-        # would lose them (the replay starts after the marker).
-        started = time.perf_counter()
-        pending = pending + [await self.producer.send(self.names["step-partials"], key=key, value=value, partition=0)
-                             for key, value in out.messages]
-        await asyncio.gather(*pending)
-        crash_point("worker.before_checkpoint", out.step)
-        if out.checkpoint:
-            self.store.save_checkpoint(out.partition, out.checkpoint)
-            METRICS.step_close_seconds.observe(time.perf_counter() - started)
-            METRICS.open_step.labels(str(out.partition)).set(out.step + 1)
-            log.info("partition %d closed step %d: %s", out.partition, out.step, out.summary)
-
-    async def _commit_positions(self) -> None:
-        """Every few seconds, commit what has been handled — for ``dpstream_consumer_lag`` only: reports
-        up to the last handled record, feedback up to the last consumed message. Never read back."""
-        consumer = self.consumer.consumer
-        while True:
-            await asyncio.sleep(COMMIT_INTERVAL_S)
-            offsets = {}
-            for tp in consumer.assignment():
-                state = self.core.states.get(tp.partition)
-                if tp.topic == self.names["reports"] and state is not None:
-                    offsets[tp] = state.offset + 1
-                elif tp.topic == self.names["feedback"]:
-                    offsets[tp] = self._feedback_done.get(tp.partition, 0)
-            offsets = {tp: o for tp, o in offsets.items() if o > 0 and self._committed.get(tp) != o}
-            if not offsets:
-                continue
-            try:
-                await consumer.commit(offsets)
-                self._committed.update(offsets)
-            except Exception as err:  # noqa: BLE001 - e.g. a rebalance in progress; the next round commits
-                log.debug("position commit skipped: %s", err)
+    def _handled(self) -> dict[TopicPartition, int]:
+        """Next offset to handle per assigned partition (committed for the lag gauge only)."""
+        out = {}
+        for tp in self.consumer.consumer.assignment():
+            state = self.core.states.get(tp.partition)
+            if tp.topic == self.names["reports"] and state is not None:
+                out[tp] = state.offset + 1
+            elif tp.topic == self.names["feedback"]:
+                out[tp] = self._feedback_done.get(tp.partition, 0)
+        return out
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -199,7 +188,7 @@ class IngestWorker:
         await self.consumer.start()
         loop = asyncio.get_running_loop()
         consume = asyncio.create_task(self._consume())
-        committer = asyncio.create_task(self._commit_positions())
+        committer = asyncio.create_task(self.consumer.commit_loop(self._handled))
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, consume.cancel)
         log.info("worker started: group %s", self.consumer.group_id)

@@ -373,6 +373,31 @@ def test_assign_groups_is_exact_and_uniform():
     assert np.all(np.abs(hits / reps - want) < Z_TOL * 0.5 / math.sqrt(reps))
 
 
+class _FixedKeys:
+    """A random source whose keys are given (to force ties)."""
+
+    def __init__(self, keys):
+        self.keys = np.asarray(keys, dtype=np.uint64)
+
+    def random_keys(self, m):
+        return self.keys[:m]
+
+
+@pytest.mark.parametrize("groups, key_range", [(3, 2**64 - 1), (3, 4), (40_000, 50)])
+def test_assign_groups_orders_records_by_group_then_key(groups, key_range):
+    """Records are labelled in (group, key, index) order — exactly lexsort's, ties included."""
+    rng = np.random.default_rng(groups)
+    m = 5000
+    group = rng.integers(0, groups, m)
+    keys = rng.integers(0, key_range, m, dtype=np.uint64, endpoint=True)
+    sizes = np.bincount(group, minlength=groups)
+    counts = np.stack([sizes // 2, sizes - sizes // 2], axis=1)
+    order = np.lexsort((keys, group))
+    want = np.empty(m, dtype=np.int64)
+    want[order] = np.repeat(np.tile([0, 1], groups), counts.ravel())
+    np.testing.assert_array_equal(assign_groups(group, counts, _FixedKeys(keys)), want)
+
+
 def test_clamp_children_keeps_consistency():
     target = np.array([[5, -3, 2], [1, 1, 1], [-2, -1, 3], [0, 0, 0]])
     parents = target.sum(axis=1)

@@ -51,3 +51,30 @@ def test_corrupt_blobs_are_refused():
     with pytest.raises(ValueError, match="trailing"):
         loads_state(blob + b"\0")
     assert math.isnan(loads_state(dumps_state({"f": float("nan")}))["f"])
+
+
+@pytest.mark.parametrize("dtype, values, narrow_bytes", [
+    ("<i8", [-1, 0, 1], 1),                       # codes with a -1 sentinel: int8 on the wire
+    ("<i8", [-129, 127], 2),
+    ("<i8", [-(2**31), 2**31 - 1], 4),
+    ("<i8", [-(2**31) - 1, 0], 8),                # does not fit int32: stored as it is
+    ("<u8", [0, 2**63 + 5], 8),
+    ("<i4", [-1, 70_000], 4),
+    ("<u4", [0, 2**31 - 1], 4),
+    ("<u4", [0, 2**32 - 1], 4),
+    (">i8", [-1, 1], 1),
+])
+def test_large_integer_arrays_are_stored_narrow_and_restored_exactly(dtype, values, narrow_bytes):
+    rng = np.random.default_rng(3)
+    arr = rng.choice(np.array(values, dtype=object), size=(3, 5000)).astype(dtype)
+    arr[0, 0], arr[-1, -1] = values[0], values[-1]  # both extremes present
+    blob = dumps_state({"a": arr})
+    back = loads_state(blob)["a"]
+    assert back.dtype == arr.dtype.newbyteorder("<") and back.shape == arr.shape
+    assert np.array_equal(back, arr) and back.flags.writeable
+    assert arr.size * narrow_bytes <= len(blob) < arr.size * narrow_bytes + 400
+
+
+def test_small_integer_arrays_are_stored_as_they_are():
+    blob = dumps_state({"a": np.array([-1, 0, 1], dtype=np.int64)})
+    assert b'"as"' not in blob and loads_state(blob)["a"].dtype == np.int64

@@ -115,6 +115,20 @@ def wait_accepted(cluster: LocalCluster, name: str, count: int, timeout: float =
         time.sleep(0.2)
 
 
+def _committed(bootstrap: str, group: str, topic: str) -> int:
+    """The group's committed offset of partition 0 of ``topic`` (-1 when none)."""
+    from kafka import KafkaAdminClient
+
+    from pipeline.stream.metrics import _committed_offsets
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        meta = {tp.topic: m for tp, m in _committed_offsets(admin, group).items() if tp.partition == 0}.get(topic)
+    finally:
+        admin.close()
+    return meta.offset if meta is not None else -1
+
+
 def log_text(tmp_path, name: str) -> str:
     return (Path(tmp_path) / "logs" / f"{name}.log").read_text(errors="replace")
 
@@ -179,9 +193,10 @@ def test_worker_kill9_mid_step_and_before_checkpoint_changes_nothing(services, t
 
 def test_releaser_kill9_holding_part_of_a_step_rereads_its_partials(services, tmp_path):
     """Two workers; worker-1 is killed before step 3 closes, so the releaser holds only worker-0's
-    partial of step 3 — consumed, and committed by Faust after a few seconds. The releaser is then
-    killed -9 and restarted with worker-1: it must re-read the held partial from the resume offset kept
-    in Redis, not from Faust's committed offset (past it), or step 3 is never released."""
+    partial of step 3 — consumed, and its position committed (for the lag gauge) after a few seconds.
+    The releaser is then killed -9 and restarted with worker-1: it must re-read the held partial from
+    the resume offset kept in Redis, not from the group's committed offset (past it), or step 3 is
+    never released."""
     path = write_config(tmp_path, services, "faults-releaser-partial", horizon=4)
     dep = load_config(path)
     X = panel_data(seed=24, horizon=4)
@@ -201,11 +216,16 @@ def test_releaser_kill9_holding_part_of_a_step_rereads_its_partials(services, tm
         time.sleep(5.0)  # worker-0's partial consumed and committed; worker-1's missing (session timeout 10 s)
         store = ReleaseStore.from_url(services.redis.url, dep.name)
         assert store.last_released() == 2
+        committed = _committed(cluster.broker, f"dpstream-{dep.name}-releaser", cluster.names["step-partials"])
+        resume = store.partials_resume()
+        assert resume < committed, "the scenario needs a committed position past the held partial"
         cluster.kill("releaser")
+        before = len(log_text(tmp_path, "releaser"))
         cluster.spawn("releaser", "releaser")
         cluster.spawn("worker", "worker-1")
         drv.wait_released(3, timeout=60)
-        assert re.search(r"re-read \d+ step-partials", log_text(tmp_path, "releaser"))
+        restarted = log_text(tmp_path, "releaser")[before:]
+        assert f"reading {cluster.names['step-partials']} from offset {resume}\n" in restarted
         drv.producer.send_step(4, {"pov": X[:, 3]})
         drv.close(4)
         drv.shutdown()

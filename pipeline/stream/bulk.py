@@ -27,6 +27,7 @@ log = logging.getLogger("dpstream.bulk")
 
 OnAssign = Callable[[set[TopicPartition]], Awaitable[dict[TopicPartition, int]]]
 OnRevoke = Callable[[set[TopicPartition]], Awaitable[None]]
+Handled = Callable[[], dict[TopicPartition, int]]
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -75,3 +76,19 @@ class BulkConsumer:
                 yield batch
             else:
                 await asyncio.sleep(0)
+
+    async def commit_loop(self, handled: Handled, interval: float = 2.0) -> None:
+        """Every ``interval`` seconds, commit ``handled()`` (partition -> next offset to handle) when it
+        moved. For the consumer-lag gauge only: positions are never read back from these commits."""
+        committed: dict[TopicPartition, int] = {}
+        while True:
+            await asyncio.sleep(interval)
+            offsets = {tp: o for tp, o in handled().items()
+                       if o > 0 and committed.get(tp) != o and tp in self.consumer.assignment()}
+            if not offsets:
+                continue
+            try:
+                await self.consumer.commit(offsets)
+                committed.update(offsets)
+            except Exception as err:  # noqa: BLE001 - e.g. a rebalance in progress; the next round commits
+                log.debug("position commit skipped: %s", err)

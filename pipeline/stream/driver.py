@@ -36,6 +36,9 @@ class StepDriver:
         self._consumer.assign(tps)
         self._consumer.seek_to_beginning(*tps)
         self.manifests_seen: dict[tuple[str, int], int] = {}
+        self.manifest_seen_at: dict[tuple[str, int], float] = {}  # perf_counter when first read
+        self.manifest_timestamp: dict[tuple[str, int], int] = {}  # record timestamp (ms) of the first copy
+        self.close_timestamp: dict[int, int] = {}  # step -> record timestamp (ms) of its close command
 
     def poll(self, timeout_ms: int = 100) -> None:
         for tp, msgs in self._consumer.poll(timeout_ms=timeout_ms).items():
@@ -44,6 +47,8 @@ class StepDriver:
                     m = orjson.loads(msg.value)
                     key = (m["release"], int(m["step"]))
                     self.manifests_seen[key] = self.manifests_seen.get(key, 0) + 1
+                    self.manifest_seen_at.setdefault(key, time.perf_counter())
+                    self.manifest_timestamp.setdefault(key, int(msg.timestamp))
                 self._handlers[tp.topic](msg.value)
 
     def step_complete(self, step: int) -> bool:
@@ -64,7 +69,7 @@ class StepDriver:
     def close(self, step: int, wait: bool = True, timeout: float = 120.0) -> float:
         """Close ``step``; with ``wait``, return the release latency in seconds."""
         started = time.perf_counter()
-        self.producer.close_step(step)
+        self.close_timestamp[step] = self.producer.close_step(step)
         if wait:
             self.wait_released(step, timeout)
         return time.perf_counter() - started

@@ -92,9 +92,11 @@ class ReportProducer:
                     yield {"user": rec["user"], "step": int(rec["step"]), "values": values}
         return self.send_reports(rows())
 
-    def close_step(self, step: int) -> None:
-        self._producer.send(self.names["control"], value=orjson.dumps({"command": "close", "step": int(step)}))
+    def close_step(self, step: int) -> int:
+        """Send the close command; returns its record timestamp (ms, the broker's log)."""
+        future = self._producer.send(self.names["control"], value=orjson.dumps({"command": "close", "step": int(step)}))
         self._producer.flush()
+        return int(future.get(timeout=30).timestamp)
 
     def close(self) -> None:
         self._producer.close()

@@ -188,7 +188,11 @@ def assign_groups(group_codes: np.ndarray, counts: np.ndarray, rng: RandomSource
     groups, a = counts.shape
     m = group_codes.size
     keys = rng.random_keys(m)
-    order = np.lexsort((keys, group_codes))
+    # Sorted by (group, key) as np.lexsort((keys, group_codes)) would, about twice as fast: a stable
+    # sort by key, then a stable (radix, for narrow ints) sort by group keeps key order inside groups.
+    order = np.argsort(keys, kind="stable")
+    narrow = np.int16 if groups <= np.iinfo(np.int16).max else np.int64
+    order = order[np.argsort(group_codes[order].astype(narrow), kind="stable")]
     labels_sorted = np.repeat(np.tile(np.arange(a, dtype=np.int64), groups), counts.ravel())
     if labels_sorted.size != m:
         raise RuntimeError(f"internal error: counts sum to {labels_sorted.size}, expected {m} records")
