@@ -104,47 +104,41 @@ def _accepted(port: int) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def _ingest_rate(port: int, start_count: float, expected: int, timeout: float = 600) -> float:
-    """Reports/s between 10% and 90% of ``expected`` newly accepted reports."""
-    lo, hi = start_count + 0.1 * expected, start_count + 0.9 * expected
-    t_lo = t_hi = None
+def _samples(port: int, interval: float, timeout: float = 600):
+    """(time, reports accepted so far) read from the worker's counter every ``interval`` seconds."""
     deadline = time.monotonic() + timeout
-    while t_hi is None:
-        if time.monotonic() > deadline:
-            raise TimeoutError("ingest did not finish")
+    while time.monotonic() < deadline:
         try:
             got = _accepted(port)
         except OSError:
             got = 0.0
-        now = time.perf_counter()
+        yield time.perf_counter(), got
+        time.sleep(interval)
+    raise TimeoutError("ingest did not finish")
+
+
+def _ingest_rate(port: int, start_count: float, expected: int) -> float:
+    """Reports/s between 10% and 90% of ``expected`` newly accepted reports."""
+    lo, hi = start_count + 0.1 * expected, start_count + 0.9 * expected
+    t_lo = None
+    for now, got in _samples(port, 0.02):
         if t_lo is None and got >= lo:
             t_lo = now
         if got >= hi:
-            t_hi = now
-        time.sleep(0.02)
-    return 0.8 * expected / max(t_hi - t_lo, 1e-9)
+            return 0.8 * expected / max(now - t_lo, 1e-9)
 
 
-def _burst_rate(port: int, expected: int, timeout: float = 600) -> float:
+def _burst_rate(port: int, expected: int) -> float:
     """Reports/s from the first reports a freshly started worker accepted to the last of ``expected``
     (the first fetch's reports are left out of the count, so the rate is not inflated)."""
     first = None
-    deadline = time.monotonic() + timeout
-    while True:
-        if time.monotonic() > deadline:
-            raise TimeoutError("ingest did not finish")
-        try:
-            got = _accepted(port)
-        except OSError:
-            got = 0.0
-        now = time.perf_counter()
+    for now, got in _samples(port, 0.005):
         if first is None and got > 0:
             first = (now, got)
         if got >= expected:
             if got <= first[1]:
                 raise RuntimeError("the whole step was accepted between two samples: rate not measurable")
             return (got - first[1]) / (now - first[0])
-        time.sleep(0.005)
 
 
 def _rss_mb(pid: int) -> float:

@@ -13,7 +13,7 @@ a step (and, where it applies, a process and a moment) drawn from ``--seed``:
   releaser-mid-publish       DPSTREAM_FAULT=releaser.mid_publish@t     (half of the step's messages out)
   releaser-kill9             SIGKILL of the releaser a random moment after the close command of step t
   releaser-kill9-partial-step  a worker killed before step t closes, so the releaser holds only some
-                             partials of t; the releaser killed after Faust committed past them; both
+                             partials of t; the releaser killed after it committed past them; both
                              restarted (the partials must be re-read from the Redis resume offset)
   worker-before-checkpoint   DPSTREAM_FAULT=worker.before_checkpoint@t on one worker
   worker-kill9-mid-step      SIGKILL of one worker while step t's reports are being ingested
@@ -39,7 +39,8 @@ import traceback
 from pathlib import Path
 
 import numpy as np
-import yaml
+
+from pipeline.stream.testbed import write_panel_deployment
 
 K = 3
 FAULT_POINTS = {"releaser-before-commit": "releaser.before_commit", "releaser-after-commit": "releaser.after_commit",
@@ -50,20 +51,8 @@ SCENARIOS = ("baseline", "releaser-before-commit", "releaser-after-commit", "rel
 
 
 def _config(directory: Path, svc, name: str, n: int, horizon: int, partitions: int, seed: int) -> str:
-    cfg = {
-        "name": name, "broker": svc.broker.bootstrap, "redis": svc.redis.url,
-        "roster": {"size": n}, "horizon": horizon, "topics": {"partitions": partitions},
-        "attributes": {"pov": {"type": "binary"}}, "budget": {"rho": 0.5},
-        "random": {"kind": "seeded", "seed": seed},
-        "releases": [
-            {"name": "fw", "type": "fixed_window", "attribute": "pov", "window": K, "share": 0.5},
-            {"name": "cu", "type": "cumulative", "attribute": "pov", "share": 0.5},
-        ],
-    }
-    path = directory / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return str(path)
-
+    return write_panel_deployment(directory, svc, name, n=n, horizon=horizon, partitions=partitions, seed=seed,
+                                  window=K)
 
 
 class Run:
@@ -131,7 +120,7 @@ def _drive(run: Run, cluster) -> None:
             time.sleep(1.0)
             cluster.kill(victim)
             drv.close(t, wait=False)
-            time.sleep(4.0)  # the others' partials consumed and committed by Faust; the victim's missing
+            time.sleep(4.0)  # the others' partials consumed and committed; the victim's missing
             cluster.kill("releaser")
             cluster.spawn("releaser", "releaser")
             cluster.spawn("worker", victim)
@@ -206,7 +195,7 @@ def run_scenario(scenario: str, args, svc, X, rng, workdir: Path) -> tuple[bool,
     run = Run(scenario, args, svc, X, rng, workdir)
     checks: dict[str, bool] = {}
     cwd = os.getcwd()
-    os.chdir(run.workdir)  # Faust's data directories
+    os.chdir(run.workdir)  # anything a process writes stays in the run's directory
     try:
         with LocalCluster(run.path, run.dep, workers=args.workers, log_dir=run.workdir / "logs") as cluster:
             run.drv = StepDriver(cluster.broker, run.dep, run.roster, cluster.names)

@@ -56,14 +56,8 @@ def _run_job(module: str, args) -> int:
     dep = _load(args.config)
     broker, redis_url = _endpoints(dep)
     os.environ["DPSTREAM_BROKER"], os.environ["DPSTREAM_REDIS"] = broker, redis_url
-    if args.faust_datadir:  # read by Runtime.faust_settings when the job module declares its app
-        os.environ["DPSTREAM_FAUST_DATADIR"] = args.faust_datadir
     job = importlib.import_module(module)
-    if hasattr(job, "main"):  # plain asyncio job (the worker)
-        job.main(args.loglevel)
-        return EXIT_OK
-    sys.argv = [f"dpstream-{module}", "worker", "-l", args.loglevel, "--without-web"]  # Faust app
-    job.app.main()
+    job.main(args.loglevel)
     return EXIT_OK
 
 
@@ -239,10 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_batch)
 
     for name, fn, help_ in (("worker", cmd_worker, "run an ingest worker (aiokafka, bulk)"),
-                            ("releaser", cmd_releaser, "run the releaser (Faust, one instance)")):
+                            ("releaser", cmd_releaser, "run the releaser (aiokafka, one instance)")):
         sp = with_config(sub.add_parser(name, help=help_))
         sp.add_argument("--loglevel", default="info", choices=["crit", "error", "warn", "info", "debug"])
-        sp.add_argument("--faust-datadir", default=None, help=argparse.SUPPRESS)
         sp.set_defaults(func=fn)
 
     u = with_config(sub.add_parser("up", help="start services (embedded when not configured), workers and releaser"))

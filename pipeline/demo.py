@@ -1,6 +1,6 @@
 """``dpstream demo``: the whole system on the embedded default, end to end.
 
-Starts the embedded broker and Redis, a releaser and ingest workers (separate processes, Faust on
+Starts the embedded broker and Redis, a releaser and ingest workers (separate processes on
 the Kafka protocol), streams a simulated SIPP-like panel (n households, 12 months: a binary
 poverty indicator and an occupation code with planted shifting heavy hitters) step by step, closes
 each month, consumes the public topics back like a downstream analyst, and reports per step: the

@@ -393,6 +393,22 @@ def test_fast_single_report_path_equals_the_reference_parser(deployment, message
     assert _parsed(fast.parse(messages)) == _parsed(reference.parse(messages))
 
 
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(name=st.sampled_from(["pov", "status", "item"]),
+       col=st.lists(st.one_of(st.integers(-3, ITEM_SIZE + 3), st.integers(-(2**70), 2**70), st.booleans(),
+                              st.none(), st.text(max_size=2)), max_size=8))
+def test_vectorised_integer_columns_equal_the_column_decoder(deployment, name, col):
+    """Columnar batches: the numpy path for all-integer columns gives the reference decoder's codes,
+    and declines any column that is not all integers (bools, nulls, strings, beyond int64)."""
+    parser = ReportParser(Roster.from_range(N_USERS), deployment.attributes, deployment.horizon)
+    fast = parser._int_codes(name, col)
+    reference = list(parser._column_decoders[name](col))
+    if fast is None:
+        assert not col or not all(type(v) is int and abs(v) < 2**63 for v in col)
+    else:
+        assert fast.tolist() == reference
+
+
 def test_fast_path_takes_clean_chunks_and_refuses_any_doubt(deployment):
     """The equivalence above is not vacuous: clean chunks do go through the fast path, and each
     kind of doubt (a rejected report, null, a float, an extra field, a batch) sends a chunk back."""

@@ -14,12 +14,12 @@ import time
 import numpy as np
 import orjson
 import pytest
-import yaml
 
 from pipeline.config import load_config
 from pipeline.stream.cluster import LocalCluster
 from pipeline.stream.driver import StepDriver
 from pipeline.stream.embedded import EmbeddedServices
+from pipeline.stream.testbed import binary_panel, write_panel_deployment
 from pipeline.stream.engine import batch_reference, release_seed
 from pipeline.stream.faults import FAULT_EXIT_CODE
 from pipeline.stream.roster import Roster
@@ -35,30 +35,11 @@ def services():
 
 
 def write_config(tmp_path, services, name: str, **extra) -> str:
-    cfg = {
-        "name": name,
-        "broker": services.broker.bootstrap,
-        "redis": services.redis.url,
-        "roster": {"size": N},
-        "horizon": T,
-        "topics": {"partitions": 2},
-        "attributes": {"pov": {"type": "binary"}},
-        "budget": {"rho": 0.5},
-        "random": {"kind": "seeded", "seed": 11},
-        "releases": [
-            {"name": "fw", "type": "fixed_window", "attribute": "pov", "window": K, "share": 0.5},
-            {"name": "cu", "type": "cumulative", "attribute": "pov", "share": 0.5},
-        ],
-        **extra,
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return str(path)
+    return write_panel_deployment(tmp_path, services, name, n=N, horizon=T, seed=11, window=K, **extra)
 
 
 def panel_data(seed: int = 3) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 2, size=(N, T))
-
+    return binary_panel(seed, N, T)
 
 
 def read_dead_letters(bootstrap: str, topic: str, expect: int, timeout: float = 30.0):

@@ -7,7 +7,7 @@ or a step released twice all change the synthetic columns, so equality with the 
 proof that the promise held. We also check the ledger (one entry per (release, spending step)) and
 that a deduplicating consumer saw every step exactly once and complete.
 
-What breaks these tests: a worker that resumes from Faust's committed offset instead of its Redis
+What breaks these tests: a worker that resumes from the group's committed offset instead of its Redis
 checkpoint (reports of the open step lost), a replay that applies reports twice or a releaser that
 accepts a replayed partial twice (counts change), a checkpoint written before the partial is
 acknowledged (the releaser waits forever), a ledger written twice or lost across a Redis restart,
@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from pipeline.config import load_config
 from pipeline.consumer import read_topics
 from pipeline.stream.cluster import LocalCluster
 from pipeline.stream.driver import StepDriver
 from pipeline.stream.embedded import EmbeddedServices
+from pipeline.stream.testbed import binary_panel, write_panel_deployment
 from pipeline.stream.engine import batch_reference as engine_reference
 from pipeline.stream.faults import FAULT_EXIT_CODE
 from pipeline.stream.roster import Roster
@@ -42,30 +42,12 @@ N, T, K = 1200, 6, 3
 
 # -- shared helpers (also used by test_scale_out.py) -------------------------------------------------
 def write_config(tmp_path, services, name: str, n: int = N, horizon: int = T, partitions: int = 2, **extra) -> str:
-    cfg = {
-        "name": name,
-        "broker": services.broker.bootstrap,
-        "redis": services.redis.url,
-        "roster": {"size": n},
-        "horizon": horizon,
-        "topics": {"partitions": partitions},
-        "attributes": {"pov": {"type": "binary"}},
-        "budget": {"rho": 0.5},
-        "random": {"kind": "seeded", "seed": 17},
-        "releases": [
-            {"name": "fw", "type": "fixed_window", "attribute": "pov", "window": K, "share": 0.5},
-            {"name": "cu", "type": "cumulative", "attribute": "pov", "share": 0.5},
-        ],
-        **extra,
-    }
-    path = Path(tmp_path) / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return str(path)
+    return write_panel_deployment(tmp_path, services, name, n=n, horizon=horizon, partitions=partitions, seed=17,
+                                  window=K, **extra)
 
 
 def panel_data(seed: int, n: int = N, horizon: int = T) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 2, size=(n, horizon))
-
+    return binary_panel(seed, n, horizon)
 
 
 def batch_reference(dep, X) -> dict[str, np.ndarray]:
@@ -139,19 +121,14 @@ def services():
         yield svc
 
 
-@pytest.fixture(autouse=True)
-def _faust_datadirs_in_tmp(tmp_path, monkeypatch):
-    # Faust puts its data directory in the working directory of the process; keep the tree clean.
-    monkeypatch.chdir(tmp_path)
-
-
 # -- kill -9 of an ingest worker -----------------------------------------------------------------------
 def test_worker_kill9_mid_step_and_before_checkpoint_changes_nothing(services, tmp_path):
     """SIGKILL the only ingest worker while step 1's reports are being ingested — after it accepted
-    part of them and Faust had time to commit its consumed offsets, before any checkpoint exists — send
+    part of them and had time to commit its handled offsets (for the lag gauge), before any checkpoint
+    exists — send
     the rest, restart it; then crash it at ``worker.before_checkpoint`` of step 3 (partial published and
     acknowledged, checkpoint not written): the restart restores step 2's checkpoint and replays step 3,
-    whose reports Faust has also committed. Outputs equal the uninterrupted run (= batch run)."""
+    whose reports were also committed. Outputs equal the uninterrupted run (= batch run)."""
     path = write_config(tmp_path, services, "faults-worker-kill")
     dep = load_config(path)
     X = panel_data(seed=21)
@@ -164,14 +141,14 @@ def test_worker_kill9_mid_step_and_before_checkpoint_changes_nothing(services, t
             if t == 1:  # kill -9 mid-step
                 sent = drv.producer.send_step(t, values, present=half)
                 wait_accepted(cluster, "worker-0", sent)
-                time.sleep(3.5)  # > Faust's commit interval: the consumed offsets are committed
+                time.sleep(3.5)  # > the commit interval (2 s): the handled offsets are committed
                 cluster.kill("worker-0")
                 drv.producer.send_step(t, values, present=~half)
                 cluster.spawn("worker", "worker-0", {"DPSTREAM_FAULT": "worker.before_checkpoint@3"})
                 drv.close(t)
             elif t == 3:  # crash between the acknowledged partial and the checkpoint
                 drv.producer.send_step(t, values)
-                time.sleep(3.5)  # let Faust commit step 3's reports: the replay must not skip them
+                time.sleep(3.5)  # let the worker commit step 3's reports: the replay must not skip them
                 drv.close(t, wait=False)
                 assert cluster.wait_exit("worker-0", timeout=90) == FAULT_EXIT_CODE
                 cluster.spawn("worker", "worker-0")

@@ -1,7 +1,7 @@
 """Run a deployment locally: services (embedded or configured) plus worker and releaser processes.
 
 Used by ``dpstream up``, ``dpstream demo`` and the stream tests. The workers and the releaser are
-separate operating-system processes running the Faust jobs, exactly as in production; only the
+separate operating-system processes running the jobs, exactly as in production; only the
 broker and Redis may be the embedded ones.
 """
 
@@ -74,9 +74,8 @@ class LocalCluster:
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{name}.log", "ab")
-        datadir = Path(self.data_dir or self.log_dir or ".") / f"faust-{name}"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", role, "--config", self.config_path, "--faust-datadir", str(datadir)],
+            [sys.executable, "-m", "pipeline.cli", role, "--config", self.config_path],
             env={**self.env(port), **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.procs[name] = proc

@@ -125,7 +125,7 @@ def forget_partition(partition: int) -> None:
 
 # -- consumer lag ------------------------------------------------------------------------------------
 def consumer_groups(deployment, names: dict[str, str]) -> dict[str, list[str]]:
-    """Consumer group -> topics it consumes. The group ids are the Faust app ids of the jobs."""
+    """Consumer group -> topics it consumes. The group ids are the jobs' consumer groups."""
     return {
         f"dpstream-{deployment.name}-ingest": [names["reports"], names["feedback"]],
         f"dpstream-{deployment.name}-releaser": [names["step-partials"], names["control"]],
@@ -137,7 +137,7 @@ class ConsumerLagMonitor(threading.Thread):
     offset (the whole log while nothing is committed), every ``interval`` seconds.
 
     Run it in one process per deployment (the releaser), or every process exports the same series.
-    Faust commits every few seconds, so the lag reads a few seconds' worth high under load.
+    The jobs commit their handled positions every 2 s, so the lag reads up to 2 s' worth high under load.
     """
 
     def __init__(self, bootstrap: str, groups: dict[str, list[str]], interval: float = 5.0):

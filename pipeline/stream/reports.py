@@ -21,6 +21,7 @@ comes back as a :class:`Rejection` carrying its original bytes.
 from __future__ import annotations
 
 import hashlib
+from itertools import chain, repeat
 from operator import attrgetter
 from dataclasses import dataclass, field
 
@@ -276,12 +277,12 @@ class ReportParser:
             rows=np.concatenate([g[0] for g in segments]) if segments else empty,
             steps=np.concatenate([g[1] for g in segments]) if segments else empty,
             codes={a: np.concatenate([g[2][a] for g in segments]) if segments else empty for a in self._names},
-            originals=[o for g in segments for o in g[3]],
-            batch_index=[b for g in segments for b in g[4]],
+            originals=list(chain.from_iterable(g[3] for g in segments)),
+            batch_index=list(chain.from_iterable(g[4] for g in segments)),
             rejections=[r if not isinstance(r.original, _Lazy) else
                         Rejection(r.reason, r.detail, orjson.dumps(r.original.obj), r.batch_index, r.message)
                         for r in rejections],
-            message=[m for g in segments for m in g[5]],
+            message=list(chain.from_iterable(g[5] for g in segments)),
         )
 
     def _fast_singles(self, chunk: list, first: int) -> tuple | None:
@@ -316,6 +317,19 @@ class ReportParser:
             return None
         return rows, steps, codes, list(chunk), [None] * size, list(range(first, first + size))
 
+    def _int_codes(self, name: str, col: list) -> np.ndarray | None:
+        """Codes of a column holding only integers, vectorised (same codes as the column decoder:
+        in-domain ints are their own code, others -2); None for any other column."""
+        if not col or not _only(col, int):
+            return None
+        try:
+            values = np.array(col, dtype=np.int64)
+        except OverflowError:
+            return None
+        attr = self.attributes[name]
+        size = 2 if attr.type == "binary" else len(attr.values) if attr.type == "categorical" else int(attr.size)
+        return np.where((values >= 0) & (values < size), values, -2)
+
     def _columnar(self, msg: dict, raw: bytes, msg_no: int, rejections: list) -> tuple | None:
         """Decode a columnar batch; returns an array segment of its accepted rows (None if none)."""
         cols = msg["columns"]
@@ -335,7 +349,10 @@ class ReportParser:
             return None
         table = _Columns(cols)
         get = self.roster._row.get
-        rows = np.fromiter((get(u, -1) if type(u) is str else -2 for u in users), dtype=np.int64, count=size)
+        if _only(users, str):
+            rows = np.fromiter(map(get, users, repeat(-1)), dtype=np.int64, count=size)
+        else:
+            rows = np.fromiter((get(u, -1) if type(u) is str else -2 for u in users), dtype=np.int64, count=size)
         if type(step) is int:
             steps = np.full(size, min(max(step, 0), 2**62), dtype=np.int64)  # huge: future_step, not OverflowError
         else:
@@ -352,7 +369,9 @@ class ReportParser:
             if col is None:
                 codes[name] = np.full(size, -1, dtype=np.int64)
                 continue
-            c = np.fromiter(self._column_decoders[name](col), dtype=np.int64, count=size)
+            c = self._int_codes(name, col)
+            if c is None:
+                c = np.fromiter(self._column_decoders[name](col), dtype=np.int64, count=size)
             reason[(reason == 0) & (c == -2)] = 4
             present |= c >= 0
             codes[name] = c
@@ -373,6 +392,11 @@ _COL_REASONS = {
     4: ("out_of_domain", "a value is outside its attribute's domain"),
     5: ("malformed", "no attribute reported"),
 }
+
+
+def _only(values: list, kind: type) -> bool:
+    """Every element's type is exactly ``kind`` (bool is not int here)."""
+    return set(map(type, values)) == {kind}
 
 
 def _size(message) -> int:

@@ -1,7 +1,6 @@
 """What a stream process needs, resolved once: configuration, roster, topic names, broker, Redis.
 
-Faust apps are declared at import time, so the jobs read their settings from the environment,
-which the ``dpstream`` command line sets:
+The jobs read their settings from the environment, which the ``dpstream`` command line sets:
 
   DPSTREAM_CONFIG   path of the deployment YAML (required)
   DPSTREAM_BROKER   bootstrap servers (``host:port``); required by the jobs (the CLI starts the
@@ -59,19 +58,3 @@ class Runtime:
         from pipeline.stream.store import ReleaseStore
 
         return ReleaseStore.from_url(self.redis_url, self.deployment.name)
-
-    def faust_settings(self) -> dict:
-        """Faust settings shared by the jobs (short rebalance timeouts: a lone worker joins in ~3 s)."""
-        return dict(
-            broker=self.broker_url,
-            datadir=os.environ.get("DPSTREAM_FAUST_DATADIR", ".dpstream/{conf.id}-data"),
-            store="memory://",
-            web_enabled=False,
-            consumer_auto_offset_reset="earliest",
-            topic_allow_declare=False,  # topics are created up front with their partition counts
-            topic_disable_leader=True,
-            broker_rebalance_timeout=4.0,
-            broker_session_timeout=10.0,
-            broker_heartbeat_interval=1.0,
-            producer_max_request_size=2_000_000,
-        )

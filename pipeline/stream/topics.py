@@ -6,7 +6,7 @@ import time
 
 from pipeline.stream.messages import TOPICS
 
-__all__ = ["topic_names", "topic_partitions", "ensure_topics", "read_partition"]
+__all__ = ["topic_names", "topic_partitions", "ensure_topics"]
 
 
 def topic_names(deployment) -> dict[str, str]:
@@ -52,32 +52,3 @@ def ensure_topics(bootstrap: str, deployment, timeout: float = 30.0) -> dict[str
     finally:
         admin.close()
     return names
-
-
-def read_partition(bootstrap: str, topic: str, partition: int, offset: int = 0,
-                   timeout: float = 60.0) -> tuple[list[tuple[int, bytes | None, bytes]], int]:
-    """Messages ``(offset, key, value)`` of one partition from ``offset`` to its current end, read
-    directly (no consumer group, nothing committed), and that end offset.
-
-    The stream jobs use it where positions must come from Redis, not from Faust: Faust repositions a
-    newly assigned partition at the group's committed offset after the assignment callback, undoing
-    a seek made there.
-    """
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap.split(","), enable_auto_commit=False,
-                             max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20)
-    try:
-        tp = TopicPartition(topic, partition)
-        consumer.assign([tp])
-        end = consumer.end_offsets([tp])[tp]
-        if offset >= end:
-            return [], end
-        consumer.seek(tp, offset)
-        out, deadline = [], time.monotonic() + timeout
-        while consumer.position(tp) < end and time.monotonic() < deadline:
-            for msgs in consumer.poll(timeout_ms=200).values():
-                out += [(m.offset, m.key, m.value) for m in msgs if m.offset < end]
-        return out, end
-    finally:
-        consumer.close()
