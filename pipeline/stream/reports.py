@@ -298,15 +298,14 @@ class ReportParser:
         try:
             reps = [decode(m) for m in chunk]
             size = len(reps)
-            get = self.roster._row.get
-            rows = np.fromiter((get(r.user, -1) for r in reps), dtype=np.int64, count=size)
+            rows = np.fromiter(map(self.roster._row.get, [r.user for r in reps], repeat(-1)), dtype=np.int64,
+                               count=size)
             steps = np.fromiter((r.step for r in reps), dtype=np.int64, count=size)
             values = [r.values for r in reps]
             codes = {}
             present = np.zeros(size, dtype=bool)
             for name in self._names:
-                col = [None if v is msgspec.UNSET else v for v in map(attrgetter(name), values)]
-                c = np.fromiter(self._column_decoders[name](col), dtype=np.int64, count=size)
+                c = self._column_codes(name, [None if v is msgspec.UNSET else v for v in map(attrgetter(name), values)])
                 if (c == -2).any():
                     return None
                 present |= c >= 0
@@ -317,6 +316,13 @@ class ReportParser:
             return None
         return rows, steps, codes, list(chunk), [None] * size, list(range(first, first + size))
 
+    def _column_codes(self, name: str, col: list) -> np.ndarray:
+        """Codes of one attribute's column: -1 for null (not reported), -2 for out of domain."""
+        codes = self._int_codes(name, col)
+        if codes is None:
+            codes = np.fromiter(self._column_decoders[name](col), dtype=np.int64, count=len(col))
+        return codes
+
     def _int_codes(self, name: str, col: list) -> np.ndarray | None:
         """Codes of a column holding only integers, vectorised (same codes as the column decoder:
         in-domain ints are their own code, others -2); None for any other column."""
@@ -326,8 +332,7 @@ class ReportParser:
             values = np.array(col, dtype=np.int64)
         except OverflowError:
             return None
-        attr = self.attributes[name]
-        size = 2 if attr.type == "binary" else len(attr.values) if attr.type == "categorical" else int(attr.size)
+        size = int(self.attributes[name].size)
         return np.where((values >= 0) & (values < size), values, -2)
 
     def _columnar(self, msg: dict, raw: bytes, msg_no: int, rejections: list) -> tuple | None:
@@ -369,9 +374,7 @@ class ReportParser:
             if col is None:
                 codes[name] = np.full(size, -1, dtype=np.int64)
                 continue
-            c = self._int_codes(name, col)
-            if c is None:
-                c = np.fromiter(self._column_decoders[name](col), dtype=np.int64, count=size)
+            c = self._column_codes(name, col)
             reason[(reason == 0) & (c == -2)] = 4
             present |= c >= 0
             codes[name] = c
