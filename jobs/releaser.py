@@ -25,8 +25,6 @@ import json
 import logging
 import time
 
-import signal
-
 import orjson
 from aiokafka import AIOKafkaProducer, TopicPartition
 
@@ -38,6 +36,7 @@ from pipeline.stream.engine import ReleaseEngine, ReleaseOutput
 from pipeline.stream.faults import crash_point
 from pipeline.stream.messages import CONTROL_HEADER, PartialAssembler, synthetic_chunks
 from pipeline.stream.metrics import METRICS, serve_metrics, start_lag_monitor
+from pipeline.stream.process import make_producer, run_job, supervise
 from pipeline.stream.runtime import Runtime
 from pipeline.stream.store import StepAlreadyReleased, StepRecord
 
@@ -232,11 +231,11 @@ def _take_partial(offset: int, key: bytes | None, value: bytes) -> bool:
         _on_progress(value)
         return False
     step = assembler.add(value, offset)
-    if assembler.complete(step):
-        log.info("partials of step %d complete", step)
     if step <= engine.step:
         assembler.discard_before(engine.step + 1)  # a replayed partial of a released step
         return False
+    if assembler.complete(step):
+        log.info("partials of step %d complete", step)
     return True
 
 
@@ -320,43 +319,26 @@ async def run() -> None:
     global producer, consumer
     serve_metrics(rt.metrics_port)
     start_lag_monitor(rt)  # one process exports the lag, so each series exists once
-    producer = AIOKafkaProducer(bootstrap_servers=rt.broker, acks="all", linger_ms=2, max_request_size=8 << 20,
-                                max_batch_size=1 << 20)
+    producer = make_producer(rt.broker, linger_ms=2)
     consumer = BulkConsumer(rt.broker, GROUP, [names["step-partials"], names["control"]],
                             on_assign=_on_assign, on_revoke=_on_revoke)
     await producer.start()
     await consumer.start()
-    tasks = [asyncio.create_task(_consume()), asyncio.create_task(_every(0.5, auto_close)),
-             asyncio.create_task(_every(1.0, _republish_if_needed)), asyncio.create_task(consumer.commit_loop(_handled))]
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, tasks[0].cancel)
     log.info("releaser started: group %s, engine at step %d", GROUP, engine.step)
     try:
         await release_ready_steps()  # republishes first, under the same lock as releasing
-        # Any task failing (e.g. Redis gone) ends the process with an error, for a supervisor to
-        # restart it: everything it needs is in Redis and the log.
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                log.error("releaser failing: %r", task.exception())
-                raise task.exception()
-        log.info("releaser stopping")
-    except asyncio.CancelledError:
-        log.info("releaser stopping")
+        # any task failing (e.g. Redis gone) ends the process with an error
+        await supervise([asyncio.create_task(_consume()), asyncio.create_task(_every(0.5, auto_close)),
+                         asyncio.create_task(_every(1.0, _republish_if_needed)),
+                         asyncio.create_task(consumer.commit_loop(_handled))], "releaser")
     finally:
-        for task in tasks:
-            task.cancel()
         await consumer.stop()
         await producer.stop()
         log.info("releaser stopped")
 
 
 def main(loglevel: str = "info") -> None:
-    level = {"crit": "CRITICAL", "warn": "WARNING"}.get(loglevel, loglevel.upper())
-    logging.basicConfig(level=level, format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
-    asyncio.run(run())
+    run_job(run, loglevel)
 
 
 if __name__ == "__main__":

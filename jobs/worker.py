@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import TopicPartition
 
 from pipeline.serialization import dumps_state
 from pipeline.stream.bulk import BulkConsumer
 from pipeline.stream.faults import crash_point
 from pipeline.stream.ingest import ApplyResult, CloseOutput, IngestCore
 from pipeline.stream.metrics import METRICS, forget_partition, observe_partition, serve_metrics
+from pipeline.stream.process import make_producer, run_job, supervise
 from pipeline.stream.runtime import Runtime
 
 log = logging.getLogger("dpstream.worker")
@@ -46,8 +46,7 @@ class IngestWorker:
         self.consumer = BulkConsumer(rt.broker, f"dpstream-{rt.deployment.name}-ingest",
                                      [self.names["reports"], self.names["feedback"]],
                                      on_assign=self._on_assign, on_revoke=self._on_revoke)
-        self.producer = AIOKafkaProducer(bootstrap_servers=rt.broker, acks="all", linger_ms=5,
-                                         max_request_size=8 << 20, max_batch_size=1 << 20)
+        self.producer = make_producer(rt.broker, linger_ms=5)
         # Held while a fetch is handled: a revocation waits for it, so a partition's old owner has
         # written its last checkpoint before the new owner reads it.
         self._busy = asyncio.Lock()
@@ -186,18 +185,11 @@ class IngestWorker:
             serve_metrics(self.rt.metrics_port)
         await self.producer.start()
         await self.consumer.start()
-        loop = asyncio.get_running_loop()
-        consume = asyncio.create_task(self._consume())
-        committer = asyncio.create_task(self.consumer.commit_loop(self._handled))
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, consume.cancel)
         log.info("worker started: group %s", self.consumer.group_id)
         try:
-            await consume
-        except asyncio.CancelledError:
-            log.info("worker stopping")  # mid-fetch is safe: nothing past the last checkpoint is kept
+            await supervise([asyncio.create_task(self._consume()),
+                             asyncio.create_task(self.consumer.commit_loop(self._handled))], "worker")
         finally:
-            committer.cancel()
             await self.consumer.stop()
             await self.producer.stop()
             log.info("worker stopped")
@@ -208,15 +200,8 @@ class IngestWorker:
 
 
 def main(loglevel: str = "info") -> None:
-    level = {"crit": "CRITICAL", "warn": "WARNING"}.get(loglevel, loglevel.upper())
-    logging.basicConfig(level=level, format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
     rt = Runtime.from_env()
-
-    async def run() -> None:  # aiokafka clients must be created inside the running loop
-        await IngestWorker(rt).run()
-
-    asyncio.run(run())
+    run_job(lambda: IngestWorker(rt).run(), loglevel)
 
 
 if __name__ == "__main__":

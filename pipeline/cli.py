@@ -159,11 +159,15 @@ def _panels(dep):
     return read_topics(broker, topic_names(dep))
 
 
+def _synthetic_panel(args):
+    """The materialised panel of ``args.release`` read from the topics, or None before its first records."""
+    panel = _panels(_load(args.config)).panels.get(args.release)
+    return panel if panel is not None and panel.values is not None else None
+
+
 def cmd_export(args) -> int:
-    dep = _load(args.config)
-    store = _panels(dep)
-    panel = store.panels.get(args.release)
-    if panel is None or panel.values is None:
+    panel = _synthetic_panel(args)
+    if panel is None:
         return _fail(EXIT_RUNTIME, f"no synthetic data for release {args.release!r} yet")
     out = Path(args.out)
     (panel.export_parquet if out.suffix == ".parquet" else panel.export_csv)(out)
@@ -172,10 +176,8 @@ def cmd_export(args) -> int:
 
 
 def cmd_query(args) -> int:
-    dep = _load(args.config)
-    store = _panels(dep)
-    panel = store.panels.get(args.release)
-    if panel is None or panel.values is None:
+    panel = _synthetic_panel(args)
+    if panel is None:
         return _fail(EXIT_RUNTIME, f"no synthetic data for release {args.release!r} yet")
     if panel.type == "fixed_window":
         counts = panel.window_counts(args.step, debias=args.debias)

@@ -155,6 +155,15 @@ def _format_row(row: dict, header: bool) -> str:
     return line
 
 
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _plots(out: Path, dep, panels, poverty) -> list[Path]:
     import matplotlib
 
@@ -184,11 +193,7 @@ def _plots(out: Path, dep, panels, poverty) -> list[Path]:
         axes[0].set_ylabel("share of households")
         axes[0].legend(fontsize=7)
         fig.suptitle("Streamed fixed-window synthetic data (k=3) vs truth, one run")
-        fig.tight_layout()
-        path = out / "demo_quarterly.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(_save(fig, out / "demo_quarterly.png"))
     cu = panels.panels.get("poverty-cumulative")
     if cu is not None:
         syn = cu.as_array()
@@ -202,9 +207,5 @@ def _plots(out: Path, dep, panels, poverty) -> list[Path]:
         ax.set_ylabel("share with ≥ b months in poverty up to t")
         ax.legend(fontsize=7)
         ax.set_title("Streamed cumulative synthetic data vs truth")
-        fig.tight_layout()
-        path = out / "demo_cumulative.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(_save(fig, out / "demo_cumulative.png"))
     return paths
