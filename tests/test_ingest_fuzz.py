@@ -378,7 +378,7 @@ parser_input = st.lists(st.one_of(valid_report, valid_report, valid_report, mess
 
 def _parsed(parsed) -> tuple:
     return (parsed.rows.tolist(), parsed.steps.tolist(), {a: c.tolist() for a, c in parsed.codes.items()},
-            [bytes(parsed.original(i)) for i in range(len(parsed))], parsed.batch_index, parsed.message,
+            [bytes(parsed.original(i)) for i in range(len(parsed))], parsed.batch_index.tolist(), parsed.message.tolist(),
             [(r.reason, r.detail, bytes(r.original), r.batch_index, r.message) for r in parsed.rejections])
 
 

@@ -340,8 +340,7 @@ def test_observe_partition_counts_retirements_once():
     counter = M.METRICS.retired_users.labels("hh-unit")
     start = counter._value.get()
     for t in (1, 2):
-        st.apply(ParsedReports(rows=rows, steps=np.full(50, t), codes={"item": x}, originals=[b""] * 50,
-                               batch_index=[None] * 50))
+        st.apply(ParsedReports.of_singles(rows, np.full(50, t), {"item": x}))
         st.close(t)
         st.apply_feedback(t, "hh-unit", {"flagged": [5]})
         M.observe_partition(0, st)

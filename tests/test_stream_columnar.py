@@ -46,7 +46,7 @@ def test_columnar_batch_equals_the_same_reports_sent_singly(parser):
         np.testing.assert_array_equal(a.codes[attr], b.codes[attr])
     assert b.codes["pov"][3] == -1
     assert b.codes["item"].tolist() == [public_hash(v, 1000) if isinstance(v, str) else v for v in item]
-    assert b.batch_index == list(range(N)) and b.message == [0] * N
+    assert b.batch_index.tolist() == list(range(N)) and b.message.tolist() == [0] * N
     assert orjson.loads(b.original(5)) == orjson.loads(singles[5])  # re-encoded as its single report
 
 
@@ -90,7 +90,7 @@ def test_log_order_across_formats_decides_which_duplicate_wins(parser):
     batch = orjson.dumps({"columns": {"user": ["u1", "u2"], "step": 1, "pov": [1, 1]}})
     later = orjson.dumps({"user": "u2", "step": 1, "values": {"pov": 0}})
     parsed = p.parse([first, batch, later])
-    assert parsed.message == [0, 1, 1, 2]
+    assert parsed.message.tolist() == [0, 1, 1, 2]
     state = PartitionState(dep, 0, np.arange(N), N)
     state.apply(parsed)
     dups = [(r.message, r.batch_index) for r in parsed.rejections if r.reason == "duplicate"]

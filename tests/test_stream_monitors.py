@@ -49,9 +49,8 @@ def stream_run(dep, items, status):
     for t in range(1, T + 1):
         for st in parts:
             rows = st.rows
-            st.apply(ParsedReports(rows=rows, steps=np.full(rows.size, t),
-                                   codes={"item": items[rows, t - 1], "status": status[rows, t - 1]},
-                                   originals=[b""] * rows.size, batch_index=[None] * rows.size))
+            st.apply(ParsedReports.of_singles(rows, np.full(rows.size, t),
+                                              {"item": items[rows, t - 1], "status": status[rows, t - 1]}))
         partials = [loads_state(dumps_state(st.close(t))) for st in parts]
         outs = {o.release: o for o in engine.release(t, partials)}
         for st in parts:  # feedback reaches every partition before the next close, as the releaser sends it

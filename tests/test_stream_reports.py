@@ -106,7 +106,7 @@ def test_single_report_accepted(parser):
     assert out.codes["poverty"].tolist() == [1]
     assert out.codes["status"].tolist() == [1]
     assert out.codes["query"].tolist() == [-1]  # not carried: imputed at close
-    assert out.original(0) == raw and out.batch_index == [None]
+    assert out.original(0) == raw and out.batch_index.tolist() == [-1]
 
 
 def test_categorical_labels_and_int_codes(parser):
@@ -213,7 +213,7 @@ def test_batch_mixed_keeps_good_items_in_order_and_reencodes_bad_ones(parser):
     out = parser.parse([single_before, raw, single_after])
     assert out.rows.tolist() == [10, 3, 1, 5, 11]
     assert out.steps.tolist() == [1, 1, 2, 3, 1]
-    assert out.batch_index == [None, 0, 2, 7, None]
+    assert out.batch_index.tolist() == [-1, 0, 2, 7, -1]
     assert out.original(1) == orjson.dumps(items[0]) and out.original(0) == single_before
     got = [(r.reason, r.batch_index, r.original) for r in out.rejections]
     assert got == [
@@ -255,7 +255,7 @@ def test_large_batch_is_parsed_in_order(parser):
     assert out.rows.tolist() == users.tolist()
     assert out.steps.tolist() == steps.tolist()
     assert out.codes["poverty"].tolist() == vals.tolist()
-    assert out.batch_index == list(range(5000))
+    assert out.batch_index.tolist() == list(range(5000))
 
 
 def test_take_and_reject_keep_originals(parser):

@@ -69,6 +69,7 @@ class IngestCore:
         self.store = store
         self.partitions_total = deployment.topics.partitions
         self.parser = ReportParser(roster, deployment.attributes, deployment.horizon)
+        roster.index()  # the vectorised user-id index, built now rather than inside the first fetch
         self.states: dict[int, PartitionState] = {}
         # Records not yet handled, per partition, in log order. A close marker whose step needs
         # feedback not yet received stays at the head; the other partitions go on meanwhile (one

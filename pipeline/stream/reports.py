@@ -21,7 +21,7 @@ comes back as a :class:`Rejection` carrying its original bytes.
 from __future__ import annotations
 
 import hashlib
-from itertools import chain, repeat
+from itertools import repeat
 from operator import attrgetter
 from dataclasses import dataclass, field
 
@@ -55,45 +55,54 @@ class Rejection:
 
 @dataclass
 class ParsedReports:
-    """Accepted-so-far reports as arrays (one entry per report) plus the rejections."""
+    """Accepted-so-far reports as arrays (one entry per report) plus the rejections.
+
+    Per report only numbers are kept: its source message (an index into ``sources``) and its
+    position in that message's batch (-1 for a single-report message). A report's bytes are
+    rebuilt from its source only when it is rejected, so the accepted path has no per-report
+    Python objects.
+    """
 
     rows: np.ndarray
     steps: np.ndarray
     codes: dict[str, np.ndarray]  # attribute -> int64 code, -1 where the report did not carry it
-    originals: list  # per accepted report: its bytes, or the decoded batch item (encoded on rejection)
-    batch_index: list[int | None]
+    message: np.ndarray  # per report: index of its source message
+    batch_index: np.ndarray  # per report: position in its batch message, -1 for a single report
+    sources: list  # per message: its bytes, a row batch's decoded items, or a columnar batch
     rejections: list[Rejection] = field(default_factory=list)
-    message: list[int] = field(default_factory=list)  # per accepted report: index of its source message
+
+    @classmethod
+    def of_singles(cls, rows, steps, codes: dict, originals: list | None = None) -> "ParsedReports":
+        """Reports given directly as arrays, each standing for a single-report message."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return cls(rows=rows, steps=np.asarray(steps, dtype=np.int64), codes=codes,
+                   message=np.arange(rows.size), batch_index=np.full(rows.size, -1, dtype=np.int64),
+                   sources=list(originals) if originals is not None else [b""] * rows.size)
 
     def __len__(self) -> int:
         return int(self.rows.size)
 
     def original(self, i: int) -> bytes:
         """Bytes of accepted report ``i``: the message itself, or the batch item re-encoded."""
-        raw = self.originals[i]
-        if isinstance(raw, (bytes, bytearray, memoryview)):
-            return raw
-        if isinstance(raw, _Columns):
-            return orjson.dumps(raw.item(self.batch_index[i]))
-        return orjson.dumps(raw)
+        source, j = self.sources[self.message[i]], int(self.batch_index[i])
+        if j < 0:
+            return source
+        if isinstance(source, _Columns):
+            return orjson.dumps(source.item(j))
+        return orjson.dumps(source[j])
 
     def reject(self, mask: np.ndarray, reason: str, detail: str) -> None:
         """Move the reports selected by ``mask`` into the rejections (stateful checks use this)."""
         for i in np.flatnonzero(mask):
-            self.rejections.append(Rejection(reason, detail, bytes(self.original(i)), self.batch_index[i],
-                                             self.message[i] if self.message else -1))
+            j = int(self.batch_index[i])
+            self.rejections.append(Rejection(reason, detail, bytes(self.original(i)), None if j < 0 else j,
+                                             int(self.message[i])))
 
     def take(self, mask: np.ndarray) -> "ParsedReports":
         keep = np.flatnonzero(mask)
-        return ParsedReports(
-            rows=self.rows[keep],
-            steps=self.steps[keep],
-            codes={a: c[keep] for a, c in self.codes.items()},
-            originals=[self.originals[i] for i in keep],
-            batch_index=[self.batch_index[i] for i in keep],
-            rejections=list(self.rejections),
-            message=[self.message[i] for i in keep] if self.message else [],
-        )
+        return ParsedReports(rows=self.rows[keep], steps=self.steps[keep],
+                             codes={a: c[keep] for a, c in self.codes.items()}, message=self.message[keep],
+                             batch_index=self.batch_index[keep], sources=self.sources, rejections=list(self.rejections))
 
 
 class ReportParser:
@@ -175,10 +184,10 @@ class ReportParser:
         rows: list[int] = []
         steps: list[int] = []
         codes: dict[str, list[int]] = {a: [] for a in self._names}
-        originals: list[bytes] = []
-        batch_index: list[int | None] = []
+        batch_index: list[int] = []
         message: list[int] = []
         rejections: list[Rejection] = []
+        sources = list(messages)  # a batch message's entry becomes its decoded items or columns
         msg_no = 0
 
         def reject(reason: str, detail: str, raw, index: int | None = None) -> None:
@@ -225,8 +234,7 @@ class ReportParser:
             steps.append(step)
             for name in self._names:
                 codes[name].append(decoded.get(name, -1))
-            originals.append(raw.obj if isinstance(raw, _Lazy) else raw)
-            batch_index.append(index)
+            batch_index.append(-1 if index is None else index)
             message.append(msg_no)
 
         segments: list[tuple] = []  # finished array segments, in message order
@@ -235,41 +243,40 @@ class ReportParser:
             if rows:
                 segments.append((np.asarray(rows, dtype=np.int64), np.asarray(steps, dtype=np.int64),
                                  {a: np.asarray(c, dtype=np.int64) for a, c in codes.items()},
-                                 list(originals), list(batch_index), list(message)))
-                for lst in (rows, steps, originals, batch_index, message, *codes.values()):
+                                 np.asarray(message, dtype=np.int64), np.asarray(batch_index, dtype=np.int64)))
+                for lst in (rows, steps, batch_index, message, *codes.values()):
                     lst.clear()
 
-        fast_until = -1  # messages before this index were handled by the fast path
-        for msg_no, raw in enumerate(messages):
-            if msg_no < fast_until:
-                continue
-            if self.fast_chunk and msg_no % self.fast_chunk == 0:
-                seg = self._fast_singles(messages[msg_no : msg_no + self.fast_chunk], msg_no)
-                if seg is not None:
-                    flush()
-                    segments.append(seg)
-                    fast_until = msg_no + self.fast_chunk
-                    continue
-            try:
-                msg = orjson.loads(raw)
-            except (orjson.JSONDecodeError, TypeError) as err:
-                reject("malformed", f"not JSON: {err}"[:200], bytes(raw) if raw else b"")
-                continue
-            if type(msg) is dict and "columns" in msg:
+        step_by = self.fast_chunk or max(len(messages), 1)
+        for start in range(0, len(messages), step_by):  # fast path a chunk at a time, else reference
+            chunk = messages[start : start + step_by]
+            seg = self._fast_singles(chunk, start) if self.fast_chunk else None
+            if seg is not None:
                 flush()
-                seg = self._columnar(msg, raw, msg_no, rejections)
-                if seg is not None:
-                    segments.append(seg)
+                segments.append(seg)
                 continue
-            if type(msg) is dict and "reports" in msg:
-                items = msg["reports"]
-                if type(items) is not list or len(msg) != 1:
-                    reject("malformed", "a batch is {\"reports\": [...]} and nothing else", raw)
+            for msg_no, raw in enumerate(chunk, start):
+                try:
+                    msg = orjson.loads(raw)
+                except (orjson.JSONDecodeError, TypeError) as err:
+                    reject("malformed", f"not JSON: {err}"[:200], bytes(raw) if raw else b"")
                     continue
-                for i, rep in enumerate(items):
-                    one(rep, None, i)
-            else:
-                one(msg, raw, None)
+                if type(msg) is dict and "columns" in msg:
+                    flush()
+                    seg = self._columnar(msg, raw, msg_no, rejections, sources)
+                    if seg is not None:
+                        segments.append(seg)
+                    continue
+                if type(msg) is dict and "reports" in msg:
+                    items = msg["reports"]
+                    if type(items) is not list or len(msg) != 1:
+                        reject("malformed", "a batch is {\"reports\": [...]} and nothing else", raw)
+                        continue
+                    sources[msg_no] = items
+                    for i, rep in enumerate(items):
+                        one(rep, None, i)
+                else:
+                    one(msg, raw, None)
 
         flush()
         empty = np.zeros(0, dtype=np.int64)
@@ -277,12 +284,12 @@ class ReportParser:
             rows=np.concatenate([g[0] for g in segments]) if segments else empty,
             steps=np.concatenate([g[1] for g in segments]) if segments else empty,
             codes={a: np.concatenate([g[2][a] for g in segments]) if segments else empty for a in self._names},
-            originals=list(chain.from_iterable(g[3] for g in segments)),
-            batch_index=list(chain.from_iterable(g[4] for g in segments)),
+            message=np.concatenate([g[3] for g in segments]) if segments else empty,
+            batch_index=np.concatenate([g[4] for g in segments]) if segments else empty,
+            sources=sources,
             rejections=[r if not isinstance(r.original, _Lazy) else
                         Rejection(r.reason, r.detail, orjson.dumps(r.original.obj), r.batch_index, r.message)
                         for r in rejections],
-            message=list(chain.from_iterable(g[5] for g in segments)),
         )
 
     def _fast_singles(self, chunk: list, first: int) -> tuple | None:
@@ -292,15 +299,14 @@ class ReportParser:
         stateless checks would reject, returns None and goes through the reference path, so the
         fast path never decides a rejection and its output equals the reference's (tested).
         """
-        if not chunk or max(map(_size, chunk)) > _FAST_MAX_BYTES:
-            return None
         decode = self._fast_decode
         try:
-            reps = [decode(m) for m in chunk]
+            if not chunk or max(map(len, chunk)) > _FAST_MAX_BYTES:  # TypeError: a value-less record
+                return None
+            reps = list(map(decode, chunk))
             size = len(reps)
-            rows = np.fromiter(map(self.roster._row.get, [r.user for r in reps], repeat(-1)), dtype=np.int64,
-                               count=size)
-            steps = np.fromiter((r.step for r in reps), dtype=np.int64, count=size)
+            rows = self.roster.rows_of_ids(list(map(_USER, reps)))
+            steps = np.fromiter(map(_STEP, reps), dtype=np.int64, count=size)
             values = [r.values for r in reps]
             codes = {}
             present = np.zeros(size, dtype=bool)
@@ -314,7 +320,7 @@ class ReportParser:
             return None
         if (rows < 0).any() or (steps < 1).any() or (steps > self.horizon).any() or not present.all():
             return None
-        return rows, steps, codes, list(chunk), [None] * size, list(range(first, first + size))
+        return rows, steps, codes, np.arange(first, first + size), np.full(size, -1, dtype=np.int64)
 
     def _column_codes(self, name: str, col: list) -> np.ndarray:
         """Codes of one attribute's column: -1 for null (not reported), -2 for out of domain."""
@@ -335,7 +341,7 @@ class ReportParser:
         size = int(self.attributes[name].size)
         return np.where((values >= 0) & (values < size), values, -2)
 
-    def _columnar(self, msg: dict, raw: bytes, msg_no: int, rejections: list) -> tuple | None:
+    def _columnar(self, msg: dict, raw: bytes, msg_no: int, rejections: list, sources: list) -> tuple | None:
         """Decode a columnar batch; returns an array segment of its accepted rows (None if none)."""
         cols = msg["columns"]
         if len(msg) != 1 or type(cols) is not dict or type(cols.get("user")) is not list:
@@ -352,11 +358,11 @@ class ReportParser:
                       f"columns {bad_len or ['step']} must be lists as long as user")
             rejections.append(Rejection("malformed", detail, bytes(raw), None, msg_no))
             return None
-        table = _Columns(cols)
-        get = self.roster._row.get
+        table = sources[msg_no] = _Columns(cols)
         if _only(users, str):
-            rows = np.fromiter(map(get, users, repeat(-1)), dtype=np.int64, count=size)
+            rows = self.roster.rows_of_ids(users)
         else:
+            get = self.roster._row.get
             rows = np.fromiter((get(u, -1) if type(u) is str else -2 for u in users), dtype=np.int64, count=size)
         if type(step) is int:
             steps = np.full(size, min(max(step, 0), 2**62), dtype=np.int64)  # huge: future_step, not OverflowError
@@ -382,10 +388,8 @@ class ReportParser:
         for j in np.flatnonzero(reason):
             why, detail = _COL_REASONS[int(reason[j])]
             rejections.append(Rejection(why, detail, orjson.dumps(table.item(int(j))), int(j), msg_no))
-        ok = reason == 0
-        idx = np.flatnonzero(ok)
-        return (rows[ok], steps[ok], {a: c[ok] for a, c in codes.items()}, [table] * idx.size, idx.tolist(),
-                [msg_no] * idx.size)
+        idx = np.flatnonzero(reason == 0)
+        return (rows[idx], steps[idx], {a: c[idx] for a, c in codes.items()}, np.full(idx.size, msg_no), idx)
 
 
 _COL_REASONS = {
@@ -402,8 +406,7 @@ def _only(values: list, kind: type) -> bool:
     return set(map(type, values)) == {kind}
 
 
-def _size(message) -> int:
-    return len(message) if isinstance(message, (bytes, bytearray, memoryview)) else _FAST_MAX_BYTES + 1
+_USER, _STEP = attrgetter("user"), attrgetter("step")
 
 
 class _Columns:

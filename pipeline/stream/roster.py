@@ -8,11 +8,17 @@ producer that keys reports by user id lands each user on the partition that owns
 
 from __future__ import annotations
 
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.stream.id_index import IdIndex
+
 __all__ = ["Roster", "murmur2_partition"]
+
+
+_INDEX_MIN_BATCH = 256  # below this a dict lookup per id is cheaper than the numpy round trips
 
 
 def _murmur2(data: bytes) -> int:
@@ -58,6 +64,7 @@ class Roster:
         if len(self._row) != len(self.ids):
             raise ValueError("roster: user ids must be unique")
         self._owner_cache: dict[int, np.ndarray] = {}
+        self._index: IdIndex | bool | None = None  # False: this roster cannot be indexed
 
     @classmethod
     def from_range(cls, size: int, prefix: str = "u") -> "Roster":
@@ -83,8 +90,27 @@ class Roster:
         return self._row.get(user, -1)
 
     def rows(self, users: list) -> np.ndarray:
+        """Row of every user (-1: not enrolled, or not a string)."""
         get = self._row.get
         return np.fromiter((get(u, -1) if isinstance(u, str) else -1 for u in users), dtype=np.int64, count=len(users))
+
+    def rows_of_ids(self, users: list[str]) -> np.ndarray:
+        """Row of every user id in a list of ``str`` only (-1: not enrolled); vectorised for batches."""
+        index = self.index() if len(users) >= _INDEX_MIN_BATCH else None
+        rows = index.rows(users) if index is not None else None
+        if rows is None:
+            rows = np.fromiter(map(self._row.get, users, repeat(-1)), dtype=np.int64, count=len(users))
+        return rows
+
+    def index(self) -> IdIndex | None:
+        """The vectorised id index, built on first use (~1 s and ~45 MB per 10^6 short ids); None
+        for a roster it cannot hold (ids ending in NUL), which then uses the dict only."""
+        if self._index is None:
+            try:
+                self._index = IdIndex(self.ids)
+            except ValueError:
+                self._index = False
+        return self._index or None
 
     def owners(self, partitions: int) -> np.ndarray:
         """Owning partition of every row (cached: murmur2 over n keys is a one-off cost)."""
