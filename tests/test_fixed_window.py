@@ -11,11 +11,20 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.privacy.rng import as_random_source
 from pipeline.synth import FixedWindowSynthesizer, rounding_constant, rounding_proxy
-from pipeline.synth._common import assign_groups, clamp_children, project_children
+from pipeline.synth import _common
+from pipeline.synth._common import (
+    _assign_groups_partitioned,
+    _assign_groups_sorted,
+    assign_groups,
+    clamp_children,
+    project_children,
+)
 
 Z_TOL = 4.5  # z-score tolerance for CLT-based checks (two-sided P(|Z| > 4.5) ≈ 7e-6)
 
@@ -357,7 +366,9 @@ def test_categorical_projection_spreads_the_remainder_uniformly():
             assert stat < chi2.isf(1e-6, len(labels) - 1)
 
 
-def test_assign_groups_is_exact_and_uniform():
+@pytest.mark.parametrize("min_group_size", [0, 10**9], ids=["partition", "sort"])
+def test_assign_groups_is_exact_and_uniform(monkeypatch, min_group_size):
+    monkeypatch.setattr(_common, "PARTITION_MIN_GROUP_SIZE", min_group_size)
     src = as_random_source(3)
     group = np.array([0, 0, 0, 1, 1, 2, 0, 1])
     counts = np.array([[1, 3], [2, 1], [0, 1]])
@@ -374,7 +385,7 @@ def test_assign_groups_is_exact_and_uniform():
 
 
 class _FixedKeys:
-    """A random source whose keys are given (to force ties)."""
+    """A random source whose keys are given."""
 
     def __init__(self, keys):
         self.keys = np.asarray(keys, dtype=np.uint64)
@@ -383,19 +394,112 @@ class _FixedKeys:
         return self.keys[:m]
 
 
-@pytest.mark.parametrize("groups, key_range", [(3, 2**64 - 1), (3, 4), (40_000, 50)])
-def test_assign_groups_orders_records_by_group_then_key(groups, key_range):
-    """Records are labelled in (group, key, index) order — exactly lexsort's, ties included."""
-    rng = np.random.default_rng(groups)
+def _distinct_keys(rng, m, kind):
+    """m distinct uint64 keys: a permutation of 0..m−1 ("dense") or spread over 64 bits ("wide")."""
+    if kind == "dense":
+        return rng.permutation(m).astype(np.uint64)
+    keys = np.unique(rng.integers(0, 2**64 - 1, 2 * m + 8, dtype=np.uint64, endpoint=True))
+    return rng.permutation(keys)[:m]
+
+
+def _reference_labels(group, counts, keys):
+    """Records ordered by (group, key) with lexsort, then labelled in runs of counts[g, :]."""
+    groups, a = counts.shape
+    want = np.empty(group.size, dtype=np.int64)
+    want[np.lexsort((keys, group))] = np.repeat(np.tile(np.arange(a), groups), counts.ravel())
+    return want
+
+
+@pytest.mark.parametrize("groups", [1, 3, 1000, 40_000])
+@pytest.mark.parametrize("a", [2, 5])
+@pytest.mark.parametrize("kind", ["dense", "wide"])
+def test_assign_groups_orders_records_by_group_then_key(groups, a, kind):
+    """With distinct keys, records are labelled in (group, key) order — exactly lexsort's — by
+    assign_groups and by both of its paths (argpartition per group, one sort)."""
+    rng = np.random.default_rng(groups * 10 + a)
     m = 5000
     group = rng.integers(0, groups, m)
-    keys = rng.integers(0, key_range, m, dtype=np.uint64, endpoint=True)
+    keys = _distinct_keys(rng, m, kind)
+    assert np.unique(keys).size == m
     sizes = np.bincount(group, minlength=groups)
-    counts = np.stack([sizes // 2, sizes - sizes // 2], axis=1)
-    order = np.lexsort((keys, group))
-    want = np.empty(m, dtype=np.int64)
-    want[order] = np.repeat(np.tile([0, 1], groups), counts.ravel())
+    counts = rng.multinomial(sizes, np.full(a, 1.0 / a))
+    want = _reference_labels(group, counts, keys)
     np.testing.assert_array_equal(assign_groups(group, counts, _FixedKeys(keys)), want)
+    np.testing.assert_array_equal(_assign_groups_partitioned(group, counts, keys), want)
+    np.testing.assert_array_equal(_assign_groups_sorted(group, counts, keys), want)
+    # the reference is not a trivial pattern: a different key order changes the labels
+    assert not np.array_equal(_reference_labels(group, counts, keys[::-1].copy()), want)
+
+
+@st.composite
+def _grouped_counts(draw):
+    """(counts (G, A), seed): small groups, zero counts, empty groups, one group or one label."""
+    groups = draw(st.integers(1, 6))
+    a = draw(st.integers(1, 4))
+    rows = draw(st.lists(st.lists(st.integers(0, 7), min_size=a, max_size=a), min_size=groups, max_size=groups))
+    return np.array(rows, dtype=np.int64).reshape(groups, a), draw(st.integers(0, 2**32 - 1))
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, database=None)
+@given(_grouped_counts(), st.sampled_from(["dense", "wide", "ties"]))
+def test_assign_groups_partition_and_sort_paths_agree(case, kind):
+    """The argpartition path and the sort fallback give lexsort's labels for distinct keys; with
+    tied keys (which they break differently) both still hit every count exactly."""
+    counts, seed = case
+    groups, a = counts.shape
+    rng = np.random.default_rng(seed)
+    group = rng.permutation(np.repeat(np.arange(groups), counts.sum(axis=1)))
+    m = group.size
+    if kind == "ties":
+        keys = rng.integers(0, 3, m, dtype=np.uint64, endpoint=True)
+    else:
+        keys = _distinct_keys(rng, m, kind)
+    part = _assign_groups_partitioned(group, counts, keys)
+    srt = _assign_groups_sorted(group, counts, keys)
+    for lab in (part, srt):
+        assert lab.dtype == np.int64 and lab.shape == (m,)
+        for g in range(groups):
+            np.testing.assert_array_equal(np.bincount(lab[group == g], minlength=a), counts[g])
+    if kind != "ties":
+        np.testing.assert_array_equal(part, srt)
+        np.testing.assert_array_equal(part, _reference_labels(group, counts, keys))
+
+
+def test_assign_groups_edge_cases_and_internal_checks():
+    """Both paths: no records, one group, one label, a group wholly in one label, bad counts."""
+    keys = np.array([5, 1, 4, 2, 3], dtype=np.uint64)
+    for f in (_assign_groups_partitioned, _assign_groups_sorted):
+        # no records at all (every group empty)
+        assert f(np.zeros(0, dtype=np.int64), np.zeros((3, 2), dtype=np.int64), keys[:0]).shape == (0,)
+        # one group, one label
+        np.testing.assert_array_equal(f(np.zeros(5, dtype=np.int64), np.array([[5]]), keys), np.zeros(5))
+        # one group, the whole group in the last label
+        np.testing.assert_array_equal(f(np.zeros(5, dtype=np.int64), np.array([[0, 0, 5]]), keys), np.full(5, 2))
+        # one group: the two smallest keys (records 1 and 3) get label 0, the rest label 1
+        np.testing.assert_array_equal(f(np.zeros(5, dtype=np.int64), np.array([[2, 3]]), keys), [1, 0, 1, 0, 1])
+        with pytest.raises(RuntimeError, match="counts sum to 4"):
+            f(np.zeros(5, dtype=np.int64), np.array([[2, 2]]), keys)
+        with pytest.raises(RuntimeError, match="row sums"):
+            f(np.array([0, 0, 1, 1, 1]), np.array([[1, 2], [2, 0]]), keys)
+
+
+@pytest.mark.parametrize("min_group_size", [0, 10**9], ids=["partition", "sort"])
+def test_assign_groups_draws_one_key_per_record(monkeypatch, min_group_size):
+    """One random_keys(m) call whichever path is taken, so the random stream is unchanged."""
+    monkeypatch.setattr(_common, "PARTITION_MIN_GROUP_SIZE", min_group_size)
+    calls = []
+
+    class _Counting(_FixedKeys):
+        def random_keys(self, m):
+            calls.append(m)
+            return super().random_keys(m)
+
+    keys = [5, 1, 4, 2, 3]
+    lab = assign_groups(np.array([0, 1, 1, 0, 1]), np.array([[1, 1], [2, 1]]), _Counting(keys))
+    assert calls == [5]
+    # group 0 = records {0, 3}: the smaller key (record 3) gets label 0; group 1 = records
+    # {1, 2, 4}: the two smaller keys (records 1, 4) get label 0
+    np.testing.assert_array_equal(lab, [1, 0, 1, 0, 0])
 
 
 def test_clamp_children_keeps_consistency():

@@ -12,7 +12,7 @@ from pipeline.config import parse_config
 from pipeline.plan import budget_plan, planned_schedule
 from pipeline.privacy.accounting import BudgetExceededError, BudgetExhaustedError, ZCDP
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.stream.engine import ReleaseEngine, ReleaseOutput, release_seed
+from pipeline.stream.engine import ReleaseEngine, ReleaseOutput, merge_histograms, release_seed
 from pipeline.stream.messages import columns_checksum, synthetic_chunks
 from pipeline.stream.partition_state import PartitionState
 from pipeline.stream.reports import ReportParser
@@ -348,3 +348,19 @@ def test_engine_state_round_trip_through_redis_store(run, redis_client):
     for o in outputs[1]:
         back = ReleaseOutput.from_bytes(rec.releases[o.release])
         assert strip(back.manifest) == strip(o.manifest)
+
+
+@pytest.mark.parametrize("domain", [50, 2**40])  # dense count and sort paths
+def test_merge_histograms_sums_partitions_exactly(domain):
+    rng = np.random.default_rng(4)
+    parts, want = [], {}
+    for _ in range(3):
+        elements = np.unique(rng.integers(0, 50, 30)) * (domain // 50)
+        counts = rng.integers(1, 10**6, elements.size)
+        parts.append({"elements": elements.tolist(), "counts": counts.tolist()})
+        for e, c in zip(elements.tolist(), counts.tolist()):
+            want[e] = want.get(e, 0) + c
+    parts.append({"elements": [], "counts": []})  # a partition with no active user
+    support, summed = merge_histograms(parts, domain)
+    assert support.tolist() == sorted(want) and summed.tolist() == [want[e] for e in sorted(want)]
+    assert summed.dtype == np.int64

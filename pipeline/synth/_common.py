@@ -177,25 +177,98 @@ def clamp_children(target: np.ndarray, parents: np.ndarray) -> tuple[np.ndarray,
     return out, clamped
 
 
+#: :func:`assign_groups` loops over the groups (one selection each) when there are at least this
+#: many records per group on average, and otherwise sorts all records at once: each pass of the
+#: loop costs a few microseconds of fixed overhead, which below about a hundred records per group
+#: exceeds what the sort of 64-bit keys costs.
+PARTITION_MIN_GROUP_SIZE = 128
+
+
 def assign_groups(group_codes: np.ndarray, counts: np.ndarray, rng: RandomSource) -> np.ndarray:
     """Random partition of records into labelled parts of prescribed sizes, group by group.
 
-    ``group_codes``: (m,) group index of every record. ``counts``: (G, A) with row sums equal to
-    the group sizes. Returns labels (m,) in [0, A): within every group g exactly counts[g, c]
-    records get label c, the partition being uniformly random (records are ordered by independent
-    uniform 64-bit keys inside their group, then labelled in runs). O(m log m), no Python loop.
+    This is the random label assignment inside each group of seed 003 (continual synthetic data):
+    Algorithm 1 appends value c to p_{zc} records of group z chosen uniformly at random, and
+    Algorithm 2 appends a 1 to ẑ_b^t records of synthetic weight b − 1 chosen uniformly at random.
+
+    ``group_codes``: (m,) group index of every record, in [0, G). ``counts``: (G, A) with row sums
+    equal to the group sizes. Returns labels (m,) in [0, A): within every group g exactly
+    counts[g, c] records get label c. Every record draws an independent uniform 64-bit key (one
+    ``rng.random_keys(m)`` call); within group g the records whose key ranks lie in
+    [Σ_{c'<c} counts[g, c'], Σ_{c'≤c} counts[g, c']) get label c. The partition is uniformly
+    random exactly conditional on no tie among the keys (a tie has probability below m²/2^65). A
+    tie is broken arbitrarily by the selection (by record index in the sort fallback); the label
+    counts stay exact regardless.
+
+    With at least :data:`PARTITION_MIN_GROUP_SIZE` records per group on average, the records are
+    ordered by group only (a radix sort of narrow ints) and each group is split at its label
+    boundaries by a multi-kth ``np.argpartition`` of its keys: O(m) expected per step for a bounded
+    number of groups (plus a Python loop over the groups). With smaller groups, one sort of all
+    records by (group, key), O(m log m). For distinct keys both give the same labels.
+    RuntimeError if the counts do not match the groups' sizes.
     """
-    groups, a = counts.shape
     m = group_codes.size
     keys = rng.random_keys(m)
-    # Sorted by (group, key) as np.lexsort((keys, group_codes)) would, about twice as fast: a stable
-    # sort by key, then a stable (radix, for narrow ints) sort by group keeps key order inside groups.
-    order = np.argsort(keys, kind="stable")
-    narrow = np.int16 if groups <= np.iinfo(np.int16).max else np.int64
-    order = order[np.argsort(group_codes[order].astype(narrow), kind="stable")]
+    if m >= PARTITION_MIN_GROUP_SIZE * counts.shape[0]:
+        return _assign_groups_partitioned(group_codes, counts, keys)
+    return _assign_groups_sorted(group_codes, counts, keys)
+
+
+def _group_runs(group_codes: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(labels in runs, group sizes): the labels of the records listed by (group, key rank)."""
+    groups, a = counts.shape
+    m = group_codes.size
     labels_sorted = np.repeat(np.tile(np.arange(a, dtype=np.int64), groups), counts.ravel())
     if labels_sorted.size != m:
         raise RuntimeError(f"internal error: counts sum to {labels_sorted.size}, expected {m} records")
-    labels = np.empty(m, dtype=np.int64)
+    sizes = np.bincount(group_codes, minlength=groups) if m else np.zeros(groups, dtype=np.int64)
+    if sizes.size != groups or np.any(sizes != counts.sum(axis=1)):
+        raise RuntimeError("internal error: the counts' row sums differ from the groups' sizes")
+    return labels_sorted, sizes
+
+
+def _group_order(group_codes: np.ndarray, groups: int) -> np.ndarray:
+    """Stable order of the records by group (radix sort for int16 codes)."""
+    narrow = np.int16 if groups <= np.iinfo(np.int16).max else np.int64
+    return np.argsort(group_codes.astype(narrow), kind="stable")
+
+
+def _assign_groups_sorted(group_codes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Labels from one sort of the records by (group, key); ties in key broken by record index."""
+    groups = counts.shape[0]
+    labels_sorted, _ = _group_runs(group_codes, counts)
+    # Sorted by (group, key) as np.lexsort((keys, group_codes)) would, about twice as fast: a stable
+    # sort by key, then a stable (radix, for narrow ints) sort by group keeps key order inside groups.
+    order = np.argsort(keys, kind="stable")
+    order = order[_group_order(group_codes[order], groups)]
+    labels = np.empty(group_codes.size, dtype=np.int64)
     labels[order] = labels_sorted
+    return labels
+
+
+def _assign_groups_partitioned(group_codes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Labels from ordering the records by group, then selecting key ranks group by group.
+
+    After ``np.argpartition(k, kth)`` with every interior label boundary in ``kth``, the positions
+    between two consecutive boundaries hold exactly the records whose key ranks lie between them
+    (in some order), so labelling by position gives the sort's labels when the keys are distinct.
+    """
+    groups = counts.shape[0]
+    labels_sorted, sizes = _group_runs(group_codes, counts)
+    labels = np.empty(group_codes.size, dtype=np.int64)
+    order = _group_order(group_codes, groups)
+    ends = np.cumsum(sizes).tolist()
+    bounds = np.cumsum(counts, axis=1)[:, :-1].tolist()  # label boundaries inside each group
+    start = 0
+    for g, end in enumerate(ends):
+        size = end - start
+        if size:
+            idx = order[start:end]
+            kth = sorted({b for b in bounds[g] if 0 < b < size})
+            if kth:
+                idx = idx[np.argpartition(keys[idx], kth)]
+                labels[idx] = labels_sorted[start:end]
+            else:  # a single label for the whole group
+                labels[idx] = labels_sorted[start]
+        start = end
     return labels

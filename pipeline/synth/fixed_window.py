@@ -286,8 +286,8 @@ class FixedWindowSynthesizer:
             projected = np.maximum(noisy, 0)
             clamped = int((noisy < 0).sum())
             self.m = int(projected.sum())
-            labels = np.repeat(np.arange(self.n_bins, dtype=np.int64), projected)
-            codes = labels[self._rng.permutation(self.m)] if self.m else labels
+            # the m records take the k-length patterns in a uniformly random order: one group
+            codes = assign_groups(np.zeros(self.m, dtype=np.int64), projected[None, :], self._rng)
             self._syn = np.zeros((self.m, self.horizon), dtype=synthetic_dtype(a))
             for i in range(k):
                 self._syn[:, i] = (codes // a ** (k - 1 - i)) % a
