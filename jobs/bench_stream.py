@@ -17,10 +17,13 @@ Measured in one run on the embedded broker and Redis:
    heavy-hitter (tct, |X| = 10^6) release together: close command -> every manifest published on
    ``releases`` (record timestamps), and -> the whole step (manifests and all synthetic chunks)
    read back by a consumer.
-5. **Memory per user** of worker state (exact array bytes of the partition states) and the worker's
+5. **Ingest, single-report messages, two worker processes** (next step, produced while the workers
+   are stopped): scale-out on this one machine, the two workers sharing its two cores with the
+   broker; the rate is the sum of both workers' counters between 10% and 90% of the reports.
+6. **Memory per user** of worker state (exact array bytes of the partition states) and the worker's
    resident set size after ingest.
-6. **Releaser cost** (in process, no Kafka): one release step against m, T, 2^k and |X|.
-7. **Parser throughput** (in process, one core): single-report messages, row batches and columnar
+7. **Releaser cost** (in process, no Kafka): one release step against m, T, 2^k and |X|.
+8. **Parser throughput** (in process, one core): single-report messages, row batches and columnar
    batches of the same reports.
 """
 
@@ -104,12 +107,12 @@ def _accepted(port: int) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def _samples(port: int, interval: float, timeout: float = 600):
-    """(time, reports accepted so far) read from the worker's counter every ``interval`` seconds."""
+def _samples(ports: list[int], interval: float, timeout: float = 600):
+    """(time, reports accepted so far) summed over the workers' counters every ``interval`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            got = _accepted(port)
+            got = sum(_accepted(port) for port in ports)
         except OSError:
             got = 0.0
         yield time.perf_counter(), got
@@ -117,11 +120,11 @@ def _samples(port: int, interval: float, timeout: float = 600):
     raise TimeoutError("ingest did not finish")
 
 
-def _ingest_rate(port: int, start_count: float, expected: int) -> float:
-    """Reports/s between 10% and 90% of ``expected`` newly accepted reports."""
+def _ingest_rate(ports: list[int], start_count: float, expected: int) -> float:
+    """Reports/s between 10% and 90% of ``expected`` newly accepted reports (summed over ``ports``)."""
     lo, hi = start_count + 0.1 * expected, start_count + 0.9 * expected
     t_lo = None
-    for now, got in _samples(port, 0.02):
+    for now, got in _samples(ports, 0.02):
         if t_lo is None and got >= lo:
             t_lo = now
         if got >= hi:
@@ -132,7 +135,7 @@ def _burst_rate(port: int, expected: int) -> float:
     """Reports/s from the first reports a freshly started worker accepted to the last of ``expected``
     (the first fetch's reports are left out of the count, so the rate is not inflated)."""
     first = None
-    for now, got in _samples(port, 0.005):
+    for now, got in _samples([port], 0.005):
         if first is None and got > 0:
             first = (now, got)
         if got >= expected:
@@ -266,7 +269,7 @@ def main(argv=None) -> dict:
 
         with LocalCluster(cfg_path, dep, workers=1, log_dir=out / "logs", metrics=True) as cluster:
             port = cluster.metrics_ports["worker-0"]
-            rate = _ingest_rate(port, 0.0, n)
+            rate = _ingest_rate([port], 0.0, n)
             result["ingest_single_reports_per_s"] = rate
             result["single_vs_raw"] = rate / result["raw_consume_msgs_per_s"]
             print(f"ingest, single-report messages: {rate:,.0f} reports/s ({rate / result['raw_consume_msgs_per_s']:.1%} of raw)", flush=True)
@@ -300,6 +303,10 @@ def main(argv=None) -> dict:
                 state_bytes += sum(a.nbytes for a in _arrays(st))
             result["state_bytes_per_user"] = state_bytes / n
             print(f"worker state: {state_bytes / n:.1f} bytes/user; worker RSS {result['worker_rss_mb']:.0f} MB", flush=True)
+            rate_2 = _two_worker_rate(cluster, svc.broker.bootstrap, names["reports"], roster, pov[:, 4], item[:, 4], n)
+            result["ingest_single_two_workers_reports_per_s"] = rate_2
+            print(f"ingest, single-report messages, two workers: {rate_2:,.0f} reports/s "
+                  f"({rate_2 / result['raw_consume_msgs_per_s']:.1%} of raw)", flush=True)
             drv.shutdown()
     result["parser_reports_per_s"] = parser_throughput()
     print("parser (one core): " + ", ".join(f"{k} {v:,.0f} reports/s" for k, v in result["parser_reports_per_s"].items()))
@@ -310,6 +317,27 @@ def main(argv=None) -> dict:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2, default=float))
     return result
+
+
+def _two_worker_rate(cluster, bootstrap: str, topic: str, roster, pov: np.ndarray, item: np.ndarray, n: int) -> float:
+    """Step 5 as single-report messages, produced while the worker is stopped, then ingested by two."""
+    cluster.kill("worker-0", signal.SIGTERM)
+    cluster.wait_exit("worker-0")
+    asyncio.run(_produce(bootstrap, topic, _single_messages(roster, 5, pov, item)))
+    for name in ("worker-0", "worker-1"):
+        cluster.spawn("worker", name)
+    ports = [cluster.metrics_ports[name] for name in ("worker-0", "worker-1")]
+    rate = _ingest_rate(ports, 0.0, n)
+    settled, last = None, -1.0
+    for now, got in _samples(ports, 0.2):  # a rebalance after the first worker started would replay reports
+        if got != last:
+            settled, last = now, got
+        elif now - settled > 2.0:
+            break
+    if last != n:
+        raise RuntimeError(f"two workers accepted {last:,.0f} reports for {n:,} users: a rebalance replayed "
+                           "reports (one worker started consuming before the other joined); rate not measurable")
+    return rate
 
 
 def _close(drv, step: int) -> tuple[float, float]:
