@@ -50,6 +50,22 @@ def panel_data(seed: int, n: int = N, horizon: int = T) -> np.ndarray:
     return binary_panel(seed, n, horizon)
 
 
+def scenario(tmp_path, services, name: str, seed: int, horizon: int = T):
+    """(config path, deployment, panel X, roster) of one fault scenario."""
+    path = write_config(tmp_path, services, name, horizon=horizon)
+    dep = load_config(path)
+    return path, dep, panel_data(seed=seed, horizon=horizon), Roster.from_config(dep.roster)
+
+
+def run_steps(drv, X, steps, cluster: LocalCluster | None = None, **close) -> None:
+    """Send every user's report of each step, close it and wait for its release."""
+    for t in steps:
+        drv.producer.send_step(t, {"pov": X[:, t - 1]})
+        drv.close(t, **close)
+        if cluster is not None:
+            cluster.check_alive()
+
+
 def batch_reference(dep, X) -> dict[str, np.ndarray]:
     """The library run in batch with the stream's derived seeds (= an uninterrupted run)."""
     return engine_reference(dep, {"pov": X})
@@ -129,10 +145,7 @@ def test_worker_kill9_mid_step_and_before_checkpoint_changes_nothing(services, t
     the rest, restart it; then crash it at ``worker.before_checkpoint`` of step 3 (partial published and
     acknowledged, checkpoint not written): the restart restores step 2's checkpoint and replays step 3,
     whose reports were also committed. Outputs equal the uninterrupted run (= batch run)."""
-    path = write_config(tmp_path, services, "faults-worker-kill")
-    dep = load_config(path)
-    X = panel_data(seed=21)
-    roster = Roster.from_config(dep.roster)
+    path, dep, X, roster = scenario(tmp_path, services, "faults-worker-kill", seed=21)
     half = np.random.default_rng(1).random(N) < 0.5
     with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs", metrics=True) as cluster:
         drv = StepDriver(cluster.broker, dep, roster, cluster.names)
@@ -174,15 +187,10 @@ def test_releaser_kill9_holding_part_of_a_step_rereads_its_partials(services, tm
     The releaser is then killed -9 and restarted with worker-1: it must re-read the held partial from
     the resume offset kept in Redis, not from the group's committed offset (past it), or step 3 is
     never released."""
-    path = write_config(tmp_path, services, "faults-releaser-partial", horizon=4)
-    dep = load_config(path)
-    X = panel_data(seed=24, horizon=4)
-    roster = Roster.from_config(dep.roster)
+    path, dep, X, roster = scenario(tmp_path, services, "faults-releaser-partial", seed=24, horizon=4)
     with LocalCluster(path, dep, workers=2, log_dir=tmp_path / "logs") as cluster:
         drv = StepDriver(cluster.broker, dep, roster, cluster.names)
-        for t in (1, 2):
-            drv.producer.send_step(t, {"pov": X[:, t - 1]})
-            drv.close(t)
+        run_steps(drv, X, (1, 2))
         closers = {int(p) for p, step in re.findall(r"partition (\d+) closed step (\d+)",
                                                    log_text(tmp_path, "worker-1")) if int(step) == 2}
         assert closers, "worker-1 owns no partition: the scenario would not hold a partial step"
@@ -221,15 +229,10 @@ def test_redis_restart_between_steps(tmp_path):
     reconnects by itself. The ledger and the release records survive the restart (append-only file,
     ``appendfsync always``), and the outputs equal the uninterrupted run."""
     with EmbeddedServices(data_dir=tmp_path / "svc") as svc:
-        path = write_config(tmp_path, svc, "faults-redis")
-        dep = load_config(path)
-        X = panel_data(seed=22)
-        roster = Roster.from_config(dep.roster)
+        path, dep, X, roster = scenario(tmp_path, svc, "faults-redis", seed=22)
         with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs") as cluster:
             drv = StepDriver(cluster.broker, dep, roster, cluster.names)
-            for t in (1, 2):
-                drv.producer.send_step(t, {"pov": X[:, t - 1]})
-                drv.close(t)
+            run_steps(drv, X, (1, 2))
             store = ReleaseStore.from_url(svc.redis.url, dep.name)
             before = (store.ledger(), store.load_step(2).releases, store.load_checkpoint(0), store.load_checkpoint(1))
             port = svc.redis.port
@@ -244,10 +247,7 @@ def test_redis_restart_between_steps(tmp_path):
             assert sorted(after[0]) == ["cu:1", "cu:2"]
             assert cluster.procs["worker-0"].poll() is None  # the idle worker rode it out
             cluster.spawn("releaser", "releaser")
-            for t in range(3, T + 1):
-                drv.producer.send_step(t, {"pov": X[:, t - 1]})
-                drv.close(t)
-                cluster.check_alive()
+            run_steps(drv, X, range(3, T + 1), cluster)
             drv.shutdown()
             check_outputs(dep, X, drv.panels, store, drv.manifests_seen)
             assert all(count == 1 for count in drv.manifests_seen.values())
@@ -270,15 +270,10 @@ def test_broker_restart_memory_only(tmp_path):
     assumes the processes rejoin before more messages than before were written to the new log."""
     started = time.monotonic()
     with EmbeddedServices(data_dir=tmp_path / "svc") as svc:
-        path = write_config(tmp_path, svc, "faults-broker", horizon=4)
-        dep = load_config(path)
-        X = panel_data(seed=23, horizon=4)
-        roster = Roster.from_config(dep.roster)
+        path, dep, X, roster = scenario(tmp_path, svc, "faults-broker", seed=23, horizon=4)
         with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs") as cluster:
             drv = StepDriver(cluster.broker, dep, roster, cluster.names)
-            for t in (1, 2):
-                drv.producer.send_step(t, {"pov": X[:, t - 1]})
-                drv.close(t)
+            run_steps(drv, X, (1, 2))
             drv.shutdown()
             first = {rel: dict(drv.panels.panels[rel].manifests) for rel in ("fw", "cu")}  # fw has no columns yet
             first_cu = drv.panels.panels["cu"].as_array()[:, :2].copy()
@@ -309,9 +304,7 @@ def test_broker_restart_memory_only(tmp_path):
 
             # and the stream goes on from reports sent after the restart
             drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
-            for t in (3, 4):
-                drv.producer.send_step(t, {"pov": X[:, t - 1]})
-                drv.close(t, timeout=40)
+            run_steps(drv, X, (3, 4), timeout=40)
             drv.shutdown()
             store = ReleaseStore.from_url(svc.redis.url, dep.name)
             check_outputs(dep, X, drv.panels, store, drv.manifests_seen)

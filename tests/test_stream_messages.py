@@ -185,14 +185,20 @@ def panel_data():
     return full, steps
 
 
-def test_panel_store_in_order(panel_data):
-    full, steps = panel_data
+def store_of(steps, order=(2, 3, 4)) -> PanelStore:
+    """A panel store fed each step's manifest and then its chunks, steps in ``order``."""
     store = PanelStore()
-    for t in (2, 3, 4):
+    for t in order:
         man, chunks = steps[t]
         store.add_manifest(man)
         for c in chunks:
             store.add_chunk(c)
+    return store
+
+
+def test_panel_store_in_order(panel_data):
+    full, steps = panel_data
+    store = store_of(steps)
     panel = store.panels["fw"]
     assert panel.complete_steps == {2, 3, 4} and panel.released_through == 4
     np.testing.assert_array_equal(panel.as_array(), full)
@@ -234,12 +240,7 @@ def test_panel_store_waits_for_missing_chunk(panel_data):
 
 def test_panel_store_gap_in_steps_limits_released_through(panel_data):
     full, steps = panel_data
-    store = PanelStore()
-    for t in (2, 4):
-        man, chunks = steps[t]
-        store.add_manifest(man)
-        for c in chunks:
-            store.add_chunk(c)
+    store = store_of(steps, order=(2, 4))
     assert store.panels["fw"].complete_steps == {2, 4}
     assert store.panels["fw"].released_through == 2
 
@@ -301,12 +302,7 @@ def test_panel_store_manifest_without_synthetic_is_complete():
 
 def test_panel_queries_and_exports(panel_data, tmp_path):
     full, steps = panel_data
-    store = PanelStore()
-    for t in (2, 3, 4):
-        man, chunks = steps[t]
-        store.add_manifest(man)
-        for c in chunks:
-            store.add_chunk(c)
+    store = store_of(steps)
     panel = store.panels["fw"]
     counts = panel.window_counts(3)
     code = full[:, 1].astype(int) * 2 + full[:, 2]
