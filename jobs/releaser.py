@@ -240,21 +240,16 @@ def _take_partial(offset: int, key: bytes | None, value: bytes) -> bool:
 
 
 # -- closing steps ----------------------------------------------------------------------------------
-def _closing() -> int:
-    value = store.r.get(store._k("closing"))
-    return int(value) if value is not None else 0
-
-
 async def close_through(step: int) -> None:
     """Write close markers for every step after the last one closed, up to ``step``, in order."""
     if not 1 <= step <= dep.horizon:
         log.error("refusing to close step %s: steps are 1..%d", step, dep.horizon)
         return
-    for t in range(_closing() + 1, step + 1):
+    for t in range(store.last_closing() + 1, step + 1):
         body = orjson.dumps({"step": t})
         await _send_all(_send("reports", None, body, partition=p, headers=[(CONTROL_HEADER, b"close")])
                         for p in range(P))
-        store.r.set(store._k("closing"), t)
+        store.mark_closing(t)
         _opened_at[t + 1] = time.monotonic()
         log.info("close markers for step %d written to %d partitions", t, P)
 
@@ -281,7 +276,7 @@ async def on_control(value: bytes) -> None:
 
 async def auto_close() -> None:
     mode = dep.steps.close
-    step = _closing() + 1
+    step = store.last_closing() + 1
     if mode == "control" or step > dep.horizon:
         return
     if mode == "coverage" and sum(_coverage.get(step, {}).values()) >= rt.roster.n:

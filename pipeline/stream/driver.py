@@ -36,7 +36,6 @@ class StepDriver:
         self._consumer.assign(tps)
         self._consumer.seek_to_beginning(*tps)
         self.manifests_seen: dict[tuple[str, int], int] = {}
-        self.manifest_seen_at: dict[tuple[str, int], float] = {}  # perf_counter when first read
         self.manifest_timestamp: dict[tuple[str, int], int] = {}  # record timestamp (ms) of the first copy
         self.close_timestamp: dict[int, int] = {}  # step -> record timestamp (ms) of its close command
 
@@ -47,7 +46,6 @@ class StepDriver:
                     m = orjson.loads(msg.value)
                     key = (m["release"], int(m["step"]))
                     self.manifests_seen[key] = self.manifests_seen.get(key, 0) + 1
-                    self.manifest_seen_at.setdefault(key, time.perf_counter())
                     self.manifest_timestamp.setdefault(key, int(msg.timestamp))
                 self._handlers[tp.topic](msg.value)
 

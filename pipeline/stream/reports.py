@@ -33,7 +33,6 @@ __all__ = ["REASONS", "Rejection", "ParsedReports", "ReportParser", "public_hash
 
 REASONS = ("malformed", "unknown_user", "out_of_domain", "duplicate", "late", "future_step", "wrong_partition")
 
-_MAX_STEP = 2**31 - 1
 _FAST_CHUNK = 2048  # single-report messages decoded by the typed fast path per attempt
 _FAST_MAX_BYTES = 4096  # longer messages (batches) skip the fast path
 
@@ -72,12 +71,12 @@ class ParsedReports:
     rejections: list[Rejection] = field(default_factory=list)
 
     @classmethod
-    def of_singles(cls, rows, steps, codes: dict, originals: list | None = None) -> "ParsedReports":
-        """Reports given directly as arrays, each standing for a single-report message."""
+    def of_singles(cls, rows, steps, codes: dict) -> "ParsedReports":
+        """Reports given directly as arrays, each standing for an (empty) single-report message."""
         rows = np.asarray(rows, dtype=np.int64)
         return cls(rows=rows, steps=np.asarray(steps, dtype=np.int64), codes=codes,
                    message=np.arange(rows.size), batch_index=np.full(rows.size, -1, dtype=np.int64),
-                   sources=list(originals) if originals is not None else [b""] * rows.size)
+                   sources=[b""] * rows.size)
 
     def __len__(self) -> int:
         return int(self.rows.size)
@@ -362,8 +361,8 @@ class ReportParser:
         if _only(users, str):
             rows = self.roster.rows_of_ids(users)
         else:
-            get = self.roster._row.get
-            rows = np.fromiter((get(u, -1) if type(u) is str else -2 for u in users), dtype=np.int64, count=size)
+            rows = self.roster.rows(users)
+            rows[[type(u) is not str for u in users]] = -2  # malformed, not merely unknown
         if type(step) is int:
             steps = np.full(size, min(max(step, 0), 2**62), dtype=np.int64)  # huge: future_step, not OverflowError
         else:

@@ -60,10 +60,14 @@ class ReleaseStore:
     def _k(self, *parts: Any) -> str:
         return ":".join([self.prefix, *map(str, parts)])
 
+    def _int(self, name: str) -> int:
+        """An integer pointer of this deployment; 0 until it is first set."""
+        value = self.r.get(self._k(name))
+        return int(value) if value is not None else 0
+
     # -- releases ----------------------------------------------------------------------------
     def last_released(self) -> int:
-        value = self.r.get(self._k("released"))
-        return int(value) if value is not None else 0
+        return self._int("released")
 
     def load_step(self, step: int) -> StepRecord | None:
         raw = self.r.hgetall(self._k("step", step))
@@ -104,20 +108,25 @@ class ReleaseStore:
                     continue  # someone else wrote meanwhile: re-check (we will then refuse)
 
     def last_published(self) -> int:
-        value = self.r.get(self._k("published"))
-        return int(value) if value is not None else 0
+        return self._int("published")
 
     def mark_published(self, step: int) -> None:
         """Everything of ``step`` reached the broker (acknowledged); a restart republishes the rest."""
         self.r.set(self._k("published"), step)
 
     def partials_resume(self) -> int:
-        value = self.r.get(self._k("partials-resume"))
-        return int(value) if value is not None else 0
+        return self._int("partials-resume")
 
     def set_partials_resume(self, offset: int) -> None:
         """Where a restarted releaser re-reads ``step-partials`` from (no unreleased partial before it)."""
         self.r.set(self._k("partials-resume"), offset)
+
+    def last_closing(self) -> int:
+        return self._int("closing")
+
+    def mark_closing(self, step: int) -> None:
+        """Close markers of ``step`` are written to every reports partition."""
+        self.r.set(self._k("closing"), step)
 
     def ledger(self) -> dict[str, dict[str, Any]]:
         return {k.decode(): json.loads(v) for k, v in self.r.hgetall(self._k("ledger")).items()}
