@@ -317,9 +317,9 @@ class PREM:
                                          max_passes=p.max_passes, columns=self._columns)
                 budget_calls -= 1
                 self.calls += 1
-                if ex.theta == APPROX:
-                    out[ex.support] += est[ex.support]
-                    remaining &= ~ex.support
+                if self._certifies(ex, est, remaining):
+                    out[ex.active] += est[ex.active]
+                    remaining &= ~ex.active
                     rounds_certified += 1
                     certified, fresh_mass = True, False
                     break
@@ -334,6 +334,15 @@ class PREM:
         if p.accounting == "charged":
             self._finish_charged(h, out, remaining, shape, fresh_mass, rounds_certified)
         return out
+
+    def _certifies(self, ex: MarginExample, est: np.ndarray, remaining: np.ndarray) -> bool:
+        """Paper: θ = Approx (S_active certified and of largest ĥ-mass). Charged: S_active certified and
+        holding ≥ ``certify_share`` of ĥ's mass on X^i — otherwise take another MWU step first, since
+        every certified round adds α₀ to α while another call only adds a hit per record."""
+        if self.plan.accounting == "paper":
+            return ex.theta == APPROX
+        share = self.plan.extra["certify_share"]
+        return ex.certified and est[ex.active].sum() >= share * est[remaining].sum()
 
     def _finish_charged(self, h, out, remaining, shape, fresh_mass, rounds_certified) -> None:
         """Keep the uncertified remainder scaled to its noisy mass: on the good event its error on any
@@ -360,15 +369,15 @@ class PREM:
         return est * (mass / total) if total > 0 else est
 
     def _mwu(self, est: np.ndarray, ex: MarginExample, n_tilde: int) -> np.ndarray:
-        """ĥ ← ñ·(ĥ ⊙ e^{θη1_S})/||·||₁ (paper: on S only; charged: +η on S^{+1} and −η on S^{-1} together —
-        post-processing of the call's output, so privacy is unchanged)."""
-        eta = self.plan.eta
+        """ĥ ← ñ·(ĥ ⊙ e^{θη1_S})/||·||₁. Paper: on S only, η = ζ/4. Charged: S^{+1} up and S^{-1} down
+        in the same step (η = 2ζ by default; larger steps oscillate). Post-processing of the call's
+        output: privacy is unchanged, only the number of calls needed changes."""
         factor = np.ones(self.domain_size)
         if self.plan.accounting == "paper":
-            factor[ex.support] = math.exp(ex.theta * eta)
+            factor[ex.support] = math.exp(ex.theta * self.plan.eta)
         else:
-            factor[ex.plus] = math.exp(eta)
-            factor[ex.minus] = math.exp(-eta)
+            factor[ex.plus] = math.exp(self.plan.eta)
+            factor[ex.minus] = math.exp(-self.plan.eta)
         new = est * factor
         total = new.sum()
         return new * (n_tilde / total) if total > 0 else new

@@ -157,8 +157,9 @@ def paper_plan(n: int, domain_size: int, n_queries: int, zeta: float, epsilon: f
 
 
 def charged_plan(domain_size: int, n_queries: int, zeta: float, epsilon: float, delta: float, beta: float,
-                 monitor: str = "approx", max_rounds: int = 2, max_calls: int = 20, max_passes: int = 4,
-                 eta: float | None = None, zcdp_share: float = 0.3, init_share: float = 0.8) -> PremPlan:
+                 monitor: str = "approx", max_rounds: int = 3, max_calls: int = 20, max_passes: int = 4,
+                 eta: float | None = None, zcdp_share: float = 0.3, init_share: float = 0.8,
+                 certify_share: float = 0.9) -> PremPlan:
     """The charged accounting (docs/prem.md §3). Budget: ε·zcdp_share (at δ/2) for the zCDP part —
     a fraction ``init_share`` of its ρ for the noisy starting histogram (DG(σ²) per element,
     replace Δ₂² = 2), the rest for the ``max_rounds`` + 1 masses ñ (DG(σ_n²), sensitivity 1);
@@ -180,7 +181,8 @@ def charged_plan(domain_size: int, n_queries: int, zeta: float, epsilon: float, 
     max_passes = check_int(max_passes, "max_passes", low=1)
     zcdp_share = check_real(zcdp_share, "zcdp_share", low=0.0, high=1.0, low_open=True, high_open=True)
     init_share = check_real(init_share, "init_share", low=0.0, high=1.0, high_open=True)
-    eta = zeta / 2.0 if eta is None else check_real(eta, "eta", low=0.0, low_open=True)
+    eta = 2.0 * zeta if eta is None else check_real(eta, "eta", low=0.0, low_open=True)
+    certify_share = check_real(certify_share, "certify_share", low=0.0, high=1.0)
     m = n_queries + 1
     draws = max_rounds + 1
     if monitor == "approx":
@@ -199,7 +201,8 @@ def charged_plan(domain_size: int, n_queries: int, zeta: float, epsilon: float, 
     alpha = max_rounds * alpha0 + alpha0 + mass_margin
     return PremPlan("charged", monitor, epsilon, delta, beta, zeta, m, max_rounds, 0, max_calls, max_passes,
                     eta, a, m, "gaussian", sigma_n2, init_sigma2, margin, mass_margin, alpha0, alpha0, alpha,
-                    extra={"rho_zcdp": rho, "zcdp_share": zcdp_share, "init_share": init_share})
+                    extra={"rho_zcdp": rho, "zcdp_share": zcdp_share, "init_share": init_share,
+                           "certify_share": certify_share})
 
 
 def _max_rho(epsilon: float, delta: float) -> float:
