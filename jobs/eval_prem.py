@@ -93,6 +93,8 @@ def baselines(h: np.ndarray, seed: int) -> dict[str, np.ndarray]:
 
 
 def _errors(q, truth, est, mask, size):
+    if not mask.any():  # no query reaches 2α (small n): nothing to compare
+        return {"max_rel": None, "median_rel": None, "max_rel_wide": None, "max_rel_narrow": None}
     rel = np.abs(q @ est - truth)[mask] / truth[mask]
     wide, narrow = size[mask] >= 1024, size[mask] <= 64
     return {"max_rel": float(rel.max()), "median_rel": float(np.median(rel)),
@@ -123,7 +125,10 @@ def evaluate(name: str, h: np.ndarray, q: sparse.csr_matrix, seeds: int) -> tupl
                    "alpha_realised": prem.alpha, "paper_alpha": paper.alpha, "queries_at_2alpha": int(mask.sum()),
                    **_errors(q, truth, est, mask, size)}
             if method == "prem":
+                got = q @ est
+                broken = (got < (1 - ZETA) * truth - prem.alpha) | (got > (1 + ZETA) * truth + prem.alpha)
                 row.update(calls=prem.calls, rounds=prem.rounds_used, exhausted=prem.exhausted,
+                           guarantee_violations=int(broken.sum()),
                            plan_seconds=t_plan, fit_seconds=t_fit, baseline_seconds=t_base)
             results.append(row)
         if s == 0:
@@ -195,7 +200,8 @@ def main(argv=None) -> int:
         for r in rows:
             if r["method"] == "prem":
                 print(f"{name} seed {r['seed']}: alpha {r['alpha']:.0f} (realised {r['alpha_realised']:.0f}), "
-                      f"{r['calls']} calls, {r['rounds']} rounds, fit {r['fit_seconds']:.2f}s "
+                      f"{r['calls']} calls, {r['rounds']} rounds, exhausted {r['exhausted']}, "
+                      f"(zeta, alpha) violations {r['guarantee_violations']}, fit {r['fit_seconds']:.2f}s "
                       f"(plan {r['plan_seconds']:.2f}s; baseline {r['baseline_seconds']:.2f}s)", flush=True)
     table = _table(results)
     print(table)
