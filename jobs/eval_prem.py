@@ -38,7 +38,7 @@ from scipy import sparse
 
 from pipeline.privacy.noise import discrete_gaussian, discrete_laplace
 from pipeline.synth.prem import PREM
-from pipeline.synth.prem_privacy import _max_rho, paper_plan
+from pipeline.synth.prem_privacy import max_rho, paper_plan
 
 EPS, DELTA, ZETA, BETA = 1.0, 1e-6, 0.1, 0.05
 DOMAIN, SIDE, N_QUERIES = 2**16, 256, 10_000
@@ -86,7 +86,7 @@ def _matrix(rows: np.ndarray, cols: np.ndarray) -> sparse.csr_matrix:
 
 
 def baselines(h: np.ndarray, seed: int) -> dict[str, np.ndarray]:
-    rho = _max_rho(EPS, DELTA)
+    rho = max_rho(EPS, DELTA)
     gauss = h + discrete_gaussian(1.0 / rho, h.size, seed)      # Δ₂² = 2 under replace: σ² = 2/(2ρ)
     lap = h + discrete_laplace(2.0 / EPS, h.size, seed + 1)      # Δ₁ = 2 under replace
     return {"gauss_clip": np.maximum(gauss, 0), "laplace_clip": np.maximum(lap, 0), "gauss_signed": gauss}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import sparse
 
-from pipeline.monitors.interval import OutsideIntervalMonitor
+from pipeline.monitors.interval import OutsideIntervalMonitor, OutsideIntervalMonitorPure
 from pipeline.privacy.rng import SeededRandom
 from pipeline.synth.prem import APPROX, MINUS, PLUS, PREM, IntervalNoise, as_query_matrix, find_margin_example
 from pipeline.synth.prem_privacy import (advanced_composition, calibrate_advanced_composition, charged_plan,
@@ -44,8 +44,9 @@ def _histograms(domain: int, n: int, rng: np.random.Generator) -> dict[str, np.n
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("monitor", ["approx", "pure"])
 @pytest.mark.parametrize("scale, expect", [(1.0, APPROX), (0.5, PLUS), (1.6, MINUS)])
-def test_find_margin_example_lemma_3_2(scale, expect):
+def test_find_margin_example_lemma_3_2(scale, expect, monitor):
     """Lemma 3.2 (Ghazi et al.) on a fixed h with ĥ = scale·h (+ uniform): the three parts partition Y;
     the returned part holds ≥ 1/3 of ĥ's mass on Y; on the good event (all answers within C, prob.
     ≥ 1 − β by Proposition 2.2) Approx ⇒ (ζ, α₀)-accuracy on S for every f, +1 ⇒ h(S) ≥ (1+ζ)ĥ(S),
@@ -56,14 +57,17 @@ def test_find_margin_example_lemma_3_2(scale, expect):
     q = as_query_matrix(_interval_family(domain, 300, rng, 64) + [np.arange(domain)], domain)
     a = 0.5
     m = q.shape[0]
-    margin = OutsideIntervalMonitor(np.zeros(1, np.int64), a, seed=0).utility_margin(m * m, beta)
+    if monitor == "approx":
+        margin = OutsideIntervalMonitor(np.zeros(1, np.int64), a, seed=0).utility_margin(m * m, beta)
+    else:  # Proposition C.3's margin; Γ = m Above/Below answers at most per call
+        margin = OutsideIntervalMonitorPure(np.zeros(1, np.int64), a, m, seed=0).utility_margin(m * m, beta)
     alpha0 = 2.0 * (1.0 + ZETA) * margin
     active = np.ones(domain, dtype=bool)
     active[:20] = False                       # Y ≠ X: elements outside Y must never be returned
     est = scale * h + 1.0
     seen = set()
     for seed in range(12):
-        ex = find_margin_example(q, h, est, active, ZETA, alpha0, IntervalNoise("approx", a, SeededRandom(seed)))
+        ex = find_margin_example(q, h, est, active, ZETA, alpha0, IntervalNoise(monitor, a, SeededRandom(seed)))
         seen.add(ex.theta)
         parts = ex.plus.astype(int) + ex.minus.astype(int) + ex.active.astype(int)
         assert np.array_equal(parts, active.astype(int)), "S+, S-, S_active must partition Y"
@@ -194,6 +198,17 @@ def test_charged_is_seeded_and_validates():
     b = PREM(1024, sparse.csr_matrix(as_query_matrix(fam, 1024)), ZETA, 1.0, 1e-6, seed=5,
              accounting="charged").fit(h)
     assert np.array_equal(a, b) and np.all(a >= 0)
+    pure = PREM(1024, fam, ZETA, 1.0, 1e-6, seed=5, accounting="charged", monitor="pure")
+    out = pure.fit(h)   # Algorithm 4's monitor: α₀ > n here, so the first ñ stops the run at once
+    assert np.all(out >= 0) and pure.calls == 0 and pure.plan.alpha0 > h.sum()
+    assert pure.alpha == pure.masses[-1] + pure.plan.mass_margin   # the kept remainder's bound
+    refit = PREM(1024, fam, ZETA, 1.0, 1e-6, seed=5, accounting="charged")
+    refit.fit(h)
+    with pytest.raises(RuntimeError, match="already"):
+        refit.fit(h)
+    assert refit.privacy().epsilon == pytest.approx(1.0, rel=1e-6)
+    with pytest.raises(ValueError, match="monitor"):
+        PREM(1024, fam, ZETA, 1.0, 1e-6, monitor="exact")
     with pytest.raises(ValueError, match="accounting"):
         PREM(1024, fam, ZETA, 1.0, 1e-6, accounting="cheap")
     with pytest.raises(ValueError, match="zeta"):

@@ -30,7 +30,9 @@ from pipeline.privacy.noise import discrete_gaussian, discrete_laplace
 from pipeline.privacy.rng import RandomSource, as_random_source
 from pipeline.validation import check_int
 
-from .prem_privacy import ACCOUNTINGS, PremPlan, charged_plan, paper_plan
+from pipeline.privacy.accounting import ApproxDP
+
+from .prem_privacy import ACCOUNTINGS, MONITORS, PremPlan, charged_plan, paper_plan, plan_privacy
 
 __all__ = ["PREM", "find_margin_example", "MarginExample", "IntervalNoise", "as_query_matrix",
            "APPROX", "PLUS", "MINUS"]
@@ -216,6 +218,8 @@ class PREM:
         self.queries = as_query_matrix(queries, self.domain_size)
         if accounting not in ACCOUNTINGS:
             raise ValueError(f"accounting must be one of {ACCOUNTINGS}, got {accounting!r}")
+        if monitor not in MONITORS:
+            raise ValueError(f"monitor must be one of {MONITORS}, got {monitor!r}")
         if accounting == "paper" and charged_options:
             raise TypeError(f"options {sorted(charged_options)} apply to accounting='charged' only")
         self.accounting, self.monitor = accounting, monitor
@@ -233,6 +237,8 @@ class PREM:
         elif n is not None:
             self.plan = self._paper(n)
         self.exhausted = False
+        self.fitted = False
+        self._alpha: float | None = None
         self.calls = self.rounds_used = 0
         self.masses: list[int] = []
 
@@ -248,10 +254,12 @@ class PREM:
     def alpha(self) -> float:
         if self.plan is None:
             raise AttributeError("alpha of accounting='paper' depends on n: pass n= or call fit first")
-        return self._alpha if hasattr(self, "_alpha") else self.plan.alpha
+        return self.plan.alpha if self._alpha is None else self._alpha
 
-    def privacy(self):
-        from .prem_privacy import plan_privacy
+    def privacy(self) -> ApproxDP:
+        """(ε, δ) recomputed from the noise parameters in use (:func:`plan_privacy`)."""
+        if self.plan is None:
+            raise AttributeError("the paper plan depends on n: pass n= or call fit first")
         return plan_privacy(self.plan)
 
     # --------------------------------------------------------------------------------------------
@@ -291,7 +299,12 @@ class PREM:
         return kept + max(n - kept.sum(), 0.01 * n, 1.0) / self.domain_size
 
     def fit(self, histogram: Any) -> np.ndarray:
+        """One release: ĥ for ``histogram``. A second call would spend the budget again: refused."""
+        if self.fitted:
+            raise RuntimeError("PREM.fit was already called: a second release would spend the privacy budget "
+                               "again; build a new PREM (with its own budget) instead")
         h = self._check_histogram(histogram)
+        self.fitted = True
         n = int(h.sum())
         if self.plan is None:
             self.plan = self._paper(max(n, 2))

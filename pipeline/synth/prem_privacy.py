@@ -33,7 +33,7 @@ from pipeline.privacy.accounting import ApproxDP, sensitivity_factor, zcdp_to_ap
 from pipeline.validation import check_int, check_real
 
 __all__ = ["PremPlan", "advanced_composition", "calibrate_advanced_composition", "paper_plan",
-           "charged_plan", "plan_privacy", "ACCOUNTINGS", "MONITORS"]
+           "charged_plan", "plan_privacy", "max_rho", "ACCOUNTINGS", "MONITORS"]
 
 ACCOUNTINGS = ("paper", "charged")
 MONITORS = ("approx", "pure")
@@ -186,11 +186,11 @@ def charged_plan(domain_size: int, n_queries: int, zeta: float, epsilon: float, 
     m = n_queries + 1
     draws = max_rounds + 1
     if monitor == "approx":
-        rho = _max_rho(epsilon * zcdp_share, delta / 2.0)
+        rho = max_rho(epsilon * zcdp_share, delta / 2.0)
         a = min(1.0, cal.calibrate_individual_charging(epsilon * (1.0 - zcdp_share), delta / 2.0, max_calls,
                                                        NEIGHBOURS))
     else:
-        rho_all = _max_rho(epsilon, delta)
+        rho_all = max_rho(epsilon, delta)
         rho = rho_all * zcdp_share
         a = math.sqrt(2.0 * rho_all * (1.0 - zcdp_share) / max_calls) / m
     init_sigma2 = sensitivity_factor(NEIGHBOURS) / (2.0 * rho * init_share) if init_share > 0 else 0.0
@@ -205,12 +205,10 @@ def charged_plan(domain_size: int, n_queries: int, zeta: float, epsilon: float, 
                            "certify_share": certify_share})
 
 
-def _max_rho(epsilon: float, delta: float) -> float:
-    """Largest ρ with zcdp_to_approx_dp(ρ, δ) ≤ ε."""
-    hi = 1.0
-    while zcdp_to_approx_dp(hi, delta) < epsilon:
-        hi *= 2.0
-    return cal._bisect_max(lambda r: zcdp_to_approx_dp(r, delta), 0.0, hi, epsilon)
+def max_rho(epsilon: float, delta: float) -> float:
+    """Largest ρ with zcdp_to_approx_dp(ρ, δ) ≤ ε: the naive histogram's calibration with one step
+    and Δ₂² = 1 returns σ² = 1/(2ρ)."""
+    return 1.0 / (2.0 * cal.calibrate_naive(epsilon, delta, 1, "add_remove"))
 
 
 def plan_privacy(plan: PremPlan) -> ApproxDP:
