@@ -204,9 +204,10 @@ class PREM:
     α exceeds n unless n is astronomically large, so the output is then the zero histogram.
     ``accounting="charged"`` (docs/prem.md §3): target charging over the calls actually made (≤
     ``max_calls``), a noisy starting histogram, ≤ ``max_rounds`` certified rounds, and a MWU step on
-    both S^{+1} and S^{-1}. If the call or round cap is hit before the remaining noisy mass drops
-    below the stop level, the uncertified remainder is kept, ``exhausted`` is set and ``alpha`` is
-    raised to the bound that still holds (certified rounds·α₀ + ñ_remainder + B).
+    both S^{+1} and S^{-1}. An uncertified remainder is kept, scaled to its noisy mass; after ``fit``,
+    ``alpha`` is the bound of the run (certified rounds·α₀ + ñ_remainder + B). If the call or round
+    cap was hit with a remainder so large that this exceeds the a-priori α, ``exhausted`` is set
+    and a RuntimeWarning is issued.
 
     ``alpha``/``zeta`` give the guarantee; ``plan`` all noise parameters; ``privacy()`` the (ε, δ).
     """
@@ -224,7 +225,6 @@ class PREM:
             raise TypeError(f"options {sorted(charged_options)} apply to accounting='charged' only")
         self.accounting, self.monitor = accounting, monitor
         self._args = (zeta, epsilon, delta, beta)
-        self._charged_options = charged_options
         self._source = as_random_source(seed)
         # F plus the all-ones query (paper footnote 2), in both layouts.
         ones = sparse.csr_matrix(np.ones((1, self.domain_size)))
@@ -236,6 +236,7 @@ class PREM:
                                      monitor=monitor, **charged_options)
         elif n is not None:
             self.plan = self._paper(n)
+        self._n = n
         self.exhausted = False
         self.fitted = False
         self._alpha: float | None = None
@@ -308,6 +309,8 @@ class PREM:
         n = int(h.sum())
         if self.plan is None:
             self.plan = self._paper(max(n, 2))
+        elif self.plan.accounting == "paper" and n != self._n:
+            raise ValueError(f"histogram sums to {n}, but the plan was made for n={self._n}")
         p = self.plan
         zeta = p.zeta
         noise = IntervalNoise(p.monitor, p.a, self._source)

@@ -84,7 +84,7 @@ class PremPlan:
     rounds: int               # I (paper) or the cap on certified rounds (charged)
     steps: int                # T: MWU steps per round (paper); 0 when capped by max_calls instead
     max_calls: int            # I·T (paper) or K (charged): FindMarginExample calls allowed
-    max_passes: int           # passes per call (m for the paper: the proof's |F|² queries)
+    max_passes: int           # passes per call (paper: m + 1, never binding; ≤ m² queries per call)
     eta: float                # MWU step
     a: float                  # monitor noise parameter (DLap(a): pmf ∝ e^{−a|x|})
     gamma: int                # pure monitor: max Above/Below answers per call (= m)
@@ -149,7 +149,8 @@ def paper_plan(n: int, domain_size: int, n_queries: int, zeta: float, epsilon: f
     alpha0 = 2.0 * (1.0 + zeta) * margin
     printed = 200.0 * rounds / eps_call * math.log(4.0 * n_queries / beta_p)
     alpha = max(1.5 * rounds * alpha0, 256.0 * mass_margin / zeta, printed)
-    return PremPlan("paper", monitor, epsilon, delta, beta, zeta, m, rounds, steps, calls, m, zeta / 4.0,
+    # passes: each inaccurate pass drops a query, so at most m + 1 (the last one accurate) — no cap
+    return PremPlan("paper", monitor, epsilon, delta, beta, zeta, m, rounds, steps, calls, m + 1, zeta / 4.0,
                     a, m, "laplace", a_n, 0.0, margin, mass_margin, alpha0, alpha / 4.0, alpha, printed,
                     {"eps_call": eps_call, "delta_call": delta_call, "beta_call": beta_p,
                      "paper_a_n": epsilon / (4.0 * math.sqrt(2.0 * rounds * math.log(rounds / delta)))
