@@ -84,6 +84,50 @@ def test_find_margin_example_lemma_3_2(scale, expect, monitor):
     assert seen == {expect}
 
 
+def _reference_fme(rows, h, est, active, zeta, alpha0, noise):
+    """Algorithm 2 written out query by query with masks (O(|X|) per query): the incremental sums of
+    :func:`find_margin_example` must give the same answers for the same noise draws."""
+    active = active.copy()
+    plus, minus = np.zeros_like(active), np.zeros_like(active)
+    f_active = list(range(len(rows)))
+    while True:
+        draws = noise.draw(len(f_active))
+        accurate, keep = True, []
+        for k, j in enumerate(f_active):
+            mask = np.zeros_like(active)
+            mask[rows[j]] = True
+            sel = mask & active
+            hi = (est[sel].sum() + alpha0 / 2) / (1 - zeta)
+            lo = (est[sel].sum() - alpha0 / 2) / (1 + zeta)
+            ans = noise.answers(np.array([float(h[sel].sum())]), draws[..., k:k + 1], np.array([lo]), np.array([hi]))[0]
+            if ans == APPROX:
+                keep.append(j)
+                continue
+            (plus if ans == PLUS else minus)[sel] = True
+            active &= ~mask
+            noise.after_outside()
+            accurate = False
+        f_active = keep
+        if accurate:
+            return plus, minus, active
+
+
+@pytest.mark.parametrize("monitor", ["approx", "pure"])
+def test_find_margin_example_matches_reference(monitor):
+    rng = np.random.default_rng(21)
+    domain = 300
+    h = rng.multinomial(30_000, rng.dirichlet(np.ones(domain) * 0.5)).astype(np.int64)
+    rows = _interval_family(domain, 80, rng, 40)
+    q = as_query_matrix(rows, domain)
+    for seed in range(4):
+        est = h * rng.uniform(0.6, 1.5, domain) + rng.uniform(0, 3, domain)
+        active = rng.random(domain) < 0.9
+        ex = find_margin_example(q, h, est, active, ZETA, 40.0, IntervalNoise(monitor, 0.8, SeededRandom(seed)))
+        plus, minus, act = _reference_fme(rows, h, est, active, ZETA, 40.0, IntervalNoise(monitor, 0.8, SeededRandom(seed)))
+        assert np.array_equal(ex.plus, plus) and np.array_equal(ex.minus, minus) and np.array_equal(ex.active, act)
+        assert ex.passes > 1 and (plus.any() or minus.any())
+
+
 def test_find_margin_example_rechecks_after_removals():
     """Algorithm 2 repeats passes until one is all Inside: a query answered Inside early in a pass
     can leave its band once other answers shrink S_active. ĥ = 0.7h on the left half, 1.3h on the
