@@ -11,7 +11,7 @@ Two accountings, both under replace-one neighbours (the paper's setting; n = ||h
   charging (:func:`pipeline.monitors.calibration.outside_interval_privacy`). With the pure monitor
   (Algorithm 4, Theorem 3.5): basic composition, ñ part ε/2 over I draws, each call ε/(2IT).
 * ``"charged"``: one target-charging run over *all* monitor queries of all calls (Cohen & Lyu,
-  "The Target-Charging Technique for Privacy Accounting across Interactive Computations",
+  "The Target-Charging Technique for Privacy Analysis across Interactive Computations",
   Theorem B.4, per record): a record is charged at most once per call, so ≤ K = ``max_calls`` times
   in the whole run; the zCDP part (a noisy starting histogram and the ñ_i, discrete Gaussian) is
   converted at δ/2; the two parts compose concurrently (Vadhan & Zhang, "Concurrent Composition
