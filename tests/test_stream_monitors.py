@@ -24,13 +24,12 @@ N, T, DOMAIN = 3000, 8, 512
 EPSILON = {"tme": 400.0}
 
 
-def deployment(method: str, neighbours: str = "add_remove"):
+def deployment(method: str):
     eps = EPSILON.get(method, 4.0)
     return parse_config({
         "name": f"mon-{method}", "roster": {"size": N}, "horizon": T, "topics": {"partitions": 3},
         "attributes": {"item": {"type": "hashed", "size": DOMAIN, "dictionary": {7: "seven"}},
                        "status": {"type": "categorical", "values": ["a", "b", "c"]}},
-        "neighbours": neighbours,
         "budget": {"epsilon": eps, "delta": 1e-6},
         "random": {"kind": "seeded", "seed": 5},
         "releases": [
@@ -74,8 +73,8 @@ def test_stream_split_equals_library_run(method):
 
     allot = 0.5 * EPSILON.get(method, 4.0), 0.5 * 1e-6
     lib = ShiftingHeavyHitters(DOMAIN, *allot, 2, T, method=method, seed=release_seed(dep, "hh"),
-                               neighbours="add_remove")
-    band = BandMonitor.from_target(N, *allot, neighbours="add_remove", seed=release_seed(dep, "band"))
+                               neighbours="replace")
+    band = BandMonitor.from_target(N, *allot, neighbours="replace", seed=release_seed(dep, "band"))
     for t in range(T):
         assert lib.update(items[:, t]).tolist() == flagged[t], (method, t + 1)
         assert band.update(status[:, t], 1, 400, 1200) == answers[t], t + 1
