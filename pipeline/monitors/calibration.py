@@ -139,6 +139,9 @@ def calibrate_threshold_monitor(epsilon: float, delta: float, k: float, neighbou
     if neighbours == "add_remove":
         xi, delta_t = epsilon, delta / 3.0
     else:
+        if epsilon / 2.0 > 700.0:  # e^{ε/2} overflows a double and δ̃ would underflow to 0
+            raise ValueError(f"epsilon={epsilon} is too large for the replace calibration: "
+                             "δ̃ = δ/(3(1 + e^(ε/2))) underflows")
         xi, delta_t = epsilon / 2.0, delta / (3.0 * (1.0 + math.exp(epsilon / 2.0)))
     eps_t = xi / (75.0 * (k + 1.0) / math.log(1.0 / delta_t) + 25.0)
     return eps_t, delta_t
