@@ -112,3 +112,16 @@ def test_commands_without_a_running_deployment_fail_clearly(deployment):
     assert proc.returncode == 2 and "--step must be in 1..4" in proc.stderr
     proc = dpstream("plan", "--config", str(path) + ".missing", env=env, check=False)
     assert proc.returncode == 2 and "no such configuration file" in proc.stderr
+
+
+def test_add_remove_deployment_is_refused_with_exit_code_2(deployment, tmp_path):
+    """A stream deployment's relation is replace; `neighbours: add_remove` is a configuration error."""
+    path, env = deployment
+    cfg = yaml.safe_load(path.read_text())
+    bad = tmp_path / "add_remove.yaml"
+    bad.write_text(yaml.safe_dump(dict(cfg, neighbours="add_remove")))
+    for command in (("plan", "--config", str(bad)), ("status", "--config", str(bad))):
+        proc = dpstream(*command, env=env, check=False)
+        assert proc.returncode == 2, proc.stderr
+        assert "neighbours: add_remove is refused" in proc.stderr and "imputed" in proc.stderr
+    assert dpstream("plan", "--config", str(path), env=env).returncode == 0  # the same file with replace runs
