@@ -475,11 +475,13 @@ def _read_all(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0
     """Every message of ``topic`` from the beginning to its current end: {partition: [Record]}."""
     from kafka import KafkaConsumer, TopicPartition
 
+    from pipeline.stream.log_end import log_ends
+
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     consumer.assign(tps)
     consumer.seek_to_beginning(*tps)
-    end = consumer.end_offsets(tps)
+    end = log_ends(bootstrap, tps)  # not consumer.end_offsets: the embedded broker's is short
     out = {p: [] for p in range(partitions)}
     deadline = time.monotonic() + timeout
     while any(len(out[tp.partition]) < end[tp] for tp in tps) and time.monotonic() < deadline:
