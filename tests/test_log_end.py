@@ -83,3 +83,42 @@ def test_consumer_lag_counts_the_whole_last_batch(broker):
         assert monitor.poll_once() == {("lag-batches", 0): 12 - 4}
     finally:
         monitor._close_clients()
+
+
+def test_worker_resumes_at_its_checkpoint_inside_the_last_batch(tmp_path):
+    """A checkpoint whose offset lies inside the last record batch (a checkpoint written after feedback
+    records the last handled report) is past the short ListOffsets end. The worker must resume there,
+    not take the log for lost and re-read it from offset 0 (which would dead-letter every report again)."""
+    import asyncio
+
+    from aiokafka import TopicPartition as ATopicPartition
+
+    from jobs.worker import IngestWorker
+    from pipeline.config import load_config
+    from pipeline.serialization import dumps_state
+    from pipeline.stream.embedded import EmbeddedServices
+    from pipeline.stream.partition_state import PartitionState
+    from pipeline.stream.runtime import Runtime
+    from pipeline.stream.testbed import write_panel_deployment
+    from pipeline.stream.topics import ensure_topics
+
+    with EmbeddedServices() as svc:
+        dep = load_config(write_panel_deployment(tmp_path, svc, "resume", n=10, horizon=3, partitions=1))
+        names = ensure_topics(svc.broker.bootstrap, dep)
+        reports = [orjson.dumps({"user": f"u{i}", "step": 1, "values": {"pov": 1}}) for i in range(10)]
+        _send_batches(svc.broker, names["reports"], [reports[:5], reports[5:]])  # offsets 0..4, 5..9
+        rt = Runtime(dep, svc.broker.bootstrap, svc.redis.url)
+        state = PartitionState(dep, 0, rt.roster.rows_of(0, 1), rt.roster.n)
+        state.offset = 8  # handled through offset 8: resume at 9, inside the last batch (base 5)
+        rt.store().save_checkpoint(0, dumps_state(state.get_state()))
+
+        async def assign():
+            worker = IngestWorker(rt)
+            await worker.consumer.consumer.start()  # connected, not subscribed: we call the callback
+            try:
+                return await worker._on_assign({ATopicPartition(names["reports"], 0)})
+            finally:
+                await worker.consumer.consumer.stop()
+
+        positions = asyncio.run(assign())
+        assert positions == {ATopicPartition(names["reports"], 0): 9}
