@@ -193,8 +193,11 @@ class Intake:
     a new (user, step): duplicates are rejected). ``accepted``/``rejected``: reports handled while the
     current step was open (the interval since the last close), whatever step they were for; a close
     files them, with the step's reported and imputed users, under ``history[step]``. Part of the
-    checkpoint, so a replay after a crash restores and recounts them exactly once.
+    checkpoint, so a replay after a crash restores and recounts them exactly once. Only the last
+    ``HISTORY`` closed steps are kept (the close guard compares with their median).
     """
+
+    HISTORY = 64
 
     def __init__(self, slots: int):
         self.reported = np.zeros(slots, dtype=np.int64)
@@ -210,6 +213,7 @@ class Intake:
     def close(self, step: int, users: int, reported: int) -> None:
         self.history[step] = {"users": users, "reported": reported, "imputed": users - reported,
                               "accepted": self.accepted, "rejected": dict(self.rejected)}
+        self.history.pop(step - self.HISTORY, None)
         self.reported[:-1] = self.reported[1:]
         self.reported[-1] = 0
         self.accepted, self.rejected = 0, {}
