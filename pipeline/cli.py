@@ -201,7 +201,8 @@ def cmd_close(args) -> int:
         for w in c.warnings:
             print(f"WARNING: {w}", file=sys.stderr)
     spend = spend_of_steps(dep, steps)
-    print(f"closing step{'s' if len(steps) > 1 else ''} {steps.start}..{steps.stop - 1} releases them and spends: "
+    label = f"steps {steps.start}..{steps.stop - 1}" if len(steps) > 1 else f"step {steps.start}"
+    print(f"closing {label} releases {'them' if len(steps) > 1 else 'it'} and spends: "
           + (", ".join(f"{name} {next(iter(v))}={v[next(iter(v))]:.6g} ({v['share_of_release']:.1%} of its budget)"
                        for name, v in spend.items()) or "nothing"))
     if not args.force:
@@ -231,8 +232,15 @@ def cmd_close(args) -> int:
 def cmd_status(args) -> int:
     from pipeline.plan import budget_plan
 
+    from pipeline.stream.store import ReleaseStore
+
     dep = _load(args.config)
-    store, view = _intake(dep, wait=0)
+    _, redis_url = _endpoints(dep)
+    store = ReleaseStore.from_url(redis_url, dep.name)
+    try:
+        intake = _intake(dep, wait=0)[1].as_json()  # curator-side counts: the operator's terminal only
+    except Exception as err:  # noqa: BLE001 - e.g. the broker is down: the rest of the status still shows
+        intake = {"unavailable": f"{type(err).__name__}: {err}"}
     ledger = store.ledger()
     status = {
         "deployment": dep.name,
@@ -241,7 +249,7 @@ def cmd_status(args) -> int:
         "horizon": dep.horizon,
         "plan": {k: v.__dict__ for k, v in budget_plan(dep).allotments().items()},
         "ledger": ledger,
-        "intake": view.as_json(),  # curator-side counts: the operator's terminal only
+        "intake": intake,
     }
     print(json.dumps(status, indent=2, sort_keys=True))
     return EXIT_OK
