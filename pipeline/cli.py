@@ -96,47 +96,151 @@ def _producer(dep):
     return ReportProducer(broker, dep, Roster.from_config(dep.roster), topic_names(dep))
 
 
+def _intake(dep, wait: float):
+    """(store, view): the workers' intake counts once they have handled the reports sent so far."""
+    from pipeline.stream.intake_view import intake_view
+    from pipeline.stream.store import ReleaseStore
+    from pipeline.stream.topics import topic_names
+
+    broker, redis_url = _endpoints(dep)
+    store = ReleaseStore.from_url(redis_url, dep.name)
+    return store, intake_view(store, broker, topic_names(dep)["reports"], dep.topics.partitions, wait=wait)
+
+
+def _step_refused(dep, step: int, window: range) -> str | None:
+    """Why the workers would dead-letter reports of ``step`` now (None: they accept them)."""
+    if step < window.start:
+        return f"step {step} is closed (steps up to {window.start - 1} are): the workers would dead-letter it as late"
+    if step > window.stop - 1:
+        return (f"step {step} is more than steps.max_ahead = {dep.steps.max_ahead} step(s) past the open step "
+                f"{window.start}: the workers would dead-letter every report as future_step. Close step "
+                f"{step - dep.steps.max_ahead - 1} first (dpstream close), then send it")
+    return None
+
+
 def cmd_produce(args) -> int:
+    """Send one step's reports, never more than the deployment accepts now (see docs/streaming.md)."""
+    from pipeline.stream.intake_view import open_window
+    from pipeline.stream.report_files import ReportFileError, read_report_file
+    from pipeline.stream.roster import Roster
+
     dep = _load(args.config)
+    if args.step is not None and not 1 <= args.step <= dep.horizon:
+        return _fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {args.step}")
+    path = args.jsonl or args.csv
+    found = None
+    if path:  # the whole file is checked before anything is sent
+        try:
+            found = read_report_file(path, dep, Roster.from_config(dep.roster))
+        except ReportFileError as err:
+            return _fail(EXIT_CONFIG, f"nothing sent: {err}")
+    _, view = _intake(dep, wait=args.wait)
+    window = open_window(dep, view.closing)
+    if not len(window):
+        return _fail(EXIT_BUDGET, f"nothing sent: every step (1..{dep.horizon}) is closed")
+    if found is not None:
+        if args.step is not None:
+            found = found.only_step(args.step)
+            if not found.reports:
+                return _fail(EXIT_CONFIG, f"nothing sent: {path} has no report for step {args.step}")
+        for rep, line in zip(found.reports, found.lines):
+            why = _step_refused(dep, rep["step"], window)
+            if why:
+                return _fail(EXIT_BUDGET, f"nothing sent: {path}:{line}: {why}")
+    else:
+        step = args.step
+        if step is None:  # the next open step without reports yet
+            step = next((t for t in window if view.reported(t) == 0), None)
+            if step is None:
+                return _fail(EXIT_BUDGET, f"nothing sent: the steps the workers accept now ({window.start}.."
+                                          f"{window.stop - 1}) already have reports; close step {window.start} first")
+        why = _step_refused(dep, step, window)
+        if why is None and view.reported(step):
+            why = (f"step {step} already has {view.reported(step):,} accepted reports: sending it again would only "
+                   f"be dead-lettered as duplicate")
+        if why:
+            return _fail(EXIT_BUDGET, f"nothing sent: {why}")
     prod = _producer(dep)
     try:
-        if args.jsonl:
-            n = prod.send_jsonl(args.jsonl)
-        elif args.csv:
-            n = prod.send_csv(args.csv)
+        if found is not None:
+            n = prod.send_reports(found.reports)
+            steps = sorted(found.steps())
         else:
             from pipeline.sim.panel import simulate_poverty_panel
 
             panel = simulate_poverty_panel(n=prod.roster.n, horizon=dep.horizon, seed=args.seed)
             attr = args.attribute or next(a for a, v in dep.attributes.items() if v.type == "binary")
-            n = 0
-            steps = [args.step] if args.step else range(1, dep.horizon + 1)
-            for t in steps:
-                n += prod.send_step(t, {attr: panel[:, t - 1]})
+            n = prod.send_step(step, {attr: panel[:, step - 1]})
+            steps = [step]
     finally:
         prod.close()
-    print(f"sent {n} reports")
+    print(f"sent {n} reports for step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}")
     return EXIT_OK
 
 
 def cmd_close(args) -> int:
+    """Close steps through --step: say what it spends, warn about (or refuse) steps built from lost data."""
+    from pipeline.stream.intake_view import close_assessment, spend_of_steps
+
     dep = _load(args.config)
     if not 1 <= args.step <= dep.horizon:
         return _fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {args.step}")
+    store, view = _intake(dep, wait=args.wait)
+    steps = range(view.closing + 1, args.step + 1)
+    if not len(steps):
+        print(f"steps through {view.closing} are already closed; nothing to do")
+        return EXIT_OK
+    for p, count in view.unhandled.items():
+        if count:
+            print(f"WARNING: reports partition {p} has {count:,} records no worker has handled yet; "
+                  "the counts below miss them", file=sys.stderr)
+    checks = close_assessment(dep, view, steps)
+    for c in checks:
+        print(f"step {c.step}: {c.reported:,} of {c.users:,} users reported ({c.imputed_share:.1%} imputed); "
+              f"rejected while open: {sum(c.rejected.values()):,} {c.rejected or ''}".rstrip())
+        for w in c.warnings:
+            print(f"WARNING: {w}", file=sys.stderr)
+    spend = spend_of_steps(dep, steps)
+    label = f"steps {steps.start}..{steps.stop - 1}" if len(steps) > 1 else f"step {steps.start}"
+    print(f"closing {label} releases {'them' if len(steps) > 1 else 'it'} and spends: "
+          + (", ".join(f"{name} {next(iter(v))}={v[next(iter(v))]:.6g} ({v['share_of_release']:.1%} of its budget)"
+                       for name, v in spend.items()) or "nothing"))
+    if not args.force:
+        refused = [c.step for c in checks if c.refuse]
+        if len(steps) > 1:
+            return _fail(EXIT_BUDGET, f"refusing to close {len(steps)} steps at once without --force "
+                                      f"(steps {steps.start}..{steps.stop - 1})")
+        if refused:
+            return _fail(EXIT_BUDGET, f"refusing to close step(s) {refused}: imputed or rejected share is more than "
+                                      f"close_guard.refuse_above = {dep.close_guard.refuse_above} above the closed "
+                                      "steps' median; check the producers and the dead-letter topic, or pass --force")
     prod = _producer(dep)
-    prod.close_step(args.step)
-    prod.close()
-    print(f"close requested for step {args.step}")
+    try:
+        prod.close_step(args.step)
+    finally:
+        prod.close()
+    deadline = time.monotonic() + args.wait
+    while store.last_closing() < args.step:
+        if time.monotonic() > deadline:
+            return _fail(EXIT_RUNTIME, f"close of step {args.step} requested, but the releaser has not written its "
+                                       f"close markers within {args.wait:g} s (is it running?)")
+        time.sleep(0.1)
+    print(f"closed through step {args.step} (close markers written)")
     return EXIT_OK
 
 
 def cmd_status(args) -> int:
     from pipeline.plan import budget_plan
+
     from pipeline.stream.store import ReleaseStore
 
     dep = _load(args.config)
     _, redis_url = _endpoints(dep)
     store = ReleaseStore.from_url(redis_url, dep.name)
+    try:
+        intake = _intake(dep, wait=0)[1].as_json()  # curator-side counts: the operator's terminal only
+    except Exception as err:  # noqa: BLE001 - e.g. the broker is down: the rest of the status still shows
+        intake = {"unavailable": f"{type(err).__name__}: {err}"}
     ledger = store.ledger()
     status = {
         "deployment": dep.name,
@@ -145,6 +249,7 @@ def cmd_status(args) -> int:
         "horizon": dep.horizon,
         "plan": {k: v.__dict__ for k, v in budget_plan(dep).allotments().items()},
         "ledger": ledger,
+        "intake": intake,
     }
     print(json.dumps(status, indent=2, sort_keys=True))
     return EXIT_OK
@@ -249,13 +354,21 @@ def build_parser() -> argparse.ArgumentParser:
     g = pr.add_mutually_exclusive_group()
     g.add_argument("--csv", help="columns user,step,<attribute>...")
     g.add_argument("--jsonl", help="one report object per line")
-    pr.add_argument("--step", type=int, help="simulator: only this step")
+    pr.add_argument("--step", type=int, help="send only this step (default, simulator: the next open step "
+                    "without reports; files: every row, all within the steps the workers accept now)")
     pr.add_argument("--attribute", help="simulator: the binary attribute to fill")
     pr.add_argument("--seed", type=int, default=2021)
+    pr.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the workers to count what was "
+                    "sent before (default 10)")
     pr.set_defaults(func=cmd_produce)
 
-    c = with_config(sub.add_parser("close", help="close a step (and every earlier open step)"))
+    c = with_config(sub.add_parser("close", help="close a step (and every earlier open step); shows the intake "
+                                   "counts and what closing spends"))
     c.add_argument("--step", type=int, required=True)
+    c.add_argument("--force", action="store_true", help="close several steps at once, or a step whose imputed or "
+                   "rejected share is far above the closed steps' (close_guard in the configuration)")
+    c.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the workers' counts and the "
+                   "releaser's close markers (default 30)")
     c.set_defaults(func=cmd_close)
 
     with_config(sub.add_parser("status", help="released steps and the budget ledger")).set_defaults(func=cmd_status)

@@ -208,6 +208,16 @@ class Imputation(_Strict):
     default: dict[str, str | int] = Field(default_factory=dict, description="per attribute, used when nothing to carry")
 
 
+class CloseGuard(_Strict):
+    """``dpstream close`` compares each step it is about to close with the steps already closed: the
+    share of users imputed (no accepted report) and the share of reports rejected while the step was
+    open. Above the closed steps' median by more than ``warn_above`` it warns; by more than
+    ``refuse_above`` it refuses unless ``--force`` (null: never refuses). Curator-side counts only."""
+
+    warn_above: float = Field(default=0.05, ge=0, le=1)
+    refuse_above: float | None = Field(default=0.25, ge=0, le=1)
+
+
 class RandomSourceConfig(_Strict):
     """``secure`` (the OS CSPRNG) or a seed (simulation/tests only; refused when production)."""
 
@@ -237,6 +247,7 @@ class Deployment(_Strict):
     random: RandomSourceConfig = RandomSourceConfig()
     steps: Steps = Steps()
     imputation: Imputation = Imputation()
+    close_guard: CloseGuard = CloseGuard()
     releases: list[Release] = Field(min_length=1)
 
     @field_validator("neighbours", mode="before")

@@ -17,6 +17,8 @@ Keys (``{p}`` = ``dpstream:<deployment>``):
   {p}:ledger              hash: "<release>:<t>" -> ledger entry JSON (append-only by construction)
   {p}:checkpoint:<part>   worker checkpoint bytes of one reports partition
   {p}:plan                the budget plan JSON (written once at start)
+  {p}:intake              hash: reports partition -> its intake counts JSON (accepted, rejected by
+                          reason, reported/imputed per step; curator-side, for status and close)
 
 Everything here is curator-side except the records' public parts (manifests etc. carry only
 noisy/projected values); the mechanism state holds true per-node sums and must not be exposed.
@@ -150,6 +152,15 @@ class ReleaseStore:
 
     def load_checkpoint(self, partition: int) -> bytes | None:
         return self.r.get(self._k("checkpoint", partition))
+
+    def save_intake(self, summaries: dict[int, dict[str, Any]]) -> None:
+        """Store the partitions' intake counts (a snapshot each, replacing the previous one)."""
+        if summaries:
+            self.r.hset(self._k("intake"), mapping={str(p): json.dumps(s, sort_keys=True) for p, s in summaries.items()})
+
+    def intake(self) -> dict[int, dict[str, Any]]:
+        """Reports partition -> its latest intake counts (partitions no worker has handled yet are absent)."""
+        return {int(k): json.loads(v) for k, v in self.r.hgetall(self._k("intake")).items()}
 
     def reset(self) -> None:
         """Delete every key of this deployment (tests and `dpstream reset` only)."""
