@@ -175,8 +175,11 @@ def cmd_status(args) -> int:
     _, redis_url = _endpoints(dep)
     store = ReleaseStore.from_url(redis_url, dep.name)
     ledger = store.ledger()
+    identity = store.identity() or {}
     status = {
         "deployment": dep.name,
+        "instance": identity.get("instance"),
+        "fingerprint": identity.get("fingerprint"),
         "released_step": store.last_released(),
         "published_step": store.last_published(),
         "horizon": dep.horizon,

@@ -323,8 +323,10 @@ def test_up_keeps_embedded_redis_unless_ephemeral(tmp_path):
     second = _up_release_and_stop(path, env, tmp_path, (), step=None)
     assert second["released_step"] == 1 and second["ledger"] == first["ledger"]
     assert second["cu_step_1"] == first["cu_step_1"]  # republished to the new broker, not redrawn
+    assert second["instance"] == first["instance"] and second["fingerprint"] == first["fingerprint"]
 
     eph = _up_release_and_stop(path, env, tmp_path, ("--ephemeral",), step=1)
     assert "ephemeral: deleted on stop" in eph["banner"] and eph["released_step"] == 1
     again = _up_release_and_stop(path, env, tmp_path, ("--ephemeral",), step=None)
     assert again["released_step"] == 0 and again["ledger"] == {}  # nothing kept
+    assert len({first["instance"], eph["instance"], again["instance"]}) == 3
