@@ -11,6 +11,10 @@ Run through the command line: ``dpstream releaser --config config/sipp-poverty.y
   ``reports`` (for every step up to t not yet closed, in order). With ``steps.close: coverage`` or
   ``deadline`` the releaser also closes steps by itself.
 
+At start: the configuration is checked against the one the Redis state was created under
+(:mod:`pipeline.stream.identity`, exit code 2), and before the first release the ``releases`` topic
+is checked for releases the state does not know (:mod:`pipeline.stream.fence`, exit code 4).
+
 Transport: an aiokafka group consumer (:mod:`pipeline.stream.bulk`) and producer. Positions come
 from Redis (the partials resume offset) in the assignment callback; Faust, used here before,
 moved a new assignment back to the committed offset and added 0.6-0.8 s per hop on an idle topic
