@@ -50,7 +50,8 @@ def _stamp(value: bytes) -> ReleaseStamp | None:
         return None
 
 
-async def read_release_stamps(bootstrap: str, topic: str, idle: float = 0.5, timeout: float = 120.0) -> list[ReleaseStamp]:
+async def read_release_stamps(bootstrap: str, topic: str, idle: float = 0.5,
+                              timeout: float = 120.0) -> list[ReleaseStamp]:
     """Every manifest on partition 0 of ``topic``, read from the start until ``idle`` seconds pass
     without a record after the reported end; raises TimeoutError after ``timeout`` seconds."""
     tp = TopicPartition(topic, 0)
