@@ -28,6 +28,7 @@ from kafka import TopicPartition as KTopicPartition
 from pipeline.serialization import dumps_state
 from pipeline.stream.bulk import BulkConsumer
 from pipeline.stream.faults import crash_point
+from pipeline.stream.identity import establish_identity
 from pipeline.stream.ingest import ApplyResult, CloseOutput, IngestCore
 from pipeline.stream.log_end import log_ends
 from pipeline.stream.metrics import METRICS, forget_partition, observe_partition, serve_metrics
@@ -44,6 +45,9 @@ class IngestWorker:
         self.rt = rt
         self.names = rt.names
         self.store = rt.store()
+        # Aggregators are rebuilt from this configuration around restored state: it must be the one the
+        # state was created under (ConfigurationChanged: exit code 2).
+        establish_identity(rt.deployment, rt.roster.ids, self.store, "worker")
         self.core = IngestCore(rt.deployment, rt.roster, self.names, store=self.store)
         self.consumer = BulkConsumer(rt.broker, f"dpstream-{rt.deployment.name}-ingest",
                                      [self.names["reports"], self.names["feedback"]],

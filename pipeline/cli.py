@@ -1,7 +1,10 @@
 """``dpstream`` command line.
 
 Exit codes: 0 success; 1 runtime failure (a process died, a timeout); 2 usage or configuration
-error (including a budget plan that exceeds the budget); 3 budget exhausted / refused at run time.
+error (including a budget plan that exceeds the budget, and a privacy-relevant configuration that
+differs from the one the deployment's state was created under); 3 budget exhausted / refused at run
+time; 4 state lost: the public topics hold releases the Redis state does not know (the fence), or
+the state cannot be verified — releasing would redraw noise for steps already public.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 from pathlib import Path
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_BUDGET = 0, 1, 2, 3
+EXIT_STATE_LOST = 4
 
 
 def _load(path: str):
@@ -56,8 +60,15 @@ def _run_job(module: str, args) -> int:
     dep = _load(args.config)
     broker, redis_url = _endpoints(dep)
     os.environ["DPSTREAM_BROKER"], os.environ["DPSTREAM_REDIS"] = broker, redis_url
-    job = importlib.import_module(module)
-    job.main(args.loglevel)
+    from pipeline.stream.identity import ConfigurationChanged, StateLost
+
+    try:
+        job = importlib.import_module(module)
+        job.main(args.loglevel)
+    except ConfigurationChanged as err:
+        return _fail(EXIT_CONFIG, f"configuration refused: {err}")
+    except StateLost as err:
+        return _fail(EXIT_STATE_LOST, f"state lost: {err}")
     return EXIT_OK
 
 
@@ -69,13 +80,39 @@ def cmd_releaser(args) -> int:
     return _run_job("jobs.releaser", args)
 
 
+def _running_up(name: str) -> int | None:
+    """Pid of a live `dpstream up` of deployment ``name`` (two would share one Redis data directory)."""
+    from pipeline.stream.cluster import endpoints_file
+
+    try:
+        pid = int(json.loads(endpoints_file(name).read_text())["pid"])
+    except (FileNotFoundError, KeyError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None  # a stale file left by a killed `up`
+    except PermissionError:
+        pass  # alive, another user's
+    return pid
+
+
 def cmd_up(args) -> int:
-    from pipeline.stream.cluster import LocalCluster
+    from pipeline.stream.cluster import LocalCluster, state_dir
 
     dep = _load(args.config)
-    cluster = LocalCluster(args.config, dep, workers=args.workers, log_dir=args.log_dir, metrics=True)
+    running = _running_up(dep.name)
+    if running:
+        return _fail(EXIT_CONFIG, f"`dpstream up` is already running for deployment {dep.name!r} (pid {running})")
+    # The embedded Redis keeps the release records and the ledger in DPSTREAM_HOME/<deployment>/redis
+    # unless --ephemeral: losing them would leave the deployment unable to continue (the fence refuses).
+    data_dir = None if args.ephemeral or dep.redis else state_dir(dep.name)
+    cluster = LocalCluster(args.config, dep, workers=args.workers, log_dir=args.log_dir, metrics=True,
+                           data_dir=data_dir)
     with cluster:
-        print(f"dpstream up: broker {cluster.broker}, redis {cluster.redis_url}, "
+        where = ("configured" if dep.redis else f"data in {data_dir / 'redis'}" if data_dir
+                 else "ephemeral: deleted on stop")
+        print(f"dpstream up: broker {cluster.broker}, redis {cluster.redis_url} ({where}), "
               f"{args.workers} worker(s) + releaser; metrics ports {cluster.metrics_ports}. Ctrl-C stops.", flush=True)
         try:
             while True:
@@ -242,8 +279,11 @@ def cmd_status(args) -> int:
     except Exception as err:  # noqa: BLE001 - e.g. the broker is down: the rest of the status still shows
         intake = {"unavailable": f"{type(err).__name__}: {err}"}
     ledger = store.ledger()
+    identity = store.identity() or {}
     status = {
         "deployment": dep.name,
+        "instance": identity.get("instance"),
+        "fingerprint": identity.get("fingerprint"),
         "released_step": store.last_released(),
         "published_step": store.last_published(),
         "horizon": dep.horizon,
@@ -348,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     u = with_config(sub.add_parser("up", help="start services (embedded when not configured), workers and releaser"))
     u.add_argument("--workers", type=int, default=1)
     u.add_argument("--log-dir", default="out/logs")
+    u.add_argument("--ephemeral", action="store_true", help="keep the embedded Redis in a temporary directory "
+                   "deleted on stop (throwaway runs); default: DPSTREAM_HOME/<deployment>/redis, kept")
     u.set_defaults(func=cmd_up)
 
     pr = with_config(sub.add_parser("produce", help="send reports from a CSV/JSONL file or the simulator"))

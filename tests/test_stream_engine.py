@@ -229,9 +229,9 @@ def _keys(obj, path=""):
 
 def test_manifests_carry_no_true_counts(run):
     dep, X, S, partials, engine, outputs = run
-    allowed_top = {"deployment", "release", "type", "attribute", "step", "horizon", "neighbours", "released_at",
-                   "parameters", "status", "noisy_counts", "projected_counts", "monotone_counts", "clamped_bins",
-                   "synthetic", "privacy"}
+    allowed_top = {"deployment", "instance", "release", "type", "attribute", "step", "horizon", "neighbours",
+                   "released_at", "parameters", "status", "noisy_counts", "projected_counts", "monotone_counts",
+                   "clamped_bins", "synthetic", "privacy"}
     for outs in outputs:
         for o in outs:
             assert set(o.manifest) <= allowed_top, set(o.manifest) - allowed_top
