@@ -105,7 +105,8 @@ def test_fingerprint_names_each_privacy_relevant_change_and_ignores_the_rest():
     assert changes(edited(cfg, "hh", k=20)) == ["releases.hh.k: 3 -> 20"]
     assert changes(edited(cfg, "hh", method="naive")) == ['releases.hh.method: "tct" -> "naive"']
     assert changes(edited(cfg, "fw", window=2)) == ["releases.fw.window: 3 -> 2"]
-    assert changes(edited(cfg, neighbours="replace")) == ['neighbours: "add_remove" -> "replace"']
+    # a state created under the relation an earlier version allowed is refused under today's
+    assert config_changes(dict(doc, neighbours="add_remove"), doc) == ['neighbours: "add_remove" -> "replace"']
     assert changes(edited(cfg, horizon=5)) == ["horizon: 4 -> 5"]
     assert "budget.epsilon: 1.0 -> 2.0" in changes(edited(cfg, budget={"rho": 0.5, "epsilon": 2.0, "delta": 1e-6}))
     assert "plan.hh.epsilon: 1.0 -> 2.0" in changes(edited(cfg, budget={"rho": 0.5, "epsilon": 2.0, "delta": 1e-6}))
@@ -117,7 +118,7 @@ def test_fingerprint_names_each_privacy_relevant_change_and_ignores_the_rest():
     other = changes(cfg, [f"x{i}" for i in range(N)])
     assert len(other) == 1 and other[0].startswith("roster.sha256: ")
     # not privacy-relevant: partitions, step closing, seed value, descriptions
-    unchanged = edited(cfg, topics={"partitions": 4}, steps={"close": "coverage"}, random={"kind": "seeded", "seed": 9})
+    unchanged = edited(cfg, topics={"partitions": 4}, steps={"close": "deadline", "deadline_seconds": 60}, random={"kind": "seeded", "seed": 9})
     unchanged["attributes"]["occ"]["description"] = "occupation"
     assert changes(unchanged) == []
     # a rename keeps the portable fingerprint (the cross-deployment registry recognises it)
