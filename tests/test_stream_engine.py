@@ -364,3 +364,22 @@ def test_merge_histograms_sums_partitions_exactly(domain):
     support, summed = merge_histograms(parts, domain)
     assert support.tolist() == sorted(want) and summed.tolist() == [want[e] for e in sorted(want)]
     assert summed.dtype == np.int64
+
+
+def test_released_at_is_the_public_close_time_not_the_computation_time(run):
+    """Manifests are stamped with the step's public close time from the partials (the close
+    markers'), so two releases of the same step computed at different moments are identical; a
+    step whose markers carried no time gets no time."""
+    dep, X, S, partials, engine, outputs = run
+    closed = [1_700_000_000_000 + 60_000 * t for t in range(1, 4)]
+    stamped = [[{**p, "closed_at": closed[t]} for p in partials[t]] for t in range(3)]
+    stamped[2][1]["closed_at"] = closed[2] + 1500  # markers rewritten after a releaser restart: the latest
+    runs = []
+    for _ in range(2):
+        e = ReleaseEngine(dep, N)
+        runs.append([e.release(t + 1, stamped[t]) for t in range(3)])
+    for t in range(3):
+        want = (closed[t] + (1500 if t == 2 else 0)) / 1000
+        for a, b in zip(runs[0][t], runs[1][t]):
+            assert a.manifest["released_at"] == want and a.manifest == b.manifest
+    assert all(o.manifest["released_at"] is None for o in outputs[0])  # unstamped partials

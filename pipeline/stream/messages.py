@@ -11,8 +11,10 @@ Public topics carry JSON an analyst can read as ordinary data:
 Internal topics (curator-side, never exposed):
 
 * ``reports``   user reports; a close marker is a message with header ``dpstream-control: close``
-  and value ``{"step": t}``, written to **every** partition, so the cut between step t and later
-  reports is a position in each partition's log.
+  and value ``{"step": t, "closed_at": ms}``, written to **every** partition, so the cut between
+  step t and later reports is a position in each partition's log. ``closed_at`` is the step's
+  public close time (the close command's timestamp or the deadline), carried through the partials
+  to stamp every public record of the step (docs/privacy.md, "Closing rules and timing").
 * ``control``   operator commands (``{"command": "close", "step": t}``), turned into markers.
 * ``step-partials`` binary partial aggregates (true counts), chunked, key ``<step>:<partition>:<chunk>``.
 * ``feedback``  ``{"release", "step", "flagged": [...]}`` to every partition (heavy-hitter charging).
@@ -39,6 +41,8 @@ __all__ = [
     "encode_partial",
     "PartialAssembler",
     "dead_letter_headers",
+    "close_marker",
+    "parse_close_marker",
 ]
 
 # topic -> (partitions: "config" means the deployment's topics.partitions)
@@ -140,6 +144,25 @@ class PartialAssembler:
     def min_offset(self) -> int | None:
         """Smallest log offset of a buffered (unreleased) chunk: where a restart must re-read from."""
         return min(self._offsets.values()) if self._offsets else None
+
+
+def close_marker(step: int, closed_at_ms: int) -> bytes:
+    """The value of the close marker of ``step``, closed at the public time ``closed_at_ms``."""
+    return orjson.dumps({"step": int(step), "closed_at": int(closed_at_ms)})
+
+
+def parse_close_marker(value: bytes) -> tuple[int | None, int | None]:
+    """(step, closed_at ms) of a close marker; step None when the value is not ``{"step": <int ≥ 1>}``,
+    closed_at None when absent or not a non-negative integer."""
+    try:
+        msg: Any = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None, None
+    if type(msg) is not dict:
+        return None, None
+    step, closed_at = msg.get("step"), msg.get("closed_at")
+    return (step if type(step) is int and step >= 1 else None,
+            closed_at if type(closed_at) is int and closed_at >= 0 else None)
 
 
 def dead_letter_headers(reason: str, detail: str, topic: str, partition: int, offset: int,
