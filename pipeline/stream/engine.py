@@ -21,7 +21,7 @@ from pipeline.privacy.accounting import PrivacyLedger, ZCDP
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.aggregators import watch_code
 from pipeline.stream.closing import public_close_time
-from pipeline.stream.messages import SYNTHETIC_CHUNK_RECORDS, columns_checksum
+from pipeline.stream.messages import SYNTHETIC_CHUNK_RECORDS, columns_checksum, synthetic_columns
 
 __all__ = ["ReleaseEngine", "ReleaseOutput", "release_seed", "batch_reference", "merge_histograms", "SUPPORTED_TYPES"]
 
@@ -70,7 +70,7 @@ class ReleaseOutput:
     step: int
     manifest: dict[str, Any]
     column_steps: list[int]
-    columns: np.ndarray | None  # (m, len(column_steps)) int8, or None
+    columns: np.ndarray | None  # (m, len(column_steps)) in the alphabet's type (synthetic_columns), or None
     alerts: dict[str, Any] | None = None
     feedback: dict[str, Any] | None = None
 
@@ -235,11 +235,12 @@ class ReleaseEngine:
         elif rel.type == "band_monitor":
             alerts, feedback = self._band(rel, mech, step, parts, manifest)
         if columns is not None:
-            columns = np.asarray(columns, dtype=np.int8)
+            columns = synthetic_columns(columns, self.deployment.attributes[rel.attribute].size)
             m = columns.shape[0]
             manifest["synthetic"] = {
                 "columns": column_steps,
                 "records": m,
+                "dtype": columns.dtype.name,
                 "chunks": max(1, -(-m // SYNTHETIC_CHUNK_RECORDS)),
                 "sha256": columns_checksum(columns),
             }

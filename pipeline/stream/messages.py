@@ -30,6 +30,7 @@ import numpy as np
 import orjson
 
 from pipeline.serialization import dumps_state, loads_state
+from pipeline.synth._common import synthetic_dtype
 
 __all__ = [
     "TOPICS",
@@ -37,6 +38,8 @@ __all__ = [
     "SYNTHETIC_CHUNK_RECORDS",
     "PARTIAL_CHUNK_BYTES",
     "columns_checksum",
+    "SYNTHETIC_DTYPES",
+    "synthetic_columns",
     "synthetic_chunks",
     "encode_partial",
     "PartialAssembler",
@@ -62,9 +65,27 @@ SYNTHETIC_CHUNK_RECORDS = 20_000  # ~60 KB of JSON per chunk per column
 PARTIAL_CHUNK_BYTES = 512 * 1024  # below Kafka's default 1 MB message limit
 
 
+# Types a manifest's ``synthetic.dtype`` may name: the smallest holding the release's alphabet
+# (``pipeline.synth._common.synthetic_dtype``).
+SYNTHETIC_DTYPES = ("int8", "int16", "int32")
+
+
+def synthetic_columns(columns, categories: int) -> np.ndarray:
+    """The new synthetic columns in the smallest type holding codes 0..categories−1 (int8 up to 128
+    values, int16 up to 32,768); a value outside the alphabet is refused, never wrapped."""
+    arr = np.asarray(columns)
+    if arr.size and (arr.min() < 0 or arr.max() >= categories):
+        raise ValueError(f"synthetic values outside 0..{categories - 1}: [{arr.min()}, {arr.max()}]")
+    return arr.astype(synthetic_dtype(categories), copy=False)
+
+
 def columns_checksum(columns: np.ndarray) -> str:
-    """SHA-256 of the new synthetic columns (int8, record-major): the manifest's completeness check."""
-    return hashlib.sha256(np.ascontiguousarray(columns, dtype=np.int8).tobytes()).hexdigest()
+    """SHA-256 of the new synthetic columns, record-major, in their own type (one of
+    ``SYNTHETIC_DTYPES``, little-endian): the manifest's completeness check. For int8 columns these
+    are the bytes earlier versions hashed."""
+    if columns.dtype.name not in SYNTHETIC_DTYPES:
+        raise TypeError(f"synthetic columns must be one of {SYNTHETIC_DTYPES}, got {columns.dtype}")
+    return hashlib.sha256(np.ascontiguousarray(columns, dtype=columns.dtype.newbyteorder("<")).tobytes()).hexdigest()
 
 
 def synthetic_chunks(release: str, step: int, column_steps: list[int], columns: np.ndarray,
