@@ -183,10 +183,28 @@ async def release_ready_steps() -> None:
             store.set_partials_resume(resume if resume is not None else _last_partial_offset + 1)
             committed = time.perf_counter()
             crash_point("releaser.after_commit", step)
+            await _hold_until_public_time(step, outputs)
             await publish(step, outputs)
             _observe(step, outputs, started)
             log.info("released step %d (mechanisms %.3f s, Redis commit %.3f s, publish %.3f s)", step,
                      computed - started, committed - computed, time.perf_counter() - committed)
+
+
+async def _hold_until_public_time(step: int, outputs: list[ReleaseOutput]) -> None:
+    """With ``steps.publish_delay_seconds`` = L, publish step t at its public close time + L, so when
+    its records appear does not depend on how long the release took (docs/privacy.md, "Closing
+    rules and timing"). A release not ready by then is published at once and counted as an overrun
+    (that it was late is then visible: choose L above the worst case)."""
+    hold = dep.steps.publish_delay_seconds
+    closed_at = outputs[0].manifest.get("released_at") if outputs else None
+    if not hold or closed_at is None:
+        return
+    wait = closed_at + hold - time.time()
+    if wait > 0:
+        await asyncio.sleep(wait)
+    else:
+        METRICS.publish_overruns.inc()
+        log.warning("step %d was ready %.3f s after close + publish_delay_seconds: published late", step, -wait)
 
 
 def _observe(step: int, outputs: list[ReleaseOutput], started: float) -> None:

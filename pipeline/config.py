@@ -196,6 +196,9 @@ class Steps(_Strict):
 
     close: Literal["control", "deadline"] = "control"
     deadline_seconds: float | None = Field(default=None, gt=0)
+    publish_delay_seconds: float = Field(
+        default=0.0, ge=0, description="hold each step's public records until this long after its close, so "
+                                       "when they appear does not depend on how long the release took")
     max_ahead: int = Field(default=2, ge=0, description="reports at most this many steps past the open step")
 
     @field_validator("close", mode="before")

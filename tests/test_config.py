@@ -380,6 +380,14 @@ def test_close_on_exact_coverage_is_refused_naming_the_key_and_why():
         assert parse_config(cfg).steps.close == rule
 
 
+def test_publish_delay_non_negative():
+    cfg = base()
+    cfg["steps"] = {"publish_delay_seconds": -1}
+    assert names_key(refused(cfg), "steps", "publish_delay_seconds")
+    cfg["steps"] = {"publish_delay_seconds": 2.5}
+    assert parse_config(cfg).steps.publish_delay_seconds == 2.5
+
+
 def test_max_ahead_non_negative():
     cfg = base()
     cfg["steps"] = {"max_ahead": -1}

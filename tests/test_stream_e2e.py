@@ -246,3 +246,22 @@ def test_a_deadline_closes_steps_nobody_reported_and_imputes_the_default(service
     released = [drv.panels.panels["cu"].manifests[t]["released_at"] for t in range(1, T + 1)]
     assert [round((b - a) * 1000) for a, b in zip(released, released[1:])] == [2000] * (T - 1)
     assert_stamped_with(drv, {t: round(released[t - 1] * 1000) for t in range(1, T + 1)}, ("fw", "cu"))
+
+
+def test_publish_delay_holds_every_step_until_a_public_time(services, tmp_path):
+    """With steps.publish_delay_seconds = L, a step's records become readable no earlier than its
+    close + L (the release itself takes well under a second here), so when they appear is a public
+    time, not the computation's."""
+    path = write_config(tmp_path, services, "e2e-hold", steps={"publish_delay_seconds": 2.5})
+    dep = load_config(path)
+    X = panel_data(seed=5)
+    with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs") as cluster:
+        drv = StepDriver(cluster.broker, dep, Roster.from_config(dep.roster), cluster.names, cluster=cluster)
+        waited = []
+        for t in range(1, 4):
+            drv.producer.send_step(t, {"pov": X[:, t - 1]})
+            waited.append(drv.close(t))
+        drv.shutdown()
+    # drv.close measures from just before the command is sent to the whole step read back
+    assert min(waited) >= 2.5 - 0.05, waited
+    assert_stamped_with(drv, {t: drv.close_timestamp[t] for t in range(1, 4)}, ("fw", "cu"))

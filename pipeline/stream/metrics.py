@@ -56,6 +56,9 @@ class _Metrics:
             "Seconds from the last released step's public close time to every record of it acknowledged")
         self.close_to_publish_step = Gauge("dpstream_close_to_publish_step",
                                            "The step dpstream_close_to_publish_seconds is about")
+        self.publish_overruns = Counter(
+            "dpstream_publish_overruns_total",
+            "Steps whose release was ready only after close + steps.publish_delay_seconds (published late)")
         self.padding_clamps = Counter(
             "dpstream_padding_clamped_bins_total", "Projected counts clamped because the padding was too small",
             ["release"])
@@ -77,7 +80,7 @@ PUBLIC_SERIES = frozenset({
 })
 OPERATIONAL_SERIES = frozenset({
     "dpstream_reports", "dpstream_dead_letters", "dpstream_step_close_seconds", "dpstream_release_seconds",
-    "dpstream_close_to_publish_seconds", "dpstream_consumer_lag",
+    "dpstream_close_to_publish_seconds", "dpstream_consumer_lag", "dpstream_publish_overruns",
 })
 
 
