@@ -76,11 +76,16 @@ def _send(topic: str, key: bytes | None, value: bytes, partition: int = 0, heade
                          timestamp_ms=timestamp_ms)
 
 
+def _closed_at(outputs: list[ReleaseOutput]) -> float | None:
+    """The step's public close time (seconds) as its manifests state it (``released_at``)."""
+    return outputs[0].manifest.get("released_at") if outputs else None
+
+
 def _public_timestamp(step: int, outputs: list[ReleaseOutput]) -> int | None:
     """The record timestamp of a step's messages: its public close time (from the manifests), the
     same on every republication. None only for a step closed by a marker without one (not written
     by this releaser): the client then stamps the send time."""
-    released_at = outputs[0].manifest.get("released_at") if outputs else None
+    released_at = _closed_at(outputs)
     if released_at is None:
         log.warning("step %d has no public close time: its records carry the send time", step)
         return None
@@ -196,7 +201,7 @@ async def _hold_until_public_time(step: int, outputs: list[ReleaseOutput]) -> No
     rules and timing"). A release not ready by then is published at once and counted as an overrun
     (that it was late is then visible: choose L above the worst case)."""
     hold = dep.steps.publish_delay_seconds
-    closed_at = outputs[0].manifest.get("released_at") if outputs else None
+    closed_at = _closed_at(outputs)
     if not hold or closed_at is None:
         return
     wait = closed_at + hold - time.time()
@@ -209,7 +214,7 @@ async def _hold_until_public_time(step: int, outputs: list[ReleaseOutput]) -> No
 
 def _observe(step: int, outputs: list[ReleaseOutput], started: float) -> None:
     METRICS.release_seconds.observe(time.perf_counter() - started)
-    closed_at = outputs[0].manifest.get("released_at") if outputs else None
+    closed_at = _closed_at(outputs)
     if closed_at is not None:  # curator-side only: the public records carry the close time itself
         METRICS.close_to_publish_seconds.set(time.time() - closed_at)
         METRICS.close_to_publish_step.set(step)
