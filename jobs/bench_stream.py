@@ -14,9 +14,10 @@ Measured in one run on the embedded broker and Redis:
    worker is stopped, then the worker is restarted (restoring its checkpoints) and the rate is taken
    from its first accepted reports to the last (a whole step can arrive in a few fetches).
 4. **Release latency** per step, for a fixed-window (k = 3), a cumulative (T = 12) and a
-   heavy-hitter (tct, |X| = 10^6) release together: close command -> every manifest published on
-   ``releases`` (record timestamps), and -> the whole step (manifests and all synthetic chunks)
-   read back by a consumer.
+   heavy-hitter (tct, |X| = 10^6) release together: close command -> every record of the step
+   acknowledged by the broker (the releaser's curator-side ``dpstream_close_to_publish_seconds``;
+   the public records are stamped with the close time, so their timestamps cannot measure it), and
+   -> the whole step (manifests and all synthetic chunks) read back by a consumer.
 5. **Ingest, single-report messages, two worker processes** (next step, produced while the workers
    are stopped): scale-out on this one machine, the two workers sharing its two cores with the
    broker; the rate is the sum of both workers' counters between 10% and 90% of the reports.
@@ -101,10 +102,15 @@ async def _raw_consume(bootstrap: str, topic: str, expected: int) -> float:
         await consumer.stop()
 
 
-def _accepted(port: int) -> float:
+def _gauge(port: int, series: str) -> float:
+    """The value of one series (name with its labels, as exposed) on a process's /metrics; 0 if absent."""
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    m = re.search(r'dpstream_reports_total\{status="accepted"\} ([0-9.e+]+)', body)
+    m = re.search(rf"^{re.escape(series)} ([0-9.e+-]+)$", body, re.M)
     return float(m.group(1)) if m else 0.0
+
+
+def _accepted(port: int) -> float:
+    return _gauge(port, 'dpstream_reports_total{status="accepted"}')
 
 
 def _samples(ports: list[int], interval: float, timeout: float = 600):
@@ -274,7 +280,8 @@ def main(argv=None) -> dict:
             result["single_vs_raw"] = rate / result["raw_consume_msgs_per_s"]
             print(f"ingest, single-report messages: {rate:,.0f} reports/s ({rate / result['raw_consume_msgs_per_s']:.1%} of raw)", flush=True)
             drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
-            latencies = {1: _close(drv, 1)}
+            rport = cluster.metrics_ports["releaser"]
+            latencies = {1: _close(drv, 1, rport)}
             cluster.kill("worker-0", signal.SIGTERM)  # step 1 is checkpointed; step 2 waits in the log
             drv.producer.send_step(2, {"poverty": pov[:, 1], "item": item[:, 1]})
             cluster.spawn("worker", "worker-0")
@@ -282,13 +289,13 @@ def main(argv=None) -> dict:
             rate_b = _burst_rate(port, n)
             result["ingest_batch_reports_per_s"] = rate_b
             print(f"ingest, batch messages: {rate_b:,.0f} reports/s", flush=True)
-            latencies[2] = _close(drv, 2)
+            latencies[2] = _close(drv, 2, rport)
             for t in (3, 4):
                 before = _accepted(port)
                 drv.producer.send_step(t, {"poverty": pov[:, t - 1], "item": item[:, t - 1]})
                 while _accepted(port) < before + n:  # latency is measured from a fully ingested step
                     time.sleep(0.05)
-                latencies[t] = _close(drv, t)
+                latencies[t] = _close(drv, t, rport)
             result["release_latency_s"] = latencies
             print("release latency, close -> manifests / whole step read back: " +
                   ", ".join(f"t={t}: {m:.2f} / {c:.2f} s" for t, (m, c) in latencies.items()), flush=True)
@@ -340,15 +347,21 @@ def _two_worker_rate(cluster, bootstrap: str, topic: str, roster, pov: np.ndarra
     return rate
 
 
-def _close(drv, step: int) -> tuple[float, float]:
-    """(close -> every manifest of the step published, close -> the whole step read back), seconds.
+def _close(drv, step: int, releaser_port: int) -> tuple[float, float]:
+    """(close -> every record of the step published, close -> the whole step read back), seconds.
 
-    "Published" is the record timestamp of the step's last manifest minus that of the close
-    command, both stamped by their producers on this machine's clock, so the reading side's own
-    speed does not count; "read back" is wall time until this consumer holds the whole step."""
+    "Published" is the releaser's curator-side gauge ``dpstream_close_to_publish_seconds``: from the
+    close command's record timestamp to the broker's acknowledgement of the step's last record, both
+    on this machine's clock, so the reading side's own speed does not count. (The public records
+    themselves carry the close time as their timestamp, so they cannot measure it.) "Read back" is
+    wall time until this consumer holds the whole step."""
     complete = drv.close(step)
-    last = max(drv.manifest_timestamp[(rel.name, step)] for rel in drv.deployment.releases)
-    return (last - drv.close_timestamp[step]) / 1000.0, complete
+    deadline = time.monotonic() + 30
+    while _gauge(releaser_port, "dpstream_close_to_publish_step") != step:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the releaser did not report step {step}'s publish latency")
+        time.sleep(0.02)
+    return _gauge(releaser_port, "dpstream_close_to_publish_seconds"), complete
 
 
 def _arrays(obj):

@@ -8,8 +8,10 @@ Run through the command line: ``dpstream releaser --config config/sipp-poverty.y
   synthetic columns in chunks to ``synthetic``, alerts to ``alerts``, flags to ``feedback``.
   A step whose record exists is republished from Redis, never recomputed.
 * ``control``: ``{"command": "close", "step": t}`` writes a close marker to every partition of
-  ``reports`` (for every step up to t not yet closed, in order). With ``steps.close: coverage`` or
-  ``deadline`` the releaser also closes steps by itself.
+  ``reports`` (for every step up to t not yet closed, in order). With ``steps.close: deadline`` the
+  releaser also closes a step ``deadline_seconds`` after the previous close (:mod:`pipeline.stream.closing`).
+  Every public record of a step carries the step's public close time as its timestamp, never the
+  time it was computed or sent.
 
 At start: the configuration is checked against the one the Redis state was created under
 (:mod:`pipeline.stream.identity`, exit code 2), and before the first release the ``releases`` topic
@@ -33,11 +35,12 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from pipeline.privacy.accounting import BudgetExhaustedError
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.bulk import BulkConsumer
+from pipeline.stream.closing import DeadlineClock, now_ms
 from pipeline.stream.engine import ReleaseEngine, ReleaseOutput
 from pipeline.stream.faults import crash_point
 from pipeline.stream.fence import check_fence, read_release_stamps
 from pipeline.stream.identity import establish_identity
-from pipeline.stream.messages import CONTROL_HEADER, PartialAssembler, synthetic_chunks
+from pipeline.stream.messages import CONTROL_HEADER, PartialAssembler, close_marker, synthetic_chunks
 from pipeline.stream.metrics import METRICS, serve_metrics, start_lag_monitor
 from pipeline.stream.process import make_producer, run_job, supervise
 from pipeline.stream.runtime import Runtime
@@ -69,8 +72,25 @@ _republished = False
 _step_lock = asyncio.Lock()
 
 
-def _send(topic: str, key: bytes | None, value: bytes, partition: int = 0, headers=None):
-    return producer.send(names[topic], key=key, value=value, partition=partition, headers=headers)
+def _send(topic: str, key: bytes | None, value: bytes, partition: int = 0, headers=None, timestamp_ms=None):
+    return producer.send(names[topic], key=key, value=value, partition=partition, headers=headers,
+                         timestamp_ms=timestamp_ms)
+
+
+def _closed_at(outputs: list[ReleaseOutput]) -> float | None:
+    """The step's public close time (seconds) as its manifests state it (``released_at``)."""
+    return outputs[0].manifest.get("released_at") if outputs else None
+
+
+def _public_timestamp(step: int, outputs: list[ReleaseOutput]) -> int | None:
+    """The record timestamp of a step's messages: its public close time (from the manifests), the
+    same on every republication. None only for a step closed by a marker without one (not written
+    by this releaser): the client then stamps the send time."""
+    released_at = _closed_at(outputs)
+    if released_at is None:
+        log.warning("step %d has no public close time: its records carry the send time", step)
+        return None
+    return round(released_at * 1000)
 
 
 async def _send_all(sends) -> None:
@@ -82,14 +102,15 @@ async def _send_all(sends) -> None:
 async def publish(step: int, outputs: list[ReleaseOutput]) -> None:
     """Publish a committed step (also used to republish after a restart: same bytes every time)."""
     sends = []
+    ts = _public_timestamp(step, outputs)
     for out in outputs:
         key = f"{out.release}:{step}".encode()
-        sends.append(_send("releases", key, orjson.dumps(out.manifest)))
+        sends.append(_send("releases", key, orjson.dumps(out.manifest), timestamp_ms=ts))
         if out.columns is not None:
             for ckey, cval in synthetic_chunks(out.release, step, out.column_steps, out.columns):
-                sends.append(_send("synthetic", ckey, cval))
+                sends.append(_send("synthetic", ckey, cval, timestamp_ms=ts))
         if out.alerts is not None:
-            sends.append(_send("alerts", key, orjson.dumps(out.alerts)))
+            sends.append(_send("alerts", key, orjson.dumps(out.alerts), timestamp_ms=ts))
         if out.feedback is not None:
             body = orjson.dumps({"release": out.release, "step": step, **out.feedback})
             for p in range(P):
@@ -172,14 +193,36 @@ async def release_ready_steps() -> None:
             store.set_partials_resume(resume if resume is not None else _last_partial_offset + 1)
             committed = time.perf_counter()
             crash_point("releaser.after_commit", step)
+            await _hold_until_public_time(step, outputs)
             await publish(step, outputs)
-            _observe(outputs, started)
+            _observe(step, outputs, started)
             log.info("released step %d (mechanisms %.3f s, Redis commit %.3f s, publish %.3f s)", step,
                      computed - started, committed - computed, time.perf_counter() - committed)
 
 
-def _observe(outputs: list[ReleaseOutput], started: float) -> None:
+async def _hold_until_public_time(step: int, outputs: list[ReleaseOutput]) -> None:
+    """With ``steps.publish_delay_seconds`` = L, publish step t at its public close time + L, so when
+    its records appear does not depend on how long the release took (docs/privacy.md, "Closing
+    rules and timing"). A release not ready by then is published at once and counted as an overrun
+    (that it was late is then visible: choose L above the worst case)."""
+    hold = dep.steps.publish_delay_seconds
+    closed_at = _closed_at(outputs)
+    if not hold or closed_at is None:
+        return
+    wait = closed_at + hold - time.time()
+    if wait > 0:
+        await asyncio.sleep(wait)
+    else:
+        METRICS.publish_overruns.inc()
+        log.warning("step %d was ready %.3f s after close + publish_delay_seconds: published late", step, -wait)
+
+
+def _observe(step: int, outputs: list[ReleaseOutput], started: float) -> None:
     METRICS.release_seconds.observe(time.perf_counter() - started)
+    closed_at = _closed_at(outputs)
+    if closed_at is not None:  # curator-side only: the public records carry the close time itself
+        METRICS.close_to_publish_seconds.set(time.time() - closed_at)
+        METRICS.close_to_publish_step.set(step)
     for out in outputs:
         priv = out.manifest.get("privacy", {}).get("release_spent") or {}
         if "rho" in priv:
@@ -233,8 +276,7 @@ def _take_partial(offset: int, key: bytes | None, value: bytes) -> bool:
     global _last_partial_offset
     _last_partial_offset = max(_last_partial_offset, offset)
     if (key or b"").startswith(b"progress:"):
-        _on_progress(value)
-        return False
+        return False  # coverage progress of an earlier version (closing by coverage is refused now)
     step = assembler.add(value, offset)
     if step <= engine.step:
         assembler.discard_before(engine.step + 1)  # a replayed partial of a released step
@@ -245,49 +287,45 @@ def _take_partial(offset: int, key: bytes | None, value: bytes) -> bool:
 
 
 # -- closing steps ----------------------------------------------------------------------------------
-async def close_through(step: int) -> None:
-    """Write close markers for every step after the last one closed, up to ``step``, in order."""
+async def close_through(step: int, closed_at: int) -> None:
+    """Write close markers for every step after the last one closed, up to ``step``, in order, each
+    carrying the public close time ``closed_at`` (ms)."""
     if not 1 <= step <= dep.horizon:
         log.error("refusing to close step %s: steps are 1..%d", step, dep.horizon)
         return
-    for t in range(store.last_closing() + 1, step + 1):
-        body = orjson.dumps({"step": t})
+    first = store.last_closing() + 1
+    for t in range(first, step + 1):
+        body = close_marker(t, closed_at)
         await _send_all(_send("reports", None, body, partition=p, headers=[(CONTROL_HEADER, b"close")])
                         for p in range(P))
         store.mark_closing(t)
-        _opened_at[t + 1] = time.monotonic()
         log.info("close markers for step %d written to %d partitions", t, P)
+    if first <= step:
+        _deadline.closed(closed_at)
 
 
-_opened_at: dict[int, float] = {1: time.monotonic()}
-_coverage: dict[int, dict[int, int]] = {}
+# The first step's deadline counts from the releaser's start (a public event), later ones from the
+# previous close; no report is ever looked at.
+_deadline = DeadlineClock(dep.steps.deadline_seconds if dep.steps.close == "deadline" else None, now_ms())
 
 
-def _on_progress(value: bytes) -> None:
-    msg = loads_state(value)
-    _coverage.setdefault(int(msg["step"]), {})[int(msg["partition"])] = int(msg["reported"])
-
-
-async def on_control(value: bytes) -> None:
+async def on_control(value: bytes, timestamp_ms: int) -> None:
+    """A close command: its record timestamp (set by the operator's client) is the public close time."""
     try:
         cmd = orjson.loads(value)
         if cmd.get("command") != "close":
             raise ValueError(f"unknown command {cmd.get('command')!r}")
         log.info("close command for step %s", cmd.get("step"))
-        await close_through(int(cmd["step"]))
+        await close_through(int(cmd["step"]), timestamp_ms if timestamp_ms >= 0 else now_ms())
     except (ValueError, KeyError, TypeError, AttributeError, orjson.JSONDecodeError) as err:
         log.error("ignoring control message %r: %s", value[:200], err)
 
 
 async def auto_close() -> None:
-    mode = dep.steps.close
     step = store.last_closing() + 1
-    if mode == "control" or step > dep.horizon:
-        return
-    if mode == "coverage" and sum(_coverage.get(step, {}).values()) >= rt.roster.n:
-        await close_through(step)
-    elif mode == "deadline" and time.monotonic() - _opened_at.setdefault(step, time.monotonic()) >= dep.steps.deadline_seconds:
-        await close_through(step)
+    due = _deadline.due(now_ms())
+    if due is not None and step <= dep.horizon:
+        await close_through(step, due)
 
 
 async def _consume() -> None:
@@ -299,12 +337,12 @@ async def _consume() -> None:
                     await release_ready_steps()
             elif tp.topic == names["control"]:
                 for m in messages:
-                    await on_control(m.value)
+                    await on_control(m.value, m.timestamp)
                 _control_done = messages[-1].offset + 1
 
 
 async def _every(seconds: float, fn) -> None:
-    """Run ``fn`` every ``seconds``: closing by coverage or deadline, and republishing after a rebalance."""
+    """Run ``fn`` every ``seconds``: closing by deadline, and republishing after a rebalance."""
     while True:
         await asyncio.sleep(seconds)
         await fn()

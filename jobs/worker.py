@@ -25,7 +25,6 @@ import time
 from aiokafka import TopicPartition
 from kafka import TopicPartition as KTopicPartition
 
-from pipeline.serialization import dumps_state
 from pipeline.stream.bulk import BulkConsumer
 from pipeline.stream.faults import crash_point
 from pipeline.stream.identity import establish_identity
@@ -172,12 +171,6 @@ class IngestWorker:
         futures = [await self.producer.send(self.names["dead-letter"], key=key, value=value, headers=headers,
                                             partition=0)
                    for key, value, headers in result.dead_letters]
-        if self.rt.deployment.steps.close == "coverage" and result.partition in self.core.states:
-            state = self.core.states[result.partition]
-            body = dumps_state({"partition": result.partition, "step": state.closed + 1,
-                                "reported": state.coverage()})
-            futures.append(await self.producer.send(self.names["step-partials"], key=f"progress:{result.partition}"
-                                                    .encode(), value=body, partition=0))
         return futures
 
     def _handled(self) -> dict[TopicPartition, int]:

@@ -192,9 +192,25 @@ class Roster(_Strict):
 
 
 class Steps(_Strict):
-    close: Literal["control", "coverage", "deadline"] = "control"
+    """When a step closes: by control command, or ``deadline_seconds`` after the previous close (or
+    the releaser's start). Both are public events; closing on an exact count of who reported is
+    refused (docs/privacy.md, "Closing rules and timing")."""
+
+    close: Literal["control", "deadline"] = "control"
     deadline_seconds: float | None = Field(default=None, gt=0)
+    publish_delay_seconds: float = Field(
+        default=0.0, ge=0, description="hold each step's public records until this long after its close, so "
+                                       "when they appear does not depend on how long the release took")
     max_ahead: int = Field(default=2, ge=0, description="reports at most this many steps past the open step")
+
+    @field_validator("close", mode="before")
+    @classmethod
+    def _no_coverage(cls, v: Any) -> Any:
+        if v == "coverage":
+            raise ValueError("'coverage' is no longer supported: closing when every user has reported makes "
+                             "whether and when a step is published an un-noised function of who reported "
+                             "(one missing user stalls every release); use 'control' or 'deadline'")
+        return v
 
     @model_validator(mode="after")
     def _deadline(self) -> "Steps":

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from pipeline.stream.messages import columns_checksum
+from pipeline.stream.messages import SYNTHETIC_DTYPES, columns_checksum
 
 __all__ = ["SyntheticPanel", "PanelStore", "read_topics", "IncompleteStep"]
 
@@ -56,8 +56,8 @@ class SyntheticPanel:
         return t
 
     def as_array(self) -> np.ndarray:
-        """The released columns (m, released_through), int8."""
-        return np.asarray(self.values[:, : self.released_through], dtype=np.int8)
+        """The released columns (m, released_through), in the manifest's ``synthetic.dtype``."""
+        return self.values[:, : self.released_through]
 
     # -- queries --------------------------------------------------------------------------------
     def window_counts(self, step: int, debias: bool = False) -> np.ndarray:
@@ -153,17 +153,23 @@ class PanelStore:
             return
         m = int(syn["records"])
         cols = [int(s) for s in syn["columns"]]
-        new = np.full((m, len(cols)), -1, dtype=np.int8)
+        dtype = syn.get("dtype", "int8")  # manifests of earlier versions: int8
+        if dtype not in SYNTHETIC_DTYPES:
+            raise IncompleteStep(f"{release} step {step}: unknown synthetic dtype {dtype!r}")
+        new = np.full((m, len(cols)), -1, dtype=dtype)
         try:
             for c in chunks.values():
                 for j, s in enumerate(cols):
-                    new[int(c["start"]) : int(c["stop"]), j] = np.asarray(c["values"][str(s)], dtype=np.int64)
+                    values = np.asarray(c["values"][str(s)], dtype=np.int64)
+                    if values.size and (values.min() < 0 or values.max() > np.iinfo(new.dtype).max):
+                        raise ValueError(f"values outside {dtype}")  # would wrap
+                    new[int(c["start"]) : int(c["stop"]), j] = values
         except (KeyError, ValueError, TypeError, OverflowError) as err:
             raise IncompleteStep(f"{release} step {step}: malformed chunk ({type(err).__name__}: {err})") from None
         if columns_checksum(new) != syn["sha256"]:
             raise IncompleteStep(f"{release} step {step}: checksum mismatch (corrupt or mixed chunks)")
         if panel.values is None:
-            panel.values = np.full((m, int(manifest["horizon"])), -1, dtype=np.int8)
+            panel.values = np.full((m, int(manifest["horizon"])), -1, dtype=new.dtype)
         for j, s in enumerate(cols):
             panel.values[:, s - 1] = new[:, j]
         panel.complete_steps.add(step)

@@ -370,6 +370,24 @@ def test_deadline_close_needs_seconds():
     parse_config(cfg)
 
 
+def test_close_on_exact_coverage_is_refused_naming_the_key_and_why():
+    cfg = base()
+    cfg["steps"] = {"close": "coverage"}
+    msg = refused(cfg)
+    assert names_key(msg, "steps", "close") and "who reported" in msg and "'deadline'" in msg
+    for rule in ("control", "deadline"):
+        cfg["steps"] = {"close": rule, "deadline_seconds": 5}
+        assert parse_config(cfg).steps.close == rule
+
+
+def test_publish_delay_non_negative():
+    cfg = base()
+    cfg["steps"] = {"publish_delay_seconds": -1}
+    assert names_key(refused(cfg), "steps", "publish_delay_seconds")
+    cfg["steps"] = {"publish_delay_seconds": 2.5}
+    assert parse_config(cfg).steps.publish_delay_seconds == 2.5
+
+
 def test_max_ahead_non_negative():
     cfg = base()
     cfg["steps"] = {"max_ahead": -1}

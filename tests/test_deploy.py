@@ -23,7 +23,7 @@ import yaml
 
 from pipeline.config import load_config, parse_config
 from pipeline.plan import budget_plan
-from pipeline.stream.metrics import metric_names
+from pipeline.stream.metrics import PUBLIC_SERIES, metric_names
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -77,7 +77,9 @@ def test_every_yaml_and_json_file_parses():
     assert len(files) >= 10
     for path in files:
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-        assert docs and all(isinstance(d, dict) for d in docs), path
+        # objects, or an RFC 6902 patch (a list of operations) of a kustomize component
+        assert docs and all(isinstance(d, dict) or (isinstance(d, list) and d and
+                                                     all({"op", "path"} <= set(op) for op in d)) for d in docs), path
     for path in DEPLOY.rglob("*.json"):
         json.loads(path.read_text())
 
@@ -96,7 +98,8 @@ def test_dockerfile_installs_the_project_and_runs_dpstream():
     assert re.search(r"^USER\s+(?!root|0\b)", text, re.M), "runs as root"
     port = int(re.search(r"DPSTREAM_METRICS_PORT=(\d+)", text).group(1))
     assert re.search(rf"^EXPOSE\s+{port}\b", text, re.M)
-    assert "DPSTREAM_METRICS_ADDR=0.0.0.0" in text  # or Prometheus cannot reach the container
+    # The image keeps the metrics on loopback; binding a network interface is the deployment's opt-in.
+    assert "DPSTREAM_METRICS_ADDR" not in re.sub(r"#.*", "", text)
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
     for needed in ("!pyproject.toml", "!README.md", "!pipeline/", "!jobs/", "!deploy/create_topics.py", "!deploy/config/"):
         assert needed in ignore, needed
@@ -274,18 +277,81 @@ def test_k8s_config_workers_and_releaser(k8s, tmp_path):
         assert init["command"][init["command"].index("--config") + 1] == str(config_path)
 
 
-def test_k8s_metrics_ports_and_scrape_annotations(k8s):
-    for name, workload in {**_objects(k8s, "Deployment"), **_objects(k8s, "StatefulSet")}.items():
-        if not name.startswith("dpstream-"):
-            continue
+def _dpstream_workloads(k8s) -> dict[str, dict]:
+    return {name: w for name, w in {**_objects(k8s, "Deployment"), **_objects(k8s, "StatefulSet")}.items()
+            if name.startswith("dpstream-")}
+
+
+def test_k8s_metrics_stay_on_loopback_by_default(k8s):
+    """The base manifests bind /metrics to loopback, ask nobody to scrape it, and probe it from
+    inside the pod (a kubelet httpGet would need a non-loopback bind)."""
+    assert set(_dpstream_workloads(k8s)) == {"dpstream-worker", "dpstream-releaser"}
+    for name, workload in _dpstream_workloads(k8s).items():
         c = _dpstream_container(workload)
         port = _metrics_port(c["env"])
-        assert {e["name"]: e["value"] for e in c["env"]}["DPSTREAM_METRICS_ADDR"] == "0.0.0.0"
-        ann = workload["spec"]["template"]["metadata"]["annotations"]
+        assert {e["name"]: e["value"] for e in c["env"]}["DPSTREAM_METRICS_ADDR"] == "127.0.0.1", name
+        assert not any(k.startswith("prometheus.io/")
+                       for k in workload["spec"]["template"]["metadata"].get("annotations", {})), name
+        assert {"name": "metrics", "containerPort": port} in c["ports"]
+        probe = c["livenessProbe"]
+        assert "httpGet" not in probe and f"http://127.0.0.1:{port}/metrics" in " ".join(probe["exec"]["command"])
+    assert not any(d["kind"] == "NetworkPolicy" for d in k8s)  # the opt-in brings it
+
+
+def _json_patch(doc, ops: list[dict]):
+    """Apply the `add`/`replace` operations of an RFC 6902 patch (all the opt-in uses) to a copy."""
+    import copy
+
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        assert op["op"] in ("add", "replace"), op
+        *parents, last = op["path"].lstrip("/").split("/")
+        node = doc
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if isinstance(node, list):
+            assert op["op"] == "replace" and int(last) < len(node), op
+            node[int(last)] = op["value"]
+        else:
+            assert op["op"] == "add" or last in node, op
+            node[last] = op["value"]
+    return doc
+
+
+def test_k8s_metrics_scrape_opt_in_admits_only_prometheus(k8s):
+    """deploy/k8s/scraped = base + the metrics-scrape component: 0.0.0.0, scrape annotations, and a
+    NetworkPolicy that selects exactly the dpstream pods and admits only Prometheus to the port."""
+    comp_dir = K8S / "metrics-scrape"
+    comp = _yaml(comp_dir / "kustomization.yaml")
+    assert comp["kind"] == "Component"
+    overlay = _yaml(K8S / "scraped" / "kustomization.yaml")
+    assert overlay["resources"] == [".."] and overlay["components"] == ["../metrics-scrape"]
+    targets = {(p["target"]["kind"], p["target"]["name"]): p["path"] for p in comp["patches"]}
+    workloads = _dpstream_workloads(k8s)
+    assert {name for _, name in targets} == set(workloads)
+    for (kind, name), patch_file in targets.items():
+        workload = workloads[name]
+        assert workload["kind"] == kind
+        patched = _json_patch(workload, _yaml(comp_dir / patch_file))
+        c = _dpstream_container(patched)
+        env = {e["name"]: e["value"] for e in c["env"]}
+        assert env["DPSTREAM_METRICS_ADDR"] == "0.0.0.0" and set(env) == set(
+            e["name"] for e in _dpstream_container(workload)["env"]), name  # replaced the right entry
+        port = _metrics_port(c["env"])
+        ann = patched["spec"]["template"]["metadata"]["annotations"]
         assert ann["prometheus.io/scrape"] == "true" and int(ann["prometheus.io/port"]) == port
         assert ann["prometheus.io/path"] == "/metrics"
-        assert {"name": "metrics", "containerPort": port} in c["ports"]
-        assert c["livenessProbe"]["httpGet"]["port"] == "metrics"
+    (policy,) = [yaml.safe_load((comp_dir / r).read_text()) for r in comp["resources"]]
+    assert policy["kind"] == "NetworkPolicy" and policy["apiVersion"] == "networking.k8s.io/v1"
+    assert policy["metadata"]["namespace"] == "dpstream"
+    (expr,) = policy["spec"]["podSelector"]["matchExpressions"]
+    assert expr["operator"] == "In" and set(expr["values"]) == {
+        w["spec"]["template"]["metadata"]["labels"][expr["key"]] for w in workloads.values()}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9400}]
+    assert rule["from"] and all(src.get("podSelector", {}).get("matchLabels") and
+                                src.get("namespaceSelector", {}).get("matchLabels") for src in rule["from"])
 
 
 def test_k8s_redis_persists_every_write(k8s):
@@ -337,16 +403,17 @@ def test_dashboard_schema_and_metric_names():
         assert p["targets"] and len({t["refId"] for t in p["targets"]}) == len(p["targets"])
         for t in p["targets"]:
             names = set(re.findall(r"\b(dpstream_[a-zA-Z0-9_]+)", t["expr"]))
-            assert names or re.search(r"\bup\b", t["expr"]), t["expr"]
+            assert names, t["expr"]
             assert names <= declared, f"{t['expr']}: {sorted(names - declared)} not in pipeline.stream.metrics"
             used |= names
-    # DESIGN §7: reports by status and reason, open step, close and release latency, privacy spent,
-    # heavy hitters, users retired, consumer lag.
-    for family in ("dpstream_reports_total", "dpstream_dead_letters_total", "dpstream_open_step",
-                   "dpstream_step_close_seconds_bucket", "dpstream_release_seconds_bucket",
-                   "dpstream_privacy_spent_rho", "dpstream_privacy_spent_epsilon", "dpstream_heavy_hitters",
-                   "dpstream_partition_retired_users", "dpstream_consumer_lag", "dpstream_released_step"):
-        assert family in used, family
+    # The dashboard shows public values only (docs/privacy.md, metrics policy): every series it
+    # reads equals something on the public topics; the operational ones stay in Prometheus.
+    families = {re.sub(r"_(total|bucket|sum|count|created)$", "", n) for n in used}
+    assert families <= PUBLIC_SERIES, sorted(families - PUBLIC_SERIES)
+    assert not re.search(r"\bup\b", " ".join(dashboard_exprs()))
+    for family in ("dpstream_open_step", "dpstream_privacy_spent_rho", "dpstream_privacy_spent_epsilon",
+                   "dpstream_heavy_hitters", "dpstream_released_step"):
+        assert family in families, family
 
 
 def test_dashboard_promql_is_valid(tmp_path):
@@ -392,7 +459,7 @@ def test_create_topics_script_against_the_broker(tmp_path):
 
 
 def test_metrics_bind_address_follows_the_environment():
-    """Containers set DPSTREAM_METRICS_ADDR=0.0.0.0; the default stays loopback."""
+    """The default is loopback; a deployment that opts in sets DPSTREAM_METRICS_ADDR=0.0.0.0."""
     from pipeline.stream.embedded import free_port
 
     def listening(addr_env: str | None) -> str:

@@ -6,8 +6,8 @@ runs three steps with a few bad reports; then a Prometheus server (the Debian pa
 scrapes every process each second, and the assertions go through its HTTP query API, so metric
 names, labels, exposition format and values are checked end to end.
 
-The helpers that the jobs call (retired users, consumer lag) are also checked directly against a
-real PartitionState and the real broker.
+The helpers that the jobs call (per-partition series, consumer lag) are also checked directly against
+a real PartitionState and the real broker.
 """
 
 from __future__ import annotations
@@ -255,28 +255,22 @@ def test_no_metric_carries_a_true_statistic(scraped):
         labels = set(s["metric"]) - {"__name__", "job", "instance", "le"}
         assert labels <= M.ALLOWED_LABELS, s["metric"]
         assert s["metric"]["__name__"] in declared, s["metric"]
-        # Report and dead-letter counts are counts of reports, checked exactly above; retired users
-        # are by design a count of users (curator-side, documented in deploy/README.md).
-        if s["metric"]["__name__"] in ("dpstream_reports_total", "dpstream_dead_letters_total",
-                                       "dpstream_retired_users_total", "dpstream_partition_retired_users"):
+        # Report and dead-letter counts are counts of reports (operational), checked exactly above.
+        if s["metric"]["__name__"] in ("dpstream_reports_total", "dpstream_dead_letters_total"):
             continue
         if float(s["value"][1]) in scraped["truth"]:
             leaks.append(s)
     assert not leaks, leaks
 
 
-def test_retired_users_scraped(scraped):
-    prom, alerts, items, present = scraped["prom"], scraped["alerts"], scraped["items"], scraped["present"]
-    x = items.copy()
-    for t in range(1, T):
-        x[~present[:, t], t] = x[~present[:, t], t - 1]
-    retired = np.zeros(N, dtype=bool)  # k = 1: a user is retired by the first flag of an item it holds
-    for t in range(1, T + 1):
-        retired |= np.isin(x[:, t - 1], alerts[("hh", t)]["flagged"])
-    want = int(retired.sum())
-    assert want > 0
-    got = prom.value('sum(max by (partition) (dpstream_partition_retired_users{release="hh"}))')
-    assert got == want
+def test_close_to_publish_latency_is_curator_side(scraped):
+    """The public records carry the close time; the close -> publish latency is only a gauge here."""
+    prom = scraped["prom"]
+    assert prom.value('dpstream_close_to_publish_step{job="dpstream-releaser"}') == T
+    assert 0 < prom.value('dpstream_close_to_publish_seconds{job="dpstream-releaser"}') < 60
+    for name, by_step in scraped["manifests"].items():
+        assert [by_step[t]["released_at"] for t in range(1, T + 1)] == sorted(
+            by_step[t]["released_at"] for t in range(1, T + 1)), name
 
 
 def test_consumer_lag_scraped(scraped):
@@ -321,36 +315,52 @@ def test_lag_monitor_against_the_broker():
         assert M.METRICS.consumer_lag.labels("lag-test", "0")._value.get() == 6
 
 
-def test_observe_partition_counts_retirements_once():
+def _all_sample_values() -> list[float]:
+    return [sample.value for metric in M.METRICS.all() for family in metric.collect() for sample in family.samples]
+
+
+def test_no_series_moves_by_the_count_a_band_alert_protects():
+    """At a band monitor's Above, the users holding the watched value leave its active set. Their
+    number is exactly the count the alert protects with noise, so no metric may carry it (an
+    earlier gauge of retired users jumped by it). The same for a heavy-hitter flag with k = 1."""
     from pipeline.config import parse_config
     from pipeline.stream.partition_state import PartitionState
     from pipeline.stream.reports import ParsedReports
 
     dep = parse_config({
-        "name": "retired", "roster": {"size": 50}, "horizon": 3, "topics": {"partitions": 1},
-        "attributes": {"item": {"type": "hashed", "size": 16}},
+        "name": "retired", "roster": {"size": 500}, "horizon": 3, "topics": {"partitions": 1},
+        "attributes": {"status": {"type": "categorical", "values": ["a", "b"]},
+                       "item": {"type": "hashed", "size": 16}},
         "budget": {"epsilon": 1.0, "delta": 1e-6},
-        "releases": [{"name": "hh-unit", "type": "heavy_hitters", "attribute": "item", "k": 2, "share": 1.0}],
+        "releases": [{"name": "band-unit", "type": "band_monitor", "attribute": "status", "value": "b",
+                      "low": 10, "high": 20, "share": 0.5},
+                     {"name": "hh-unit", "type": "heavy_hitters", "attribute": "item", "k": 1, "share": 0.5}],
     })
-    rows = np.arange(50)
-    x = np.where(rows < 30, 5, 9)
-    st = PartitionState(dep, 0, rows, 50)
+    rows = np.arange(500)
+    holders_b, holders_5 = 437, 391  # distinct from every step, port and count below
+    status = (rows < holders_b).astype(np.int64)
+    item = np.where(rows < holders_5, 5, 9)
+    st = PartitionState(dep, 0, rows, 500)
     M.forget_partition(0)
-    M.observe_partition(0, st)  # baseline
-    counter = M.METRICS.retired_users.labels("hh-unit")
-    start = counter._value.get()
-    for t in (1, 2):
-        st.apply(ParsedReports.of_singles(rows, np.full(50, t), {"item": x}))
-        st.close(t)
-        st.apply_feedback(t, "hh-unit", {"flagged": [5]})
-        M.observe_partition(0, st)
-    gauge = M.METRICS.retired_users_now.labels("hh-unit", "0")
-    assert gauge._value.get() == 30  # charged twice = k: retired
-    assert counter._value.get() - start == 30
+    M.observe_partition(0, st)
+    st.apply(ParsedReports.of_singles(rows, np.full(500, 1), {"status": status, "item": item}))
+    st.close(1)
+    st.apply_feedback(1, "band-unit", {"flagged": [1]})  # Above: the holders of "b" retire
+    st.apply_feedback(1, "hh-unit", {"flagged": [5]})  # k = 1: the holders of item 5 retire
+    M.observe_partition(0, st)
+    assert M.METRICS.open_step.labels("0")._value.get() == 2
+    values = _all_sample_values()
+    assert holders_b not in values and holders_5 not in values
     M.forget_partition(0)
-    M.observe_partition(0, st)  # a re-assignment sets a new baseline: not counted again
-    assert counter._value.get() - start == 30
-    assert M.METRICS.open_step.labels("0")._value.get() == 3
+    assert ("0",) not in M.METRICS.open_step._metrics
+
+
+def test_every_metric_is_public_or_operational():
+    """The metrics policy (docs/privacy.md): each family in exactly one class; the public ones equal
+    values on the public topics (checked against the manifests in the scrape tests)."""
+    families = {metric._name for metric in M.METRICS.all()}
+    assert families == M.PUBLIC_SERIES | M.OPERATIONAL_SERIES
+    assert not M.PUBLIC_SERIES & M.OPERATIONAL_SERIES
 
 
 def test_metrics_labels_are_operational_only():

@@ -2,6 +2,7 @@
 the noise laws, and the sparse-sampling primitives."""
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -18,8 +19,9 @@ from pipeline.monitors._laws import (
     lower_quantile,
     upper_quantile,
 )
+from pipeline.monitors._exact import Interval, exact_probability
 from pipeline.privacy.accounting import zcdp_to_approx_dp
-from pipeline.privacy.rng import as_random_source
+from pipeline.privacy.rng import RandomSource, as_random_source
 
 # ---------------------------------------------------------------------------------------------
 # notes/tct.md §3 test vectors
@@ -208,20 +210,23 @@ def test_discrete_gaussian_tails():
 
 def test_binomial_draw_matches_the_binomial():
     src = as_random_source(11)
-    draws = np.array([binomial_draw(src, 40, math.log(0.1)) for _ in range(4000)])
+    draws = np.array([binomial_draw(src, 40, exact_probability(Fraction(1, 10))) for _ in range(4000)])
     observed = np.bincount(draws, minlength=41)[:12]
     expected = stats.binom.pmf(np.arange(12), 40, 0.1) * draws.size
     chi2 = (((observed - expected) ** 2) / expected)[expected > 5].sum()
     assert chi2 < stats.chi2.ppf(0.9999, (expected > 5).sum() - 1)
     # huge n, tiny p (|X| = 2^32 with p ~ 1e-9): mean 4.29
-    big = np.array([binomial_draw(src, 2**32, math.log(1e-9)) for _ in range(2000)])
+    big = np.array([binomial_draw(src, 2**32, exact_probability(1e-9)) for _ in range(2000)])
     assert abs(big.mean() - 4.294967296) < 5 * math.sqrt(4.29 / 2000)
 
 
 def test_geometric_draw_mean():
     src = as_random_source(12)
-    g = np.array([geometric_draw(src, math.log(0.2)) for _ in range(4000)])
+    g = np.array([geometric_draw(src, exact_probability(Fraction(1, 5))) for _ in range(4000)])
     assert abs(g.mean() - 4.0) < 5 * math.sqrt(20.0 / 4000)  # mean (1−p)/p, var (1−p)/p²
+    observed = np.bincount(g, minlength=12)[:12]
+    expected = 0.2 * 0.8 ** np.arange(12) * g.size
+    assert (((observed - expected) ** 2) / expected).sum() < stats.chi2.ppf(0.9999, 11)
 
 
 @pytest.mark.parametrize("domain", [50, 2**32])
@@ -256,3 +261,107 @@ def test_active_histogram_paths_agree():
     s_big, c_big = active_histogram(vals, 2**33)  # np.unique path
     assert np.array_equal(s_small, s_big) and np.array_equal(c_small, c_big)
     assert c_small.sum() == 3000 and np.all(c_small > 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the zero-count shortcut is exact (pipeline/monitors/_exact.py)
+# ---------------------------------------------------------------------------------------------
+
+class ScriptedSource(RandomSource):
+    """Replays given 64-bit words (to place U exactly where a float inversion goes wrong)."""
+
+    secure = False
+
+    def __init__(self, words):
+        self._words = list(words)
+
+    def words(self, size):
+        out, self._words = self._words[:size], self._words[size:]
+        assert len(out) == size, "ran out of scripted words"
+        return np.array(out, dtype=np.uint64)
+
+    def get_state(self):
+        return {}
+
+    def set_state(self, state):
+        pass
+
+
+TWO_THIRDS_64 = int("AA" * 8, 16)  # ⌊(2/3)·2^64⌋: U's first 64 bits straddle 2/3
+
+
+@pytest.mark.parametrize("second, want", [(TWO_THIRDS_64 - 1, 0), (TWO_THIRDS_64 + 1, 1)])
+def test_binomial_draw_decides_at_the_exact_boundary(second, want):
+    """Bin(1, 1/3): K = 0 iff U < 2/3. With U's first word ⌊(2/3)·2^64⌋, 64 bits cannot tell; the
+    draw reads a second word and decides exactly (a float inversion answers from the first word
+    alone, the same for both)."""
+    src = ScriptedSource([TWO_THIRDS_64, second])
+    assert binomial_draw(src, 1, exact_probability(Fraction(1, 3))) == want
+    assert src._words == []  # exactly one refinement
+
+
+@pytest.mark.parametrize("second, want", [(TWO_THIRDS_64 - 1, 0), (TWO_THIRDS_64 + 1, 1)])
+def test_geometric_draw_decides_at_the_exact_boundary(second, want):
+    """P(G ≥ 1) = q = 2/3 (p = 1/3): G = 0 iff U < 1/3... with 1 − U's role: F(0) = 1 − q = 1/3 < U
+    decides G ≥ 1. Place U at 1/3 ± 2^-128 through the words of ⌊(1/3)·2^64⌋."""
+    third = int("55" * 8, 16)
+    second = {TWO_THIRDS_64 - 1: third - 1, TWO_THIRDS_64 + 1: third + 1}[second]
+    src = ScriptedSource([third, second] + [0] * 8)
+    g = geometric_draw(src, exact_probability(Fraction(1, 3)))
+    assert (g == 0) == (want == 0)
+
+
+@pytest.mark.parametrize("law, ys", [
+    (DiscreteLaplaceLaw(3.7), (-3, 0, 1, 5, 40, 400)),
+    (DiscreteGaussianLaw(4.0), (-3, 0, 1, 5, 9, 20)),
+    (DiscreteGaussianLaw(0.3), (0, 1, 3)),
+    (DiscreteGaussianLaw(2.5e4), (30, 1500)),
+    (CappedSumLaw(30.0, 12.0, 25.3), (-10, 0, 5, 26, 60, 300)),
+])
+def test_tail_intervals_contain_the_tail_and_narrow_with_digits(law, ys):
+    """sf_interval encloses the float tail (itself checked against brute force above) at 34 digits,
+    and at 68 digits gives a nested interval about 10^-30 times as wide."""
+    for y in ys:
+        lo34, hi34 = law.sf_interval(y, 34).lo, law.sf_interval(y, 34).hi
+        fine = law.sf_interval(y, 68)
+        f = math.exp(law.log_sf(y))
+        assert float(lo34) <= f * (1 + 1e-9) and f * (1 - 1e-9) <= float(hi34), (y, f, lo34, hi34)
+        assert lo34 <= fine.hi and fine.lo <= hi34  # both contain the true value
+        assert Fraction(fine.hi - fine.lo) <= Fraction(hi34 - lo34) / 10**25 or fine.hi == fine.lo
+
+
+def test_interval_arithmetic_encloses_exact_results():
+    third = Interval.of(Fraction(1, 3), 20)
+    assert third.lo < Fraction(1, 3) < third.hi and third.hi - third.lo <= Fraction(1, 10**19)
+    x = (third * 3 - 1) / 7  # contains 0
+    assert x.lo <= 0 <= x.hi
+    # references to 40 digits (e and ln 2), so within 10^-40 of the truth
+    tol = Fraction(1, 10**40)
+    for got, ref in ((Interval.of(1, 30).exp(), Fraction("2.718281828459045235360287471352662497757")),
+                     (Interval.of(2, 30).ln(), Fraction("0.6931471805599453094172321214581765680755"))):
+        assert got.lo <= ref + tol and ref - tol <= got.hi and got.hi - got.lo < Fraction(1, 10**28)
+
+
+def test_conditional_tail_draws_follow_the_geometric_law():
+    """tct's published value of a flagged zero-count element: t + G, P(G ≥ g) = ρ^g (chi-square)."""
+    law = DiscreteLaplaceLaw(2.0)
+    draws = law.sample_conditional_tail(as_random_source(21), 7, 6000) - 7
+    observed = np.bincount(draws, minlength=10)[:10]
+    expected = (1 - law.rho) * law.rho ** np.arange(10) * draws.size
+    assert draws.min() >= 0
+    assert (((observed - expected) ** 2) / expected).sum() < stats.chi2.ppf(0.9999, 9)
+
+
+def test_choose_absent_ids_enumerated_path_is_uniform():
+    """The small-complement path (partial Fisher–Yates with exact integers): every absent id is
+    chosen with probability count/|absent| (chi-square over 4000 draws)."""
+    src = as_random_source(22)
+    support = np.arange(0, 40, 2, dtype=np.int64)  # 20 of 40 ids held: 20 absent, count 5 → enumerated
+    counts = np.zeros(40)
+    for _ in range(4000):
+        ids = choose_absent_ids(src, 40, support, 5)
+        assert ids.size == 5 and np.unique(ids).size == 5 and not np.isin(ids, support).any()
+        counts[ids] += 1
+    absent = np.setdiff1d(np.arange(40), support)
+    expected = 4000 * 5 / absent.size
+    assert ((counts[absent] - expected) ** 2 / expected).sum() < stats.chi2.ppf(0.9999, absent.size - 1)

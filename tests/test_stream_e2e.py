@@ -119,6 +119,22 @@ def test_stream_equals_batch_and_rejects_bad_input_with_reasons(services, tmp_pa
         assert all(count == 1 for count in drv.manifests_seen.values())
         assert max(latency[1:]) < 30
 
+        # 5. every public record of step t carries the close command's timestamp, and the manifest
+        #    says the same: nothing public tells how long the release took to compute
+        assert_stamped_with(drv, {t: drv.close_timestamp[t] for t in range(1, T + 1)}, ("fw", "cu"))
+
+
+def assert_stamped_with(drv, closed_at: dict[int, int], releases) -> None:
+    public = {drv.names[t] for t in ("releases", "synthetic", "alerts")}
+    by_step: dict[int, set[int]] = {}
+    for (topic, key), ts in drv.timestamps.items():
+        if topic in public:
+            by_step.setdefault(int(key.split(b":")[1]), set()).add(ts)
+    assert {t: sorted(ts) for t, ts in by_step.items()} == {t: [ms] for t, ms in closed_at.items()}
+    for name in releases:
+        for t, ms in closed_at.items():
+            assert drv.panels.panels[name].manifests[t]["released_at"] * 1000 == pytest.approx(ms, abs=0.01)
+
 
 @pytest.mark.parametrize("fault", ["releaser.before_commit", "releaser.after_commit", "releaser.mid_publish"])
 def test_releaser_crash_at_each_protocol_point_changes_nothing(services, tmp_path, fault):
@@ -213,21 +229,6 @@ def test_heavy_hitters_and_band_alerts_through_kafka_equal_the_library(services,
     assert flagged_any  # charging (hence the feedback path) was exercised
 
 
-def test_steps_close_at_full_coverage_without_a_close_command(services, tmp_path):
-    path = write_config(tmp_path, services, "e2e-coverage", steps={"close": "coverage"})
-    dep = load_config(path)
-    X = panel_data(seed=8)
-    with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs") as cluster:
-        drv = StepDriver(cluster.broker, dep, Roster.from_config(dep.roster), cluster.names, cluster=cluster)
-        for t in range(1, T + 1):
-            drv.producer.send_step(t, {"pov": X[:, t - 1]})
-            drv.wait_released(t, timeout=60)  # no close command: every user reported
-        drv.shutdown()
-    ref = batch_reference(dep, {"pov": X})
-    for name in ("fw", "cu"):
-        np.testing.assert_array_equal(drv.panels.panels[name].as_array(), ref[name])
-
-
 def test_a_deadline_closes_steps_nobody_reported_and_imputes_the_default(services, tmp_path):
     path = write_config(tmp_path, services, "e2e-deadline", steps={"close": "deadline", "deadline_seconds": 2},
                         imputation={"rule": "carry_forward", "default": {"pov": 0}})
@@ -239,3 +240,28 @@ def test_a_deadline_closes_steps_nobody_reported_and_imputes_the_default(service
     ref = batch_reference(dep, {"pov": np.zeros((N, T), dtype=np.int64)})  # everyone imputed to the default 0
     for name in ("fw", "cu"):
         np.testing.assert_array_equal(drv.panels.panels[name].as_array(), ref[name])
+    # The deadline clock runs from the previous close (a public time), and each step is stamped with
+    # its scheduled close, not with when the releaser noticed it or finished computing: the public
+    # times are exactly deadline_seconds apart.
+    released = [drv.panels.panels["cu"].manifests[t]["released_at"] for t in range(1, T + 1)]
+    assert [round((b - a) * 1000) for a, b in zip(released, released[1:])] == [2000] * (T - 1)
+    assert_stamped_with(drv, {t: round(released[t - 1] * 1000) for t in range(1, T + 1)}, ("fw", "cu"))
+
+
+def test_publish_delay_holds_every_step_until_a_public_time(services, tmp_path):
+    """With steps.publish_delay_seconds = L, a step's records become readable no earlier than its
+    close + L (the release itself takes well under a second here), so when they appear is a public
+    time, not the computation's."""
+    path = write_config(tmp_path, services, "e2e-hold", steps={"publish_delay_seconds": 2.5})
+    dep = load_config(path)
+    X = panel_data(seed=5)
+    with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs") as cluster:
+        drv = StepDriver(cluster.broker, dep, Roster.from_config(dep.roster), cluster.names, cluster=cluster)
+        waited = []
+        for t in range(1, 4):
+            drv.producer.send_step(t, {"pov": X[:, t - 1]})
+            waited.append(drv.close(t))
+        drv.shutdown()
+    # drv.close measures from just before the command is sent to the whole step read back
+    assert min(waited) >= 2.5 - 0.05, waited
+    assert_stamped_with(drv, {t: drv.close_timestamp[t] for t in range(1, 4)}, ("fw", "cu"))

@@ -368,3 +368,55 @@ def test_merge_histograms_sums_partitions_exactly(domain):
     support, summed = merge_histograms(parts, domain)
     assert support.tolist() == sorted(want) and summed.tolist() == [want[e] for e in sorted(want)]
     assert summed.dtype == np.int64
+
+
+def test_released_at_is_the_public_close_time_not_the_computation_time(run):
+    """Manifests are stamped with the step's public close time from the partials (the close
+    markers'), so two releases of the same step computed at different moments are identical; a
+    step whose markers carried no time gets no time."""
+    dep, X, S, partials, engine, outputs = run
+    closed = [1_700_000_000_000 + 60_000 * t for t in range(1, 4)]
+    stamped = [[{**p, "closed_at": closed[t]} for p in partials[t]] for t in range(3)]
+    stamped[2][1]["closed_at"] = closed[2] + 1500  # markers rewritten after a releaser restart: the latest
+    runs = []
+    for _ in range(2):
+        e = ReleaseEngine(dep, N)
+        runs.append([e.release(t + 1, stamped[t]) for t in range(3)])
+    for t in range(3):
+        want = (closed[t] + (1500 if t == 2 else 0)) / 1000
+        for a, b in zip(runs[0][t], runs[1][t]):
+            assert a.manifest["released_at"] == want and a.manifest == b.manifest
+    assert all(o.manifest["released_at"] is None for o in outputs[0])  # unstamped partials
+
+
+@pytest.mark.parametrize("values", [128, 300])
+def test_wide_categorical_alphabet_is_published_without_wrapping(values):
+    """A categorical attribute of 128 (int8 still holds 0..127) and 300 values (int16) through the
+    engine, the chunk codec, the checksum and the consumer: what the consumer reads back equals the
+    library synthesizer's columns (int8 would wrap 300 values)."""
+    from pipeline.consumer import PanelStore
+    from pipeline.stream.engine import batch_reference
+    from pipeline.stream.reports import ParsedReports
+
+    n, horizon = 60, 3
+    dep = parse_config({
+        "name": f"wide-{values}", "roster": {"size": n}, "horizon": horizon, "topics": {"partitions": 1},
+        "attributes": {"code": {"type": "categorical", "values": [f"v{i}" for i in range(values)]}},
+        "budget": {"rho": 1.0}, "random": {"kind": "seeded", "seed": 4},
+        "releases": [{"name": "fw", "type": "fixed_window", "attribute": "code", "window": 1, "share": 1.0}],
+    })
+    X = np.random.default_rng(values).integers(0, values, size=(n, horizon))
+    X[:20] = values - 1  # the largest code, held by many
+    rows = np.arange(n)
+    st = PartitionState(dep, 0, rows, n)
+    engine, store = ReleaseEngine(dep, n), PanelStore()
+    for t in range(1, horizon + 1):
+        st.apply(ParsedReports.of_singles(rows, np.full(n, t), {"code": X[:, t - 1]}))
+        (out,) = engine.release(t, [st.close(t)])
+        assert out.manifest["synthetic"]["dtype"] == ("int8" if values <= 128 else "int16")
+        store.add_manifest(orjson.dumps(out.manifest))
+        for _, chunk in synthetic_chunks(out.release, t, out.column_steps, out.columns):
+            store.add_chunk(chunk)
+    ref = batch_reference(dep, {"code": X})["fw"]
+    assert ref.max() == values - 1  # the top code is in the synthetic data
+    np.testing.assert_array_equal(store.panels["fw"].as_array(), ref)

@@ -17,6 +17,7 @@ from pipeline.stream.messages import (
     dead_letter_headers,
     encode_partial,
     synthetic_chunks,
+    synthetic_columns,
 )
 
 
@@ -150,7 +151,7 @@ def test_synthetic_chunks_cover_every_record_once(m, chunk):
 def test_columns_checksum_is_sha256_of_int8_record_major():
     import hashlib
 
-    cols = np.array([[1, 0], [0, 1], [1, 1]])
+    cols = np.array([[1, 0], [0, 1], [1, 1]], dtype=np.int8)
     assert columns_checksum(cols) == hashlib.sha256(bytes([1, 0, 0, 1, 1, 1])).hexdigest()
     assert columns_checksum(cols) != columns_checksum(cols.T.copy().T[::-1])
     flipped = cols.copy()
@@ -163,15 +164,17 @@ def test_columns_checksum_is_sha256_of_int8_record_major():
 M, H = 25, 4
 
 
-def step_messages(release, step, column_steps, cols, chunk_records=6, rtype="fixed_window"):
+def step_messages(release, step, column_steps, cols, chunk_records=6, rtype="fixed_window", categories=2):
     chunks = list(synthetic_chunks(release, step, column_steps, cols, chunk_records=chunk_records))
     manifest = {
         "release": release, "type": rtype, "step": step, "horizon": H,
-        "parameters": {"window": 2, "categories": 2, "n_pad": 1, "m": cols.shape[0]},
+        "parameters": {"window": 2, "categories": categories, "n_pad": 1, "m": cols.shape[0]},
         "noisy_counts": [1, 2, 3, 4],
         "synthetic": {"columns": column_steps, "records": cols.shape[0], "chunks": len(chunks),
                       "sha256": columns_checksum(cols)},
     }
+    if cols.dtype != np.int8:  # manifests without dtype (earlier versions) mean int8
+        manifest["synthetic"]["dtype"] = cols.dtype.name
     return orjson.dumps(manifest), [v for _, v in chunks]
 
 
@@ -351,3 +354,57 @@ def test_assembler_min_offset_tracks_unreleased_chunks():
     assert asm.min_offset() == first[2]
     asm.discard_before(3)
     assert asm.min_offset() is None
+
+
+# --- synthetic value types ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("categories, dtype", [(2, "int8"), (128, "int8"), (129, "int16"), (300, "int16"),
+                                               (32768, "int16"), (32769, "int32")])
+def test_synthetic_columns_use_the_smallest_type_holding_the_alphabet(categories, dtype):
+    cols = np.array([[0, categories - 1], [categories - 1, 1]], dtype=np.int64)
+    out = synthetic_columns(cols, categories)
+    assert out.dtype.name == dtype
+    np.testing.assert_array_equal(out, cols)  # nothing wrapped
+    with pytest.raises(ValueError, match="outside"):
+        synthetic_columns(np.array([[categories]]), categories)
+    with pytest.raises(ValueError, match="outside"):
+        synthetic_columns(np.array([[-1]]), categories)
+
+
+def test_columns_checksum_of_int16_is_sha256_of_little_endian_record_major():
+    import hashlib
+
+    cols = np.array([[299, 0], [128, 1]], dtype=np.int16)
+    assert columns_checksum(cols) == hashlib.sha256(np.array([299, 0, 128, 1], dtype="<i2").tobytes()).hexdigest()
+    with pytest.raises(TypeError, match="int8"):
+        columns_checksum(cols.astype(np.int64))
+
+
+@pytest.mark.parametrize("categories", [128, 300])
+def test_panel_store_reads_back_wide_alphabets(categories):
+    """A 128- and a 300-value alphabet through the chunk codec, the checksum and the consumer: the
+    values read back are the released ones (300 values would wrap in int8)."""
+    rng = np.random.default_rng(categories)
+    full = synthetic_columns(rng.integers(0, categories, size=(M, H)), categories)
+    full[0, :] = categories - 1
+    store = PanelStore()
+    for t in range(1, H + 1):
+        man, chunks = step_messages("wide", t, [t], full[:, t - 1 : t], categories=categories)
+        store.add_manifest(man)
+        for c in chunks:
+            store.add_chunk(c)
+    panel = store.panels["wide"]
+    assert panel.released_through == H and panel.as_array().dtype == full.dtype
+    np.testing.assert_array_equal(panel.as_array(), full)
+    assert panel.as_array().max() == categories - 1
+
+
+def test_panel_store_refuses_values_that_would_wrap():
+    cols = np.array([[1], [2]], dtype=np.int8)
+    man, chunks = step_messages("fw", 1, [1], cols)
+    bad = orjson.loads(chunks[0])
+    bad["values"]["1"][0] = 300  # outside int8: a wrapped 44 must not be accepted
+    store = PanelStore()
+    store.add_manifest(man)
+    with pytest.raises(IncompleteStep, match="malformed"):
+        store.add_chunk(orjson.dumps(bad))

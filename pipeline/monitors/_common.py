@@ -10,6 +10,7 @@ import numpy as np
 from pipeline.privacy.noise import exact_scale
 from pipeline.privacy.rng import RandomSource, as_random_source, random_source_from_state
 
+from ._exact import ProbabilityFn
 from ._laws import binomial_draw, choose_absent_ids
 from pipeline.validation import check_int, check_real  # noqa: F401  (re-exported)
 
@@ -58,19 +59,21 @@ def active_histogram(vals: np.ndarray, domain_size: int) -> tuple[np.ndarray, np
 
 
 def sparse_flags(source: RandomSource, domain_size: int, support: np.ndarray, support_flagged: np.ndarray,
-                 log_p_zero: float) -> tuple[np.ndarray, np.ndarray]:
+                 p_zero: ProbabilityFn) -> tuple[np.ndarray, np.ndarray]:
     """Add the zero-count elements to a step's flags without touching them one by one.
 
     Every element x outside ``support`` has count 0 and is flagged iff its own fresh noise N_x
-    reaches the threshold, independently across x with the same probability p = e^{log_p_zero}.
-    The flagged subset F of the Z = domain_size − |support| zero-count ids is then a set of
-    independent Bernoulli(p) indicators, whose law is: |F| ~ Binomial(Z, p) and, given |F| = K, F is
-    uniform among the K-subsets (the indicators are exchangeable). So drawing K from the exact
-    Binomial and K ids uniformly (rejection from the id space) gives exactly the law of querying
-    every element. Returns (flagged ids sorted, the zero-count ids among them).
+    reaches the threshold, independently across x with the same probability p (``p_zero``: the
+    noise law's tail as rigorous intervals, ``lambda d: law.sf_interval(t, d)``). The flagged subset
+    F of the Z = domain_size − |support| zero-count ids is then a set of independent Bernoulli(p)
+    indicators, whose law is: |F| ~ Binomial(Z, p) and, given |F| = K, F is uniform among the
+    K-subsets (the indicators are exchangeable). K is drawn from Binomial(Z, p) exactly (inversion
+    with exact comparisons, :mod:`pipeline.monitors._exact`) and the K ids uniformly with exact
+    integer draws, so the output has exactly the law of querying every element.
+    Returns (flagged ids sorted, the zero-count ids among them).
     """
     z = domain_size - support.size
-    k = binomial_draw(source, z, log_p_zero) if z > 0 else 0
+    k = binomial_draw(source, z, p_zero) if z > 0 else 0
     zeros = choose_absent_ids(source, domain_size, support, k)
     flagged = support[support_flagged]
     if zeros.size:

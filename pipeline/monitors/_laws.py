@@ -15,16 +15,25 @@ Laws (all on the integers, or the integers plus one atom for the capped law):
   as sums of geometric series (see :meth:`CappedSumLaw.log_sf`).
 
 Probabilities are returned as natural logs where they can be tiny (1e−20 is routine: β/(m·|X|)).
+These float tails set thresholds and utility bounds (public numbers, computed from public
+parameters). Every *draw* of the zero-count shortcut instead uses ``sf_interval``: the same tail as
+a rigorous interval at any precision (:mod:`pipeline.monitors._exact`), so the sampled law is
+exactly the intended one.
 """
 
 from __future__ import annotations
 
 import math
+from decimal import ROUND_FLOOR
+from fractions import Fraction
 
 import numpy as np
 from scipy import special
 
+from pipeline.privacy.noise import exact_scale, exact_sigma2
 from pipeline.privacy.rng import RandomSource
+
+from ._exact import PI_DIGITS, Interval, ProbabilityFn, _ctx, binomial_exact, geometric_exact, pi_interval
 
 __all__ = [
     "DiscreteLaplaceLaw",
@@ -32,7 +41,6 @@ __all__ = [
     "CappedSumLaw",
     "upper_quantile",
     "lower_quantile",
-    "uniform_open",
     "binomial_draw",
     "geometric_draw",
     "choose_absent_ids",
@@ -82,6 +90,28 @@ class DiscreteLaplaceLaw:
         self.rho = math.exp(self.log_rho)
         self._log1p_rho = math.log1p(self.rho)
         self._log_norm = math.log(-math.expm1(self.log_rho)) - self._log1p_rho
+        self._inv_scale = 1 / exact_scale(self.scale)  # what the exact sampler uses
+        self._sf_cache: dict[tuple[int, int], Interval] = {}
+
+    def rho_interval(self, digits: int) -> Interval:
+        """ρ = e^{−1/s} as an interval."""
+        return (-Interval.of(self._inv_scale, digits)).exp()
+
+    def sf_interval(self, y, digits: int) -> Interval:
+        """P(X ≥ y) for real y as a rigorous interval (see :mod:`pipeline.monitors._exact`)."""
+        big_y = math.ceil(Fraction(y))
+        key = (big_y, digits)
+        if key not in self._sf_cache:
+            inv = Interval.of(self._inv_scale, digits)
+            one_plus_rho = 1 + (-inv).exp()
+            if big_y >= 1:
+                value = (-(inv * big_y)).exp() / one_plus_rho
+            else:
+                value = 1 - (-(inv * (1 - big_y))).exp() / one_plus_rho
+            if len(self._sf_cache) > 256:
+                self._sf_cache.clear()
+            self._sf_cache[key] = value.clamp01()
+        return self._sf_cache[key]
 
     def log_sf(self, y: float) -> float:
         """ln P(X ≥ y) for real y."""
@@ -111,15 +141,12 @@ class DiscreteLaplaceLaw:
         return total + self._log_norm if total != _NEG_INF else _NEG_INF
 
     def sample_conditional_tail(self, source: RandomSource, t: int, size: int) -> np.ndarray:
-        """Draws of X conditioned on X ≥ t for an integer t ≥ 1: t + Geometric(1 − ρ) (memoryless);
-        inverse CDF from 53-bit uniforms (see :func:`uniform_open`)."""
+        """Exact draws of X conditioned on X ≥ t for an integer t ≥ 1: t + G with P(G ≥ g) = ρ^g
+        (memoryless), G drawn exactly (:func:`pipeline.monitors._exact.geometric_exact`)."""
         if t < 1:
             raise ValueError("t must be at least 1")
-        if size == 0:
-            return np.zeros(0, dtype=np.int64)
-        u = uniform_open(source, size)
-        extra = np.floor(np.log(u) / self.log_rho).astype(np.int64)
-        return np.int64(t) + extra
+        return np.asarray([t + geometric_exact(source, self.rho_interval) for _ in range(int(size))],
+                          dtype=np.int64)
 
 
 class DiscreteGaussianLaw:
@@ -137,6 +164,39 @@ class DiscreteGaussianLaw:
         else:
             xs = np.arange(-60, 61, dtype=np.float64)
             self._log_z = float(special.logsumexp(-xs * xs / (2.0 * self.sigma2)))
+        self._exact_sigma2 = exact_sigma2(self.sigma2)  # what the exact sampler uses
+        self._sf_cache: dict[tuple[int, int], Interval] = {}
+        self._norm_cache: dict[int, Interval] = {}
+
+    def _normaliser(self, digits: int) -> Interval:
+        """Σ_x e^{−x²/(2σ²)}: for σ² ≥ 1 by Poisson summation, √(2πσ²)·(1 + 2Σ_{k≥1} e^{−2π²σ²k²})
+        (a few terms), else directly, 1 + 2Σ_{x≥1} e^{−x²/(2σ²)}."""
+        if digits not in self._norm_cache:
+            s2 = self._exact_sigma2
+            if s2 >= 1 and digits <= PI_DIGITS - 10:
+                pi = pi_interval(digits)
+                theta = 1 + 2 * _gauss_sum(pi * pi * (2 * s2), 1, digits)
+                value = (pi * (2 * s2)).sqrt() * theta
+            else:
+                value = 1 + 2 * _gauss_sum(Interval.of(1 / (2 * s2), digits), 1, digits)
+            self._norm_cache[digits] = value
+        return self._norm_cache[digits]
+
+    def sf_interval(self, y, digits: int) -> Interval:
+        """P(X ≥ y) for real y as a rigorous interval; the tail sum is cut where the rest is below
+        10^−digits of it and the rest bounded by a geometric series (:func:`_gauss_sum`)."""
+        big_y = math.ceil(Fraction(y))
+        key = (big_y, digits)
+        if key not in self._sf_cache:
+            c = Interval.of(1 / (2 * self._exact_sigma2), digits)
+            if big_y >= 1:
+                value = _gauss_sum(c, big_y, digits) / self._normaliser(digits)
+            else:
+                value = 1 - _gauss_sum(c, 1 - big_y, digits) / self._normaliser(digits)
+            if len(self._sf_cache) > 256:
+                self._sf_cache.clear()
+            self._sf_cache[key] = value.clamp01()
+        return self._sf_cache[key]
 
     def _log_tail_from(self, start: int) -> float:
         """ln Σ_{x ≥ start} P(X = x) for an integer start ≥ 0."""
@@ -170,6 +230,41 @@ class CappedSumLaw:
         self.cap = float(cap)
         self._m = math.ceil(self.cap) - 1  # largest integer strictly below the cap
         self._log_atom = self.v.log_sf(math.ceil(self.cap))  # P(V ≥ D) = P(V̄ = D)
+        self._sf_cache: dict[tuple[float, int], Interval] = {}
+
+    def sf_interval(self, y, digits: int) -> Interval:
+        """P(W + V̄ ≥ y) as a rigorous interval; the decomposition of :meth:`log_sf` evaluated in
+        interval arithmetic. With Y = ⌈y⌉, M = ⌈D⌉ − 1, b = min(M, Y − 1), c = (1−ρ_v)/(1+ρ_v):
+        Σ_{v ≤ b} c·ρ_v^{|v|}·ρ_w^{Y−v}/(1+ρ_w)  [v ≤ −1: a geometric series in ρ_vρ_w; 0 ≤ v ≤ b:
+        one in ρ_v/ρ_w] + Σ_{v=Y}^{M} c·ρ_v^{|v|}·(1 − ρ_w^{1−Y+v}/(1+ρ_w)) + P(V ≥ M+1)·P(W ≥ y − D)."""
+        key = (float(y), digits)
+        if key in self._sf_cache:
+            return self._sf_cache[key]
+        w_inv, v_inv = Interval.of(self.w._inv_scale, digits), Interval.of(self.v._inv_scale, digits)
+        rho_w, rho_v = (-w_inv).exp(), (-v_inv).exp()
+        c = (1 - rho_v) / (1 + rho_v)
+        big_y, m = math.ceil(Fraction(y)), self._m
+        b = min(m, big_y - 1)
+        rw_y = (-(w_inv * big_y)).exp()
+        u0 = max(1, -b)
+        part = rw_y * (-((v_inv + w_inv) * u0)).exp() / (1 - rho_v * rho_w)  # v ≤ min(b, −1)
+        if b >= 0:
+            ratio = w_inv - v_inv  # ln(ρ_v/ρ_w)
+            if ratio.lo > 0 or ratio.hi < 0:
+                geo = ((ratio * (b + 1)).exp() - 1) / (ratio.exp() - 1)
+            else:
+                geo = sum(((ratio * j).exp() for j in range(b + 1)), Interval.of(0, digits))
+            part = part + rw_y * geo
+        total = part * c / (1 + rho_w)
+        if big_y <= m:
+            for v in range(big_y, m + 1):
+                w_tail = 1 - (-(w_inv * (1 - big_y + v))).exp() / (1 + rho_w)
+                total = total + c * (-(v_inv * abs(v))).exp() * w_tail
+        total = total + self.v.sf_interval(m + 1, digits) * self.w.sf_interval(Fraction(y) - Fraction(self.cap), digits)
+        if len(self._sf_cache) > 256:
+            self._sf_cache.clear()
+        self._sf_cache[key] = total.clamp01()
+        return self._sf_cache[key]
 
     def log_sf(self, y: float) -> float:
         """ln P(W + V̄ ≥ y).
@@ -247,75 +342,40 @@ def lower_quantile(law, log_p: float) -> int:
     return hi
 
 
+def _gauss_sum(c: Interval, start: int, digits: int) -> Interval:
+    """Σ_{x ≥ start} e^{−c·x²} for an integer start ≥ 0 and c > 0, as an interval.
+
+    Terms by the recurrence t_{x+1} = t_x·r_x, r_x = e^{−c(2x+1)}, r_{x+1} = r_x·e^{−2c}; the sum
+    stops once a term is below 10^−digits of the partial sum, and the rest, whose ratios only
+    decrease, is at most t/(1 − r) (a geometric series)."""
+    term = (-(c * (start * start))).exp()
+    ratio = (-(c * (2 * start + 1))).exp()
+    step = (-(c * 2)).exp()
+    total = Interval.of(0, digits)
+    while True:
+        total = total + term
+        term = term * ratio
+        ratio = ratio * step
+        if term.hi <= total.lo.scaleb(-digits, _ctx(digits, ROUND_FLOOR)):  # 10^−digits of the sum
+            break
+    rest = term / (1 - ratio)
+    return Interval(total.lo, (total + rest).hi, digits)
+
+
 # ------------------------------------------------------------------------------------------------
-# Draws from a RandomSource (same code on the secure and the seeded path)
+# Draws from a RandomSource (same code on the secure and the seeded path), all exact
 # ------------------------------------------------------------------------------------------------
 
-_TWO_M53 = 2.0**-53
+def binomial_draw(source: RandomSource, n: int, p: ProbabilityFn) -> int:
+    """K ~ Binomial(n, p) exactly, p given as intervals at any precision (e.g. a law's
+    ``lambda d: law.sf_interval(t, d)``); see :func:`pipeline.monitors._exact.binomial_exact`."""
+    return binomial_exact(source, n, p)
 
 
-def uniform_open(source: RandomSource, size: int) -> np.ndarray:
-    """Uniforms on the grid {(j + ½)·2^−53 : 0 ≤ j < 2^53} ⊂ (0, 1), from the top 53 bits of words.
-
-    Precision argument used by the inverse-CDF draws below: a draw ``min{k : S(k) < U}`` for a
-    decreasing survival function S has P(K = k) = P(S(k) < U ≤ S(k−1)), which differs from the exact
-    S(k−1) − S(k) by at most 2^−53 (grid spacing) plus the float error of S; so the sampled law is
-    within total variation ~1e−15 per draw of the exact one (and events of probability < 2^−54 are
-    not produced at all, e.g. a zero-count flag at p·|X| ≈ 1e−20 stays unproduced — harmless for
-    privacy since the output is then a deterministic function of fewer random bits, and well below
-    the δ of every calibration here).
-    """
-    w = source.words(size)
-    return ((w >> np.uint64(11)).astype(np.float64) + 0.5) * _TWO_M53
-
-
-def binomial_draw(source: RandomSource, n: int, log_p: float) -> int:
-    """K ~ Binomial(n, p) by inverse survival function: K = min{k : P(Bin > k) < U}.
-
-    n may be as large as 2^40; P(Bin > k) = I_p(k+1, n−k) from ``scipy.special.betainc`` (float
-    arguments, so no integer overflow; relative accuracy ~1e−15 in double precision). A start guess near the mean is corrected to the exact inverse.
-    """
-    n = int(n)
-    if n <= 0 or log_p == _NEG_INF:
-        return 0
-    p = math.exp(log_p)
-    if p >= 1.0:
-        return n
-    u = float(uniform_open(source, 1)[0])
-
-    def sf(k: int) -> float:  # P(Bin(n, p) > k)
-        if k < 0:
-            return 1.0
-        if k >= n:
-            return 0.0
-        if k == 0:
-            return -math.expm1(n * math.log1p(-p))
-        return float(special.betainc(k + 1.0, float(n - k), p))  # I_p(k+1, n−k) = P(Bin > k)
-
-    mean = n * p
-    if mean < 30.0:
-        k = 0
-    else:
-        k = max(0, int(mean - 8.0 * math.sqrt(mean * (1.0 - p))))
-        while k > 0 and sf(k - 1) < u:
-            k = max(0, k - int(4.0 * math.sqrt(mean)) - 1)
-    while sf(k) >= u:
-        k += 1
-    while k > 0 and sf(k - 1) < u:
-        k -= 1
-    return k
-
-
-def geometric_draw(source: RandomSource, log_p: float) -> float:
-    """G = number of failures before the first success, success probability p: P(G > g) = (1−p)^{g+1}.
-    Inverse survival: G = ⌊ln U / ln(1−p)⌋. Returns +inf when p = 0."""
-    if log_p == _NEG_INF:
-        return math.inf
-    p = math.exp(log_p)
-    if p >= 1.0:
-        return 0.0
-    u = float(uniform_open(source, 1)[0])
-    return float(math.floor(math.log(u) / math.log1p(-p)))
+def geometric_draw(source: RandomSource, p: ProbabilityFn, limit: int | None = None) -> int:
+    """G = number of failures before the first success, success probability p, exactly:
+    P(G ≥ g) = (1−p)^g. Returns ``limit`` when G ≥ limit (p = 0 needs a limit)."""
+    return geometric_exact(source, lambda d: 1 - p(d), limit)
 
 
 def choose_absent_ids(source: RandomSource, domain_size: int, support: np.ndarray, count: int) -> np.ndarray:
@@ -325,7 +385,9 @@ def choose_absent_ids(source: RandomSource, domain_size: int, support: np.ndarra
     support nor already kept — the sequential rejection sampler of a uniform subset (every ordered
     sequence of distinct absent ids is equally likely). Batched: a batch is processed in draw order
     (first occurrences), which is the same sequential process. When the absent set is not much
-    larger than ``count`` the complement is enumerated and ``count`` ids are taken by random keys.
+    larger than ``count`` the complement is enumerated and ``count`` ids are taken by a partial
+    Fisher–Yates shuffle. Both use exactly uniform integers (:meth:`RandomSource.integers`), so the
+    subset is exactly uniform.
     """
     count = int(count)
     if count <= 0:
@@ -338,9 +400,11 @@ def choose_absent_ids(source: RandomSource, domain_size: int, support: np.ndarra
         mask = np.ones(domain_size, dtype=bool)
         mask[support] = False
         pool = np.flatnonzero(mask)
-        keys = source.random_keys(pool.size)
-        pick = np.argpartition(keys, count - 1)[:count] if count < pool.size else np.arange(pool.size)
-        return np.sort(pool[pick]).astype(np.int64)
+        # position i swaps with a uniform position in [i, |pool|): the first `count` are a uniform subset
+        swaps = np.arange(count, dtype=np.int64) + source.integers(pool.size - np.arange(count, dtype=np.int64))
+        for i, j in enumerate(swaps.tolist()):
+            pool[i], pool[j] = pool[j], pool[i]
+        return np.sort(pool[:count]).astype(np.int64)
     chosen: list[np.ndarray] = []
     got = np.zeros(0, dtype=np.int64)
     while got.size < count:

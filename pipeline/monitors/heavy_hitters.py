@@ -266,10 +266,17 @@ class ShiftingHeavyHitters(StatefulMixin):
     def _naive_flags(self, support: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Every element's count + DG(σ²) compared with the threshold; zero-count elements sparsely."""
         noisy = counts + discrete_gaussian(self.plan["sigma2"], support.size, self._source)
-        law = DiscreteGaussianLaw(self.plan["sigma2"])
+        law = self._naive_law()
         flagged, _ = sparse_flags(self._source, self.domain_size, support, noisy >= self.threshold,
-                                  law.log_sf(self.threshold))
+                                  lambda digits: law.sf_interval(self.threshold, digits))
         return flagged
+
+    def _naive_law(self) -> DiscreteGaussianLaw:
+        """The naive method's noise law, kept so its tail intervals are computed once per process."""
+        law = getattr(self, "_dg_law", None)
+        if law is None:
+            law = self._dg_law = DiscreteGaussianLaw(self.plan["sigma2"])
+        return law
 
     def _svt_step(self, vals: np.ndarray) -> np.ndarray:
         return self._svt_flags(*active_histogram(vals, self.domain_size))
@@ -299,7 +306,7 @@ class ShiftingHeavyHitters(StatefulMixin):
             j = _first_at_least(noisy, s_idx, level)
             cand_support = int(support[j]) if j >= 0 else None
             rank0 = pos - int(np.searchsorted(support, pos))  # zero ids below pos
-            g = geometric_draw(self._source, nu_law.log_sf(level))
+            g = geometric_draw(self._source, lambda digits: nu_law.sf_interval(level, digits), limit=n_zero - rank0)
             cand_zero = None
             if rank0 + g < n_zero:
                 r = int(rank0 + g)

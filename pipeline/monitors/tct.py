@@ -90,7 +90,8 @@ class IndividualChargingSVT(StatefulMixin):
         Same sequential-equivalence as ThresholdMonitorEvolving.query_all_elements: a hit on f_x only
         charges users holding x, who contribute to no other query of the step. Zero-count elements:
         flagged iff their noise N ≥ T, p = ρ^T/(1+ρ) (discrete Laplace tail); their published value is
-        N given N ≥ T, i.e. T + Geometric (memoryless), drawn only for the flagged ones.
+        N given N ≥ T, i.e. T + Geometric (memoryless), drawn only for the flagged ones. Both draws
+        are exact (:mod:`pipeline.monitors._exact`).
         """
         if self.granularity != 1:
             raise ValueError("query_all_elements needs granularity=1 (indicator queries)")
@@ -115,7 +116,8 @@ class IndividualChargingSVT(StatefulMixin):
         counts = np.asarray(counts, dtype=np.int64)
         noisy = counts + discrete_laplace(self._scale, support.size, self._source)
         hit = noisy >= threshold
-        flagged, zeros = sparse_flags(self._source, domain_size, support, hit, self.noise_law.log_sf(threshold))
+        flagged, zeros = sparse_flags(self._source, domain_size, support, hit,
+                                      lambda digits: self.noise_law.sf_interval(threshold, digits))
         published = np.empty(flagged.size, dtype=np.int64)
         if flagged.size:
             pos = np.searchsorted(support, flagged)

@@ -176,7 +176,7 @@ class ThresholdMonitorEvolving(ThresholdMonitor):
         not; the queries of a step are therefore independent given the counters at the step start,
         and can be answered together. Each query has its own fresh (w, v): support elements get
         explicit noise; the zero-count elements are handled by :func:`sparse_flags` (Binomial count
-        with p = P(w + v̄ ≥ t), exact tail of the discrete law, then uniform ids).
+        with p = P(w + v̄ ≥ t), drawn exactly against the law's tail intervals, then uniform ids).
         """
         if self.granularity != 1:
             raise ValueError("query_all_elements needs granularity=1 (indicator queries)")
@@ -203,8 +203,9 @@ class ThresholdMonitorEvolving(ThresholdMonitor):
         counts = np.asarray(counts, dtype=np.int64)
         noisy = counts + self._noise(support.size)
         hit = noisy >= self._t_units
-        log_p_zero = self.noise_law.log_sf(self._t_units)
-        flagged, _ = sparse_flags(self._source, domain_size, support, hit, log_p_zero)
+        t_units = self._t_units
+        flagged, _ = sparse_flags(self._source, domain_size, support, hit,
+                                  lambda digits: self.noise_law.sf_interval(t_units, digits))
         self.queries += domain_size
         self.tops += int(flagged.size)
         return flagged

@@ -1,8 +1,9 @@
 """Drive a running deployment step by step: send reports, close the step, wait for its release.
 
 Used by ``dpstream demo`` and the stream tests. The release latency it measures is from the close
-command being acknowledged by the broker to the last manifest of the step being readable on the
-``releases`` topic (it includes the markers, the workers' close, the releaser's work and both hops).
+command being acknowledged by the broker to the whole step being readable on the public topics (it
+includes the markers, the workers' close, the releaser's work and both hops). The public records'
+own timestamps cannot measure it: they carry the step's public close time.
 """
 
 from __future__ import annotations
@@ -36,17 +37,17 @@ class StepDriver:
         self._consumer.assign(tps)
         self._consumer.seek_to_beginning(*tps)
         self.manifests_seen: dict[tuple[str, int], int] = {}
-        self.manifest_timestamp: dict[tuple[str, int], int] = {}  # record timestamp (ms) of the first copy
+        self.timestamps: dict[tuple[str, bytes], int] = {}  # (topic, key) -> record timestamp (ms) of the first copy
         self.close_timestamp: dict[int, int] = {}  # step -> record timestamp (ms) of its close command
 
     def poll(self, timeout_ms: int = 100) -> None:
         for tp, msgs in self._consumer.poll(timeout_ms=timeout_ms).items():
             for msg in msgs:
+                self.timestamps.setdefault((tp.topic, msg.key), int(msg.timestamp))
                 if tp.topic == self.names["releases"]:
                     m = orjson.loads(msg.value)
                     key = (m["release"], int(m["step"]))
                     self.manifests_seen[key] = self.manifests_seen.get(key, 0) + 1
-                    self.manifest_timestamp.setdefault(key, int(msg.timestamp))
                 self._handlers[tp.topic](msg.value)
 
     def step_complete(self, step: int) -> bool:

@@ -10,7 +10,6 @@ and the engine state to Redis atomically before publishing (``pipeline.stream.st
 from __future__ import annotations
 
 import hashlib
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +20,8 @@ from pipeline.plan import budget_plan, privacy_budget, step_cost
 from pipeline.privacy.accounting import PrivacyLedger, ZCDP
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.aggregators import watch_code
-from pipeline.stream.messages import SYNTHETIC_CHUNK_RECORDS, columns_checksum
+from pipeline.stream.closing import public_close_time
+from pipeline.stream.messages import SYNTHETIC_CHUNK_RECORDS, columns_checksum, synthetic_columns
 
 __all__ = ["ReleaseEngine", "ReleaseOutput", "release_seed", "batch_reference", "merge_histograms", "SUPPORTED_TYPES"]
 
@@ -70,7 +70,7 @@ class ReleaseOutput:
     step: int
     manifest: dict[str, Any]
     column_steps: list[int]
-    columns: np.ndarray | None  # (m, len(column_steps)) int8, or None
+    columns: np.ndarray | None  # (m, len(column_steps)) in the alphabet's type (synthetic_columns), or None
     alerts: dict[str, Any] | None = None
     feedback: dict[str, Any] | None = None
 
@@ -187,14 +187,18 @@ class ReleaseEngine:
         for name, cost in costs.items():
             if cost is not None:
                 self.ledger.record(name, step, cost)
+        # The step's public close time, never the time of this computation (which grows with the
+        # private support size): docs/privacy.md, "Closing rules and timing".
+        closed_at = public_close_time(partials)
+        released_at = None if closed_at is None else closed_at / 1000
         outputs = []
         for rel in self.deployment.releases:
             parts = [p["releases"][rel.name] for p in partials]
-            outputs.append(self._release_one(rel, step, parts, costs[rel.name]))
+            outputs.append(self._release_one(rel, step, parts, costs[rel.name], released_at))
         self.step = step
         return outputs
 
-    def _release_one(self, rel, step: int, parts: list[dict], cost) -> ReleaseOutput:
+    def _release_one(self, rel, step: int, parts: list[dict], cost, released_at: float | None) -> ReleaseOutput:
         mech = self.mechanisms[rel.name]
         manifest: dict[str, Any] = {
             "deployment": self.deployment.name,
@@ -205,7 +209,7 @@ class ReleaseEngine:
             "step": step,
             "horizon": self.deployment.horizon,
             "neighbours": self.deployment.neighbours,
-            "released_at": time.time(),
+            "released_at": released_at,
         }
         columns, column_steps = None, []
         alerts = feedback = None
@@ -233,11 +237,12 @@ class ReleaseEngine:
         elif rel.type == "band_monitor":
             alerts, feedback = self._band(rel, mech, step, parts, manifest)
         if columns is not None:
-            columns = np.asarray(columns, dtype=np.int8)
+            columns = synthetic_columns(columns, self.deployment.attributes[rel.attribute].size)
             m = columns.shape[0]
             manifest["synthetic"] = {
                 "columns": column_steps,
                 "records": m,
+                "dtype": columns.dtype.name,
                 "chunks": max(1, -(-m // SYNTHETIC_CHUNK_RECORDS)),
                 "sha256": columns_checksum(columns),
             }

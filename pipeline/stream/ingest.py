@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import orjson
 
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.stream.messages import CONTROL_HEADER, dead_letter_headers, encode_partial
+from pipeline.stream.messages import CONTROL_HEADER, dead_letter_headers, encode_partial, parse_close_marker
 from pipeline.stream.partition_state import PartitionState
 from pipeline.stream.reports import ReportParser
 
@@ -143,7 +142,7 @@ class IngestCore:
                 if run:
                     outputs.append(self.apply_reports(partition, run))
                     run = []
-                step = self.marker_step(rec.value)
+                step, closed_at = parse_close_marker(rec.value)
                 next_step = self.states[partition].closed + 1
                 if step is None or step > next_step:
                     # Not a close of the next step (the releaser writes markers in order): a garbled
@@ -155,7 +154,7 @@ class IngestCore:
                     continue
                 if self.feedback_outstanding(partition):
                     break  # resume when the feedback of the last closed step arrives
-                messages, blob, summary = self.close(partition, step, rec.offset)
+                messages, blob, summary = self.close(partition, step, rec.offset, closed_at)
                 outputs.append(CloseOutput(partition, step, messages, blob, summary))
             else:
                 run.append(rec)
@@ -194,8 +193,12 @@ class IngestCore:
         return result
 
     # -- close -----------------------------------------------------------------------------------
-    def close(self, partition: int, step: int, marker_offset: int) -> tuple[list[tuple[bytes, bytes]], bytes, dict]:
+    def close(self, partition: int, step: int, marker_offset: int,
+              closed_at: int | None = None) -> tuple[list[tuple[bytes, bytes]], bytes, dict]:
         """Close ``step`` in ``partition``. Returns (partial messages, checkpoint blob, summary).
+
+        ``closed_at`` (the marker's public close time, ms) travels in the partial to the releaser,
+        which stamps the step's public records with it.
 
         A marker for a step that is already closed (a replay, or a duplicate marker) yields no
         messages. The caller publishes the partial messages, then stores the checkpoint.
@@ -205,6 +208,7 @@ class IngestCore:
             state.offset = max(state.offset, marker_offset)
             return [], b"", {"step": step, "duplicate": True}
         partial = state.close(step)
+        partial["closed_at"] = closed_at
         state.offset = marker_offset
         messages = encode_partial(partial)
         blob = dumps_state(state.get_state())
@@ -227,16 +231,6 @@ class IngestCore:
             # checkpoint after the last feedback of the step, so a restart does not wait for it again
             self.store.save_checkpoint(partition, dumps_state(state.get_state()))
         return changed
-
-    @staticmethod
-    def marker_step(value: bytes) -> int | None:
-        """The step a close marker closes, or None when the value is not ``{"step": <int ≥ 1>}``."""
-        try:
-            msg: Any = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return None
-        step = msg.get("step") if type(msg) is dict else None
-        return step if type(step) is int and step >= 1 else None
 
     def _reject_record(self, partition: int, rec: Record, reason: str, detail: str) -> ApplyResult:
         """One record straight to the dead-letter topic (its offset counts as consumed)."""

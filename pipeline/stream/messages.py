@@ -11,8 +11,10 @@ Public topics carry JSON an analyst can read as ordinary data:
 Internal topics (curator-side, never exposed):
 
 * ``reports``   user reports; a close marker is a message with header ``dpstream-control: close``
-  and value ``{"step": t}``, written to **every** partition, so the cut between step t and later
-  reports is a position in each partition's log.
+  and value ``{"step": t, "closed_at": ms}``, written to **every** partition, so the cut between
+  step t and later reports is a position in each partition's log. ``closed_at`` is the step's
+  public close time (the close command's timestamp or the deadline), carried through the partials
+  to stamp every public record of the step (docs/privacy.md, "Closing rules and timing").
 * ``control``   operator commands (``{"command": "close", "step": t}``), turned into markers.
 * ``step-partials`` binary partial aggregates (true counts), chunked, key ``<step>:<partition>:<chunk>``.
 * ``feedback``  ``{"release", "step", "flagged": [...]}`` to every partition (heavy-hitter charging).
@@ -28,6 +30,7 @@ import numpy as np
 import orjson
 
 from pipeline.serialization import dumps_state, loads_state
+from pipeline.synth._common import synthetic_dtype
 
 __all__ = [
     "TOPICS",
@@ -35,10 +38,14 @@ __all__ = [
     "SYNTHETIC_CHUNK_RECORDS",
     "PARTIAL_CHUNK_BYTES",
     "columns_checksum",
+    "SYNTHETIC_DTYPES",
+    "synthetic_columns",
     "synthetic_chunks",
     "encode_partial",
     "PartialAssembler",
     "dead_letter_headers",
+    "close_marker",
+    "parse_close_marker",
 ]
 
 # topic -> (partitions: "config" means the deployment's topics.partitions)
@@ -58,9 +65,27 @@ SYNTHETIC_CHUNK_RECORDS = 20_000  # ~60 KB of JSON per chunk per column
 PARTIAL_CHUNK_BYTES = 512 * 1024  # below Kafka's default 1 MB message limit
 
 
+# Types a manifest's ``synthetic.dtype`` may name: the smallest holding the release's alphabet
+# (``pipeline.synth._common.synthetic_dtype``).
+SYNTHETIC_DTYPES = ("int8", "int16", "int32")
+
+
+def synthetic_columns(columns, categories: int) -> np.ndarray:
+    """The new synthetic columns in the smallest type holding codes 0..categories−1 (int8 up to 128
+    values, int16 up to 32,768); a value outside the alphabet is refused, never wrapped."""
+    arr = np.asarray(columns)
+    if arr.size and (arr.min() < 0 or arr.max() >= categories):
+        raise ValueError(f"synthetic values outside 0..{categories - 1}: [{arr.min()}, {arr.max()}]")
+    return arr.astype(synthetic_dtype(categories), copy=False)
+
+
 def columns_checksum(columns: np.ndarray) -> str:
-    """SHA-256 of the new synthetic columns (int8, record-major): the manifest's completeness check."""
-    return hashlib.sha256(np.ascontiguousarray(columns, dtype=np.int8).tobytes()).hexdigest()
+    """SHA-256 of the new synthetic columns, record-major, in their own type (one of
+    ``SYNTHETIC_DTYPES``, little-endian): the manifest's completeness check. For int8 columns these
+    are the bytes earlier versions hashed."""
+    if columns.dtype.name not in SYNTHETIC_DTYPES:
+        raise TypeError(f"synthetic columns must be one of {SYNTHETIC_DTYPES}, got {columns.dtype}")
+    return hashlib.sha256(np.ascontiguousarray(columns, dtype=columns.dtype.newbyteorder("<")).tobytes()).hexdigest()
 
 
 def synthetic_chunks(release: str, step: int, column_steps: list[int], columns: np.ndarray,
@@ -140,6 +165,25 @@ class PartialAssembler:
     def min_offset(self) -> int | None:
         """Smallest log offset of a buffered (unreleased) chunk: where a restart must re-read from."""
         return min(self._offsets.values()) if self._offsets else None
+
+
+def close_marker(step: int, closed_at_ms: int) -> bytes:
+    """The value of the close marker of ``step``, closed at the public time ``closed_at_ms``."""
+    return orjson.dumps({"step": int(step), "closed_at": int(closed_at_ms)})
+
+
+def parse_close_marker(value: bytes) -> tuple[int | None, int | None]:
+    """(step, closed_at ms) of a close marker; step None when the value is not ``{"step": <int ≥ 1>}``,
+    closed_at None when absent or not a non-negative integer."""
+    try:
+        msg: Any = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None, None
+    if type(msg) is not dict:
+        return None, None
+    step, closed_at = msg.get("step"), msg.get("closed_at")
+    return (step if type(step) is int and step >= 1 else None,
+            closed_at if type(closed_at) is int and closed_at >= 0 else None)
 
 
 def dead_letter_headers(reason: str, detail: str, topic: str, partition: int, offset: int,

@@ -1,11 +1,21 @@
-"""Prometheus metrics of the stream processes (DESIGN §7). Curator-side: never expose publicly.
+"""Prometheus metrics of the stream processes. Curator-side: never expose publicly.
 
 Each process serves ``/metrics`` on its own port (``DPSTREAM_METRICS_PORT``), bound to
-``DPSTREAM_METRICS_ADDR`` (default 127.0.0.1; containers set 0.0.0.0 so Prometheus can reach them).
-Metrics carry operational counts only (how many reports, which rejection reasons, latencies,
-privacy spent, how many users a monitor retired); no true statistic of the data is exported: no
-label names an attribute value, element or histogram bin (``ALLOWED_LABELS``), and no value is a
-count of users holding a value.
+``DPSTREAM_METRICS_ADDR`` (default 127.0.0.1 everywhere; a deployment that lets Prometheus scrape
+over the network opts in explicitly, see deploy/README.md).
+
+Metrics policy (docs/privacy.md, "Metrics and other curator-side outputs"): every series is either
+
+* ``PUBLIC_SERIES``: equal to a value the public topics already show (released step, privacy spent,
+  heavy hitters flagged, clamped bins, refusals, republications, the open step); or
+* ``OPERATIONAL_SERIES``: curator-side facts about the traffic and the processes (reports by
+  status, dead letters by reason, latencies, consumer lag). These are true data about who sent
+  what and when, so the endpoints stay private, but none equals a statistic that a release
+  protects with noise: no label names an attribute value, element or bin (``ALLOWED_LABELS``),
+  and no value counts users by value. (Users retired by charging were exported once; at a band
+  monitor's Above/Below they jumped by exactly the count the alert protects, so they are gone.)
+
+The Grafana dashboard shows public series only.
 """
 
 from __future__ import annotations
@@ -16,8 +26,8 @@ import threading
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-__all__ = ["METRICS", "ALLOWED_LABELS", "serve_metrics", "metric_names", "consumer_groups",
-           "observe_partition", "forget_partition", "ConsumerLagMonitor", "start_lag_monitor"]
+__all__ = ["METRICS", "ALLOWED_LABELS", "PUBLIC_SERIES", "OPERATIONAL_SERIES", "serve_metrics", "metric_names",
+           "consumer_groups", "observe_partition", "forget_partition", "ConsumerLagMonitor", "start_lag_monitor"]
 
 log = logging.getLogger("dpstream.metrics")
 
@@ -41,10 +51,14 @@ class _Metrics:
         self.privacy_rho = Gauge("dpstream_privacy_spent_rho", "zCDP budget spent", ["release"])
         self.privacy_epsilon = Gauge("dpstream_privacy_spent_epsilon", "(eps, delta) budget spent", ["release"])
         self.heavy_hitters = Gauge("dpstream_heavy_hitters", "Elements flagged heavy at the last step", ["release"])
-        self.retired_users = Counter("dpstream_retired_users_total", "Users retired by charging (k reached)", ["release"])
-        self.retired_users_now = Gauge(
-            "dpstream_partition_retired_users", "Users of a reports partition no longer counted by a charging release",
-            ["release", "partition"])
+        self.close_to_publish_seconds = Gauge(
+            "dpstream_close_to_publish_seconds",
+            "Seconds from the last released step's public close time to every record of it acknowledged")
+        self.close_to_publish_step = Gauge("dpstream_close_to_publish_step",
+                                           "The step dpstream_close_to_publish_seconds is about")
+        self.publish_overruns = Counter(
+            "dpstream_publish_overruns_total",
+            "Steps whose release was ready only after close + steps.publish_delay_seconds (published late)")
         self.padding_clamps = Counter(
             "dpstream_padding_clamped_bins_total", "Projected counts clamped because the padding was too small",
             ["release"])
@@ -57,6 +71,17 @@ class _Metrics:
 
 
 METRICS = _Metrics()
+
+# The two classes of the metrics policy (module docstring), by metric family name.
+PUBLIC_SERIES = frozenset({
+    "dpstream_released_step", "dpstream_open_step", "dpstream_privacy_spent_rho", "dpstream_privacy_spent_epsilon",
+    "dpstream_heavy_hitters", "dpstream_padding_clamped_bins", "dpstream_budget_refusals",
+    "dpstream_republished_steps", "dpstream_close_to_publish_step",
+})
+OPERATIONAL_SERIES = frozenset({
+    "dpstream_reports", "dpstream_dead_letters", "dpstream_step_close_seconds", "dpstream_release_seconds",
+    "dpstream_close_to_publish_seconds", "dpstream_consumer_lag", "dpstream_publish_overruns",
+})
 
 
 def serve_metrics(port: int, addr: str | None = None) -> int:
@@ -85,42 +110,18 @@ def metric_names() -> set[str]:
     return {n for n in names if n.startswith("dpstream_")}
 
 
-# -- users retired by charging releases (heavy hitters with tme/tct, band monitors) ------------------
-_retired_seen: dict[tuple[str, int], int] = {}
-_retired_lock = threading.Lock()
-
-
+# -- per-partition series ----------------------------------------------------------------------------
 def observe_partition(partition: int, state) -> None:
-    """Record the open step and the retired users of a partition's ``PartitionState``.
-
-    Call after assigning a partition and after applying feedback. Only the number of retired users
-    per release is read (an operational count, like the number of reports), never which elements.
-    The counter grows by the users retired while this process owns the partition; the first
-    observation after an assignment sets the baseline, so a restore does not count them again.
-    """
+    """Record the open step of a partition's ``PartitionState`` (public: steps close on public
+    events). Nothing about its users is read: how many a charging release retired is, at a band
+    monitor's Above/Below, exactly the count the alert protects with noise."""
     METRICS.open_step.labels(str(partition)).set(state.closed + 1)
-    for name, agg in state.aggregators.items():
-        charges, k = getattr(agg, "charges", None), getattr(agg, "k", None)
-        if charges is None or not getattr(agg, "counted", False):
-            continue
-        retired = int((charges >= k).sum())
-        METRICS.retired_users_now.labels(name, str(partition)).set(retired)
-        with _retired_lock:
-            before = _retired_seen.get((name, partition))
-            _retired_seen[(name, partition)] = retired
-        if before is not None and retired > before:
-            METRICS.retired_users.labels(name).inc(retired - before)
 
 
 def forget_partition(partition: int) -> None:
     """Drop a revoked partition's per-partition series (its new owner reports them)."""
-    for gauge, labelled in ((METRICS.open_step, lambda lv: lv == (str(partition),)),
-                            (METRICS.retired_users_now, lambda lv: lv[1] == str(partition))):
-        for labels in [lv for lv in list(gauge._metrics) if labelled(lv)]:
-            gauge.remove(*labels)
-    with _retired_lock:
-        for key in [k for k in _retired_seen if k[1] == partition]:
-            del _retired_seen[key]
+    if (str(partition),) in METRICS.open_step._metrics:
+        METRICS.open_step.remove(str(partition))
 
 
 # -- consumer lag ------------------------------------------------------------------------------------

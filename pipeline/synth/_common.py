@@ -98,7 +98,12 @@ def coerce_counts(counts: Any, size: int, name: str) -> np.ndarray:
 
 
 def synthetic_dtype(categories: int) -> np.dtype:
-    return np.dtype(np.int8) if categories <= 127 else np.dtype(np.int16)
+    """The smallest signed integer type holding the codes 0..categories−1 and the −1 a consumer uses
+    for "not yet released": int8 up to 128 categories, int16 up to 32,768, else int32."""
+    for dtype in (np.int8, np.int16, np.int32):
+        if categories - 1 <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    raise ValueError(f"{categories} categories do not fit a synthetic column")
 
 
 # --------------------------------------------------------------------------------------------
