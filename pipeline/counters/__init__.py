@@ -1,17 +1,17 @@
-"""Continual counters: the binary tree mechanism and lattice factorization counters.
+"""Continual counters: the binary tree mechanism, the square-root factorization and a BLT counter.
 
 :func:`make_counter` builds one by name (the ``counter`` option of the cumulative synthesizer and
 of cumulative releases) and :func:`counter_from_state` restores any of them from its state.
 """
 
-from .factorization import BandedSqrtCounter, LatticeToeplitzCounter, SqrtFactorizationCounter
+from .blt import BLTCounter
+from .factorization import SqrtFactorizationCounter
 from .tree import HorizonExceededError, TreeCounter, released_nodes, tree_levels, tree_sigma2
 
 __all__ = [
     "COUNTERS",
-    "BandedSqrtCounter",
+    "BLTCounter",
     "HorizonExceededError",
-    "LatticeToeplitzCounter",
     "SqrtFactorizationCounter",
     "TreeCounter",
     "check_counter",
@@ -26,7 +26,7 @@ __all__ = [
 COUNTERS = ("tree", "factorization")
 _BY_NAME = {"tree": TreeCounter, "factorization": SqrtFactorizationCounter}
 _BY_KIND = {"tree_counter": TreeCounter, SqrtFactorizationCounter._kind: SqrtFactorizationCounter,
-            BandedSqrtCounter._kind: BandedSqrtCounter}
+            BLTCounter._kind: BLTCounter}
 
 
 def check_counter(counter, name: str = "counter") -> str:
