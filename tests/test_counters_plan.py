@@ -70,3 +70,23 @@ def test_charged_rho_equals_the_noise_each_counter_draws(counter, neighbours):
 def test_the_split_differs_between_counters():
     tree, fact = planned_schedule(deployment("tree"))["cu"], planned_schedule(deployment("factorization"))["cu"]
     assert tree.sum() == pytest.approx(fact.sum()) and not np.allclose(tree, fact)
+
+
+@pytest.mark.parametrize("counter", ["tree", "factorization"])
+def test_engine_release_equals_batch_reference_for_each_counter(counter):
+    """The releaser-side counter is the only change: the workers' z_b counts are the same, and the
+    engine's synthetic panel equals the library run (batch_reference) bit for bit."""
+    from pipeline.stream.engine import batch_reference
+
+    dep = deployment(counter, "replace")
+    X = np.random.default_rng(3).integers(0, 2, size=(N, T))
+    engine = ReleaseEngine(dep, N)
+    weights = np.zeros(N, dtype=np.int64)
+    for t in range(1, T + 1):
+        ones = X[:, t - 1] == 1
+        z = np.bincount(weights[ones] + 1, minlength=T + 1).astype(np.int64)
+        weights += X[:, t - 1]
+        out = engine.release(t, [{"users": N, "releases": {"cu": {"z": z}}}])
+        assert out[0].manifest["parameters"]["counter"] == counter
+    ref = batch_reference(dep, {"pov": X})["cu"]
+    np.testing.assert_array_equal(engine.mechanisms["cu"].synthetic, ref)
