@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import functools
 import math
-from fractions import Fraction
 from typing import Any, Mapping
 
 import numpy as np
@@ -53,6 +52,7 @@ from pipeline.privacy.accounting import check_neighbours
 from pipeline.privacy.rng import RandomSource, as_random_source
 
 from .factorization import (
+    LatticeCounterBase,
     check_increment,
     check_sampler_range,
     check_stored_step,
@@ -64,7 +64,7 @@ from .factorization import (
     sqrt_coefficients,
     toeplitz_delta2,
 )
-from .tree import HorizonExceededError, _check_horizon, _check_rho
+from .tree import _check_horizon, _check_rho
 
 __all__ = ["BLTCounter", "DEFAULT_BUFFERS", "DEFAULT_BLT_SCALE", "blt_parameters", "blt_coefficients"]
 
@@ -104,7 +104,7 @@ def blt_coefficients(a, w, horizon: int) -> np.ndarray:
     return np.concatenate([[1.0], (omega[None, :] * theta[None, :] ** k[:, None]).sum(axis=1)])
 
 
-class BLTCounter:
+class BLTCounter(LatticeCounterBase):
     """ρ-zCDP continual counter with a BLT factor, O(buffers) time and memory per step.
 
     Same interface as :class:`~pipeline.counters.tree.TreeCounter` (``update``, ``variance_at``,
@@ -145,17 +145,10 @@ class BLTCounter:
         self._sum = np.zeros(n, dtype=np.float64)  # Σ u
         self.t = 0
 
-    @property
-    def realised_rho(self) -> float:
-        """Δ_q²/(2σ²) from the σ² the draws use (≤ rho, equal up to the float rounding of σ²)."""
-        return float(Fraction(self.sensitivity2) / (2 * Fraction(self.sigma2)))
-
     # -- the mechanism ----------------------------------------------------------------------
     def update(self, z):
         """Consume the increment of step t = self.t + 1 and return the noisy prefix sum S̃_t."""
-        if self.t >= self.horizon:
-            raise HorizonExceededError(
-                f"update for step {self.t + 1} refused: the counter's horizon is {self.horizon}")
+        self._refuse_past_horizon()
         x = [int(v) for v in check_increment(z, self.width)]
         s, shift, F = self.scale, _PARAM_BITS + self.frac_bits, self.frac_bits
         # the integer query q_t(x), exact (Python integers)

@@ -66,6 +66,7 @@ from .tree import HorizonExceededError, _check_horizon, _check_rho
 
 __all__ = [
     "DEFAULT_SCALE",
+    "LatticeCounterBase",
     "SqrtFactorizationCounter",
     "decoder_coefficients",
     "lattice_coefficients",
@@ -220,7 +221,26 @@ def check_variance_step(t, horizon: int) -> int:
     return int(t)
 
 
-class SqrtFactorizationCounter:
+class LatticeCounterBase:
+    """What the lattice counters share: the realised ρ and the horizon check."""
+
+    sensitivity2: float
+    sigma2: float
+    horizon: int
+    t: int
+
+    @property
+    def realised_rho(self) -> float:
+        """Δ²/(2σ²) from the σ² the draws use (≤ rho, equal up to the float rounding of σ²)."""
+        return float(Fraction(self.sensitivity2) / (2 * Fraction(self.sigma2)))
+
+    def _refuse_past_horizon(self) -> None:
+        if self.t >= self.horizon:
+            raise HorizonExceededError(
+                f"update for step {self.t + 1} refused: the counter's horizon is {self.horizon}")
+
+
+class SqrtFactorizationCounter(LatticeCounterBase):
     """ρ-zCDP continual counter y = C_int x + z, S̃ = A C_int⁻¹ y (module docstring).
 
     Same interface as :class:`~pipeline.counters.tree.TreeCounter`: ``update(z) -> S̃_t``,
@@ -256,17 +276,10 @@ class SqrtFactorizationCounter:
         self._sum = np.zeros(n, dtype=np.float64)  # Σ_{t' ≤ t} u_{t'}
         self.t = 0
 
-    @property
-    def realised_rho(self) -> float:
-        """Δ²/(2σ²) from the σ² the draws use (≤ rho, equal up to the float rounding of σ²)."""
-        return float(Fraction(self.sensitivity2) / (2 * Fraction(self.sigma2)))
-
     # -- the mechanism ----------------------------------------------------------------------
     def update(self, z):
         """Consume the increment of step t = self.t + 1 and return the noisy prefix sum S̃_t."""
-        if self.t >= self.horizon:
-            raise HorizonExceededError(
-                f"update for step {self.t + 1} refused: the counter's horizon is {self.horizon}")
+        self._refuse_past_horizon()
         z = check_increment(z, self.width)
         t = self.t + 1
         x = self._x[:t].copy()
