@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test venv bench-noise bench-heavy-hitters bench-counters eval-heavy-hitters sipp-batch clean
+.PHONY: demo test venv bench-noise bench-heavy-hitters bench-counters eval-heavy-hitters eval-prem sipp-batch clean
 
 # Re-install whenever pyproject.toml changes; the stamp keeps repeated `make test` fast.
 $(STAMP): pyproject.toml
@@ -39,6 +39,9 @@ bench-heavy-hitters: $(STAMP)
 
 eval-heavy-hitters: $(STAMP)
 	$(PY) -m jobs.eval_heavy_hitters
+
+eval-prem: $(STAMP)
+	$(PY) -m jobs.eval_prem --json out/eval_prem.json
 
 sipp-batch: $(STAMP)
 	$(PY) -m jobs.sipp_batch

@@ -182,7 +182,7 @@ def releaser_cost(quick: bool) -> list[dict]:
         z[1] = 30_000
         rows.append({"mechanism": "cumulative", "m": 100_000, "T": horizon, "seconds": timed(lambda: s.release_counts(z), reps=1)})
     for domain in (10**4, 10**6, 2**32):
-        hh = ShiftingHeavyHitters(domain, 1.0, 1e-6, 3, 10_000, method="tct", seed=1, neighbours="add_remove")
+        hh = ShiftingHeavyHitters(domain, 1.0, 1e-6, 3, 10_000, method="tct", seed=1, neighbours="replace")
         support = np.unique(np.random.default_rng(1).integers(0, domain, 200_000))
         counts = np.ones(support.size, dtype=np.int64)
         rows.append({"mechanism": "heavy_hitters(tct)", "domain": domain, "support": int(support.size),

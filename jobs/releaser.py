@@ -11,6 +11,10 @@ Run through the command line: ``dpstream releaser --config config/sipp-poverty.y
   ``reports`` (for every step up to t not yet closed, in order). With ``steps.close: coverage`` or
   ``deadline`` the releaser also closes steps by itself.
 
+At start: the configuration is checked against the one the Redis state was created under
+(:mod:`pipeline.stream.identity`, exit code 2), and before the first release the ``releases`` topic
+is checked for releases the state does not know (:mod:`pipeline.stream.fence`, exit code 4).
+
 Transport: an aiokafka group consumer (:mod:`pipeline.stream.bulk`) and producer. Positions come
 from Redis (the partials resume offset) in the assignment callback; Faust, used here before,
 moved a new assignment back to the committed offset and added 0.6-0.8 s per hop on an idle topic
@@ -20,20 +24,19 @@ moved a new assignment back to the committed offset and added 0.6-0.8 s per hop 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import logging
 import time
 
 import orjson
 from aiokafka import AIOKafkaProducer, TopicPartition
 
-from pipeline.plan import budget_plan
 from pipeline.privacy.accounting import BudgetExhaustedError
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.bulk import BulkConsumer
 from pipeline.stream.engine import ReleaseEngine, ReleaseOutput
 from pipeline.stream.faults import crash_point
+from pipeline.stream.fence import check_fence, read_release_stamps
+from pipeline.stream.identity import establish_identity
 from pipeline.stream.messages import CONTROL_HEADER, PartialAssembler, synthetic_chunks
 from pipeline.stream.metrics import METRICS, serve_metrics, start_lag_monitor
 from pipeline.stream.process import make_producer, run_job, supervise
@@ -53,15 +56,13 @@ consumer: BulkConsumer | None = None
 
 store = rt.store()
 
-# The plan is checked before anything runs; a restart must not silently change it.
-_plan = {name: dataclasses.asdict(cost) for name, cost in budget_plan(dep).allotments().items()}
-_stored_plan = store.save_plan(_plan)
-if _stored_plan != json.loads(json.dumps(_plan, sort_keys=True)):
-    raise SystemExit(f"the budget plan in Redis differs from this configuration's: stored {_stored_plan}, "
-                     f"configured {_plan}; refusing to start (a changed plan would re-spend budget)")
+# A restart must find the privacy-relevant configuration (budget plan included) the state was created
+# under; a changed one is refused before anything runs (ConfigurationChanged: exit code 2).
+identity = establish_identity(dep, rt.roster.ids, store, "releaser")
 
 _last, _state_blob = store.latest_state()
 engine = ReleaseEngine.from_state(dep, loads_state(_state_blob)) if _state_blob else ReleaseEngine(dep, rt.roster.n)
+engine.instance = identity.instance  # stamped into every manifest: the fence reads it back
 assembler = PartialAssembler(P)
 _stopped_reason: str | None = None
 _republished = False
@@ -107,9 +108,13 @@ def _record_outputs(record: StepRecord) -> list[ReleaseOutput]:
 
 async def _log_end(topic: str) -> int | None:
     """End offset of partition 0 of ``topic`` (None when the broker cannot tell)."""
-    tp = TopicPartition(topic, 0)
-    try:
-        return (await consumer.consumer.end_offsets([tp])).get(tp)
+    from kafka import TopicPartition as KTopicPartition
+
+    from pipeline.stream.log_end import log_ends
+
+    tp = KTopicPartition(topic, 0)
+    try:  # the true end: the embedded broker's ListOffsets answer is short (see pipeline.stream.log_end)
+        return (await asyncio.to_thread(log_ends, rt.broker, [tp])).get(tp)
     except Exception as err:  # noqa: BLE001 - cannot tell: act as if nothing was lost
         log.warning("could not read the end of %s: %s", topic, err)
         return None
@@ -310,6 +315,15 @@ async def _republish_if_needed() -> None:
         await release_ready_steps()
 
 
+async def _fence() -> None:
+    """Before the first release: refuse (StateLost: exit code 4) when ``releases`` holds releases this
+    state does not know — the Redis state was lost or replaced, and releasing would redraw noise."""
+    stamps = await read_release_stamps(rt.broker, names["releases"])
+    check_fence(stamps, identity.instance, store.last_released(), names["releases"])
+    log.info("fence passed: %d manifest(s) on %s, none unknown to this state (instance %s, released through "
+             "step %d)", len(stamps), names["releases"], identity.instance, store.last_released())
+
+
 async def run() -> None:
     global producer, consumer
     serve_metrics(rt.metrics_port)
@@ -321,6 +335,7 @@ async def run() -> None:
     await consumer.start()
     log.info("releaser started: group %s, engine at step %d", GROUP, engine.step)
     try:
+        await _fence()
         await release_ready_steps()  # republishes first, under the same lock as releasing
         # any task failing (e.g. Redis gone) ends the process with an error
         await supervise([asyncio.create_task(_consume()), asyncio.create_task(_every(0.5, auto_close)),

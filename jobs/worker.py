@@ -23,11 +23,14 @@ import logging
 import time
 
 from aiokafka import TopicPartition
+from kafka import TopicPartition as KTopicPartition
 
 from pipeline.serialization import dumps_state
 from pipeline.stream.bulk import BulkConsumer
 from pipeline.stream.faults import crash_point
+from pipeline.stream.identity import establish_identity
 from pipeline.stream.ingest import ApplyResult, CloseOutput, IngestCore
+from pipeline.stream.log_end import log_ends
 from pipeline.stream.metrics import METRICS, forget_partition, observe_partition, serve_metrics
 from pipeline.stream.process import make_producer, run_job, supervise
 from pipeline.stream.runtime import Runtime
@@ -42,6 +45,9 @@ class IngestWorker:
         self.rt = rt
         self.names = rt.names
         self.store = rt.store()
+        # Aggregators are rebuilt from this configuration around restored state: it must be the one the
+        # state was created under (ConfigurationChanged: exit code 2).
+        establish_identity(rt.deployment, rt.roster.ids, self.store, "worker")
         self.core = IngestCore(rt.deployment, rt.roster, self.names, store=self.store)
         self.consumer = BulkConsumer(rt.broker, f"dpstream-{rt.deployment.name}-ingest",
                                      [self.names["reports"], self.names["feedback"]],
@@ -83,10 +89,14 @@ class IngestWorker:
         return positions
 
     async def _log_ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """True log ends (the embedded broker's ListOffsets answer is short by the rest of the last
+        batch, which would look like a lost log when the checkpoint's marker is in that batch)."""
         if not tps:
             return {}
         try:
-            return await self.consumer.consumer.end_offsets(tps)
+            ends = await asyncio.to_thread(log_ends, self.rt.broker, [KTopicPartition(tp.topic, tp.partition)
+                                                                    for tp in tps])
+            return {TopicPartition(tp.topic, tp.partition): end for tp, end in ends.items()}
         except Exception as err:  # noqa: BLE001 - cannot tell: keep the checkpoints' positions
             log.warning("could not read the log ends (%s); resuming at the checkpoints", err)
             return {}
@@ -151,6 +161,8 @@ class IngestWorker:
             self.store.save_checkpoint(out.partition, out.checkpoint)
             METRICS.step_close_seconds.observe(time.perf_counter() - started)
             METRICS.open_step.labels(str(out.partition)).set(out.step + 1)
+        # intake counts for `dpstream status` / `close` (a replay restores and recounts them exactly)
+        self.store.save_intake({p: self.core.states[p].intake_summary() for p in partitions if p in self.core.states})
 
     async def _apply(self, result: ApplyResult) -> list:
         METRICS.reports.labels("accepted").inc(result.accepted)

@@ -1,7 +1,10 @@
 """``dpstream`` command line.
 
 Exit codes: 0 success; 1 runtime failure (a process died, a timeout); 2 usage or configuration
-error (including a budget plan that exceeds the budget); 3 budget exhausted / refused at run time.
+error (including a budget plan that exceeds the budget, and a privacy-relevant configuration that
+differs from the one the deployment's state was created under); 3 budget exhausted / refused at run
+time; 4 state lost: the public topics hold releases the Redis state does not know (the fence), or
+the state cannot be verified — releasing would redraw noise for steps already public.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 from pathlib import Path
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_BUDGET = 0, 1, 2, 3
+EXIT_STATE_LOST = 4
 
 
 def _load(path: str):
@@ -56,8 +60,15 @@ def _run_job(module: str, args) -> int:
     dep = _load(args.config)
     broker, redis_url = _endpoints(dep)
     os.environ["DPSTREAM_BROKER"], os.environ["DPSTREAM_REDIS"] = broker, redis_url
-    job = importlib.import_module(module)
-    job.main(args.loglevel)
+    from pipeline.stream.identity import ConfigurationChanged, StateLost
+
+    try:
+        job = importlib.import_module(module)
+        job.main(args.loglevel)
+    except ConfigurationChanged as err:
+        return _fail(EXIT_CONFIG, f"configuration refused: {err}")
+    except StateLost as err:
+        return _fail(EXIT_STATE_LOST, f"state lost: {err}")
     return EXIT_OK
 
 
@@ -69,13 +80,39 @@ def cmd_releaser(args) -> int:
     return _run_job("jobs.releaser", args)
 
 
+def _running_up(name: str) -> int | None:
+    """Pid of a live `dpstream up` of deployment ``name`` (two would share one Redis data directory)."""
+    from pipeline.stream.cluster import endpoints_file
+
+    try:
+        pid = int(json.loads(endpoints_file(name).read_text())["pid"])
+    except (FileNotFoundError, KeyError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None  # a stale file left by a killed `up`
+    except PermissionError:
+        pass  # alive, another user's
+    return pid
+
+
 def cmd_up(args) -> int:
-    from pipeline.stream.cluster import LocalCluster
+    from pipeline.stream.cluster import LocalCluster, state_dir
 
     dep = _load(args.config)
-    cluster = LocalCluster(args.config, dep, workers=args.workers, log_dir=args.log_dir, metrics=True)
+    running = _running_up(dep.name)
+    if running:
+        return _fail(EXIT_CONFIG, f"`dpstream up` is already running for deployment {dep.name!r} (pid {running})")
+    # The embedded Redis keeps the release records and the ledger in DPSTREAM_HOME/<deployment>/redis
+    # unless --ephemeral: losing them would leave the deployment unable to continue (the fence refuses).
+    data_dir = None if args.ephemeral or dep.redis else state_dir(dep.name)
+    cluster = LocalCluster(args.config, dep, workers=args.workers, log_dir=args.log_dir, metrics=True,
+                           data_dir=data_dir)
     with cluster:
-        print(f"dpstream up: broker {cluster.broker}, redis {cluster.redis_url}, "
+        where = ("configured" if dep.redis else f"data in {data_dir / 'redis'}" if data_dir
+                 else "ephemeral: deleted on stop")
+        print(f"dpstream up: broker {cluster.broker}, redis {cluster.redis_url} ({where}), "
               f"{args.workers} worker(s) + releaser; metrics ports {cluster.metrics_ports}. Ctrl-C stops.", flush=True)
         try:
             while True:
@@ -96,55 +133,163 @@ def _producer(dep):
     return ReportProducer(broker, dep, Roster.from_config(dep.roster), topic_names(dep))
 
 
+def _intake(dep, wait: float):
+    """(store, view): the workers' intake counts once they have handled the reports sent so far."""
+    from pipeline.stream.intake_view import intake_view
+    from pipeline.stream.store import ReleaseStore
+    from pipeline.stream.topics import topic_names
+
+    broker, redis_url = _endpoints(dep)
+    store = ReleaseStore.from_url(redis_url, dep.name)
+    return store, intake_view(store, broker, topic_names(dep)["reports"], dep.topics.partitions, wait=wait)
+
+
+def _step_refused(dep, step: int, window: range) -> str | None:
+    """Why the workers would dead-letter reports of ``step`` now (None: they accept them)."""
+    if step < window.start:
+        return f"step {step} is closed (steps up to {window.start - 1} are): the workers would dead-letter it as late"
+    if step > window.stop - 1:
+        return (f"step {step} is more than steps.max_ahead = {dep.steps.max_ahead} step(s) past the open step "
+                f"{window.start}: the workers would dead-letter every report as future_step. Close step "
+                f"{step - dep.steps.max_ahead - 1} first (dpstream close), then send it")
+    return None
+
+
 def cmd_produce(args) -> int:
+    """Send one step's reports, never more than the deployment accepts now (see docs/streaming.md)."""
+    from pipeline.stream.intake_view import open_window
+    from pipeline.stream.report_files import ReportFileError, read_report_file
+    from pipeline.stream.roster import Roster
+
     dep = _load(args.config)
+    if args.step is not None and not 1 <= args.step <= dep.horizon:
+        return _fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {args.step}")
+    path = args.jsonl or args.csv
+    found = None
+    if path:  # the whole file is checked before anything is sent
+        try:
+            found = read_report_file(path, dep, Roster.from_config(dep.roster))
+        except ReportFileError as err:
+            return _fail(EXIT_CONFIG, f"nothing sent: {err}")
+    _, view = _intake(dep, wait=args.wait)
+    window = open_window(dep, view.closing)
+    if not len(window):
+        return _fail(EXIT_BUDGET, f"nothing sent: every step (1..{dep.horizon}) is closed")
+    if found is not None:
+        if args.step is not None:
+            found = found.only_step(args.step)
+            if not found.reports:
+                return _fail(EXIT_CONFIG, f"nothing sent: {path} has no report for step {args.step}")
+        for rep, line in zip(found.reports, found.lines):
+            why = _step_refused(dep, rep["step"], window)
+            if why:
+                return _fail(EXIT_BUDGET, f"nothing sent: {path}:{line}: {why}")
+    else:
+        step = args.step
+        if step is None:  # the next open step without reports yet
+            step = next((t for t in window if view.reported(t) == 0), None)
+            if step is None:
+                return _fail(EXIT_BUDGET, f"nothing sent: the steps the workers accept now ({window.start}.."
+                                          f"{window.stop - 1}) already have reports; close step {window.start} first")
+        why = _step_refused(dep, step, window)
+        if why is None and view.reported(step):
+            why = (f"step {step} already has {view.reported(step):,} accepted reports: sending it again would only "
+                   f"be dead-lettered as duplicate")
+        if why:
+            return _fail(EXIT_BUDGET, f"nothing sent: {why}")
     prod = _producer(dep)
     try:
-        if args.jsonl:
-            n = prod.send_jsonl(args.jsonl)
-        elif args.csv:
-            n = prod.send_csv(args.csv)
+        if found is not None:
+            n = prod.send_reports(found.reports)
+            steps = sorted(found.steps())
         else:
             from pipeline.sim.panel import simulate_poverty_panel
 
             panel = simulate_poverty_panel(n=prod.roster.n, horizon=dep.horizon, seed=args.seed)
             attr = args.attribute or next(a for a, v in dep.attributes.items() if v.type == "binary")
-            n = 0
-            steps = [args.step] if args.step else range(1, dep.horizon + 1)
-            for t in steps:
-                n += prod.send_step(t, {attr: panel[:, t - 1]})
+            n = prod.send_step(step, {attr: panel[:, step - 1]})
+            steps = [step]
     finally:
         prod.close()
-    print(f"sent {n} reports")
+    print(f"sent {n} reports for step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}")
     return EXIT_OK
 
 
 def cmd_close(args) -> int:
+    """Close steps through --step: say what it spends, warn about (or refuse) steps built from lost data."""
+    from pipeline.stream.intake_view import close_assessment, spend_of_steps
+
     dep = _load(args.config)
     if not 1 <= args.step <= dep.horizon:
         return _fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {args.step}")
+    store, view = _intake(dep, wait=args.wait)
+    steps = range(view.closing + 1, args.step + 1)
+    if not len(steps):
+        print(f"steps through {view.closing} are already closed; nothing to do")
+        return EXIT_OK
+    for p, count in view.unhandled.items():
+        if count:
+            print(f"WARNING: reports partition {p} has {count:,} records no worker has handled yet; "
+                  "the counts below miss them", file=sys.stderr)
+    checks = close_assessment(dep, view, steps)
+    for c in checks:
+        print(f"step {c.step}: {c.reported:,} of {c.users:,} users reported ({c.imputed_share:.1%} imputed); "
+              f"rejected while open: {sum(c.rejected.values()):,} {c.rejected or ''}".rstrip())
+        for w in c.warnings:
+            print(f"WARNING: {w}", file=sys.stderr)
+    spend = spend_of_steps(dep, steps)
+    label = f"steps {steps.start}..{steps.stop - 1}" if len(steps) > 1 else f"step {steps.start}"
+    print(f"closing {label} releases {'them' if len(steps) > 1 else 'it'} and spends: "
+          + (", ".join(f"{name} {next(iter(v))}={v[next(iter(v))]:.6g} ({v['share_of_release']:.1%} of its budget)"
+                       for name, v in spend.items()) or "nothing"))
+    if not args.force:
+        refused = [c.step for c in checks if c.refuse]
+        if len(steps) > 1:
+            return _fail(EXIT_BUDGET, f"refusing to close {len(steps)} steps at once without --force "
+                                      f"(steps {steps.start}..{steps.stop - 1})")
+        if refused:
+            return _fail(EXIT_BUDGET, f"refusing to close step(s) {refused}: imputed or rejected share is more than "
+                                      f"close_guard.refuse_above = {dep.close_guard.refuse_above} above the closed "
+                                      "steps' median; check the producers and the dead-letter topic, or pass --force")
     prod = _producer(dep)
-    prod.close_step(args.step)
-    prod.close()
-    print(f"close requested for step {args.step}")
+    try:
+        prod.close_step(args.step)
+    finally:
+        prod.close()
+    deadline = time.monotonic() + args.wait
+    while store.last_closing() < args.step:
+        if time.monotonic() > deadline:
+            return _fail(EXIT_RUNTIME, f"close of step {args.step} requested, but the releaser has not written its "
+                                       f"close markers within {args.wait:g} s (is it running?)")
+        time.sleep(0.1)
+    print(f"closed through step {args.step} (close markers written)")
     return EXIT_OK
 
 
 def cmd_status(args) -> int:
     from pipeline.plan import budget_plan
+
     from pipeline.stream.store import ReleaseStore
 
     dep = _load(args.config)
     _, redis_url = _endpoints(dep)
     store = ReleaseStore.from_url(redis_url, dep.name)
+    try:
+        intake = _intake(dep, wait=0)[1].as_json()  # curator-side counts: the operator's terminal only
+    except Exception as err:  # noqa: BLE001 - e.g. the broker is down: the rest of the status still shows
+        intake = {"unavailable": f"{type(err).__name__}: {err}"}
     ledger = store.ledger()
+    identity = store.identity() or {}
     status = {
         "deployment": dep.name,
+        "instance": identity.get("instance"),
+        "fingerprint": identity.get("fingerprint"),
         "released_step": store.last_released(),
         "published_step": store.last_published(),
         "horizon": dep.horizon,
         "plan": {k: v.__dict__ for k, v in budget_plan(dep).allotments().items()},
         "ledger": ledger,
+        "intake": intake,
     }
     print(json.dumps(status, indent=2, sort_keys=True))
     return EXIT_OK
@@ -243,19 +388,29 @@ def build_parser() -> argparse.ArgumentParser:
     u = with_config(sub.add_parser("up", help="start services (embedded when not configured), workers and releaser"))
     u.add_argument("--workers", type=int, default=1)
     u.add_argument("--log-dir", default="out/logs")
+    u.add_argument("--ephemeral", action="store_true", help="keep the embedded Redis in a temporary directory "
+                   "deleted on stop (throwaway runs); default: DPSTREAM_HOME/<deployment>/redis, kept")
     u.set_defaults(func=cmd_up)
 
     pr = with_config(sub.add_parser("produce", help="send reports from a CSV/JSONL file or the simulator"))
     g = pr.add_mutually_exclusive_group()
     g.add_argument("--csv", help="columns user,step,<attribute>...")
     g.add_argument("--jsonl", help="one report object per line")
-    pr.add_argument("--step", type=int, help="simulator: only this step")
+    pr.add_argument("--step", type=int, help="send only this step (default, simulator: the next open step "
+                    "without reports; files: every row, all within the steps the workers accept now)")
     pr.add_argument("--attribute", help="simulator: the binary attribute to fill")
     pr.add_argument("--seed", type=int, default=2021)
+    pr.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the workers to count what was "
+                    "sent before (default 10)")
     pr.set_defaults(func=cmd_produce)
 
-    c = with_config(sub.add_parser("close", help="close a step (and every earlier open step)"))
+    c = with_config(sub.add_parser("close", help="close a step (and every earlier open step); shows the intake "
+                                   "counts and what closing spends"))
     c.add_argument("--step", type=int, required=True)
+    c.add_argument("--force", action="store_true", help="close several steps at once, or a step whose imputed or "
+                   "rejected share is far above the closed steps' (close_guard in the configuration)")
+    c.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the workers' counts and the "
+                   "releaser's close markers (default 30)")
     c.set_defaults(func=cmd_close)
 
     with_config(sub.add_parser("status", help="released steps and the budget ledger")).set_defaults(func=cmd_status)

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from pipeline.privacy.accounting import Neighbours, check_neighbours
+
 __all__ = [
     "Deployment",
     "ConfigError",
@@ -210,6 +212,16 @@ class Imputation(_Strict):
     default: dict[str, str | int] = Field(default_factory=dict, description="per attribute, used when nothing to carry")
 
 
+class CloseGuard(_Strict):
+    """``dpstream close`` compares each step it is about to close with the steps already closed: the
+    share of users imputed (no accepted report) and the share of reports rejected while the step was
+    open. Above the closed steps' median by more than ``warn_above`` it warns; by more than
+    ``refuse_above`` it refuses unless ``--force`` (null: never refuses). Curator-side counts only."""
+
+    warn_above: float = Field(default=0.05, ge=0, le=1)
+    refuse_above: float | None = Field(default=0.25, ge=0, le=1)
+
+
 class RandomSourceConfig(_Strict):
     """``secure`` (the OS CSPRNG) or a seed (simulation/tests only; refused when production)."""
 
@@ -234,12 +246,28 @@ class Deployment(_Strict):
     roster: Roster
     horizon: int = Field(ge=1, le=100_000)
     attributes: dict[str, Attribute] = Field(min_length=1)
-    neighbours: Literal["add_remove", "replace"] = "add_remove"
+    neighbours: Neighbours = Neighbours.REPLACE
     budget: Budget
     random: RandomSourceConfig = RandomSourceConfig()
     steps: Steps = Steps()
     imputation: Imputation = Imputation()
+    close_guard: CloseGuard = CloseGuard()
     releases: list[Release] = Field(min_length=1)
+
+    @field_validator("neighbours", mode="before")
+    @classmethod
+    def _replace_only(cls, value: Any) -> Neighbours:
+        """A stream deployment has a fixed public roster and imputes missing reports, so removing a
+        user is not a possible neighbour: only ``replace`` describes what changes (docs/privacy.md)."""
+        relation = check_neighbours(value)
+        if relation is not Neighbours.REPLACE:
+            raise ValueError(
+                f"{relation.value} is refused for a stream deployment: the roster is fixed and public and a "
+                "user without reports is imputed (carry-forward or the default), so an absent user does not "
+                "disappear — its count moves from its real bin to the imputed bin (L2 sensitivity √2) and n is "
+                "published; the neighbouring relation is replace (one user's whole sequence replaced by any "
+                "other, including the all-missing one). Remove the key or set it to replace; see docs/privacy.md")
+        return relation
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Deployment":

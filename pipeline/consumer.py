@@ -172,8 +172,14 @@ class PanelStore:
 
 def read_topics(bootstrap: str, topic_names: dict[str, str], store: PanelStore | None = None,
                 timeout: float = 30.0, until: callable = None) -> PanelStore:
-    """Read the public topics from the beginning up to their current end (or until ``until(store)``)."""
+    """Read the public topics from the beginning up to their current end (or until ``until(store)``).
+
+    The end is each partition's true log end (:func:`pipeline.stream.log_end.log_ends`), not the
+    ListOffsets answer, which the embedded broker gives short (the last batch's base offset + 1).
+    """
     from kafka import KafkaConsumer, TopicPartition
+
+    from pipeline.stream.log_end import log_ends
 
     store = store or PanelStore()
     handlers = {topic_names["releases"]: store.add_manifest, topic_names["synthetic"]: store.add_chunk,
@@ -187,7 +193,7 @@ def read_topics(bootstrap: str, topic_names: dict[str, str], store: PanelStore |
             tps += [TopicPartition(topic, p) for p in sorted(parts)]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
-        end = consumer.end_offsets(tps)
+        end = log_ends(bootstrap, tps)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             batch = consumer.poll(timeout_ms=200)

@@ -37,7 +37,7 @@ def demo_config(n: int, seed: int | None, partitions: int = 4) -> dict:
             "occupation": {"type": "hashed", "size": OCCUPATIONS,
                            "description": "occupation code of the reference person (public code list)"},
         },
-        "neighbours": "add_remove",
+        "neighbours": "replace",
         "budget": {"rho": 0.01, "epsilon": 1.0, "delta": 1e-6, "report_delta": 1e-6},
         "random": {"kind": "seeded", "seed": seed} if seed is not None else {"kind": "secure"},
         "releases": [

@@ -3,6 +3,7 @@ status, query and export from another (real embedded broker and Redis, real proc
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -48,14 +49,24 @@ def deployment(tmp_path):
     return path, env
 
 
-def test_operator_workflow(deployment, tmp_path):
-    path, env = deployment
+@contextlib.contextmanager
+def running(path, env, tmp_path):
+    """`dpstream up` in the background (one worker); yields the broker address; stops it after."""
     up = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "up", "--config", str(path), "--workers", "1",
                            "--log-dir", str(tmp_path / "logs")], env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         banner = up.stdout.readline()
         assert "dpstream up: broker" in banner, banner
+        yield banner.split("broker ", 1)[1].split(",", 1)[0]
+    finally:
+        os.killpg(up.pid, signal.SIGINT)
+        up.wait(timeout=60)
+
+
+def test_operator_workflow(deployment, tmp_path):
+    path, env = deployment
+    with running(path, env, tmp_path):
         # reports from a CSV file for step 1 (one row per user), the simulator for the others
         rows = [{"user": f"u{i}", "step": 1, "poverty": i % 2} for i in range(N)]
         with (tmp_path / "step1.csv").open("w", newline="") as fh:
@@ -98,9 +109,6 @@ def test_operator_workflow(deployment, tmp_path):
                                       arr[:, 1:])
         # the panel's counts are what the releases say (the consumer only post-processes)
         assert c["at_least"][1] == int((arr[:, 1:].sum(axis=1) >= 1).sum())
-    finally:
-        os.killpg(up.pid, signal.SIGINT)
-        up.wait(timeout=60)
     assert not (tmp_path / "home" / "cli-test.json").exists()  # `up` cleaned up after itself
 
 
@@ -112,3 +120,80 @@ def test_commands_without_a_running_deployment_fail_clearly(deployment):
     assert proc.returncode == 2 and "--step must be in 1..4" in proc.stderr
     proc = dpstream("plan", "--config", str(path) + ".missing", env=env, check=False)
     assert proc.returncode == 2 and "no such configuration file" in proc.stderr
+
+
+def test_add_remove_deployment_is_refused_with_exit_code_2(deployment, tmp_path):
+    """A stream deployment's relation is replace; `neighbours: add_remove` is a configuration error."""
+    path, env = deployment
+    cfg = yaml.safe_load(path.read_text())
+    bad = tmp_path / "add_remove.yaml"
+    bad.write_text(yaml.safe_dump(dict(cfg, neighbours="add_remove")))
+    for command in (("plan", "--config", str(bad)), ("status", "--config", str(bad))):
+        proc = dpstream(*command, env=env, check=False)
+        assert proc.returncode == 2, proc.stderr
+        assert "neighbours: add_remove is refused" in proc.stderr and "imputed" in proc.stderr
+    assert dpstream("plan", "--config", str(path), env=env).returncode == 0  # the same file with replace runs
+
+
+def _jsonl(path, reports) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in reports))
+    return str(path)
+
+
+def test_never_release_silently_on_lost_data(deployment, tmp_path):
+    """produce never runs ahead of the steps the workers accept; bad files are refused whole; close
+    shows the intake counts and the spend, refuses several steps at once and steps built mostly from
+    imputation or with many rejections, unless --force. (Before: `produce` sent every step at once,
+    most of it dead-lettered as future_step, and `close --step T` released them from imputation.)"""
+    path, env = deployment
+    cfg = ["--config", str(path)]
+    with running(path, env, tmp_path) as broker:
+        assert "sent 800 reports for step 1" in dpstream("produce", *cfg, env=env).stdout  # the next open step
+        # a file with a misspelt attribute, then one with a bad line: nothing of either is sent
+        bad = tmp_path / "bad.csv"
+        bad.write_text("user,step,povrety\nu0,2,1\n")
+        proc = dpstream("produce", *cfg, "--csv", str(bad), env=env, check=False)
+        assert proc.returncode == 2 and f"nothing sent: {bad}:1: column 3 ('povrety')" in proc.stderr, proc.stderr
+        half = [{"user": f"u{i}", "step": 2, "values": {"poverty": float(i % 2)}} for i in range(N // 2)]
+        proc = dpstream("produce", *cfg, "--jsonl", _jsonl(tmp_path / "b.jsonl", half + ["oops"]), env=env, check=False)
+        assert proc.returncode == 2 and f"b.jsonl:{N // 2 + 1}: column 1" in proc.stderr, proc.stderr
+        assert "sent 400 reports for step 2" in dpstream("produce", *cfg, "--jsonl",
+                                                         _jsonl(tmp_path / "half.jsonl", half), env=env).stdout
+        proc = dpstream("produce", *cfg, "--step", "4", env=env, check=False)  # window 1..3 (max_ahead 2)
+        assert proc.returncode == 3 and "future_step" in proc.stderr and "nothing sent" in proc.stderr
+        status = json.loads(dpstream("status", *cfg, env=env).stdout)["intake"]
+        assert status["open"]["1"]["reported"] == N and status["open"]["2"]["reported"] == N // 2
+        assert status["since_last_close"] == {"since_closed": 0, "accepted": N + N // 2, "rejected": {}}
+
+        # several steps at once: says what it spends, refuses without --force
+        proc = dpstream("close", *cfg, "--step", "2", env=env, check=False)
+        assert proc.returncode == 3 and "refusing to close 2 steps at once" in proc.stderr
+        assert "closing steps 1..2 releases them and spends: quarterly rho=" in proc.stdout
+        out = dpstream("close", *cfg, "--step", "1", env=env).stdout
+        assert "step 1: 800 of 800 users reported (0.0% imputed)" in out and "closed through step 1" in out
+        # step 2: half the users have no report -> 50% imputed vs 0% before: refused, then forced
+        proc = dpstream("close", *cfg, "--step", "2", env=env, check=False)
+        assert proc.returncode == 3 and "WARNING: step 2: imputed share 50.0%" in proc.stderr, proc.stderr
+        assert "refusing to close step(s) [2]" in proc.stderr
+        dpstream("close", *cfg, "--step", "2", "--force", env=env)
+        closed = json.loads(dpstream("status", *cfg, env=env).stdout)["intake"]["closed"]
+        assert closed["1"]["imputed"] == 0 and closed["2"]["imputed"] == N // 2 and closed["2"]["reported"] == N // 2
+
+        # step 3: every user reports, but as many garbled messages arrive: rejected share 50%
+        assert "sent 800 reports for step 3" in dpstream("produce", *cfg, env=env).stdout
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(bootstrap_servers=broker)
+        for i in range(N):
+            producer.send("dpstream.cli-test.reports", key=f"u{i}".encode(), value=b"{not json")
+        producer.flush()
+        producer.close()
+        assert "sent 800 reports for step 4" in dpstream("produce", *cfg, env=env).stdout
+        proc = dpstream("produce", *cfg, env=env, check=False)
+        assert proc.returncode == 3 and "already have reports" in proc.stderr
+        proc = dpstream("close", *cfg, "--step", "3", env=env, check=False)
+        assert proc.returncode == 3 and "rejected share 33.3%" in proc.stderr, proc.stderr  # 800 of 2,400 handled
+        assert "{'malformed': 800}" in proc.stdout
+        dpstream("close", *cfg, "--step", "3", "--force", env=env)
+        out = dpstream("close", *cfg, "--step", "4", env=env).stdout  # nothing odd about step 4
+        assert "step 4: 800 of 800 users reported" in out

@@ -15,7 +15,7 @@ import yaml
 
 from pipeline.config import ConfigError, Deployment, load_config, parse_config
 from pipeline.plan import budget_plan, planned_schedule, step_cost
-from pipeline.privacy.accounting import ApproxDP, BudgetExceededError, ZCDP
+from pipeline.privacy.accounting import ApproxDP, BudgetExceededError, Neighbours, ZCDP
 from pipeline.synth.cumulative import CumulativeSynthesizer, counter_weights
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
@@ -405,6 +405,25 @@ def test_neighbours_values():
     cfg = base()
     cfg["neighbours"] = "swap"
     assert names_key(refused(cfg), "neighbours")
+
+
+def test_neighbours_default_to_replace_and_add_remove_is_refused():
+    """Fixed public roster + imputation: an absent user moves between bins, so a stream deployment's
+    only relation is replace (docs/privacy.md); an explicit add_remove is refused, saying why."""
+    assert parse_config(base()).neighbours is Neighbours.REPLACE
+    cfg = base()
+    cfg["neighbours"] = "replace"
+    assert parse_config(cfg).neighbours is Neighbours.REPLACE
+    cfg["neighbours"] = "add_remove"
+    msg = refused(cfg)
+    assert names_key(msg, "neighbours")
+    assert "imputed" in msg and "roster" in msg and "replace" in msg and "docs/privacy.md" in msg
+
+
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_state_replace(path):
+    assert yaml.safe_load(path.read_text())["neighbours"] == "replace"
+    assert load_config(path).neighbours is Neighbours.REPLACE
 
 
 def test_release_lookup():

@@ -149,6 +149,7 @@ def test_outside_interval_pure_round_trip():
         (lambda: cal.calibrate_threshold_monitor(1.0, 2.0, 3), "delta"),
         (lambda: cal.calibrate_threshold_monitor(1.0, 1e-6, 0), "k"),
         (lambda: cal.calibrate_threshold_monitor(1.0, 1e-6, 3, "swap"), "neighbours"),
+        (lambda: cal.calibrate_threshold_monitor(1600.0, 1e-6, 3, "replace"), "epsilon"),
         (lambda: cal.calibrate_individual_charging(1.0, 1e-6, 0), "tau"),
         (lambda: cal.calibrate_svt_restart(1.0, 1e-6, 0), "max_tops"),
         (lambda: cal.calibrate_naive(1.0, 1e-6, 0), "horizon"),

@@ -53,7 +53,7 @@ def run(services, tmp_path, workers: int, X):
                 if int(step) == T:
                     closers[int(part)] = i
     ledger = {k: e["cost"] for k, e in ReleaseStore.from_url(services.redis.url, dep.name).ledger().items()}
-    manifests = {rel: {t: {k: v for k, v in m.items() if k not in ("released_at", "deployment")}
+    manifests = {rel: {t: {k: v for k, v in m.items() if k not in ("released_at", "deployment", "instance")}
                        for t, m in drv.panels.panels[rel].manifests.items()} for rel in ("fw", "cu")}
     panels = {rel: drv.panels.panels[rel].as_array() for rel in ("fw", "cu")}
     return dep, panels, manifests, ledger, closers

@@ -200,8 +200,8 @@ def test_heavy_hitters_and_band_alerts_through_kafka_equal_the_library(services,
         drv.shutdown()
         cluster.check_alive()
     hh = ShiftingHeavyHitters(domain, 2.0, 5e-7, k, T, method="tct", seed=release_seed(dep, "hh"),
-                              neighbours="add_remove")
-    band = BandMonitor.from_target(N, 2.0, 5e-7, neighbours="add_remove", seed=release_seed(dep, "band"))
+                              neighbours="replace")
+    band = BandMonitor.from_target(N, 2.0, 5e-7, neighbours="replace", seed=release_seed(dep, "band"))
     flagged_any = False
     for t in range(1, T + 1):
         expected = hh.update(items[:, t - 1]).tolist()

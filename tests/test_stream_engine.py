@@ -24,13 +24,12 @@ STATUS = ["employed", "unemployed", "inactive"]
 N, T = 45, 6
 
 
-def config(seed=2026, neighbours="add_remove", shares=(0.3, 0.3, 0.4), rho=2.0):
+def config(seed=2026, shares=(0.3, 0.3, 0.4), rho=2.0):
     return {
         "name": "eng",
         "roster": {"size": N},
         "horizon": T,
         "attributes": {"poverty": {"type": "binary"}, "status": {"type": "categorical", "values": STATUS}},
-        "neighbours": neighbours,
         "budget": {"rho": rho},
         "random": {"kind": "seeded", "seed": seed},
         "steps": {"max_ahead": 1},
@@ -230,16 +229,16 @@ def _keys(obj, path=""):
 
 def test_manifests_carry_no_true_counts(run):
     dep, X, S, partials, engine, outputs = run
-    allowed_top = {"deployment", "release", "type", "attribute", "step", "horizon", "neighbours", "released_at",
-                   "parameters", "status", "noisy_counts", "projected_counts", "monotone_counts", "clamped_bins",
-                   "synthetic", "privacy"}
+    allowed_top = {"deployment", "instance", "release", "type", "attribute", "step", "horizon", "neighbours",
+                   "released_at", "parameters", "status", "noisy_counts", "projected_counts", "monotone_counts",
+                   "clamped_bins", "synthetic", "privacy"}
     for outs in outputs:
         for o in outs:
             assert set(o.manifest) <= allowed_top, set(o.manifest) - allowed_top
             for path, key in _keys(o.manifest):
                 low = key.lower()
                 assert not any(word == low or word in low.split("_") for word in FORBIDDEN), path
-            assert o.manifest["neighbours"] == "add_remove"
+            assert o.manifest["neighbours"] == "replace"
             orjson.dumps(o.manifest)  # plain JSON
     # the released counts are the noisy ones, never the partials' sums
     t = T
@@ -265,11 +264,16 @@ def test_manifest_synthetic_section_matches_columns(run):
             np.testing.assert_array_equal(back.columns, o.columns)
 
 
-def test_replace_neighbours_doubles_the_variance_and_is_stated():
-    a = ReleaseEngine(parse_config(config()), N)
-    b = ReleaseEngine(parse_config(config(neighbours="replace")), N)
-    assert b.mechanisms["fw"].sigma2 == pytest.approx(2 * a.mechanisms["fw"].sigma2)
+def test_stream_releases_are_calibrated_for_replace_and_say_so():
+    """The deployment's relation is replace (the default; add_remove is refused at load), so each
+    window histogram gets twice the add_remove variance and the manifest states the relation."""
+    dep = parse_config(config())
+    b = ReleaseEngine(dep, N)
+    allot = b.allotments["fw"]
+    add_remove = FixedWindowSynthesizer(T, 3, allot.rho, neighbours="add_remove", seed=0)
+    assert b.mechanisms["fw"].sigma2 == pytest.approx(2 * add_remove.sigma2)
     assert b.mechanisms["fw"].parameters()["neighbours"] == "replace"
+    assert b.mechanisms["cu"].parameters()["neighbours"] == "replace"
 
 
 def test_engine_refuses_over_budget_plan():

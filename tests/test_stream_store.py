@@ -163,7 +163,21 @@ def test_deployments_are_isolated_and_reset_is_scoped(redis_client):
     assert b.last_released() == 1 and b.load_step(1) == record(1)
 
 
-def test_plan_is_written_once(store):
-    first = {"fw": {"rho": 0.5}, "cu": {"rho": 0.5}}
-    assert store.save_plan(first) == first
-    assert store.save_plan({"fw": {"rho": 0.9}}) == first  # the caller sees the stored plan and can refuse
+def test_identity_is_written_once_first_writer_wins(store):
+    first = {"instance": "a" * 32, "fingerprint": "f1", "config": {"horizon": 6}}
+    assert store.identity() is None
+    assert store.claim_identity(first) == (first, True)
+    second = {"instance": "b" * 32, "fingerprint": "f2", "config": {"horizon": 7}}
+    assert store.claim_identity(second) == (first, False)  # the caller sees the stored one and can refuse
+    assert store.identity() == first
+
+
+def test_fingerprint_registry_spans_deployments_and_reset_removes_one(redis_client):
+    a, b, c = (ReleaseStore(redis_client, name) for name in "abc")
+    a.register_fingerprint("same")
+    b.register_fingerprint("same")
+    c.register_fingerprint("other")
+    assert a.deployments_with_fingerprint("same") == ["b"]
+    assert c.deployments_with_fingerprint("same") == ["a", "b"]
+    b.reset()
+    assert a.deployments_with_fingerprint("same") == []

@@ -23,7 +23,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats
 
-from pipeline.privacy.accounting import ApproxDP, check_neighbours, sensitivity_factor, zcdp_to_approx_dp
+from pipeline.privacy.accounting import ApproxDP, Neighbours, check_neighbours, sensitivity_factor, zcdp_to_approx_dp
 
 __all__ = [
     "theorem_3_2_xi",
@@ -34,6 +34,7 @@ __all__ = [
     "TargetChargingAccountant",
     "TCTBound",
     "tct_hits_per_user",
+    "outside_interval_hits_per_user",
     "individual_charging_privacy",
     "calibrate_individual_charging",
     "svt_restart_privacy",
@@ -138,6 +139,9 @@ def calibrate_threshold_monitor(epsilon: float, delta: float, k: float, neighbou
     if neighbours == "add_remove":
         xi, delta_t = epsilon, delta / 3.0
     else:
+        if epsilon / 2.0 > 700.0:  # e^{ε/2} overflows a double and δ̃ would underflow to 0
+            raise ValueError(f"epsilon={epsilon} is too large for the replace calibration: "
+                             "δ̃ = δ/(3(1 + e^(ε/2))) underflows")
         xi, delta_t = epsilon / 2.0, delta / (3.0 * (1.0 + math.exp(epsilon / 2.0)))
     eps_t = xi / (75.0 * (k + 1.0) / math.log(1.0 / delta_t) + 25.0)
     return eps_t, delta_t
@@ -361,8 +365,14 @@ def outside_interval_privacy(a: float, delta: float, neighbours: str = "replace"
     non-Inside answer it contributes to, so one hit per record (two under replace: the old and the
     new value). Theorem B.4 with those hits, α optimised."""
     a = _pos(a, "a")
-    hits = 1 if check_neighbours(neighbours) == "add_remove" else 2
-    return TargetChargingAccountant(a, hits).best(delta, exact=exact)
+    return TargetChargingAccountant(a, outside_interval_hits_per_user(neighbours)).best(delta, exact=exact)
+
+
+def outside_interval_hits_per_user(neighbours: str) -> int:
+    """Target hits one user can cause in an OutsideIntervalMonitor over users (``BandMonitor``):
+    its record leaves the active set at the first non-Between answer it contributes to, so 1 under
+    add/remove and 2 under replace (the old and the new version of the record, each retired once)."""
+    return 1 if check_neighbours(neighbours) is Neighbours.ADD_REMOVE else 2
 
 
 def outside_interval_privacy_simplified(a: float, delta: float, neighbours: str = "replace") -> ApproxDP:

@@ -71,7 +71,7 @@ def heavy_hitter_plan(method: str, domain_size: int, epsilon: float, delta: floa
     k = check_int(k, "k", low=1)
     horizon = check_int(horizon, "horizon", low=1)
     beta = check_real(beta, "beta", low=0.0, high=1.0, low_open=True, high_open=True)
-    check_neighbours(neighbours)
+    neighbours = check_neighbours(neighbours)
     charge_weight = check_int(charge_weight, "charge_weight", low=1)
     queries = float(horizon) * float(domain_size)
     plan: dict[str, Any] = {"method": method, "neighbours": neighbours, "charge_weight": charge_weight}
@@ -133,7 +133,7 @@ class ShiftingHeavyHitters(StatefulMixin):
                                       charge_weight, max_tops)
         self.domain_size, self.epsilon, self.delta = int(domain_size), float(epsilon), float(delta)
         self.k, self.horizon, self.beta, self.method = int(k), int(horizon), float(beta), method
-        self.neighbours, self.charge_weight, self.max_tops_arg = neighbours, int(charge_weight), max_tops
+        self.neighbours, self.charge_weight, self.max_tops_arg = self.plan["neighbours"], int(charge_weight), max_tops
         self._rng_init(seed)
         self.step = 0
         self.n = -1  # fixed at the first update (the roster size)

@@ -23,6 +23,7 @@ that shares such as ten times 0.1 fill a budget exactly; nothing larger is forgi
 
 from __future__ import annotations
 
+import enum
 import math
 import numbers
 import time
@@ -63,20 +64,38 @@ BUDGET_RTOL = 1e-12
 # Neighbouring relation
 # --------------------------------------------------------------------------------------------
 
-#: Which datasets are neighbours (DESIGN §1). ``"add_remove"``: one user's whole report sequence is
-#: added or removed. ``"replace"``: one user's sequence is replaced by another.
-Neighbours = Literal["add_remove", "replace"]
-NEIGHBOURS: tuple[str, ...] = ("add_remove", "replace")
+class Neighbours(enum.StrEnum):
+    """Which datasets are neighbours; the privacy unit is one user's whole report sequence.
+
+    * ``REPLACE`` (``"replace"``): one user's sequence is replaced by any other sequence of the
+      domain, including the all-missing one. The only coherent relation for a stream deployment:
+      the roster is fixed and public and a user without reports is imputed, so an "absent" user's
+      count moves from its real bin to the imputed bin (−1 in one bin, +1 in another) and n is
+      unchanged (the cumulative release publishes it exactly). ``pipeline.config`` refuses anything
+      else for a deployment (docs/privacy.md, "Unit of privacy and neighbouring relation").
+    * ``ADD_REMOVE`` (``"add_remove"``): one user's sequence is present or absent. Coherent only
+      for batch use where the unit really disappears from every histogram and n is not published.
+
+    Mechanisms accept the enum or its string value (normalised by :func:`check_neighbours`).
+    """
+
+    ADD_REMOVE = "add_remove"
+    REPLACE = "replace"
 
 
-def check_neighbours(neighbours: Any, name: str = "neighbours") -> str:
-    """Return ``neighbours`` if it is a valid :data:`Neighbours` value, else raise ValueError."""
-    if neighbours not in NEIGHBOURS:
-        raise ValueError(f"{name} must be one of {NEIGHBOURS}, got {neighbours!r}")
-    return neighbours
+NEIGHBOURS: tuple[str, ...] = tuple(m.value for m in Neighbours)
 
 
-def sensitivity_factor(neighbours: Neighbours) -> float:
+def check_neighbours(neighbours: Any, name: str = "neighbours") -> Neighbours:
+    """Normalise ``neighbours`` (a :class:`Neighbours` member or its string value) to the enum;
+    anything else raises ValueError naming the argument ``name``."""
+    try:
+        return Neighbours(neighbours)
+    except ValueError:
+        raise ValueError(f"{name} must be one of {NEIGHBOURS}, got {neighbours!r}") from None
+
+
+def sensitivity_factor(neighbours: Neighbours | str) -> float:
     """Multiplier on ρ (equivalently on σ² for a fixed ρ) of a histogram release.
 
     A histogram with Gaussian noise of variance σ² per bin is Δ₂²/(2σ²)-zCDP, Δ₂ its L2 sensitivity
@@ -86,8 +105,7 @@ def sensitivity_factor(neighbours: Neighbours) -> float:
     * ``replace``: one bin loses 1 and another gains 1, Δ₂² = 2 → factor 2 (twice the ρ for the
       same noise, or twice the σ² for the same ρ).
     """
-    check_neighbours(neighbours)
-    return 1.0 if neighbours == "add_remove" else 2.0
+    return 1.0 if check_neighbours(neighbours) is Neighbours.ADD_REMOVE else 2.0
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,13 +18,25 @@ from pathlib import Path
 from pipeline.stream.embedded import EmbeddedServices, free_port
 from pipeline.stream.topics import ensure_topics, topic_names
 
-__all__ = ["LocalCluster", "endpoints_file"]
+__all__ = ["LocalCluster", "endpoints_file", "state_dir", "dpstream_home"]
+
+
+def dpstream_home() -> Path:
+    return Path(os.environ.get("DPSTREAM_HOME", Path.home() / ".dpstream"))
 
 
 def endpoints_file(deployment_name: str) -> Path:
     """Where ``dpstream up`` records the embedded endpoints for the other commands."""
-    home = Path(os.environ.get("DPSTREAM_HOME", Path.home() / ".dpstream"))
-    return home / f"{deployment_name}.json"
+    return dpstream_home() / f"{deployment_name}.json"
+
+
+def state_dir(deployment_name: str) -> Path:
+    """The persistent data directory of a deployment's embedded services (its Redis in ``redis/``), mode
+    0700: the release records, the ledger and the mechanism state outlive ``dpstream up``."""
+    path = dpstream_home() / deployment_name
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
 
 
 class LocalCluster:

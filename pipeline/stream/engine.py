@@ -140,6 +140,7 @@ class ReleaseEngine:
         self.ledger = PrivacyLedger(privacy_budget(deployment), self.plan)
         self.step = 0
         self.mechanisms = {rel.name: self._build(rel) for rel in deployment.releases}
+        self.instance: str | None = None  # the deployment instance id stamped into manifests (identity module)
 
     # -- mechanisms ----------------------------------------------------------------------------
     def _build(self, rel):
@@ -198,6 +199,7 @@ class ReleaseEngine:
         mech = self.mechanisms[rel.name]
         manifest: dict[str, Any] = {
             "deployment": self.deployment.name,
+            "instance": self.instance,
             "release": rel.name,
             "type": rel.type,
             "attribute": rel.attribute,
@@ -303,6 +305,7 @@ class ReleaseEngine:
         return {
             "step": self.step,
             "n": self.n,
+            "instance": self.instance,
             "ledger": self.ledger.get_state(),
             "mechanisms": {name: mech.get_state() for name, mech in self.mechanisms.items()},
         }
@@ -311,6 +314,7 @@ class ReleaseEngine:
     def from_state(cls, deployment, state: dict[str, Any]) -> "ReleaseEngine":
         engine = cls(deployment, int(state["n"]))
         engine.step = int(state["step"])
+        engine.instance = state.get("instance")
         engine.ledger = PrivacyLedger.from_state(state["ledger"])
         for rel in deployment.releases:
             cls_ = type(engine.mechanisms[rel.name])

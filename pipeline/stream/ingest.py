@@ -190,6 +190,7 @@ class IngestCore:
             headers = dead_letter_headers(rej.reason, rej.detail, self.names["reports"], partition, offset,
                                           rej.batch_index)
             result.dead_letters.append((key, rej.original, headers))
+        state.intake.count(result.accepted, result.reasons)
         return result
 
     # -- close -----------------------------------------------------------------------------------
@@ -242,5 +243,6 @@ class IngestCore:
         state = self.states[partition]
         state.offset = max(state.offset, rec.offset)
         headers = dead_letter_headers(reason, detail, self.names["reports"], partition, rec.offset, None)
+        state.intake.count(0, {reason: 1})
         return ApplyResult(partition=partition, reasons={reason: 1},
                            dead_letters=[(f"{partition}:{rec.offset}:-".encode(), bytes(rec.value), headers)])

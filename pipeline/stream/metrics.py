@@ -134,7 +134,9 @@ def consumer_groups(deployment, names: dict[str, str]) -> dict[str, list[str]]:
 
 class ConsumerLagMonitor(threading.Thread):
     """Sets ``dpstream_consumer_lag{topic, partition}`` = log end offset − the group's committed
-    offset (the whole log while nothing is committed), every ``interval`` seconds.
+    offset (the whole log while nothing is committed), every ``interval`` seconds. The log end is
+    the true one (:class:`pipeline.stream.log_end.LogEnds`): the embedded broker's ListOffsets answer
+    is short by the rest of the last record batch.
 
     Run it in one process per deployment (the releaser), or every process exports the same series.
     The jobs commit their handled positions every 2 s, so the lag reads up to 2 s' worth high under load.
@@ -146,15 +148,18 @@ class ConsumerLagMonitor(threading.Thread):
         self.groups = groups
         self.interval = interval
         self._stop = threading.Event()
-        self._admin = self._consumer = None
+        self._admin = self._consumer = self._ends = None
 
     def _clients(self):
         if self._admin is None:
             from kafka import KafkaAdminClient, KafkaConsumer
 
+            from pipeline.stream.log_end import LogEnds
+
             self._admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="dpstream-lag")
             self._consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                            client_id="dpstream-lag")
+            self._ends = LogEnds(self.bootstrap, client_id="dpstream-lag-ends")
         return self._admin, self._consumer
 
     def poll_once(self) -> dict[tuple[str, int], int]:
@@ -165,7 +170,7 @@ class ConsumerLagMonitor(threading.Thread):
         for group, topics in self.groups.items():
             committed = _committed_offsets(admin, group)
             tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
-            for tp, end in consumer.end_offsets(tps).items():
+            for tp, end in self._ends(tps).items():
                 meta = committed.get(tp)
                 done = meta.offset if meta is not None and meta.offset >= 0 else 0
                 lags[(tp.topic, tp.partition)] = max(0, end - done)
@@ -184,13 +189,13 @@ class ConsumerLagMonitor(threading.Thread):
         self._close_clients()
 
     def _close_clients(self) -> None:
-        for client in (self._consumer, self._admin):
+        for client in (self._consumer, self._admin, self._ends):
             if client is not None:
                 try:
                     client.close()
                 except Exception:
                     pass
-        self._admin = self._consumer = None
+        self._admin = self._consumer = self._ends = None
 
     def stop(self) -> None:
         self._stop.set()

@@ -20,7 +20,7 @@ import numpy as np
 from pipeline.stream.aggregators import make_aggregator, needs_feedback
 from pipeline.stream.reports import ParsedReports
 
-__all__ = ["PartitionState", "FeedbackPending"]
+__all__ = ["PartitionState", "FeedbackPending", "Intake"]
 
 
 class FeedbackPending(RuntimeError):
@@ -51,6 +51,7 @@ class PartitionState:
         }
         self._feedback_releases = {rel.name for rel in deployment.releases if needs_feedback(rel)}
         self.offset = -1  # offset of the last consumed message of this partition (checkpointing)
+        self.intake = Intake(slots)
 
     # -- reports -----------------------------------------------------------------------------
     def apply(self, parsed: ParsedReports) -> ParsedReports:
@@ -60,6 +61,7 @@ class PartitionState:
         """
         if len(parsed) == 0:
             return parsed
+        slots = self.max_ahead + 1
         local = self.local[parsed.rows]
         foreign = local < 0
         if foreign.any():
@@ -87,6 +89,7 @@ class PartitionState:
             code = parsed.codes[a]
             sel = ok & (code >= 0)
             self.pending[a][slot[sel], local[sel]] = code[sel]
+        self.intake.reported += np.bincount(slot[ok], minlength=slots).astype(np.int64)  # one per new (user, step)
         return parsed.take(ok)
 
     # -- close ---------------------------------------------------------------------------------
@@ -118,6 +121,7 @@ class PartitionState:
             buf[:-1] = buf[1:]
             buf[-1] = -1
         self.closed = step
+        self.intake.close(step, int(self.rows.size), reported)
         self.last_x = x
         self.feedback_needed = set(self._feedback_releases)
         return {
@@ -157,6 +161,7 @@ class PartitionState:
             "last_x": {a: v.copy() for a, v in self.last_x.items()},
             "feedback_needed": sorted(self.feedback_needed),
             "aggregators": {name: agg.get_state() for name, agg in self.aggregators.items()},
+            "intake": self.intake.get_state(),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -170,6 +175,64 @@ class PartitionState:
         self.feedback_needed = set(state["feedback_needed"])
         for name, agg_state in state["aggregators"].items():
             self.aggregators[name].set_state(agg_state)
+        self.intake = Intake(self.max_ahead + 1)
+        if "intake" in state:  # checkpoints written before intake counting have none: count from here
+            self.intake.set_state(state["intake"])
+
+    def intake_summary(self) -> dict[str, Any]:
+        """Curator-side counts of this partition (``dpstream status`` / ``close``; never published)."""
+        summary = self.intake.summary(self.partition, self.closed, self.offset, int(self.rows.size))
+        summary["open"] = {t: r for t, r in summary["open"].items() if int(t) <= self.horizon}
+        return summary
+
+
+class Intake:
+    """How many reports a partition accepted and rejected (by reason), per step — curator-side only.
+
+    ``reported[j]``: users with an accepted report for open step closed+1+j (each accepted report is
+    a new (user, step): duplicates are rejected). ``accepted``/``rejected``: reports handled while the
+    current step was open (the interval since the last close), whatever step they were for; a close
+    files them, with the step's reported and imputed users, under ``history[step]``. Part of the
+    checkpoint, so a replay after a crash restores and recounts them exactly once. Only the last
+    ``HISTORY`` closed steps are kept (the close guard compares with their median).
+    """
+
+    HISTORY = 64
+
+    def __init__(self, slots: int):
+        self.reported = np.zeros(slots, dtype=np.int64)
+        self.accepted = 0
+        self.rejected: dict[str, int] = {}
+        self.history: dict[int, dict[str, Any]] = {}
+
+    def count(self, accepted: int, reasons: dict[str, int]) -> None:
+        self.accepted += int(accepted)
+        for reason, n in reasons.items():
+            self.rejected[reason] = self.rejected.get(reason, 0) + int(n)
+
+    def close(self, step: int, users: int, reported: int) -> None:
+        self.history[step] = {"users": users, "reported": reported, "imputed": users - reported,
+                              "accepted": self.accepted, "rejected": dict(self.rejected)}
+        self.history.pop(step - self.HISTORY, None)
+        self.reported[:-1] = self.reported[1:]
+        self.reported[-1] = 0
+        self.accepted, self.rejected = 0, {}
+
+    def summary(self, partition: int, closed: int, offset: int, users: int) -> dict[str, Any]:
+        return {"partition": partition, "closed": closed, "offset": offset, "users": users,
+                "open": {str(closed + 1 + j): int(r) for j, r in enumerate(self.reported)},
+                "accepted": self.accepted, "rejected": dict(self.rejected),
+                "history": {str(t): h for t, h in self.history.items()}}
+
+    def get_state(self) -> dict[str, Any]:
+        return {"reported": self.reported.copy(), "accepted": self.accepted, "rejected": dict(self.rejected),
+                "history": {str(t): h for t, h in self.history.items()}}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.reported = np.array(state["reported"], dtype=np.int64)
+        self.accepted = int(state["accepted"])
+        self.rejected = {str(k): int(v) for k, v in state["rejected"].items()}
+        self.history = {int(t): dict(h) for t, h in state["history"].items()}
 
 
 def _default_code(attribute, default) -> int:

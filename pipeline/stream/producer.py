@@ -1,4 +1,4 @@
-"""Producing reports and control commands (simulator, CSV/JSONL files, the demo).
+"""Producing reports and control commands (simulator, CSV/JSONL files via the command line, the demo).
 
 Single reports are keyed by user id, so Kafka's default partitioner sends each user to the
 partition that owns it (see :mod:`pipeline.stream.roster`). Bulk steps are sent as columnar batch
@@ -8,9 +8,6 @@ ingest), one or more per owning partition, written to that partition explicitly.
 
 from __future__ import annotations
 
-import csv
-import json
-from pathlib import Path
 from typing import Iterable
 
 import numpy as np
@@ -74,24 +71,6 @@ class ReportProducer:
         self._producer.flush()
         return count
 
-    def send_jsonl(self, path: str | Path) -> int:
-        with Path(path).open() as fh:
-            return self.send_reports(json.loads(line) for line in fh if line.strip())
-
-    def send_csv(self, path: str | Path) -> int:
-        """CSV with columns ``user,step,<attribute>...``; empty cells are omitted from the report."""
-        def rows():
-            with Path(path).open(newline="") as fh:
-                for rec in csv.DictReader(fh):
-                    values = {}
-                    for a, v in rec.items():
-                        if a in ("user", "step") or v in ("", None):
-                            continue
-                        attr = self.deployment.attributes.get(a)
-                        values[a] = v if attr is not None and attr.type == "categorical" else _int_or_str(v)
-                    yield {"user": rec["user"], "step": int(rec["step"]), "values": values}
-        return self.send_reports(rows())
-
     def close_step(self, step: int) -> int:
         """Send the close command; returns its record timestamp (ms, the broker's log)."""
         future = self._producer.send(self.names["control"], value=orjson.dumps({"command": "close", "step": int(step)}))
@@ -101,9 +80,3 @@ class ReportProducer:
     def close(self) -> None:
         self._producer.close()
 
-
-def _int_or_str(v: str):
-    try:
-        return int(v)
-    except ValueError:
-        return v

@@ -11,7 +11,12 @@ Wire format (JSON):
 
 Values: binary attributes take 0/1 (or false/true); categorical attributes take a declared label
 or its integer code; hashed (open-domain) attributes take a string, mapped to an id in [0, size)
-by the public hash :func:`public_hash`, or an integer id. An attribute missing from a report is
+by the public hash :func:`public_hash`, or an integer id. What a pandas user produces is accepted
+where its meaning is unambiguous: an integral float (``1.0``) wherever an integer code or id is
+accepted, and for binary attributes the strings ``"0"``/``"1"``, ``"0.0"``/``"1.0"`` and
+``"true"``/``"false"`` (any case: ``"True"``); everything else (``0.5``, ``"yes"``, a bool as a
+categorical code, a numeric string as a categorical code or hashed id — a string there is a label
+or a hashed value) stays ``out_of_domain``. An attribute missing from a report is
 imputed at step close. Stateless checks happen here (``malformed``, ``unknown_user``,
 ``out_of_domain``); checks that need per-user state (``duplicate``, ``late``, ``future_step``)
 happen in :mod:`pipeline.stream.user_state`. Nothing is dropped silently: every rejected report
@@ -127,7 +132,7 @@ class ReportParser:
                     return int(v)
                 if type(v) is int and 0 <= v <= 1:
                     return v
-                return None
+                return _coerced_binary(v)
         elif kind == "categorical":
             table = {label: i for i, label in enumerate(attr.values)}
             size = len(attr.values)
@@ -137,7 +142,7 @@ class ReportParser:
                     return table.get(v)
                 if type(v) is int and 0 <= v < size:
                     return v
-                return None
+                return _integral_float(v, size)
         else:  # hashed open domain
             size = int(attr.size)
 
@@ -146,7 +151,7 @@ class ReportParser:
                     return public_hash(v, size)
                 if type(v) is int and 0 <= v < size:
                     return v
-                return None
+                return _integral_float(v, size)
         return decode
 
     @staticmethod
@@ -154,10 +159,10 @@ class ReportParser:
         """A typed msgspec decoder of one single report (the fast path; ~2x orjson to dicts).
 
         It accepts a subset of what :meth:`parse` accepts: exactly the fields user (string), step
-        (integer) and values (an object of known attributes, each a boolean, integer or string; no
-        null). Anything else raises, and the message goes through the reference path.
+        (integer) and values (an object of known attributes, each a boolean, integer, float or
+        string; no null). Anything else raises, and the message goes through the reference path.
         """
-        value_type = bool | int | str | msgspec.UnsetType
+        value_type = bool | int | float | str | msgspec.UnsetType
         values = msgspec.defstruct("Values", [(name, value_type, msgspec.UNSET) for name in names],
                                    forbid_unknown_fields=True)
         report = msgspec.defstruct("Report", [("user", str), ("step", int), ("values", values)],
@@ -169,15 +174,17 @@ class ReportParser:
         """Generator of codes for a column: -1 for null (not reported), -2 for out of domain."""
         if attr.type == "binary":
             return lambda col: (-1 if v is None else v if type(v) is int and 0 <= v <= 1
-                                else int(v) if type(v) is bool else -2 for v in col)
+                                else int(v) if type(v) is bool else _or_out(_coerced_binary(v)) for v in col)
         if attr.type == "categorical":
             table = {label: i for i, label in enumerate(attr.values)}
             size = len(attr.values)
             return lambda col: (-1 if v is None else table.get(v, -2) if type(v) is str
-                                else v if type(v) is int and 0 <= v < size else -2 for v in col)
+                                else v if type(v) is int and 0 <= v < size else _or_out(_integral_float(v, size))
+                                for v in col)
         size = int(attr.size)
         return lambda col: (-1 if v is None else public_hash(v, size) if type(v) is str
-                            else v if type(v) is int and 0 <= v < size else -2 for v in col)
+                            else v if type(v) is int and 0 <= v < size else _or_out(_integral_float(v, size))
+                            for v in col)
 
     def parse(self, messages: list[bytes]) -> ParsedReports:
         rows: list[int] = []
@@ -325,6 +332,8 @@ class ReportParser:
         """Codes of one attribute's column: -1 for null (not reported), -2 for out of domain."""
         codes = self._int_codes(name, col)
         if codes is None:
+            codes = self._float_codes(name, col)
+        if codes is None:
             codes = np.fromiter(self._column_decoders[name](col), dtype=np.int64, count=len(col))
         return codes
 
@@ -339,6 +348,16 @@ class ReportParser:
             return None
         size = int(self.attributes[name].size)
         return np.where((values >= 0) & (values < size), values, -2)
+
+    def _float_codes(self, name: str, col: list) -> np.ndarray | None:
+        """Codes of a column holding only floats (a pandas column), vectorised: an integral float in
+        the domain is its integer's code, any other float -2; None for any other column."""
+        if not col or not _only(col, float):
+            return None
+        values = np.array(col, dtype=np.float64)
+        size = int(self.attributes[name].size)
+        ok = (values == np.floor(values)) & (values >= 0) & (values < size)
+        return np.where(ok, values, -2).astype(np.int64)
 
     def _columnar(self, msg: dict, raw: bytes, msg_no: int, rejections: list, sources: list) -> tuple | None:
         """Decode a columnar batch; returns an array segment of its accepted rows (None if none)."""
@@ -398,6 +417,29 @@ _COL_REASONS = {
     4: ("out_of_domain", "a value is outside its attribute's domain"),
     5: ("malformed", "no attribute reported"),
 }
+
+
+_BINARY_STRINGS = {"0": 0, "1": 1, "0.0": 0, "1.0": 1, "false": 0, "true": 1}
+
+
+def _coerced_binary(v) -> int | None:
+    """A binary value as pandas writes it: 0.0/1.0, "0"/"1", "0.0"/"1.0", "true"/"false" in any case."""
+    if type(v) is float:
+        return int(v) if v == 0.0 or v == 1.0 else None
+    if type(v) is str:
+        return _BINARY_STRINGS.get(v.lower())
+    return None
+
+
+def _integral_float(v, size: int) -> int | None:
+    """An integral float in [0, size) as its integer (a pandas float column of codes), else None."""
+    if type(v) is float and v.is_integer() and 0 <= v < size:
+        return int(v)
+    return None
+
+
+def _or_out(code: int | None) -> int:
+    return -2 if code is None else code
 
 
 def _only(values: list, kind: type) -> bool:

@@ -16,7 +16,13 @@ Keys (``{p}`` = ``dpstream:<deployment>``):
   {p}:step:<t>            hash: release name -> record bytes; "__state__" -> mechanism state after t
   {p}:ledger              hash: "<release>:<t>" -> ledger entry JSON (append-only by construction)
   {p}:checkpoint:<part>   worker checkpoint bytes of one reports partition
-  {p}:plan                the budget plan JSON (written once at start)
+  {p}:identity            JSON written once at first start (first writer wins): a random instance id
+                          (public, stamped into every manifest), the privacy-relevant configuration
+                          and its sha256 (``pipeline.stream.identity``)
+  dpstream-fingerprints   hash over every deployment on this Redis: name -> fingerprint without the
+                          name (recognises a renamed deployment over the same roster)
+  {p}:intake              hash: reports partition -> its intake counts JSON (accepted, rejected by
+                          reason, reported/imputed per step; curator-side, for status and close)
 
 Everything here is curator-side except the records' public parts (manifests etc. carry only
 noisy/projected values); the mechanism state holds true per-node sums and must not be exposed.
@@ -30,7 +36,9 @@ from typing import Any
 
 import redis
 
-__all__ = ["ReleaseStore", "StepAlreadyReleased", "StepOutOfOrder", "StepRecord"]
+__all__ = ["ReleaseStore", "StepAlreadyReleased", "StepOutOfOrder", "StepRecord", "FINGERPRINTS_KEY"]
+
+FINGERPRINTS_KEY = "dpstream-fingerprints"  # outside every deployment's prefix
 
 
 class StepAlreadyReleased(RuntimeError):
@@ -51,6 +59,7 @@ class StepRecord:
 class ReleaseStore:
     def __init__(self, client: redis.Redis, deployment: str):
         self.r = client
+        self.deployment = deployment
         self.prefix = f"dpstream:{deployment}"
 
     @classmethod
@@ -138,12 +147,24 @@ class ReleaseStore:
             return 0, None
         return last, self.r.hget(self._k("step", last), "__state__")
 
-    # -- plan and worker checkpoints -----------------------------------------------------------
-    def save_plan(self, plan: dict[str, Any]) -> dict[str, Any]:
-        """Store the budget plan once; a restart with a different plan is refused by the caller."""
-        key = self._k("plan")
-        self.r.setnx(key, json.dumps(plan, sort_keys=True))
-        return json.loads(self.r.get(key))
+    # -- identity and worker checkpoints ---------------------------------------------------------
+    def identity(self) -> dict[str, Any] | None:
+        raw = self.r.get(self._k("identity"))
+        return None if raw is None else json.loads(raw)
+
+    def claim_identity(self, identity: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Store ``identity`` unless one exists (SET NX: the first writer wins); (stored one, whether it is ours)."""
+        key = self._k("identity")
+        won = bool(self.r.set(key, json.dumps(identity, sort_keys=True), nx=True))
+        return json.loads(self.r.get(key)), won
+
+    def register_fingerprint(self, portable: str) -> None:
+        self.r.hset(FINGERPRINTS_KEY, self.deployment, portable)
+
+    def deployments_with_fingerprint(self, portable: str) -> list[str]:
+        """Other deployments on this Redis registered with the same name-free fingerprint."""
+        return sorted(name.decode() for name, fp in self.r.hgetall(FINGERPRINTS_KEY).items()
+                      if fp.decode() == portable and name.decode() != self.deployment)
 
     def save_checkpoint(self, partition: int, blob: bytes) -> None:
         self.r.set(self._k("checkpoint", partition), blob)
@@ -151,7 +172,17 @@ class ReleaseStore:
     def load_checkpoint(self, partition: int) -> bytes | None:
         return self.r.get(self._k("checkpoint", partition))
 
+    def save_intake(self, summaries: dict[int, dict[str, Any]]) -> None:
+        """Store the partitions' intake counts (a snapshot each, replacing the previous one)."""
+        if summaries:
+            self.r.hset(self._k("intake"), mapping={str(p): json.dumps(s, sort_keys=True) for p, s in summaries.items()})
+
+    def intake(self) -> dict[int, dict[str, Any]]:
+        """Reports partition -> its latest intake counts (partitions no worker has handled yet are absent)."""
+        return {int(k): json.loads(v) for k, v in self.r.hgetall(self._k("intake")).items()}
+
     def reset(self) -> None:
         """Delete every key of this deployment (tests and `dpstream reset` only)."""
         for key in self.r.scan_iter(match=f"{self.prefix}:*"):
             self.r.delete(key)
+        self.r.hdel(FINGERPRINTS_KEY, self.deployment)

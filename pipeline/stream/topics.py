@@ -9,6 +9,12 @@ from pipeline.stream.messages import TOPICS
 __all__ = ["topic_names", "topic_partitions", "ensure_topics"]
 
 
+PUBLIC_TOPICS = ("releases", "synthetic", "alerts")
+# The public topics are the product and the fence's evidence (pipeline.stream.fence): Kafka's default
+# retention (7 days) would delete old manifests, and with them what a wiped state is checked against.
+KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
+
+
 def topic_names(deployment) -> dict[str, str]:
     """Logical topic -> broker topic name (``<prefix>.<deployment>.<topic>``)."""
     prefix = deployment.topics.prefix
@@ -38,7 +44,8 @@ def ensure_topics(bootstrap: str, deployment, timeout: float = 30.0) -> dict[str
             time.sleep(0.5)
     try:
         existing = set(admin.list_topics())
-        missing = [NewTopic(names[t], parts[t], 1) for t in names if names[t] not in existing]
+        missing = [NewTopic(names[t], parts[t], 1, topic_configs=KEEP_FOREVER if t in PUBLIC_TOPICS else {})
+                   for t in names if names[t] not in existing]
         if missing:
             try:
                 admin.create_topics(missing)

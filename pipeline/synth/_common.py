@@ -13,10 +13,9 @@ import numpy as np
 
 from pipeline.privacy.rng import RandomSource
 
+from pipeline.privacy.accounting import NEIGHBOURS, check_neighbours  # noqa: F401  (re-exported)
 from pipeline.privacy.accounting import sensitivity_factor as _sensitivity_factor
 from pipeline.validation import check_int, check_real  # noqa: F401  (re-exported)
-
-NEIGHBOURS = ("add_remove", "replace")
 
 #: Largest histogram (categories ** window bins) a fixed-window synthesizer accepts. Each step
 #: keeps its noisy and projected histograms (int64), so the bound keeps memory per step ≤ 16 MiB.
@@ -39,12 +38,6 @@ def check_beta(beta: Any) -> float:
     if not 0.0 < beta < 1.0:
         raise ValueError(f"beta must be in (0, 1), got {beta}")
     return beta
-
-
-def check_neighbours(neighbours: Any) -> str:
-    if neighbours not in NEIGHBOURS:
-        raise ValueError(f"neighbours must be one of {NEIGHBOURS}, got {neighbours!r}")
-    return neighbours
 
 
 def sensitivity_factor(neighbours: str) -> float:

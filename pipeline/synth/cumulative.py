@@ -97,7 +97,10 @@ class CumulativeSynthesizer:
     Parameters
     ----------
     horizon : T. rho : total zCDP budget. beta : failure probability used by :meth:`error_bound`.
-    neighbours : "add_remove" or "replace" (passed to every counter, which calibrates for it).
+    neighbours : :class:`~pipeline.privacy.accounting.Neighbours` or its value, "add_remove" or
+        "replace" (passed to every counter, which calibrates for it). This release publishes n
+        exactly, so add_remove is not coherent for it (n would differ between neighbours); it is
+        kept to reproduce the paper's constants. A stream deployment is always replace.
     counter : "factorization" (default) or "tree": the continual counter behind each S̃_b.
     seed : None (secure OS randomness), int (seeded, tests only) or a RandomSource.
     n : roster size; required for the counts path, otherwise fixed by the first ``update``.

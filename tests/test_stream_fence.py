@@ -1,0 +1,333 @@
+"""A restart never releases a step twice and never continues state under another calibration.
+
+* The fence: release steps, wipe Redis, restart a worker (it re-ingests and re-publishes the partials
+  of the released steps) and the releaser against the same broker: the releaser exits with code 4
+  and a message saying the state was lost; no manifest is published again.
+* The configuration fingerprint: a state created for a heavy-hitter release with k = 3 and method
+  tct, window 3, a seeded source, is refused (exit code 2, each changed key named) by a releaser and
+  a worker configured with k = 20, method naive, window 2, or production: true.
+* The persistent embedded Redis of ``dpstream up`` keeps the state across a stop and a start
+  (released steps, ledger, identity; the releases come back to the new memory-only broker);
+  ``--ephemeral`` does not.
+
+Real embedded broker and Redis, real worker and releaser processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import yaml
+
+from pipeline.config import load_config, parse_config
+from pipeline.stream.cluster import LocalCluster
+from pipeline.stream.driver import StepDriver
+from pipeline.stream.embedded import EmbeddedServices
+from pipeline.stream.fence import ReleaseStamp, check_fence, read_release_stamps, unknown_releases
+from pipeline.stream.fingerprint import config_changes, fingerprint, portable_fingerprint, privacy_config
+from pipeline.stream.identity import ConfigurationChanged, StateLost, establish_identity
+from pipeline.stream.roster import Roster
+from pipeline.stream.store import ReleaseStore
+from pipeline.stream.testbed import binary_panel
+
+N, T = 600, 4
+EXIT_CONFIG, EXIT_STATE_LOST = 2, 4  # README, "Exit codes"
+
+
+def base_config(name: str, services=None) -> dict:
+    """A binary fixed-window + cumulative pair and a tct heavy-hitter release on a categorical attribute."""
+    cfg = {
+        "name": name, "roster": {"size": N}, "horizon": T, "topics": {"partitions": 2},
+        "attributes": {"pov": {"type": "binary"},
+                       "occ": {"type": "categorical", "values": ["a", "b", "c", "d", "e"], "description": "job"}},
+        "budget": {"rho": 0.5, "epsilon": 1.0, "delta": 1e-6},
+        "random": {"kind": "seeded", "seed": 5},
+        "releases": [
+            {"name": "fw", "type": "fixed_window", "attribute": "pov", "window": 3, "share": 0.5},
+            {"name": "cu", "type": "cumulative", "attribute": "pov", "share": 0.5},
+            {"name": "hh", "type": "heavy_hitters", "attribute": "occ", "method": "tct", "k": 3, "share": 1.0},
+        ],
+    }
+    if services is not None:
+        cfg.update(broker=services.broker.bootstrap, redis=services.redis.url)
+    return cfg
+
+
+def write(tmp_path, cfg: dict, suffix: str = "") -> Path:
+    path = Path(tmp_path) / f"{cfg['name']}{suffix}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def edited(cfg: dict, release: str | None = None, **changes) -> dict:
+    """A copy of ``cfg`` with ``changes`` applied to release ``release`` (or to the top level)."""
+    out = json.loads(json.dumps(cfg))
+    if release is None:
+        out.update(changes)
+    else:
+        next(r for r in out["releases"] if r["name"] == release).update(changes)
+    return out
+
+
+def reports(t: int, seed: int = 3) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed + t)
+    return {"pov": binary_panel(seed, N, T)[:, t - 1], "occ": rng.integers(0, 5, size=N)}
+
+
+def log_text(tmp_path, name: str) -> str:
+    return (Path(tmp_path) / "logs" / f"{name}.log").read_text(errors="replace")
+
+
+def run_job(role: str, config: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", role, "--config", str(config)],
+                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+# -- the fingerprint (no services) --------------------------------------------------------------------
+def test_fingerprint_names_each_privacy_relevant_change_and_ignores_the_rest():
+    cfg = base_config("fp")
+    ids = Roster.from_config(parse_config(cfg).roster).ids
+    doc = privacy_config(parse_config(cfg), ids)
+
+    def changes(new_cfg, new_ids=ids):
+        return config_changes(doc, privacy_config(parse_config(new_cfg), new_ids))
+
+    assert changes(cfg) == []
+    assert changes(edited(cfg, "hh", k=20)) == ["releases.hh.k: 3 -> 20"]
+    assert changes(edited(cfg, "hh", method="naive")) == ['releases.hh.method: "tct" -> "naive"']
+    assert changes(edited(cfg, "fw", window=2)) == ["releases.fw.window: 3 -> 2"]
+    # a state created under the relation an earlier version allowed is refused under today's
+    assert config_changes(dict(doc, neighbours="add_remove"), doc) == ['neighbours: "add_remove" -> "replace"']
+    assert changes(edited(cfg, horizon=5)) == ["horizon: 4 -> 5"]
+    assert "budget.epsilon: 1.0 -> 2.0" in changes(edited(cfg, budget={"rho": 0.5, "epsilon": 2.0, "delta": 1e-6}))
+    assert "plan.hh.epsilon: 1.0 -> 2.0" in changes(edited(cfg, budget={"rho": 0.5, "epsilon": 2.0, "delta": 1e-6}))
+    assert changes(edited(cfg, random={"kind": "secure"})) == ['random.kind: "seeded" -> "secure"']
+    occ6 = edited(cfg, attributes={**cfg["attributes"], "occ": {"type": "categorical",
+                                                                "values": ["a", "b", "c", "d", "e", "f"]}})
+    assert changes(occ6) == ['attributes.occ.values: ["a", "b", "c", "d", "e"] -> ["a", "b", "c", "d", "e", "f"]']
+    # same size, other ids: the rows the state is indexed by are other people
+    other = changes(cfg, [f"x{i}" for i in range(N)])
+    assert len(other) == 1 and other[0].startswith("roster.sha256: ")
+    # not privacy-relevant: partitions, step closing, seed value, descriptions
+    unchanged = edited(cfg, topics={"partitions": 4}, steps={"close": "deadline", "deadline_seconds": 60}, random={"kind": "seeded", "seed": 9})
+    unchanged["attributes"]["occ"]["description"] = "occupation"
+    assert changes(unchanged) == []
+    # a rename keeps the portable fingerprint (the cross-deployment registry recognises it)
+    renamed = privacy_config(parse_config(edited(cfg, name="fp-renamed")), ids)
+    assert fingerprint(renamed) != fingerprint(doc) and portable_fingerprint(renamed) == portable_fingerprint(doc)
+
+
+def test_identity_refuses_changes_seeded_state_in_production_and_repeats(redis_client, monkeypatch):
+    cfg = base_config("ident")
+    dep = parse_config(cfg)
+    ids = Roster.from_config(dep.roster).ids
+    store = ReleaseStore(redis_client, dep.name)
+    first = establish_identity(dep, ids, store, "releaser")
+    assert establish_identity(dep, ids, store, "worker") == first  # unchanged: the same identity
+    with pytest.raises(ConfigurationChanged, match=r"releases\.hh\.k: 3 -> 20.*releases\.hh\.method"):
+        establish_identity(parse_config(edited(cfg, "hh", k=20, method="naive")), ids, store, "worker")
+    prod = parse_config(edited(cfg, production=True, random={"kind": "secure"}))
+    with pytest.raises(ConfigurationChanged, match="'seeded' \\(non-secure\\) random source; production: true"):
+        establish_identity(prod, ids, store, "releaser")
+    assert store.identity()["instance"] == first.instance  # refusals write nothing
+
+    # a renamed copy over the same roster: a warning, refused under production unless accepted
+    renamed = parse_config(edited(cfg, name="ident-renamed"))
+    establish_identity(renamed, ids, ReleaseStore(redis_client, renamed.name), "releaser")
+    prod_a = parse_config(edited(cfg, name="prod-a", production=True, random={"kind": "secure"}))
+    establish_identity(prod_a, ids, ReleaseStore(redis_client, prod_a.name), "releaser")
+    prod_b = parse_config(edited(cfg, name="prod-b", production=True, random={"kind": "secure"}))
+    store_b = ReleaseStore(redis_client, prod_b.name)
+    with pytest.raises(StateLost, match="'prod-a' has the same roster and privacy configuration"):
+        establish_identity(prod_b, ids, store_b, "worker")
+    assert store_b.identity() is None
+    monkeypatch.setenv("DPSTREAM_ACCEPT_NEW_SPEND", "1")
+    assert establish_identity(prod_b, ids, store_b, "worker").instance != first.instance
+
+    # released steps without an identity record (deleted): nothing can be checked
+    redis_client.delete(f"{store.prefix}:identity")
+    redis_client.set(f"{store.prefix}:released", 2)
+    with pytest.raises(StateLost, match="2 released step\\(s\\).*no identity record"):
+        establish_identity(dep, ids, store, "releaser")
+
+
+def test_fence_logic():
+    stamps = [ReleaseStamp("cu", 1, "a"), ReleaseStamp("cu", 2, "a"), ReleaseStamp("fw", 2, None)]
+    assert unknown_releases(stamps, "a", 2) == []
+    assert unknown_releases(stamps, "a", 1) == stamps[1:]  # restored from an older backup
+    assert unknown_releases(stamps, "b", 0) == stamps  # wiped: a new instance knows nothing
+    assert unknown_releases(stamps, "b", 2) == stamps[:2]  # another instance's manifests
+    check_fence(stamps, "a", 2, "t")
+    with pytest.raises(StateLost, match=r"t already holds 2 release manifest\(s\).*steps 1\.\.2, instance\(s\) a"):
+        check_fence(stamps, "b", 2, "t")
+
+
+# -- through the stream -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def services():
+    with EmbeddedServices() as svc:
+        yield svc
+
+
+def test_wiped_redis_restart_is_fenced(tmp_path):
+    """Release steps 1-2, wipe Redis, restart the worker (no checkpoint: it re-ingests the log and
+    re-publishes step 1's partials, which a releaser without the fence would release again with fresh
+    noise) and the releaser: it exits with code 4 and publishes nothing."""
+    with EmbeddedServices() as svc:  # its own Redis: the flush must not touch other tests' state
+        path = write(tmp_path, base_config("fence-wipe", svc))
+        dep = load_config(path)
+        with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs") as cluster:
+            drv = StepDriver(cluster.broker, dep, Roster.from_config(dep.roster), cluster.names)
+            for t in (1, 2):
+                drv.producer.send_step(t, reports(t))
+                drv.close(t)
+            drv.shutdown()
+            releases_topic = cluster.names["releases"]
+            before = asyncio_run(read_release_stamps(cluster.broker, releases_topic))
+            assert sorted((s.release, s.step) for s in before) == [(r, t) for r in ("cu", "fw", "hh") for t in (1, 2)]
+            instance = ReleaseStore.from_url(svc.redis.url, dep.name).identity()["instance"]
+            assert {s.instance for s in before} == {instance}
+
+            cluster.kill("releaser")
+            cluster.kill("worker-0")
+            redis.Redis.from_url(svc.redis.url).flushall()
+            logged = len(log_text(tmp_path, "worker-0"))
+            cluster.spawn("worker", "worker-0")
+            deadline = time.monotonic() + 60
+            while "closed step 1" not in log_text(tmp_path, "worker-0")[logged:]:  # re-closed after the wipe
+                assert time.monotonic() < deadline, "the restarted worker did not re-close step 1"
+                time.sleep(0.3)
+            cluster.spawn("releaser", "releaser")
+            assert cluster.wait_exit("releaser", timeout=60) == EXIT_STATE_LOST
+            text = log_text(tmp_path, "releaser")
+            assert "state lost: refusing to release" in text and f"{releases_topic} already holds 6" in text
+            assert "Restore the Redis state from a backup" in text
+            after = asyncio_run(read_release_stamps(cluster.broker, releases_topic))
+            assert after == before  # no manifest published again
+            assert ReleaseStore.from_url(svc.redis.url, dep.name).ledger() == {}  # nothing spent again
+
+
+def test_edited_configuration_is_refused_by_releaser_and_worker(services, tmp_path):
+    """State created by a real run (step 1 released) for hh k = 3 tct and fw window 3, seeded; restarts
+    with each edit are refused before touching anything; the unchanged configuration then goes on."""
+    cfg = base_config("fence-edit", services)
+    path = write(tmp_path, cfg)
+    dep = load_config(path)
+    with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs") as cluster:
+        drv = StepDriver(cluster.broker, dep, Roster.from_config(dep.roster), cluster.names)
+        drv.producer.send_step(1, reports(1))
+        drv.close(1)
+        drv.shutdown()
+    store = ReleaseStore.from_url(services.redis.url, dep.name)
+    state = (store.identity(), store.ledger(), store.last_released())
+    assert state[2] == 1
+
+    cases = {
+        "k": (edited(cfg, "hh", k=20), ["releases.hh.k: 3 -> 20"]),
+        "method": (edited(cfg, "hh", method="naive"), ['releases.hh.method: "tct" -> "naive"']),
+        "window": (edited(cfg, "fw", window=2), ["releases.fw.window: 3 -> 2"]),
+    }
+    for label, (new_cfg, named) in cases.items():
+        new_path = write(tmp_path, new_cfg, f"-{label}")
+        for role in ("releaser", "worker"):
+            proc = run_job(role, new_path)
+            assert proc.returncode == EXIT_CONFIG, (label, role, proc.stderr[-2000:])
+            assert "configuration refused" in proc.stderr and all(n in proc.stderr for n in named), proc.stderr
+    prod_path = write(tmp_path, edited(cfg, production=True, random={"kind": "secure"}), "-prod")
+    for role in ("releaser", "worker"):
+        proc = run_job(role, prod_path)
+        assert proc.returncode == EXIT_CONFIG and "'seeded' (non-secure) random source" in proc.stderr, proc.stderr
+    assert (store.identity(), store.ledger(), store.last_released()) == state  # refusals changed nothing
+
+    with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs2") as cluster:  # unchanged: goes on
+        drv = StepDriver(cluster.broker, dep, Roster.from_config(dep.roster), cluster.names, cluster=cluster)
+        drv.producer.send_step(2, reports(2))
+        drv.close(2)
+        drv.shutdown()
+    assert store.last_released() == 2
+
+
+def asyncio_run(coro):
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+# -- dpstream up: persistent embedded Redis -----------------------------------------------------------------
+def _dpstream(*args, env, timeout=120):
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    assert proc.returncode == 0, (args, proc.stderr[-2000:])
+    return proc.stdout
+
+
+def _cumulative_step_1(path: Path, env: dict, timeout: float = 60) -> list[int]:
+    """Release cu's counts of step 1 as read back from the running deployment's topics."""
+    deadline = time.monotonic() + timeout
+    while True:
+        proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "query", "--config", str(path), "--release", "cu",
+                               "--step", "1"], capture_output=True, text=True, env=env, timeout=timeout)
+        if proc.returncode == 0:
+            return json.loads(proc.stdout)["at_least"]
+        assert time.monotonic() < deadline, proc.stderr[-2000:]
+        time.sleep(0.5)
+
+
+def _up_release_and_stop(path: Path, env: dict, tmp_path, flags: tuple[str, ...], step: int | None) -> dict:
+    """Start `dpstream up`, optionally release ``step``, return the status, stop it."""
+    up = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "up", "--config", str(path), "--workers", "1",
+                           "--log-dir", str(tmp_path / "logs"), *flags], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        banner = up.stdout.readline()
+        assert "dpstream up: broker" in banner, banner
+        if step is not None:
+            _dpstream("produce", "--config", str(path), "--step", str(step), env=env)
+            _dpstream("close", "--config", str(path), "--step", str(step), env=env)
+        deadline = time.monotonic() + 60
+        while True:
+            status = json.loads(_dpstream("status", "--config", str(path), env=env))
+            if step is None or status["published_step"] >= step or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        if status["released_step"]:
+            status["cu_step_1"] = _cumulative_step_1(path, env)
+        return {"banner": banner, **status}
+    finally:
+        os.killpg(up.pid, signal.SIGINT)
+        up.wait(timeout=60)
+
+
+def test_up_keeps_embedded_redis_unless_ephemeral(tmp_path):
+    cfg = base_config("fence-up")
+    cfg["releases"] = cfg["releases"][:2]
+    cfg["budget"] = {"rho": 0.5}
+    cfg["attributes"] = {"pov": {"type": "binary"}}
+    path = write(tmp_path, cfg)
+    home = tmp_path / "home"
+    env = dict(os.environ, DPSTREAM_HOME=str(home), PYTHONUNBUFFERED="1")
+
+    first = _up_release_and_stop(path, env, tmp_path, (), step=1)
+    assert first["released_step"] == 1 and f"data in {home / 'fence-up' / 'redis'}" in first["banner"]
+    redis_dir = home / "fence-up" / "redis"
+    assert redis_dir.is_dir() and (redis_dir.stat().st_mode & 0o777) == 0o700
+    assert (home / "fence-up").stat().st_mode & 0o777 == 0o700
+    second = _up_release_and_stop(path, env, tmp_path, (), step=None)
+    assert second["released_step"] == 1 and second["ledger"] == first["ledger"]
+    assert second["cu_step_1"] == first["cu_step_1"]  # republished to the new broker, not redrawn
+    assert second["instance"] == first["instance"] and second["fingerprint"] == first["fingerprint"]
+
+    eph = _up_release_and_stop(path, env, tmp_path, ("--ephemeral",), step=1)
+    assert "ephemeral: deleted on stop" in eph["banner"] and eph["released_step"] == 1
+    again = _up_release_and_stop(path, env, tmp_path, ("--ephemeral",), step=None)
+    assert again["released_step"] == 0 and again["ledger"] == {}  # nothing kept
+    assert len({first["instance"], eph["instance"], again["instance"]}) == 3
