@@ -12,7 +12,10 @@ R times, and reports how the synthetic data answers
   subtracted, divided by n; see :mod:`pipeline.queries`) — Figure 1;
 * the cumulative "≥ 3 months in poverty up to month t" for every t — Figure 2;
 * the fixed-window error max_s |p_s^t − n_pad − C_s^t| / n per step against the Theorem 3.2
-  bound — Figure 3 (and its raw, non-debiased counterpart, Figure 4).
+  bound — Figure 3 (and its raw, non-debiased counterpart, Figure 4);
+* the cumulative synthesizer's max error over all (t, b), max |Ŝ_b^t − S_b^t| / n, with each
+  continual counter ("tree": the paper's binary tree; "factorization": the square-root
+  factorization, the default), run on the same panel and seeds — the counters comparison.
 
 Randomness: run i seeds one :class:`~pipeline.privacy.rng.SeededRandom` with ``seed + i`` and
 shares it between the two synthesizers (they draw in turn, so their noise is independent).
@@ -51,6 +54,7 @@ DEFAULT_RUNS = 200
 QUICK_RUNS = 40
 DATA_SEED = 2021
 NEIGHBOURS = "add_remove"
+CUMULATIVE_COUNTERS = ("tree", "factorization")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -101,6 +105,8 @@ def run_experiment(panel: np.ndarray, *, runs: int, seed: int, secure: bool, rho
     from tqdm import tqdm
 
     FixedWindow, Cumulative = _synthesizers()
+    from pipeline.synth.cumulative import DEFAULT_COUNTER
+
     n, horizon = panel.shape
     columns = [np.ascontiguousarray(panel[:, t], dtype=np.int64) for t in range(horizon)]
     true_hists = Q.window_histograms(panel, WINDOW)  # (T-k+1, 2^k)
@@ -109,7 +115,8 @@ def run_experiment(panel: np.ndarray, *, runs: int, seed: int, secure: bool, rho
 
     raw = {name: np.empty((runs, quarters)) for name in names}
     deb = {name: np.empty((runs, quarters)) for name in names}
-    cum = np.empty((runs, horizon, horizon + 1))
+    cum = {c: np.empty((runs, horizon, horizon + 1)) for c in CUMULATIVE_COUNTERS}
+    cum_max_sd = {}
     err_deb = np.empty((runs, horizon - WINDOW + 1))
     err_raw = np.empty((runs, horizon - WINDOW + 1))
     n_pads = np.empty(runs, dtype=np.int64)
@@ -120,10 +127,12 @@ def run_experiment(panel: np.ndarray, *, runs: int, seed: int, secure: bool, rho
     for i in tqdm(range(runs), desc="synthesizer runs", unit="run", disable=not progress):
         source = SecureRandom() if secure else SeededRandom(seed + i)
         fw = FixedWindow(horizon=horizon, window=WINDOW, rho=rho, beta=BETA, categories=2, neighbours=NEIGHBOURS, seed=source)
-        cu = Cumulative(horizon=horizon, rho=rho, beta=BETA, neighbours=NEIGHBOURS, seed=source)
+        cus = {c: Cumulative(horizon=horizon, rho=rho, beta=BETA, neighbours=NEIGHBOURS, seed=source, counter=c)
+               for c in CUMULATIVE_COUNTERS}
         for col in columns:
             fw.update(col)
-            cu.update(col)
+            for cu in cus.values():
+                cu.update(col)
         synth = np.asarray(fw.synthetic)
         n_pads[i], ms[i], clamps[i] = fw.n_pad, synth.shape[0], fw.clamp_count
         q_raw = Q.quarterly_poverty(synth)
@@ -131,13 +140,18 @@ def run_experiment(panel: np.ndarray, *, runs: int, seed: int, secure: bool, rho
         for name in names:
             raw[name][i] = q_raw["proportions"][name]
             deb[name][i] = q_deb["proportions"][name]
-        cum[i] = Q.cumulative_counts(np.asarray(cu.synthetic)) / n
+        for c, cu in cus.items():
+            cum[c][i] = Q.cumulative_counts(np.asarray(cu.synthetic)) / n
+            if i == 0:  # the counters' largest error sd over (b, t), from their variances
+                cum_max_sd[c] = max(math.sqrt(cu.counter_variance(b, t)) for b in range(1, horizon + 1)
+                                    for t in range(b, horizon + 1)) / n
         synth_hists = Q.window_histograms(synth, WINDOW)
         err_deb[i] = np.abs(synth_hists - fw.n_pad - true_hists).max(axis=1) / n
         err_raw[i] = np.abs(synth_hists / synth.shape[0] - true_hists / n).max(axis=1)
     elapsed = time.perf_counter() - t0
     return {
-        "raw": raw, "debiased": deb, "cumulative": cum, "err_debiased": err_deb, "err_raw": err_raw,
+        "raw": raw, "debiased": deb, "cumulative": cum[DEFAULT_COUNTER], "cumulative_by_counter": cum,
+        "cumulative_max_sd": cum_max_sd, "err_debiased": err_deb, "err_raw": err_raw,
         "n_pad": n_pads, "m": ms, "clamps": clamps, "seconds": elapsed,
     }
 
@@ -170,6 +184,15 @@ def summarise(panel: np.ndarray, res: dict, args: argparse.Namespace) -> dict:
     cum_sd = res["cumulative"].std(axis=0, ddof=1)
     bound = theorem_3_2_bound(n, horizon, WINDOW, args.rho, BETA)
     err = res["err_debiased"]
+    counters, worst = {}, {}
+    for c, vals in res["cumulative_by_counter"].items():
+        worst[c] = np.abs(vals - truth_cum[None])[:, :, 1:].max(axis=(1, 2))  # per run, over (t, b ≥ 1)
+        counters[c] = {"max_error_mean": float(worst[c].mean()), "max_error_median": float(np.median(worst[c])),
+                       "max_error_p95": float(np.percentile(worst[c], 95)), "max_error_sd": float(worst[c].std(ddof=1)),
+                       "counter_max_sd": res["cumulative_max_sd"][c]}
+    counters["factorization_over_tree"] = counters["factorization"]["max_error_mean"] / counters["tree"]["max_error_mean"]
+    # the same runs (seeds, panel) for both counters: the paired difference's spread
+    counters["tree_minus_factorization_sd"] = float((worst["tree"] - worst["factorization"]).std(ddof=1))
     return {
         "config": {
             "n": n, "horizon": horizon, "window": WINDOW, "rho": args.rho, "beta": BETA,
@@ -192,6 +215,7 @@ def summarise(panel: np.ndarray, res: dict, args: argparse.Namespace) -> dict:
             "sd": cum_sd[:, CUMULATIVE_B].tolist(),
             "max_abs_mean_error_all_b": float(np.abs(cum_mean - truth_cum)[:, 1:].max()),
         },
+        "cumulative_counters": counters,
         "window_error": {
             "t": list(range(WINDOW, horizon + 1)),
             "median": np.median(err, axis=0).tolist(),
@@ -231,6 +255,14 @@ def print_table(summary: dict, out=None) -> None:
     print(f"{'t':>3} {'truth':>8} {'mean':>8} {'sd':>7}", file=out)
     for t, tr, mu, sd in zip(cum["t"], cum["truth"], cum["mean"], cum["sd"]):
         print(f"{t:>3} {tr:8.4f} {mu:8.4f} {sd:7.4f}", file=out)
+    cc = summary["cumulative_counters"]
+    print("\nCumulative synthesizer, max over (t, b) of |Ŝ_b^t − S_b^t| / n per run, by counter", file=out)
+    print(f"{'counter':<14} {'mean':>8} {'median':>8} {'p95':>8} {'counter max sd':>15}", file=out)
+    for c in CUMULATIVE_COUNTERS:
+        r = cc[c]
+        print(f"{c:<14} {r['max_error_mean']:8.5f} {r['max_error_median']:8.5f} {r['max_error_p95']:8.5f} "
+              f"{r['counter_max_sd']:15.5f}", file=out)
+    print(f"factorization / tree (mean max error): {cc['factorization_over_tree']:.3f}", file=out)
     we = summary["window_error"]
     print("\nFixed-window error max_s |p_s - n_pad - C_s| / n (median [2.5%, 97.5%])", file=out)
     for t, med, lo, hi, rawm in zip(we["t"], we["median"], we["p2_5"], we["p97_5"], we["raw_median"]):

@@ -110,6 +110,10 @@ class FixedWindowRelease(_Release):
 class CumulativeRelease(_Release):
     type: Literal["cumulative"]
     beta: float = Field(default=0.05, gt=0, lt=1)
+    counter: Literal["tree", "factorization"] = Field(
+        default="factorization",
+        description="continual counter behind each cumulative count: the square-root factorization "
+                    "(lower error, docs/synthesizers.md) or the binary tree of the paper")
 
 
 class HeavyHittersRelease(_Release):

@@ -6,8 +6,9 @@ against the deployment budget before anything runs (:func:`budget_plan` raises
 this schedule (:func:`step_cost`):
 
 * fixed window (seed 003 Alg. 1): ρ_r/R at each update step t = k..T (R = T−k+1), 0 before k;
-* cumulative (seed 003 Alg. 2): counter b (budget ρ_b, Appendix B) starts at t = b and its whole
-  ρ_b is charged then — by time t at most Σ_{b≤t} ρ_b has been spent, so the ledger never lags
+* cumulative (seed 003 Alg. 2): counter b (budget ρ_b = ρ·w_b/Σw, the weights of the release's
+  ``counter`` and the deployment's relation, pipeline.synth.cumulative.counter_weights) starts at
+  t = b and its whole ρ_b is charged then — by time t at most Σ_{b≤t} ρ_b has been spent, so the ledger never lags
   behind what the released outputs could reveal;
 * heavy hitters and band monitors: their (ε, δ) guarantee covers the whole horizon and does not
   decompose per step, so all of it is charged at step 1.
@@ -46,7 +47,7 @@ def step_cost(deployment: Deployment, release, step: int, allotment) -> ZCDP | A
     if release.type == "cumulative":
         from pipeline.synth.cumulative import counter_weights
 
-        w = counter_weights(T)
+        w = counter_weights(T, release.counter, deployment.neighbours)
         return ZCDP(float(allotment.rho * w[step - 1] / w.sum()))
     if release.type in APPROX_DP_RELEASES:
         return allotment if step == 1 else None

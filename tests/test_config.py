@@ -562,6 +562,7 @@ def test_cumulative_schedule_uses_appendix_b_weights(horizon):
     cfg["horizon"] = horizon
     cfg["releases"] = [cfg["releases"][1]]
     cfg["releases"][0]["share"] = 0.8
+    cfg["releases"][0]["counter"] = "tree"  # the factorization's split: tests/test_counters_plan.py
     dep = parse_config(cfg)
     sched = planned_schedule(dep)["cu"]
     rho = 0.8
@@ -572,7 +573,7 @@ def test_cumulative_schedule_uses_appendix_b_weights(horizon):
     np.testing.assert_allclose(sched, rho * w / w.sum(), rtol=1e-12)
     assert sched.sum() == pytest.approx(rho, rel=1e-12)
     # the ledger charges counter b's whole ρ_b at t = b: the mechanism's own allocation
-    mech = CumulativeSynthesizer(horizon, rho, seed=1, n=5)
+    mech = CumulativeSynthesizer(horizon, rho, seed=1, n=5, counter="tree")
     np.testing.assert_allclose(sched, mech.rhos, rtol=1e-12)
 
 
@@ -581,6 +582,7 @@ def test_cumulative_schedule_small_horizon_by_hand():
     cfg["horizon"] = 4
     cfg["releases"] = [cfg["releases"][1]]
     cfg["releases"][0]["share"] = 1.0
+    cfg["releases"][0]["counter"] = "tree"
     dep = parse_config(cfg)
     # T = 4: horizons 4, 3, 2, 1 -> ceil(log2) 2, 2, 1, 0 -> max(.,1)^3 = 8, 8, 1, 1
     np.testing.assert_allclose(planned_schedule(dep)["cu"], np.array([8, 8, 1, 1]) / 18.0)

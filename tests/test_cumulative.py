@@ -1,4 +1,4 @@
-"""CumulativeSynthesizer (seed 003, Algorithm 2 + Appendix B with tree counters).
+"""CumulativeSynthesizer (seed 003, Algorithm 2 + Appendix B) with both counters (tree, factorization).
 
 Seeded statistical tests; each tolerance names its source. S_b^t = #{weight ≥ b after t steps},
 S̃ = counter output, Ŝ = monotonised count.
@@ -46,7 +46,7 @@ def markov_bits(rng, n, T, p_on=0.15, stay=0.8):
 
 def test_rho_split_follows_appendix_b():
     T, rho = 12, 0.005
-    c = CumulativeSynthesizer(T, rho, seed=0)
+    c = CumulativeSynthesizer(T, rho, seed=0, counter="tree")
     w = np.array([max(math.ceil(math.log2(T - b + 1)), 1) ** 3 for b in range(1, T + 1)], dtype=float)
     np.testing.assert_array_equal(counter_weights(T), w)
     np.testing.assert_allclose(c.rhos, rho * w / w.sum())
@@ -59,9 +59,40 @@ def test_rho_split_follows_appendix_b():
         assert counter.sigma2 == pytest.approx(levels / (2 * c.rhos[b - 1]))
 
 
+def test_rho_split_equalises_factorization_counters_max_variance():
+    """Minimax split (docs/synthesizers.md): ρ_b ∝ V(T − b + 1), so every counter's largest
+    variance equals Σ_b V_b/ρ, and Σ ρ_b = ρ; the realised ρ of each counter (Δ²/(2σ²) from the
+    σ² it draws with) is its ρ_b."""
+    T, rho = 12, 0.005
+    for neighbours in ("add_remove", "replace"):
+        c = CumulativeSynthesizer(T, rho, seed=0, neighbours=neighbours)
+        assert c.counter == "factorization" and c.parameters()["counter"] == "factorization"
+        w = counter_weights(T, "factorization", neighbours)
+        assert c.rhos.sum() == pytest.approx(rho)
+        worst = [max(k.variance_at(t) for t in range(1, k.horizon + 1)) for k in c.counters]
+        np.testing.assert_allclose(worst, w.sum() / rho, rtol=1e-9)
+        for b, k in enumerate(c.counters, start=1):
+            assert k.horizon == T - b + 1
+            assert k.realised_rho == pytest.approx(c.rhos[b - 1], rel=1e-12)
+            assert k.realised_rho <= c.rhos[b - 1]
+    # the shorter counters need less: weights decrease in b
+    assert np.all(np.diff(counter_weights(T, "factorization")) < 0)
+
+
+def test_factorization_max_counter_variance_below_tree():
+    """The point of the option: at equal ρ the largest counter variance is several times smaller."""
+    T, rho = 12, 0.005
+    for neighbours in ("add_remove", "replace"):
+        worst = {}
+        for counter in ("tree", "factorization"):
+            c = CumulativeSynthesizer(T, rho, seed=0, neighbours=neighbours, counter=counter)
+            worst[counter] = max(c.counter_variance(b, t) for b in range(1, T + 1) for t in range(b, T + 1))
+        assert math.sqrt(worst["factorization"] / worst["tree"]) < 0.6, (neighbours, worst)
+
+
 def test_replace_doubles_every_counter_sigma2():
-    a = CumulativeSynthesizer(9, 0.1, seed=0)
-    r = CumulativeSynthesizer(9, 0.1, neighbours="replace", seed=0)
+    a = CumulativeSynthesizer(9, 0.1, seed=0, counter="tree")
+    r = CumulativeSynthesizer(9, 0.1, neighbours="replace", seed=0, counter="tree")
     for ca, cr in zip(a.counters, r.counters):
         assert cr.sigma2 == pytest.approx(2 * ca.sigma2)
     assert r.parameters()["neighbours"] == "replace"
@@ -82,6 +113,7 @@ def test_replace_doubles_every_counter_sigma2():
         (dict(horizon=4, rho=1.0, neighbours="bounded"), ValueError, "neighbours"),
         (dict(horizon=4, rho=1.0, n=0), ValueError, "n"),
         (dict(horizon=4, rho=1.0, seed=1.5), TypeError, "rng"),
+        (dict(horizon=4, rho=1.0, counter="blt"), ValueError, "counter"),
     ],
 )
 def test_constructor_validation(kwargs, exc, word):
@@ -145,11 +177,15 @@ def check_invariants(c: CumulativeSynthesizer, snapshots=None):
             np.testing.assert_array_equal(syn[:, : snap.shape[1]], snap)
 
 
+COUNTERS = ["tree", "factorization"]
+
+
+@pytest.mark.parametrize("counter", COUNTERS)
 @pytest.mark.parametrize("rho", [0.01, 1.0, 100.0])
-def test_invariants_and_past_never_changes(rho):
+def test_invariants_and_past_never_changes(rho, counter):
     rng = np.random.default_rng(int(rho * 100))
     panel = markov_bits(rng, 2000, 10)
-    c = CumulativeSynthesizer(10, rho, seed=3)
+    c = CumulativeSynthesizer(10, rho, seed=3, counter=counter)
     snaps = []
     for t in range(10):
         out = c.update(panel[:, t])
@@ -160,10 +196,11 @@ def test_invariants_and_past_never_changes(rho):
     assert c.m == 2000 and c.synthetic.shape == (2000, 10) and not c.synthetic.flags.writeable
 
 
-def test_counts_path_equals_values_path():
+@pytest.mark.parametrize("counter", COUNTERS)
+def test_counts_path_equals_values_path(counter):
     panel = markov_bits(np.random.default_rng(5), 3000, 9)
-    v = CumulativeSynthesizer(9, 0.05, seed=21)
-    k = CumulativeSynthesizer(9, 0.05, seed=21, n=3000)
+    v = CumulativeSynthesizer(9, 0.05, seed=21, counter=counter)
+    k = CumulativeSynthesizer(9, 0.05, seed=21, n=3000, counter=counter)
     for t in range(1, 10):
         np.testing.assert_array_equal(v.update(panel[:, t - 1]), k.release_counts(z_counts(panel, t)))
     np.testing.assert_array_equal(v.synthetic, k.synthetic)
@@ -172,18 +209,20 @@ def test_counts_path_equals_values_path():
         np.testing.assert_array_equal(v.monotone_counts[t], k.monotone_counts[t])
 
 
+@pytest.mark.parametrize("counter", COUNTERS)
 @pytest.mark.parametrize("cut", [0, 1, 4, 8])
-def test_state_round_trip_bit_for_bit(cut):
+def test_state_round_trip_bit_for_bit(cut, counter):
     T = 9
     panel = markov_bits(np.random.default_rng(cut), 1500, T)
-    ref = CumulativeSynthesizer(T, 0.05, seed=77)
+    ref = CumulativeSynthesizer(T, 0.05, seed=77, counter=counter)
     ref_out = [ref.update(panel[:, t]) for t in range(T)]
-    c = CumulativeSynthesizer(T, 0.05, seed=77)
+    c = CumulativeSynthesizer(T, 0.05, seed=77, counter=counter)
     for t in range(cut):
         c.update(panel[:, t])
     blob = dumps_state(c.get_state())
     assert dumps_state(c.get_state()) == blob
     r = CumulativeSynthesizer.from_state(loads_state(blob))
+    assert r.counter == counter
     for t in range(cut, T):
         np.testing.assert_array_equal(r.update(panel[:, t]), ref_out[t])
     np.testing.assert_array_equal(r.synthetic, ref.synthetic)
@@ -205,13 +244,14 @@ def test_state_round_trip_counts_path():
         np.testing.assert_array_equal(r.release_counts(z_counts(panel, t)), outs[t - 1])
 
 
-def test_synthetic_index_set_uses_synthetic_weights():
+@pytest.mark.parametrize("counter", COUNTERS)
+def test_synthetic_index_set_uses_synthetic_weights(counter):
     # With enormous ρ the counts are essentially exact; the synthetic records must still be
     # drawn from the *synthetic* weight classes (Algorithm 2's text, x̂), so the synthetic
     # weight histogram matches the real one while individual rows are not the real rows.
     rng = np.random.default_rng(0)
     panel = markov_bits(rng, 4000, 8)
-    c = CumulativeSynthesizer(8, 1e9, seed=1)
+    c = CumulativeSynthesizer(8, 1e9, seed=1, counter=counter)
     for t in range(8):
         c.update(panel[:, t])
     syn = np.asarray(c.synthetic).astype(np.int64)
@@ -228,8 +268,9 @@ N_USERS, HORIZON, RHO, RUNS = 5_000, 12, 0.005, 200
 BETA_STAR = 0.05
 
 
-@pytest.fixture(scope="module")
-def cumulative_runs():
+@pytest.fixture(scope="module", params=COUNTERS)
+def cumulative_runs(request):
+    counter = request.param
     rng = np.random.default_rng(12)
     panels = {
         "all_ones": np.ones((N_USERS, HORIZON), dtype=np.int64),
@@ -241,7 +282,8 @@ def cumulative_runs():
         noisy, mono = [], []
         for r in range(RUNS):
             # β = β*/T so that Corollary B.1's β* = Tβ is 0.05
-            c = CumulativeSynthesizer(HORIZON, RHO, beta=BETA_STAR / HORIZON, seed=50_000 + 1000 * len(name) + r)
+            c = CumulativeSynthesizer(HORIZON, RHO, beta=BETA_STAR / HORIZON, seed=50_000 + 1000 * len(name) + r,
+                                      counter=counter)
             for t in range(HORIZON):
                 c.update(panel[:, t])
             noisy.append([c.noisy_counts[t] for t in range(1, HORIZON + 1)])
@@ -276,6 +318,14 @@ def test_lemma_4_2_holds_deterministically_on_every_run(cumulative_runs, name):
 def test_corollary_b1_error_bound(cumulative_runs, name):
     S, noisy, mono, c = cumulative_runs[name]
     err = np.abs(mono - S[None]).max(axis=(1, 2))  # max over (t, b) per run
+    if c.counter == "factorization":
+        # re-derived Corollary B.1: every counter's max variance is Σ_b w_b/ρ (minimax split), so
+        # the union bound over the T(T+1)/2 cells is √(2Σw/ρ·ln(T(T+1)/β)) + 1/2 (final rounding)
+        w = counter_weights(HORIZON, "factorization")
+        bound = math.sqrt(2 * w.sum() / RHO * math.log(HORIZON * (HORIZON + 1) / BETA_STAR)) + 0.5
+        assert c.error_bound(BETA_STAR) == pytest.approx(bound, rel=1e-9)
+        assert (err <= bound).mean() >= 1 - BETA_STAR
+        return
     # Corollary B.1 as printed: n·α* = √(Σ_b w_b/ρ · ln(1/β)) with β* = Tβ = 0.05
     alpha_star = c.paper_alpha_star()
     assert alpha_star == pytest.approx(math.sqrt(counter_weights(HORIZON).sum() / RHO * math.log(HORIZON / BETA_STAR)))
@@ -285,9 +335,11 @@ def test_corollary_b1_error_bound(cumulative_runs, name):
 
 
 @pytest.mark.slow
-def test_counter_error_variance_matches_tree_counter(cumulative_runs):
-    """S̃_b^t − S_b^t is a sum of popcount(t−b+1) independent N_Z(0, σ_b²) node noises, so its
-    variance is variance_at(t − b + 1) (up to Var(N_Z) < σ², relatively < 1e-6 here). Per run,
+def test_counter_error_variance_matches_counter(cumulative_runs):
+    """S̃_b^t − S_b^t is a linear combination of independent N_Z(0, σ_b²) draws (tree: popcount
+    nodes; factorization: row t of A C_int⁻¹), so its variance is variance_at(t − b + 1) (up to
+    Var(N_Z) < σ², relatively < 1e-6 here, and the factorization's rounding, < 1/4 absolute against
+    variances of hundreds). Per run,
     Q = mean over all (b, t) cells of e²/variance_at; runs are i.i.d., so mean(Q) is compared with
     1 within Z_TOL standard errors (sd(Q)/√runs, estimated), and must reject a factor 2 either way."""
     for name, (S, noisy, _, c) in cumulative_runs.items():
@@ -304,11 +356,12 @@ def test_counter_error_variance_matches_tree_counter(cumulative_runs):
         assert np.all(np.abs(z) <= Z_TOL)
 
 
-def test_tiny_populations_and_extreme_budgets_never_crash():
+@pytest.mark.parametrize("counter", COUNTERS)
+def test_tiny_populations_and_extreme_budgets_never_crash(counter):
     rng = np.random.default_rng(1)
     for i in range(60):
         T, n = int(rng.integers(1, 8)), int(rng.integers(1, 6))
-        c = CumulativeSynthesizer(T, float(10 ** rng.uniform(-3, 2)), seed=i)
+        c = CumulativeSynthesizer(T, float(10 ** rng.uniform(-3, 2)), seed=i, counter=counter)
         panel = rng.integers(0, 2, (n, T))
         for t in range(T):
             c.update(panel[:, t])

@@ -114,3 +114,24 @@ def test_bad_arguments_are_refused():
         job.parse_args(["--rho", "0"])
     assert job.parse_args(["--quick"]).runs == job.QUICK_RUNS
     assert job.parse_args([]).runs == job.DEFAULT_RUNS
+
+
+def test_cumulative_counters_compared_on_the_same_runs(result):
+    """Both counters run on the same panel and seeds. The factorization's largest counter sd is
+    its synthesizer's analytic one, far below the tree's (docs/synthesizers.md), and its mean
+    max error over (t, b) is below the tree's by more than 5 standard errors of the paired mean
+    difference (runs are i.i.d.: the standard error is the per-run difference's sd over √R)."""
+    from pipeline.synth.cumulative import CumulativeSynthesizer
+
+    _, summary = result
+    cc = summary["cumulative_counters"]
+    for counter in ("tree", "factorization"):
+        c = CumulativeSynthesizer(job.HORIZON, job.RHO, neighbours=job.NEIGHBOURS, counter=counter, seed=0)
+        worst = max(math.sqrt(c.counter_variance(b, t)) for b in range(1, job.HORIZON + 1)
+                    for t in range(b, job.HORIZON + 1)) / job.N_HOUSEHOLDS
+        assert cc[counter]["counter_max_sd"] == pytest.approx(worst, rel=1e-12)
+    assert cc["factorization"]["counter_max_sd"] < 0.6 * cc["tree"]["counter_max_sd"]
+    se = cc["tree_minus_factorization_sd"] / math.sqrt(RUNS)
+    assert cc["tree"]["max_error_mean"] - cc["factorization"]["max_error_mean"] > 5 * se
+    assert cc["factorization_over_tree"] == pytest.approx(
+        cc["factorization"]["max_error_mean"] / cc["tree"]["max_error_mean"])

@@ -54,7 +54,8 @@ def batch_reference(deployment, panels: dict[str, np.ndarray]) -> dict[str, np.n
                                           neighbours=dep.neighbours, seed=release_seed(dep, rel.name))
         elif rel.type == "cumulative":
             mech = CumulativeSynthesizer(dep.horizon, allot[rel.name].rho, beta=rel.beta,
-                                         neighbours=dep.neighbours, seed=release_seed(dep, rel.name))
+                                         neighbours=dep.neighbours, seed=release_seed(dep, rel.name),
+                                         counter=rel.counter)
         else:
             continue
         panel = np.asarray(panels[rel.attribute])
@@ -156,7 +157,7 @@ class ReleaseEngine:
             from pipeline.synth.cumulative import CumulativeSynthesizer
 
             return CumulativeSynthesizer(dep.horizon, allot.rho, beta=rel.beta, neighbours=dep.neighbours,
-                                         seed=seed, n=self.n)
+                                         seed=seed, n=self.n, counter=rel.counter)
         if rel.type == "heavy_hitters":
             from pipeline.monitors import ShiftingHeavyHitters
 
