@@ -49,7 +49,7 @@ import numpy as np
 
 from pipeline.privacy import noise as _noise  # module reference: tests may swap the sampler
 from pipeline.privacy.accounting import check_neighbours
-from pipeline.privacy.rng import RandomSource, as_random_source
+from pipeline.privacy.rng import RandomSource, as_random_source, restore_random_source
 
 from .factorization import (
     LatticeCounterBase,
@@ -58,7 +58,6 @@ from .factorization import (
     check_stored_step,
     check_variance_step,
     check_width,
-    resolve_state_rng,
     rounded_output,
     sigma2_for,
     sqrt_coefficients,
@@ -200,7 +199,7 @@ class BLTCounter(LatticeCounterBase):
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], rng: RandomSource | int | None = None) -> "BLTCounter":
-        rng = resolve_state_rng(state, cls._kind, rng)
+        rng = restore_random_source(state, cls._kind, rng)
         c = cls(state["horizon"], state["rho"], seed=rng, neighbours=state["neighbours"], width=state["width"],
                 buffers=state["buffers"], scale=state["scale"])
         if c.sigma2 != state["sigma2"]:

@@ -60,7 +60,7 @@ import numpy as np
 
 from pipeline.privacy import noise as _noise  # module reference: tests may swap the sampler
 from pipeline.privacy.accounting import check_neighbours
-from pipeline.privacy.rng import RandomSource, as_random_source, random_source_from_state
+from pipeline.privacy.rng import RandomSource, as_random_source, restore_random_source
 
 from .tree import HorizonExceededError, _check_horizon, _check_rho
 
@@ -197,17 +197,6 @@ def rounded_output(total: np.ndarray, width: int | None):
     return int(out[0]) if width is None else out
 
 
-def resolve_state_rng(state: Mapping[str, Any], kind: str, rng):
-    """Check a state's kind and pick its random source (``rng`` overrides the stored one)."""
-    if state.get("kind") != kind:
-        raise ValueError(f"state is not a {kind} state (kind={state.get('kind')!r})")
-    if rng is None:
-        if state.get("rng") is None:
-            raise ValueError("state has no random source; pass rng")
-        rng = random_source_from_state(state["rng"])
-    return rng
-
-
 def check_stored_step(t, horizon: int) -> int:
     t = int(t)
     if not 0 <= t <= horizon:
@@ -335,7 +324,7 @@ class SqrtFactorizationCounter(LatticeCounterBase):
     def from_state(cls, state: Mapping[str, Any], rng: RandomSource | int | None = None):
         """Restore from :meth:`get_state`; ``rng`` replaces the stored source (needed when the
         state was taken with ``include_rng=False``)."""
-        rng = resolve_state_rng(state, cls._kind, rng)
+        rng = restore_random_source(state, cls._kind, rng)
         c = cls(state["horizon"], state["rho"], seed=rng, neighbours=state["neighbours"],
                 width=state["width"], scale=state["scale"])
         if c.sigma2 != state["sigma2"]:  # never mix two noise calibrations in one stream

@@ -46,7 +46,7 @@ import numpy as np
 
 from pipeline.privacy import noise as _noise  # module reference: tests may swap the sampler
 from pipeline.privacy.accounting import check_neighbours, sensitivity_factor
-from pipeline.privacy.rng import RandomSource, as_random_source, random_source_from_state
+from pipeline.privacy.rng import RandomSource, as_random_source, restore_random_source
 
 __all__ = [
     "HorizonExceededError",
@@ -240,12 +240,7 @@ class TreeCounter:
     def from_state(cls, state: Mapping[str, Any], rng: RandomSource | int | None = None) -> "TreeCounter":
         """Restore a counter from :meth:`get_state`. ``rng``, if given, replaces the stored source
         (needed when the state was taken with ``include_rng=False``)."""
-        if state.get("kind") != _STATE_KIND:
-            raise ValueError(f"state is not a tree counter state (kind={state.get('kind')!r})")
-        if rng is None:
-            if state.get("rng") is None:
-                raise ValueError("state has no random source; pass rng")
-            rng = random_source_from_state(state["rng"])
+        rng = restore_random_source(state, _STATE_KIND, rng, what="tree counter")
         c = cls(state["horizon"], state["rho"], seed=rng, neighbours=state["neighbours"], width=state["width"])
         # Released noise was calibrated with the stored σ²; refuse to continue under another
         # calibration rather than mix two noise scales in one tree.

@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RandomSource", "SecureRandom", "SeededRandom", "as_random_source", "random_source_from_state"]
+__all__ = ["RandomSource", "SecureRandom", "SeededRandom", "as_random_source", "random_source_from_state",
+           "restore_random_source"]
 
 _U64 = np.uint64
 
@@ -189,3 +190,15 @@ def random_source_from_state(state: dict[str, Any]) -> RandomSource:
         source.set_state(state)
         return source
     raise ValueError(f"unknown random source kind {kind!r} in state")
+
+
+def restore_random_source(state: dict[str, Any], kind: str, rng=None, what: str | None = None) -> RandomSource:
+    """For a mechanism's ``from_state``: check that ``state`` is of ``kind`` and return its random
+    source — ``rng`` if given (it replaces the stored one), else the stored one."""
+    if state.get("kind") != kind:
+        raise ValueError(f"state is not a {what or kind} state (kind={state.get('kind')!r})")
+    if rng is None:
+        if state.get("rng") is None:
+            raise ValueError("state has no random source; pass rng")
+        return random_source_from_state(state["rng"])
+    return rng
