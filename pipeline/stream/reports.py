@@ -26,7 +26,6 @@ comes back as a :class:`Rejection` carrying its original bytes.
 from __future__ import annotations
 
 import hashlib
-from itertools import repeat
 from operator import attrgetter
 from dataclasses import dataclass, field
 
