@@ -126,7 +126,7 @@ class HeavyHittersRelease(_Release):
 class BandMonitorRelease(_Release):
     """Alert when the number of (active) users holding ``value`` leaves [low, high] (counts of users).
 
-    A user leaves the active set after contributing to one Above/Below answer (seed 001, Alg. 1);
+    A user leaves the active set after contributing to one Above/Below answer (Ghazi et al., PREM, Alg. 1);
     that single charge per user is what the calibration assumes.
     """
 

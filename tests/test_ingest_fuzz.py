@@ -1,7 +1,7 @@
 """Fuzzing the ingest path: arbitrary bytes, wrong JSON types, huge values, unknown users, duplicate,
 late and early steps, mixed batches, reports on the wrong partition.
 
-The promise checked (DESIGN §3, issue 5): the ingest path never raises, and every report sent is
+The promise checked: the ingest path never raises, and every report sent is
 accounted for exactly once — either accepted (and then reflected in the partition state exactly once
 for its (user, step)) or rejected to the dead letters with a reason from ``REASONS`` and its
 original bytes (for a batch item: the item re-encoded, plus its batch index).
