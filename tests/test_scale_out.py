@@ -60,7 +60,7 @@ def run(services, tmp_path, workers: int, X):
 
 
 def test_two_and_four_workers_release_what_one_worker_releases(services, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # Faust's data directories
+    monkeypatch.chdir(tmp_path)  # the jobs' working directory
     X = panel_data(seed=31, n=N, horizon=T)
     results = {w: run(services, tmp_path / f"w{w}", w, X) for w in (1, 2, 4)}
     dep, panels1, manifests1, ledger1, _ = results[1]

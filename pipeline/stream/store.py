@@ -182,7 +182,7 @@ class ReleaseStore:
         return {int(k): json.loads(v) for k, v in self.r.hgetall(self._k("intake")).items()}
 
     def reset(self) -> None:
-        """Delete every key of this deployment (tests and `dpstream reset` only)."""
+        """Delete every key of this deployment (tests only)."""
         for key in self.r.scan_iter(match=f"{self.prefix}:*"):
             self.r.delete(key)
         self.r.hdel(FINGERPRINTS_KEY, self.deployment)
