@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The main job. Until the streaming pipeline lands it is the batch job over a simulated SIPP-like panel.
+# The main job: a simulated SIPP-like panel streamed through the embedded broker and Redis (pipeline/demo.py).
 demo: $(STAMP)
 	$(VENV)/bin/dpstream demo
 

@@ -1,6 +1,6 @@
 """Create a deployment's topics with its partition counts before any worker starts.
 
-The jobs never declare topics (Faust ``topic_allow_declare=False``) and the broker must not
+The jobs never declare topics and the broker must not
 auto-create them: an auto-created ``reports`` topic would get the broker's default partition
 count, and users would be owned by the wrong partitions. Idempotent; exits non-zero when an
 existing topic has another partition count.

@@ -4,7 +4,7 @@
 
 Two streams, every method at the same (ε, δ):
 
-* **Example 1.4-like** (seed 002): three partitions of the users into groups A (small), B, C (large);
+* **Example 1.4-like** (Kaplan–Mansour–Stemmer): three partitions of the users into groups A (small), B, C (large);
   each group holds one heavy element exactly once, at distinct random steps; otherwise users hold
   inputs shared by fewer than ``charge_weight`` users (the paper says "distinct"; small clusters keep
   the per-step support, hence the run time, manageable and keep every such weight below

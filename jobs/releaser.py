@@ -18,9 +18,7 @@ At start: the configuration is checked against the one the Redis state was creat
 is checked for releases the state does not know (:mod:`pipeline.stream.fence`, exit code 4).
 
 Transport: an aiokafka group consumer (:mod:`pipeline.stream.bulk`) and producer. Positions come
-from Redis (the partials resume offset) in the assignment callback; Faust, used here before,
-moved a new assignment back to the committed offset and added 0.6-0.8 s per hop on an idle topic
-(measured), more than the whole release latency budget.
+from Redis (the partials resume offset) in the assignment callback (docs/streaming.md, "Processes").
 """
 
 from __future__ import annotations

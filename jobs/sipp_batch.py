@@ -1,4 +1,5 @@
-"""Batch evaluation on a SIPP-like panel: seed 003, Section 5 (Figures 1-2) and Appendix C (Figure 3).
+"""Batch evaluation on a SIPP-like panel: Bun et al. 2024 (continual synthetic data), Section 5
+(Figures 1-2) and Appendix C (Figure 3).
 
     python -m jobs.sipp_batch [--runs 200] [--seed 0] [--out out/sipp_batch] [--quick] [--secure]
 

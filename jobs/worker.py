@@ -11,9 +11,9 @@ Run through the command line (which sets the environment, see ``pipeline.stream.
 * rejected reports -> ``dead-letter`` with the original bytes and a reason.
 
 Transport: a plain aiokafka group consumer reading whole fetches (:mod:`pipeline.stream.bulk`) and
-an aiokafka producer; DESIGN §8 measured Faust's per-event path at ~3% of the broker's rate, and
-the hot path here is vectorised per fetch. Positions come only from the Redis checkpoints (read in
-the assignment callback); the offsets this worker commits are for lag monitoring, never read back.
+an aiokafka producer; the hot path is vectorised per fetch (docs/streaming.md, "Processes").
+Positions come only from the Redis checkpoints (read in the assignment callback); the offsets this
+worker commits are for lag monitoring, never read back.
 """
 
 from __future__ import annotations

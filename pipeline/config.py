@@ -2,7 +2,7 @@
 
 Errors name the offending key (``releases.1.window: ...``). Domains are public and declared here,
 never derived from the data. The budget plan is checked by :func:`load_config` (via
-``Deployment.budget_plan``) before anything starts.
+:func:`pipeline.plan.budget_plan`) before anything starts.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ class HeavyHittersRelease(_Release):
 class BandMonitorRelease(_Release):
     """Alert when the number of (active) users holding ``value`` leaves [low, high] (counts of users).
 
-    A user leaves the active set after contributing to one Above/Below answer (seed 001, Alg. 1);
+    A user leaves the active set after contributing to one Above/Below answer (Ghazi et al., PREM, Alg. 1);
     that single charge per user is what the calibration assumes.
     """
 
@@ -173,9 +173,6 @@ class Budget(_Strict):
 class Topics(_Strict):
     prefix: str = Field(default="dpstream", pattern=r"^[A-Za-z0-9_.-]+$")
     partitions: int = Field(default=4, ge=1, le=1024, description="partitions of reports and feedback")
-
-    def name(self, topic: str) -> str:
-        return f"{self.prefix}.{topic}"
 
 
 class Roster(_Strict):

@@ -7,7 +7,7 @@ all its chunks are present and the SHA-256 of its new columns matches the manife
 
 Queries work on the synthetic records as ordinary data. For fixed-window releases the padding
 (n_pad synthetic records per length-k pattern at every step, public) can be subtracted — the
-"debiased" answers of seed 003 — see :mod:`pipeline.queries`.
+"debiased" answers of Bun et al. 2024 — see :mod:`pipeline.queries`.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ against the deployment budget before anything runs (:func:`budget_plan` raises
 ``BudgetExceededError`` naming the releases). The ledger then records actual spends per step, on
 this schedule (:func:`step_cost`):
 
-* fixed window (seed 003 Alg. 1): ρ_r/R at each update step t = k..T (R = T−k+1), 0 before k;
-* cumulative (seed 003 Alg. 2): counter b (budget ρ_b = ρ·w_b/Σw, the weights of the release's
+* fixed window (Bun et al. 2024, Alg. 1): ρ_r/R at each update step t = k..T (R = T−k+1), 0 before k;
+* cumulative (Bun et al. 2024, Alg. 2): counter b (budget ρ_b = ρ·w_b/Σw, the weights of the release's
   ``counter`` and the deployment's relation, pipeline.synth.cumulative.counter_weights) starts at
   t = b and its whole ρ_b is charged then — by time t at most Σ_{b≤t} ρ_b has been spent, so the ledger never lags
   behind what the released outputs could reveal;

@@ -1,4 +1,4 @@
-"""Queries on longitudinal panels, real or synthetic (seed 003's query families), vectorised.
+"""Queries on longitudinal panels, real or synthetic (the query families of Bun et al. 2024), vectorised.
 
 A panel is an ``(rows, T)`` integer array with values in ``[0, categories)``; column ``t - 1`` is
 step ``t`` (steps are 1-based throughout, as in the paper and the release manifests).
@@ -57,7 +57,7 @@ __all__ = [
     "window_max_error",
 ]
 
-# The four quarterly poverty quantities of seed 003, Section 5 (window k = 3 months).
+# The four quarterly poverty quantities of Bun et al. 2024, Section 5 (window k = 3 months).
 QUARTERLY_QUANTITIES: tuple[tuple[str, str], ...] = (
     ("at_least_1", "≥1 month in poverty"),
     ("at_least_2", "≥2 months in poverty"),
@@ -223,7 +223,7 @@ def quarterly_poverty(
 
 def cumulative_counts(panel) -> np.ndarray:
     """``(T, T + 1)`` array ``S[t - 1, b] = #{i : x_i^1 + ... + x_i^t ≥ b}`` of a binary panel
-    (so ``S[:, 0] = rows``; ``S_b^t`` of seed 003, Algorithm 2)."""
+    (so ``S[:, 0] = rows``; ``S_b^t`` of Bun et al. 2024, Algorithm 2)."""
     x = _as_panel(panel)
     if x.size and (x.min() < 0 or x.max() > 1):
         raise ValueError("cumulative queries need a binary panel (values 0/1)")

@@ -1,4 +1,4 @@
-"""CumulativeSynthesizer (seed 003, Algorithm 2 + Appendix B) with both counters (tree, factorization).
+"""CumulativeSynthesizer (Bun et al. 2024, Algorithm 2 + Appendix B) with both counters (tree, factorization).
 
 Seeded statistical tests; each tolerance names its source. S_b^t = #{weight ≥ b after t steps},
 S̃ = counter output, Ŝ = monotonised count.
@@ -55,7 +55,7 @@ def test_rho_split_follows_appendix_b():
     for b, counter in enumerate(c.counters, start=1):
         assert counter.horizon == T - b + 1  # counter b runs over t = b..T
         assert counter.rho == pytest.approx(c.rhos[b - 1])
-        levels = (T - b + 1).bit_length()  # ⌊log2(T−b+1)⌋ + 1 released levels (DESIGN §2)
+        levels = (T - b + 1).bit_length()  # ⌊log2(T−b+1)⌋ + 1 released levels (docs/synthesizers.md §2)
         assert counter.sigma2 == pytest.approx(levels / (2 * c.rhos[b - 1]))
 
 

@@ -1,4 +1,4 @@
-"""FixedWindowSynthesizer (seed 003, Algorithm 1, categorical generalisation).
+"""FixedWindowSynthesizer (Bun et al. 2024, Algorithm 1, categorical generalisation).
 
 Statistical tests are seeded (deterministic); every tolerance names the result it comes from.
 Notation: R = T − k + 1 update steps, σ² = factor·R/(2ρ), e_s^t = p_s^t − (C_s^t + n_pad).

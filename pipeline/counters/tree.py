@@ -1,7 +1,7 @@
 """Binary tree mechanism (tree-based aggregation): a ρ-zCDP continual counter.
 
-Seed 003, Appendix A, Algorithm 3 (after Dwork, Naor, Pitassi & Rothblum 2010 and Chan, Shi &
-Song 2011), with discrete Gaussian noise (Canonne, Kamath & Steinke 2020).
+Bun, Gaboardi, Neunhoeffer & Zhang 2024, Appendix A, Algorithm 3 (after Dwork, Naor, Pitassi &
+Rothblum 2010 and Chan, Shi & Song 2011), with discrete Gaussian noise (Canonne, Kamath & Steinke 2020).
 
 Algorithm. At step t with i = lowest set bit of t, the dyadic node [t − 2^i + 1, t] closes:
 α_i ← Σ_{j<i} α_j + z_t (the lower nodes it absorbs are reset), its noisy value
@@ -105,7 +105,7 @@ def released_nodes(horizon: int) -> list[tuple[int, int, int]]:
 
 
 class TreeCounter:
-    """ρ-zCDP continual counter over steps 1..``horizon`` (seed 003, Algorithm 3).
+    """ρ-zCDP continual counter over steps 1..``horizon`` (Bun et al. 2024, Algorithm 3).
 
     ``seed``: None (secure OS randomness), an int (seeded, tests/simulation only) or a shared
     :class:`~pipeline.privacy.rng.RandomSource`; resolved once and kept.

@@ -30,7 +30,7 @@ def check_values(values: Any, n: int, domain_size: int, name: str = "values") ->
 
 
 def check_contributions(contributions: Any, n: int, granularity: int, name: str = "contributions") -> np.ndarray:
-    """f_i(x_r) ∈ [0, 1] per record, rounded to the 1/granularity grid (seed 002 footnote 2); returned
+    """f_i(x_r) ∈ [0, 1] per record, rounded to the 1/granularity grid (Kaplan–Mansour–Stemmer footnote 2); returned
     in integer units of 1/granularity so that sums are exact and the discrete noise applies."""
     arr = np.asarray(contributions, dtype=np.float64)
     if arr.ndim != 1 or arr.shape[0] != n:

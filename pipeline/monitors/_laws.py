@@ -11,7 +11,7 @@ Laws (all on the integers, or the integers plus one atom for the capped law):
   (Jacobi theta), the tail by a direct sum truncated where the remaining terms are below e^{−80}
   of the sum.
 * :class:`CappedSumLaw` ``W + min(V, D)`` with W ~ DL(s_w), V ~ DL(s_v), D real: the noise of
-  ThresholdMonitor (seed 002, Alg. 3 step 3a–3c: w ~ Lap(10Δ), v̄ = min(v, Δ)). Tails in closed form
+  ThresholdMonitor (Kaplan–Mansour–Stemmer, Alg. 3 step 3a–3c: w ~ Lap(10Δ), v̄ = min(v, Δ)). Tails in closed form
   as sums of geometric series (see :meth:`CappedSumLaw.log_sf`).
 
 Probabilities are returned as natural logs where they can be tiny (1e−20 is routine: β/(m·|X|)).

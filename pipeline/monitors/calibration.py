@@ -4,11 +4,11 @@ Every ``*_privacy`` function maps internal noise parameters to the (ε, δ) a na
 every ``calibrate_*`` function maps a target (ε, δ) (and k / τ / horizon) to internal parameters
 and is tested to round-trip: recomputing ε from what it returns gives the target back.
 
-Logs are natural logs throughout (the seeds' bounds come from e^{−x} tails). Neighbouring relations
-follow DESIGN §1 (:data:`pipeline.privacy.accounting.NEIGHBOURS`):
+Logs are natural logs throughout (the papers' bounds come from e^{−x} tails). Neighbouring relations
+follow docs/privacy.md (:data:`pipeline.privacy.accounting.NEIGHBOURS`):
 
 * ``add_remove``: one user's whole stream is present or absent;
-* ``replace``: one user's whole stream is replaced (seed 002, Notation 4.2 "j-neighbouring").
+* ``replace``: one user's whole stream is replaced (Kaplan–Mansour–Stemmer, Notation 4.2 "j-neighbouring").
 
 The derivations (per-user target charging, the evolving-data reductions, group privacy for
 ThresholdMonitor under ``replace``) are written out in ``docs/monitors.md``.
@@ -81,12 +81,12 @@ def _bisect_max(f, lo: float, hi: float, target: float, iters: int = 200) -> flo
 
 
 # ------------------------------------------------------------------------------------------------
-# ThresholdMonitor / ThresholdMonitorEvolving (seed 002)
+# ThresholdMonitor / ThresholdMonitorEvolving (Kaplan–Mansour–Stemmer, arXiv 2011.07637)
 # ------------------------------------------------------------------------------------------------
 
 
 def theorem_3_2_xi(epsilon: float, delta: float, k: float) -> float:
-    """ξ of seed 002 Theorem 3.2: ThresholdMonitor run with parameters (ε, δ, k) is (ξ, 3δ)-DP for
+    """ξ of Kaplan–Mansour–Stemmer Theorem 3.2: ThresholdMonitor run with parameters (ε, δ, k) is (ξ, 3δ)-DP for
     add/remove neighbours S' = S ∪ {x'}, with ξ = 75(k+1)ε/ln(1/δ) + 25ε."""
     epsilon = _pos(epsilon, "epsilon")
     delta = _pos(delta, "delta", high=1.0, high_open=True)
@@ -95,7 +95,7 @@ def theorem_3_2_xi(epsilon: float, delta: float, k: float) -> float:
 
 
 def threshold_monitor_noise(epsilon: float, delta: float) -> tuple[float, float, float]:
-    """Noise of seed 002 Algorithm 3 for its parameters (ε, δ): returns (Δ, scale_w, scale_v) with
+    """Noise of Kaplan–Mansour–Stemmer Algorithm 3 for its parameters (ε, δ): returns (Δ, scale_w, scale_v) with
     Δ = (1/ε)·ln(1/δ)·ln((1/ε)·ln(1/δ)), w ~ Lap(10Δ), v ~ Lap((1/ε)·ln(1/δ)), v̄ = min(v, Δ)."""
     epsilon = _pos(epsilon, "epsilon")
     delta = _pos(delta, "delta", high=1.0, high_open=True)
@@ -127,7 +127,7 @@ def threshold_monitor_privacy(epsilon: float, delta: float, k: float, neighbours
 
 def calibrate_threshold_monitor(epsilon: float, delta: float, k: float, neighbours: str = "replace") -> tuple[float, float]:
     """Internal (ε̃, δ̃) of ThresholdMonitor(Evolving) so that :func:`threshold_monitor_privacy`
-    (seed 002 Theorem 3.2, with group privacy for ``replace``) equals the target (ε, δ).
+    (Kaplan–Mansour–Stemmer Theorem 3.2, with group privacy for ``replace``) equals the target (ε, δ).
 
     add_remove: δ̃ = δ/3, ξ = ε. replace: ξ = ε/2, δ̃ = δ/(3(1 + e^{ε/2})). ξ is linear in ε̃ for
     fixed δ̃: ε̃ = ξ / (75(k+1)/ln(1/δ̃) + 25).
@@ -148,12 +148,12 @@ def calibrate_threshold_monitor(epsilon: float, delta: float, k: float, neighbou
 
 
 # ------------------------------------------------------------------------------------------------
-# Target charging (seed 004, Theorem B.4) and SVT with individual charging (Algorithm 5)
+# Target charging (Cohen–Lyu, NeurIPS 2023, Theorem B.4) and SVT with individual charging (Algorithm 5)
 # ------------------------------------------------------------------------------------------------
 
 
 def not_prior_q(epsilon: float) -> float:
-    """q of a NotPrior target of an ε-DP call: 1/(e^ε + 1) (seed 004, Lemma C.1; tight)."""
+    """q of a NotPrior target of an ε-DP call: 1/(e^ε + 1) (Cohen–Lyu, Lemma C.1; tight)."""
     epsilon = _pos(epsilon, "epsilon")
     return 1.0 / (math.exp(epsilon) + 1.0)
 
@@ -175,7 +175,7 @@ class TCTBound:
 
 
 class TargetChargingAccountant:
-    """Theorem B.4 of seed 004 for calls that are ε-DP with a q-target, halting at τ target hits.
+    """Theorem B.4 of Cohen–Lyu for calls that are ε-DP with a q-target, halting at τ target hits.
 
     With r = (1+α)·τ/q, for any α > 0:
 
@@ -268,7 +268,7 @@ def tct_hits_per_user(tau: int, neighbours: str) -> int:
 
 def individual_charging_privacy(epsilon0: float, tau: int, delta: float, neighbours: str = "replace",
                                 exact: bool = True) -> TCTBound:
-    """(ε, δ) of SVT with individual charging (seed 004 Algorithm 5) with noise Lap(1/ε₀) and removal
+    """(ε, δ) of SVT with individual charging (Cohen–Lyu Algorithm 5) with noise Lap(1/ε₀) and removal
     after τ hits, at total δ: Theorem B.4 per user with NotPrior q = 1/(e^{ε₀}+1) and
     :func:`tct_hits_per_user` hits, α optimised (basic or advanced form, whichever is smaller)."""
     hits = tct_hits_per_user(tau, neighbours)
@@ -277,7 +277,7 @@ def individual_charging_privacy(epsilon0: float, tau: int, delta: float, neighbo
 
 def calibrate_individual_charging(epsilon: float, delta: float, tau: int, neighbours: str = "replace",
                                   exact: bool = True) -> float:
-    """Largest ε₀ such that :func:`individual_charging_privacy` (seed 004 Theorem B.4) ≤ (ε, δ)."""
+    """Largest ε₀ such that :func:`individual_charging_privacy` (Cohen–Lyu Theorem B.4) ≤ (ε, δ)."""
     epsilon = _pos(epsilon, "epsilon")
     delta = _pos(delta, "delta", high=1.0, high_open=True)
     tau = _posint(tau, "tau")
@@ -300,12 +300,12 @@ def _calibrate_individual_charging(epsilon: float, delta: float, tau: int, neigh
 
 
 # ------------------------------------------------------------------------------------------------
-# Restarted AboveThreshold (seed 002 Algorithm 2) and the naive per-step histogram
+# Restarted AboveThreshold (Kaplan–Mansour–Stemmer Algorithm 2) and the naive per-step histogram
 # ------------------------------------------------------------------------------------------------
 
 
 def svt_restart_privacy(epsilon1: float, max_tops: int, delta: float) -> ApproxDP:
-    """AboveThreshold (seed 002 Alg. 2, Theorem 2.5) run until ⊤ is ε₁-DP for sensitivity-1 queries
+    """AboveThreshold (Kaplan–Mansour–Stemmer Alg. 2, Theorem 2.5) run until ⊤ is ε₁-DP for sensitivity-1 queries
     (a count of users changes by ≤ 1 under both add_remove and replace). Restarting after each ⊤
     and halting after ``max_tops`` ⊤s composes ``max_tops`` ε₁-DP runs. Reported: the smaller of
     basic composition (c·ε₁, 0) and the zCDP route (pure ε₁-DP ⇒ ε₁²/2-zCDP, Bun–Steinke Prop. 1.4;
@@ -354,12 +354,12 @@ def calibrate_naive(epsilon: float, delta: float, horizon: int, neighbours: str 
 
 
 # ------------------------------------------------------------------------------------------------
-# OutsideIntervalMonitor (seeds 000/001)
+# OutsideIntervalMonitor (Ghazi et al., PREM, arXiv 2502.14809)
 # ------------------------------------------------------------------------------------------------
 
 
 def outside_interval_privacy(a: float, delta: float, neighbours: str = "replace", exact: bool = True) -> TCTBound:
-    """Approx-DP OutsideIntervalMonitor (seed 001 Alg. 1) with noise Lap(1/a), via target charging
+    """Approx-DP OutsideIntervalMonitor (Ghazi et al. Alg. 1) with noise Lap(1/a), via target charging
     (the proof of Proposition 2.2 made explicit): each call touching a record is a-DP; the non-Inside
     answers are a NotPrior target with q = 1/(1+e^a); a record's value leaves S_active at the first
     non-Inside answer it contributes to, so one hit per record (two under replace: the old and the
@@ -376,7 +376,7 @@ def outside_interval_hits_per_user(neighbours: str) -> int:
 
 
 def outside_interval_privacy_simplified(a: float, delta: float, neighbours: str = "replace") -> ApproxDP:
-    """The notes' explicit constant (seed 001 Theorem C.6 route): τ = ⌈4·ln(1/δ)⌉ hits budget,
+    """The notes' explicit constant (Ghazi et al. Theorem C.6 route): τ = ⌈4·ln(1/δ)⌉ hits budget,
     ε = 2τ(1+e^a)·a for add/remove, doubled (and δ doubled) for replace. Looser; for comparison."""
     a = _pos(a, "a")
     delta = _pos(delta, "delta", high=1.0, high_open=True)
@@ -405,7 +405,7 @@ def calibrate_outside_interval(epsilon: float, delta: float, neighbours: str = "
 
 
 def outside_interval_pure_privacy(a: float, max_outside: int) -> ApproxDP:
-    """Pure-DP OutsideIntervalMonitor (seed 001 Alg. 4, Proposition C.3): ε = a·Γ, δ = 0."""
+    """Pure-DP OutsideIntervalMonitor (Ghazi et al. Alg. 4, Proposition C.3): ε = a·Γ, δ = 0."""
     return ApproxDP(_pos(a, "a") * _posint(max_outside, "max_outside"), 0.0)
 
 

@@ -1,12 +1,12 @@
-"""Shifting heavy hitters (seed 002 §4, Definition 4.1, Theorem 4.7) with four interchangeable methods
+"""Shifting heavy hitters (Kaplan–Mansour–Stemmer §4, Definition 4.1, Theorem 4.7) with four interchangeable methods
 calibrated to the same target (ε, δ):
 
 * ``"tme"``: ThresholdMonitorEvolving (Alg. 5) with internal (ε̃, δ̃) from Theorem 3.2's explicit ξ,
   through Theorem 4.4's reduction (group privacy for ``replace``) —
   :func:`calibration.calibrate_threshold_monitor`.
-* ``"tct"``: SVT with individual charging (seed 004 Alg. 5), per-user Theorem B.4 —
+* ``"tct"``: SVT with individual charging (Cohen–Lyu Alg. 5), per-user Theorem B.4 —
   :func:`calibration.calibrate_individual_charging`. Publishes the noisy counts of flagged elements.
-* ``"svt_restart"``: AboveThreshold (seed 002 Alg. 2) restarted after each ⊤, halting after
+* ``"svt_restart"``: AboveThreshold (Kaplan–Mansour–Stemmer Alg. 2) restarted after each ⊤, halting after
   ``max_tops`` ⊤s, composed — :func:`calibration.calibrate_svt_restart`.
 * ``"naive"``: a discrete-Gaussian histogram every step, zCDP over the horizon, tight conversion —
   :func:`calibration.calibrate_naive`.
@@ -113,7 +113,7 @@ def heavy_hitter_plan(method: str, domain_size: int, epsilon: float, delta: floa
 
 class ShiftingHeavyHitters(StatefulMixin):
     """Per step, the set of elements held by many users, under user-level (ε, δ)-DP over the whole
-    stream (DESIGN §1). ``update(values)`` takes the length-n array of users' current elements
+    stream (docs/privacy.md). ``update(values)`` takes the length-n array of users' current elements
     (< ``domain_size``, up to 2^40) and returns the sorted int64 ids flagged heavy this step.
 
     ``threshold`` (count units) and ``tau`` (weight at which Definition 4.1's guarantee holds w.p.

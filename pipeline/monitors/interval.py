@@ -1,14 +1,15 @@
-"""OutsideIntervalMonitor / RangeMonitor (seed 001 Alg. 1 approx-DP, Alg. 4 pure-DP; seed 000) over a
+"""OutsideIntervalMonitor / RangeMonitor (Ghazi et al., "PREM: Privately answering
+statistical queries with relative error", arXiv 2502.14809: Alg. 1 approx-DP, Alg. 4 pure-DP) over a
 fixed histogram, and the streaming :class:`BandMonitor` whose records are users.
 
 Answers are the strings ``"between"``, ``"above"``, ``"below"``.
 
-Noise: discrete Laplace (footnote 3 of seed 001 allows it: the queries are integer counts).
+Noise: discrete Laplace (footnote 3 of Ghazi et al. allows it: the queries are integer counts).
 Privacy:
 * approx (Alg. 1): ε from target charging, :func:`calibration.outside_interval_privacy` — each call
   that touches a record is a-DP; non-Between answers are a NotPrior target (q = 1/(1+e^a)); a
   record leaves the active set at the first non-Between answer it contributes to. Proposition 2.2
-  only gives ε = O(a·log(1/δ)); we use Theorem B.4 of seed 004 with explicit constants instead.
+  only gives ε = O(a·log(1/δ)); we use Theorem B.4 of Cohen–Lyu with explicit constants instead.
 * pure (Alg. 4): ε = a·Γ (Proposition C.3).
 """
 
@@ -97,7 +98,7 @@ class _LaplaceIntervalNoise(StatefulMixin):
 
 
 class OutsideIntervalMonitor(_LaplaceIntervalNoise):
-    """Seed 001 Algorithm 1 (approximate DP). State: histogram h, noise parameter a, active set.
+    """Ghazi et al. Algorithm 1 (approximate DP). State: histogram h, noise parameter a, active set.
 
     query(f, lo, hi): f̂ = f(h|S_active) + DLap(a) (pmf ∝ e^{−a|x|}); Between if lo < f̂ < hi, else
     remove f^{-1}(1) from the active set and answer Above (f̂ ≥ hi) or Below.
@@ -138,7 +139,7 @@ class OutsideIntervalMonitor(_LaplaceIntervalNoise):
 
 
 class OutsideIntervalMonitorPure(StatefulMixin):
-    """Seed 001 Algorithm 4 (pure DP, SVT-based). η ~ Lap(2/a) at start and after every Above/Below;
+    """Ghazi et al. Algorithm 4 (pure DP, SVT-based). η ~ Lap(2/a) at start and after every Above/Below;
     Above if f + Lap(4/a) ≥ hi + η; else Below if f + Lap(4/a) ≤ lo − η (a second, independent draw:
     the proof reduces each comparison to its own AboveThreshold query, which draws its own noise);
     else Between. Halts (raises) after Γ = ``max_outside`` Above/Below answers. ε = a·Γ (Prop. C.3).
@@ -205,7 +206,7 @@ class OutsideIntervalMonitorPure(StatefulMixin):
 
 class BandMonitor(_LaplaceIntervalNoise):
     """Streaming band alerts where the records are users: at each step, "is the number of active users
-    satisfying the step's predicate (e.g. value == v) inside [lo, hi]?". Algorithm 1 of seed 001 with
+    satisfying the step's predicate (e.g. value == v) inside [lo, hi]?". Algorithm 1 of Ghazi et al. with
     the active set over users: a user leaves it once it contributed to an Above/Below answer.
 
     Privacy is that of :class:`OutsideIntervalMonitor` (same per-record target charging: one hit per

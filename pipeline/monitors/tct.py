@@ -1,4 +1,5 @@
-"""SVT with individual privacy charging (seed 004 Algorithm 5) and its accountant (Theorem B.4).
+"""SVT with individual privacy charging (Cohen, Lyu, "The target-charging technique for privacy
+analysis across interactive computations", NeurIPS 2023, Algorithm 5) and its accountant (Theorem B.4).
 
 Per query (f_i, T_i): f̂ = Σ_{x ∈ D} f_i(x) + Lap(1/ε₀); if f̂ ≥ T_i publish f̂ and charge every
 present record with f_i(x) > 0 (C_x += 1, removed when C_x = τ); else publish ⊥.
@@ -35,7 +36,7 @@ __all__ = ["IndividualChargingSVT", "TargetChargingAccountant"]
 
 
 class IndividualChargingSVT(StatefulMixin):
-    """Seed 004 Algorithm 5 over ``n_records`` records (users), noise Lap(1/epsilon0), removal after
+    """Cohen–Lyu Algorithm 5 over ``n_records`` records (users), noise Lap(1/epsilon0), removal after
     ``tau`` hits. :meth:`query` answers one query (returns the published noisy value, or None for ⊥);
     :meth:`query_all_elements` answers the |X| indicator queries of a heavy-hitter step at once and
     returns (flagged ids, their published noisy counts)."""

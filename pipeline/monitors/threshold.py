@@ -1,8 +1,9 @@
-"""AboveThreshold (seed 002 Alg. 2), ThresholdMonitor (Alg. 3) and ThresholdMonitorEvolving (Alg. 5).
+"""AboveThreshold (Kaplan–Mansour–Stemmer, "The sparse vector technique, revisited", COLT 2021,
+arXiv 2011.07637: Alg. 2), ThresholdMonitor (Alg. 3) and ThresholdMonitorEvolving (Alg. 5).
 
 Noise is the discrete Laplace (exact sampler, :mod:`pipeline.privacy.noise`) on the lattice of the
 query values: counting queries are integer-valued; fractional contributions f_i(x) ∈ [0, 1] are
-rounded to the grid 1/``granularity`` (seed 002, footnote 2 — the paper itself discretises this way)
+rounded to the grid 1/``granularity`` (Kaplan–Mansour–Stemmer, footnote 2 — the paper itself discretises this way)
 and noise scales are multiplied by ``granularity`` so the mechanism is the paper's on that grid.
 The privacy proofs use the Laplace shift ratio Pr[w]/Pr[w − f] ≤ e^{f/b} and tail ratios for shifts
 by query values; both hold exactly for the discrete Laplace when the shifts are lattice points.
@@ -35,7 +36,7 @@ __all__ = ["AboveThreshold", "ThresholdMonitor", "ThresholdMonitorEvolving"]
 
 
 class AboveThreshold(StatefulMixin):
-    """Seed 002 Algorithm 2: t̂ = t + Lap(2/ε) once; per query f̂ = f(S) + Lap(4/ε); ⊤ and halt at the
+    """Kaplan–Mansour–Stemmer Algorithm 2: t̂ = t + Lap(2/ε) once; per query f̂ = f(S) + Lap(4/ε); ⊤ and halt at the
     first f̂ ≥ t̂. ε-DP for sensitivity-1 queries (Theorem 2.5). Queries must be integer-valued
     (counts); both noises are discrete Laplace.
     """
@@ -68,7 +69,7 @@ class AboveThreshold(StatefulMixin):
 
 
 class ThresholdMonitor(StatefulMixin):
-    """Seed 002 Algorithm 3 over a fixed database of ``n_records`` records.
+    """Kaplan–Mansour–Stemmer Algorithm 3 over a fixed database of ``n_records`` records.
 
     Parameters ``epsilon``, ``delta`` are the algorithm's own (ε, δ) (they set the noise); the
     mechanism is (ξ, 3δ)-DP for add/remove with ξ = 75(k+1)ε/ln(1/δ) + 25ε (Theorem 3.2), see
@@ -155,7 +156,7 @@ class ThresholdMonitor(StatefulMixin):
 
 
 class ThresholdMonitorEvolving(ThresholdMonitor):
-    """Seed 002 Algorithm 5: n users whose inputs change every round; counters c(j) per user; users
+    """Kaplan–Mansour–Stemmer Algorithm 5: n users whose inputs change every round; counters c(j) per user; users
     with c(j) ≥ k are no longer counted. By Theorem 4.4's reduction this is ThresholdMonitor run on the
     fixed database of user indices with the query f_i(j) = q_i(x_{i,j}), so the noise and privacy are
     ThresholdMonitor's at the internal (ε̃, δ̃) (Δ₁ = Δ(ε̃, δ̃), Δ₂ = ln(1/δ̃)/ε̃); see

@@ -1,6 +1,6 @@
 """Privacy accounting: cost values, zCDP -> (ε, δ) conversion, budget plans and the spend ledger.
 
-Model (DESIGN §1): the privacy unit is one user's whole sequence of reports. A deployment sets a
+Model (docs/privacy.md): the privacy unit is one user's whole sequence of reports. A deployment sets a
 budget once — ρ for the zCDP releases (synthesizers, tree counters) and (ε, δ) for the monitors —
 and a :class:`BudgetPlan` splits it over the configured releases before anything runs. A
 :class:`PrivacyLedger` then records every actual spend and refuses anything beyond the budget.

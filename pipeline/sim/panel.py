@@ -1,7 +1,7 @@
 """Simulated longitudinal panels (data simulation only; no privacy noise here).
 
 The simulators stand in for survey panels such as the SIPP monthly poverty indicator used in
-seed 003, Section 5, and for a categorical attribute with persistence (employment status, a
+Bun et al. 2024, Section 5, and for a categorical attribute with persistence (employment status, a
 region, a programme) that the heavy-hitter monitors consume. They draw from numpy's seeded
 ``Generator``: this is synthetic *input* data, so reproducibility matters and cryptographic
 randomness does not (privacy noise always comes from :mod:`pipeline.privacy.rng`).
@@ -66,7 +66,7 @@ def simulate_poverty_panel(
     Calibration targets (approximate; the model is a stand-in, not fitted to microdata):
 
     * monthly poverty rate ≈ 11-13 %: the order of the SIPP 2021 sample's household poverty
-      indicator in seed 003 and of the Census Bureau's published SIPP monthly poverty rates
+      indicator in Bun et al. 2024 and of the Census Bureau's published SIPP monthly poverty rates
       (Dynamics of Economic Well-Being: Poverty reports put average monthly rates in the low teens);
     * month-to-month persistence P(poor_t | poor_{t-1}) ≈ 0.8-0.9: those reports find most
       spells last several months (median spells of a few to several months) and monthly exit
@@ -145,7 +145,7 @@ def simulate_categorical_panel(
     from ``weights``. Example: employment status with ``categories=3`` (employed / unemployed /
     not in labour force) and ``weights=[0.60, 0.04, 0.36]``.
 
-    Shifting heavy hitters (for the heavy-hitter monitors, seed 002): with ``heavy_per_phase > 0``
+    Shifting heavy hitters (for the heavy-hitter monitors, Kaplan–Mansour–Stemmer): with ``heavy_per_phase > 0``
     the horizon is cut into phases of ``phase_length`` steps; in each phase ``heavy_per_phase``
     distinct elements are drawn at random from the domain, and for each a fresh random group of
     ``round(heavy_share * n)`` users (disjoint within the phase) holds it for the whole phase,

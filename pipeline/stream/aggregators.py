@@ -33,7 +33,7 @@ def watch_code(release, attribute) -> int:
 
 
 class FixedWindowAggregator:
-    """Window-pattern counts C_s^t (seed 003, Alg. 1): s = the user's last k values, base A digits.
+    """Window-pattern counts C_s^t (Bun et al. 2024, Alg. 1): s = the user's last k values, base A digits.
 
     State: each user's last k−1 closed values as one integer code (base A), so the pattern at t is
     ``suffix * A + x_t``. Nothing is counted before t = k (the first window is complete at t = k).
@@ -65,7 +65,7 @@ class FixedWindowAggregator:
 
 
 class CumulativeAggregator:
-    """z_b^t = #{users with weight b−1 after t−1 and x_t = 1}, b = 1..T (seed 003, Alg. 2)."""
+    """z_b^t = #{users with weight b−1 after t−1 and x_t = 1}, b = 1..T (Bun et al. 2024, Alg. 2)."""
 
     kind = "cumulative"
 
@@ -92,9 +92,9 @@ class CumulativeAggregator:
 class ActiveSetAggregator:
     """Per-element counts over the users still active, and the per-user counters that retire them.
 
-    Heavy hitters (ThresholdMonitorEvolving, seed 002 Alg. 5; individual charging, seed 004):
+    Heavy hitters (ThresholdMonitorEvolving, Kaplan–Mansour–Stemmer Alg. 5; individual charging, Cohen–Lyu):
     a user's counter c(j) grows each time the element it holds is flagged; at c(j) = k the user is
-    no longer counted. Band monitors (seeds 000/001): a user leaves once it contributed to an
+    no longer counted. Band monitors (Ghazi et al., PREM): a user leaves once it contributed to an
     Above/Below answer (k = 1). ``counted == False`` (naive / restarted-SVT baselines) counts
     everyone and keeps no counters.
     """

@@ -1,9 +1,7 @@
 """Bulk consumption for the jobs: aiokafka ``getmany`` in a consumer group, no per-event path.
 
-Faust's per-event machinery costs ~100 µs a message on these machines (DESIGN §8 measured 13k
-messages/s for a Faust agent against 460k/s for raw ``getmany``) and added 0.6-0.8 s per hop on an
-idle topic, so both jobs read their inputs with a plain aiokafka consumer and hand whole fetches to
-vectorised logic (the worker) or to the release protocol (the releaser).
+Both jobs read their inputs with a plain aiokafka consumer and hand whole fetches to vectorised
+logic (the worker) or to the release protocol (the releaser).
 
 Positions come from the Redis checkpoints, never from Kafka's committed offsets: on every assignment
 the caller's ``on_assign`` returns the offset to resume each partition from (the checkpoint's

@@ -277,7 +277,7 @@ class ReleaseEngine:
                                   "noise_a": mech.a, "neighbours": self.deployment.neighbours}
         alerts = {"release": rel.name, "step": step, "type": "band", "attribute": rel.attribute, "value": rel.value,
                   "low": rel.low, "high": rel.high, "answer": answer}
-        # after Above/Below, the users holding the value leave the active set (seed 001, Alg. 1)
+        # after Above/Below, the users holding the value leave the active set (Ghazi et al., PREM, Alg. 1)
         watched = watch_code(rel, self.deployment.attributes[rel.attribute])
         # Always sent (possibly empty): workers hold step t+1's close until every charging
         # release's feedback of step t has arrived.

@@ -105,8 +105,8 @@ class IngestCore:
 
         Returns None, or the offset to seek back to when the records start past the next one this
         partition needs (nothing is queued then): the consumer was positioned past records the state
-        does not reflect — a client that moves a new assignment to the group's committed offset (Faust
-        does), or an offset reset — and skipping them would lose reports. Records fetched
+        does not reflect — a client that moves a new assignment to the group's committed offset, or an
+        offset reset — and skipping them would lose reports. Records fetched
         before the seek took effect come the same way and are dropped (seeking again is harmless);
         a gap still there ``REWIND_GRACE_SECONDS`` after the first seek back is a real one
         (transaction markers, retention) and is accepted.

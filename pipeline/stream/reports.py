@@ -19,7 +19,7 @@ categorical code, a numeric string as a categorical code or hashed id — a stri
 or a hashed value) stays ``out_of_domain``. An attribute missing from a report is
 imputed at step close. Stateless checks happen here (``malformed``, ``unknown_user``,
 ``out_of_domain``); checks that need per-user state (``duplicate``, ``late``, ``future_step``)
-happen in :mod:`pipeline.stream.user_state`. Nothing is dropped silently: every rejected report
+happen in :mod:`pipeline.stream.partition_state`. Nothing is dropped silently: every rejected report
 comes back as a :class:`Rejection` carrying its original bytes.
 """
 

@@ -50,10 +50,6 @@ class Runtime:
     def names(self) -> dict[str, str]:
         return topic_names(self.deployment)
 
-    @property
-    def broker_url(self) -> str:
-        return "kafka://" + ";".join(self.broker.split(","))
-
     def store(self):
         from pipeline.stream.store import ReleaseStore
 

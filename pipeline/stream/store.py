@@ -1,8 +1,8 @@
 """Redis persistence: release records, the budget ledger, mechanism state, worker checkpoints.
 
-Release protocol (DESIGN §5): the releaser computes step t's complete release — every release's
-manifest, synthetic columns, alerts and feedback, the ledger entries, and the mechanism state after
-step t — and commits it with :meth:`ReleaseStore.commit_step` in ONE Redis transaction
+Release protocol (docs/streaming.md, "Releasing a step"): the releaser computes step t's complete
+release — every release's manifest, synthetic columns, alerts and feedback, the ledger entries, and
+the mechanism state after step t — and commits it with :meth:`ReleaseStore.commit_step` in ONE Redis transaction
 (WATCH/MULTI/EXEC) **before** publishing anything. A step whose record exists is republished from
 the record, never recomputed, so noise is never redrawn and budget never spent twice. The
 transaction refuses to commit a step that is not the next one (a second releaser, or a replay, loses
@@ -182,7 +182,7 @@ class ReleaseStore:
         return {int(k): json.loads(v) for k, v in self.r.hgetall(self._k("intake")).items()}
 
     def reset(self) -> None:
-        """Delete every key of this deployment (tests and `dpstream reset` only)."""
+        """Delete every key of this deployment (tests only)."""
         for key in self.r.scan_iter(match=f"{self.prefix}:*"):
             self.r.delete(key)
         self.r.hdel(FINGERPRINTS_KEY, self.deployment)

@@ -1,5 +1,6 @@
-"""Continual synthetic longitudinal data (seed 003): fixed-window (Algorithm 1, categorical
-generalisation) and cumulative (Algorithm 2 + Appendix B) synthesizers. See docs/synthesizers.md."""
+"""Continual synthetic longitudinal data (Bun, Gaboardi, Neunhoeffer, Zhang 2024, arXiv 2306.07884):
+fixed-window (Algorithm 1, categorical generalisation) and cumulative (Algorithm 2 + Appendix B)
+synthesizers. See docs/synthesizers.md."""
 
 from .cumulative import CumulativeSynthesizer, counter_weights
 from .fixed_window import FixedWindowSynthesizer, rounding_constant, rounding_proxy

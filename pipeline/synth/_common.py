@@ -107,7 +107,7 @@ def synthetic_dtype(categories: int) -> np.dtype:
 
 
 # --------------------------------------------------------------------------------------------
-# categorical consistency projection (Algorithm 1 generalised; DESIGN §2)
+# categorical consistency projection (Algorithm 1 generalised; docs/synthesizers.md §3)
 # --------------------------------------------------------------------------------------------
 
 def project_children(parents: np.ndarray, noisy: np.ndarray, rng: RandomSource) -> np.ndarray:
@@ -185,7 +185,7 @@ PARTITION_MIN_GROUP_SIZE = 128
 def assign_groups(group_codes: np.ndarray, counts: np.ndarray, rng: RandomSource) -> np.ndarray:
     """Random partition of records into labelled parts of prescribed sizes, group by group.
 
-    This is the random label assignment inside each group of seed 003 (continual synthetic data):
+    This is the random label assignment inside each group of Bun et al. 2024 (continual synthetic data):
     Algorithm 1 appends value c to p_{zc} records of group z chosen uniformly at random, and
     Algorithm 2 appends a 1 to ẑ_b^t records of synthetic weight b − 1 chosen uniformly at random.
 

@@ -1,4 +1,6 @@
-"""Fixed-time-window synthesizer: Algorithm 1 of seed 003 (Bun, Gaboardi, Neunhoeffer, Zhang 2024),
+"""Fixed-time-window synthesizer: Algorithm 1 of Bun, Gaboardi, Neunhoeffer, Zhang, "Continual
+release of differentially private synthetic data from longitudinal data collections" (PACMMOD 2024;
+arXiv 2306.07884),
 generalised to a categorical alphabet of ``categories`` values.
 
 Privacy (Theorem 3.1). At every update step t = k..T (R = T − k + 1 steps) the histogram C^t of
