@@ -50,18 +50,6 @@ def demo_config(n: int, seed: int | None, partitions: int = 4) -> dict:
     return cfg
 
 
-def _supported_releases(cfg: dict) -> dict:
-    """Drop release types the stream engine cannot run yet (reported in the summary)."""
-    from pipeline.stream.engine import SUPPORTED_TYPES
-
-    kept = [r for r in cfg["releases"] if r["type"] in SUPPORTED_TYPES]
-    dropped = [r["name"] for r in cfg["releases"] if r["type"] not in SUPPORTED_TYPES]
-    out = dict(cfg, releases=kept)
-    if not any(r["type"] in ("heavy_hitters", "band_monitor") for r in kept):
-        out["budget"] = {k: v for k, v in cfg["budget"].items() if k not in ("epsilon", "delta")}
-    return out, dropped
-
-
 def run_demo(args) -> int:
     from pipeline.config import load_config
     from pipeline.sim.panel import simulate_categorical_panel, simulate_poverty_panel
@@ -72,7 +60,7 @@ def run_demo(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
-    cfg, dropped = _supported_releases(demo_config(args.n, args.seed if args.seeded else None))
+    cfg = demo_config(args.n, args.seed if args.seeded else None)
     cfg_path = out / "demo.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     dep = load_config(cfg_path)
@@ -82,7 +70,7 @@ def run_demo(args) -> int:
         n, HORIZON, OCCUPATIONS, seed=args.seed + 1, persistence=0.9, heavy_per_phase=2, heavy_share=0.04,
         phase_length=3)
     say(f"dpstream demo: n={n} households, T={HORIZON} months, releases: "
-        + ", ".join(r.name for r in dep.releases) + (f" (not yet streamable: {dropped})" if dropped else ""))
+        + ", ".join(r.name for r in dep.releases))
 
     rows = []
     t0 = time.perf_counter()
@@ -102,7 +90,7 @@ def run_demo(args) -> int:
         cluster.check_alive()
     elapsed = time.perf_counter() - t0
     summary = {"n": n, "horizon": HORIZON, "workers": args.workers, "seconds": round(elapsed, 1),
-               "secure_noise": not args.seeded, "not_streamed": dropped, "steps": rows,
+               "secure_noise": not args.seeded, "steps": rows,
                "plots": [str(p) for p in _plots(out, dep, drv.panels, poverty)]}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     say(f"done in {elapsed:.0f} s; plots and summary.json in {out}")
