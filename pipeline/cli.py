@@ -107,6 +107,9 @@ def _endpoints(dep, check: bool = True) -> tuple[str, str]:
                                                 f"is running for it (no {endpoints_file(dep.name)})"))
         if not rec["alive"]:
             raise SystemExit(_fail(EXIT_CONFIG, _stale(rec)))
+        if "broker" not in rec:
+            raise SystemExit(_fail(EXIT_RUNTIME, f"`dpstream up` of deployment {dep.name!r} (pid {rec['pid']}) is "
+                                                 "still starting; try again in a moment"))
         broker, redis_url = broker or rec["broker"], redis_url or rec["redis"]
     if check:
         _check_reachable(broker, redis_url)
@@ -143,6 +146,22 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt  # SIGTERM takes the same shutdown path as Ctrl-C
 
 
+def _claim(name: str) -> bool:
+    """Create the endpoints file with only this process's pid, atomically (two `up` starting at once: one
+    wins); LocalCluster.start completes it with the endpoints, LocalCluster.stop removes it."""
+    from pipeline.stream.cluster import endpoints_file
+
+    path = endpoints_file(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps({"pid": os.getpid()}))
+    return True
+
+
 def cmd_up(args) -> int:
     """Start the deployment; on Ctrl-C, SIGTERM (`kill`, `dpstream down`) or a dead process, stop everything
     it started (stream processes' groups, embedded broker and Redis) and remove the endpoints file."""
@@ -156,11 +175,14 @@ def cmd_up(args) -> int:
     if rec:
         print(f"dpstream up: replacing {_stale(rec).split(';')[0]}", file=sys.stderr)
         _stop_leftovers(rec)
+        rec["path"].unlink(missing_ok=True)
     # The embedded Redis keeps the release records and the ledger in DPSTREAM_HOME/<deployment>/redis
     # unless --ephemeral: losing them would leave the deployment unable to continue (the fence refuses).
     data_dir = None if args.ephemeral or dep.redis else state_dir(dep.name)
     cluster = LocalCluster(args.config, dep, workers=args.workers, log_dir=args.log_dir, metrics=True,
                            data_dir=data_dir)
+    if not _claim(dep.name):
+        return _fail(EXIT_CONFIG, f"another `dpstream up` of deployment {dep.name!r} is starting")
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         cluster.start()

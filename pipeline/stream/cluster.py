@@ -110,8 +110,10 @@ class LocalCluster:
             self.spawn("worker", f"worker-{i}")
         path = endpoints_file(self.deployment.name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"broker": self.broker, "redis": self.redis_url, "pid": os.getpid(),
-                                    "processes": self.process_record()}))
+        partial = path.with_suffix(".json.partial")  # readers never see half a file
+        partial.write_text(json.dumps({"broker": self.broker, "redis": self.redis_url, "pid": os.getpid(),
+                                       "processes": self.process_record()}))
+        os.replace(partial, path)
         return self
 
     def process_record(self) -> dict[str, dict]:
