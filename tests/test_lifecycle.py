@@ -5,6 +5,7 @@ failures (bad queries, unreachable services) are one line and an exit code (real
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -166,3 +167,16 @@ def test_unreachable_broker_or_redis_is_one_line_and_exit_1_within_the_bound(dep
                 assert _one_line(proc).startswith(f"dpstream: {what}"), proc.stderr
     finally:
         listener.close()
+
+
+def test_an_up_that_is_still_starting_is_neither_replaced_nor_read(deployment, tmp_path):
+    """`up` claims the endpoints file with its pid before starting anything (here: a live process, this one)."""
+    path, env = deployment
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "cli-test.json").write_text(json.dumps({"pid": os.getpid()}))
+    proc = dpstream("status", "--config", str(path), env=env, check=False, timeout=30)
+    assert proc.returncode == 1 and f"(pid {os.getpid()}) is still starting" in _one_line(proc)
+    proc = dpstream("up", "--config", str(path), env=env, check=False, timeout=30)
+    assert proc.returncode == 2 and "already running" in _one_line(proc)
+    assert json.loads((home / "cli-test.json").read_text()) == {"pid": os.getpid()}  # left as it was
