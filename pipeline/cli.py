@@ -219,7 +219,10 @@ def _stop_leftovers(rec: dict) -> list[str]:
             continue  # gone, or the pid now belongs to another process
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
-                os.killpg(pid, sig) if os.getpgid(pid) == pid else os.kill(pid, sig)
+                if os.getpgid(pid) == pid:  # the stream processes lead their own groups
+                    os.killpg(pid, sig)
+                else:
+                    os.kill(pid, sig)
             except ProcessLookupError:
                 break
             deadline = time.monotonic() + 10
