@@ -13,12 +13,14 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_BUDGET = 0, 1, 2, 3
 EXIT_STATE_LOST = 4
+_CONFIG_ARG: list[str] = []  # the --config as typed, for the hints in messages
 
 
 def _load(path: str):
@@ -38,27 +40,87 @@ def _fail(code: int, message: str) -> int:
     return code
 
 
-def _endpoints(dep) -> tuple[str, str]:
-    """Broker and Redis of a deployment: configured, or those of a running `dpstream up`."""
+def _up_record(name: str) -> dict | None:
+    """What `dpstream up` of deployment ``name`` recorded in its endpoints file, with ``alive``: whether that
+    `up` still runs (False: a stale file left by a killed `up`). None when there is no file."""
+    from pipeline.stream.cluster import endpoints_file
+    from pipeline.stream.embedded import pid_alive
+
+    path = endpoints_file(name)
+    try:
+        data = json.loads(path.read_text())
+        pid = int(data["pid"])
+    except FileNotFoundError:
+        return None
+    except (KeyError, ValueError, TypeError):
+        return {"pid": None, "alive": False, "path": path}
+    return dict(data, pid=pid, alive=pid_alive(pid), path=path)
+
+
+def _stale(rec: dict) -> str:
+    config = _CONFIG_ARG[0] if _CONFIG_ARG else "<config>"
+    return (f"stale endpoints file {rec['path']}: the `dpstream up` that wrote it (pid {rec['pid']}) is no longer "
+            f"running; `dpstream down --config {config}` removes it and stops anything it left behind")
+
+
+_REACH_TIMEOUT = 5.0  # seconds per service: a command against a dead broker or Redis fails in well under 15 s
+_reached: set[str] = set()
+
+
+def _check_reachable(broker: str, redis_url: str) -> None:
+    """One line and exit 1 if the broker or Redis does not answer (instead of a client's retry loop)."""
+    import socket
+
+    import redis
+
+    if broker not in _reached:
+        errors = []
+        for address in broker.split(","):
+            host, _, port = address.strip().rpartition(":")
+            try:
+                socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=_REACH_TIMEOUT).close()
+                break
+            except (OSError, ValueError) as err:
+                errors.append(f"{address}: {err}")
+        else:
+            raise SystemExit(_fail(EXIT_RUNTIME, f"broker unreachable ({'; '.join(errors)})"))
+        _reached.add(broker)
+    if redis_url not in _reached:
+        try:
+            redis.Redis.from_url(redis_url, socket_connect_timeout=_REACH_TIMEOUT,
+                                 socket_timeout=_REACH_TIMEOUT).ping()
+        except redis.RedisError as err:
+            raise SystemExit(_fail(EXIT_RUNTIME, f"Redis unreachable at {redis_url} ({err})"))
+        _reached.add(redis_url)
+
+
+def _endpoints(dep, check: bool = True) -> tuple[str, str]:
+    """Broker and Redis of a deployment: configured, or those of a running `dpstream up`; checked to answer."""
     from pipeline.stream.cluster import endpoints_file
 
     broker = os.environ.get("DPSTREAM_BROKER") or dep.broker
     redis_url = os.environ.get("DPSTREAM_REDIS") or dep.redis
-    if broker and redis_url:
-        return broker, redis_url
-    path = endpoints_file(dep.name)
-    if not path.exists():
-        raise SystemExit(_fail(EXIT_CONFIG, f"deployment {dep.name!r} names no broker/Redis and no `dpstream up` "
-                                            f"is running for it (no {path})"))
-    data = json.loads(path.read_text())
-    return broker or data["broker"], redis_url or data["redis"]
+    if not (broker and redis_url):
+        rec = _up_record(dep.name)
+        if rec is None:
+            raise SystemExit(_fail(EXIT_CONFIG, f"deployment {dep.name!r} names no broker/Redis and no `dpstream up` "
+                                                f"is running for it (no {endpoints_file(dep.name)})"))
+        if not rec["alive"]:
+            raise SystemExit(_fail(EXIT_CONFIG, _stale(rec)))
+        if "broker" not in rec:
+            raise SystemExit(_fail(EXIT_RUNTIME, f"`dpstream up` of deployment {dep.name!r} (pid {rec['pid']}) is "
+                                                 "still starting; try again in a moment"))
+        broker, redis_url = broker or rec["broker"], redis_url or rec["redis"]
+    if check:
+        _check_reachable(broker, redis_url)
+    return broker, redis_url
 
 
 # -- stream processes ---------------------------------------------------------------------------
 def _run_job(module: str, args) -> int:
     os.environ["DPSTREAM_CONFIG"] = str(Path(args.config).resolve())
     dep = _load(args.config)
-    broker, redis_url = _endpoints(dep)
+    broker, redis_url = _endpoints(dep, check=False)  # the jobs retry while services start
     os.environ["DPSTREAM_BROKER"], os.environ["DPSTREAM_REDIS"] = broker, redis_url
     from pipeline.stream.identity import ConfigurationChanged, StateLost
 
@@ -80,46 +142,121 @@ def cmd_releaser(args) -> int:
     return _run_job("jobs.releaser", args)
 
 
-def _running_up(name: str) -> int | None:
-    """Pid of a live `dpstream up` of deployment ``name`` (two would share one Redis data directory)."""
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM takes the same shutdown path as Ctrl-C
+
+
+def _claim(name: str) -> bool:
+    """Create the endpoints file with only this process's pid, atomically (two `up` starting at once: one
+    wins); LocalCluster.start completes it with the endpoints, LocalCluster.stop removes it."""
     from pipeline.stream.cluster import endpoints_file
 
+    path = endpoints_file(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        pid = int(json.loads(endpoints_file(name).read_text())["pid"])
-    except (FileNotFoundError, KeyError, ValueError):
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None  # a stale file left by a killed `up`
-    except PermissionError:
-        pass  # alive, another user's
-    return pid
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps({"pid": os.getpid()}))
+    return True
 
 
 def cmd_up(args) -> int:
+    """Start the deployment; on Ctrl-C, SIGTERM (`kill`, `dpstream down`) or a dead process, stop everything
+    it started (stream processes' groups, embedded broker and Redis) and remove the endpoints file."""
     from pipeline.stream.cluster import LocalCluster, state_dir
 
     dep = _load(args.config)
-    running = _running_up(dep.name)
-    if running:
-        return _fail(EXIT_CONFIG, f"`dpstream up` is already running for deployment {dep.name!r} (pid {running})")
+    rec = _up_record(dep.name)
+    if rec and rec["alive"]:  # two would share one Redis data directory
+        return _fail(EXIT_CONFIG, f"`dpstream up` is already running for deployment {dep.name!r} (pid {rec['pid']}); "
+                                  f"`dpstream down --config {args.config}` stops it")
+    if rec:
+        print(f"dpstream up: replacing {_stale(rec).split(';')[0]}", file=sys.stderr)
+        _stop_leftovers(rec)
+        rec["path"].unlink(missing_ok=True)
     # The embedded Redis keeps the release records and the ledger in DPSTREAM_HOME/<deployment>/redis
     # unless --ephemeral: losing them would leave the deployment unable to continue (the fence refuses).
     data_dir = None if args.ephemeral or dep.redis else state_dir(dep.name)
     cluster = LocalCluster(args.config, dep, workers=args.workers, log_dir=args.log_dir, metrics=True,
                            data_dir=data_dir)
-    with cluster:
+    if not _claim(dep.name):
+        return _fail(EXIT_CONFIG, f"another `dpstream up` of deployment {dep.name!r} is starting")
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        cluster.start()
         where = ("configured" if dep.redis else f"data in {data_dir / 'redis'}" if data_dir
                  else "ephemeral: deleted on stop")
         print(f"dpstream up: broker {cluster.broker}, redis {cluster.redis_url} ({where}), "
-              f"{args.workers} worker(s) + releaser; metrics ports {cluster.metrics_ports}. Ctrl-C stops.", flush=True)
-        try:
-            while True:
-                cluster.check_alive()
-                time.sleep(1)
-        except KeyboardInterrupt:
-            pass
+              f"{args.workers} worker(s) + releaser; metrics ports {cluster.metrics_ports}. "
+              f"Ctrl-C or `dpstream down` stops.", flush=True)
+        while True:
+            cluster.check_alive()
+            time.sleep(1)
+    except KeyboardInterrupt:
+        code = EXIT_OK
+    except (RuntimeError, TimeoutError, OSError) as err:  # a process died, a service did not start
+        code = _fail(EXIT_RUNTIME, f"up: {err}; stopping")
+    finally:
+        for sig in previous:  # a second signal must not cut the shutdown short
+            signal.signal(sig, signal.SIG_IGN)
+        cluster.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code
+
+
+def _stop_leftovers(rec: dict) -> list[str]:
+    """Stop the processes a killed `up` recorded and left running (pid and command line must both match)."""
+    from pipeline.stream.cluster import process_cmdline
+    from pipeline.stream.embedded import pid_alive
+
+    stopped = []
+    for name, proc in (rec.get("processes") or {}).items():
+        pid, cmdline = proc.get("pid"), proc.get("cmdline")
+        if not pid or not cmdline or process_cmdline(pid) != cmdline:
+            continue  # gone, or the pid now belongs to another process
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                if os.getpgid(pid) == pid:  # the stream processes lead their own groups
+                    os.killpg(pid, sig)
+                else:
+                    os.kill(pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + 10
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not pid_alive(pid):
+                break
+        stopped.append(f"{name} (pid {pid})")
+    return stopped
+
+
+def cmd_down(args) -> int:
+    """Stop the `dpstream up` of a deployment (SIGTERM, then wait for its shutdown); clean a stale file."""
+    from pipeline.stream.embedded import pid_alive
+
+    dep = _load(args.config)
+    rec = _up_record(dep.name)
+    if rec is None:
+        print(f"no `dpstream up` is running for deployment {dep.name!r}; nothing to stop")
+        return EXIT_OK
+    if rec["alive"]:
+        os.kill(rec["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + args.wait
+        while pid_alive(rec["pid"]):
+            if time.monotonic() > deadline:
+                return _fail(EXIT_RUNTIME, f"`dpstream up` (pid {rec['pid']}) did not stop within {args.wait:g} s")
+            time.sleep(0.2)
+        print(f"stopped `dpstream up` (pid {rec['pid']}) of deployment {dep.name!r}")
+    else:
+        print(f"removed {_stale(rec).split(';')[0]}")
+    left = _stop_leftovers(rec)  # nothing after a clean shutdown; a killed `up`'s orphans otherwise
+    if left:
+        print(f"stopped processes it had left running: {', '.join(left)}")
+    rec["path"].unlink(missing_ok=True)
     return EXIT_OK
 
 
@@ -304,16 +441,38 @@ def _panels(dep):
     return read_topics(broker, topic_names(dep))
 
 
-def _synthetic_panel(args):
-    """The materialised panel of ``args.release`` read from the topics, or None before its first records."""
-    panel = _panels(_load(args.config)).panels.get(args.release)
-    return panel if panel is not None and panel.values is not None else None
+def _synthetic_release(dep, name: str):
+    """The configured synthetic-data release ``name``, or one line naming the ones there are (exit 2)."""
+    from pipeline.config import ZCDP_RELEASES
+
+    releases = {r.name: r for r in dep.releases if r.type in ZCDP_RELEASES}
+    if name not in releases:
+        raise SystemExit(_fail(EXIT_CONFIG, f"no such release {name!r}; releases with synthetic data are "
+                                            f"{', '.join(releases) or 'none'}"))
+    return releases[name]
+
+
+def _synthetic_panel(args, step: int | None = None):
+    """The materialised panel of ``args.release`` read from the topics, released through ``step`` (default:
+    at least one step); one line and an exit code otherwise."""
+    dep = _load(args.config)
+    release = _synthetic_release(dep, args.release)
+    if step is not None:
+        if not 1 <= step <= dep.horizon:
+            raise SystemExit(_fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {step}"))
+        if release.type == "fixed_window" and step < release.window:
+            raise SystemExit(_fail(EXIT_CONFIG, f"release {release.name!r} counts windows of {release.window} steps: "
+                                                f"the first full window ends at step {release.window}, got --step {step}"))
+    panel = _panels(dep).panels.get(args.release)
+    through = panel.released_through if panel is not None and panel.values is not None else 0
+    if through < (step or 1):
+        raise SystemExit(_fail(EXIT_RUNTIME, f"release {args.release!r} has not released step {step or 1} yet "
+                                             f"({f'released through step {through}' if through else 'nothing released'})"))
+    return panel
 
 
 def cmd_export(args) -> int:
     panel = _synthetic_panel(args)
-    if panel is None:
-        return _fail(EXIT_RUNTIME, f"no synthetic data for release {args.release!r} yet")
     out = Path(args.out)
     (panel.export_parquet if out.suffix == ".parquet" else panel.export_csv)(out)
     print(f"wrote {panel.as_array().shape[0]} records x {panel.released_through} steps to {out}")
@@ -321,9 +480,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_query(args) -> int:
-    panel = _synthetic_panel(args)
-    if panel is None:
-        return _fail(EXIT_RUNTIME, f"no synthetic data for release {args.release!r} yet")
+    panel = _synthetic_panel(args, args.step)
     if panel.type == "fixed_window":
         counts = panel.window_counts(args.step, debias=args.debias)
         out = {"release": args.release, "step": args.step, "debiased": args.debias, "counts": counts.tolist()}
@@ -413,6 +570,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "releaser's close markers (default 30)")
     c.set_defaults(func=cmd_close)
 
+    dn = with_config(sub.add_parser("down", help="stop the `dpstream up` of a deployment (started in another "
+                                    "terminal); remove a stale endpoints file"))
+    dn.add_argument("--wait", type=float, default=60.0, help="seconds to wait for it to stop (default 60)")
+    dn.set_defaults(func=cmd_down)
+
     with_config(sub.add_parser("status", help="released steps and the budget ledger")).set_defaults(func=cmd_status)
     with_config(sub.add_parser("plan", help="check the budget plan and print the per-step schedule")).set_defaults(
         func=cmd_plan)
@@ -430,9 +592,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _unreachable(err: BaseException) -> str | None:
+    """What a broker/Redis connection failure in the middle of a command was, or None (not one)."""
+    import redis
+    from kafka.errors import KafkaConnectionError, KafkaTimeoutError, NoBrokersAvailable
+
+    try:
+        from aiokafka.errors import KafkaConnectionError as AioConnectionError
+    except ImportError:  # pragma: no cover
+        AioConnectionError = KafkaConnectionError
+    if isinstance(err, (redis.ConnectionError, redis.TimeoutError)):
+        return f"Redis unreachable ({err})"
+    if isinstance(err, (NoBrokersAvailable, KafkaConnectionError, KafkaTimeoutError, AioConnectionError)):
+        return f"broker unreachable ({type(err).__name__}: {err})"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    if getattr(args, "config", None):
+        _CONFIG_ARG[:] = [args.config]
+    try:
+        return int(args.func(args) or 0)
+    except Exception as err:  # noqa: BLE001 - expected connection failures become one line; the rest a traceback
+        why = _unreachable(err)
+        if why is None:
+            raise
+        return _fail(EXIT_RUNTIME, why)
 
 
 if __name__ == "__main__":

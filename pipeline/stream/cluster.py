@@ -18,7 +18,7 @@ from pathlib import Path
 from pipeline.stream.embedded import EmbeddedServices, free_port
 from pipeline.stream.topics import ensure_topics, topic_names
 
-__all__ = ["LocalCluster", "endpoints_file", "state_dir", "dpstream_home"]
+__all__ = ["LocalCluster", "endpoints_file", "state_dir", "dpstream_home", "process_cmdline"]
 
 
 def dpstream_home() -> Path:
@@ -28,6 +28,15 @@ def dpstream_home() -> Path:
 def endpoints_file(deployment_name: str) -> Path:
     """Where ``dpstream up`` records the embedded endpoints for the other commands."""
     return dpstream_home() / f"{deployment_name}.json"
+
+
+def process_cmdline(pid: int) -> str | None:
+    """The command line of process ``pid`` (Linux /proc), None if unknown: recorded with each pid in the
+    endpoints file so that ``dpstream down`` never signals an unrelated process that reused the pid."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return None
 
 
 def state_dir(deployment_name: str) -> Path:
@@ -101,8 +110,18 @@ class LocalCluster:
             self.spawn("worker", f"worker-{i}")
         path = endpoints_file(self.deployment.name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"broker": self.broker, "redis": self.redis_url, "pid": os.getpid()}))
+        partial = path.with_suffix(".json.partial")  # readers never see half a file
+        partial.write_text(json.dumps({"broker": self.broker, "redis": self.redis_url, "pid": os.getpid(),
+                                       "processes": self.process_record()}))
+        os.replace(partial, path)
         return self
+
+    def process_record(self) -> dict[str, dict]:
+        """Pid and command line of every process this cluster started (services included)."""
+        pids = {name: proc.pid for name, proc in self.procs.items()}
+        if self.services is not None:
+            pids.update(broker=self.services.broker.pid, redis=self.services.redis.pid)
+        return {name: {"pid": pid, "cmdline": process_cmdline(pid)} for name, pid in pids.items() if pid}
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.get(name)

@@ -26,10 +26,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["EmbeddedServices", "EmbeddedBroker", "EmbeddedRedis", "free_port", "wait_for_port"]
+__all__ = ["EmbeddedServices", "EmbeddedBroker", "EmbeddedRedis", "free_port", "wait_for_port", "pid_alive"]
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie child is reaped and counts as gone)."""
     try:
         waited, _ = os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
         if waited == pid:
@@ -40,7 +41,12 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    except PermissionError:
+        return True  # alive, another user's
+    try:  # a zombie (exited, not yet reaped by its parent) still answers kill(pid, 0)
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def free_port() -> int:
@@ -96,6 +102,10 @@ class EmbeddedBroker:
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
@@ -163,7 +173,7 @@ class EmbeddedRedis:
                 return
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
-                if not _pid_alive(pid):
+                if not pid_alive(pid):
                     return
                 time.sleep(0.05)
 
@@ -184,14 +194,14 @@ class EmbeddedServices:
         self._started = False
 
     def start(self) -> "EmbeddedServices":
+        self._started = True  # stop() cleans up whatever started, even if start is interrupted (SIGTERM)
+        atexit.register(self.stop)
         self.broker.start()
         try:
             self.redis.start()
         except Exception:
             self.broker.stop()
             raise
-        self._started = True
-        atexit.register(self.stop)
         return self
 
     def stop(self) -> None:
