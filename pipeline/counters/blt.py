@@ -50,6 +50,7 @@ import numpy as np
 from pipeline.privacy import noise as _noise  # module reference: tests may swap the sampler
 from pipeline.privacy.accounting import check_neighbours
 from pipeline.privacy.rng import RandomSource, as_random_source, restore_random_source
+from pipeline.validation import check_int
 
 from .factorization import (
     LatticeCounterBase,
@@ -121,9 +122,7 @@ class BLTCounter(LatticeCounterBase):
         self.rho = _check_rho(rho)
         self.neighbours = check_neighbours(neighbours)
         self.width = check_width(width)
-        if isinstance(scale, bool) or not isinstance(scale, (int, np.integer)) or not 1 <= scale <= 2**40:
-            raise ValueError(f"scale must be an int in [1, 2**40], got {scale!r}")
-        self.scale = int(scale)
+        self.scale = check_int(scale, "scale", low=1, high=2**40)
         self.buffers = int(buffers)
         self._a, self._w = blt_parameters(self.horizon, self.buffers)
         self.theta = np.array(self._a, dtype=np.float64) / 2.0**_PARAM_BITS

@@ -61,6 +61,7 @@ import numpy as np
 from pipeline.privacy import noise as _noise  # module reference: tests may swap the sampler
 from pipeline.privacy.accounting import check_neighbours
 from pipeline.privacy.rng import RandomSource, as_random_source, restore_random_source
+from pipeline.validation import check_int
 
 from .tree import HorizonExceededError, _check_horizon, _check_rho
 
@@ -249,9 +250,7 @@ class SqrtFactorizationCounter(LatticeCounterBase):
         self.rho = _check_rho(rho)
         self.neighbours = check_neighbours(neighbours)
         self.width = check_width(width)
-        if isinstance(scale, bool) or not isinstance(scale, (int, np.integer)) or not 1 <= scale <= 2**20:
-            raise ValueError(f"scale must be an int in [1, 2**20], got {scale!r}")
-        self.scale = int(scale)
+        self.scale = check_int(scale, "scale", low=1, high=2**20)
         self.rng = as_random_source(seed)
         self.coefficients = lattice_coefficients(sqrt_coefficients(self.horizon), self.scale)
         self.sensitivity2 = toeplitz_delta2(self.coefficients, self.neighbours)
