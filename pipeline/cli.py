@@ -122,6 +122,7 @@ def _run_job(module: str, args) -> int:
     dep = _load(args.config)
     broker, redis_url = _endpoints(dep, check=False)  # the jobs retry while services start
     os.environ["DPSTREAM_BROKER"], os.environ["DPSTREAM_REDIS"] = broker, redis_url
+    from pipeline.serialization import StateFormatError
     from pipeline.stream.identity import ConfigurationChanged, StateLost
 
     try:
@@ -131,6 +132,8 @@ def _run_job(module: str, args) -> int:
         return _fail(EXIT_CONFIG, f"configuration refused: {err}")
     except StateLost as err:
         return _fail(EXIT_STATE_LOST, f"state lost: {err}")
+    except StateFormatError as err:  # a state of another format version (pipeline.serialization)
+        return _fail(EXIT_STATE_LOST, f"state refused: {err}")
     return EXIT_OK
 
 
@@ -539,7 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, fn, help_ in (("worker", cmd_worker, "run an ingest worker (aiokafka, bulk)"),
                             ("releaser", cmd_releaser, "run the releaser (aiokafka, one instance)")):
         sp = with_config(sub.add_parser(name, help=help_))
-        sp.add_argument("--loglevel", default="info", choices=["crit", "error", "warn", "info", "debug"])
+        sp.add_argument("--loglevel", default="info", choices=["critical", "error", "warning", "info", "debug"])
         sp.set_defaults(func=fn)
 
     u = with_config(sub.add_parser("up", help="start services (embedded when not configured), workers and releaser"))

@@ -5,7 +5,8 @@ logic (the worker) or to the release protocol (the releaser).
 
 Positions come from the Redis checkpoints, never from Kafka's committed offsets: on every assignment
 the caller's ``on_assign`` returns the offset to resume each partition from (the checkpoint's
-marker + 1, or 0), and this module never commits. The range assignor gives partition p of
+marker + 1, or 0). The offsets :meth:`commit_loop` commits feed the consumer-lag gauge only and
+are never read back. The range assignor gives partition p of
 ``reports`` and of ``feedback`` (same partition count) to the same member, which the feedback loop
 relies on.
 """

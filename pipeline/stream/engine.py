@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson
 
 from pipeline.plan import budget_plan, privacy_budget, step_cost
 from pipeline.privacy.accounting import PrivacyLedger, ZCDP
@@ -79,21 +78,20 @@ class ReleaseOutput:
         return dumps_state({
             "release": self.release,
             "step": self.step,
-            "manifest": orjson.dumps(self.manifest).decode(),
+            "manifest": self.manifest,
             "column_steps": list(self.column_steps),
             "columns": self.columns,
-            "alerts": None if self.alerts is None else orjson.dumps(self.alerts).decode(),
-            "feedback": None if self.feedback is None else orjson.dumps(self.feedback).decode(),
+            "alerts": self.alerts,
+            "feedback": self.feedback,
         })
 
     @classmethod
-    def from_bytes(cls, blob: bytes) -> "ReleaseOutput":
-        s = loads_state(blob)
+    def from_bytes(cls, blob: bytes, what: str = "release record") -> "ReleaseOutput":
+        s = loads_state(blob, what)
         return cls(
-            release=s["release"], step=int(s["step"]), manifest=orjson.loads(s["manifest"]),
+            release=s["release"], step=int(s["step"]), manifest=s["manifest"],
             column_steps=[int(c) for c in s["column_steps"]], columns=s["columns"],
-            alerts=None if s["alerts"] is None else orjson.loads(s["alerts"]),
-            feedback=None if s["feedback"] is None else orjson.loads(s["feedback"]),
+            alerts=s["alerts"], feedback=s["feedback"],
         )
 
 

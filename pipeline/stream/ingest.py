@@ -89,7 +89,7 @@ class IngestCore:
         resume = 0
         blob = self.store.load_checkpoint(partition) if self.store is not None else None
         if blob is not None:
-            state.set_state(loads_state(blob))
+            state.set_state(loads_state(blob, self.store.key("checkpoint", partition)))
             resume = state.offset + 1
         self.states[partition] = state
         self.backlog[partition] = []
