@@ -30,7 +30,7 @@ import numpy as np
 import orjson
 
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.synth._common import synthetic_dtype
+from pipeline.synth.postprocess import synthetic_dtype
 
 __all__ = [
     "TOPICS",
@@ -66,7 +66,7 @@ PARTIAL_CHUNK_BYTES = 512 * 1024  # below Kafka's default 1 MB message limit
 
 
 # Types a manifest's ``synthetic.dtype`` may name: the smallest holding the release's alphabet
-# (``pipeline.synth._common.synthetic_dtype``).
+# (``pipeline.synth.postprocess.synthetic_dtype``).
 SYNTHETIC_DTYPES = ("int8", "int16", "int32")
 
 
