@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import orjson
+import pytest
 
 from pipeline.config import parse_config
-from pipeline.serialization import loads_state
+from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.ingest import ApplyResult, CloseOutput, IngestCore, Record, is_marker
 from pipeline.stream.messages import CONTROL_HEADER
 from pipeline.stream.reports import REASONS
@@ -348,3 +349,20 @@ def test_apply_feedback_saves_checkpoint_after_last_feedback(redis_client):
     state = loads_state(store.load_checkpoint(2))
     assert state["closed"] == 1 and state["feedback_needed"] == [] and state["offset"] == 1
     assert state["aggregators"]["hh"]["charges"].sum() == 1
+
+
+def test_checkpoint_of_another_format_version_is_refused_naming_its_key(redis_client):
+    """A checkpoint written by an older dpstream (format 1) is not half-read: assigning its
+    partition fails with the Redis key in the message (pipeline.serialization)."""
+    from pipeline.serialization import StateFormatError
+
+    dep = deployment(monitors=False)
+    store = ReleaseStore(redis_client, dep.name)
+    core, _ = core_for(dep, store=store)
+    core.assign(1)
+    current = dumps_state(core.states[1].get_state())
+    store.save_checkpoint(1, b"DPST1" + current[5:])
+    with pytest.raises(StateFormatError, match=f"dpstream:{dep.name}:checkpoint:1: state format version '1'"):
+        core_for(dep, store=store)[0].assign(1)
+    store.save_checkpoint(1, current)
+    assert core_for(dep, store=store)[0].assign(1) == core.states[1].offset + 1
