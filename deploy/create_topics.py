@@ -15,7 +15,7 @@ import os
 import sys
 
 from pipeline.config import load_config
-from pipeline.stream.topics import ensure_topics
+from pipeline.stream.kafka.topics import ensure_topics
 
 
 def main(argv=None) -> int:
