@@ -38,7 +38,13 @@ class _Listener(ConsumerRebalanceListener):
             await self.owner._on_revoke(set(revoked))
 
     async def on_partitions_assigned(self, assigned):
-        positions = await self.owner._on_assign(set(assigned))
+        try:
+            positions = await self.owner._on_assign(set(assigned))
+        except Exception as err:
+            # aiokafka only logs a listener's exception; the job must stop on it instead (e.g. a
+            # checkpoint it cannot read), so batches() raises it.
+            self.owner.failure = err
+            raise
         for tp, offset in positions.items():
             self.owner.consumer.seek(tp, offset)
 
@@ -53,6 +59,7 @@ class BulkConsumer:
         self._on_assign = on_assign
         self._on_revoke = on_revoke
         self.max_records = int(max_records)
+        self.failure: Exception | None = None  # raised by the assignment callback: ends batches()
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", partition_assignment_strategy=(RangePartitionAssignor,),
@@ -71,6 +78,8 @@ class BulkConsumer:
     async def batches(self, timeout_ms: int = 100):
         while True:
             batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=self.max_records)
+            if self.failure is not None:
+                raise self.failure
             if batch:
                 yield batch
             else:
