@@ -420,7 +420,7 @@ def cmd_status(args) -> int:
     from pipeline.error_bounds import spend_as_approx_dp
     from pipeline.privacy.accounting import LedgerEntry
 
-    spent = spend_as_approx_dp(dep, map(LedgerEntry.from_state, ledger.values()))
+    spent = spend_as_approx_dp(dep, [LedgerEntry.from_state(e).cost for e in ledger.values()])
     status = {
         "deployment": dep.name,
         "instance": identity.get("instance"),

@@ -30,8 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.mechanisms import build_mechanism
-from pipeline.plan import privacy_budget
-from pipeline.privacy.accounting import ApproxDP, LedgerEntry, PrivacyLedger, reported_approx_dp
+from pipeline.privacy.accounting import ApproxDP, compose, reported_approx_dp
 
 __all__ = ["BAND_BETA", "ReleaseBounds", "release_bounds", "planned_spend", "spend_as_approx_dp", "warnings"]
 
@@ -91,14 +90,15 @@ def release_bounds(deployment, allotments: dict, n: int) -> dict[str, ReleaseBou
 
 def planned_spend(deployment, allotments: dict) -> ApproxDP:
     """The whole horizon's planned spend as one (ε, δ), in the form manifests report it."""
-    return spend_as_approx_dp(deployment, [LedgerEntry(name, 0, cost) for name, cost in allotments.items()])
+    return spend_as_approx_dp(deployment, allotments.values())
 
 
-def spend_as_approx_dp(deployment, entries) -> ApproxDP:
-    """The ledger ``entries`` (:class:`LedgerEntry`) as one (ε, δ): their ρ converted at the deployment's
-    ``budget.report_delta`` plus the monitors' (Σε, Σδ) — the manifests' ``deployment_spent_as_approx_dp``."""
-    ledger = PrivacyLedger(privacy_budget(deployment), entries=entries)
-    return reported_approx_dp(ledger.spent_rho(), ledger.spent_approx_dp(), deployment.budget.report_delta)
+def spend_as_approx_dp(deployment, costs) -> ApproxDP:
+    """``costs`` (ZCDP / ApproxDP, e.g. the ledger's entries) as one (ε, δ): their ρ converted at the
+    deployment's ``budget.report_delta`` plus the monitors' (Σε, Σδ) — the manifests'
+    ``deployment_spent_as_approx_dp``. Nothing is checked against the budget: this only reports."""
+    rho, monitors = compose(costs)
+    return reported_approx_dp(rho.rho, monitors, deployment.budget.report_delta)
 
 
 def warnings(bounds: dict[str, ReleaseBounds], n: int) -> list[str]:

@@ -169,3 +169,15 @@ def test_plan_command_warns_for_a_tiny_budget(tmp_path):
     warned = [line for line in proc.stderr.splitlines() if line.startswith("WARNING:")]
     assert len(warned) == 2 and all("exceeds the population n = 100,000" in w for w in warned), proc.stderr
     assert "release 'item-heavy-hitters': tau = " in warned[0] and "release 'unemployment-band': margin = " in warned[1]
+
+
+def test_status_spend_reports_and_never_refuses():
+    """`dpstream status` reports what the ledger holds even if the configuration's budget is now
+    smaller (an edited file): reporting is not spending."""
+    from pipeline.error_bounds import spend_as_approx_dp
+    from pipeline.privacy.accounting import ZCDP
+
+    dep = parse_config(mixed(rho=0.5, epsilon=4.0))
+    spent = spend_as_approx_dp(dep, [ZCDP(0.4), ZCDP(0.6), ApproxDP(1.0, 1e-6), ApproxDP(5.0, 1e-6)])
+    assert spent.epsilon == pytest.approx(zcdp_to_approx_dp(1.0, 1e-7) + 6.0, rel=1e-12)
+    assert spent.delta == pytest.approx(1e-7 + 2e-6, rel=1e-12)
