@@ -1,5 +1,5 @@
 """The mechanism a configured release runs, built with its planned allotment: one construction for
-the stream's releaser (:class:`pipeline.stream.engine.ReleaseEngine`) and for ``dpstream plan``
+the stream's releaser (:class:`pipeline.stream.release.engine.ReleaseEngine`) and for ``dpstream plan``
 (:mod:`pipeline.error_bounds`), so the bounds the plan shows are the ones the releases run with."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from pipeline.monitors import BandMonitor, ShiftingHeavyHitters
 from pipeline.plan import budget_plan
 from pipeline.plan_report import format_plan, plan_report
 from pipeline.privacy.accounting import ApproxDP, zcdp_to_approx_dp
-from pipeline.stream.engine import ReleaseEngine
+from pipeline.stream.release.engine import ReleaseEngine
 from pipeline.synth.cumulative import CumulativeSynthesizer
 from pipeline.synth.fixed_window import FixedWindowSynthesizer
 

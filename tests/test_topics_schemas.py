@@ -24,15 +24,15 @@ from pipeline.config import load_config  # noqa: E402
 from pipeline.error_bounds import spend_as_approx_dp  # noqa: E402
 from pipeline.privacy.accounting import LedgerEntry  # noqa: E402
 from pipeline.schemas import PARTS, SCHEMA_TOPICS, load_schema  # noqa: E402
-from pipeline.stream.cluster import LocalCluster  # noqa: E402
-from pipeline.stream.driver import StepDriver  # noqa: E402
-from pipeline.stream.embedded import EmbeddedServices  # noqa: E402
-from pipeline.stream.engine import batch_reference  # noqa: E402
-from pipeline.stream.log_end import log_ends  # noqa: E402
-from pipeline.stream.roster import Roster  # noqa: E402
-from pipeline.stream.store import ReleaseStore  # noqa: E402
-from pipeline.stream.testbed import binary_panel, write_panel_deployment  # noqa: E402
-from pipeline.stream.topics import PUBLIC_TOPICS  # noqa: E402
+from pipeline.stream.local.cluster import LocalCluster  # noqa: E402
+from pipeline.stream.local.driver import StepDriver  # noqa: E402
+from pipeline.stream.local.embedded import EmbeddedServices  # noqa: E402
+from pipeline.stream.release.engine import batch_reference  # noqa: E402
+from pipeline.stream.kafka.log_end import log_ends  # noqa: E402
+from pipeline.stream.ingest.roster import Roster  # noqa: E402
+from pipeline.stream.state.store import ReleaseStore  # noqa: E402
+from jobs.eval.testbed import binary_panel, write_panel_deployment  # noqa: E402
+from pipeline.stream.kafka.topics import PUBLIC_TOPICS  # noqa: E402
 
 N, T, K, DOMAIN = 1200, 4, 2, 256
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "synthetic_to_pandas.py"

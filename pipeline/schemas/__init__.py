@@ -2,7 +2,7 @@
 
 One file per topic and part: ``<topic>.key.json`` (the UTF-8 key as a JSON string) and
 ``<topic>.value.json`` (the JSON value), for the public topics ``releases``, ``synthetic`` and
-``alerts`` (:data:`pipeline.stream.topics.PUBLIC_TOPICS`). The fields are explained in
+``alerts`` (:data:`pipeline.stream.kafka.topics.PUBLIC_TOPICS`). The fields are explained in
 docs/topics.md. Validating needs a JSON Schema validator (e.g. the ``jsonschema`` package); this
 module only finds and loads the files.
 """
