@@ -226,7 +226,7 @@ def run_scenario(deployment, scen, owners):
     """Feed the scenario to an IngestCore owning every partition; check the promise as it goes."""
     roster = Roster.from_range(N_USERS)
     names = topic_names(deployment)
-    core = IngestCore(deployment, roster, names)
+    core = IngestCore(deployment, roster, names, isolated=True)
     for p in range(P):
         assert core.assign(p) in (None, 0)  # no checkpoint: from the start of the log
     closes, segments = scen
@@ -493,7 +493,7 @@ def test_enqueue_past_unhandled_records_asks_to_seek_back(deployment):
     roster = Roster.from_range(N_USERS)
     u = next(x for x in ROSTER_IDS if roster.owners(P)[roster.row(x)] == 0)
     rec = lambda off, step=1: Record(off, orjson.dumps({"user": u, "step": step, "values": {"pov": 1}}))  # noqa: E731
-    core = IngestCore(deployment, roster, topic_names(deployment))
+    core = IngestCore(deployment, roster, topic_names(deployment), isolated=True)
     grace = core.REWIND_GRACE_SECONDS
     core.assign(0)
     core.enqueue(0, [rec(0)], now=0.0)
@@ -515,7 +515,7 @@ def test_enqueue_past_unhandled_records_asks_to_seek_back(deployment):
 @pytest.mark.parametrize("value", [b"garbage", b'{"step": "x"}', b"{}", b'{"step": 5}'])
 def test_garbled_close_marker_does_not_crash_the_partition(deployment, value):
     roster = Roster.from_range(N_USERS)
-    core = IngestCore(deployment, roster, topic_names(deployment))
+    core = IngestCore(deployment, roster, topic_names(deployment), isolated=True)
     core.assign(0)
     core.enqueue(0, [Record(0, value, ((CONTROL_HEADER, b"close"),))])
     outputs = core.drain(0)  # must not raise: the marker is dead-lettered with its bytes
@@ -586,7 +586,7 @@ def test_fuzz_corpus_through_broker_into_running_worker(tmp_path, monkeypatch):
 
             # what the ingest logic rejects on exactly this log
             log = _read_all(cluster.broker, cluster.names["reports"], P)
-            core = IngestCore(dep, roster, cluster.names)
+            core = IngestCore(dep, roster, cluster.names, isolated=True)
             expected, units, accepted = {}, 0, 0
             for p in range(P):
                 core.assign(p)
