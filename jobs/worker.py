@@ -165,7 +165,7 @@ class IngestWorker:
         critical path; only a partition's last checkpoint of the fetch is written.
         """
         started = time.perf_counter()
-        pending, checkpoints = [], {}
+        pending, checkpoints, forwarding = [], {}, set()
         for partition in partitions:
             for out in self.core.drain_all(partition):
                 if isinstance(out, ForwardMarkers):
@@ -181,7 +181,11 @@ class IngestWorker:
                         log.info("partition %d closed step %d: %s", out.partition, out.step, out.summary)
                 else:
                     pending.extend(await self._apply(out))
+                    if out.forwards:
+                        forwarding.add(self.core.states[partition].closed + 1)
         await asyncio.gather(*pending)
+        for step in sorted(forwarding):
+            crash_point("worker.after_forward", step)
         if checkpoints:
             log.info("partials acknowledged: %s", {p: out.step for p, out in checkpoints.items()})
         for out in checkpoints.values():
