@@ -92,9 +92,10 @@ class PartitionState:
         key = local * (self.max_ahead + 1) + np.where(ok, slot, 0)
         best = np.zeros(ok.size, dtype=bool)
         idx = np.flatnonzero(ok)
-        order = np.lexsort((idx, rank[idx], key[idx]))  # by key, then rank, then position
-        sorted_keys = key[idx][order]
-        best[idx[order[np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]]]] = True
+        if idx.size:
+            order = np.lexsort((idx, rank[idx], key[idx]))  # by key, then rank, then position
+            sorted_keys = key[idx][order]
+            best[idx[order[np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]]]] = True
         held = np.full(ok.size, -1, dtype=np.int64)
         held[idx] = self.rank[slot[idx], local[idx]]
         wins = best & ((held < 0) | (rank < held))
