@@ -194,7 +194,9 @@ class IngestWorker:
             METRICS.step_close_seconds.observe(time.perf_counter() - started)
             METRICS.open_step.labels(str(out.partition)).set(out.step + 1)
         # intake counts for `dpstream status` / `close` (a replay restores and recounts them exactly)
-        self.store.save_intake({p: self.core.states[p].intake_summary() for p in partitions if p in self.core.states})
+        self.store.save_intake({p: {**self.core.states[p].intake_summary(),
+                                    "forwarded_offset": self.core.inboxes[p].consumed}
+                                for p in partitions if p in self.core.states})
 
     async def _apply(self, result: ApplyResult) -> list:
         METRICS.reports.labels("accepted").inc(result.accepted)
