@@ -24,15 +24,15 @@ import orjson
 import pytest
 
 from pipeline.config import load_config
-from pipeline.stream.cluster import LocalCluster
-from pipeline.stream.driver import StepDriver
-from pipeline.stream.embedded import EmbeddedServices
-from pipeline.stream.faults import FAULT_EXIT_CODE
-from pipeline.stream.log_end import log_ends
-from pipeline.stream.messages import CONTROL_HEADER
-from pipeline.stream.roster import Roster
-from pipeline.stream.store import ReleaseStore
-from pipeline.stream.testbed import binary_panel, write_panel_deployment
+from pipeline.stream.local.cluster import LocalCluster
+from pipeline.stream.local.driver import StepDriver
+from pipeline.stream.local.embedded import EmbeddedServices
+from pipeline.stream.kafka.faults import FAULT_EXIT_CODE
+from pipeline.stream.kafka.log_end import log_ends
+from pipeline.stream.kafka.codecs import CONTROL_HEADER
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.state.store import ReleaseStore
+from jobs.eval.testbed import binary_panel, write_panel_deployment
 
 from test_stream_faults import check_outputs
 
