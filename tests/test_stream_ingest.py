@@ -248,7 +248,7 @@ def test_dead_letter_keys_are_unique_within_a_run():
 
 
 def test_every_dead_letter_reason_is_declared():
-    assert {"malformed", "unknown_user", "out_of_domain", "duplicate", "late", "future_step"} <= set(REASONS)
+    assert set(REASONS) == {"malformed", "unknown_user", "out_of_domain", "duplicate", "late", "future_step"}
 
 
 def _run_partition(core, partition, log, start_index, feedbacks):
