@@ -233,6 +233,10 @@ class IngestWorker:
         await self.consumer.start()
         log.info("worker started: group %s", self.consumer.group_id)
         try:
+            if self.names["repartition"] not in await self.consumer.consumer.topics():
+                # without it no close could ever gather the other partitions' forwarded-through markers
+                raise RuntimeError(f"topic {self.names['repartition']} does not exist: create the deployment's topics "
+                                   "(deploy/create_topics.py, or `dpstream up`) before starting workers")
             await supervise([asyncio.create_task(self._consume()),
                              asyncio.create_task(self.consumer.commit_loop(self._handled))], "worker")
         finally:
