@@ -174,6 +174,8 @@ class IngestWorker:
                     pending.extend([await self.producer.send(self.names["repartition"], value=value, headers=headers,
                                                              partition=p) for p, value, headers in out.messages])
                 elif isinstance(out, CloseOutput):
+                    if out.checkpoint:
+                        crash_point("worker.before_partial", out.step)
                     pending.extend([await self.producer.send(self.names["step-partials"], key=key, value=value,
                                                              partition=0) for key, value in out.messages])
                     if out.checkpoint:  # empty for a replayed close of a step already closed
