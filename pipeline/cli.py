@@ -419,6 +419,10 @@ def cmd_status(args) -> int:
         intake = {"unavailable": f"{type(err).__name__}: {err}"}
     ledger = store.ledger()
     identity = store.identity() or {}
+    from pipeline.error_bounds import spend_as_approx_dp
+    from pipeline.privacy.accounting import LedgerEntry
+
+    spent = spend_as_approx_dp(dep, [LedgerEntry.from_state(e).cost for e in ledger.values()])
     status = {
         "deployment": dep.name,
         "instance": identity.get("instance"),
@@ -428,6 +432,7 @@ def cmd_status(args) -> int:
         "horizon": dep.horizon,
         "plan": {k: v.__dict__ for k, v in budget_plan(dep).allotments().items()},
         "ledger": ledger,
+        "spent_as_approx_dp": {"epsilon": spent.epsilon, "delta": spent.delta},  # as the manifests report it
         "intake": intake,
     }
     print(json.dumps(status, indent=2, sort_keys=True))
@@ -493,11 +498,13 @@ def cmd_query(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from pipeline.plan import planned_schedule
+    """Per release: allotment, padding, error bounds at its β, schedule; the total as (ε, δ); warnings."""
+    from pipeline.plan_report import format_plan, plan_report
 
-    dep = _load(args.config)
-    sched = planned_schedule(dep)
-    print(json.dumps({k: v.tolist() for k, v in sched.items()}, indent=2))
+    report = plan_report(_load(args.config))
+    print(json.dumps(report, indent=2) if args.json else format_plan(report))
+    for line in report["warnings"]:
+        print(f"WARNING: {line}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -578,8 +585,10 @@ def build_parser() -> argparse.ArgumentParser:
     dn.set_defaults(func=cmd_down)
 
     with_config(sub.add_parser("status", help="released steps and the budget ledger")).set_defaults(func=cmd_status)
-    with_config(sub.add_parser("plan", help="check the budget plan and print the per-step schedule")).set_defaults(
-        func=cmd_plan)
+    pl = with_config(sub.add_parser("plan", help="check the budget plan; per release the padding, error bounds "
+                                    "and per-step schedule; the total spend as (ε, δ)"))
+    pl.add_argument("--json", action="store_true", help="machine-readable output")
+    pl.set_defaults(func=cmd_plan)
 
     e = with_config(sub.add_parser("export", help="materialise a release's synthetic panel to CSV or Parquet"))
     e.add_argument("--release", required=True)

@@ -144,30 +144,10 @@ class ReleaseEngine:
 
     # -- mechanisms ----------------------------------------------------------------------------
     def _build(self, rel):
-        dep = self.deployment
-        seed = release_seed(dep, rel.name)
-        attr = dep.attributes[rel.attribute]
-        allot = self.allotments[rel.name]
-        if rel.type == "fixed_window":
-            from pipeline.synth.fixed_window import FixedWindowSynthesizer
+        from pipeline.mechanisms import build_mechanism
 
-            return FixedWindowSynthesizer(dep.horizon, rel.window, allot.rho, beta=rel.beta,
-                                          categories=attr.size, neighbours=dep.neighbours, seed=seed, n=self.n)
-        if rel.type == "cumulative":
-            from pipeline.synth.cumulative import CumulativeSynthesizer
-
-            return CumulativeSynthesizer(dep.horizon, allot.rho, beta=rel.beta, neighbours=dep.neighbours,
-                                         seed=seed, n=self.n, counter=rel.counter)
-        if rel.type == "heavy_hitters":
-            from pipeline.monitors import ShiftingHeavyHitters
-
-            return ShiftingHeavyHitters(attr.size, allot.epsilon, allot.delta, rel.k, dep.horizon, beta=rel.beta,
-                                        method=rel.method, seed=seed, neighbours=dep.neighbours)
-        if rel.type == "band_monitor":
-            from pipeline.monitors import BandMonitor
-
-            return BandMonitor.from_target(0, allot.epsilon, allot.delta, neighbours=dep.neighbours, seed=seed)
-        raise ValueError(f"release {rel.name!r}: unknown type {rel.type!r}")
+        return build_mechanism(self.deployment, rel, self.allotments[rel.name], self.n,
+                               seed=release_seed(self.deployment, rel.name))
 
     # -- one step ------------------------------------------------------------------------------
     def release(self, step: int, partials: list[dict[str, Any]]) -> list[ReleaseOutput]:
@@ -297,12 +277,9 @@ class ReleaseEngine:
             "deployment_spent": {"rho": rho_total, "epsilon": approx.epsilon, "delta": approx.delta},
         }
         if rho_total > 0:
-            from pipeline.privacy.accounting import zcdp_to_approx_dp
+            from pipeline.privacy.accounting import reported_approx_dp
 
-            out["deployment_spent_as_approx_dp"] = {
-                "epsilon": zcdp_to_approx_dp(rho_total, delta) + approx.epsilon,
-                "delta": delta + approx.delta,
-            }
+            out["deployment_spent_as_approx_dp"] = _cost_json(reported_approx_dp(rho_total, approx, delta))
         return out
 
     # -- state ---------------------------------------------------------------------------------
