@@ -281,7 +281,9 @@ def _intake(dep, wait: float):
 
     broker, redis_url = _endpoints(dep)
     store = ReleaseStore.from_url(redis_url, dep.name)
-    return store, intake_view(store, broker, topic_names(dep)["reports"], dep.topics.partitions, wait=wait)
+    names = topic_names(dep)
+    return store, intake_view(store, broker, names["reports"], dep.topics.partitions, wait=wait,
+                              repartition_topic=names["repartition"])
 
 
 def _step_refused(dep, step: int, window: range) -> str | None:

@@ -276,7 +276,7 @@ def test_close_to_publish_latency_is_curator_side(scraped):
 
 def test_consumer_lag_scraped(scraped):
     prom, names = scraped["prom"], scraped["names"]
-    topics = {names["reports"], names["feedback"], names["step-partials"], names["control"]}
+    topics = {names["reports"], names["feedback"], names["repartition"], names["step-partials"], names["control"]}
     # Idle deployment: once the consumers have committed, every consumed partition is caught up.
     result = prom.wait("dpstream_consumer_lag", lambda r: bool(r) and all(float(s["value"][1]) == 0 for s in r))
     assert {(s["metric"]["topic"], s["metric"]["partition"]) for s in result} >= \

@@ -18,6 +18,8 @@ Internal topics (curator-side, never exposed):
 * ``control``   operator commands (``{"command": "close", "step": t}``), turned into markers.
 * ``step-partials`` binary partial aggregates (true counts), chunked, key ``<step>:<partition>:<chunk>``.
 * ``feedback``  ``{"release", "step", "flagged": [...]}`` to every partition (heavy-hitter charging).
+* ``repartition`` reports that arrived on a partition not owning their user, as columnar batches
+  for the owner's partition, and per-step forwarded-through markers (:mod:`pipeline.stream.ingest.repartition`).
 * ``dead-letter`` the original bytes as value; reason, detail and source position in headers.
 """
 
@@ -52,6 +54,7 @@ __all__ = [
 TOPICS: dict[str, int | str] = {
     "reports": "config",
     "feedback": "config",  # co-partitioned with reports
+    "repartition": "config",  # reports routed to their owner's partition (pipeline.stream.ingest.repartition)
     "control": 1,
     "step-partials": 1,  # one releaser reads them in order
     "releases": 1,

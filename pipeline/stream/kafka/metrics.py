@@ -138,7 +138,7 @@ def forget_partition(partition: int) -> None:
 def consumer_groups(deployment, names: dict[str, str]) -> dict[str, list[str]]:
     """Consumer group -> topics it consumes. The group ids are the jobs' consumer groups."""
     return {
-        f"dpstream-{deployment.name}-ingest": [names["reports"], names["feedback"]],
+        f"dpstream-{deployment.name}-ingest": [names["reports"], names["feedback"], names["repartition"]],
         f"dpstream-{deployment.name}-releaser": [names["step-partials"], names["control"]],
     }
 
