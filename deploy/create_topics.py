@@ -16,15 +16,13 @@ import sys
 import time
 
 from pipeline.config import load_config
-from pipeline.stream.topics import ensure_topics, topic_names, topic_partitions
+from pipeline.stream.topics import ensure_topics, new_topics
 
 
 def create(bootstrap: str, deployment, replication: int, timeout: float = 120.0) -> dict[str, str]:
     from kafka import KafkaAdminClient
-    from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    names, parts = topic_names(deployment), topic_partitions(deployment)
     deadline = time.monotonic() + timeout
     while True:  # the broker may still be starting
         try:
@@ -35,9 +33,9 @@ def create(bootstrap: str, deployment, replication: int, timeout: float = 120.0)
                 raise SystemExit(f"broker {bootstrap} not reachable: {err}")
             time.sleep(2)
     try:
-        existing = set(admin.list_topics())
-        # ensure_topics creates with replication 1; create here first with the cluster's factor.
-        missing = [NewTopic(names[t], parts[t], replication) for t in names if names[t] not in existing]
+        # ensure_topics creates with replication 1; create here first with the cluster's factor (and the
+        # declared retention: the public topics are kept forever).
+        missing = new_topics(deployment, set(admin.list_topics()), replication)
         if missing:
             try:
                 admin.create_topics(missing)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from typing import Awaitable, Callable
 
 from aiokafka import AIOKafkaProducer
@@ -20,7 +21,10 @@ _LEVELS = {"crit": "CRITICAL", "warn": "WARNING"}  # the command line's --loglev
 
 def run_job(job: Callable[[], Awaitable[None]], loglevel: str = "info") -> None:
     """Configure logging and run ``job()`` in a new event loop (aiokafka clients must be created
-    inside the running loop, so ``job`` builds them)."""
+    inside the running loop, so ``job`` builds them). A refusal to start on the Redis state
+    (:class:`pipeline.stream.identity.StateRefused`) exits with its code and one line on stderr."""
+    from pipeline.stream.identity import StateRefused
+
     logging.basicConfig(level=_LEVELS.get(loglevel, loglevel.upper()),
                         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
@@ -28,7 +32,11 @@ def run_job(job: Callable[[], Awaitable[None]], loglevel: str = "info") -> None:
     async def main() -> None:
         await job()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except StateRefused as err:
+        print(f"dpstream: {err.label}: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code)
 
 
 def make_producer(bootstrap: str, linger_ms: int) -> AIOKafkaProducer:
