@@ -132,12 +132,22 @@ class Stream:
         self.read[topic] += len(new)
         return any([self.coordinator.take_partial(first + i, m.key, m.value) for i, m in enumerate(new)])
 
-    async def step(self, t: int) -> None:
-        """Reports of step t, its close command, the workers' close, the release."""
+    async def close(self, t: int) -> bool:
+        """Reports of step t, its close command, the workers' close; True when partials arrived."""
         self.send_reports(t)
         await self.coordinator.on_control(orjson.dumps({"command": "close", "step": t}), CLOSE_MS + 1000 * t)
         self.run_workers()
-        if self.take_partials():
+        return self.take_partials()
+
+    async def release_held(self, t: int) -> asyncio.Task:
+        """Step t closed; its release running with the broker's acknowledgements held back."""
+        assert await self.close(t)
+        self.log.auto_ack = False
+        return asyncio.create_task(self.coordinator.release_ready_steps())
+
+    async def step(self, t: int) -> None:
+        """Step t closed and released."""
+        if await self.close(t):
             await self.coordinator.release_ready_steps()
 
     def public(self) -> dict[str, list[Sent]]:
@@ -195,13 +205,8 @@ def test_commit_precedes_publication_and_published_waits_for_every_acknowledgeme
 
     async def main():
         stream = Stream(dep, store_of(dep), MemoryLog(), X)
-        coord = await stream.start()
-        stream.send_reports(1)
-        await coord.on_control(orjson.dumps({"command": "close", "step": 1}), CLOSE_MS)
-        stream.run_workers()
-        assert stream.take_partials()
-        stream.log.auto_ack = False
-        task = asyncio.create_task(coord.release_ready_steps())
+        await stream.start()
+        task = await stream.release_held(1)
         pointers = []  # (released, published) whenever messages are out but not acknowledged
         while not task.done():
             await asyncio.sleep(0.05)
@@ -223,13 +228,8 @@ def test_a_restart_republishes_a_committed_step_with_the_same_bytes(store_of):
 
     async def main():
         stream = Stream(dep, store_of(dep), MemoryLog(), X)
-        coord = await stream.start()
-        stream.send_reports(1)
-        await coord.on_control(orjson.dumps({"command": "close", "step": 1}), CLOSE_MS)
-        stream.run_workers()
-        stream.take_partials()
-        stream.log.auto_ack = False
-        task = asyncio.create_task(coord.release_ready_steps())
+        await stream.start()
+        task = await stream.release_held(1)
         while not stream.log.unacked:
             await asyncio.sleep(0.01)
         stream.log.ack(ConnectionError("broker gone"))  # the first half of step 1 is never acknowledged

@@ -61,9 +61,16 @@ class StoreLayout:
     (:class:`ReleaseStore`: command-line tools, tests) and the asyncio one the jobs use
     (:class:`pipeline.stream.store_async.AsyncReleaseStore`)."""
 
-    def __init__(self, deployment: str):
+    client_class: Any = None  # the redis-py client class of the subclass (synchronous or asyncio)
+
+    def __init__(self, client, deployment: str):
+        self.r = client
         self.deployment = deployment
         self.prefix = f"dpstream:{deployment}"
+
+    @classmethod
+    def from_url(cls, url: str, deployment: str):
+        return cls(cls.client_class.from_url(url), deployment)
 
     def _k(self, *parts: Any) -> str:
         return ":".join([self.prefix, *map(str, parts)])
@@ -107,13 +114,7 @@ class StoreLayout:
 
 
 class ReleaseStore(StoreLayout):
-    def __init__(self, client: redis.Redis, deployment: str):
-        super().__init__(deployment)
-        self.r = client
-
-    @classmethod
-    def from_url(cls, url: str, deployment: str) -> "ReleaseStore":
-        return cls(redis.Redis.from_url(url), deployment)
+    client_class = redis.Redis
 
     def _int(self, name: str) -> int:
         """An integer pointer of this deployment; 0 until it is first set."""

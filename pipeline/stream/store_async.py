@@ -21,13 +21,7 @@ __all__ = ["AsyncReleaseStore"]
 
 
 class AsyncReleaseStore(StoreLayout):
-    def __init__(self, client: aioredis.Redis, deployment: str):
-        super().__init__(deployment)
-        self.r = client
-
-    @classmethod
-    def from_url(cls, url: str, deployment: str) -> "AsyncReleaseStore":
-        return cls(aioredis.Redis.from_url(url), deployment)
+    client_class = aioredis.Redis
 
     async def close(self) -> None:
         await self.r.aclose()
