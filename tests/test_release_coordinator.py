@@ -164,10 +164,25 @@ class Stream:
 
 @pytest.fixture
 def store_of(redis_client):
-    """Async stores on the session's real Redis (emptied per test); closed at the end of each test's loop."""
+    """Async stores on the session's real Redis (emptied per test); ``run`` closes them."""
     def make(dep) -> AsyncReleaseStore:
-        return AsyncReleaseStore(aioredis.Redis(unix_socket_path=redis_client.socket_file), dep.name)
+        store = AsyncReleaseStore(aioredis.Redis(unix_socket_path=redis_client.socket_file), dep.name)
+        make.opened.append(store)
+        return store
+    make.opened = []
     return make
+
+
+def run(main, store_of):
+    """Run the test's coroutine, then close its stores in the same loop (an open client would keep the
+    session's Redis server from shutting down)."""
+    async def closing():
+        try:
+            return await main
+        finally:
+            for store in store_of.opened:
+                await store.close()
+    return asyncio.run(closing())
 
 
 def panel(seed: int = 1) -> np.ndarray:
@@ -185,7 +200,7 @@ def test_coordinator_releases_equal_the_batch_synthesizers_and_carry_the_close_t
         return stream, (await stream.store.last_released(), await stream.store.last_published(),
                         await stream.store.last_closing())
 
-    stream, pointers = asyncio.run(main())
+    stream, pointers = run(main(), store_of)
     assert pointers == (T, T, T)
     panels, ref = stream.panels(), batch_reference(dep, {"pov": X})
     for rel in ("fw", "cu"):
@@ -216,7 +231,7 @@ def test_commit_precedes_publication_and_published_waits_for_every_acknowledgeme
         await task
         return pointers, stream.log.unacked, await stream.store.last_published()
 
-    pointers, unacked, published = asyncio.run(main())
+    pointers, unacked, published = run(main(), store_of)
     # the record is in Redis before anything is published; `published` moves only once both halves of
     # the step (the publication pauses halfway, see the releaser.mid_publish crash point) are acknowledged
     assert pointers == [(1, 0), (1, 0)]
@@ -241,7 +256,7 @@ def test_a_restart_republishes_a_committed_step_with_the_same_bytes(store_of):
         await restarted.release_ready_steps()
         return first, state, stream, restarted.engine.step, await stream.store.last_published()
 
-    first, state, stream, engine_step, published = asyncio.run(main())
+    first, state, stream, engine_step, published = run(main(), store_of)
     assert state == (1, 0)  # committed, not (known to be) published
     assert engine_step == 1 and published == 1
     again = {topic: messages[len(first[topic]):] for topic, messages in stream.public().items()}  # republished
@@ -273,7 +288,7 @@ def test_a_releaser_losing_the_commit_race_publishes_the_committed_record_not_it
         ledger = await stream.store.r.hgetall(stream.store._k("ledger"))
         return stream.public()["releases"], loser.checkpoint.publisher.logs[(stream.names["releases"], 0)], ledger, loser
 
-    won, lost, ledger, loser = asyncio.run(main())
+    won, lost, ledger, loser = run(main(), store_of)
     assert [m.value for m in lost] == [m.value for m in won]
     assert sorted(ledger) == [b"cu:1"]  # fw (window 2) spends from step 2; nothing is spent twice
     assert loser.engine.step == 1  # continues from the committed state
@@ -294,7 +309,7 @@ def test_close_commands_write_each_marker_once_per_step_and_partition(store_of):
                    for p in range(P)}
         return markers, await stream.store.last_closing()
 
-    markers, closing = asyncio.run(main())
+    markers, closing = run(main(), store_of)
     assert closing == 2
     for p in range(P):
         assert markers[p] == [((1, CLOSE_MS), ((CONTROL_HEADER, b"close"),)),
@@ -316,7 +331,7 @@ def test_deadline_closes_from_the_last_public_close_on_tick(store_of):
             seen.append([parse_close_marker(m.value) for m in stream.log.logs[(stream.names["reports"], 0)]])
         return seen
 
-    seen = asyncio.run(main())
+    seen = run(main(), store_of)
     first, second = (1, CLOSE_MS + 10_000), (2, CLOSE_MS + 20_000)  # the scheduled times, not when noticed
     assert seen == [[], [first], [first], [first, second]]
 
@@ -340,7 +355,7 @@ def test_lost_logs_are_noticed_partials_reread_and_every_committed_step_republis
         await restarted.release_ready_steps()
         return resume, read_from, [m.key for m in fresh.logs[(stream.names["releases"], 0)]]
 
-    resume, read_from, republished = asyncio.run(main())
+    resume, read_from, republished = run(main(), store_of)
     assert resume > 0 and read_from == 0
     assert republished == [b"fw:1", b"cu:1", b"fw:2", b"cu:2"]
 

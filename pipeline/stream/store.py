@@ -62,6 +62,7 @@ class StoreLayout:
     (:class:`pipeline.stream.store_async.AsyncReleaseStore`)."""
 
     client_class: Any = None  # the redis-py client class of the subclass (synchronous or asyncio)
+    client_options: dict[str, Any] = {}  # and its options
 
     def __init__(self, client, deployment: str):
         self.r = client
@@ -70,7 +71,7 @@ class StoreLayout:
 
     @classmethod
     def from_url(cls, url: str, deployment: str):
-        return cls(cls.client_class.from_url(url), deployment)
+        return cls(cls.client_class.from_url(url, **cls.client_options), deployment)
 
     def _k(self, *parts: Any) -> str:
         return ":".join([self.prefix, *map(str, parts)])

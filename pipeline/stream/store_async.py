@@ -14,6 +14,8 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 
 from pipeline.stream.store import StepRecord, StoreLayout
 
@@ -22,6 +24,10 @@ __all__ = ["AsyncReleaseStore"]
 
 class AsyncReleaseStore(StoreLayout):
     client_class = aioredis.Redis
+    # A Redis restart takes a few seconds; a command retries for about 8 s (0.2, 0.4, 0.8, then 1 s
+    # apart) before its ConnectionError ends the job (a supervisor restarts it). The synchronous client
+    # rode out a restart the same way, but blocked the event loop while it waited.
+    client_options = {"retry": Retry(ExponentialBackoff(cap=1.0, base=0.1), retries=10)}
 
     async def close(self) -> None:
         await self.r.aclose()
