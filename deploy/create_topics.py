@@ -16,7 +16,7 @@ import sys
 import time
 
 from pipeline.config import load_config
-from pipeline.stream.topics import ensure_topics, new_topics
+from pipeline.stream.kafka.topics import ensure_topics, new_topics
 
 
 def create(bootstrap: str, deployment, replication: int, timeout: float = 120.0) -> dict[str, str]:

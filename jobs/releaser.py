@@ -4,15 +4,15 @@ Run through the command line: ``dpstream releaser --config config/sipp-poverty.y
 
 The release protocol — assemble the partials of a step, run the mechanisms, commit the complete
 release to Redis before publishing anything, republish committed steps after a restart, close steps
-by command or deadline — is :class:`pipeline.stream.coordinator.ReleaseCoordinator`. This module is
+by command or deadline — is :class:`pipeline.stream.release.coordinator.ReleaseCoordinator`. This module is
 its Kafka side: it feeds the coordinator from the topics it reads (``step-partials``, ``control``)
 and gives it a producer and the asyncio Redis store.
 
 At start: the configuration is checked against the one the Redis state was created under
-(:mod:`pipeline.stream.identity`, exit code 2), and before the first release the ``releases`` topic
-is checked for releases the state does not know (:mod:`pipeline.stream.fence`, exit code 4).
+(:mod:`pipeline.stream.state.identity`, exit code 2), and before the first release the ``releases`` topic
+is checked for releases the state does not know (:mod:`pipeline.stream.release.fence`, exit code 4).
 
-Transport: an aiokafka group consumer (:mod:`pipeline.stream.bulk`) and producer. Positions come
+Transport: an aiokafka group consumer (:mod:`pipeline.stream.kafka.consumer`) and producer. Positions come
 from Redis (the partials resume offset) in the assignment callback (docs/streaming.md, "Processes").
 """
 
@@ -24,16 +24,16 @@ import logging
 from aiokafka import TopicPartition
 from kafka import TopicPartition as KTopicPartition
 
-from pipeline.stream.bulk import BulkConsumer
-from pipeline.stream.checkpoint import Checkpoint
-from pipeline.stream.coordinator import ReleaseCoordinator
-from pipeline.stream.fence import read_release_stamps
-from pipeline.stream.identity import establish_identity
-from pipeline.stream.log_end import log_ends
-from pipeline.stream.metrics import serve_metrics, start_lag_monitor
-from pipeline.stream.process import make_producer, run_job, supervise
-from pipeline.stream.runtime import Runtime
-from pipeline.stream.topics import RELEASER, group_id, read_by
+from pipeline.stream.kafka.consumer import BulkConsumer
+from pipeline.stream.kafka.log_end import log_ends
+from pipeline.stream.kafka.metrics import serve_metrics, start_lag_monitor
+from pipeline.stream.kafka.process import make_producer, run_job, supervise
+from pipeline.stream.kafka.runtime import Runtime
+from pipeline.stream.kafka.topics import RELEASER, group_id, read_by
+from pipeline.stream.release.coordinator import ReleaseCoordinator
+from pipeline.stream.release.fence import read_release_stamps
+from pipeline.stream.state.checkpoint import Checkpoint
+from pipeline.stream.state.identity import establish_identity
 
 log = logging.getLogger("dpstream.releaser")
 
@@ -51,7 +51,7 @@ class Releaser:
     async def _log_end(self, topic: str) -> int | None:
         """End offset of partition 0 of ``topic`` (None when the broker cannot tell)."""
         tp = KTopicPartition(topic, 0)
-        try:  # the true end: the embedded broker's ListOffsets answer is short (see pipeline.stream.log_end)
+        try:  # the true end: the embedded broker's ListOffsets answer is short (see pipeline.stream.kafka.log_end)
             return (await asyncio.to_thread(log_ends, self.rt.broker, [tp])).get(tp)
         except Exception as err:  # noqa: BLE001 - cannot tell: act as if nothing was lost
             log.warning("could not read the end of %s: %s", topic, err)

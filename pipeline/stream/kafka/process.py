@@ -1,0 +1,66 @@
+"""What both stream jobs do around their work: logging, the producer, and running their tasks until
+a signal or a failure (a failure exits non-zero, for a supervisor to restart the process: all a job
+needs to resume is in Redis and the log)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from typing import Awaitable, Callable
+
+from aiokafka import AIOKafkaProducer
+
+__all__ = ["run_job", "make_producer", "supervise"]
+
+log = logging.getLogger("dpstream.process")
+
+_LEVELS = {"crit": "CRITICAL", "warn": "WARNING"}  # the command line's --loglevel names
+
+
+def run_job(job: Callable[[], Awaitable[None]], loglevel: str = "info") -> None:
+    """Configure logging and run ``job()`` in a new event loop (aiokafka clients must be created
+    inside the running loop, so ``job`` builds them). A refusal to start on the Redis state
+    (:class:`pipeline.stream.state.identity.StateRefused`) exits with its code and one line on stderr."""
+    from pipeline.stream.state.identity import StateRefused
+
+    logging.basicConfig(level=_LEVELS.get(loglevel, loglevel.upper()),
+                        format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+
+    async def main() -> None:
+        await job()
+
+    try:
+        asyncio.run(main())
+    except StateRefused as err:
+        print(f"dpstream: {err.label}: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code)
+
+
+def make_producer(bootstrap: str, linger_ms: int) -> AIOKafkaProducer:
+    """Acknowledged by every in-sync replica: a checkpoint or a ledger entry follows some sends."""
+    return AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms,
+                            max_request_size=8 << 20, max_batch_size=1 << 20)
+
+
+async def supervise(tasks: list[asyncio.Task], name: str) -> None:
+    """Wait until SIGTERM/SIGINT or until a task ends; re-raise a task's exception. Every task is
+    cancelled on the way out (mid-fetch is safe: nothing past the last checkpoint is kept)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not stopper and not task.cancelled() and task.exception() is not None:
+                log.error("%s failing: %r", name, task.exception())
+                raise task.exception()
+        log.info("%s stopping", name)
+    finally:
+        for task in (*tasks, stopper):
+            task.cancel()
+        await asyncio.gather(*tasks, stopper, return_exceptions=True)
