@@ -1,6 +1,6 @@
 """Ingest worker: reports -> per-user numpy state -> step partials.
 
-Run through the command line (which sets the environment, see ``pipeline.stream.kafka.runtime``):
+Run through the command line (``pipeline.stream.kafka.runtime`` lists the job's arguments):
 ``dpstream worker --config config/sipp-poverty.yaml``. Start up to as many as there are partitions.
 
 * ``reports`` (keyed by user): runs of reports are parsed and applied in bulk; a close marker for
@@ -28,15 +28,17 @@ import time
 from aiokafka import TopicPartition
 from kafka import TopicPartition as KTopicPartition
 
+from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore
+from pipeline.stream.ingest.repartition import ForwardMarkers
 from pipeline.stream.kafka.consumer import BulkConsumer
 from pipeline.stream.kafka.faults import crash_point
-from pipeline.stream.state.identity import establish_identity
-from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore
 from pipeline.stream.kafka.log_end import log_ends
 from pipeline.stream.kafka.metrics import METRICS, forget_partition, observe_partition, serve_metrics
 from pipeline.stream.kafka.process import make_producer, run_job, supervise
 from pipeline.stream.kafka.runtime import Runtime
-from pipeline.stream.ingest.repartition import ForwardMarkers
+from pipeline.stream.kafka.topics import INGEST, group_id, read_by
+from pipeline.stream.state.checkpoint import Checkpoint
+from pipeline.stream.state.identity import establish_identity
 
 log = logging.getLogger("dpstream.worker")
 
@@ -52,10 +54,12 @@ class IngestWorker:
         # state was created under (ConfigurationChanged: exit code 2).
         establish_identity(rt.deployment, rt.roster.ids, self.store, "worker")
         self.core = IngestCore(rt.deployment, rt.roster, self.names, store=self.store)
-        self.consumer = BulkConsumer(rt.broker, f"dpstream-{rt.deployment.name}-ingest",
-                                     [self.names["reports"], self.names["feedback"], self.names["repartition"]],
+        self.consumer = BulkConsumer(rt.broker, group_id(rt.deployment, INGEST),
+                                     [self.names[t] for t in read_by(INGEST)],
                                      on_assign=self._on_assign, on_revoke=self._on_revoke)
         self.producer = make_producer(rt.broker, linger_ms=5)
+        self.checkpoint = Checkpoint(self.producer)  # partials and dead letters acknowledged, then Redis
+        self.redis = rt.async_store()  # checkpoint writes from the event loop
         # Held while a fetch is handled: a revocation waits for it, so a partition's old owner has
         # written its last checkpoint before the new owner reads it.
         self._busy = asyncio.Lock()
@@ -160,59 +164,61 @@ class IngestWorker:
 
         A checkpoint says "step closed, records up to its marker handled", so it is written only
         once the broker has acknowledged the partials and dead letters before it, or a crash in
-        between would lose them (the replay starts after the marker). The partials of every
-        partition go out before any checkpoint, which keeps checkpoint writes off the release's
-        critical path; only a partition's last checkpoint of the fetch is written.
+        between would lose them (the replay starts after the marker): :class:`Checkpoint` keeps that
+        order. The partials of every partition go out before any checkpoint, which keeps checkpoint
+        writes off the release's critical path; only a partition's last checkpoint of the fetch is written.
         """
         started = time.perf_counter()
-        pending, checkpoints, forwarding = [], {}, set()
+        sends, checkpoints, forwarding = self.checkpoint.begin(), {}, set()
         for partition in partitions:
             for out in self.core.drain_all(partition):
                 if isinstance(out, ForwardMarkers):
                     # everything forwarded before the close marker is acknowledged before the markers go
-                    await asyncio.gather(*pending)
-                    pending.extend([await self.producer.send(self.names["repartition"], value=value, headers=headers,
-                                                             partition=p) for p, value, headers in out.messages])
+                    await sends.acknowledged()
+                    for p, value, headers in out.messages:
+                        await sends.send(self.names["repartition"], value, headers=headers, partition=p)
                 elif isinstance(out, CloseOutput):
                     if out.checkpoint:
                         crash_point("worker.before_partial", out.step)
-                    pending.extend([await self.producer.send(self.names["step-partials"], key=key, value=value,
-                                                             partition=0) for key, value in out.messages])
+                    for key, value in out.messages:
+                        await sends.send(self.names["step-partials"], value, key=key)
                     if out.checkpoint:  # empty for a replayed close of a step already closed
                         checkpoints[partition] = out
                         log.info("partition %d closed step %d: %s", out.partition, out.step, out.summary)
                 else:
-                    pending.extend(await self._apply(out))
+                    await self._apply(out, sends)
                     if out.forwards:
                         forwarding.add(self.core.states[partition].closed + 1)
-        await asyncio.gather(*pending)
+
+        async def save(out: CloseOutput) -> None:
+            crash_point("worker.before_checkpoint", out.step)
+            await self.redis.save_checkpoint(out.partition, out.checkpoint)
+            METRICS.step_close_seconds.observe(time.perf_counter() - started)
+            METRICS.open_step.labels(str(out.partition)).set(out.step + 1)
+
+        await sends.acknowledged()
         for step in sorted(forwarding):
             crash_point("worker.after_forward", step)
         if checkpoints:
             log.info("partials acknowledged: %s", {p: out.step for p, out in checkpoints.items()})
-        for out in checkpoints.values():
-            crash_point("worker.before_checkpoint", out.step)
-            self.store.save_checkpoint(out.partition, out.checkpoint)
-            METRICS.step_close_seconds.observe(time.perf_counter() - started)
-            METRICS.open_step.labels(str(out.partition)).set(out.step + 1)
-        # intake counts for `dpstream status` / `close` (a replay restores and recounts them exactly)
-        self.store.save_intake({p: {**self.core.states[p].intake_summary(),
-                                    "forwarded_offset": self.core.inboxes[p].consumed}
-                                for p in partitions if p in self.core.states})
+        # then the checkpoints, and the intake counts for `dpstream status` / `close` (a replay restores
+        # and recounts them exactly)
+        await sends.commit(*[lambda out=out: save(out) for out in checkpoints.values()],
+                           lambda: self.redis.save_intake({p: {**self.core.states[p].intake_summary(),
+                                                               "forwarded_offset": self.core.inboxes[p].consumed}
+                                                           for p in partitions if p in self.core.states}))
 
-    async def _apply(self, result: ApplyResult) -> list:
+    async def _apply(self, result: ApplyResult, sends) -> None:
         METRICS.reports.labels("accepted").inc(result.accepted)
         if result.forwarded:
             METRICS.reports.labels("forwarded").inc(result.forwarded)
         for reason, count in result.reasons.items():
             METRICS.reports.labels("rejected").inc(count)
             METRICS.dead_letters.labels(reason).inc(count)
-        futures = [await self.producer.send(self.names["dead-letter"], key=key, value=value, headers=headers,
-                                            partition=0)
-                   for key, value, headers in result.dead_letters]
-        futures += [await self.producer.send(self.names["repartition"], value=value, headers=headers, partition=p)
-                    for p, value, headers in result.forwards]
-        return futures
+        for key, value, headers in result.dead_letters:
+            await sends.send(self.names["dead-letter"], value, key=key, headers=headers)
+        for p, value, headers in result.forwards:
+            await sends.send(self.names["repartition"], value, headers=headers, partition=p)
 
     def _handled(self) -> dict[TopicPartition, int]:
         """Next offset to handle per assigned partition (committed for the lag gauge only)."""
@@ -244,6 +250,7 @@ class IngestWorker:
         finally:
             await self.consumer.stop()
             await self.producer.stop()
+            await self.redis.close()
             log.info("worker stopped")
 
     async def _consume(self) -> None:
@@ -251,9 +258,14 @@ class IngestWorker:
             await self.handle(batch)
 
 
-def main(loglevel: str = "info") -> None:
-    rt = Runtime.from_env()
+def serve(rt: Runtime, loglevel: str = "info") -> None:
+    """Run a worker on a loaded configuration and endpoints until SIGTERM/SIGINT or a failure."""
     run_job(lambda: IngestWorker(rt).run(), loglevel)
+
+
+def main(argv: list[str] | None = None) -> None:
+    rt, loglevel = Runtime.from_args("worker", argv)
+    serve(rt, loglevel)
 
 
 if __name__ == "__main__":

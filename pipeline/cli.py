@@ -10,7 +10,6 @@ the state cannot be verified — releasing would redraw noise for steps already 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import signal
@@ -117,32 +116,27 @@ def _endpoints(dep, check: bool = True) -> tuple[str, str]:
 
 
 # -- stream processes ---------------------------------------------------------------------------
-def _run_job(module: str, args) -> int:
-    os.environ["DPSTREAM_CONFIG"] = str(Path(args.config).resolve())
+def _run_job(role: str, args) -> int:
+    """Check the configuration, resolve the endpoints, then become the job's process (exec: the same pid,
+    signals and exit code; the job loads the configuration at its own entry point, and refuses a changed
+    one with exit code 2 or a lost state with exit code 4)."""
+    from pipeline.stream.kafka.runtime import job_command
+
     dep = _load(args.config)
     broker, redis_url = _endpoints(dep, check=False)  # the jobs retry while services start
-    os.environ["DPSTREAM_BROKER"], os.environ["DPSTREAM_REDIS"] = broker, redis_url
-    from pipeline.serialization import StateFormatError
-    from pipeline.stream.state.identity import ConfigurationChanged, StateLost
-
-    try:
-        job = importlib.import_module(module)
-        job.main(args.loglevel)
-    except ConfigurationChanged as err:
-        return _fail(EXIT_CONFIG, f"configuration refused: {err}")
-    except StateLost as err:
-        return _fail(EXIT_STATE_LOST, f"state lost: {err}")
-    except StateFormatError as err:  # a state of another format version (pipeline.serialization)
-        return _fail(EXIT_STATE_LOST, f"state refused: {err}")
-    return EXIT_OK
+    cmd = job_command(role, args.config, broker, redis_url, args.loglevel)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(cmd[0], cmd)
+    return EXIT_RUNTIME  # not reached
 
 
 def cmd_worker(args) -> int:
-    return _run_job("jobs.worker", args)
+    return _run_job("worker", args)
 
 
 def cmd_releaser(args) -> int:
-    return _run_job("jobs.releaser", args)
+    return _run_job("releaser", args)
 
 
 def _interrupt(signum, frame):
@@ -513,10 +507,10 @@ def cmd_plan(args) -> int:
 
 # -- batch and demo ------------------------------------------------------------------------------
 def cmd_batch(args) -> int:
-    from jobs import sipp_batch
-
-    sipp_batch.main(args.rest)
-    return EXIT_OK
+    cmd = [sys.executable, "-m", "jobs.eval.sipp_batch", *args.rest]  # a job: started, never imported by the library
+    sys.stdout.flush()
+    os.execv(cmd[0], cmd)
+    return EXIT_RUNTIME  # not reached
 
 
 def cmd_demo(args) -> int:

@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from pipeline.stream.kafka.codecs import SYNTHETIC_DTYPES, columns_checksum
+from pipeline.stream.kafka.topics import PUBLIC_TOPICS
 
 __all__ = ["SyntheticPanel", "PanelStore", "read_topics", "IncompleteStep"]
 
@@ -110,6 +111,11 @@ class PanelStore:
         self._chunks: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
         self.duplicates = 0
 
+    def handlers(self, topic_names: dict[str, str]) -> dict[str, Any]:
+        """Broker topic name -> the method applying its messages, for every public topic."""
+        by_topic = {"releases": self.add_manifest, "synthetic": self.add_chunk, "alerts": self.add_alert}
+        return {topic_names[t]: by_topic[t] for t in PUBLIC_TOPICS}
+
     def _panel(self, release: str, type_: str = "") -> SyntheticPanel:
         panel = self.panels.get(release)
         if panel is None:
@@ -188,8 +194,7 @@ def read_topics(bootstrap: str, topic_names: dict[str, str], store: PanelStore |
     from pipeline.stream.kafka.log_end import log_ends
 
     store = store or PanelStore()
-    handlers = {topic_names["releases"]: store.add_manifest, topic_names["synthetic"]: store.add_chunk,
-                topic_names["alerts"]: store.add_alert}
+    handlers = store.handlers(topic_names)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
                              max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
     try:

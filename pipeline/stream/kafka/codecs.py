@@ -1,4 +1,5 @@
-"""Message formats on the topics, with deterministic keys so consumers can deduplicate.
+"""Message formats on the topics, with deterministic keys so consumers can deduplicate (the topics
+themselves — partitions, public or not, who reads them — are declared in :mod:`pipeline.stream.kafka.topics`).
 
 Public topics carry JSON an analyst can read as ordinary data:
 
@@ -35,7 +36,6 @@ from pipeline.serialization import dumps_state, loads_state
 from pipeline.synth.postprocess import synthetic_dtype
 
 __all__ = [
-    "TOPICS",
     "CONTROL_HEADER",
     "SYNTHETIC_CHUNK_RECORDS",
     "PARTIAL_CHUNK_BYTES",
@@ -49,19 +49,6 @@ __all__ = [
     "close_marker",
     "parse_close_marker",
 ]
-
-# topic -> (partitions: "config" means the deployment's topics.partitions)
-TOPICS: dict[str, int | str] = {
-    "reports": "config",
-    "feedback": "config",  # co-partitioned with reports
-    "repartition": "config",  # reports routed to their owner's partition (pipeline.stream.ingest.repartition)
-    "control": 1,
-    "step-partials": 1,  # one releaser reads them in order
-    "releases": 1,
-    "synthetic": 1,
-    "alerts": 1,
-    "dead-letter": 1,
-}
 
 CONTROL_HEADER = "dpstream-control"
 SYNTHETIC_CHUNK_RECORDS = 20_000  # ~60 KB of JSON per chunk per column

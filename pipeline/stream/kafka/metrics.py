@@ -26,6 +26,8 @@ import threading
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from pipeline.stream.kafka.topics import consumer_groups
+
 __all__ = ["METRICS", "ALLOWED_LABELS", "PUBLIC_SERIES", "OPERATIONAL_SERIES", "serve_metrics", "metric_names",
            "consumer_groups", "observe_partition", "forget_partition", "ConsumerLagMonitor", "start_lag_monitor"]
 
@@ -135,14 +137,6 @@ def forget_partition(partition: int) -> None:
 
 
 # -- consumer lag ------------------------------------------------------------------------------------
-def consumer_groups(deployment, names: dict[str, str]) -> dict[str, list[str]]:
-    """Consumer group -> topics it consumes. The group ids are the jobs' consumer groups."""
-    return {
-        f"dpstream-{deployment.name}-ingest": [names["reports"], names["feedback"], names["repartition"]],
-        f"dpstream-{deployment.name}-releaser": [names["step-partials"], names["control"]],
-    }
-
-
 class ConsumerLagMonitor(threading.Thread):
     """Sets ``dpstream_consumer_lag{topic, partition}`` = log end offset − the group's committed
     offset (the whole log while nothing is committed), every ``interval`` seconds. The log end is

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from typing import Awaitable, Callable
 
 from aiokafka import AIOKafkaProducer
@@ -17,7 +18,12 @@ log = logging.getLogger("dpstream.process")
 
 def run_job(job: Callable[[], Awaitable[None]], loglevel: str = "info") -> None:
     """Configure logging and run ``job()`` in a new event loop (aiokafka clients must be created
-    inside the running loop, so ``job`` builds them)."""
+    inside the running loop, so ``job`` builds them). A refusal to start on the Redis state
+    (:class:`pipeline.stream.state.identity.StateRefused`, or a state blob of another format version)
+    exits with its code and one line on stderr."""
+    from pipeline.serialization import StateFormatError
+    from pipeline.stream.state.identity import StateLost, StateRefused
+
     logging.basicConfig(level=loglevel.upper(),
                         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
@@ -25,7 +31,14 @@ def run_job(job: Callable[[], Awaitable[None]], loglevel: str = "info") -> None:
     async def main() -> None:
         await job()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except StateRefused as err:
+        print(f"dpstream: {err.label}: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code)
+    except StateFormatError as err:  # a state of another format version (pipeline.serialization)
+        print(f"dpstream: state refused: {err}", file=sys.stderr)
+        raise SystemExit(StateLost.exit_code)
 
 
 def make_producer(bootstrap: str, linger_ms: int) -> AIOKafkaProducer:

@@ -1,16 +1,56 @@
-"""Topic names and creation for a deployment (kafka-python admin client)."""
+"""The deployment's topics, declared once: name, partitions, key and value format, whether the topic
+is public, and which consumer group reads it (kafka-python admin client for creation).
+
+Every user of a topic takes it from here: the jobs (what they subscribe to, their group ids),
+:func:`ensure_topics` and ``deploy/create_topics.py`` (partitions, retention), the lag metric
+(:func:`consumer_groups`), the demo driver and the downstream consumer (the public topics). The
+message formats themselves are described in :mod:`pipeline.stream.kafka.codecs`.
+"""
 
 from __future__ import annotations
 
-from pipeline.stream.kafka.codecs import TOPICS
+from dataclasses import dataclass
 
-__all__ = ["topic_names", "topic_partitions", "ensure_topics"]
+__all__ = ["Topic", "TOPICS", "PUBLIC_TOPICS", "INGEST", "RELEASER", "topic_names", "topic_partitions",
+           "group_id", "read_by", "consumer_groups", "new_topics", "ensure_topics"]
 
+# Consumer groups (roles): the ingest workers and the single releaser. Public topics are read by
+# downstream consumers with their own groups (or none).
+INGEST, RELEASER = "ingest", "releaser"
 
-PUBLIC_TOPICS = ("releases", "synthetic", "alerts")
 # The public topics are the product and the fence's evidence (pipeline.stream.release.fence): Kafka's default
 # retention (7 days) would delete old manifests, and with them what a wiped state is checked against.
 KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str  # logical name; the broker's is ``<prefix>.<deployment>.<name>``
+    partitions: int | None  # None: the deployment's ``topics.partitions``
+    key: str  # what the key is (see pipeline.stream.kafka.codecs)
+    value: str  # the value's encoding: "json" or "binary" (pipeline.serialization state format)
+    public: bool  # part of the product (kept forever, read by analysts); else curator-side
+    reader: str | None  # the dpstream consumer group (role) that reads it; None: downstream only
+
+    def config(self) -> dict[str, str]:
+        """Topic configuration at creation."""
+        return KEEP_FOREVER if self.public else {}
+
+
+TOPICS: dict[str, Topic] = {t.name: t for t in (
+    Topic("reports", None, "user id; none for close markers", "json", public=False, reader=INGEST),
+    Topic("feedback", None, "<release>:<step>", "json", public=False, reader=INGEST),  # co-partitioned with reports
+    # reports routed to their user's owner partition (pipeline.stream.ingest.repartition), co-partitioned too
+    Topic("repartition", None, "none (source partition and positions in headers)", "json", public=False,
+          reader=INGEST),
+    Topic("control", 1, "none", "json", public=False, reader=RELEASER),
+    Topic("step-partials", 1, "<step>:<partition>:<chunk>", "binary", public=False, reader=RELEASER),  # in order
+    Topic("releases", 1, "<release>:<step>", "json", public=True, reader=None),
+    Topic("synthetic", 1, "<release>:<step>:<chunk>", "json", public=True, reader=None),
+    Topic("alerts", 1, "<release>:<step>", "json", public=True, reader=None),
+    Topic("dead-letter", 1, "the original key", "binary", public=False, reader=None),
+)}
+PUBLIC_TOPICS = tuple(name for name, t in TOPICS.items() if t.public)
 
 
 def topic_names(deployment) -> dict[str, str]:
@@ -20,7 +60,34 @@ def topic_names(deployment) -> dict[str, str]:
 
 
 def topic_partitions(deployment) -> dict[str, int]:
-    return {t: (deployment.topics.partitions if p == "config" else int(p)) for t, p in TOPICS.items()}
+    return {name: deployment.topics.partitions if t.partitions is None else t.partitions for name, t in TOPICS.items()}
+
+
+def group_id(deployment, role: str) -> str:
+    """The consumer group of a dpstream role (``INGEST`` or ``RELEASER``) in this deployment."""
+    if role not in (INGEST, RELEASER):
+        raise ValueError(f"role must be {INGEST!r} or {RELEASER!r}, got {role!r}")
+    return f"dpstream-{deployment.name}-{role}"
+
+
+def read_by(role: str) -> list[str]:
+    """The logical topics the group of ``role`` reads."""
+    return [name for name, t in TOPICS.items() if t.reader == role]
+
+
+def consumer_groups(deployment, names: dict[str, str] | None = None) -> dict[str, list[str]]:
+    """Consumer group id -> the broker topics it consumes (the jobs' groups)."""
+    names = names or topic_names(deployment)
+    return {group_id(deployment, role): [names[t] for t in read_by(role)] for role in (INGEST, RELEASER)}
+
+
+def new_topics(deployment, existing, replication: int = 1) -> list:
+    """kafka-python ``NewTopic`` objects for the deployment's topics not in ``existing`` (broker names)."""
+    from kafka.admin import NewTopic
+
+    names, parts = topic_names(deployment), topic_partitions(deployment)
+    return [NewTopic(names[t], parts[t], replication, topic_configs=TOPICS[t].config())
+            for t in names if names[t] not in existing]
 
 
 def ensure_topics(bootstrap: str, deployment, timeout: float = 30.0, replication: int = 1) -> dict[str, str]:
@@ -28,7 +95,6 @@ def ensure_topics(bootstrap: str, deployment, timeout: float = 30.0, replication
     ones with other partition counts. A broker that is still starting is waited for up to ``timeout``
     seconds: the admin client's own bootstrap retries with backoff until then."""
     from kafka import KafkaAdminClient
-    from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
     names = topic_names(deployment)
@@ -36,9 +102,7 @@ def ensure_topics(bootstrap: str, deployment, timeout: float = 30.0, replication
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="dpstream-admin",
                              bootstrap_timeout_ms=int(timeout * 1000))
     try:
-        existing = set(admin.list_topics())
-        missing = [NewTopic(names[t], parts[t], replication, topic_configs=KEEP_FOREVER if t in PUBLIC_TOPICS else {})
-                   for t in names if names[t] not in existing]
+        missing = new_topics(deployment, set(admin.list_topics()), replication)
         if missing:
             try:
                 admin.create_topics(missing)

@@ -11,12 +11,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from pipeline.stream.local.embedded import EmbeddedServices, free_port
+from pipeline.stream.kafka.runtime import job_command
 from pipeline.stream.kafka.topics import ensure_topics, topic_names
+from pipeline.stream.local.embedded import EmbeddedServices, free_port
 
 __all__ = ["LocalCluster", "endpoints_file", "state_dir", "dpstream_home", "process_cmdline"]
 
@@ -76,11 +76,9 @@ class LocalCluster:
         self.broker = self.broker or self.services.broker.bootstrap
         self.redis_url = self.redis_url or self.services.redis.url
 
-    def env(self, metrics_port: int = 0) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(DPSTREAM_CONFIG=self.config_path, DPSTREAM_BROKER=self.broker, DPSTREAM_REDIS=self.redis_url,
-                   DPSTREAM_METRICS_PORT=str(metrics_port), PYTHONUNBUFFERED="1")
-        return env
+    def env(self) -> dict[str, str]:
+        """The stream processes' environment (the configuration and endpoints go on their command line)."""
+        return dict(os.environ, PYTHONUNBUFFERED="1")
 
     # -- processes -----------------------------------------------------------------------------
     def spawn(self, role: str, name: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -96,8 +94,8 @@ class LocalCluster:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{name}.log", "ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", role, "--config", self.config_path],
-            env={**self.env(port), **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            job_command(role, self.config_path, self.broker, self.redis_url, metrics_port=port),
+            env={**self.env(), **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.procs[name] = proc
         return proc

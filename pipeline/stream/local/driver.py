@@ -30,9 +30,7 @@ class StepDriver:
         self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                        auto_offset_reset="earliest", max_partition_fetch_bytes=16 << 20,
                                        fetch_max_bytes=64 << 20)
-        self._handlers = {topic_names["releases"]: self.panels.add_manifest,
-                          topic_names["synthetic"]: self.panels.add_chunk,
-                          topic_names["alerts"]: self.panels.add_alert}
+        self._handlers = self.panels.handlers(topic_names)
         tps = [TopicPartition(t, 0) for t in self._handlers]
         self._consumer.assign(tps)
         self._consumer.seek_to_beginning(*tps)

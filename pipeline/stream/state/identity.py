@@ -32,15 +32,22 @@ ACCEPT_NEW_SPEND_ENV = "DPSTREAM_ACCEPT_NEW_SPEND"
 
 
 class StateRefused(RuntimeError):
-    """A process refuses to start on this state; the command line maps the subclass to its exit code."""
+    """A process refuses to start on this state; it exits with the subclass's ``exit_code`` and
+    ``label`` (README, "Exit codes")."""
+
+    exit_code, label = 1, "state refused"
 
 
 class ConfigurationChanged(StateRefused):
     """The configuration differs from the one the state was created under (exit code 2)."""
 
+    exit_code, label = 2, "configuration refused"
+
 
 class StateLost(StateRefused):
     """Releases exist that the state does not know: it was lost, wiped or replaced (exit code 4)."""
+
+    exit_code, label = 4, "state lost"
 
 
 @dataclass(frozen=True)

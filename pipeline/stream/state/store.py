@@ -36,7 +36,7 @@ from typing import Any
 
 import redis
 
-__all__ = ["ReleaseStore", "StepAlreadyReleased", "StepOutOfOrder", "StepRecord", "FINGERPRINTS_KEY"]
+__all__ = ["StoreLayout", "ReleaseStore", "StepAlreadyReleased", "StepOutOfOrder", "StepRecord", "FINGERPRINTS_KEY"]
 
 FINGERPRINTS_KEY = "dpstream-fingerprints"  # outside every deployment's prefix
 
@@ -56,15 +56,22 @@ class StepRecord:
     state: bytes | None  # releaser mechanism state after this step
 
 
-class ReleaseStore:
-    def __init__(self, client: redis.Redis, deployment: str):
+class StoreLayout:
+    """The key layout and encodings of a deployment's Redis state, shared by the synchronous store
+    (:class:`ReleaseStore`: command-line tools, tests) and the asyncio one the jobs use
+    (:class:`pipeline.stream.state.store_async.AsyncReleaseStore`)."""
+
+    client_class: Any = None  # the redis-py client class of the subclass (synchronous or asyncio)
+    client_options: dict[str, Any] = {}  # and its options
+
+    def __init__(self, client, deployment: str):
         self.r = client
         self.deployment = deployment
         self.prefix = f"dpstream:{deployment}"
 
     @classmethod
-    def from_url(cls, url: str, deployment: str) -> "ReleaseStore":
-        return cls(redis.Redis.from_url(url), deployment)
+    def from_url(cls, url: str, deployment: str):
+        return cls(cls.client_class.from_url(url, **cls.client_options), deployment)
 
     def _k(self, *parts: Any) -> str:
         return ":".join([self.prefix, *map(str, parts)])
@@ -73,21 +80,57 @@ class ReleaseStore:
         """The Redis key of ``parts`` under this deployment's prefix (errors name the key they are about)."""
         return self._k(*parts)
 
+    @staticmethod
+    def _as_int(value: bytes | None) -> int:
+        """An integer pointer; 0 until it is first set."""
+        return int(value) if value is not None else 0
+
+    @staticmethod
+    def _decode_step(step: int, raw: dict[bytes, bytes]) -> StepRecord | None:
+        if not raw:
+            return None
+        state = raw.pop(b"__state__", None)
+        return StepRecord(step, {k.decode(): v for k, v in raw.items()}, state)
+
+    @staticmethod
+    def _check_next(step: int, last: int, exists: bool, clash: list[str]) -> None:
+        """Refuse to commit ``step`` unless it is the next one and nothing of it is stored."""
+        if step <= last or exists:
+            raise StepAlreadyReleased(f"step {step} is already released (last released {last})")
+        if step != last + 1:
+            raise StepOutOfOrder(f"cannot commit step {step}: last released step is {last}")
+        if clash:
+            raise StepAlreadyReleased(f"ledger already holds {clash}")
+
+    @staticmethod
+    def _step_mapping(record: StepRecord) -> dict[str, bytes]:
+        mapping = dict(record.releases)
+        if record.state is not None:
+            mapping["__state__"] = record.state
+        return mapping
+
+    @staticmethod
+    def _ledger_mapping(ledger: dict[str, dict[str, Any]]) -> dict[str, str]:
+        return {k: json.dumps(v, sort_keys=True) for k, v in ledger.items()}
+
+    @staticmethod
+    def _intake_mapping(summaries: dict[int, dict[str, Any]]) -> dict[str, str]:
+        return {str(p): json.dumps(s, sort_keys=True) for p, s in summaries.items()}
+
+
+class ReleaseStore(StoreLayout):
+    client_class = redis.Redis
+
     def _int(self, name: str) -> int:
         """An integer pointer of this deployment; 0 until it is first set."""
-        value = self.r.get(self._k(name))
-        return int(value) if value is not None else 0
+        return self._as_int(self.r.get(self._k(name)))
 
     # -- releases ----------------------------------------------------------------------------
     def last_released(self) -> int:
         return self._int("released")
 
     def load_step(self, step: int) -> StepRecord | None:
-        raw = self.r.hgetall(self._k("step", step))
-        if not raw:
-            return None
-        state = raw.pop(b"__state__", None)
-        return StepRecord(step, {k.decode(): v for k, v in raw.items()}, state)
+        return self._decode_step(step, self.r.hgetall(self._k("step", step)))
 
     def commit_step(self, record: StepRecord, ledger: dict[str, dict[str, Any]]) -> None:
         """Atomically store step ``record.step`` and its ledger entries (``"<release>:<t>"`` -> entry)."""
@@ -98,22 +141,13 @@ class ReleaseStore:
             while True:
                 try:
                     pipe.watch(released_key, step_key, ledger_key)
-                    last = pipe.get(released_key)
-                    last = int(last) if last is not None else 0
-                    if record.step <= last or pipe.exists(step_key):
-                        raise StepAlreadyReleased(f"step {record.step} is already released (last released {last})")
-                    if record.step != last + 1:
-                        raise StepOutOfOrder(f"cannot commit step {record.step}: last released step is {last}")
-                    clash = [key for key in ledger if pipe.hexists(ledger_key, key)]
-                    if clash:
-                        raise StepAlreadyReleased(f"ledger already holds {clash}")
+                    last = self._as_int(pipe.get(released_key))
+                    self._check_next(record.step, last, bool(pipe.exists(step_key)),
+                                     [key for key in ledger if pipe.hexists(ledger_key, key)])
                     pipe.multi()
-                    mapping = dict(record.releases)
-                    if record.state is not None:
-                        mapping["__state__"] = record.state
-                    pipe.hset(step_key, mapping=mapping)
+                    pipe.hset(step_key, mapping=self._step_mapping(record))
                     if ledger:
-                        pipe.hset(ledger_key, mapping={k: json.dumps(v, sort_keys=True) for k, v in ledger.items()})
+                        pipe.hset(ledger_key, mapping=self._ledger_mapping(ledger))
                     pipe.set(released_key, record.step)
                     pipe.execute()
                     return
@@ -179,7 +213,7 @@ class ReleaseStore:
     def save_intake(self, summaries: dict[int, dict[str, Any]]) -> None:
         """Store the partitions' intake counts (a snapshot each, replacing the previous one)."""
         if summaries:
-            self.r.hset(self._k("intake"), mapping={str(p): json.dumps(s, sort_keys=True) for p, s in summaries.items()})
+            self.r.hset(self._k("intake"), mapping=self._intake_mapping(summaries))
 
     def intake(self) -> dict[int, dict[str, Any]]:
         """Reports partition -> its latest intake counts (partitions no worker has handled yet are absent)."""

@@ -1,0 +1,299 @@
+"""The release protocol of the releaser, without Kafka: assemble the partials of a step, release it,
+commit it, publish it; republish after a restart; close steps (docs/streaming.md, "Releasing a step").
+
+:class:`ReleaseCoordinator` is driven by plain calls — a partial arrived (:meth:`take_partial`), a
+close command (:meth:`on_control`), time passed (:meth:`tick`), the consumer was (re)assigned
+(:meth:`on_assign_partials`) — and reaches the outside only through
+
+* a :class:`pipeline.stream.state.checkpoint.Checkpoint` over a publisher (the broker, in the job), which
+  owns the order "publish, await the acknowledgements, then write the Redis pointer";
+* an :class:`pipeline.stream.state.store_async.AsyncReleaseStore` (Redis);
+* ``log_end(topic)``: where partition 0 of a topic ends (None: cannot tell), to notice a broker
+  that lost its logs;
+
+so the job (``jobs/releaser.py``) is the Kafka consumer around it and the tests drive it directly.
+
+The protocol, per step t once every partition's partial of t is in:
+
+1. the mechanisms run (:class:`pipeline.stream.release.engine.ReleaseEngine`: noise is drawn here, once);
+2. the complete release — records, ledger entries, engine state — is committed to Redis in one
+   transaction **before** anything is published; a step someone already committed is taken from
+   Redis instead (its noise is the release: never redrawn, never spent twice);
+3. the partials' resume offset moves past t (a restart re-reads only unreleased partials);
+4. everything of t is published with t's public close time as timestamp, and once the broker
+   acknowledged it all, ``published`` moves to t. A restart republishes the committed steps after
+   ``published`` from their records: the same bytes.
+
+Closing: a close command for step t writes close markers for every step not yet closed up to t to
+every reports partition, then (acknowledged) moves ``closing``; with ``steps.close: deadline`` a
+step also closes ``deadline_seconds`` after the previous close (:mod:`pipeline.stream.release.closing`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Awaitable, Callable
+
+import orjson
+
+from pipeline.privacy.accounting import BudgetExhaustedError
+from pipeline.serialization import dumps_state, loads_state
+from pipeline.stream.kafka.codecs import CONTROL_HEADER, PartialAssembler, close_marker, synthetic_chunks
+from pipeline.stream.kafka.faults import crash_point
+from pipeline.stream.kafka.metrics import METRICS
+from pipeline.stream.release.closing import DeadlineClock, now_ms
+from pipeline.stream.release.engine import ReleaseEngine, ReleaseOutput
+from pipeline.stream.release.fence import check_fence
+from pipeline.stream.state.checkpoint import Checkpoint
+from pipeline.stream.state.store import StepAlreadyReleased, StepRecord
+
+__all__ = ["ReleaseCoordinator"]
+
+log = logging.getLogger("dpstream.releaser")
+
+
+class ReleaseCoordinator:
+    """One releaser's protocol state; build it with :meth:`create` (it reads Redis)."""
+
+    def __init__(self, deployment, engine: ReleaseEngine, store, checkpoint: Checkpoint, names: dict[str, str],
+                 log_end: Callable[[str], Awaitable[int | None]], clock: Callable[[], int] = now_ms):
+        self.dep = deployment
+        self.engine = engine
+        self.store = store
+        self.checkpoint = checkpoint
+        self.names = names
+        self.log_end = log_end
+        self.clock = clock  # ms; the deadline clock and the publish hold read it
+        self.partitions = deployment.topics.partitions
+        self.assembler = PartialAssembler(self.partitions)
+        self.stopped_reason: str | None = None  # set when the budget is exhausted: nothing more is released
+        self.last_partial_offset = -1  # highest step-partials offset taken
+        self._republished = False  # the public log was checked (and filled in) since the last assignment
+        self._lock = asyncio.Lock()  # one release (or republication) at a time
+        # The first step's deadline counts from the releaser's start (a public event), later ones from
+        # the previous close; no report is ever looked at.
+        self._deadline = DeadlineClock(deployment.steps.deadline_seconds if deployment.steps.close == "deadline"
+                                       else None, clock())
+
+    @classmethod
+    async def create(cls, deployment, n: int, instance: str, store, checkpoint: Checkpoint, names: dict[str, str],
+                     log_end: Callable[[str], Awaitable[int | None]], clock: Callable[[], int] = now_ms):
+        """The engine restored from the last committed step (a fresh one before the first), stamping
+        ``instance`` (the deployment's public instance id, read back by the fence) into every manifest."""
+        last, blob = await store.latest_state()
+        engine = (ReleaseEngine.from_state(deployment, loads_state(blob, f"{store.key('step', last)} __state__"))
+                  if blob else ReleaseEngine(deployment, n))
+        engine.instance = instance
+        return cls(deployment, engine, store, checkpoint, names, log_end, clock)
+
+    # -- events ------------------------------------------------------------------------------------
+    async def on_assign_partials(self) -> int:
+        """The consumer got ``step-partials`` (again): the offset to read it from (the Redis resume
+        offset, whatever the group committed), and the public log is checked again before releasing."""
+        self._republished = False  # after a rebalance (e.g. the broker came back), check the public log again
+        resume = await self.store.partials_resume()
+        end = await self.log_end(self.names["step-partials"])
+        if end is not None and end < resume:  # a log never shrinks on durable Kafka
+            log.warning("%s ends at offset %d, before the resume offset %d: the broker lost the log (memory-only "
+                        "broker restarted?); reading the new log from its start", self.names["step-partials"], end,
+                        resume)
+            resume, self.last_partial_offset = 0, -1
+        log.info("reading %s from offset %d", self.names["step-partials"], resume)
+        return resume
+
+    def take_partial(self, offset: int, key: bytes | None, value: bytes) -> bool:
+        """One step-partials message (duplicates are harmless); True when it may complete a step."""
+        self.last_partial_offset = max(self.last_partial_offset, offset)
+        if (key or b"").startswith(b"progress:"):
+            return False  # coverage progress of an earlier version (closing by coverage is refused now)
+        step = self.assembler.add(value, offset)
+        if step <= self.engine.step:
+            self.assembler.discard_before(self.engine.step + 1)  # a replayed partial of a released step
+            return False
+        if self.assembler.complete(step):
+            log.info("partials of step %d complete", step)
+        return True
+
+    async def on_control(self, value: bytes, timestamp_ms: int) -> None:
+        """A close command: its record timestamp (set by the operator's client) is the public close time."""
+        try:
+            cmd = orjson.loads(value)
+            if cmd.get("command") != "close":
+                raise ValueError(f"unknown command {cmd.get('command')!r}")
+            log.info("close command for step %s", cmd.get("step"))
+            await self.close_through(int(cmd["step"]), timestamp_ms if timestamp_ms >= 0 else self.clock())
+        except (ValueError, KeyError, TypeError, AttributeError, orjson.JSONDecodeError) as err:
+            log.error("ignoring control message %r: %s", value[:200], err)
+
+    async def tick(self) -> None:
+        """Time passed: close the open step if its deadline is due; republish after a reassignment."""
+        step = await self.store.last_closing() + 1
+        due = self._deadline.due(self.clock())
+        if due is not None and step <= self.dep.horizon:
+            await self.close_through(step, due)
+        if not self._republished:
+            await self.release_ready_steps()
+
+    async def check_fence(self, stamps) -> int:
+        """Before the first release: refuse (StateLost) when the ``releases`` topic, read as ``stamps``,
+        holds releases this state does not know (see :mod:`pipeline.stream.release.fence`); the last released step."""
+        released = await self.store.last_released()
+        check_fence(stamps, self.engine.instance, released, self.names["releases"])
+        return released
+
+    # -- releasing ---------------------------------------------------------------------------------
+    async def release_ready_steps(self) -> None:
+        """Republish what a crash left unpublished, then release every step whose partials are complete."""
+        async with self._lock:
+            await self._republish_pending()
+            while self.stopped_reason is None and self.assembler.complete(self.engine.step + 1):
+                await self._release(self.engine.step + 1)
+
+    async def _release(self, step: int) -> None:
+        started = time.perf_counter()
+        partials = self.assembler.pop(step)
+        try:
+            outputs = self.engine.release(step, partials)
+        except BudgetExhaustedError as err:
+            self.stopped_reason = str(err)
+            METRICS.budget_refusals.labels(err.release).inc()
+            log.error("budget exhausted, releases stopped: %s", err)
+            return
+        ledger = {f"{e.release}:{e.step}": e.get_state() for e in self.engine.ledger.entries if e.step == step}
+        record = StepRecord(step, {o.release: o.to_bytes() for o in outputs}, dumps_state(self.engine.get_state()))
+        computed = time.perf_counter()
+        crash_point("releaser.before_commit", step)
+        try:
+            await self.store.commit_step(record, ledger)
+        except StepAlreadyReleased:
+            # Someone (an earlier incarnation) committed it: the stored record is the release.
+            record = await self.store.load_step(step)
+            self.engine = ReleaseEngine.from_state(
+                self.dep, loads_state(record.state, f"{self.store.key('step', step)} __state__"))
+            outputs = self._outputs(record)
+            METRICS.republished.inc()
+        resume = self.assembler.min_offset()
+        await self.store.set_partials_resume(resume if resume is not None else self.last_partial_offset + 1)
+        committed = time.perf_counter()
+        crash_point("releaser.after_commit", step)
+        await self._hold_until_public_time(step, outputs)
+        await self.publish(step, outputs)
+        self._observe(step, outputs, started)
+        log.info("released step %d (mechanisms %.3f s, Redis commit %.3f s, publish %.3f s)", step,
+                 computed - started, committed - computed, time.perf_counter() - committed)
+
+    def _outputs(self, record: StepRecord) -> list[ReleaseOutput]:
+        return [ReleaseOutput.from_bytes(record.releases[rel.name], f"{self.store.key('step', record.step)} {rel.name}")
+                for rel in self.dep.releases]
+
+    async def publish(self, step: int, outputs: list[ReleaseOutput]) -> None:
+        """Publish a committed step (also to republish it after a restart: the same bytes every time);
+        ``published`` moves to ``step`` once the broker acknowledged every message of it."""
+        ts = _public_timestamp(step, outputs)
+        messages = []  # (logical topic, key, value, partition, timestamp)
+        for out in outputs:
+            key = f"{out.release}:{step}".encode()
+            messages.append(("releases", key, orjson.dumps(out.manifest), 0, ts))
+            if out.columns is not None:
+                messages += [("synthetic", ckey, cval, 0, ts)
+                             for ckey, cval in synthetic_chunks(out.release, step, out.column_steps, out.columns)]
+            if out.alerts is not None:
+                messages.append(("alerts", key, orjson.dumps(out.alerts), 0, ts))
+            if out.feedback is not None:
+                body = orjson.dumps({"release": out.release, "step": step, **out.feedback})
+                messages += [("feedback", key, body, p, None) for p in range(self.partitions)]
+        batch, half = self.checkpoint.begin(), len(messages) // 2
+        for i, (topic, key, value, partition, timestamp) in enumerate(messages):
+            if i == half:
+                await batch.acknowledged()
+                crash_point("releaser.mid_publish", step)
+            await batch.send(self.names[topic], value, key=key, partition=partition, timestamp_ms=timestamp)
+        await batch.commit(lambda: self.store.mark_published(step))
+        METRICS.released_step.set(step)
+
+    async def _republish_pending(self) -> None:
+        """Republish steps committed but not (known to be) fully published before a crash: same bytes.
+
+        If the broker lost the public log (a memory-only broker restarted: ``releases`` is empty although
+        steps were published; durable Kafka never shrinks a log), every committed step is republished."""
+        if self._republished:
+            return
+        first = await self.store.last_published() + 1
+        if first > 1 and await self.log_end(self.names["releases"]) == 0:
+            log.warning("the broker lost the public topics (%s is empty, %d step(s) were published): republishing "
+                        "every committed step from Redis", self.names["releases"], first - 1)
+            first = 1
+        for step in range(first, await self.store.last_released() + 1):
+            record = await self.store.load_step(step)
+            await self.publish(step, self._outputs(record))
+            METRICS.republished.inc()
+            log.info("republished step %d from its stored record", step)
+        self._republished = True
+
+    async def _hold_until_public_time(self, step: int, outputs: list[ReleaseOutput]) -> None:
+        """With ``steps.publish_delay_seconds`` = L, publish step t at its public close time + L, so when
+        its records appear does not depend on how long the release took (docs/privacy.md, "Closing
+        rules and timing"). A release not ready by then is published at once and counted as an overrun
+        (that it was late is then visible: choose L above the worst case)."""
+        hold = self.dep.steps.publish_delay_seconds
+        closed_at = _closed_at(outputs)
+        if not hold or closed_at is None:
+            return
+        wait = closed_at + hold - self.clock() / 1000
+        if wait > 0:
+            await asyncio.sleep(wait)
+        else:
+            METRICS.publish_overruns.inc()
+            log.warning("step %d was ready %.3f s after close + publish_delay_seconds: published late", step, -wait)
+
+    def _observe(self, step: int, outputs: list[ReleaseOutput], started: float) -> None:
+        METRICS.release_seconds.observe(time.perf_counter() - started)
+        closed_at = _closed_at(outputs)
+        if closed_at is not None:  # curator-side only: the public records carry the close time itself
+            METRICS.close_to_publish_seconds.set(self.clock() / 1000 - closed_at)
+            METRICS.close_to_publish_step.set(step)
+        for out in outputs:
+            priv = out.manifest.get("privacy", {}).get("release_spent") or {}
+            if "rho" in priv:
+                METRICS.privacy_rho.labels(out.release).set(priv["rho"])
+            if "epsilon" in priv:
+                METRICS.privacy_epsilon.labels(out.release).set(priv["epsilon"])
+            if out.manifest.get("clamped_bins"):
+                METRICS.padding_clamps.labels(out.release).inc(out.manifest["clamped_bins"])
+            if out.alerts is not None and "flagged" in out.alerts:
+                METRICS.heavy_hitters.labels(out.release).set(len(out.alerts["flagged"]))
+
+    # -- closing steps -----------------------------------------------------------------------------
+    async def close_through(self, step: int, closed_at: int) -> None:
+        """Write close markers for every step after the last one closed, up to ``step``, in order, each
+        carrying the public close time ``closed_at`` (ms); ``closing`` moves once they are acknowledged."""
+        if not 1 <= step <= self.dep.horizon:
+            log.error("refusing to close step %s: steps are 1..%d", step, self.dep.horizon)
+            return
+        first = await self.store.last_closing() + 1
+        for t in range(first, step + 1):
+            body, batch = close_marker(t, closed_at), self.checkpoint.begin()
+            for p in range(self.partitions):
+                await batch.send(self.names["reports"], body, partition=p, headers=[(CONTROL_HEADER, b"close")])
+            await batch.commit(lambda: self.store.mark_closing(t))
+            log.info("close markers for step %d written to %d partitions", t, self.partitions)
+        if first <= step:
+            self._deadline.closed(closed_at)
+
+
+def _closed_at(outputs: list[ReleaseOutput]) -> float | None:
+    """The step's public close time (seconds) as its manifests state it (``released_at``)."""
+    return outputs[0].manifest.get("released_at") if outputs else None
+
+
+def _public_timestamp(step: int, outputs: list[ReleaseOutput]) -> int | None:
+    """The record timestamp of a step's messages: its public close time (from the manifests), the
+    same on every republication. None only for a step closed by a marker without one (not written
+    by this releaser): the client then stamps the send time."""
+    released_at = _closed_at(outputs)
+    if released_at is None:
+        log.warning("step %d has no public close time: its records carry the send time", step)
+        return None
+    return round(released_at * 1000)
