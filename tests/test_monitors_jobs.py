@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from jobs import bench_heavy_hitters as bench
-from jobs import eval_heavy_hitters as ev
+from jobs.bench import bench_heavy_hitters as bench
+from jobs.eval import eval_heavy_hitters as ev
 
 
 def test_bench_loop_ratio_small():

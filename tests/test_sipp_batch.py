@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
-from jobs import sipp_batch as job
+from jobs.eval import sipp_batch as job
 from pipeline import queries as Q
 from pipeline.sim import simulate_poverty_panel
 
