@@ -424,7 +424,7 @@ def _query_codes(params: dict, group: str, attribute=None) -> tuple[np.ndarray, 
             raise ValueError(f"a range is lo:hi with integer codes, got {group!r}") from None
         pieces = dyadic_pieces(lo, hi, size)
         return np.arange(lo, hi, dtype=np.int64), len(pieces)
-    if group.isdigit() and (attribute is None or attribute.type == "hashed" or int(group) < size):
+    if group.isdigit():  # a code (a hashed value that looks like a number is named by its code)
         code = int(group)
         if code >= size:
             raise ValueError(f"code {code} is outside [0, {size})")
