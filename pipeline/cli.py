@@ -464,7 +464,7 @@ def _synthetic_panel(args, step: int | None = None):
             raise SystemExit(_fail(EXIT_CONFIG, f"release {release.name!r} counts windows of {release.window} steps: "
                                                 f"the first full window ends at step {release.window}, got --step {step}"))
     panel = _panels(dep).panels.get(args.release)
-    through = panel.released_through if panel is not None and panel.values is not None else 0
+    through = panel.released_through if panel is not None else 0
     if through < (step or 1):
         raise SystemExit(_fail(EXIT_RUNTIME, f"release {args.release!r} has not released step {step or 1} yet "
                                              f"({f'released through step {through}' if through else 'nothing released'})"))
