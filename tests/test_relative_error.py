@@ -11,6 +11,8 @@ import math
 import numpy as np
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pipeline.config import ConfigError, parse_config
 from pipeline.consumer import IncompleteStep, PanelStore
@@ -20,6 +22,7 @@ from pipeline.stream import relative_error as re_kind
 from pipeline.stream.aggregators import make_aggregator
 from pipeline.stream.engine import ReleaseEngine, release_seed
 from pipeline.stream.messages import synthetic_chunks
+from pipeline.stream.neighbour_runs import CoupledWorlds
 from pipeline.stream.reports import public_hash
 from pipeline.synth.prem import PREM
 from pipeline.synth.prem_privacy import charged_plan, paper_plan, plan_privacy
@@ -119,6 +122,50 @@ def test_singletons_and_groups_families():
     assert np.array_equal(re_kind.query_family("singletons", 5).toarray(), np.eye(5))
     groups = {"x": [1, 3], "y": [0]}
     assert np.array_equal(re_kind.query_family("groups", 4, groups).toarray(), [[0, 1, 0, 1], [1, 0, 0, 0]])
+
+
+# --- the neighbouring relation on the workers' aggregation ---------------------------------------
+
+@st.composite
+def neighbouring_streams(draw):
+    """Two streams differing in one user's whole sequence (the all-missing one drawn often), others
+    with gaps, either imputation rule, with or without a default (docs/privacy.md)."""
+    n, horizon = draw(st.integers(2, 5)), draw(st.integers(1, 4))
+    cfg = config()
+    cfg.update(roster={"size": n}, horizon=horizon, budget={"epsilon": 1.0, "delta": 1e-6}, steps={"max_ahead": 0},
+               imputation={"rule": draw(st.sampled_from(["carry_forward", "default"])),
+                           "default": draw(st.sampled_from([{}, {"occ": "f"}]))})
+    cfg["attributes"] = {"occ": cfg["attributes"]["occ"]}
+    row = st.lists(st.integers(-1, 7), min_size=horizon, max_size=horizon)
+    others = np.array(draw(st.lists(row, min_size=n, max_size=n)), dtype=np.int64)
+    user = draw(st.integers(0, n - 1))
+    worlds = []
+    for _ in range(2):
+        reports = others.copy()
+        reports[user] = draw(st.one_of(st.just([-1] * horizon), row))
+        worlds.append(reports)
+    return parse_config(cfg), user, worlds
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(neighbouring_streams())
+def test_each_steps_histogram_is_a_replace_one_neighbour(case):
+    """What PREM's privacy needs (docs/prem.md §6): through the worker's own state, imputation and
+    aggregator, each step's histogram in the two worlds has the same n and differs at most by one
+    unit moved between the bins of the user's two (reported or imputed) values: h' = h − e_x + e_y."""
+    dep, user, worlds = case
+    run = CoupledWorlds(dep)
+    for t in range(1, dep.horizon + 1):
+        p0, p1 = run.close(t, {"occ": worlds[0][:, t - 1]}, {"occ": worlds[1][:, t - 1]})
+        assert p0["users"] == p1["users"] == dep.n
+        h0, h1 = p0["releases"]["occ-groups"]["counts"], p1["releases"]["occ-groups"]["counts"]
+        assert h0.sum() == h1.sum() == dep.n
+        d = h1 - h0
+        x, y = run.values(0, "occ")[user], run.values(1, "occ")[user]
+        expected = np.zeros(8, dtype=np.int64)
+        expected[x] -= 1
+        expected[y] += 1
+        assert d.tolist() == expected.tolist(), (t, x, y, d)
 
 
 # --- the per-step privacy event ------------------------------------------------------------------
