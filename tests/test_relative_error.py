@@ -20,7 +20,7 @@ from pipeline.plan import budget_plan, planned_schedule, step_cost
 from pipeline.privacy.accounting import ApproxDP, BUDGET_RTOL
 from pipeline.stream import relative_error as re_kind
 from pipeline.stream.aggregators import make_aggregator
-from pipeline.stream.engine import ReleaseEngine, release_seed
+from pipeline.stream.engine import ReleaseEngine, ReleaseOutput, release_seed
 from pipeline.stream.messages import synthetic_chunks
 from pipeline.stream.neighbour_runs import CoupledWorlds
 from pipeline.stream.reports import public_hash
@@ -233,6 +233,7 @@ def test_engine_equals_library_prem_per_step_and_restores_from_state():
         expected = prem.fit(np.bincount(panel[:, t - 1], minlength=32))
         out = outputs[t]
         np.testing.assert_array_equal(out.columns[:, 0], expected)
+        assert ReleaseOutput.from_bytes(out.to_bytes()).columns.tobytes() == out.columns.tobytes()  # as stored
         params = out.manifest["parameters"]
         assert (params["zeta"], params["alpha"], params["beta"], params["n_queries"]) == (0.2, prem.alpha, 0.05, 63)
         assert out.manifest["synthetic"]["sha256"] == re_kind.histogram_checksum(expected)
