@@ -57,7 +57,10 @@ class SyntheticPanel:
         return t
 
     def as_array(self) -> np.ndarray:
-        """The released columns (m, released_through), in the manifest's ``synthetic.dtype``."""
+        """The released columns (m, released_through), in the manifest's ``synthetic.dtype`` (relative_error:
+        the histograms, codes × steps, float64)."""
+        if self.values is None and self.histograms:
+            return np.column_stack([self.histograms[t] for t in range(1, self.released_through + 1)])
         return self.values[:, : self.released_through]
 
     # -- queries --------------------------------------------------------------------------------
@@ -95,7 +98,7 @@ class SyntheticPanel:
         with path.open("w") as fh:
             fh.write(header + "\n")
             ids = np.arange(arr.shape[0])[:, None]
-            np.savetxt(fh, np.hstack([ids, arr]), fmt="%d", delimiter=",")
+            np.savetxt(fh, np.hstack([ids, arr]), fmt="%d" if arr.dtype.kind in "iu" else "%.17g", delimiter=",")
         return path
 
     def export_parquet(self, path: str | Path) -> Path:

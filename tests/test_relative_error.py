@@ -265,7 +265,7 @@ def _published(hist: np.ndarray, step: int, chunk_records: int, alpha: float = 1
     return orjson.dumps(manifest), chunks
 
 
-def test_consumer_assembles_the_histogram_bit_for_bit_and_checks_it():
+def test_consumer_assembles_the_histogram_bit_for_bit_and_checks_it(tmp_path):
     hist = np.random.default_rng(1).exponential(7.0, 10) * (1 + 1e-13)  # full float64 mantissas
     store = PanelStore()
     manifest, chunks = _published(hist, 1, chunk_records=4)
@@ -280,6 +280,8 @@ def test_consumer_assembles_the_histogram_bit_for_bit_and_checks_it():
     answer = panel.group_count(1, "lo")
     assert answer["estimate"] == float(hist[:2].sum())
     assert answer["interval"] == list(re_kind.group_interval(float(hist[:2].sum()), 0.1, 10.0, 1000))
+    back = np.loadtxt(panel.export_csv(tmp_path / "h.csv"), delimiter=",", skiprows=1)  # code, step_1
+    assert back[:, 0].tolist() == list(range(10)) and back[:, 1].tobytes() == hist.tobytes()
     # a value changed in transit: refused
     manifest2, chunks2 = _published(hist, 2, chunk_records=4)
     bad = orjson.loads(chunks2[1])

@@ -47,7 +47,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["RelativeErrorRelease", "check_release", "resolve_groups", "query_family", "family_size",
-           "dyadic_blocks", "dyadic_pieces", "make_aggregator", "step_plan", "plan_of", "step_seed",
+           "dyadic_blocks", "dyadic_pieces", "needs_feedback", "make_aggregator", "step_plan", "plan_of", "step_seed",
            "RelativeErrorMechanism", "mechanism_params", "build_mechanism", "step_cost", "release_output",
            "histogram_checksum", "complete_histogram", "group_interval", "answer_query", "query_output", "MAX_DOMAIN", "MAX_NNZ"]
 
@@ -214,6 +214,11 @@ def dyadic_pieces(lo: int, hi: int, domain_size: int) -> list[tuple[int, int]]:
     return pieces
 
 
+def needs_feedback(release) -> bool:
+    """No: nothing released changes what the workers aggregate next step."""
+    return False
+
+
 # --- aggregator --------------------------------------------------------------------------------
 
 def make_aggregator(release, attribute, rows: int):
@@ -298,7 +303,6 @@ class RelativeErrorMechanism:
             "noise": {"monitor_a": plan.a, "mass_noise": plan.mass_noise, "mass_param": plan.mass_param,
                       "init_sigma2": plan.init_sigma2, "max_calls": plan.max_calls, "rounds": plan.rounds,
                       "max_passes": plan.max_passes},
-            "neighbours": "replace",
         }
         if p["queries"] == "groups":
             out["groups"] = {name: list(codes) for name, codes in p["groups"].items()}
