@@ -16,7 +16,7 @@ import sys
 import time
 
 from pipeline.config import load_config
-from pipeline.stream.topics import ensure_topics, topic_names, topic_partitions
+from pipeline.stream.kafka.topics import ensure_topics, topic_names, topic_partitions
 
 
 def create(bootstrap: str, deployment, replication: int, timeout: float = 120.0) -> dict[str, str]:

@@ -19,11 +19,11 @@ from pipeline.consumer import IncompleteStep, PanelStore
 from pipeline.plan import budget_plan, planned_schedule, step_cost
 from pipeline.privacy.accounting import ApproxDP, BUDGET_RTOL
 from pipeline.stream import relative_error as re_kind
-from pipeline.stream.aggregators import make_aggregator
-from pipeline.stream.engine import ReleaseEngine, ReleaseOutput, release_seed
-from pipeline.stream.messages import synthetic_chunks
-from pipeline.stream.neighbour_runs import CoupledWorlds
-from pipeline.stream.reports import public_hash
+from pipeline.stream.ingest.aggregators import make_aggregator
+from pipeline.stream.release.engine import ReleaseEngine, ReleaseOutput, release_seed
+from pipeline.stream.kafka.codecs import synthetic_chunks
+from support.neighbour_runs import CoupledWorlds
+from pipeline.stream.ingest.reports import public_hash
 from pipeline.synth.prem import PREM
 from pipeline.synth.prem_privacy import charged_plan, paper_plan, plan_privacy
 

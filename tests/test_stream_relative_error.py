@@ -14,14 +14,14 @@ import pytest
 
 from pipeline.cli import main as cli_main
 from pipeline.config import load_config
-from pipeline.stream.cluster import LocalCluster
-from pipeline.stream.driver import StepDriver
-from pipeline.stream.embedded import EmbeddedServices
-from pipeline.stream.engine import release_seed
+from pipeline.stream.local.cluster import LocalCluster
+from pipeline.stream.local.driver import StepDriver
+from pipeline.stream.local.embedded import EmbeddedServices
+from pipeline.stream.release.engine import release_seed
 from pipeline.stream.relative_error import group_interval, histogram_checksum, step_seed
-from pipeline.stream.roster import Roster
-from pipeline.stream.store import ReleaseStore
-from pipeline.stream.testbed import write_panel_deployment
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.state.store import ReleaseStore
+from jobs.eval.testbed import write_panel_deployment
 from pipeline.synth.prem import PREM
 from pipeline.synth.prem_privacy import charged_plan, plan_privacy
 

@@ -97,7 +97,7 @@ def _resolve_code(value: str | int, attribute) -> int:
             raise ValueError(f"code {value} is outside [0, {attribute.size})")
         return value
     if attribute.type == "hashed":
-        from pipeline.stream.reports import public_hash
+        from pipeline.stream.ingest.reports import public_hash
 
         return public_hash(value, attribute.size)
     labels = attribute.labels()
@@ -225,7 +225,7 @@ def make_aggregator(release, attribute, rows: int):
     """The step's histogram of current values: the fixed-window aggregator with a one-step window
     (pattern = the current code; counts from step 1 on, dense over the domain, additive across
     partitions). No per-user state is carried between steps."""
-    from pipeline.stream.aggregators import FixedWindowAggregator
+    from pipeline.stream.ingest.aggregators import FixedWindowAggregator
 
     return FixedWindowAggregator(rows, 1, attribute.size)
 
@@ -369,8 +369,8 @@ def release_output(release, mech: RelativeErrorMechanism, step: int, parts: list
     """Sum the partitions' histograms, run PREM, and build the step's record: the manifest (ζ, α, β, |F|,
     noise, privacy spent) and ĥ_t as one float64 column published on ``synthetic`` in the other kinds'
     chunk format (records = codes 0..|X|−1, column = the step)."""
-    from pipeline.stream.engine import ReleaseOutput
-    from pipeline.stream.messages import SYNTHETIC_CHUNK_RECORDS
+    from pipeline.stream.release.engine import ReleaseOutput
+    from pipeline.stream.kafka.codecs import SYNTHETIC_CHUNK_RECORDS
 
     counts = np.sum([p["counts"] for p in parts], axis=0)
     hist, prem = mech.fit(step, counts)
