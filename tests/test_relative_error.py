@@ -120,8 +120,22 @@ def test_dyadic_family_is_every_distinct_aligned_block_once(size):
 
 def test_singletons_and_groups_families():
     assert np.array_equal(re_kind.query_family("singletons", 5).toarray(), np.eye(5))
-    groups = {"x": [1, 3], "y": [0]}
+    groups = [("y", [1, 3]), ("x", [0])]
     assert np.array_equal(re_kind.query_family("groups", 4, groups).toarray(), [[0, 1, 0, 1], [1, 0, 0, 0]])
+
+
+def test_a_restored_mechanism_keeps_the_declared_group_order():
+    """F's order is the monitor's query order, so a releaser restored from its state must rebuild F in the
+    declared order (the state format sorts mapping keys): same matrix, same manifest groups."""
+    from pipeline.serialization import dumps_state, loads_state
+
+    dep = parse_config(config(groups={"zz": ["h"], "ab": ["a", "b"], "mm": ["c"]}))
+    engine = ReleaseEngine(dep, N)
+    mech = engine.mechanisms["occ-groups"]
+    restored = re_kind.RelativeErrorMechanism.from_state(loads_state(dumps_state(mech.get_state())))
+    assert (restored.queries != mech.queries).nnz == 0
+    assert mech.queries.toarray()[0].tolist() == [0, 0, 0, 0, 0, 0, 0, 1]
+    assert list(restored.parameters()["groups"]) == ["zz", "ab", "mm"]
 
 
 # --- the neighbouring relation on the workers' aggregation ---------------------------------------
@@ -334,7 +348,7 @@ def test_released_intervals_cover_the_truth_when_counts_exceed_alpha():
     probability ≤ β = 0.05 per run under a correct mechanism, while an α or ζ too small for the noise
     (e.g. margins from the wrong scale) makes misses systematic."""
     groups = {"low": list(range(4)), "mid": list(range(4, 12)), "high": [12, 13, 14, 15], "one": [3]}
-    params = {"domain_size": 16, "queries": "groups", "groups": groups, "zeta": 0.1, "epsilon": 1.0,
+    params = {"domain_size": 16, "queries": "groups", "groups": list(groups.items()), "zeta": 0.1, "epsilon": 1.0,
               "delta": 1e-6, "beta": 0.05, "accounting": "charged", "n": 2_000_000, "max_calls": 20,
               "max_rounds": 3}
     rng = np.random.default_rng(3)

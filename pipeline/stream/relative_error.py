@@ -168,15 +168,16 @@ def dyadic_blocks(domain_size: int) -> tuple[np.ndarray, np.ndarray]:
         width *= 2
 
 
-def query_family(queries: str, domain_size: int, groups: dict[str, list[int]] | None = None):
+def query_family(queries: str, domain_size: int, groups: list | None = None):
     """The family F as a 0/1 CSR matrix (|F| × |X|), in PREM's query order: the declared groups in
-    order; the dyadic ranges level by level (:func:`dyadic_blocks`); the singletons by code."""
+    order (``groups``: (name, codes) pairs); the dyadic ranges level by level (:func:`dyadic_blocks`);
+    the singletons by code."""
     from scipy import sparse
 
     if queries == "groups":
         from pipeline.synth.prem import as_query_matrix
 
-        return as_query_matrix([np.asarray(c, dtype=np.int64) for c in groups.values()], domain_size)
+        return as_query_matrix([np.asarray(c, dtype=np.int64) for _, c in groups], domain_size)
     if queries == "singletons":
         return sparse.identity(domain_size, dtype=np.float64, format="csr")
     if queries == "dyadic":
@@ -199,8 +200,8 @@ def family_size(release, attribute) -> tuple[int, int]:
 
 
 def dyadic_pieces(lo: int, hi: int, domain_size: int) -> list[tuple[int, int]]:
-    """[lo, hi) as the fewest consecutive dyadic blocks of the family (greedy: at each lo the largest
-    aligned block that fits; ≤ 2⌈log₂|X|⌉ pieces)."""
+    """[lo, hi) as consecutive dyadic blocks of the family (greedy: at each lo the largest aligned block
+    that fits; ≤ 2⌈log₂|X|⌉ pieces)."""
     if not 0 <= lo < hi <= domain_size:
         raise ValueError(f"range {lo}:{hi} must satisfy 0 <= lo < hi <= {domain_size}")
     pieces = []
@@ -257,7 +258,8 @@ def step_seed(seed: int | None, step: int) -> int | None:
 class RelativeErrorMechanism:
     """One PREM per step on the step's histogram, each with the per-step target (ε_s, δ_s).
 
-    ``params`` (all public): domain_size, queries, groups (name -> codes, for queries: groups), zeta,
+    ``params`` (all public): domain_size, queries, groups ((name, codes) pairs in declared order — a list,
+    since the state format does not keep a mapping's order, and F's order is the monitor's), zeta,
     epsilon, delta (per step), beta, accounting, n, max_calls, max_rounds, seed (None = secure).
     """
 
@@ -305,7 +307,7 @@ class RelativeErrorMechanism:
                       "max_passes": plan.max_passes},
         }
         if p["queries"] == "groups":
-            out["groups"] = {name: list(codes) for name, codes in p["groups"].items()}
+            out["groups"] = {name: [int(c) for c in codes] for name, codes in p["groups"]}
         if prem is not None:
             out.update(alpha=prem.alpha, calls=prem.calls, rounds_certified=prem.rounds_used,
                        exhausted=prem.exhausted)
@@ -329,7 +331,7 @@ def mechanism_params(deployment, release, allotment, n: int, seed: int | None) -
     T = deployment.horizon
     return {
         "domain_size": attribute.size, "queries": release.queries,
-        "groups": resolve_groups(release, attribute) if release.queries == "groups" else None,
+        "groups": list(resolve_groups(release, attribute).items()) if release.queries == "groups" else None,
         "zeta": release.zeta, "epsilon": allotment.epsilon / T, "delta": allotment.delta / T,
         "beta": release.beta, "accounting": release.accounting, "n": int(n),
         "max_calls": release.max_calls, "max_rounds": release.max_rounds, "seed": seed,
