@@ -62,7 +62,8 @@ store = rt.store()
 identity = establish_identity(dep, rt.roster.ids, store, "releaser")
 
 _last, _state_blob = store.latest_state()
-engine = ReleaseEngine.from_state(dep, loads_state(_state_blob)) if _state_blob else ReleaseEngine(dep, rt.roster.n)
+engine = (ReleaseEngine.from_state(dep, loads_state(_state_blob, f"{store.key('step', _last)} __state__"))
+          if _state_blob else ReleaseEngine(dep, rt.roster.n))
 engine.instance = identity.instance  # stamped into every manifest: the fence reads it back
 assembler = PartialAssembler(P)
 _stopped_reason: str | None = None
@@ -122,7 +123,8 @@ async def publish(step: int, outputs: list[ReleaseOutput]) -> None:
 
 
 def _record_outputs(record: StepRecord) -> list[ReleaseOutput]:
-    return [ReleaseOutput.from_bytes(record.releases[rel.name]) for rel in dep.releases]
+    return [ReleaseOutput.from_bytes(record.releases[rel.name], f"{store.key('step', record.step)} {rel.name}")
+            for rel in dep.releases]
 
 
 async def _log_end(topic: str) -> int | None:
@@ -184,7 +186,7 @@ async def release_ready_steps() -> None:
             except StepAlreadyReleased:
                 # Someone (an earlier incarnation) committed it: the stored record is the release.
                 record = store.load_step(step)
-                engine = ReleaseEngine.from_state(dep, loads_state(record.state))
+                engine = ReleaseEngine.from_state(dep, loads_state(record.state, f"{store.key('step', step)} __state__"))
                 outputs = _record_outputs(record)
                 METRICS.republished.inc()
             resume = assembler.min_offset()

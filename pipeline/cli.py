@@ -122,6 +122,7 @@ def _run_job(module: str, args) -> int:
     dep = _load(args.config)
     broker, redis_url = _endpoints(dep, check=False)  # the jobs retry while services start
     os.environ["DPSTREAM_BROKER"], os.environ["DPSTREAM_REDIS"] = broker, redis_url
+    from pipeline.serialization import StateFormatError
     from pipeline.stream.state.identity import ConfigurationChanged, StateLost
 
     try:
@@ -131,6 +132,8 @@ def _run_job(module: str, args) -> int:
         return _fail(EXIT_CONFIG, f"configuration refused: {err}")
     except StateLost as err:
         return _fail(EXIT_STATE_LOST, f"state lost: {err}")
+    except StateFormatError as err:  # a state of another format version (pipeline.serialization)
+        return _fail(EXIT_STATE_LOST, f"state refused: {err}")
     return EXIT_OK
 
 
@@ -278,7 +281,9 @@ def _intake(dep, wait: float):
 
     broker, redis_url = _endpoints(dep)
     store = ReleaseStore.from_url(redis_url, dep.name)
-    return store, intake_view(store, broker, topic_names(dep)["reports"], dep.topics.partitions, wait=wait)
+    names = topic_names(dep)
+    return store, intake_view(store, broker, names["reports"], dep.topics.partitions, wait=wait,
+                              repartition_topic=names["repartition"])
 
 
 def _step_refused(dep, step: int, window: range) -> str | None:
@@ -417,6 +422,10 @@ def cmd_status(args) -> int:
         intake = {"unavailable": f"{type(err).__name__}: {err}"}
     ledger = store.ledger()
     identity = store.identity() or {}
+    from pipeline.error_bounds import spend_as_approx_dp
+    from pipeline.privacy.accounting import LedgerEntry
+
+    spent = spend_as_approx_dp(dep, [LedgerEntry.from_state(e).cost for e in ledger.values()])
     status = {
         "deployment": dep.name,
         "instance": identity.get("instance"),
@@ -426,6 +435,7 @@ def cmd_status(args) -> int:
         "horizon": dep.horizon,
         "plan": {k: v.__dict__ for k, v in budget_plan(dep).allotments().items()},
         "ledger": ledger,
+        "spent_as_approx_dp": {"epsilon": spent.epsilon, "delta": spent.delta},  # as the manifests report it
         "intake": intake,
     }
     print(json.dumps(status, indent=2, sort_keys=True))
@@ -498,11 +508,13 @@ def cmd_query(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from pipeline.plan import planned_schedule
+    """Per release: allotment, padding, error bounds at its β, schedule; the total as (ε, δ); warnings."""
+    from pipeline.plan_report import format_plan, plan_report
 
-    dep = _load(args.config)
-    sched = planned_schedule(dep)
-    print(json.dumps({k: v.tolist() for k, v in sched.items()}, indent=2))
+    report = plan_report(_load(args.config))
+    print(json.dumps(report, indent=2) if args.json else format_plan(report))
+    for line in report["warnings"]:
+        print(f"WARNING: {line}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -546,7 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, fn, help_ in (("worker", cmd_worker, "run an ingest worker (aiokafka, bulk)"),
                             ("releaser", cmd_releaser, "run the releaser (aiokafka, one instance)")):
         sp = with_config(sub.add_parser(name, help=help_))
-        sp.add_argument("--loglevel", default="info", choices=["crit", "error", "warn", "info", "debug"])
+        sp.add_argument("--loglevel", default="info", choices=["critical", "error", "warning", "info", "debug"])
         sp.set_defaults(func=fn)
 
     u = with_config(sub.add_parser("up", help="start services (embedded when not configured), workers and releaser"))
@@ -583,8 +595,10 @@ def build_parser() -> argparse.ArgumentParser:
     dn.set_defaults(func=cmd_down)
 
     with_config(sub.add_parser("status", help="released steps and the budget ledger")).set_defaults(func=cmd_status)
-    with_config(sub.add_parser("plan", help="check the budget plan and print the per-step schedule")).set_defaults(
-        func=cmd_plan)
+    pl = with_config(sub.add_parser("plan", help="check the budget plan; per release the padding, error bounds "
+                                    "and per-step schedule; the total spend as (ε, δ)"))
+    pl.add_argument("--json", action="store_true", help="machine-readable output")
+    pl.set_defaults(func=cmd_plan)
 
     e = with_config(sub.add_parser("export", help="materialise a release's synthetic panel to CSV or Parquet"))
     e.add_argument("--release", required=True)

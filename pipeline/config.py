@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from pipeline.plan import APPROX_DP_RELEASES, ZCDP_RELEASES, budget_plan
 from pipeline.privacy.accounting import Neighbours, check_neighbours
 from pipeline.stream.relative_error import RelativeErrorRelease, check_release as check_relative_error
 
@@ -148,8 +149,6 @@ Release = Annotated[
     Field(discriminator="type"),
 ]
 
-ZCDP_RELEASES = ("fixed_window", "cumulative")
-APPROX_DP_RELEASES = ("heavy_hitters", "band_monitor", "relative_error")
 
 
 # --- the rest ---------------------------------------------------------------------------------
@@ -381,8 +380,6 @@ def parse_config(data: dict[str, Any], *, source: str = "<config>") -> Deploymen
 def load_config(path: str | Path) -> Deployment:
     """Read and validate a deployment YAML file, budget plan included (``pipeline.plan``): an
     over-budget plan raises ``BudgetExceededError`` naming the releases, before anything starts."""
-    from pipeline.plan import budget_plan
-
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())

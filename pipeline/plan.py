@@ -18,13 +18,21 @@ this schedule (:func:`step_cost`):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from pipeline.config import APPROX_DP_RELEASES, Deployment
 from pipeline.privacy.accounting import ApproxDP, BudgetPlan, PlannedRelease, PrivacyBudget, ZCDP
 from pipeline.stream import relative_error
 
-__all__ = ["privacy_budget", "budget_plan", "step_cost"]
+if TYPE_CHECKING:  # annotations only: pipeline.config imports this module (load_config checks the plan)
+    from pipeline.config import Deployment
+
+__all__ = ["privacy_budget", "budget_plan", "step_cost", "ZCDP_RELEASES", "APPROX_DP_RELEASES"]
+
+# Which part of the deployment budget each release type spends: ρ (zCDP) or (ε, δ).
+ZCDP_RELEASES = ("fixed_window", "cumulative")
+APPROX_DP_RELEASES = ("heavy_hitters", "band_monitor", "relative_error")
 
 
 def privacy_budget(deployment: Deployment) -> PrivacyBudget:

@@ -458,6 +458,22 @@ def test_create_topics_script_against_the_broker(tmp_path):
         assert out.returncode != 0 and "partitions" in out.stderr
 
 
+def test_ensure_topics_waits_for_the_broker_up_to_its_timeout(tmp_path):
+    """The admin client's bootstrap retries until ``timeout`` and then fails (no endless loop)."""
+    import time
+
+    from kafka.errors import KafkaError
+
+    from pipeline.stream.local.embedded import free_port
+    from pipeline.stream.kafka.topics import ensure_topics
+
+    dep = load_config(DEPLOY / "config" / "dpstream.yaml")
+    started = time.monotonic()
+    with pytest.raises(KafkaError):
+        ensure_topics(f"127.0.0.1:{free_port()}", dep, timeout=1.5)
+    assert 1.0 <= time.monotonic() - started < 30
+
+
 def test_metrics_bind_address_follows_the_environment():
     """The default is loopback; a deployment that opts in sets DPSTREAM_METRICS_ADDR=0.0.0.0."""
     from pipeline.stream.local.embedded import free_port

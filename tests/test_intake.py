@@ -42,7 +42,7 @@ def _log():
 
 
 def _core(dep):
-    core = IngestCore(dep, Roster.from_range(N), topic_names(dep))
+    core = IngestCore(dep, Roster.from_range(N), topic_names(dep), isolated=True)
     core.assign(0)
     return core
 
@@ -54,7 +54,7 @@ def test_intake_counts_per_step_and_interval():
     core.drain(0)
     s = core.states[0].intake_summary()
     assert s["history"]["1"] == {"users": N, "reported": 15, "imputed": 5, "accepted": 19,
-                                 "rejected": {"duplicate": 1, "malformed": 2}}
+                                 "rejected": {"duplicate": 1, "malformed": 2}, "forwarded": 0}
     assert s["open"] == {"2": 10, "3": 0, "4": 0}  # 4 sent while step 1 was open + 6 after
     assert s["accepted"] == 6 and s["rejected"] == {"late": 1}
 

@@ -51,7 +51,7 @@ def test_the_markers_close_time_travels_in_the_partial():
     dep = parse_config({"name": "closing", "roster": {"size": 20}, "horizon": 3, "topics": {"partitions": 1},
                         "attributes": {"pov": {"type": "binary"}}, "budget": {"rho": 1.0},
                         "releases": [{"name": "cu", "type": "cumulative", "attribute": "pov", "share": 1.0}]})
-    core = IngestCore(dep, Roster.from_config(dep.roster), topic_names(dep))
+    core = IngestCore(dep, Roster.from_config(dep.roster), topic_names(dep), isolated=True)
     core.assign(0)
     core.enqueue(0, [Record(0, close_marker(1, 1_700_000_123_456), ((CONTROL_HEADER, b"close"),))])
     (out,) = core.drain(0)

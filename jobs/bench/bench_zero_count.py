@@ -4,7 +4,7 @@
 
 Per heavy-hitter step the sparse shortcut makes one Binomial draw (how many of the Z zero-count
 elements cross the threshold) and, for restarted AboveThreshold, one geometric draw per ⊤. Both are
-now exact (:mod:`pipeline.monitors._exact`). The baseline, in the same run, is the earlier float
+now exact (:mod:`pipeline.privacy.exact`). The baseline, in the same run, is the earlier float
 path, kept here only as the reference: inverse survival function at a 53-bit uniform with
 ``scipy.special.betainc`` (Binomial) and ``log`` (geometric). Thresholds are the calibrated ones of a
 tct deployment (ε = 1, δ = 10⁻⁶, k = 4, horizon 12), so n·p is tiny, as in production. Also timed:
@@ -20,7 +20,7 @@ import time
 
 from scipy import special
 
-from pipeline.monitors._laws import DiscreteGaussianLaw, DiscreteLaplaceLaw, binomial_draw, geometric_draw
+from pipeline.privacy.laws import DiscreteGaussianLaw, DiscreteLaplaceLaw, binomial_draw, geometric_draw
 from pipeline.monitors.heavy_hitters import heavy_hitter_plan
 from pipeline.privacy.rng import as_random_source
 

@@ -50,7 +50,7 @@ import numpy as np
 from pipeline.privacy import noise as _noise  # module reference: tests may swap the sampler
 from pipeline.privacy.accounting import check_neighbours
 from pipeline.privacy.rng import RandomSource, as_random_source, restore_random_source
-from pipeline.validation import check_int
+from pipeline.validation import check_int, check_rho
 
 from .factorization import (
     LatticeCounterBase,
@@ -64,7 +64,6 @@ from .factorization import (
     sqrt_coefficients,
     toeplitz_delta2,
 )
-from .tree import _check_horizon, _check_rho
 
 __all__ = ["BLTCounter", "DEFAULT_BUFFERS", "DEFAULT_BLT_SCALE", "blt_parameters", "blt_coefficients"]
 
@@ -80,7 +79,7 @@ def blt_parameters(horizon: int, buffers: int = DEFAULT_BUFFERS) -> tuple[tuple[
     coefficients over ``horizon`` steps (module docstring). Deterministic."""
     from scipy.optimize import nnls
 
-    T = _check_horizon(horizon)
+    T = check_int(horizon, "horizon", low=1)
     if isinstance(buffers, bool) or not isinstance(buffers, (int, np.integer)) or not 1 <= buffers <= 16:
         raise ValueError(f"buffers must be an int in [1, 16], got {buffers!r}")
     u = np.linspace(0.3, math.log(T) + 0.5, int(buffers))
@@ -118,8 +117,8 @@ class BLTCounter(LatticeCounterBase):
     def __init__(self, horizon: int, rho: float, seed: RandomSource | int | None = None,
                  neighbours: str = "add_remove", width: int | None = None, buffers: int = DEFAULT_BUFFERS,
                  scale: int = DEFAULT_BLT_SCALE):
-        self.horizon = _check_horizon(horizon)
-        self.rho = _check_rho(rho)
+        self.horizon = check_int(horizon, "horizon", low=1)
+        self.rho = check_rho(rho)
         self.neighbours = check_neighbours(neighbours)
         self.width = check_width(width)
         self.scale = check_int(scale, "scale", low=1, high=2**40)

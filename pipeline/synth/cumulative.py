@@ -49,15 +49,10 @@ import numpy as np
 
 from pipeline.privacy.rng import RandomSource, as_random_source, random_source_from_state
 
-from ._common import (
-    assign_groups,
-    check_beta,
-    check_int,
-    check_neighbours,
-    check_rho,
-    coerce_counts,
-    coerce_values,
-)
+from pipeline.privacy.accounting import check_neighbours
+from pipeline.validation import check_beta, check_int, check_rho, coerce_counts, coerce_values
+
+from .postprocess import assign_groups
 
 __all__ = ["CumulativeSynthesizer", "DEFAULT_COUNTER", "counter_weights"]
 

@@ -77,20 +77,27 @@ def _sum_reasons(dicts) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def intake_view(store, broker: str, reports_topic: str, partitions: int, wait: float = 10.0) -> IntakeView:
-    """The partitions' intake snapshots, once each worker has caught up with the reports log (or
-    after ``wait`` seconds: ``unhandled`` then says how many records each partition still has)."""
+def intake_view(store, broker: str, reports_topic: str, partitions: int, wait: float = 10.0,
+                repartition_topic: str | None = None) -> IntakeView:
+    """The partitions' intake snapshots, once each worker has caught up with the reports log and the
+    ``repartition`` log (reports forwarded from other partitions; or after ``wait`` seconds:
+    ``unhandled`` then says how many records each partition still has)."""
     from kafka import TopicPartition
 
     from pipeline.stream.kafka.log_end import log_ends
 
     tps = [TopicPartition(reports_topic, p) for p in range(partitions)]
-    ends = log_ends(broker, tps)
+    forwarded = [TopicPartition(repartition_topic, p) for p in range(partitions)] if repartition_topic else []
+    ends = log_ends(broker, tps + forwarded)
     deadline = time.monotonic() + wait
     while True:
         snaps = store.intake()
         unhandled = {tp.partition: max(0, ends[tp] - (snaps[tp.partition]["offset"] + 1 if tp.partition in snaps else 0))
                      for tp in tps}
+        for tp in forwarded:  # snapshots of earlier versions have no forwarded_offset: not waited for
+            snap = snaps.get(tp.partition, {})
+            if "forwarded_offset" in snap:
+                unhandled[tp.partition] += max(0, ends[tp] - (snap["forwarded_offset"] + 1))
         if not any(unhandled.values()) or time.monotonic() > deadline:
             return IntakeView(store.last_closing(), partitions, snaps, unhandled)
         time.sleep(0.2)

@@ -41,6 +41,9 @@ class PartitionState:
         self.attributes = list(deployment.attributes)
         # pending[a][j, i] = code reported by local user i for step closed+1+j, or -1
         self.pending = {a: np.full((slots, size), -1, dtype=np.int64) for a in self.attributes}
+        # precedence of the accepted report of each (user, open step), -1 for none; see apply
+        self.origins = deployment.topics.partitions + 1
+        self.rank = np.full((slots, size), -1, dtype=np.int64)
         self.last = {a: np.full(size, -1, dtype=np.int64) for a in self.attributes}
         self.closed = 0  # last closed step
         self.feedback_needed: set[str] = set()  # releases whose feedback for `closed` is outstanding
@@ -54,8 +57,19 @@ class PartitionState:
         self.intake = Intake(slots)
 
     # -- reports -----------------------------------------------------------------------------
-    def apply(self, parsed: ParsedReports) -> ParsedReports:
+    def apply(self, parsed: ParsedReports, origin: int = 0, displaced: list | None = None) -> ParsedReports:
         """Apply accepted reports of this partition; stateful rejections are added to ``parsed``.
+
+        ``origin`` says where the reports came from: 0 for this partition's own reports log, 1 + q
+        for reports forwarded from reports partition q (:mod:`pipeline.stream.ingest.repartition`). Of the
+        reports for one (user, step), the accepted one has the smallest rank
+        ``(steps closed when applied) * (P + 1) + origin``, ties going to the first in log order:
+        the first accepted report wins, as for a single log, and between reports that reached this
+        partition by different logs while the same step was open, the direct one, then the lower
+        source partition. That makes the outcome independent of how the logs interleave, so a replay
+        after a crash reproduces it. A report that loses its place to a later one of smaller rank
+        is appended to ``displaced`` as (local row, step, {attribute: code}, rank) for the caller to
+        dead-letter as a duplicate (with one log, origin 0, nothing is ever displaced).
 
         Returns the reports that were applied (for counting).
         """
@@ -72,24 +86,38 @@ class PartitionState:
         parsed.reject(late, "late", f"step already closed (last closed step {self.closed})")
         parsed.reject(future, "future_step", f"more than {self.max_ahead} steps ahead of open step {self.closed + 1}")
         ok = ~(late | future)
-        # Duplicates: an attribute already set for (user, step), or the same (user, step) earlier
-        # in this batch. The first accepted report wins, so order within the batch matters.
+        # Duplicates: a report of smaller rank already accepted for (user, step), or one of smaller
+        # (rank, position) for the same (user, step) in this batch.
+        rank = self.closed * self.origins + np.broadcast_to(np.asarray(origin, dtype=np.int64), ok.shape)
         key = local * (self.max_ahead + 1) + np.where(ok, slot, 0)
-        first = np.zeros(ok.size, dtype=bool)
+        best = np.zeros(ok.size, dtype=bool)
         idx = np.flatnonzero(ok)
-        _, first_pos = np.unique(key[idx], return_index=True)
-        first[idx[first_pos]] = True
-        seen_before = np.zeros(ok.size, dtype=bool)
-        for a in self.attributes:
-            seen_before[idx] |= self.pending[a][slot[idx], local[idx]] >= 0
-        dup = ok & (~first | seen_before)
+        if idx.size:
+            order = np.lexsort((idx, rank[idx], key[idx]))  # by key, then rank, then position
+            sorted_keys = key[idx][order]
+            best[idx[order[np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]]]] = True
+        held = np.full(ok.size, -1, dtype=np.int64)
+        held[idx] = self.rank[slot[idx], local[idx]]
+        wins = best & ((held < 0) | (rank < held))
+        dup = ok & ~wins
         parsed.reject(dup, "duplicate", "a report for this user and step was already accepted")
         ok &= ~dup
+        evict = np.flatnonzero(ok & (held >= 0))
+        if evict.size:
+            if displaced is not None:
+                for i in evict:
+                    s_, l_ = slot[i], local[i]
+                    displaced.append((int(l_), int(self.closed + 1 + s_),
+                                      {a: int(self.pending[a][s_, l_]) for a in self.attributes}, int(held[i])))
+            for a in self.attributes:
+                self.pending[a][slot[evict], local[evict]] = -1
         for a in self.attributes:
             code = parsed.codes[a]
             sel = ok & (code >= 0)
             self.pending[a][slot[sel], local[sel]] = code[sel]
-        self.intake.reported += np.bincount(slot[ok], minlength=slots).astype(np.int64)  # one per new (user, step)
+        self.rank[slot[ok], local[ok]] = rank[ok]
+        new = ok & (held < 0)
+        self.intake.reported += np.bincount(slot[new], minlength=slots).astype(np.int64)  # one per new (user, step)
         return parsed.take(ok)
 
     # -- close ---------------------------------------------------------------------------------
@@ -116,8 +144,7 @@ class PartitionState:
         partials = {}
         for rel in self.deployment.releases:
             partials[rel.name] = self.aggregators[rel.name].partial(step, x[rel.attribute])
-        for a in self.attributes:  # shift the open-step window
-            buf = self.pending[a]
+        for buf in (*self.pending.values(), self.rank):  # shift the open-step window
             buf[:-1] = buf[1:]
             buf[-1] = -1
         self.closed = step
@@ -157,6 +184,7 @@ class PartitionState:
             "closed": self.closed,
             "offset": self.offset,
             "pending": {a: v.copy() for a, v in self.pending.items()},
+            "rank": self.rank.copy(),
             "last": {a: v.copy() for a, v in self.last.items()},
             "last_x": {a: v.copy() for a, v in self.last_x.items()},
             "feedback_needed": sorted(self.feedback_needed),
@@ -170,6 +198,11 @@ class PartitionState:
         self.closed = int(state["closed"])
         self.offset = int(state["offset"])
         self.pending = {a: np.array(v, dtype=np.int64) for a, v in state["pending"].items()}
+        if "rank" in state:
+            self.rank = np.array(state["rank"], dtype=np.int64)
+        else:  # a checkpoint from before ranks: what it holds was accepted first and stays
+            held = np.any([v >= 0 for v in self.pending.values()], axis=0)
+            self.rank = np.where(held, 0, -1).astype(np.int64)
         self.last = {a: np.array(v, dtype=np.int64) for a, v in state["last"].items()}
         self.last_x = {a: np.array(v, dtype=np.int64) for a, v in state["last_x"].items()}
         self.feedback_needed = set(state["feedback_needed"])
@@ -191,7 +224,9 @@ class Intake:
 
     ``reported[j]``: users with an accepted report for open step closed+1+j (each accepted report is
     a new (user, step): duplicates are rejected). ``accepted``/``rejected``: reports handled while the
-    current step was open (the interval since the last close), whatever step they were for; a close
+    current step was open (the interval since the last close), whatever step they were for;
+    ``forwarded``: reports that arrived here for users of other partitions and were passed on to
+    their owners (which count them as accepted or rejected); a close
     files them, with the step's reported and imputed users, under ``history[step]``. Part of the
     checkpoint, so a replay after a crash restores and recounts them exactly once. Only the last
     ``HISTORY`` closed steps are kept (the close guard compares with their median).
@@ -203,35 +238,39 @@ class Intake:
         self.reported = np.zeros(slots, dtype=np.int64)
         self.accepted = 0
         self.rejected: dict[str, int] = {}
+        self.forwarded = 0
         self.history: dict[int, dict[str, Any]] = {}
 
-    def count(self, accepted: int, reasons: dict[str, int]) -> None:
+    def count(self, accepted: int, reasons: dict[str, int], forwarded: int = 0) -> None:
         self.accepted += int(accepted)
+        self.forwarded += int(forwarded)
         for reason, n in reasons.items():
             self.rejected[reason] = self.rejected.get(reason, 0) + int(n)
 
     def close(self, step: int, users: int, reported: int) -> None:
         self.history[step] = {"users": users, "reported": reported, "imputed": users - reported,
-                              "accepted": self.accepted, "rejected": dict(self.rejected)}
+                              "accepted": self.accepted, "rejected": dict(self.rejected),
+                              "forwarded": self.forwarded}
         self.history.pop(step - self.HISTORY, None)
         self.reported[:-1] = self.reported[1:]
         self.reported[-1] = 0
-        self.accepted, self.rejected = 0, {}
+        self.accepted, self.rejected, self.forwarded = 0, {}, 0
 
     def summary(self, partition: int, closed: int, offset: int, users: int) -> dict[str, Any]:
         return {"partition": partition, "closed": closed, "offset": offset, "users": users,
                 "open": {str(closed + 1 + j): int(r) for j, r in enumerate(self.reported)},
-                "accepted": self.accepted, "rejected": dict(self.rejected),
+                "accepted": self.accepted, "rejected": dict(self.rejected), "forwarded": self.forwarded,
                 "history": {str(t): h for t, h in self.history.items()}}
 
     def get_state(self) -> dict[str, Any]:
         return {"reported": self.reported.copy(), "accepted": self.accepted, "rejected": dict(self.rejected),
-                "history": {str(t): h for t, h in self.history.items()}}
+                "forwarded": self.forwarded, "history": {str(t): h for t, h in self.history.items()}}
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.reported = np.array(state["reported"], dtype=np.int64)
         self.accepted = int(state["accepted"])
         self.rejected = {str(k): int(v) for k, v in state["rejected"].items()}
+        self.forwarded = int(state.get("forwarded", 0))
         self.history = {int(t): dict(h) for t, h in state["history"].items()}
 
 

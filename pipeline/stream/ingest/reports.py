@@ -35,7 +35,7 @@ import orjson
 
 __all__ = ["REASONS", "Rejection", "ParsedReports", "ReportParser", "public_hash"]
 
-REASONS = ("malformed", "unknown_user", "out_of_domain", "duplicate", "late", "future_step", "wrong_partition")
+REASONS = ("malformed", "unknown_user", "out_of_domain", "duplicate", "late", "future_step")
 
 _FAST_CHUNK = 2048  # single-report messages decoded by the typed fast path per attempt
 _FAST_MAX_BYTES = 4096  # longer messages (batches) skip the fast path

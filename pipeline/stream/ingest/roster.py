@@ -12,6 +12,7 @@ from itertools import repeat
 from pathlib import Path
 
 import numpy as np
+from kafka.partitioner.default import murmur2
 
 from pipeline.stream.ingest.id_index import IdIndex
 
@@ -21,36 +22,11 @@ __all__ = ["Roster", "murmur2_partition"]
 _INDEX_MIN_BATCH = 256  # below this a dict lookup per id is cheaper than the numpy round trips
 
 
-def _murmur2(data: bytes) -> int:
-    """Kafka's murmur2 (seed 0x9747b28c), identical to the Java client's ``Utils.murmur2``."""
-    length = len(data)
-    m = 0x5BD1E995
-    h = (0x9747B28C ^ length) & 0xFFFFFFFF
-    n4 = length // 4
-    for i in range(n4):
-        k = int.from_bytes(data[4 * i : 4 * i + 4], "little")
-        k = (k * m) & 0xFFFFFFFF
-        k ^= k >> 24
-        k = (k * m) & 0xFFFFFFFF
-        h = (h * m) & 0xFFFFFFFF
-        h ^= k
-    tail = data[4 * n4 :]
-    if len(tail) == 3:
-        h ^= tail[2] << 16
-    if len(tail) >= 2:
-        h ^= tail[1] << 8
-    if len(tail) >= 1:
-        h ^= tail[0]
-        h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return h
-
-
 def murmur2_partition(key: bytes, partitions: int) -> int:
-    """The partition Kafka's default partitioner picks for a keyed message."""
-    return (_murmur2(key) & 0x7FFFFFFF) % partitions
+    """The partition Kafka's default partitioner picks for a keyed message: kafka-python's murmur2
+    (the client ``dpstream send`` produces with; the Java client's ``Utils.murmur2``), positive
+    part, modulo the partition count, as its ``DefaultPartitioner`` does."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 class Roster:

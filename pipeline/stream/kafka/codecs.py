@@ -20,6 +20,8 @@ Internal topics (curator-side, never exposed):
 * ``control``   operator commands (``{"command": "close", "step": t}``), turned into markers.
 * ``step-partials`` binary partial aggregates (true counts), chunked, key ``<step>:<partition>:<chunk>``.
 * ``feedback``  ``{"release", "step", "flagged": [...]}`` to every partition (heavy-hitter charging).
+* ``repartition`` reports that arrived on a partition not owning their user, as columnar batches
+  for the owner's partition, and per-step forwarded-through markers (:mod:`pipeline.stream.ingest.repartition`).
 * ``dead-letter`` the original bytes as value; reason, detail and source position in headers.
 """
 
@@ -32,7 +34,7 @@ import numpy as np
 import orjson
 
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.synth._common import synthetic_dtype
+from pipeline.synth.postprocess import synthetic_dtype
 
 __all__ = [
     "TOPICS",
@@ -54,6 +56,7 @@ __all__ = [
 TOPICS: dict[str, int | str] = {
     "reports": "config",
     "feedback": "config",  # co-partitioned with reports
+    "repartition": "config",  # reports routed to their owner's partition (pipeline.stream.ingest.repartition)
     "control": 1,
     "step-partials": 1,  # one releaser reads them in order
     "releases": 1,
@@ -68,7 +71,7 @@ PARTIAL_CHUNK_BYTES = 512 * 1024  # below Kafka's default 1 MB message limit
 
 
 # Types a manifest's ``synthetic.dtype`` may name: the smallest holding the release's alphabet
-# (``pipeline.synth._common.synthetic_dtype``).
+# (``pipeline.synth.postprocess.synthetic_dtype``).
 SYNTHETIC_DTYPES = ("int8", "int16", "int32")
 
 

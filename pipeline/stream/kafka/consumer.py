@@ -5,7 +5,8 @@ logic (the worker) or to the release protocol (the releaser).
 
 Positions come from the Redis checkpoints, never from Kafka's committed offsets: on every assignment
 the caller's ``on_assign`` returns the offset to resume each partition from (the checkpoint's
-marker + 1, or 0), and this module never commits. The range assignor gives partition p of
+marker + 1, or 0). The offsets :meth:`commit_loop` commits feed the consumer-lag gauge only and
+are never read back. The range assignor gives partition p of
 ``reports`` and of ``feedback`` (same partition count) to the same member, which the feedback loop
 relies on.
 """
@@ -37,7 +38,13 @@ class _Listener(ConsumerRebalanceListener):
             await self.owner._on_revoke(set(revoked))
 
     async def on_partitions_assigned(self, assigned):
-        positions = await self.owner._on_assign(set(assigned))
+        try:
+            positions = await self.owner._on_assign(set(assigned))
+        except Exception as err:
+            # aiokafka only logs a listener's exception; the job must stop on it instead (e.g. a
+            # checkpoint it cannot read), so batches() raises it.
+            self.owner.failure = err
+            raise
         for tp, offset in positions.items():
             self.owner.consumer.seek(tp, offset)
 
@@ -52,6 +59,7 @@ class BulkConsumer:
         self._on_assign = on_assign
         self._on_revoke = on_revoke
         self.max_records = int(max_records)
+        self.failure: Exception | None = None  # raised by the assignment callback: ends batches()
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", partition_assignment_strategy=(RangePartitionAssignor,),
@@ -70,6 +78,8 @@ class BulkConsumer:
     async def batches(self, timeout_ms: int = 100):
         while True:
             batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=self.max_records)
+            if self.failure is not None:
+                raise self.failure
             if batch:
                 yield batch
             else:

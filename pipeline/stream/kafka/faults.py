@@ -7,6 +7,9 @@
   releaser.after_commit    the step's record is in Redis, nothing published
   releaser.mid_publish     about half of the step's messages acknowledged by the broker
   worker.before_checkpoint partial published and acknowledged, checkpoint not yet written
+  worker.before_partial    the step's forwarded-through markers sent, its partial not published
+  worker.after_forward     reports of other partitions' users forwarded to ``repartition`` and
+                           acknowledged (``step``: the open step), no checkpoint covering them
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ class _Metrics:
         self.consumer_lag = Gauge("dpstream_consumer_lag", "Messages behind the log end", ["topic", "partition"])
 
     def all(self):
-        return [m for m in vars(self).values() if hasattr(m, "_name")]
+        return [m for m in vars(self).values() if isinstance(m, (Counter, Gauge, Histogram))]
 
 
 METRICS = _Metrics()
@@ -111,24 +111,34 @@ def metric_names() -> set[str]:
 
 
 # -- per-partition series ----------------------------------------------------------------------------
+# Partitions with an open_step series in this process: Gauge.remove of an absent label set raises
+# in older prometheus_client releases, and the gauge's own table of children is private.
+_OBSERVED: set[str] = set()
+_OBSERVED_LOCK = threading.Lock()
+
+
 def observe_partition(partition: int, state) -> None:
     """Record the open step of a partition's ``PartitionState`` (public: steps close on public
     events). Nothing about its users is read: how many a charging release retired is, at a band
     monitor's Above/Below, exactly the count the alert protects with noise."""
-    METRICS.open_step.labels(str(partition)).set(state.closed + 1)
+    with _OBSERVED_LOCK:
+        METRICS.open_step.labels(str(partition)).set(state.closed + 1)
+        _OBSERVED.add(str(partition))
 
 
 def forget_partition(partition: int) -> None:
     """Drop a revoked partition's per-partition series (its new owner reports them)."""
-    if (str(partition),) in METRICS.open_step._metrics:
-        METRICS.open_step.remove(str(partition))
+    with _OBSERVED_LOCK:
+        if str(partition) in _OBSERVED:
+            METRICS.open_step.remove(str(partition))
+            _OBSERVED.discard(str(partition))
 
 
 # -- consumer lag ------------------------------------------------------------------------------------
 def consumer_groups(deployment, names: dict[str, str]) -> dict[str, list[str]]:
     """Consumer group -> topics it consumes. The group ids are the jobs' consumer groups."""
     return {
-        f"dpstream-{deployment.name}-ingest": [names["reports"], names["feedback"]],
+        f"dpstream-{deployment.name}-ingest": [names["reports"], names["feedback"], names["repartition"]],
         f"dpstream-{deployment.name}-releaser": [names["step-partials"], names["control"]],
     }
 

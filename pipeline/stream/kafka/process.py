@@ -15,13 +15,10 @@ __all__ = ["run_job", "make_producer", "supervise"]
 
 log = logging.getLogger("dpstream.process")
 
-_LEVELS = {"crit": "CRITICAL", "warn": "WARNING"}  # the command line's --loglevel names
-
-
 def run_job(job: Callable[[], Awaitable[None]], loglevel: str = "info") -> None:
     """Configure logging and run ``job()`` in a new event loop (aiokafka clients must be created
     inside the running loop, so ``job`` builds them)."""
-    logging.basicConfig(level=_LEVELS.get(loglevel, loglevel.upper()),
+    logging.basicConfig(level=loglevel.upper(),
                         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from pipeline.stream.kafka.codecs import TOPICS
 
 __all__ = ["topic_names", "topic_partitions", "ensure_topics"]
@@ -25,32 +23,27 @@ def topic_partitions(deployment) -> dict[str, int]:
     return {t: (deployment.topics.partitions if p == "config" else int(p)) for t, p in TOPICS.items()}
 
 
-def ensure_topics(bootstrap: str, deployment, timeout: float = 30.0) -> dict[str, str]:
-    """Create the deployment's topics that are missing; refuse existing ones with other partition counts."""
+def ensure_topics(bootstrap: str, deployment, timeout: float = 30.0, replication: int = 1) -> dict[str, str]:
+    """Create the deployment's topics that are missing (``replication`` copies each); refuse existing
+    ones with other partition counts. A broker that is still starting is waited for up to ``timeout``
+    seconds: the admin client's own bootstrap retries with backoff until then."""
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
     names = topic_names(deployment)
     parts = topic_partitions(deployment)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="dpstream-admin")
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="dpstream-admin",
+                             bootstrap_timeout_ms=int(timeout * 1000))
     try:
         existing = set(admin.list_topics())
-        missing = [NewTopic(names[t], parts[t], 1, topic_configs=KEEP_FOREVER if t in PUBLIC_TOPICS else {})
+        missing = [NewTopic(names[t], parts[t], replication, topic_configs=KEEP_FOREVER if t in PUBLIC_TOPICS else {})
                    for t in names if names[t] not in existing]
         if missing:
             try:
                 admin.create_topics(missing)
             except TopicAlreadyExistsError:
-                pass
+                pass  # another process created them meanwhile
         described = {d.get("name", d.get("topic")): len(d["partitions"]) for d in admin.describe_topics(list(names.values()))}
         for logical, name in names.items():
             got = described.get(name)

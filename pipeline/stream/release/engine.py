@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson
 
 from pipeline.plan import budget_plan, privacy_budget, step_cost
 from pipeline.privacy.accounting import PrivacyLedger, ZCDP
@@ -80,21 +79,20 @@ class ReleaseOutput:
         return dumps_state({
             "release": self.release,
             "step": self.step,
-            "manifest": orjson.dumps(self.manifest).decode(),
+            "manifest": self.manifest,
             "column_steps": list(self.column_steps),
             "columns": self.columns,
-            "alerts": None if self.alerts is None else orjson.dumps(self.alerts).decode(),
-            "feedback": None if self.feedback is None else orjson.dumps(self.feedback).decode(),
+            "alerts": self.alerts,
+            "feedback": self.feedback,
         })
 
     @classmethod
-    def from_bytes(cls, blob: bytes) -> "ReleaseOutput":
-        s = loads_state(blob)
+    def from_bytes(cls, blob: bytes, what: str = "release record") -> "ReleaseOutput":
+        s = loads_state(blob, what)
         return cls(
-            release=s["release"], step=int(s["step"]), manifest=orjson.loads(s["manifest"]),
+            release=s["release"], step=int(s["step"]), manifest=s["manifest"],
             column_steps=[int(c) for c in s["column_steps"]], columns=s["columns"],
-            alerts=None if s["alerts"] is None else orjson.loads(s["alerts"]),
-            feedback=None if s["feedback"] is None else orjson.loads(s["feedback"]),
+            alerts=s["alerts"], feedback=s["feedback"],
         )
 
 
@@ -145,32 +143,10 @@ class ReleaseEngine:
 
     # -- mechanisms ----------------------------------------------------------------------------
     def _build(self, rel):
-        dep = self.deployment
-        seed = release_seed(dep, rel.name)
-        attr = dep.attributes[rel.attribute]
-        allot = self.allotments[rel.name]
-        if rel.type == "fixed_window":
-            from pipeline.synth.fixed_window import FixedWindowSynthesizer
+        from pipeline.mechanisms import build_mechanism
 
-            return FixedWindowSynthesizer(dep.horizon, rel.window, allot.rho, beta=rel.beta,
-                                          categories=attr.size, neighbours=dep.neighbours, seed=seed, n=self.n)
-        if rel.type == "cumulative":
-            from pipeline.synth.cumulative import CumulativeSynthesizer
-
-            return CumulativeSynthesizer(dep.horizon, allot.rho, beta=rel.beta, neighbours=dep.neighbours,
-                                         seed=seed, n=self.n, counter=rel.counter)
-        if rel.type == "heavy_hitters":
-            from pipeline.monitors import ShiftingHeavyHitters
-
-            return ShiftingHeavyHitters(attr.size, allot.epsilon, allot.delta, rel.k, dep.horizon, beta=rel.beta,
-                                        method=rel.method, seed=seed, neighbours=dep.neighbours)
-        if rel.type == "band_monitor":
-            from pipeline.monitors import BandMonitor
-
-            return BandMonitor.from_target(0, allot.epsilon, allot.delta, neighbours=dep.neighbours, seed=seed)
-        if rel.type == "relative_error":
-            return relative_error.build_mechanism(dep, rel, allot, self.n, seed)
-        raise ValueError(f"release {rel.name!r}: unknown type {rel.type!r}")
+        return build_mechanism(self.deployment, rel, self.allotments[rel.name], self.n,
+                               seed=release_seed(self.deployment, rel.name))
 
     # -- one step ------------------------------------------------------------------------------
     def release(self, step: int, partials: list[dict[str, Any]]) -> list[ReleaseOutput]:
@@ -302,12 +278,9 @@ class ReleaseEngine:
             "deployment_spent": {"rho": rho_total, "epsilon": approx.epsilon, "delta": approx.delta},
         }
         if rho_total > 0:
-            from pipeline.privacy.accounting import zcdp_to_approx_dp
+            from pipeline.privacy.accounting import reported_approx_dp
 
-            out["deployment_spent_as_approx_dp"] = {
-                "epsilon": zcdp_to_approx_dp(rho_total, delta) + approx.epsilon,
-                "delta": delta + approx.delta,
-            }
+            out["deployment_spent_as_approx_dp"] = _cost_json(reported_approx_dp(rho_total, approx, delta))
         return out
 
     # -- state ---------------------------------------------------------------------------------

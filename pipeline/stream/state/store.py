@@ -69,6 +69,10 @@ class ReleaseStore:
     def _k(self, *parts: Any) -> str:
         return ":".join([self.prefix, *map(str, parts)])
 
+    def key(self, *parts: Any) -> str:
+        """The Redis key of ``parts`` under this deployment's prefix (errors name the key they are about)."""
+        return self._k(*parts)
+
     def _int(self, name: str) -> int:
         """An integer pointer of this deployment; 0 until it is first set."""
         value = self.r.get(self._k(name))

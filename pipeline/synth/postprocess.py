@@ -1,100 +1,17 @@
-"""Shared pieces of the seed-003 synthesizers: argument checks, the categorical consistency
-projection, its clamping fallback, and the vectorised "extend records group by group" step.
+"""Post-processing of the synthesizers of Bun, Gaboardi, Neunhoeffer & Zhang (arXiv 2306.07884):
+the categorical consistency projection, its clamping fallback, the vectorised "extend records
+group by group" step, and the dtype of a synthetic column.
 
-Everything here is post-processing of already-noisy numbers (or of public synthetic records)
-except :func:`coerce_values`, which only validates the curator-side input.
+Everything here is post-processing of already-noisy numbers (or of public synthetic records).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 
 from pipeline.privacy.rng import RandomSource
 
-from pipeline.privacy.accounting import NEIGHBOURS, check_neighbours  # noqa: F401  (re-exported)
-from pipeline.privacy.accounting import sensitivity_factor as _sensitivity_factor
-from pipeline.validation import check_int, check_real  # noqa: F401  (re-exported)
-
-#: Largest histogram (categories ** window bins) a fixed-window synthesizer accepts. Each step
-#: keeps its noisy and projected histograms (int64), so the bound keeps memory per step ≤ 16 MiB.
-MAX_BINS = 1 << 20
-
-
-# --------------------------------------------------------------------------------------------
-# argument checks
-# --------------------------------------------------------------------------------------------
-
-def check_rho(rho: Any) -> float:
-    rho = check_real(rho, "rho")
-    if rho <= 0:
-        raise ValueError(f"rho must be > 0, got {rho}")
-    return rho
-
-
-def check_beta(beta: Any) -> float:
-    beta = check_real(beta, "beta")
-    if not 0.0 < beta < 1.0:
-        raise ValueError(f"beta must be in (0, 1), got {beta}")
-    return beta
-
-
-def sensitivity_factor(neighbours: str) -> float:
-    """Multiplier on σ² (for a fixed ρ) of one histogram release: add_remove → 1, replace → 2."""
-    return float(_sensitivity_factor(check_neighbours(neighbours)))
-
-
-def coerce_values(values: Any, categories: int, expected_len: int | None, name: str = "values") -> np.ndarray:
-    """Validate one step of per-user reports and return them as int64.
-
-    Accepts integer arrays, float arrays whose entries are all integral (e.g. ``1.0``), and bool
-    arrays when ``categories == 2``. Raises TypeError/ValueError naming ``name`` otherwise.
-    """
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D array with one value per user, got shape {arr.shape}")
-    if arr.size == 0:
-        raise ValueError(f"{name} is empty: at least one user is needed")
-    if expected_len is not None and arr.size != expected_len:
-        raise ValueError(
-            f"{name} has length {arr.size} but the synthesizer has n={expected_len} users "
-            "(the roster is fixed by the first step)"
-        )
-    if arr.dtype == np.bool_:
-        if categories != 2:
-            raise TypeError(f"{name} is boolean but categories={categories}; pass integer codes")
-        return arr.astype(np.int64)
-    if np.issubdtype(arr.dtype, np.integer):
-        bad = (arr < 0) | (arr >= categories)
-    elif np.issubdtype(arr.dtype, np.floating):
-        if not np.all(np.isfinite(arr)):
-            raise ValueError(f"{name} contains NaN or infinite entries")
-        if np.any(arr != np.floor(arr)):
-            i = int(np.flatnonzero(arr != np.floor(arr))[0])
-            raise ValueError(f"{name} must hold integer category codes; entry {i} is {arr[i]!r}")
-        bad = (arr < 0) | (arr >= categories)
-    else:
-        raise TypeError(f"{name} must be an integer (or integral float) array, got dtype {arr.dtype}")
-    if np.any(bad):
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name} must lie in [0, {categories}); entry {i} is {arr[i]!r}")
-    return arr.astype(np.int64)
-
-
-def coerce_counts(counts: Any, size: int, name: str) -> np.ndarray:
-    """Validate a histogram of counts (non-negative integers, given length) and return int64."""
-    arr = np.asarray(counts)
-    if arr.ndim != 1 or arr.size != size:
-        raise ValueError(f"{name} must be a 1-D array of length {size}, got shape {arr.shape}")
-    if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-        raise TypeError(f"{name} must be an integer array, got dtype {arr.dtype}")
-    if np.issubdtype(arr.dtype, np.floating):
-        if not np.all(np.isfinite(arr)) or np.any(arr != np.floor(arr)):
-            raise ValueError(f"{name} must hold non-negative integer counts")
-    if np.any(arr < 0):
-        raise ValueError(f"{name} must hold non-negative counts")
-    return arr.astype(np.int64)
+__all__ = ["synthetic_dtype", "project_children", "clamp_children", "assign_groups"]
 
 
 def synthetic_dtype(categories: int) -> np.dtype:

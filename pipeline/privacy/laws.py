@@ -17,7 +17,7 @@ Laws (all on the integers, or the integers plus one atom for the capped law):
 Probabilities are returned as natural logs where they can be tiny (1e−20 is routine: β/(m·|X|)).
 These float tails set thresholds and utility bounds (public numbers, computed from public
 parameters). Every *draw* of the zero-count shortcut instead uses ``sf_interval``: the same tail as
-a rigorous interval at any precision (:mod:`pipeline.monitors._exact`), so the sampled law is
+a rigorous interval at any precision (:mod:`pipeline.privacy.exact`), so the sampled law is
 exactly the intended one.
 """
 
@@ -33,7 +33,7 @@ from scipy import special
 from pipeline.privacy.noise import exact_scale, exact_sigma2
 from pipeline.privacy.rng import RandomSource
 
-from ._exact import PI_DIGITS, Interval, ProbabilityFn, _ctx, binomial_exact, geometric_exact, pi_interval
+from pipeline.privacy.exact import PI_DIGITS, Interval, ProbabilityFn, _ctx, binomial_exact, geometric_exact, pi_interval
 
 __all__ = [
     "DiscreteLaplaceLaw",
@@ -98,7 +98,7 @@ class DiscreteLaplaceLaw:
         return (-Interval.of(self._inv_scale, digits)).exp()
 
     def sf_interval(self, y, digits: int) -> Interval:
-        """P(X ≥ y) for real y as a rigorous interval (see :mod:`pipeline.monitors._exact`)."""
+        """P(X ≥ y) for real y as a rigorous interval (see :mod:`pipeline.privacy.exact`)."""
         big_y = math.ceil(Fraction(y))
         key = (big_y, digits)
         if key not in self._sf_cache:
@@ -142,7 +142,7 @@ class DiscreteLaplaceLaw:
 
     def sample_conditional_tail(self, source: RandomSource, t: int, size: int) -> np.ndarray:
         """Exact draws of X conditioned on X ≥ t for an integer t ≥ 1: t + G with P(G ≥ g) = ρ^g
-        (memoryless), G drawn exactly (:func:`pipeline.monitors._exact.geometric_exact`)."""
+        (memoryless), G drawn exactly (:func:`pipeline.privacy.exact.geometric_exact`)."""
         if t < 1:
             raise ValueError("t must be at least 1")
         return np.asarray([t + geometric_exact(source, self.rho_interval) for _ in range(int(size))],
@@ -368,7 +368,7 @@ def _gauss_sum(c: Interval, start: int, digits: int) -> Interval:
 
 def binomial_draw(source: RandomSource, n: int, p: ProbabilityFn) -> int:
     """K ~ Binomial(n, p) exactly, p given as intervals at any precision (e.g. a law's
-    ``lambda d: law.sf_interval(t, d)``); see :func:`pipeline.monitors._exact.binomial_exact`."""
+    ``lambda d: law.sf_interval(t, d)``); see :func:`pipeline.privacy.exact.binomial_exact`."""
     return binomial_exact(source, n, p)
 
 
