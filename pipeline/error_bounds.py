@@ -78,7 +78,8 @@ def _bounds_of(deployment, rel, mech) -> ReleaseBounds:
         plan = mech.plan
         return ReleaseBounds(rel.name, rel.type, plan.beta, {"alpha": plan.alpha, "zeta": plan.zeta}, "alpha",
                              notes=[f"per step: (1 − ζ)f(h) − α ≤ f(ĥ) ≤ (1 + ζ)f(h) + α for each of its "
-                                    f"{mech.queries.shape[0]} queries (a priori α; manifests carry the run's)"])
+                                    f"{mech.queries.shape[0]} queries, ζ = {plan.zeta:g}, α = {plan.alpha:,.0f} "
+                                    "(a priori; manifests carry each run's)"])
     raise ValueError(f"release {rel.name!r}: unknown type {rel.type!r}")
 
 
