@@ -449,7 +449,7 @@ def _synthetic_release(dep, name: str):
     """The configured synthetic-data release ``name``, or one line naming the ones there are (exit 2)."""
     from pipeline.config import ZCDP_RELEASES
 
-    releases = {r.name: r for r in dep.releases if r.type in ZCDP_RELEASES}
+    releases = {r.name: r for r in dep.releases if r.type in ZCDP_RELEASES + ("relative_error",)}
     if name not in releases:
         raise SystemExit(_fail(EXIT_CONFIG, f"no such release {name!r}; releases with synthetic data are "
                                             f"{', '.join(releases) or 'none'}"))
@@ -468,7 +468,7 @@ def _synthetic_panel(args, step: int | None = None):
             raise SystemExit(_fail(EXIT_CONFIG, f"release {release.name!r} counts windows of {release.window} steps: "
                                                 f"the first full window ends at step {release.window}, got --step {step}"))
     panel = _panels(dep).panels.get(args.release)
-    through = panel.released_through if panel is not None and panel.values is not None else 0
+    through = panel.released_through if panel is not None else 0
     if through < (step or 1):
         raise SystemExit(_fail(EXIT_RUNTIME, f"release {args.release!r} has not released step {step or 1} yet "
                                              f"({f'released through step {through}' if through else 'nothing released'})"))
@@ -485,7 +485,14 @@ def cmd_export(args) -> int:
 
 def cmd_query(args) -> int:
     panel = _synthetic_panel(args, args.step)
-    if panel.type == "fixed_window":
+    if panel.type == "relative_error":
+        from pipeline.stream.relative_error import query_output
+
+        try:
+            out = query_output(panel, _load(args.config), args.release, args.step, args.group)
+        except ValueError as err:
+            return _fail(EXIT_CONFIG, f"--group: {err}")
+    elif panel.type == "fixed_window":
         counts = panel.window_counts(args.step, debias=args.debias)
         out = {"release": args.release, "step": args.step, "debiased": args.debias, "counts": counts.tolist()}
     else:
@@ -596,6 +603,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--release", required=True)
     q.add_argument("--step", type=int, required=True)
     q.add_argument("--debias", action="store_true", help="subtract the public padding (fixed-window releases)")
+    q.add_argument("--group", help="relative_error releases: a declared group, a code or value, or a code range "
+                                   "lo:hi (dyadic); default: every declared group")
     q.set_defaults(func=cmd_query)
     return p
 

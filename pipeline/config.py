@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from pipeline.plan import APPROX_DP_RELEASES, ZCDP_RELEASES, budget_plan
 from pipeline.privacy.accounting import Neighbours, check_neighbours
+from pipeline.stream.relative_error import RelativeErrorRelease, check_release as check_relative_error
 
 __all__ = [
     "Deployment",
@@ -144,7 +145,7 @@ class BandMonitorRelease(_Release):
 
 
 Release = Annotated[
-    Union[FixedWindowRelease, CumulativeRelease, HeavyHittersRelease, BandMonitorRelease],
+    Union[FixedWindowRelease, CumulativeRelease, HeavyHittersRelease, BandMonitorRelease, RelativeErrorRelease],
     Field(discriminator="type"),
 ]
 
@@ -309,6 +310,8 @@ class Deployment(_Strict):
                 raise ValueError(f"{where}: a {rel.type} release needs budget.rho")
             if rel.type in APPROX_DP_RELEASES and self.budget.epsilon is None:
                 raise ValueError(f"{where}: a {rel.type} release needs budget.epsilon and budget.delta")
+            if rel.type == "relative_error":
+                check_relative_error(rel, attr, self, where)
         for attr_name, value in self.imputation.default.items():
             attr = self.attributes.get(attr_name)
             if attr is None:
@@ -332,7 +335,7 @@ class Deployment(_Strict):
 
 
 _UNION_TAGS = {"attributes": {"binary", "categorical", "hashed"},
-               "releases": {"fixed_window", "cumulative", "heavy_hitters", "band_monitor"}}
+               "releases": {"fixed_window", "cumulative", "heavy_hitters", "band_monitor", "relative_error"}}
 
 
 def _key_path(loc: tuple) -> str:

@@ -39,6 +39,7 @@ class SyntheticPanel:
     manifests: dict[int, dict[str, Any]] = field(default_factory=dict)
     values: np.ndarray | None = None
     complete_steps: set[int] = field(default_factory=set)
+    histograms: dict[int, np.ndarray] = field(default_factory=dict)  # relative_error: step -> ĥ_t (float64)
 
     @property
     def parameters(self) -> dict[str, Any]:
@@ -49,7 +50,7 @@ class SyntheticPanel:
     def released_through(self) -> int:
         """Largest t such that every column 1..t is present."""
         if self.values is None:
-            return 0
+            return next(t for t in range(len(self.histograms) + 1) if t + 1 not in self.histograms)
         have = [(self.values[:, j] >= 0).all() for j in range(self.values.shape[1])]
         t = 0
         while t < len(have) and have[t]:
@@ -57,7 +58,10 @@ class SyntheticPanel:
         return t
 
     def as_array(self) -> np.ndarray:
-        """The released columns (m, released_through), in the manifest's ``synthetic.dtype``."""
+        """The released columns (m, released_through), in the manifest's ``synthetic.dtype`` (relative_error:
+        the histograms, codes × steps, float64)."""
+        if self.values is None and self.histograms:
+            return np.column_stack([self.histograms[t] for t in range(1, self.released_through + 1)])
         return self.values[:, : self.released_through]
 
     # -- queries --------------------------------------------------------------------------------
@@ -81,6 +85,13 @@ class SyntheticPanel:
         horizon = self.values.shape[1]
         return np.concatenate([counts, np.zeros(horizon + 1 - counts.size, dtype=counts.dtype)])
 
+    def group_count(self, step: int, group: str, attribute=None) -> dict[str, Any]:
+        """A group's count from the released histogram of ``step`` with its (ζ, α) interval
+        (relative_error releases; :func:`pipeline.stream.relative_error.answer_query`)."""
+        from pipeline.stream.relative_error import answer_query
+
+        return answer_query(self.manifests[step], self.histograms[step], group, attribute)
+
     def export_csv(self, path: str | Path) -> Path:
         path = Path(path)
         arr = self.as_array()
@@ -88,7 +99,7 @@ class SyntheticPanel:
         with path.open("w") as fh:
             fh.write(header + "\n")
             ids = np.arange(arr.shape[0])[:, None]
-            np.savetxt(fh, np.hstack([ids, arr]), fmt="%d", delimiter=",")
+            np.savetxt(fh, np.hstack([ids, arr]), fmt="%d" if arr.dtype.kind in "iu" else "%.17g", delimiter=",")
         return path
 
     def export_parquet(self, path: str | Path) -> Path:
@@ -156,6 +167,12 @@ class PanelStore:
             return
         chunks = self._chunks.get((release, step), {})
         if len(chunks) < int(syn["chunks"]):
+            return
+        if manifest["type"] == "relative_error":
+            from pipeline.stream.relative_error import complete_histogram
+
+            complete_histogram(panel, manifest, chunks)
+            self._chunks.pop((release, step), None)
             return
         m = int(syn["records"])
         cols = [int(s) for s in syn["columns"]]

@@ -74,6 +74,12 @@ def _bounds_of(deployment, rel, mech) -> ReleaseBounds:
         margin = mech.utility_margin(deployment.horizon, BAND_BETA)
         return ReleaseBounds(rel.name, rel.type, BAND_BETA, {"margin": margin, "noise_a": mech.a}, "margin",
                              notes=[f"answers are reliable outside ({rel.low:g} ± {margin}, {rel.high:g} ± {margin})"])
+    if rel.type == "relative_error":
+        plan = mech.plan
+        return ReleaseBounds(rel.name, rel.type, plan.beta, {"alpha": plan.alpha, "zeta": plan.zeta}, "alpha",
+                             notes=[f"per step: (1 − ζ)f(h) − α ≤ f(ĥ) ≤ (1 + ζ)f(h) + α for each of its "
+                                    f"{mech.queries.shape[0]} queries, ζ = {plan.zeta:g}, α = {plan.alpha:,.0f} "
+                                    "(a priori; manifests carry each run's)"])
     raise ValueError(f"release {rel.name!r}: unknown type {rel.type!r}")
 
 
@@ -113,4 +119,4 @@ def warnings(bounds: dict[str, ReleaseBounds], n: int) -> list[str]:
 
 
 _meaning = {"fixed_window": "window counts", "cumulative": "cumulative counts",
-            "heavy_hitters": "heavy-hitter guarantee", "band_monitor": "band answers"}
+            "heavy_hitters": "heavy-hitter guarantee", "band_monitor": "band answers", "relative_error": "relative-error intervals"}

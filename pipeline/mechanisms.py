@@ -33,4 +33,8 @@ def build_mechanism(deployment, release, allotment, n: int | None, seed=None):
 
         # n_users 0: the stream's workers keep the active set; the releaser only adds noise to counts
         return BandMonitor.from_target(0, allotment.epsilon, allotment.delta, neighbours=dep.neighbours, seed=seed)
+    if rel.type == "relative_error":
+        from pipeline.stream import relative_error
+
+        return relative_error.build_mechanism(dep, rel, allotment, dep.n if n is None else n, seed)
     raise ValueError(f"release {rel.name!r}: unknown type {rel.type!r}")

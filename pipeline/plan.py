@@ -10,6 +10,8 @@ this schedule (:func:`step_cost`):
   ``counter`` and the deployment's relation, pipeline.synth.cumulative.counter_weights) starts at
   t = b and its whole ρ_b is charged then — by time t at most Σ_{b≤t} ρ_b has been spent, so the ledger never lags
   behind what the released outputs could reveal;
+* relative error (PREM, Ghazi et al., arXiv 2502.14809): one PREM per step with (ε_r/T, δ_r/T), charged at
+  every step t = 1..T as the (ε, δ) its noise parameters imply (pipeline.stream.relative_error);
 * heavy hitters and band monitors: their (ε, δ) guarantee covers the whole horizon and does not
   decompose per step, so all of it is charged at step 1.
 """
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipeline.privacy.accounting import ApproxDP, BudgetPlan, PlannedRelease, PrivacyBudget, ZCDP
+from pipeline.stream import relative_error
 
 if TYPE_CHECKING:  # annotations only: pipeline.config imports this module (load_config checks the plan)
     from pipeline.config import Deployment
@@ -29,7 +32,7 @@ __all__ = ["privacy_budget", "budget_plan", "step_cost", "ZCDP_RELEASES", "APPRO
 
 # Which part of the deployment budget each release type spends: ρ (zCDP) or (ε, δ).
 ZCDP_RELEASES = ("fixed_window", "cumulative")
-APPROX_DP_RELEASES = ("heavy_hitters", "band_monitor")
+APPROX_DP_RELEASES = ("heavy_hitters", "band_monitor", "relative_error")
 
 
 def privacy_budget(deployment: Deployment) -> PrivacyBudget:
@@ -57,6 +60,8 @@ def step_cost(deployment: Deployment, release, step: int, allotment) -> ZCDP | A
 
         w = counter_weights(T, release.counter, deployment.neighbours)
         return ZCDP(float(allotment.rho * w[step - 1] / w.sum()))
+    if release.type == "relative_error":
+        return relative_error.step_cost(deployment, release, step, allotment)
     if release.type in APPROX_DP_RELEASES:
         return allotment if step == 1 else None
     raise ValueError(f"release {release.name!r}: unknown type {release.type!r}")

@@ -297,3 +297,23 @@ def test_charged_guarantee_over_seeded_runs():
                 fails += not ok
     assert mwu_calls > 50, "the uniform start must exercise the multiplicative-weights loop"
     assert fails <= math.floor(beta * runs)
+
+
+def test_a_precomputed_plan_gives_the_same_release_and_a_mismatch_is_refused():
+    """``plan=`` skips the calibration only: the same seed gives the same ĥ as PREM calibrating itself;
+    a plan made for another ε (or |F|, or accounting) is refused, naming the field."""
+    rng = np.random.default_rng(4)
+    h = rng.multinomial(5_000, rng.dirichlet(np.ones(8)))
+    queries = [np.array([0, 1]), np.array([2, 3, 4]), np.array([7])]
+    plan = charged_plan(8, 3, ZETA, 1.0, 1e-6, 0.05)
+    own = PREM(8, queries, ZETA, 1.0, 1e-6, seed=9, accounting="charged").fit(h)
+    given = PREM(8, queries, ZETA, 1.0, 1e-6, seed=9, accounting="charged", plan=plan).fit(h)
+    np.testing.assert_array_equal(own, given)
+    with pytest.raises(ValueError, match="epsilon=1.0 \\(here 0.5\\)"):
+        PREM(8, queries, ZETA, 0.5, 1e-6, seed=9, accounting="charged", plan=plan)
+    with pytest.raises(ValueError, match="n_queries"):
+        PREM(8, queries[:2], ZETA, 1.0, 1e-6, seed=9, accounting="charged", plan=plan)
+    with pytest.raises(ValueError, match="accounting"):
+        PREM(8, queries, ZETA, 1.0, 1e-6, seed=9, accounting="paper", n=5_000, plan=plan)
+    with pytest.raises(TypeError, match="not both"):
+        PREM(8, queries, ZETA, 1.0, 1e-6, accounting="charged", plan=plan, max_calls=5)

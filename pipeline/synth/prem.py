@@ -209,11 +209,13 @@ class PREM:
     and a RuntimeWarning is issued.
 
     ``alpha``/``zeta`` give the guarantee; ``plan`` all noise parameters; ``privacy()`` the (ε, δ).
+    ``plan=`` takes a plan made earlier (``charged_plan``/``paper_plan``) for the same arguments, checked
+    field by field, so that repeated releases with one budget calibrate once.
     """
 
     def __init__(self, domain_size: int, queries: Any, zeta: float, epsilon: float, delta: float,
                  beta: float = 0.05, seed: Any = None, accounting: str = "paper", monitor: str = "approx",
-                 n: int | None = None, **charged_options: Any):
+                 n: int | None = None, plan: PremPlan | None = None, **charged_options: Any):
         self.domain_size = check_int(domain_size, "domain_size", low=2)
         self.queries = as_query_matrix(queries, self.domain_size)
         if accounting not in ACCOUNTINGS:
@@ -230,7 +232,11 @@ class PREM:
         self._family = sparse.vstack([self.queries, ones]).tocsr()
         self._columns = self._family.tocsc()
         self.plan: PremPlan | None = None
-        if accounting == "charged":
+        if plan is not None:  # a plan made earlier for the same arguments: skips the calibration
+            if charged_options:
+                raise TypeError("pass either plan or the charged options it was made with, not both")
+            self.plan = self._check_plan(plan, n)
+        elif accounting == "charged":
             self.plan = charged_plan(self.domain_size, self.queries.shape[0], zeta, epsilon, delta, beta,
                                      monitor=monitor, **charged_options)
         elif n is not None:
@@ -241,6 +247,23 @@ class PREM:
         self._alpha: float | None = None
         self.calls = self.rounds_used = 0
         self.masses: list[int] = []
+
+    def _check_plan(self, plan: PremPlan, n: int | None) -> PremPlan:
+        """``plan`` if it was made for these arguments (the calibration takes seconds; a stream with one
+        PREM per step makes it once): a mismatch would run with noise calibrated for another budget."""
+        if not isinstance(plan, PremPlan):
+            raise TypeError(f"plan must be a PremPlan, got {type(plan).__name__}")
+        zeta, epsilon, delta, beta = self._args
+        made_for = {"accounting": plan.accounting, "monitor": plan.monitor, "zeta": plan.zeta,
+                    "epsilon": plan.epsilon, "delta": plan.delta, "beta": plan.beta, "n_queries": plan.n_queries}
+        asked = {"accounting": self.accounting, "monitor": self.monitor, "zeta": zeta, "epsilon": epsilon,
+                 "delta": delta, "beta": beta, "n_queries": self.queries.shape[0] + 1}
+        wrong = sorted(k for k in asked if made_for[k] != asked[k])
+        if wrong:
+            raise ValueError(f"plan was made for other arguments: {', '.join(f'{k}={made_for[k]!r} (here {asked[k]!r})' for k in wrong)}")
+        if plan.accounting == "paper" and n is None:
+            raise ValueError("a paper plan depends on n: pass the n it was made for")
+        return plan
 
     def _paper(self, n: int) -> PremPlan:
         zeta, epsilon, delta, beta = self._args

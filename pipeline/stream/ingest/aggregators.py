@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.stream import relative_error
+
 __all__ = ["make_aggregator", "needs_feedback", "watch_code", "FixedWindowAggregator", "CumulativeAggregator",
            "ActiveSetAggregator"]
 
@@ -144,4 +146,6 @@ def make_aggregator(release, attribute, rows: int, horizon: int):
         return ActiveSetAggregator(rows, release.k, counted=release.method in ("tme", "tct"))
     if release.type == "band_monitor":  # a user leaves after one Above/Below it contributed to
         return ActiveSetAggregator(rows, 1, counted=True, watch_value=watch_code(release, attribute))
+    if release.type == "relative_error":
+        return relative_error.make_aggregator(release, attribute, rows)
     raise ValueError(f"release {release.name!r}: unknown type {release.type!r}")

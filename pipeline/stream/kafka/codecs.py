@@ -6,7 +6,9 @@ Public topics carry JSON an analyst can read as ordinary data:
 * ``releases``  key ``<release>:<step>`` — the step's manifest: mechanism and parameters, noisy and
   projected counts, the synthetic columns' chunk count and SHA-256, privacy spent so far.
 * ``synthetic`` key ``<release>:<step>:<chunk>`` — new values of synthetic records
-  ``[start, stop)`` for the step's new columns: ``{"values": {"<column step>": [...]}}``.
+  ``[start, stop)`` for the step's new columns: ``{"values": {"<column step>": [...]}}``. A
+  relative-error release uses the same format for its histogram: records = codes, float64 values
+  (``pipeline.stream.relative_error``).
 * ``alerts``    key ``<release>:<step>`` — heavy hitters / band alerts of the step.
 
 Internal topics (curator-side, never exposed):

@@ -18,13 +18,14 @@ import numpy as np
 from pipeline.plan import budget_plan, privacy_budget, step_cost
 from pipeline.privacy.accounting import PrivacyLedger, ZCDP
 from pipeline.serialization import dumps_state, loads_state
+from pipeline.stream import relative_error
 from pipeline.stream.ingest.aggregators import watch_code
 from pipeline.stream.release.closing import public_close_time
 from pipeline.stream.kafka.codecs import SYNTHETIC_CHUNK_RECORDS, columns_checksum, synthetic_columns
 
 __all__ = ["ReleaseEngine", "ReleaseOutput", "release_seed", "batch_reference", "merge_histograms", "SUPPORTED_TYPES"]
 
-SUPPORTED_TYPES = ("fixed_window", "cumulative", "heavy_hitters", "band_monitor")
+SUPPORTED_TYPES = ("fixed_window", "cumulative", "heavy_hitters", "band_monitor", "relative_error")
 
 
 def release_seed(deployment, release_name: str) -> int | None:
@@ -215,6 +216,8 @@ class ReleaseEngine:
             alerts, feedback = self._heavy_hitters(rel, mech, step, parts, manifest)
         elif rel.type == "band_monitor":
             alerts, feedback = self._band(rel, mech, step, parts, manifest)
+        elif rel.type == "relative_error":  # a float histogram, not synthetic records: its own column format
+            return relative_error.release_output(rel, mech, step, parts, manifest, self._privacy(rel.name, cost))
         if columns is not None:
             columns = synthetic_columns(columns, self.deployment.attributes[rel.attribute].size)
             m = columns.shape[0]

@@ -1,0 +1,461 @@
+"""Release kind ``relative_error``: at every step, a synthetic histogram with relative error (PREM).
+
+Ghazi, Guzmán, Kamath, Knop, Kumar, Manurangsi, Sachdeva, "PREM: Privately Answering Statistical
+Queries with Relative Error" (arXiv 2502.14809). The mechanism is :class:`pipeline.synth.prem.PREM`;
+this module makes it a stream release. Everything specific to the kind is here, by role:
+
+* configuration — :class:`RelativeErrorRelease` (the YAML model), :func:`check_release`;
+* query family — :func:`resolve_groups`, :func:`query_family`, :func:`family_size`;
+* aggregator — :func:`make_aggregator` (the step's histogram of current values);
+* mechanism — :func:`step_plan` (calibrated once), :class:`RelativeErrorMechanism` (one PREM per step);
+* privacy event per step — :func:`step_cost`, derived from the mechanism's noise parameters;
+* per-step release and manifest — :func:`release_output`;
+* consumer — :func:`complete_histogram` (chunks → checked histogram), :func:`group_interval`,
+  :func:`answer_query`.
+
+**Input.** At step t the release sees h_t, the histogram over the attribute's codes of every roster
+member's step-t value, reported or imputed (carry-forward or the default). The roster is fixed and
+public, so ||h_t||₁ = n, public.
+
+**Privacy** (docs/prem.md §6). Under the deployment's relation (``replace``: one user's whole
+sequence replaced by any other, including the all-missing one), h_t and h'_t differ by moving at
+most one unit between two bins, h' = h − e_x + e_y: the other users' values, imputation included,
+are functions of their own reports only, and an absent user is imputed into some bin, so n never
+changes. That is exactly PREM's replace-one relation with public n, under which PREM with target
+(ε_s, δ_s) is (ε_s, δ_s)-DP (docs/prem.md §3.2 for the charged accounting, Theorem 3.1 of Ghazi et
+al. for the paper's). The T per-step runs use independent randomness; basic composition of
+(ε, δ)-DP mechanisms (Dwork & Roth 2014, Theorem 3.16 — the project's accounting of (ε, δ) costs,
+:mod:`pipeline.privacy.accounting`) gives (Σ ε_s, Σ δ_s) for the release. Calibration: the release's
+allotment (ε_r, δ_r) is split evenly, target (ε_r/T, δ_r/T) per step; the ledger charges at each
+step t the event :func:`step_cost` = ``plan_privacy(plan)``, recomputed from the plan's noise
+parameters (a, σ², σ_n², K) alone, which is at most the target (up to float rounding, within the
+ledger's tolerance), so T charges fit the allotment.
+
+**Utility.** For each step, with probability ≥ 1 − β, for every f ∈ F:
+(1 − ζ)·f(h_t) − α_t ≤ f(ĥ_t) ≤ (1 + ζ)·f(h_t) + α_t, α_t the run's α (public, in the manifest); for
+all T steps at once with probability ≥ 1 − Tβ (union bound). Solving for f(h_t) gives the interval
+:func:`group_interval` answers with.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["RelativeErrorRelease", "check_release", "resolve_groups", "query_family", "family_size",
+           "dyadic_blocks", "dyadic_pieces", "needs_feedback", "make_aggregator", "step_plan", "plan_of", "step_seed",
+           "RelativeErrorMechanism", "mechanism_params", "build_mechanism", "step_cost", "release_output",
+           "histogram_checksum", "complete_histogram", "group_interval", "answer_query", "query_output", "MAX_DOMAIN", "MAX_NNZ"]
+
+KIND = "relative_error"
+QUERY_FAMILIES = ("groups", "dyadic", "singletons")
+MAX_DOMAIN = 1 << 20  # PREM keeps dense float vectors over the domain, and partials are dense counts
+MAX_NNZ = 1 << 22     # F is held as a sparse 0/1 matrix in two layouts; a call costs O(nnz(F))
+_STATE_VERSION = 1
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+class RelativeErrorRelease(BaseModel):
+    """``type: relative_error``: a relative-error synthetic histogram of the attribute's current values
+    at every step, over the query family ``queries`` (docs/prem.md §6).
+
+    The name/attribute/share fields are those of every release (``pipeline.config``); they are
+    repeated here because this model is imported by ``pipeline.config``, not the other way round.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["relative_error"]
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    attribute: str
+    share: float = Field(gt=0, le=1, description="fraction of the deployment budget of this release's kind")
+    queries: Literal["groups", "dyadic", "singletons"] = Field(
+        description="groups: the declared groups of codes; dyadic: every dyadic range of the codes; "
+                    "singletons: every single code")
+    groups: dict[str, list[str | int]] = Field(
+        default_factory=dict, description="queries: groups — name -> the attribute values (labels or codes) it counts")
+    zeta: float = Field(default=0.1, gt=0, lt=0.5, description="multiplicative error ζ")
+    beta: float = Field(default=0.05, gt=0, lt=1, description="failure probability per step")
+    accounting: Literal["charged", "paper"] = Field(
+        default="charged", description="PREM's accounting (docs/prem.md): charged, or the paper's constants")
+    max_calls: int = Field(default=20, ge=1, description="charged: FindMarginExample calls per step")
+    max_rounds: int = Field(default=3, ge=1, description="charged: certified rounds per step")
+
+
+def _resolve_code(value: str | int, attribute) -> int:
+    """A declared value's code: a label of a categorical attribute (or its code), a code of a hashed
+    attribute, or any string through the public hash. ValueError when outside the domain."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a value of the attribute")
+    if isinstance(value, int):
+        if not 0 <= value < attribute.size:
+            raise ValueError(f"code {value} is outside [0, {attribute.size})")
+        return value
+    if attribute.type == "hashed":
+        from pipeline.stream.ingest.reports import public_hash
+
+        return public_hash(value, attribute.size)
+    labels = attribute.labels()
+    if value not in labels:
+        raise ValueError(f"{value!r} is not a value of the attribute (values: {labels[:8]}"
+                         f"{' ...' if len(labels) > 8 else ''})")
+    return labels.index(value)
+
+
+def resolve_groups(release, attribute, where: str = "") -> dict[str, list[int]]:
+    """The declared groups as sorted code lists; a bad member names ``<where>.groups.<name>``."""
+    out = {}
+    for name, members in release.groups.items():
+        key = f"{where}.groups.{name}"
+        if not members:
+            raise ValueError(f"{key}: a group needs at least one value")
+        codes = []
+        for value in members:
+            try:
+                codes.append(_resolve_code(value, attribute))
+            except ValueError as err:
+                raise ValueError(f"{key}: {err}") from None
+        if len(set(codes)) != len(codes):
+            raise ValueError(f"{key}: a value appears twice (a group counts each code once)")
+        out[name] = sorted(codes)
+    return out
+
+
+def check_release(release, attribute, deployment, where: str) -> None:
+    """Cross-checks against the deployment (called by ``pipeline.config``; errors name the key)."""
+    if attribute.type not in ("categorical", "hashed"):
+        raise ValueError(f"{where}.attribute: relative_error releases need a categorical or hashed attribute")
+    if attribute.size > MAX_DOMAIN:
+        raise ValueError(f"{where}.attribute: {attribute.size} codes is more than the {MAX_DOMAIN} a "
+                         "relative_error release supports (dense histograms)")
+    if release.queries == "groups":
+        if not release.groups:
+            raise ValueError(f"{where}.groups: queries: groups needs at least one declared group")
+        resolve_groups(release, attribute, where)
+    elif release.groups:
+        raise ValueError(f"{where}.groups: only for queries: groups (this release asks for {release.queries})")
+    n_queries, nnz = family_size(release, attribute)
+    if nnz > MAX_NNZ:
+        raise ValueError(f"{where}.queries: {release.queries} over {attribute.size} codes has {nnz} (query, code) "
+                         f"pairs, more than the {MAX_NNZ} supported")
+    eps_step = release.share * deployment.budget.epsilon / deployment.horizon
+    if eps_step > 1.0:
+        raise ValueError(f"{where}.share: the per-step epsilon share·epsilon/horizon = {eps_step:.4g} exceeds 1, "
+                         "the range PREM's calibration covers")
+
+
+# --- query family ----------------------------------------------------------------------------
+
+def dyadic_blocks(domain_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) of every distinct range [k·2^j, min((k+1)·2^j, |X|)), j = 0..⌈log₂|X|⌉, level by level.
+    A level's last block is dropped when it equals the previous level's last one (lo + 2^(j−1) ≥ |X|:
+    both are [lo, |X|)); every other block is longer than any block of the levels below."""
+    los, his, width = [], [], 1
+    while True:
+        lo = np.arange(0, domain_size, width, dtype=np.int64)
+        hi = np.minimum(lo + width, domain_size)
+        if width > 1 and lo[-1] + width // 2 >= domain_size:
+            lo, hi = lo[:-1], hi[:-1]
+        los.append(lo)
+        his.append(hi)
+        if width >= domain_size:
+            return np.concatenate(los), np.concatenate(his)
+        width *= 2
+
+
+def query_family(queries: str, domain_size: int, groups: list | None = None):
+    """The family F as a 0/1 CSR matrix (|F| × |X|), in PREM's query order: the declared groups in
+    order (``groups``: (name, codes) pairs); the dyadic ranges level by level (:func:`dyadic_blocks`);
+    the singletons by code."""
+    from scipy import sparse
+
+    if queries == "groups":
+        from pipeline.synth.prem import as_query_matrix
+
+        return as_query_matrix([np.asarray(c, dtype=np.int64) for _, c in groups], domain_size)
+    if queries == "singletons":
+        return sparse.identity(domain_size, dtype=np.float64, format="csr")
+    if queries == "dyadic":
+        lo, hi = dyadic_blocks(domain_size)
+        lengths = hi - lo
+        indptr = np.concatenate([[0], np.cumsum(lengths)])
+        indices = np.arange(indptr[-1], dtype=np.int64) - np.repeat(indptr[:-1] - lo, lengths)
+        return sparse.csr_matrix((np.ones(indices.size), indices, indptr), shape=(lo.size, domain_size))
+    raise ValueError(f"queries must be one of {QUERY_FAMILIES}, got {queries!r}")
+
+
+def family_size(release, attribute) -> tuple[int, int]:
+    """(|F|, nnz(F)) without building F."""
+    if release.queries == "groups":
+        return len(release.groups), sum(len(g) for g in release.groups.values())
+    if release.queries == "singletons":
+        return attribute.size, attribute.size
+    lo, hi = dyadic_blocks(attribute.size)
+    return int(lo.size), int((hi - lo).sum())
+
+
+def dyadic_pieces(lo: int, hi: int, domain_size: int) -> list[tuple[int, int]]:
+    """[lo, hi) as consecutive dyadic blocks of the family (greedy: at each lo the largest aligned block
+    that fits; ≤ 2⌈log₂|X|⌉ pieces)."""
+    if not 0 <= lo < hi <= domain_size:
+        raise ValueError(f"range {lo}:{hi} must satisfy 0 <= lo < hi <= {domain_size}")
+    pieces = []
+    while lo < hi:
+        width = 1
+        while lo % (2 * width) == 0 and min(lo + 2 * width, domain_size) <= hi and width < domain_size:
+            width *= 2
+        stop = min(lo + width, domain_size)
+        pieces.append((lo, stop))
+        lo = stop
+    return pieces
+
+
+def needs_feedback(release) -> bool:
+    """No: nothing released changes what the workers aggregate next step."""
+    return False
+
+
+# --- aggregator --------------------------------------------------------------------------------
+
+def make_aggregator(release, attribute, rows: int):
+    """The step's histogram of current values: the fixed-window aggregator with a one-step window
+    (pattern = the current code; counts from step 1 on, dense over the domain, additive across
+    partitions). No per-user state is carried between steps."""
+    from pipeline.stream.ingest.aggregators import FixedWindowAggregator
+
+    return FixedWindowAggregator(rows, 1, attribute.size)
+
+
+# --- mechanism ---------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=32)
+def step_plan(accounting: str, domain_size: int, n_queries: int, zeta: float, epsilon: float, delta: float,
+              beta: float, n: int, max_calls: int, max_rounds: int):
+    """The per-step PREM plan (noise parameters, margins, α) — the calibration takes seconds, and every
+    step of a release has the same arguments, so it is made once per process."""
+    from pipeline.synth.prem_privacy import charged_plan, paper_plan
+
+    if accounting == "charged":
+        return charged_plan(domain_size, n_queries, zeta, epsilon, delta, beta,
+                            max_calls=max_calls, max_rounds=max_rounds)
+    return paper_plan(max(n, 2), domain_size, n_queries, zeta, epsilon, delta, beta)
+
+
+def step_seed(seed: int | None, step: int) -> int | None:
+    """Seed of step ``step``'s PREM from the release's seed (None = secure randomness): each step's
+    draws are independent of how many draws earlier steps made, so a step can be recomputed alone."""
+    if seed is None:
+        return None
+    digest = hashlib.blake2b(f"{seed}:{KIND}:{step}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class RelativeErrorMechanism:
+    """One PREM per step on the step's histogram, each with the per-step target (ε_s, δ_s).
+
+    ``params`` (all public): domain_size, queries, groups ((name, codes) pairs in declared order — a list,
+    since the state format does not keep a mapping's order, and F's order is the monitor's), zeta,
+    epsilon, delta (per step), beta, accounting, n, max_calls, max_rounds, seed (None = secure).
+    """
+
+    def __init__(self, params: dict[str, Any]):
+        self.params = dict(params)
+        self.queries = query_family(self.params["queries"], int(self.params["domain_size"]),
+                                    self.params.get("groups"))
+        self.step = 0
+
+    @property
+    def plan(self):
+        return plan_of(self.params, self.queries.shape[0])
+
+    def step_cost(self):
+        """The privacy event of one step, an immutable ``ApproxDP`` recomputed from the plan's noise
+        parameters alone (:func:`pipeline.synth.prem_privacy.plan_privacy`)."""
+        from pipeline.synth.prem_privacy import plan_privacy
+
+        return plan_privacy(self.plan)
+
+    def fit(self, step: int, histogram: np.ndarray):
+        """Release step ``step``: (ĥ_t as float64, the fitted PREM). Steps come in order, each once."""
+        from pipeline.synth.prem import PREM
+
+        if step != self.step + 1:
+            raise ValueError(f"relative_error release of step {step}, but the next step is {self.step + 1}")
+        p = self.params
+        prem = PREM(int(p["domain_size"]), self.queries, float(p["zeta"]), float(p["epsilon"]), float(p["delta"]),
+                    beta=float(p["beta"]), seed=step_seed(p["seed"], step), accounting=p["accounting"],
+                    n=int(p["n"]), plan=self.plan)
+        out = prem.fit(np.asarray(histogram, dtype=np.int64))
+        self.step = step
+        return np.asarray(out, dtype=np.float64), prem
+
+    def parameters(self, prem=None) -> dict[str, Any]:
+        """The manifest's public parameters: ζ, α (the run's, and the a-priori one), β, |F|, the noise."""
+        p, plan = self.params, self.plan
+        out = {
+            "mechanism": "prem", "accounting": p["accounting"], "monitor": plan.monitor, "queries": p["queries"],
+            "n_queries": self.queries.shape[0], "domain_size": int(p["domain_size"]), "n": int(p["n"]),
+            "zeta": plan.zeta, "alpha_planned": plan.alpha, "beta": plan.beta,
+            "epsilon_target": plan.epsilon, "delta_target": plan.delta,
+            "noise": {"monitor_a": plan.a, "mass_noise": plan.mass_noise, "mass_param": plan.mass_param,
+                      "init_sigma2": plan.init_sigma2, "max_calls": plan.max_calls, "rounds": plan.rounds,
+                      "max_passes": plan.max_passes},
+        }
+        if p["queries"] == "groups":
+            out["groups"] = {name: [int(c) for c in codes] for name, codes in p["groups"]}
+        if prem is not None:
+            out.update(alpha=prem.alpha, calls=prem.calls, rounds_certified=prem.rounds_used,
+                       exhausted=prem.exhausted)
+        return out
+
+    def get_state(self) -> dict[str, Any]:
+        return {"kind": KIND, "version": _STATE_VERSION, "params": dict(self.params), "step": self.step}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "RelativeErrorMechanism":
+        if state.get("kind") != KIND:
+            raise ValueError(f"not a {KIND} state (kind={state.get('kind')!r})")
+        obj = cls(state["params"])
+        obj.step = int(state["step"])
+        return obj
+
+
+def mechanism_params(deployment, release, allotment, n: int, seed: int | None) -> dict[str, Any]:
+    """The mechanism's parameters: the allotment (ε_r, δ_r) split evenly over the horizon."""
+    attribute = deployment.attributes[release.attribute]
+    T = deployment.horizon
+    return {
+        "domain_size": attribute.size, "queries": release.queries,
+        "groups": list(resolve_groups(release, attribute).items()) if release.queries == "groups" else None,
+        "zeta": release.zeta, "epsilon": allotment.epsilon / T, "delta": allotment.delta / T,
+        "beta": release.beta, "accounting": release.accounting, "n": int(n),
+        "max_calls": release.max_calls, "max_rounds": release.max_rounds, "seed": seed,
+    }
+
+
+def plan_of(params: dict[str, Any], n_queries: int):
+    """The plan of a mechanism with ``params`` and |F| = ``n_queries`` (:func:`step_plan`)."""
+    return step_plan(params["accounting"], int(params["domain_size"]), int(n_queries), float(params["zeta"]),
+                     float(params["epsilon"]), float(params["delta"]), float(params["beta"]), int(params["n"]),
+                     int(params["max_calls"]), int(params["max_rounds"]))
+
+
+def build_mechanism(deployment, release, allotment, n: int, seed: int | None) -> RelativeErrorMechanism:
+    return RelativeErrorMechanism(mechanism_params(deployment, release, allotment, n, seed))
+
+
+def step_cost(deployment, release, step: int, allotment):
+    """What the release spends at ``step``: the same ``ApproxDP`` event at every step 1..T, the plan's
+    noise parameters' own cost (:func:`pipeline.synth.prem_privacy.plan_privacy`) — the plan the
+    releaser's mechanism runs with (:meth:`RelativeErrorMechanism.step_cost`, same parameters)."""
+    from pipeline.synth.prem_privacy import plan_privacy
+
+    params = mechanism_params(deployment, release, allotment, deployment.n, None)
+    return plan_privacy(plan_of(params, family_size(release, deployment.attributes[release.attribute])[0]))
+
+
+# --- per-step release --------------------------------------------------------------------------
+
+def histogram_checksum(histogram: np.ndarray) -> str:
+    """SHA-256 of the released histogram as little-endian float64 (the manifest's completeness check)."""
+    return hashlib.sha256(np.ascontiguousarray(histogram, dtype="<f8").tobytes()).hexdigest()
+
+
+def release_output(release, mech: RelativeErrorMechanism, step: int, parts: list[dict], manifest: dict,
+                   privacy: dict):
+    """Sum the partitions' histograms, run PREM, and build the step's record: the manifest (ζ, α, β, |F|,
+    noise, privacy spent) and ĥ_t as one float64 column published on ``synthetic`` in the other kinds'
+    chunk format (records = codes 0..|X|−1, column = the step)."""
+    from pipeline.stream.release.engine import ReleaseOutput
+    from pipeline.stream.kafka.codecs import SYNTHETIC_CHUNK_RECORDS
+
+    counts = np.sum([p["counts"] for p in parts], axis=0)
+    hist, prem = mech.fit(step, counts)
+    manifest["parameters"] = mech.parameters(prem)
+    manifest["synthetic"] = {
+        "columns": [step], "records": int(hist.size), "dtype": "float64", "histogram": True,
+        "chunks": max(1, -(-hist.size // SYNTHETIC_CHUNK_RECORDS)), "sha256": histogram_checksum(hist),
+    }
+    manifest["privacy"] = privacy
+    return ReleaseOutput(release.name, step, manifest, [step], hist.reshape(-1, 1))
+
+
+# --- consumer ----------------------------------------------------------------------------------
+
+def complete_histogram(panel, manifest: dict, chunks: dict[int, dict]) -> None:
+    """Assemble step ``manifest['step']``'s histogram from its chunks into ``panel.histograms``; a
+    malformed chunk or a checksum mismatch raises ``IncompleteStep``."""
+    from pipeline.consumer import IncompleteStep
+
+    step, syn = int(manifest["step"]), manifest["synthetic"]
+    where = f"{manifest['release']} step {step}"
+    hist = np.full(int(syn["records"]), np.nan)
+    try:
+        for c in chunks.values():
+            hist[int(c["start"]):int(c["stop"])] = np.asarray(c["values"][str(step)], dtype=np.float64)
+    except (KeyError, ValueError, TypeError) as err:
+        raise IncompleteStep(f"{where}: malformed chunk ({type(err).__name__}: {err})") from None
+    if histogram_checksum(hist) != syn["sha256"]:
+        raise IncompleteStep(f"{where}: checksum mismatch (corrupt or mixed chunks)")
+    panel.histograms[step] = hist
+    panel.complete_steps.add(step)
+
+
+def group_interval(estimate: float, zeta: float, alpha: float, n: int, pieces: int = 1) -> tuple[float, float]:
+    """The interval for f(h) given f(ĥ) = ``estimate``: the guarantee (1 − ζ)f(h) − kα ≤ f(ĥ) ≤
+    (1 + ζ)f(h) + kα (k = ``pieces`` disjoint family queries summed, k = 1 for one query) solved for
+    f(h): [(f(ĥ) − kα)/(1 + ζ), (f(ĥ) + kα)/(1 − ζ)], clipped to [0, n] (a count of users)."""
+    slack = pieces * alpha
+    return max(0.0, (estimate - slack) / (1.0 + zeta)), min(float(n), (estimate + slack) / (1.0 - zeta))
+
+
+def _query_codes(params: dict, group: str, attribute=None) -> tuple[np.ndarray, int]:
+    """(codes, number of family queries summed) of ``group``: a declared group's name; a code or label
+    (singletons, dyadic); ``lo:hi`` (dyadic: its dyadic pieces)."""
+    queries, size = params["queries"], int(params["domain_size"])
+    if queries == "groups":
+        groups = params["groups"]
+        if group not in groups:
+            raise ValueError(f"no group {group!r}; the groups are {', '.join(groups)}")
+        return np.asarray(groups[group], dtype=np.int64), 1
+    if queries == "dyadic" and ":" in group:
+        try:
+            lo, hi = (int(v) for v in group.split(":"))
+        except ValueError:
+            raise ValueError(f"a range is lo:hi with integer codes, got {group!r}") from None
+        pieces = dyadic_pieces(lo, hi, size)
+        return np.arange(lo, hi, dtype=np.int64), len(pieces)
+    if group.isdigit():  # a code (a hashed value that looks like a number is named by its code)
+        code = int(group)
+        if code >= size:
+            raise ValueError(f"code {code} is outside [0, {size})")
+    elif attribute is not None:
+        code = _resolve_code(group, attribute)
+    else:
+        raise ValueError(f"{group!r} is not a code of [0, {size})")
+    return np.array([code], dtype=np.int64), 1
+
+
+def answer_query(manifest: dict, histogram: np.ndarray, group: str, attribute=None) -> dict[str, Any]:
+    """A group's count from a released histogram with its (ζ, α) interval (post-processing only)."""
+    params = manifest["parameters"]
+    codes, pieces = _query_codes(params, group, attribute)
+    estimate = float(histogram[codes].sum())
+    lo, hi = group_interval(estimate, params["zeta"], params["alpha"], params["n"], pieces)
+    return {"group": group, "estimate": estimate, "interval": [lo, hi], "zeta": params["zeta"],
+            "alpha": params["alpha"], "pieces": pieces, "beta": params["beta"]}
+
+
+def query_output(panel, deployment, release_name: str, step: int, group: str | None) -> dict[str, Any]:
+    """``dpstream query`` of a relative_error release: ``group``'s answer, or every declared group's."""
+    params = panel.manifests[step]["parameters"]
+    attribute = deployment.attributes[deployment.release(release_name).attribute]
+    if group is None and params["queries"] != "groups":
+        raise ValueError(f"name a code, value or range (lo:hi) of a release with queries: {params['queries']}")
+    groups = list(params["groups"]) if group is None else [group]
+    return {"release": release_name, "step": step, "answers": [panel.group_count(step, g, attribute) for g in groups]}
