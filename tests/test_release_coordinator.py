@@ -87,7 +87,7 @@ class Stream:
         self.dep, self.store, self.log, self.X = dep, store, log, X
         self.names = topic_names(dep)
         self.roster = Roster.from_config(dep.roster)
-        self.cores = IngestCore(dep, self.roster, self.names)
+        self.cores = IngestCore(dep, self.roster, self.names, isolated=True)  # reports go to their owners: none forwarded
         for p in range(P):
             self.cores.assign(p)
         self.read = defaultdict(int)  # (topic, partition) -> next offset its reader handles

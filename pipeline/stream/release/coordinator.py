@@ -54,6 +54,12 @@ __all__ = ["ReleaseCoordinator"]
 log = logging.getLogger("dpstream.releaser")
 
 
+
+def _canonical(obj) -> bytes:
+    """JSON with sorted keys: a republished record has the same bytes as the first copy, whether its
+    value comes from the mechanism or back from the Redis record (whose maps are stored sorted)."""
+    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+
 class ReleaseCoordinator:
     """One releaser's protocol state; build it with :meth:`create` (it reads Redis)."""
 
@@ -195,14 +201,14 @@ class ReleaseCoordinator:
         messages = []  # (logical topic, key, value, partition, timestamp)
         for out in outputs:
             key = f"{out.release}:{step}".encode()
-            messages.append(("releases", key, orjson.dumps(out.manifest), 0, ts))
+            messages.append(("releases", key, _canonical(out.manifest), 0, ts))
             if out.columns is not None:
                 messages += [("synthetic", ckey, cval, 0, ts)
                              for ckey, cval in synthetic_chunks(out.release, step, out.column_steps, out.columns)]
             if out.alerts is not None:
-                messages.append(("alerts", key, orjson.dumps(out.alerts), 0, ts))
+                messages.append(("alerts", key, _canonical(out.alerts), 0, ts))
             if out.feedback is not None:
-                body = orjson.dumps({"release": out.release, "step": step, **out.feedback})
+                body = _canonical({"release": out.release, "step": step, **out.feedback})
                 messages += [("feedback", key, body, p, None) for p in range(self.partitions)]
         batch, half = self.checkpoint.begin(), len(messages) // 2
         for i, (topic, key, value, partition, timestamp) in enumerate(messages):
