@@ -16,6 +16,7 @@ import sys
 import time
 
 from pipeline.config import load_config
+from pipeline.connections import check_secrets, kafka_security, use_security
 from pipeline.stream.topics import ensure_topics, topic_names, topic_partitions
 
 
@@ -28,7 +29,7 @@ def create(bootstrap: str, deployment, replication: int, timeout: float = 120.0)
     deadline = time.monotonic() + timeout
     while True:  # the broker may still be starting
         try:
-            admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="dpstream-create-topics")
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap, **kafka_security(), client_id="dpstream-create-topics")
             break
         except Exception as err:
             if time.monotonic() > deadline:
@@ -54,6 +55,8 @@ def main(argv=None) -> int:
     ap.add_argument("--replication", type=int, default=int(os.environ.get("DPSTREAM_TOPIC_REPLICATION", "1")))
     args = ap.parse_args(argv)
     dep = load_config(args.config)
+    use_security(dep.security)
+    check_secrets()  # a missing secret fails now, not after the connection retries
     bootstrap = os.environ.get("DPSTREAM_BROKER") or dep.broker
     if not bootstrap:
         raise SystemExit("no broker: set `broker:` in the configuration or DPSTREAM_BROKER")

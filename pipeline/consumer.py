@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from pipeline.connections import kafka_security
 from pipeline.stream.messages import SYNTHETIC_DTYPES, columns_checksum
 
 __all__ = ["SyntheticPanel", "PanelStore", "read_topics", "IncompleteStep"]
@@ -190,7 +191,7 @@ def read_topics(bootstrap: str, topic_names: dict[str, str], store: PanelStore |
     store = store or PanelStore()
     handlers = {topic_names["releases"]: store.add_manifest, topic_names["synthetic"]: store.add_chunk,
                 topic_names["alerts"]: store.add_alert}
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False, auto_offset_reset="earliest",
                              max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
     try:
         tps = []

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from pipeline.config import Deployment, load_config
+from pipeline.connections import use_security
 from pipeline.stream.roster import Roster
 from pipeline.stream.topics import topic_names
 
@@ -36,6 +37,7 @@ class Runtime:
         if not path:
             raise SystemExit("DPSTREAM_CONFIG is not set: run the jobs through `dpstream worker|releaser --config FILE`")
         deployment = load_config(path)
+        use_security(deployment.security)  # every client of this process connects as configured
         broker = os.environ.get("DPSTREAM_BROKER") or deployment.broker
         redis_url = os.environ.get("DPSTREAM_REDIS") or deployment.redis
         if not broker or not redis_url:

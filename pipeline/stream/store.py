@@ -36,6 +36,8 @@ from typing import Any
 
 import redis
 
+from pipeline.connections import redis_client
+
 __all__ = ["ReleaseStore", "StepAlreadyReleased", "StepOutOfOrder", "StepRecord", "FINGERPRINTS_KEY"]
 
 FINGERPRINTS_KEY = "dpstream-fingerprints"  # outside every deployment's prefix
@@ -64,7 +66,7 @@ class ReleaseStore:
 
     @classmethod
     def from_url(cls, url: str, deployment: str) -> "ReleaseStore":
-        return cls(redis.Redis.from_url(url), deployment)
+        return cls(redis_client(url), deployment)
 
     def _k(self, *parts: Any) -> str:
         return ":".join([self.prefix, *map(str, parts)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from pipeline.connections import kafka_security
 from pipeline.stream.messages import TOPICS
 
 __all__ = ["topic_names", "topic_partitions", "ensure_topics"]
@@ -36,7 +37,7 @@ def ensure_topics(bootstrap: str, deployment, timeout: float = 30.0) -> dict[str
     deadline = time.monotonic() + timeout
     while True:
         try:
-            admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="dpstream-admin")
+            admin = KafkaAdminClient(bootstrap_servers=bootstrap, **kafka_security(), client_id="dpstream-admin")
             break
         except Exception:
             if time.monotonic() > deadline:
