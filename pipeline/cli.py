@@ -599,7 +599,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _unreachable(err: BaseException) -> str | None:
     """What a broker/Redis connection failure in the middle of a command was, or None (not one)."""
     import redis
-    from kafka.errors import KafkaConnectionError, KafkaTimeoutError, NoBrokersAvailable
+    from kafka import errors as kafka_errors
+    from kafka.errors import KafkaConnectionError, KafkaTimeoutError
+
+    NoBrokersAvailable = getattr(kafka_errors, "NoBrokersAvailable", KafkaConnectionError)  # gone in kafka-python 3
 
     try:
         from aiokafka.errors import KafkaConnectionError as AioConnectionError
