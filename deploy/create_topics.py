@@ -16,7 +16,7 @@ import sys
 import time
 
 from pipeline.config import load_config
-from pipeline.connections import check_secrets, kafka_security, use_security
+from pipeline.connections import SecretUnavailable, kafka_security, use_security
 from pipeline.stream.topics import ensure_topics, topic_names, topic_partitions
 
 
@@ -56,7 +56,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     dep = load_config(args.config)
     use_security(dep.security)
-    check_secrets()  # a missing secret fails now, not after the connection retries
+    try:
+        kafka_security()  # a missing secret or TLS file fails now, not after the connection retries
+    except SecretUnavailable as err:
+        raise SystemExit(f"create_topics: {err}")
     bootstrap = os.environ.get("DPSTREAM_BROKER") or dep.broker
     if not bootstrap:
         raise SystemExit("no broker: set `broker:` in the configuration or DPSTREAM_BROKER")
