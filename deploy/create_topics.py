@@ -17,7 +17,7 @@ import time
 
 from pipeline.config import load_config
 from pipeline.connections import SecretUnavailable, kafka_security, use_security
-from pipeline.stream.topics import ensure_topics, topic_names, topic_partitions
+from pipeline.stream.kafka.topics import ensure_topics, topic_names, topic_partitions
 
 
 def create(bootstrap: str, deployment, replication: int, timeout: float = 120.0) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """Ingest worker: reports -> per-user numpy state -> step partials.
 
-Run through the command line (which sets the environment, see ``pipeline.stream.runtime``):
+Run through the command line (which sets the environment, see ``pipeline.stream.kafka.runtime``):
 ``dpstream worker --config config/sipp-poverty.yaml``. Start up to as many as there are partitions.
 
 * ``reports`` (keyed by user): runs of reports are parsed and applied in bulk; a close marker for
@@ -10,7 +10,7 @@ Run through the command line (which sets the environment, see ``pipeline.stream.
   t+1 closes (the close waits for them).
 * rejected reports -> ``dead-letter`` with the original bytes and a reason.
 
-Transport: a plain aiokafka group consumer reading whole fetches (:mod:`pipeline.stream.bulk`) and
+Transport: a plain aiokafka group consumer reading whole fetches (:mod:`pipeline.stream.kafka.consumer`) and
 an aiokafka producer; the hot path is vectorised per fetch (docs/streaming.md, "Processes").
 Positions come only from the Redis checkpoints (read in the assignment callback); the offsets this
 worker commits are for lag monitoring, never read back.
@@ -25,14 +25,14 @@ import time
 from aiokafka import TopicPartition
 from kafka import TopicPartition as KTopicPartition
 
-from pipeline.stream.bulk import BulkConsumer
-from pipeline.stream.faults import crash_point
-from pipeline.stream.identity import establish_identity
-from pipeline.stream.ingest import ApplyResult, CloseOutput, IngestCore
-from pipeline.stream.log_end import log_ends
-from pipeline.stream.metrics import METRICS, forget_partition, observe_partition, serve_metrics
-from pipeline.stream.process import make_producer, run_job, supervise
-from pipeline.stream.runtime import Runtime
+from pipeline.stream.kafka.consumer import BulkConsumer
+from pipeline.stream.kafka.faults import crash_point
+from pipeline.stream.state.identity import establish_identity
+from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore
+from pipeline.stream.kafka.log_end import log_ends
+from pipeline.stream.kafka.metrics import METRICS, forget_partition, observe_partition, serve_metrics
+from pipeline.stream.kafka.process import make_producer, run_job, supervise
+from pipeline.stream.kafka.runtime import Runtime
 
 log = logging.getLogger("dpstream.worker")
 

@@ -64,7 +64,7 @@ class Grant:
 
 def kafka_grants(deployment, role: str) -> list[Grant]:
     """The ACLs ``role`` needs on the deployment's topics and consumer groups."""
-    from pipeline.stream.topics import topic_names
+    from pipeline.stream.kafka.topics import topic_names
 
     if role not in ROLES:
         raise ValueError(f"role: unknown role {role!r}; one of {', '.join(ROLES)}")
@@ -123,8 +123,8 @@ def kafka_acl_script(deployment, config: str) -> str:
 def redis_acl_rules(deployment, passwords: dict[str, str]) -> list[str]:
     """ACL-file ``user`` lines for the stream roles (and ``default off``); ``passwords`` maps role -> password,
     written as its SHA-256 (``#<hex>``). A role without a password is left out."""
-    from pipeline.stream.embedded import password_hash
-    from pipeline.stream.store import FINGERPRINTS_KEY
+    from pipeline.stream.local.embedded import password_hash
+    from pipeline.stream.state.store import FINGERPRINTS_KEY
 
     keys = f"~dpstream:{deployment.name}:* ~{FINGERPRINTS_KEY}"
     rules = ["user default off"]

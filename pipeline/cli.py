@@ -47,8 +47,8 @@ def _fail(code: int, message: str) -> int:
 def _up_record(name: str) -> dict | None:
     """What `dpstream up` of deployment ``name`` recorded in its endpoints file, with ``alive``: whether that
     `up` still runs (False: a stale file left by a killed `up`). None when there is no file."""
-    from pipeline.stream.cluster import endpoints_file
-    from pipeline.stream.embedded import pid_alive
+    from pipeline.stream.local.cluster import endpoints_file
+    from pipeline.stream.local.embedded import pid_alive
 
     path = endpoints_file(name)
     try:
@@ -99,7 +99,7 @@ def _check_reachable(broker: str, redis_url: str) -> None:
 
 def _endpoints(dep, check: bool = True) -> tuple[str, str]:
     """Broker and Redis of a deployment: configured, or those of a running `dpstream up`; checked to answer."""
-    from pipeline.stream.cluster import endpoints_file
+    from pipeline.stream.local.cluster import endpoints_file
 
     check_secrets()  # an unset variable or unreadable file is one line now, not a client's retry loop
     broker = os.environ.get("DPSTREAM_BROKER") or dep.broker
@@ -126,7 +126,7 @@ def _run_job(module: str, args) -> int:
     dep = _load(args.config)
     broker, redis_url = _endpoints(dep, check=False)  # the jobs retry while services start
     os.environ["DPSTREAM_BROKER"], os.environ["DPSTREAM_REDIS"] = broker, redis_url
-    from pipeline.stream.identity import ConfigurationChanged, StateLost
+    from pipeline.stream.state.identity import ConfigurationChanged, StateLost
 
     try:
         job = importlib.import_module(module)
@@ -153,7 +153,7 @@ def _interrupt(signum, frame):
 def _claim(name: str) -> bool:
     """Create the endpoints file with only this process's pid, atomically (two `up` starting at once: one
     wins); LocalCluster.start completes it with the endpoints, LocalCluster.stop removes it."""
-    from pipeline.stream.cluster import endpoints_file
+    from pipeline.stream.local.cluster import endpoints_file
 
     path = endpoints_file(name)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -169,7 +169,7 @@ def _claim(name: str) -> bool:
 def cmd_up(args) -> int:
     """Start the deployment; on Ctrl-C, SIGTERM (`kill`, `dpstream down`) or a dead process, stop everything
     it started (stream processes' groups, embedded broker and Redis) and remove the endpoints file."""
-    from pipeline.stream.cluster import LocalCluster, state_dir
+    from pipeline.stream.local.cluster import LocalCluster, state_dir
 
     dep = _load(args.config)
     rec = _up_record(dep.name)
@@ -213,8 +213,8 @@ def cmd_up(args) -> int:
 
 def _stop_leftovers(rec: dict) -> list[str]:
     """Stop the processes a killed `up` recorded and left running (pid and command line must both match)."""
-    from pipeline.stream.cluster import process_cmdline
-    from pipeline.stream.embedded import pid_alive
+    from pipeline.stream.local.cluster import process_cmdline
+    from pipeline.stream.local.embedded import pid_alive
 
     stopped = []
     for name, proc in (rec.get("processes") or {}).items():
@@ -240,7 +240,7 @@ def _stop_leftovers(rec: dict) -> list[str]:
 
 def cmd_down(args) -> int:
     """Stop the `dpstream up` of a deployment (SIGTERM, then wait for its shutdown); clean a stale file."""
-    from pipeline.stream.embedded import pid_alive
+    from pipeline.stream.local.embedded import pid_alive
 
     dep = _load(args.config)
     rec = _up_record(dep.name)
@@ -266,9 +266,9 @@ def cmd_down(args) -> int:
 
 # -- producing and controlling ------------------------------------------------------------------
 def _producer(dep):
-    from pipeline.stream.producer import ReportProducer
-    from pipeline.stream.roster import Roster
-    from pipeline.stream.topics import topic_names
+    from pipeline.stream.kafka.producer import ReportProducer
+    from pipeline.stream.ingest.roster import Roster
+    from pipeline.stream.kafka.topics import topic_names
 
     broker, _ = _endpoints(dep)
     return ReportProducer(broker, dep, Roster.from_config(dep.roster), topic_names(dep))
@@ -276,9 +276,9 @@ def _producer(dep):
 
 def _intake(dep, wait: float):
     """(store, view): the workers' intake counts once they have handled the reports sent so far."""
-    from pipeline.stream.intake_view import intake_view
-    from pipeline.stream.store import ReleaseStore
-    from pipeline.stream.topics import topic_names
+    from pipeline.stream.ingest.intake_view import intake_view
+    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.kafka.topics import topic_names
 
     broker, redis_url = _endpoints(dep)
     store = ReleaseStore.from_url(redis_url, dep.name)
@@ -298,9 +298,9 @@ def _step_refused(dep, step: int, window: range) -> str | None:
 
 def cmd_produce(args) -> int:
     """Send one step's reports, never more than the deployment accepts now (see docs/streaming.md)."""
-    from pipeline.stream.intake_view import open_window
-    from pipeline.stream.report_files import ReportFileError, read_report_file
-    from pipeline.stream.roster import Roster
+    from pipeline.stream.ingest.intake_view import open_window
+    from pipeline.stream.ingest.report_files import ReportFileError, read_report_file
+    from pipeline.stream.ingest.roster import Roster
 
     dep = _load(args.config)
     if args.step is not None and not 1 <= args.step <= dep.horizon:
@@ -358,7 +358,7 @@ def cmd_produce(args) -> int:
 
 def cmd_close(args) -> int:
     """Close steps through --step: say what it spends, warn about (or refuse) steps built from lost data."""
-    from pipeline.stream.intake_view import close_assessment, spend_of_steps
+    from pipeline.stream.ingest.intake_view import close_assessment, spend_of_steps
 
     dep = _load(args.config)
     if not 1 <= args.step <= dep.horizon:
@@ -410,7 +410,7 @@ def cmd_close(args) -> int:
 def cmd_status(args) -> int:
     from pipeline.plan import budget_plan
 
-    from pipeline.stream.store import ReleaseStore
+    from pipeline.stream.state.store import ReleaseStore
 
     dep = _load(args.config)
     _, redis_url = _endpoints(dep)
@@ -439,7 +439,7 @@ def cmd_status(args) -> int:
 # -- consuming ---------------------------------------------------------------------------------
 def _panels(dep):
     from pipeline.consumer import read_topics
-    from pipeline.stream.topics import topic_names
+    from pipeline.stream.kafka.topics import topic_names
 
     broker, _ = _endpoints(dep)
     return read_topics(broker, topic_names(dep))
@@ -537,7 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("batch", help="the batch SIPP job (repeated runs of both synthesizers, plots)")
-    b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of `python -m jobs.sipp_batch`")
+    b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of `python -m jobs.eval.sipp_batch`")
     b.set_defaults(func=cmd_batch)
 
     for name, fn, help_ in (("worker", cmd_worker, "run an ingest worker (aiokafka, bulk)"),

@@ -3,7 +3,7 @@
 Secrets are never written in the YAML: the configuration names where each comes from (``{env: VAR}``
 or ``{file: path}``) and :meth:`SecretRef.reveal` reads it only when a client is built, as a
 :class:`pydantic.SecretStr` (whose ``repr``/``str`` print ``**********``). Nothing here is part of the
-privacy fingerprint (:mod:`pipeline.stream.fingerprint`): changing a credential changes no calibration.
+privacy fingerprint (:mod:`pipeline.stream.state.fingerprint`): changing a credential changes no calibration.
 
 ::
 

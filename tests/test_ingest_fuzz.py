@@ -30,11 +30,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import load_config
-from pipeline.stream.ingest import ApplyResult, CloseOutput, IngestCore, Record
-from pipeline.stream.messages import CONTROL_HEADER
-from pipeline.stream.reports import REASONS, ReportParser, public_hash
-from pipeline.stream.roster import Roster
-from pipeline.stream.topics import topic_names
+from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore, Record
+from pipeline.stream.kafka.codecs import CONTROL_HEADER
+from pipeline.stream.ingest.reports import REASONS, ReportParser, public_hash
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.kafka.topics import topic_names
 
 N_USERS, P, HORIZON, MAX_AHEAD = 24, 2, 6, 1
 ITEM_SIZE = 64
@@ -529,7 +529,7 @@ def _read_all(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0
     """Every message of ``topic`` from the beginning to its current end: {partition: [Record]}."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from pipeline.stream.log_end import log_ends
+    from pipeline.stream.kafka.log_end import log_ends
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     tps = [TopicPartition(topic, p) for p in range(partitions)]
@@ -553,9 +553,9 @@ def test_fuzz_corpus_through_broker_into_running_worker(tmp_path, monkeypatch):
     dead letter, or publishes it without its reason)."""
     from hypothesis import Phase
 
-    from pipeline.stream.cluster import LocalCluster
-    from pipeline.stream.driver import StepDriver
-    from pipeline.stream.embedded import EmbeddedServices
+    from pipeline.stream.local.cluster import LocalCluster
+    from pipeline.stream.local.driver import StepDriver
+    from pipeline.stream.local.embedded import EmbeddedServices
 
     corpus = []
 

@@ -9,11 +9,11 @@ import pytest
 from pipeline.config import parse_config
 from pipeline.plan import budget_plan, planned_schedule
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.stream.ingest import IngestCore, Record
-from pipeline.stream.intake_view import IntakeView, close_assessment, open_window, spend_of_steps
-from pipeline.stream.messages import CONTROL_HEADER
-from pipeline.stream.roster import Roster
-from pipeline.stream.topics import topic_names
+from pipeline.stream.ingest.core import IngestCore, Record
+from pipeline.stream.ingest.intake_view import IntakeView, close_assessment, open_window, spend_of_steps
+from pipeline.stream.kafka.codecs import CONTROL_HEADER
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.kafka.topics import topic_names
 
 N, T = 20, 6
 

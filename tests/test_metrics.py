@@ -26,11 +26,11 @@ import pytest
 import yaml
 
 from pipeline.config import load_config
-from pipeline.stream import metrics as M
-from pipeline.stream.cluster import LocalCluster
-from pipeline.stream.driver import StepDriver
-from pipeline.stream.embedded import EmbeddedServices, free_port
-from pipeline.stream.roster import Roster
+from pipeline.stream.kafka import metrics as M
+from pipeline.stream.local.cluster import LocalCluster
+from pipeline.stream.local.driver import StepDriver
+from pipeline.stream.local.embedded import EmbeddedServices, free_port
+from pipeline.stream.ingest.roster import Roster
 
 PROMETHEUS = "/usr/bin/prometheus"
 REPO = Path(__file__).resolve().parents[1]
@@ -324,8 +324,8 @@ def test_no_series_moves_by_the_count_a_band_alert_protects():
     number is exactly the count the alert protects with noise, so no metric may carry it (an
     earlier gauge of retired users jumped by it). The same for a heavy-hitter flag with k = 1."""
     from pipeline.config import parse_config
-    from pipeline.stream.partition_state import PartitionState
-    from pipeline.stream.reports import ParsedReports
+    from pipeline.stream.ingest.partition_state import PartitionState
+    from pipeline.stream.ingest.reports import ParsedReports
 
     dep = parse_config({
         "name": "retired", "roster": {"size": 500}, "horizon": 3, "topics": {"partitions": 1},

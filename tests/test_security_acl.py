@@ -16,13 +16,13 @@ from pipeline.acl import ROLES, kafka_acl_commands, kafka_grants, redis_acl_rule
 from pipeline.config import load_config, parse_config
 from pipeline.connections import redis_client
 from pipeline.security import Security
-from pipeline.stream.cluster import LocalCluster
-from pipeline.stream.driver import StepDriver
-from pipeline.stream.embedded import EmbeddedBroker, EmbeddedRedis
-from pipeline.stream.engine import batch_reference
-from pipeline.stream.roster import Roster
-from pipeline.stream.testbed import binary_panel
-from pipeline.stream.topics import PUBLIC_TOPICS, topic_names
+from pipeline.stream.local.cluster import LocalCluster
+from pipeline.stream.local.driver import StepDriver
+from pipeline.stream.local.embedded import EmbeddedBroker, EmbeddedRedis
+from pipeline.stream.release.engine import batch_reference
+from pipeline.stream.ingest.roster import Roster
+from jobs.eval.testbed import binary_panel
+from pipeline.stream.kafka.topics import PUBLIC_TOPICS, topic_names
 
 N, T = 200, 3
 PASSWORDS = {"worker": "pw-worker-1", "releaser": "pw-releaser-2", "operator": "pw-operator-3"}

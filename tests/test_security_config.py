@@ -10,7 +10,7 @@ import pytest
 from pipeline.config import ConfigError, parse_config
 from pipeline.connections import SecretUnavailable, check_secrets, kafka_security, redis_client, tls_context
 from pipeline.security import Security, TlsFiles
-from pipeline.stream.fingerprint import fingerprint, privacy_config
+from pipeline.stream.state.fingerprint import fingerprint, privacy_config
 from tls_helpers import make_pki
 
 SECRET = "s3cr3t-value-never-printed"

@@ -17,12 +17,12 @@ import yaml
 from pipeline.config import load_config
 from pipeline.connections import use_security
 from pipeline.security import Security
-from pipeline.stream.cluster import LocalCluster
-from pipeline.stream.driver import StepDriver
-from pipeline.stream.embedded import EmbeddedBroker, EmbeddedRedis, free_port
-from pipeline.stream.engine import batch_reference
-from pipeline.stream.roster import Roster
-from pipeline.stream.testbed import binary_panel
+from pipeline.stream.local.cluster import LocalCluster
+from pipeline.stream.local.driver import StepDriver
+from pipeline.stream.local.embedded import EmbeddedBroker, EmbeddedRedis, free_port
+from pipeline.stream.release.engine import batch_reference
+from pipeline.stream.ingest.roster import Roster
+from jobs.eval.testbed import binary_panel
 from tls_helpers import TlsTerminator, make_pki
 
 PASSWORD = "correct-horse-7f3a9"

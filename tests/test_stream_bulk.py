@@ -9,8 +9,8 @@ import pytest
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
-from pipeline.stream.bulk import BulkConsumer
-from pipeline.stream.embedded import EmbeddedServices
+from pipeline.stream.kafka.consumer import BulkConsumer
+from pipeline.stream.local.embedded import EmbeddedServices
 
 P = 4
 

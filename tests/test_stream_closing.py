@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import parse_config
-from pipeline.stream.closing import DeadlineClock, public_close_time
-from pipeline.stream.ingest import IngestCore, Record
-from pipeline.stream.messages import CONTROL_HEADER, close_marker, parse_close_marker
-from pipeline.stream.roster import Roster
-from pipeline.stream.topics import topic_names
+from pipeline.stream.release.closing import DeadlineClock, public_close_time
+from pipeline.stream.ingest.core import IngestCore, Record
+from pipeline.stream.kafka.codecs import CONTROL_HEADER, close_marker, parse_close_marker
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.kafka.topics import topic_names
 
 
 def test_deadline_is_scheduled_from_the_last_public_close_not_from_when_it_was_noticed():

@@ -16,14 +16,14 @@ import orjson
 import pytest
 
 from pipeline.config import load_config
-from pipeline.stream.cluster import LocalCluster
-from pipeline.stream.driver import StepDriver
-from pipeline.stream.embedded import EmbeddedServices
-from pipeline.stream.testbed import binary_panel, write_panel_deployment
-from pipeline.stream.engine import batch_reference, release_seed
-from pipeline.stream.faults import FAULT_EXIT_CODE
-from pipeline.stream.roster import Roster
-from pipeline.stream.store import ReleaseStore
+from pipeline.stream.local.cluster import LocalCluster
+from pipeline.stream.local.driver import StepDriver
+from pipeline.stream.local.embedded import EmbeddedServices
+from jobs.eval.testbed import binary_panel, write_panel_deployment
+from pipeline.stream.release.engine import batch_reference, release_seed
+from pipeline.stream.kafka.faults import FAULT_EXIT_CODE
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.state.store import ReleaseStore
 
 N, T, K = 1500, 6, 3
 

@@ -27,15 +27,15 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.consumer import read_topics
-from pipeline.stream.cluster import LocalCluster
-from pipeline.stream.driver import StepDriver
-from pipeline.stream.embedded import EmbeddedServices
-from pipeline.stream.testbed import binary_panel, write_panel_deployment
-from pipeline.stream.engine import batch_reference as engine_reference
-from pipeline.stream.faults import FAULT_EXIT_CODE
-from pipeline.stream.roster import Roster
-from pipeline.stream.store import ReleaseStore
-from pipeline.stream.topics import ensure_topics
+from pipeline.stream.local.cluster import LocalCluster
+from pipeline.stream.local.driver import StepDriver
+from pipeline.stream.local.embedded import EmbeddedServices
+from jobs.eval.testbed import binary_panel, write_panel_deployment
+from pipeline.stream.release.engine import batch_reference as engine_reference
+from pipeline.stream.kafka.faults import FAULT_EXIT_CODE
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.kafka.topics import ensure_topics
 
 N, T, K = 1200, 6, 3
 
@@ -117,7 +117,7 @@ def _committed(bootstrap: str, group: str, topic: str) -> int:
     """The group's committed offset of partition 0 of ``topic`` (-1 when none)."""
     from kafka import KafkaAdminClient
 
-    from pipeline.stream.metrics import _committed_offsets
+    from pipeline.stream.kafka.metrics import _committed_offsets
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:

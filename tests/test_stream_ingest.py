@@ -7,12 +7,12 @@ import orjson
 
 from pipeline.config import parse_config
 from pipeline.serialization import loads_state
-from pipeline.stream.ingest import ApplyResult, CloseOutput, IngestCore, Record, is_marker
-from pipeline.stream.messages import CONTROL_HEADER
-from pipeline.stream.reports import REASONS
-from pipeline.stream.roster import Roster
-from pipeline.stream.store import ReleaseStore
-from pipeline.stream.topics import topic_names
+from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore, Record, is_marker
+from pipeline.stream.kafka.codecs import CONTROL_HEADER
+from pipeline.stream.ingest.reports import REASONS
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.kafka.topics import topic_names
 
 PARTS = 3
 MARK = ((CONTROL_HEADER, b"close"),)

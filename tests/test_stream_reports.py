@@ -10,8 +10,8 @@ import pytest
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
 from pipeline.config import parse_config
-from pipeline.stream.reports import REASONS, ReportParser, public_hash
-from pipeline.stream.roster import Roster, _murmur2, murmur2_partition
+from pipeline.stream.ingest.reports import REASONS, ReportParser, public_hash
+from pipeline.stream.ingest.roster import Roster, _murmur2, murmur2_partition
 
 HORIZON = 6
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.stream.embedded import free_port
+from pipeline.stream.local.embedded import free_port
 
 
 @dataclass

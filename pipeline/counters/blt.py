@@ -9,7 +9,7 @@ square-root factorization: (1 − x)^{−1/2} = (1/π)∫_0^1 τ^{−1/2}(1 − 
 continuous mixture of geometric series, so θ_j = 1 − e^{−u_j} on a grid of u_j from 0.3 to
 ln T + 0.5 and non-negative least-squares ω_j for c_1..c_{T−1} (:func:`blt_parameters`); six
 buffers stay within 0.2% of the square-root factorization's max error up to T = 10^5
-(jobs/bench_counters.py). θ_j and ω_j are dyadic rationals a_j/2^48, w_j/2^48, so C is exact.
+(jobs/bench/bench_counters.py). θ_j and ω_j are dyadic rationals a_j/2^48, w_j/2^48, so C is exact.
 
 Lattice. An integer factor with decaying coefficients and a constant-memory recurrence is
 necessarily banded (an integer power series that is rational is eventually periodic, Fatou's

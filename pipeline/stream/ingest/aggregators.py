@@ -1,0 +1,147 @@
+"""Worker-side partial aggregates, one aggregator per configured release.
+
+At the close of step t a worker holds, for the users of one reports partition, the step's value of
+every attribute (reported or imputed). Each aggregator turns those values into the release's
+additive partial aggregate and keeps the small per-user state the release needs next step. Partial
+aggregates add across partitions, so the release is identical whatever the number of workers.
+
+These hold true (curator-side) counts: they travel on the internal ``step-partials`` topic only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["make_aggregator", "needs_feedback", "watch_code", "FixedWindowAggregator", "CumulativeAggregator",
+           "ActiveSetAggregator"]
+
+
+def needs_feedback(release) -> bool:
+    """Releases whose flags charge users (workers must apply them before the next close)."""
+    return (release.type == "heavy_hitters" and release.method in ("tme", "tct")) or release.type == "band_monitor"
+
+
+def watch_code(release, attribute) -> int:
+    """The code of a band monitor's watched value in the attribute's public domain."""
+    if attribute.type == "hashed":
+        from pipeline.stream.ingest.reports import public_hash
+
+        return public_hash(release.value, attribute.size)
+    return attribute.labels().index(release.value)
+
+
+class FixedWindowAggregator:
+    """Window-pattern counts C_s^t (Bun et al. 2024, Alg. 1): s = the user's last k values, base A digits.
+
+    State: each user's last k−1 closed values as one integer code (base A), so the pattern at t is
+    ``suffix * A + x_t``. Nothing is counted before t = k (the first window is complete at t = k).
+    """
+
+    kind = "fixed_window"
+
+    def __init__(self, rows: int, window: int, categories: int):
+        self.window, self.categories = int(window), int(categories)
+        self.suffix = np.zeros(rows, dtype=np.int64)
+        self._mod = self.categories ** (self.window - 1)
+
+    def partial(self, step: int, x: np.ndarray) -> dict[str, Any]:
+        pattern = self.suffix * self.categories + x
+        counts = None
+        if step >= self.window:
+            counts = np.bincount(pattern, minlength=self.categories**self.window).astype(np.int64)
+        self.suffix = pattern % self._mod if self._mod > 1 else np.zeros_like(pattern)
+        return {"counts": counts}
+
+    def apply_feedback(self, step: int, x: np.ndarray, feedback: dict[str, Any]) -> None:
+        raise ValueError("fixed-window releases take no feedback")
+
+    def get_state(self) -> dict[str, Any]:
+        return {"suffix": self.suffix.copy()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.suffix = np.array(state["suffix"], dtype=np.int64)
+
+
+class CumulativeAggregator:
+    """z_b^t = #{users with weight b−1 after t−1 and x_t = 1}, b = 1..T (Bun et al. 2024, Alg. 2)."""
+
+    kind = "cumulative"
+
+    def __init__(self, rows: int, horizon: int):
+        self.horizon = int(horizon)
+        self.weight = np.zeros(rows, dtype=np.int32)
+
+    def partial(self, step: int, x: np.ndarray) -> dict[str, Any]:
+        ones = x == 1
+        z = np.bincount(self.weight[ones] + 1, minlength=self.horizon + 1).astype(np.int64)
+        self.weight += ones.astype(np.int32)
+        return {"z": z}  # z[0] is always 0; z[b] for b = 1..T
+
+    def apply_feedback(self, step: int, x: np.ndarray, feedback: dict[str, Any]) -> None:
+        raise ValueError("cumulative releases take no feedback")
+
+    def get_state(self) -> dict[str, Any]:
+        return {"weight": self.weight.copy()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.weight = np.array(state["weight"], dtype=np.int32)
+
+
+class ActiveSetAggregator:
+    """Per-element counts over the users still active, and the per-user counters that retire them.
+
+    Heavy hitters (ThresholdMonitorEvolving, Kaplan–Mansour–Stemmer Alg. 5; individual charging, Cohen–Lyu):
+    a user's counter c(j) grows each time the element it holds is flagged; at c(j) = k the user is
+    no longer counted. Band monitors (Ghazi et al., PREM): a user leaves once it contributed to an
+    Above/Below answer (k = 1). ``counted == False`` (naive / restarted-SVT baselines) counts
+    everyone and keeps no counters.
+    """
+
+    kind = "active_set"
+
+    def __init__(self, rows: int, k: int, counted: bool = True, watch_value: int | None = None):
+        self.k = int(k)
+        self.counted = bool(counted)
+        self.watch_value = watch_value
+        self.charges = np.zeros(rows, dtype=np.int32)
+
+    def _active(self) -> np.ndarray:
+        return self.charges < self.k if self.counted else np.ones(self.charges.size, dtype=bool)
+
+    def partial(self, step: int, x: np.ndarray) -> dict[str, Any]:
+        held = x[self._active()]
+        if self.watch_value is not None:
+            return {"count": int(np.count_nonzero(held == self.watch_value))}
+        elements, counts = np.unique(held, return_counts=True)
+        return {"elements": elements.astype(np.int64), "counts": counts.astype(np.int64)}
+
+    def apply_feedback(self, step: int, x: np.ndarray, feedback: dict[str, Any]) -> None:
+        """Charge the active users who hold a flagged element (``feedback['flagged']``)."""
+        if not self.counted:
+            return
+        flagged = np.asarray(feedback.get("flagged", []), dtype=np.int64)
+        if flagged.size == 0:
+            return
+        charge = self._active() & np.isin(x, flagged)
+        self.charges[charge] += 1
+
+    def get_state(self) -> dict[str, Any]:
+        return {"charges": self.charges.copy()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.charges = np.array(state["charges"], dtype=np.int32)
+
+
+def make_aggregator(release, attribute, rows: int, horizon: int):
+    """The worker-side aggregator for one configured release (``pipeline.config`` models)."""
+    if release.type == "fixed_window":
+        return FixedWindowAggregator(rows, release.window, attribute.size)
+    if release.type == "cumulative":
+        return CumulativeAggregator(rows, horizon)
+    if release.type == "heavy_hitters":
+        return ActiveSetAggregator(rows, release.k, counted=release.method in ("tme", "tct"))
+    if release.type == "band_monitor":  # a user leaves after one Above/Below it contributed to
+        return ActiveSetAggregator(rows, 1, counted=True, watch_value=watch_code(release, attribute))
+    raise ValueError(f"release {release.name!r}: unknown type {release.type!r}")
