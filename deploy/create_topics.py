@@ -15,6 +15,7 @@ import os
 import sys
 
 from pipeline.config import load_config
+from pipeline.connections import SecretUnavailable, kafka_security, use_security
 from pipeline.stream.kafka.topics import ensure_topics
 
 
@@ -24,6 +25,11 @@ def main(argv=None) -> int:
     ap.add_argument("--replication", type=int, default=int(os.environ.get("DPSTREAM_TOPIC_REPLICATION", "1")))
     args = ap.parse_args(argv)
     dep = load_config(args.config)
+    use_security(dep.security)
+    try:
+        kafka_security()  # a missing secret or TLS file fails now, not after the connection retries
+    except SecretUnavailable as err:
+        raise SystemExit(f"create_topics: {err}")
     bootstrap = os.environ.get("DPSTREAM_BROKER") or dep.broker
     if not bootstrap:
         raise SystemExit("no broker: set `broker:` in the configuration or DPSTREAM_BROKER")

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline.connections import SecretUnavailable, check_secrets, connection_failure, redis_client, use_security
+
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_BUDGET = 0, 1, 2, 3
 EXIT_STATE_LOST = 4
 _CONFIG_ARG: list[str] = []  # the --config as typed, for the hints in messages
@@ -27,11 +29,13 @@ def _load(path: str):
     from pipeline.privacy.accounting import PrivacyBudgetError
 
     try:
-        return load_config(path)  # includes the budget plan: refused before anything starts
+        dep = load_config(path)  # includes the budget plan: refused before anything starts
     except FileNotFoundError:
         raise SystemExit(_fail(EXIT_CONFIG, f"no such configuration file: {path}"))
     except (ConfigError, PrivacyBudgetError) as err:
         raise SystemExit(_fail(EXIT_CONFIG, f"configuration refused: {err}"))
+    use_security(dep.security)  # every client this command builds connects as configured (pipeline.connections)
+    return dep
 
 
 def _fail(code: int, message: str) -> int:
@@ -86,10 +90,9 @@ def _check_reachable(broker: str, redis_url: str) -> None:
         _reached.add(broker)
     if redis_url not in _reached:
         try:
-            redis.Redis.from_url(redis_url, socket_connect_timeout=_REACH_TIMEOUT,
-                                 socket_timeout=_REACH_TIMEOUT).ping()
+            redis_client(redis_url, socket_connect_timeout=_REACH_TIMEOUT, socket_timeout=_REACH_TIMEOUT).ping()
         except redis.RedisError as err:
-            raise SystemExit(_fail(EXIT_RUNTIME, f"Redis unreachable at {redis_url} ({err})"))
+            raise SystemExit(_fail(EXIT_RUNTIME, connection_failure(err) or f"Redis unreachable at {redis_url} ({err})"))
         _reached.add(redis_url)
 
 
@@ -97,6 +100,7 @@ def _endpoints(dep, check: bool = True) -> tuple[str, str]:
     """Broker and Redis of a deployment: configured, or those of a running `dpstream up`; checked to answer."""
     from pipeline.stream.local.cluster import endpoints_file
 
+    check_secrets()  # an unset variable or unreadable file is one line now, not a client's retry loop
     broker = os.environ.get("DPSTREAM_BROKER") or dep.broker
     redis_url = os.environ.get("DPSTREAM_REDIS") or dep.redis
     if not (broker and redis_url):
@@ -612,12 +616,18 @@ def build_parser() -> argparse.ArgumentParser:
 def _unreachable(err: BaseException) -> str | None:
     """What a broker/Redis connection failure in the middle of a command was, or None (not one)."""
     import redis
-    from kafka.errors import KafkaConnectionError, KafkaTimeoutError, NoBrokersAvailable
+    from kafka import errors as kafka_errors
+    from kafka.errors import KafkaConnectionError, KafkaTimeoutError
+
+    NoBrokersAvailable = getattr(kafka_errors, "NoBrokersAvailable", KafkaConnectionError)  # gone in kafka-python 3
 
     try:
         from aiokafka.errors import KafkaConnectionError as AioConnectionError
     except ImportError:  # pragma: no cover
         AioConnectionError = KafkaConnectionError
+    refused = connection_failure(err)  # a refused login, a TLS failure: says which key to check
+    if refused:
+        return refused
     if isinstance(err, (redis.ConnectionError, redis.TimeoutError)):
         return f"Redis unreachable ({err})"
     if isinstance(err, (NoBrokersAvailable, KafkaConnectionError, KafkaTimeoutError, AioConnectionError)):
@@ -631,6 +641,8 @@ def main(argv: list[str] | None = None) -> int:
         _CONFIG_ARG[:] = [args.config]
     try:
         return int(args.func(args) or 0)
+    except SecretUnavailable as err:
+        return _fail(EXIT_CONFIG, f"configuration refused: {err}")
     except Exception as err:  # noqa: BLE001 - expected connection failures become one line; the rest a traceback
         why = _unreachable(err)
         if why is None:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pipeline.plan import APPROX_DP_RELEASES, ZCDP_RELEASES, budget_plan
 from pipeline.privacy.accounting import Neighbours, check_neighbours
 from pipeline.stream.relative_error import RelativeErrorRelease, check_release as check_relative_error
+from pipeline.security import Security, check_broker, check_redis_url
 
 __all__ = [
     "Deployment",
@@ -255,6 +256,7 @@ class Deployment(_Strict):
     production: bool = False
     broker: str | None = Field(default=None, description="bootstrap servers; absent = embedded broker")
     redis: str | None = Field(default=None, description="redis:// URL; absent = embedded Redis")
+    security: Security = Field(default_factory=Security, description="TLS/SASL/ACL of the connections (pipeline.security)")
     topics: Topics = Topics()
     roster: Roster
     horizon: int = Field(ge=1, le=100_000)
@@ -284,6 +286,8 @@ class Deployment(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Deployment":
+        check_broker(self.broker, self.security)
+        check_redis_url(self.redis, self.security)
         names = [r.name for r in self.releases]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from pipeline.connections import kafka_security
 from pipeline.stream.kafka.codecs import SYNTHETIC_DTYPES, columns_checksum
 from pipeline.stream.kafka.topics import PUBLIC_TOPICS
 
@@ -212,7 +213,8 @@ def read_topics(bootstrap: str, topic_names: dict[str, str], store: PanelStore |
 
     store = store or PanelStore()
     handlers = store.handlers(topic_names)
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False,
+                             auto_offset_reset="earliest",
                              max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
     try:
         tps = []

@@ -139,8 +139,9 @@ def test_compose_config_loads_and_matches_the_services(compose):
     assert dep.production and dep.random.kind == "secure"
     host, port = dep.broker.split(":")
     kafka_env = services["kafka"]["environment"]
-    assert host in services and f"PLAINTEXT://{host}:{port}" in kafka_env["KAFKA_ADVERTISED_LISTENERS"]
-    redis_host = re.match(r"redis://([^:/]+):(\d+)", dep.redis).group(1)
+    listener = f"{dep.security.broker.protocol}://{host}:{port}"  # SASL_SSL (tests/test_deploy_security.py)
+    assert host in services and listener in kafka_env["KAFKA_ADVERTISED_LISTENERS"]
+    redis_host = re.match(r"rediss?://([^:/]+):(\d+)", dep.redis).group(1)
     assert redis_host in services
     assert services["worker"]["deploy"]["replicas"] <= dep.topics.partitions
     assert services["releaser"]["deploy"]["replicas"] == 1
@@ -254,7 +255,7 @@ def test_k8s_config_workers_and_releaser(k8s, tmp_path):
     assert dep.production and dep.random.kind == "secure"
     services = _objects(k8s, "Service")
     # broker and Redis are in-cluster Services (host = [pod.]service.namespace.svc...), on a served port
-    for url, port_re in ((dep.broker, r"^([^:]+):(\d+)$"), (dep.redis, r"^redis://([^:/]+):(\d+)")):
+    for url, port_re in ((dep.broker, r"^([^:]+):(\d+)$"), (dep.redis, r"^rediss?://([^:/]+):(\d+)")):
         host, port = re.match(port_re, url).groups()
         parts = host.split(".")
         svc = parts[1] if parts[0].endswith("-0") else parts[0]
@@ -295,7 +296,8 @@ def test_k8s_metrics_stay_on_loopback_by_default(k8s):
         assert {"name": "metrics", "containerPort": port} in c["ports"]
         probe = c["livenessProbe"]
         assert "httpGet" not in probe and f"http://127.0.0.1:{port}/metrics" in " ".join(probe["exec"]["command"])
-    assert not any(d["kind"] == "NetworkPolicy" for d in k8s)  # the opt-in brings it
+    for policy in (d for d in k8s if d["kind"] == "NetworkPolicy"):  # the opt-in brings the one for metrics
+        assert all(p["port"] != port for rule in policy["spec"].get("ingress", []) for p in rule.get("ports", []))
 
 
 def _json_patch(doc, ops: list[dict]):
@@ -372,7 +374,7 @@ def test_k8s_kafka_is_kraft_without_auto_created_topics(k8s):
     env = {e["name"]: e["value"] for e in c["env"]}
     assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
-    assert {m["mountPath"] for m in c["volumeMounts"]} == {env["KAFKA_LOG_DIRS"]}
+    assert {m["mountPath"] for m in c["volumeMounts"]} == {env["KAFKA_LOG_DIRS"], "/etc/kafka/secrets", "/etc/kafka/jaas"}
 
 
 def test_configs_of_compose_and_k8s_agree(compose, k8s, tmp_path):
@@ -436,6 +438,7 @@ def test_create_topics_script_against_the_broker(tmp_path):
     cfg = yaml.safe_load((DEPLOY / "config" / "dpstream.yaml").read_text())
     with EmbeddedServices() as services:
         cfg.update(broker=services.broker.bootstrap, redis=services.redis.url, name="deploy-topics")
+        cfg.pop("security")  # the embedded services speak neither TLS nor SASL (tests/test_security_servers.py)
         path = tmp_path / "dpstream.yaml"
         path.write_text(yaml.safe_dump(cfg))
         script = [sys.executable, str(DEPLOY / "create_topics.py"), "--config", str(path)]

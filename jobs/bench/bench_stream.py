@@ -43,6 +43,8 @@ import numpy as np
 import orjson
 import yaml
 
+from pipeline.connections import kafka_security
+
 HORIZON = 12
 DOMAIN = 1_000_000
 
@@ -70,7 +72,7 @@ def _single_messages(roster, step: int, pov: np.ndarray, item: np.ndarray) -> li
 async def _produce(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]]) -> float:
     from aiokafka import AIOKafkaProducer
 
-    prod = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20,
+    prod = AIOKafkaProducer(bootstrap_servers=bootstrap, **kafka_security(), linger_ms=20, max_batch_size=1 << 20,
                             max_request_size=8 << 20)
     await prod.start()
     started = time.perf_counter()
@@ -86,7 +88,7 @@ async def _produce(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes
 async def _raw_consume(bootstrap: str, topic: str, expected: int) -> float:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False, auto_offset_reset="earliest",
                                 max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
     await consumer.start()
     try:

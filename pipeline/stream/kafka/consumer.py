@@ -20,6 +20,8 @@ from typing import Awaitable, Callable
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
+from pipeline.connections import kafka_security
+
 __all__ = ["BulkConsumer"]
 
 log = logging.getLogger("dpstream.bulk")
@@ -61,7 +63,7 @@ class BulkConsumer:
         self.max_records = int(max_records)
         self.failure: Exception | None = None  # raised by the assignment callback: ends batches()
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
+            bootstrap_servers=bootstrap, **kafka_security(), group_id=group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", partition_assignment_strategy=(RangePartitionAssignor,),
             max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20, fetch_max_wait_ms=50,
             session_timeout_ms=session_timeout_ms, rebalance_timeout_ms=rebalance_timeout_ms,

@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 import time
 
+from pipeline.connections import kafka_security
+
 __all__ = ["LogEnds", "log_ends"]
 
 log = logging.getLogger("dpstream.log_end")
@@ -33,7 +35,7 @@ class LogEnds:
         from kafka import KafkaConsumer
 
         # short long-polls: an empty fetch at the end of the log comes back within fetch_max_wait_ms
-        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, client_id=client_id,
+        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False, client_id=client_id,
                                        fetch_max_wait_ms=20, max_partition_fetch_bytes=1 << 20)
 
     def __call__(self, tps, timeout: float = 10.0, idle_ms: int = 100) -> dict:

@@ -27,6 +27,7 @@ import threading
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from pipeline.stream.kafka.topics import consumer_groups
+from pipeline.connections import kafka_security
 
 __all__ = ["METRICS", "ALLOWED_LABELS", "PUBLIC_SERIES", "OPERATIONAL_SERIES", "serve_metrics", "metric_names",
            "consumer_groups", "observe_partition", "forget_partition", "ConsumerLagMonitor", "start_lag_monitor"]
@@ -161,8 +162,8 @@ class ConsumerLagMonitor(threading.Thread):
 
             from pipeline.stream.kafka.log_end import LogEnds
 
-            self._admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="dpstream-lag")
-            self._consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+            self._admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, **kafka_security(), client_id="dpstream-lag")
+            self._consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, **kafka_security(), enable_auto_commit=False,
                                            client_id="dpstream-lag")
             self._ends = LogEnds(self.bootstrap, client_id="dpstream-lag-ends")
         return self._admin, self._consumer

@@ -12,6 +12,8 @@ from typing import Awaitable, Callable
 
 from aiokafka import AIOKafkaProducer
 
+from pipeline.connections import kafka_security
+
 __all__ = ["run_job", "make_producer", "supervise"]
 
 log = logging.getLogger("dpstream.process")
@@ -43,7 +45,7 @@ def run_job(job: Callable[[], Awaitable[None]], loglevel: str = "info") -> None:
 
 def make_producer(bootstrap: str, linger_ms: int) -> AIOKafkaProducer:
     """Acknowledged by every in-sync replica: a checkpoint or a ledger entry follows some sends."""
-    return AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms,
+    return AIOKafkaProducer(bootstrap_servers=bootstrap, **kafka_security(), acks="all", linger_ms=linger_ms,
                             max_request_size=8 << 20, max_batch_size=1 << 20)
 
 

@@ -13,6 +13,8 @@ from typing import Iterable
 import numpy as np
 import orjson
 
+from pipeline.connections import kafka_security
+
 __all__ = ["ReportProducer"]
 
 
@@ -26,7 +28,7 @@ class ReportProducer:
         self.batch_size = int(batch_size)
         self.partitions = deployment.topics.partitions
         self._owners = roster.owners(self.partitions)
-        self._producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, batch_size=1 << 20,
+        self._producer = KafkaProducer(bootstrap_servers=bootstrap, **kafka_security(), linger_ms=5, batch_size=1 << 20,
                                        max_request_size=8 * 1024 * 1024, acks="all")
 
     def _labels(self, attribute: str, codes: np.ndarray) -> list:

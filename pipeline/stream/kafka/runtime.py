@@ -22,6 +22,7 @@ from functools import cached_property
 from pathlib import Path
 
 from pipeline.config import Deployment, load_config
+from pipeline.connections import use_security
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.kafka.topics import topic_names
 
@@ -67,6 +68,7 @@ class Runtime:
         if not args.config:
             ap.error("no configuration: pass --config FILE (or set DPSTREAM_CONFIG)")
         deployment = load_config(args.config)
+        use_security(deployment.security)  # every client of this process connects as configured
         broker, redis_url = args.broker or deployment.broker, args.redis or deployment.redis
         if not broker or not redis_url:
             ap.error("no broker/Redis configured: pass --broker and --redis, or start the job through `dpstream`")

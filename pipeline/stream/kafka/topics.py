@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.connections import kafka_security
+
 __all__ = ["Topic", "TOPICS", "PUBLIC_TOPICS", "INGEST", "RELEASER", "topic_names", "topic_partitions",
            "group_id", "read_by", "consumer_groups", "new_topics", "ensure_topics"]
 
@@ -99,7 +101,7 @@ def ensure_topics(bootstrap: str, deployment, timeout: float = 30.0, replication
 
     names = topic_names(deployment)
     parts = topic_partitions(deployment)
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="dpstream-admin",
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **kafka_security(), client_id="dpstream-admin",
                              bootstrap_timeout_ms=int(timeout * 1000))
     try:
         missing = new_topics(deployment, set(admin.list_topics()), replication)

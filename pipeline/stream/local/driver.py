@@ -12,6 +12,7 @@ import time
 
 import orjson
 
+from pipeline.connections import kafka_security
 from pipeline.consumer import PanelStore
 from pipeline.stream.kafka.producer import ReportProducer
 
@@ -27,7 +28,7 @@ class StepDriver:
         self.cluster = cluster
         self.producer = ReportProducer(bootstrap, deployment, roster, topic_names)
         self.panels = PanelStore()
-        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False,
                                        auto_offset_reset="earliest", max_partition_fetch_bytes=16 << 20,
                                        fetch_max_bytes=64 << 20)
         self._handlers = self.panels.handlers(topic_names)

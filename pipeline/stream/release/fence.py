@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from pipeline.connections import kafka_security
 from pipeline.stream.state.identity import StateLost
 
 __all__ = ["ReleaseStamp", "read_release_stamps", "unknown_releases", "check_fence"]
@@ -55,7 +56,7 @@ async def read_release_stamps(bootstrap: str, topic: str, idle: float = 0.5,
     """Every manifest on partition 0 of ``topic``, read from the start until ``idle`` seconds pass
     without a record after the reported end; raises TimeoutError after ``timeout`` seconds."""
     tp = TopicPartition(topic, 0)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), group_id=None, enable_auto_commit=False,
                                 max_partition_fetch_bytes=8 << 20, fetch_max_wait_ms=100)
     await consumer.start()
     try:

@@ -36,6 +36,8 @@ from typing import Any
 
 import redis
 
+from pipeline.connections import redis_client
+
 __all__ = ["StoreLayout", "ReleaseStore", "StepAlreadyReleased", "StepOutOfOrder", "StepRecord", "FINGERPRINTS_KEY"]
 
 FINGERPRINTS_KEY = "dpstream-fingerprints"  # outside every deployment's prefix
@@ -71,7 +73,7 @@ class StoreLayout:
 
     @classmethod
     def from_url(cls, url: str, deployment: str):
-        return cls(cls.client_class.from_url(url, **cls.client_options), deployment)
+        return cls(redis_client(url, client_class=cls.client_class, **cls.client_options), deployment)
 
     def _k(self, *parts: Any) -> str:
         return ":".join([self.prefix, *map(str, parts)])

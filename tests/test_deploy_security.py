@@ -1,0 +1,138 @@
+"""The deploy files use the security settings (structure and consistency; no Docker or Kubernetes here):
+Kafka only on SASL_SSL with an authorizer, Redis only on TLS with an ACL file and owner-only data,
+each process with its own role's credentials mounted where the configuration reads them, NetworkPolicies
+admitting only the stream processes to Redis, and the shipped ACL script equal to what the code derives."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.acl import ROLES, kafka_acl_script
+from pipeline.config import load_config
+from test_deploy import DEPLOY, K8S, _compose_config_path, _configmap_deployment, _objects, compose, k8s  # noqa: F401
+
+CONFIG = "deploy/config/dpstream.yaml"
+
+
+def secret_paths(dep) -> set[str]:
+    """Every file the configuration reads a secret or a CA from."""
+    b, r = dep.security.broker, dep.security.redis
+    return {b.tls.ca_file, b.sasl.password.file, r.password.file, r.tls.ca_file}
+
+
+def test_shipped_acl_script_is_what_the_code_derives():
+    dep = load_config(DEPLOY / "config" / "dpstream.yaml")
+    assert (DEPLOY / "kafka-acls.sh").read_text() == kafka_acl_script(dep, CONFIG)
+    assert os.access(DEPLOY / "kafka-acls.sh", os.X_OK)
+    out = subprocess.run(["sh", "-n", str(DEPLOY / "kafka-acls.sh")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_compose_connections_are_tls_sasl_and_acl(compose):
+    services = compose["services"]
+    dep = load_config(_compose_config_path(compose, "worker"))
+    assert dep.security.broker.protocol == "SASL_SSL" and dep.redis.startswith("rediss://")
+    kafka = services["kafka"]["environment"]
+    protocols = dict(p.split(":") for p in kafka["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    listeners = [listener.split("://")[0] for listener in kafka["KAFKA_LISTENERS"].split(",")]
+    assert {protocols[n] for n in listeners if n != kafka["KAFKA_CONTROLLER_LISTENER_NAMES"]} == {"SASL_SSL"}
+    assert kafka["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false" and kafka["KAFKA_AUTHORIZER_CLASS_NAME"]
+    redis_cmd = services["redis"]["command"]
+    port = int(re.match(r"rediss://[^:/]+:(\d+)", dep.redis).group(1))
+    assert redis_cmd[redis_cmd.index("--port") + 1] == "0"  # no plaintext port
+    assert int(redis_cmd[redis_cmd.index("--tls-port") + 1]) == port and "--aclfile" in redis_cmd
+    assert "umask 077" in " ".join(services["redis"]["entrypoint"]) and "chmod 0700 /data" in " ".join(
+        services["redis"]["entrypoint"])
+    for service, role in (("worker", "worker"), ("releaser", "releaser"), ("topics", "admin")):
+        env = {**compose["x-dpstream"]["environment"], **services[service].get("environment", {})}
+        assert env["DPSTREAM_KAFKA_USER"] == f"dpstream-{role}", service
+        mounted = {s["target"]: s["source"] for s in services[service]["secrets"]}
+        needed = {dep.security.broker.tls.ca_file, dep.security.broker.sasl.password.file}
+        if service != "topics":  # topic creation needs Kafka only
+            needed |= secret_paths(dep)
+            assert env["DPSTREAM_REDIS_USER"] == f"dpstream-{role}", service
+            assert mounted[dep.security.redis.password.file] == f"redis-{role}"
+        assert needed <= set(mounted), (service, needed - set(mounted))
+        assert mounted[dep.security.broker.sasl.password.file] == f"kafka-{role}"
+
+
+def test_make_secrets_writes_every_compose_secret(compose, tmp_path):
+    if not subprocess.run(["sh", "-c", "command -v openssl"], capture_output=True).returncode == 0:
+        pytest.skip("openssl is not installed")
+    out_dir = tmp_path / "secrets"
+    run = subprocess.run(["sh", str(DEPLOY / "make-secrets.sh"), str(out_dir)], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHON=sys.executable), timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert out_dir.stat().st_mode & 0o777 == 0o700
+    for name, secret in compose["secrets"].items():
+        assert (out_dir / Path(secret["file"]).name).is_file(), name
+    acl = (out_dir / "users.acl").read_text().splitlines()
+    assert acl[0] == "user default off" and len(acl) == 4
+    for role in ("worker", "releaser", "operator"):  # hashed: the file never holds a password in clear
+        assert (out_dir / f"redis-{role}").read_text().strip() not in "\n".join(acl)
+    assert {f"kafka-{r}" for r in ROLES} <= {p.name for p in out_dir.iterdir()}
+
+
+def test_k8s_pods_mount_their_role_credentials_where_the_config_reads_them(k8s, tmp_path):
+    dep = _configmap_deployment(k8s, tmp_path)
+    assert dep.security.broker.protocol == "SASL_SSL" and dep.redis.startswith("rediss://")
+    secrets_named = set()
+    for name, role in (("dpstream-worker", "worker"), ("dpstream-releaser", "releaser")):
+        workload = {**_objects(k8s, "Deployment"), **_objects(k8s, "StatefulSet")}[name]
+        pod = workload["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for container, user, needs in ((pod["containers"][0], f"dpstream-{role}", secret_paths(dep)),
+                                       (pod["initContainers"][0], "dpstream-admin",
+                                        {dep.security.broker.tls.ca_file, dep.security.broker.sasl.password.file})):
+            env = {e["name"]: e["value"] for e in container["env"]}
+            assert env["DPSTREAM_KAFKA_USER"] == user, container["name"]
+            mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+            for path in needs:
+                assert str(Path(path).parent) in mounts, (name, container["name"], path)
+            credentials = mounts[str(Path(dep.security.broker.sasl.password.file).parent)]["secret"]["secretName"]
+            assert credentials == f"{user}-credentials", (name, container["name"])
+        assert {e["name"]: e["value"] for e in pod["containers"][0]["env"]}["DPSTREAM_REDIS_USER"] == f"dpstream-{role}"
+        assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
+        secrets_named |= {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    for workload in _objects(k8s, "StatefulSet").values():
+        secrets_named |= {v["secret"]["secretName"] for v in workload["spec"]["template"]["spec"].get("volumes", [])
+                          if "secret" in v}
+    readme = (DEPLOY / "README.md").read_text()
+    assert {s for s in secrets_named if s not in readme} == set()  # every Secret is explained there
+
+
+def test_k8s_redis_is_tls_only_with_owner_only_data_and_reached_only_by_the_stream_processes(k8s, tmp_path):
+    dep = _configmap_deployment(k8s, tmp_path)
+    redis = _objects(k8s, "StatefulSet")["redis"]
+    pod = redis["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    port = int(re.match(r"rediss://[^:/]+:(\d+)", dep.redis).group(1))
+    assert c["args"][c["args"].index("--port") + 1] == "0" and int(c["args"][c["args"].index("--tls-port") + 1]) == port
+    assert "--aclfile" in c["args"] and "fsGroup" not in pod.get("securityContext", {})
+    assert "chmod 0700 /data" in " ".join(c["command"]) and "umask 077" in " ".join(c["command"])
+    policies = _objects(k8s, "NetworkPolicy")
+    deny = policies["dpstream-default-deny-ingress"]["spec"]
+    assert deny["podSelector"] == {} and deny["policyTypes"] == ["Ingress"] and "ingress" not in deny
+    selecting_redis = [p["spec"] for p in policies.values()
+                       if p["spec"]["podSelector"].get("matchLabels") == {"app.kubernetes.io/name": "redis"}]
+    (spec,) = selecting_redis
+    (rule,) = spec["ingress"]
+    assert [p["port"] for p in rule["ports"]] == [port]
+    (peer,) = rule["from"]
+    assert set(peer) == {"podSelector"}  # pods of this namespace only
+    (expr,) = peer["podSelector"]["matchExpressions"]
+    assert expr["operator"] == "In" and set(expr["values"]) == {"dpstream-worker", "dpstream-releaser"}
+    kafka_port = int(dep.broker.rsplit(":", 1)[1])
+    kafka_policy = policies["kafka-clients"]["spec"]
+    assert {p["port"] for r in kafka_policy["ingress"] for p in r["ports"]} == {kafka_port, 9093}
+    kafka_env = {e["name"]: e["value"] for e in _objects(k8s, "StatefulSet")["kafka"]["spec"]["template"]["spec"][
+        "containers"][0]["env"]}
+    assert kafka_env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    assert f"SASL_SSL://kafka-0.kafka.dpstream.svc.cluster.local:{kafka_port}" == kafka_env["KAFKA_ADVERTISED_LISTENERS"]
