@@ -6,7 +6,9 @@ import math
 import numbers
 from typing import Any
 
-__all__ = ["check_int", "check_real"]
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["check_int", "check_real", "StrictModel"]
 
 
 def check_int(value: Any, name: str, *, low: int | None = None, high: int | None = None) -> int:
@@ -34,3 +36,9 @@ def check_real(value: Any, name: str, *, low: float | None = None, high: float |
     if high is not None and (v > high or (high_open and v == high)):
         raise ValueError(f"{name} must be {'<' if high_open else '<='} {high}, got {value!r}")
     return v
+
+
+class StrictModel(BaseModel):
+    """Base of the configuration models: unknown keys are refused, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)

@@ -25,7 +25,6 @@ comes back as a :class:`Rejection` carrying its original bytes.
 
 from __future__ import annotations
 
-import hashlib
 from operator import attrgetter
 from dataclasses import dataclass, field
 
@@ -33,18 +32,14 @@ import msgspec
 import numpy as np
 import orjson
 
+from pipeline.attributes import public_hash  # noqa: F401  (re-exported: the public hash of hashed attributes)
+
 __all__ = ["REASONS", "Rejection", "ParsedReports", "ReportParser", "public_hash"]
 
 REASONS = ("malformed", "unknown_user", "out_of_domain", "duplicate", "late", "future_step", "wrong_partition")
 
 _FAST_CHUNK = 2048  # single-report messages decoded by the typed fast path per attempt
 _FAST_MAX_BYTES = 4096  # longer messages (batches) skip the fast path
-
-
-def public_hash(value: str, size: int) -> int:
-    """Public, deterministic map of an open-domain string to an id in [0, size) (BLAKE2b-64)."""
-    digest = hashlib.blake2b(value.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % size
 
 
 @dataclass(frozen=True)
@@ -118,40 +113,10 @@ class ReportParser:
         self.horizon = int(horizon)
         self.attributes = dict(attributes)
         self._names = list(self.attributes)
-        self._decoders = {name: self._decoder(attr) for name, attr in self.attributes.items()}
-        self._column_decoders = {name: self._column_decoder(attr) for name, attr in self.attributes.items()}
+        # value -> code (None: out of domain); column -> codes (MISSING, OUT_OF_DOMAIN): pipeline.attributes
+        self._decoders = {name: attr.decoder() for name, attr in self.attributes.items()}
+        self._column_decoders = {name: attr.column_decoder() for name, attr in self.attributes.items()}
         self._fast_decode = self._single_report_decoder(self._names)
-
-    @staticmethod
-    def _decoder(attr):
-        kind = attr.type
-        if kind == "binary":
-            def decode(v):
-                if v is True or v is False:
-                    return int(v)
-                if type(v) is int and 0 <= v <= 1:
-                    return v
-                return _coerced_binary(v)
-        elif kind == "categorical":
-            table = {label: i for i, label in enumerate(attr.values)}
-            size = len(attr.values)
-
-            def decode(v):
-                if type(v) is str:
-                    return table.get(v)
-                if type(v) is int and 0 <= v < size:
-                    return v
-                return _integral_float(v, size)
-        else:  # hashed open domain
-            size = int(attr.size)
-
-            def decode(v):
-                if type(v) is str:
-                    return public_hash(v, size)
-                if type(v) is int and 0 <= v < size:
-                    return v
-                return _integral_float(v, size)
-        return decode
 
     @staticmethod
     def _single_report_decoder(names: list[str]):
@@ -167,23 +132,6 @@ class ReportParser:
         report = msgspec.defstruct("Report", [("user", str), ("step", int), ("values", values)],
                                    forbid_unknown_fields=True)
         return msgspec.json.Decoder(report).decode
-
-    @staticmethod
-    def _column_decoder(attr):
-        """Generator of codes for a column: -1 for null (not reported), -2 for out of domain."""
-        if attr.type == "binary":
-            return lambda col: (-1 if v is None else v if type(v) is int and 0 <= v <= 1
-                                else int(v) if type(v) is bool else _or_out(_coerced_binary(v)) for v in col)
-        if attr.type == "categorical":
-            table = {label: i for i, label in enumerate(attr.values)}
-            size = len(attr.values)
-            return lambda col: (-1 if v is None else table.get(v, -2) if type(v) is str
-                                else v if type(v) is int and 0 <= v < size else _or_out(_integral_float(v, size))
-                                for v in col)
-        size = int(attr.size)
-        return lambda col: (-1 if v is None else public_hash(v, size) if type(v) is str
-                            else v if type(v) is int and 0 <= v < size else _or_out(_integral_float(v, size))
-                            for v in col)
 
     def parse(self, messages: list[bytes]) -> ParsedReports:
         rows: list[int] = []
@@ -416,29 +364,6 @@ _COL_REASONS = {
     4: ("out_of_domain", "a value is outside its attribute's domain"),
     5: ("malformed", "no attribute reported"),
 }
-
-
-_BINARY_STRINGS = {"0": 0, "1": 1, "0.0": 0, "1.0": 1, "false": 0, "true": 1}
-
-
-def _coerced_binary(v) -> int | None:
-    """A binary value as pandas writes it: 0.0/1.0, "0"/"1", "0.0"/"1.0", "true"/"false" in any case."""
-    if type(v) is float:
-        return int(v) if v == 0.0 or v == 1.0 else None
-    if type(v) is str:
-        return _BINARY_STRINGS.get(v.lower())
-    return None
-
-
-def _integral_float(v, size: int) -> int | None:
-    """An integral float in [0, size) as its integer (a pandas float column of codes), else None."""
-    if type(v) is float and v.is_integer() and 0 <= v < size:
-        return int(v)
-    return None
-
-
-def _or_out(code: int | None) -> int:
-    return -2 if code is None else code
 
 
 def _only(values: list, kind: type) -> bool:
