@@ -32,16 +32,24 @@ A kind must provide exactly this:
     The privacy events of each step 1..horizon (a tuple of length horizon; None where nothing is
     spent): immutable :class:`~pipeline.privacy.accounting.ZCDP` or
     :class:`~pipeline.privacy.accounting.ApproxDP` values, in the spirit of the ``DpEvent`` of
-    Google's dp_accounting library. They are DERIVED FROM THE BUILT MECHANISM'S NOISE PARAMETERS
-    (e.g. ρ = Δ²/(2σ²) of the σ² it samples with), never recomputed beside it: the budget plan
+    Google's dp_accounting library. They are derived from the built mechanism's noise parameters
+    (e.g. ρ = Δ²/(2σ²) of the σ² it samples with), never computed beside it; a monitor whose
+    (ε, δ) covers the whole horizon declares its calibrated (ε, δ) at step 1 after checking the
+    guarantee of its noise against it (:func:`charged_at_step_one`). The budget plan
     (``pipeline.plan``) and the releaser's ledger charge exactly these, and they must add up to the
-    release's allotment (tests/test_release_kinds.py checks both for every kind).
+    release's allotment.
 ``release_step(step)``
     One step's release from a :class:`StepInput`: run the mechanism on the summed partials, add the
     kind's entries to ``step.manifest`` (at least ``"parameters"``), return a :class:`StepOutput`.
 
 Optional: ``synthetic`` (True when ``mechanism.update(codes)`` and ``mechanism.synthetic`` run the
-kind in batch, for ``pipeline.stream.engine.batch_reference``).
+kind in batch, for ``pipeline.stream.engine.batch_reference``); ``check`` and ``needs_feedback`` have
+defaults.
+
+To add a kind: a module in this package with the config model and the registered class, imported
+in ``pipeline/releases/__init__.py``; and a case with an independent recomputation of its cost from
+the built mechanism's noise in ``tests/test_release_kinds.py`` (that test fails for a registered
+kind without one).
 """
 
 from __future__ import annotations

@@ -76,5 +76,5 @@ class HeavyHittersKind(ReleaseKind):
         }
         if rel.method == "tct":  # individual-charging SVT publishes the noisy count of each hit
             alerts["noisy_counts"] = np.asarray(mech.noisy_counts).tolist()
-        feedback = {"flagged": flagged.tolist()} if mech.needs_feedback else None
+        feedback = {"flagged": flagged.tolist()} if self.needs_feedback(rel) else None
         return StepOutput(alerts=alerts, feedback=feedback)

@@ -32,7 +32,7 @@ import msgspec
 import numpy as np
 import orjson
 
-from pipeline.attributes import public_hash  # noqa: F401  (re-exported: the public hash of hashed attributes)
+from pipeline.attributes import MISSING, OUT_OF_DOMAIN, public_hash  # public_hash: re-exported
 
 __all__ = ["REASONS", "Rejection", "ParsedReports", "ReportParser", "public_hash"]
 
@@ -186,7 +186,7 @@ class ReportParser:
             rows.append(row)
             steps.append(step)
             for name in self._names:
-                codes[name].append(decoded.get(name, -1))
+                codes[name].append(decoded.get(name, MISSING))
             batch_index.append(-1 if index is None else index)
             message.append(msg_no)
 
@@ -265,7 +265,7 @@ class ReportParser:
             present = np.zeros(size, dtype=bool)
             for name in self._names:
                 c = self._column_codes(name, [None if v is msgspec.UNSET else v for v in map(attrgetter(name), values)])
-                if (c == -2).any():
+                if (c == OUT_OF_DOMAIN).any():
                     return None
                 present |= c >= 0
                 codes[name] = c
@@ -294,7 +294,7 @@ class ReportParser:
         except OverflowError:
             return None
         size = int(self.attributes[name].size)
-        return np.where((values >= 0) & (values < size), values, -2)
+        return np.where((values >= 0) & (values < size), values, OUT_OF_DOMAIN)
 
     def _float_codes(self, name: str, col: list) -> np.ndarray | None:
         """Codes of a column holding only floats (a pandas column), vectorised: an integral float in
@@ -304,7 +304,7 @@ class ReportParser:
         values = np.array(col, dtype=np.float64)
         size = int(self.attributes[name].size)
         ok = (values == np.floor(values)) & (values >= 0) & (values < size)
-        return np.where(ok, values, -2).astype(np.int64)
+        return np.where(ok, values, OUT_OF_DOMAIN).astype(np.int64)
 
     def _columnar(self, msg: dict, raw: bytes, msg_no: int, rejections: list, sources: list) -> tuple | None:
         """Decode a columnar batch; returns an array segment of its accepted rows (None if none)."""
@@ -343,10 +343,10 @@ class ReportParser:
         for name in self._names:
             col = cols.get(name)
             if col is None:
-                codes[name] = np.full(size, -1, dtype=np.int64)
+                codes[name] = np.full(size, MISSING, dtype=np.int64)
                 continue
             c = self._column_codes(name, col)
-            reason[(reason == 0) & (c == -2)] = 4
+            reason[(reason == 0) & (c == OUT_OF_DOMAIN)] = 4
             present |= c >= 0
             codes[name] = c
         reason[(reason == 0) & ~present] = 5
