@@ -27,24 +27,24 @@ test: $(STAMP)
 
 # Jobs run on demand (not part of `make test`); results and commands are in the README.
 bench-noise: $(STAMP)
-	$(PY) -m jobs.bench_noise --json out/bench_noise.json
+	$(PY) -m jobs.bench.bench_noise --json out/bench_noise.json
 
 # jax-privacy (the `bench` extra) is the BLT baseline; without it the job says so and goes on.
 bench-counters: $(STAMP)
 	-$(PY) -m pip install --quiet -e ".[bench]"
-	$(PY) -m jobs.bench_counters --json out/bench_counters.json
+	$(PY) -m jobs.bench.bench_counters --json out/bench_counters.json
 
 bench-heavy-hitters: $(STAMP)
-	$(PY) -m jobs.bench_heavy_hitters --json out/bench_heavy_hitters.json
+	$(PY) -m jobs.bench.bench_heavy_hitters --json out/bench_heavy_hitters.json
 
 eval-heavy-hitters: $(STAMP)
-	$(PY) -m jobs.eval_heavy_hitters
+	$(PY) -m jobs.eval.eval_heavy_hitters
 
 eval-prem: $(STAMP)
-	$(PY) -m jobs.eval_prem --json out/eval_prem.json
+	$(PY) -m jobs.eval.eval_prem --json out/eval_prem.json
 
 sipp-batch: $(STAMP)
-	$(PY) -m jobs.sipp_batch
+	$(PY) -m jobs.eval.sipp_batch
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .hypothesis

@@ -13,39 +13,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 from pipeline.config import load_config
-from pipeline.stream.topics import ensure_topics, topic_names, topic_partitions
-
-
-def create(bootstrap: str, deployment, replication: int, timeout: float = 120.0) -> dict[str, str]:
-    from kafka import KafkaAdminClient
-    from kafka.admin import NewTopic
-    from kafka.errors import TopicAlreadyExistsError
-
-    names, parts = topic_names(deployment), topic_partitions(deployment)
-    deadline = time.monotonic() + timeout
-    while True:  # the broker may still be starting
-        try:
-            admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="dpstream-create-topics")
-            break
-        except Exception as err:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"broker {bootstrap} not reachable: {err}")
-            time.sleep(2)
-    try:
-        existing = set(admin.list_topics())
-        # ensure_topics creates with replication 1; create here first with the cluster's factor.
-        missing = [NewTopic(names[t], parts[t], replication) for t in names if names[t] not in existing]
-        if missing:
-            try:
-                admin.create_topics(missing)
-            except TopicAlreadyExistsError:
-                pass  # another replica of this job won the race
-    finally:
-        admin.close()
-    return ensure_topics(bootstrap, deployment, timeout=timeout)  # checks every partition count
+from pipeline.stream.kafka.topics import ensure_topics
 
 
 def main(argv=None) -> int:
@@ -57,8 +27,12 @@ def main(argv=None) -> int:
     bootstrap = os.environ.get("DPSTREAM_BROKER") or dep.broker
     if not bootstrap:
         raise SystemExit("no broker: set `broker:` in the configuration or DPSTREAM_BROKER")
-    try:
-        names = create(bootstrap, dep, args.replication)
+    from kafka.errors import KafkaError
+
+    try:  # the broker may still be starting: the admin client retries for up to two minutes
+        names = ensure_topics(bootstrap, dep, timeout=120.0, replication=args.replication)
+    except KafkaError as err:  # (a RuntimeError too: caught first) unreachable or refusing broker
+        raise SystemExit(f"create_topics: broker {bootstrap}: {err!r}")
     except RuntimeError as err:  # an existing topic with another partition count
         raise SystemExit(f"create_topics: {err}")
     print(f"topics ready on {bootstrap}: {', '.join(sorted(names.values()))}")

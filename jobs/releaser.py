@@ -9,15 +9,15 @@ Run through the command line: ``dpstream releaser --config config/sipp-poverty.y
   A step whose record exists is republished from Redis, never recomputed.
 * ``control``: ``{"command": "close", "step": t}`` writes a close marker to every partition of
   ``reports`` (for every step up to t not yet closed, in order). With ``steps.close: deadline`` the
-  releaser also closes a step ``deadline_seconds`` after the previous close (:mod:`pipeline.stream.closing`).
+  releaser also closes a step ``deadline_seconds`` after the previous close (:mod:`pipeline.stream.release.closing`).
   Every public record of a step carries the step's public close time as its timestamp, never the
   time it was computed or sent.
 
 At start: the configuration is checked against the one the Redis state was created under
-(:mod:`pipeline.stream.identity`, exit code 2), and before the first release the ``releases`` topic
-is checked for releases the state does not know (:mod:`pipeline.stream.fence`, exit code 4).
+(:mod:`pipeline.stream.state.identity`, exit code 2), and before the first release the ``releases`` topic
+is checked for releases the state does not know (:mod:`pipeline.stream.release.fence`, exit code 4).
 
-Transport: an aiokafka group consumer (:mod:`pipeline.stream.bulk`) and producer. Positions come
+Transport: an aiokafka group consumer (:mod:`pipeline.stream.kafka.consumer`) and producer. Positions come
 from Redis (the partials resume offset) in the assignment callback (docs/streaming.md, "Processes").
 """
 
@@ -32,17 +32,17 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 
 from pipeline.privacy.accounting import BudgetExhaustedError
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.stream.bulk import BulkConsumer
-from pipeline.stream.closing import DeadlineClock, now_ms
-from pipeline.stream.engine import ReleaseEngine, ReleaseOutput
-from pipeline.stream.faults import crash_point
-from pipeline.stream.fence import check_fence, read_release_stamps
-from pipeline.stream.identity import establish_identity
-from pipeline.stream.messages import CONTROL_HEADER, PartialAssembler, close_marker, synthetic_chunks
-from pipeline.stream.metrics import METRICS, serve_metrics, start_lag_monitor
-from pipeline.stream.process import make_producer, run_job, supervise
-from pipeline.stream.runtime import Runtime
-from pipeline.stream.store import StepAlreadyReleased, StepRecord
+from pipeline.stream.kafka.consumer import BulkConsumer
+from pipeline.stream.release.closing import DeadlineClock, now_ms
+from pipeline.stream.release.engine import ReleaseEngine, ReleaseOutput
+from pipeline.stream.kafka.faults import crash_point
+from pipeline.stream.release.fence import check_fence, read_release_stamps
+from pipeline.stream.state.identity import establish_identity
+from pipeline.stream.kafka.codecs import CONTROL_HEADER, PartialAssembler, close_marker, synthetic_chunks
+from pipeline.stream.kafka.metrics import METRICS, serve_metrics, start_lag_monitor
+from pipeline.stream.kafka.process import make_producer, run_job, supervise
+from pipeline.stream.kafka.runtime import Runtime
+from pipeline.stream.state.store import StepAlreadyReleased, StepRecord
 
 log = logging.getLogger("dpstream.releaser")
 
@@ -62,7 +62,8 @@ store = rt.store()
 identity = establish_identity(dep, rt.roster.ids, store, "releaser")
 
 _last, _state_blob = store.latest_state()
-engine = ReleaseEngine.from_state(dep, loads_state(_state_blob)) if _state_blob else ReleaseEngine(dep, rt.roster.n)
+engine = (ReleaseEngine.from_state(dep, loads_state(_state_blob, f"{store.key('step', _last)} __state__"))
+          if _state_blob else ReleaseEngine(dep, rt.roster.n))
 engine.instance = identity.instance  # stamped into every manifest: the fence reads it back
 assembler = PartialAssembler(P)
 _stopped_reason: str | None = None
@@ -122,17 +123,18 @@ async def publish(step: int, outputs: list[ReleaseOutput]) -> None:
 
 
 def _record_outputs(record: StepRecord) -> list[ReleaseOutput]:
-    return [ReleaseOutput.from_bytes(record.releases[rel.name]) for rel in dep.releases]
+    return [ReleaseOutput.from_bytes(record.releases[rel.name], f"{store.key('step', record.step)} {rel.name}")
+            for rel in dep.releases]
 
 
 async def _log_end(topic: str) -> int | None:
     """End offset of partition 0 of ``topic`` (None when the broker cannot tell)."""
     from kafka import TopicPartition as KTopicPartition
 
-    from pipeline.stream.log_end import log_ends
+    from pipeline.stream.kafka.log_end import log_ends
 
     tp = KTopicPartition(topic, 0)
-    try:  # the true end: the embedded broker's ListOffsets answer is short (see pipeline.stream.log_end)
+    try:  # the true end: the embedded broker's ListOffsets answer is short (see pipeline.stream.kafka.log_end)
         return (await asyncio.to_thread(log_ends, rt.broker, [tp])).get(tp)
     except Exception as err:  # noqa: BLE001 - cannot tell: act as if nothing was lost
         log.warning("could not read the end of %s: %s", topic, err)
@@ -184,7 +186,7 @@ async def release_ready_steps() -> None:
             except StepAlreadyReleased:
                 # Someone (an earlier incarnation) committed it: the stored record is the release.
                 record = store.load_step(step)
-                engine = ReleaseEngine.from_state(dep, loads_state(record.state))
+                engine = ReleaseEngine.from_state(dep, loads_state(record.state, f"{store.key('step', step)} __state__"))
                 outputs = _record_outputs(record)
                 METRICS.republished.inc()
             resume = assembler.min_offset()

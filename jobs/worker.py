@@ -1,6 +1,6 @@
 """Ingest worker: reports -> per-user numpy state -> step partials.
 
-Run through the command line (which sets the environment, see ``pipeline.stream.runtime``):
+Run through the command line (which sets the environment, see ``pipeline.stream.kafka.runtime``):
 ``dpstream worker --config config/sipp-poverty.yaml``. Start up to as many as there are partitions.
 
 * ``reports`` (keyed by user): runs of reports are parsed and applied in bulk; a close marker for
@@ -8,9 +8,12 @@ Run through the command line (which sets the environment, see ``pipeline.stream.
   partial aggregates, publish them to ``step-partials``, checkpoint state + marker offset to Redis.
 * ``feedback`` (co-partitioned with reports): heavy-hitter flags of step t, applied before step
   t+1 closes (the close waits for them).
+* ``repartition`` (co-partitioned with reports): reports of this partition's users that arrived on
+  other partitions, and their forwarded-through markers; a close waits for those of every source
+  (:mod:`pipeline.stream.ingest.repartition`). Reports of other partitions' users are forwarded there.
 * rejected reports -> ``dead-letter`` with the original bytes and a reason.
 
-Transport: a plain aiokafka group consumer reading whole fetches (:mod:`pipeline.stream.bulk`) and
+Transport: a plain aiokafka group consumer reading whole fetches (:mod:`pipeline.stream.kafka.consumer`) and
 an aiokafka producer; the hot path is vectorised per fetch (docs/streaming.md, "Processes").
 Positions come only from the Redis checkpoints (read in the assignment callback); the offsets this
 worker commits are for lag monitoring, never read back.
@@ -25,14 +28,15 @@ import time
 from aiokafka import TopicPartition
 from kafka import TopicPartition as KTopicPartition
 
-from pipeline.stream.bulk import BulkConsumer
-from pipeline.stream.faults import crash_point
-from pipeline.stream.identity import establish_identity
-from pipeline.stream.ingest import ApplyResult, CloseOutput, IngestCore
-from pipeline.stream.log_end import log_ends
-from pipeline.stream.metrics import METRICS, forget_partition, observe_partition, serve_metrics
-from pipeline.stream.process import make_producer, run_job, supervise
-from pipeline.stream.runtime import Runtime
+from pipeline.stream.kafka.consumer import BulkConsumer
+from pipeline.stream.kafka.faults import crash_point
+from pipeline.stream.state.identity import establish_identity
+from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore
+from pipeline.stream.kafka.log_end import log_ends
+from pipeline.stream.kafka.metrics import METRICS, forget_partition, observe_partition, serve_metrics
+from pipeline.stream.kafka.process import make_producer, run_job, supervise
+from pipeline.stream.kafka.runtime import Runtime
+from pipeline.stream.ingest.repartition import ForwardMarkers
 
 log = logging.getLogger("dpstream.worker")
 
@@ -49,7 +53,7 @@ class IngestWorker:
         establish_identity(rt.deployment, rt.roster.ids, self.store, "worker")
         self.core = IngestCore(rt.deployment, rt.roster, self.names, store=self.store)
         self.consumer = BulkConsumer(rt.broker, f"dpstream-{rt.deployment.name}-ingest",
-                                     [self.names["reports"], self.names["feedback"]],
+                                     [self.names["reports"], self.names["feedback"], self.names["repartition"]],
                                      on_assign=self._on_assign, on_revoke=self._on_revoke)
         self.producer = make_producer(rt.broker, linger_ms=5)
         # Held while a fetch is handled: a revocation waits for it, so a partition's old owner has
@@ -61,8 +65,12 @@ class IngestWorker:
     async def _on_assign(self, tps: set[TopicPartition]) -> dict[TopicPartition, int]:
         positions = {}
         reports = [tp for tp in tps if tp.topic == self.names["reports"]]
-        ends = await self._log_ends(reports)
-        for tp in tps:
+        forwarded = [tp for tp in tps if tp.topic == self.names["repartition"]]
+        ends = await self._log_ends(reports + forwarded)
+        for tp in sorted(tps, key=lambda tp: tp.topic == self.names["repartition"]):  # reports partitions first
+            if tp.topic == self.names["repartition"]:
+                positions[tp] = self._forwarded_position(tp, ends.get(tp))
+                continue
             if tp.topic == self.names["feedback"]:
                 # Re-read feedback from the start (one small message per release and step): the last
                 # closed step's feedback may have been consumed by a previous owner after its checkpoint.
@@ -82,10 +90,24 @@ class IngestWorker:
                             "the loss must be sent again.", tp.partition, end, resume - 1, state.closed)
                 state.offset = -1
                 resume = 0
+                self.core.inboxes[tp.partition].reset(state.closed)  # the broker lost `repartition` too
             positions[tp] = resume
             observe_partition(tp.partition, state)
             log.info("partition %d at step %d, consuming from offset %d", tp.partition, state.closed, resume)
         return positions
+
+    def _forwarded_position(self, tp: TopicPartition, end: int | None) -> int:
+        """Where to read the partition's `repartition` log from: its checkpoint's resume offset."""
+        inbox = self.core.inboxes.get(tp.partition)
+        if inbox is None:
+            return 0
+        resume = inbox.resume()
+        if end is not None and resume > end:  # lost with a memory-only broker, as for reports
+            log.warning("repartition partition %d ends at offset %d, before its checkpoint (%d): reading the new log "
+                        "from its start", tp.partition, end, resume)
+            inbox.reset(self.core.states[tp.partition].closed)
+            resume = 0
+        return resume
 
     async def _log_ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         """True log ends (the embedded broker's ListOffsets answer is short by the rest of the last
@@ -119,10 +141,12 @@ class IngestWorker:
                         observe_partition(tp.partition, self.core.states[tp.partition])
                         touched.add(tp.partition)
             for tp, messages in batch.items():
-                if tp.topic != self.names["reports"] or tp.partition not in self.core.states:
+                if tp.topic not in (self.names["reports"], self.names["repartition"]) \
+                        or tp.partition not in self.core.states:
                     continue  # revoked meanwhile: its new owner replays it
                 # aiokafka's records carry .offset, .value and .headers, which is all a Record is
-                rewind = self.core.enqueue(tp.partition, messages)
+                enqueue = self.core.enqueue if tp.topic == self.names["reports"] else self.core.enqueue_forwarded
+                rewind = enqueue(tp.partition, messages)
                 if rewind is not None:
                     log.warning("partition %d: fetched from offset %d, past the next offset to handle (%d): seeking "
                                 "back", tp.partition, messages[0].offset, rewind)
@@ -141,10 +165,17 @@ class IngestWorker:
         critical path; only a partition's last checkpoint of the fetch is written.
         """
         started = time.perf_counter()
-        pending, checkpoints = [], {}
+        pending, checkpoints, forwarding = [], {}, set()
         for partition in partitions:
-            for out in self.core.drain(partition):
-                if isinstance(out, CloseOutput):
+            for out in self.core.drain_all(partition):
+                if isinstance(out, ForwardMarkers):
+                    # everything forwarded before the close marker is acknowledged before the markers go
+                    await asyncio.gather(*pending)
+                    pending.extend([await self.producer.send(self.names["repartition"], value=value, headers=headers,
+                                                             partition=p) for p, value, headers in out.messages])
+                elif isinstance(out, CloseOutput):
+                    if out.checkpoint:
+                        crash_point("worker.before_partial", out.step)
                     pending.extend([await self.producer.send(self.names["step-partials"], key=key, value=value,
                                                              partition=0) for key, value in out.messages])
                     if out.checkpoint:  # empty for a replayed close of a step already closed
@@ -152,7 +183,11 @@ class IngestWorker:
                         log.info("partition %d closed step %d: %s", out.partition, out.step, out.summary)
                 else:
                     pending.extend(await self._apply(out))
+                    if out.forwards:
+                        forwarding.add(self.core.states[partition].closed + 1)
         await asyncio.gather(*pending)
+        for step in sorted(forwarding):
+            crash_point("worker.after_forward", step)
         if checkpoints:
             log.info("partials acknowledged: %s", {p: out.step for p, out in checkpoints.items()})
         for out in checkpoints.values():
@@ -161,16 +196,22 @@ class IngestWorker:
             METRICS.step_close_seconds.observe(time.perf_counter() - started)
             METRICS.open_step.labels(str(out.partition)).set(out.step + 1)
         # intake counts for `dpstream status` / `close` (a replay restores and recounts them exactly)
-        self.store.save_intake({p: self.core.states[p].intake_summary() for p in partitions if p in self.core.states})
+        self.store.save_intake({p: {**self.core.states[p].intake_summary(),
+                                    "forwarded_offset": self.core.inboxes[p].consumed}
+                                for p in partitions if p in self.core.states})
 
     async def _apply(self, result: ApplyResult) -> list:
         METRICS.reports.labels("accepted").inc(result.accepted)
+        if result.forwarded:
+            METRICS.reports.labels("forwarded").inc(result.forwarded)
         for reason, count in result.reasons.items():
             METRICS.reports.labels("rejected").inc(count)
             METRICS.dead_letters.labels(reason).inc(count)
         futures = [await self.producer.send(self.names["dead-letter"], key=key, value=value, headers=headers,
                                             partition=0)
                    for key, value, headers in result.dead_letters]
+        futures += [await self.producer.send(self.names["repartition"], value=value, headers=headers, partition=p)
+                    for p, value, headers in result.forwards]
         return futures
 
     def _handled(self) -> dict[TopicPartition, int]:
@@ -182,6 +223,8 @@ class IngestWorker:
                 out[tp] = state.offset + 1
             elif tp.topic == self.names["feedback"]:
                 out[tp] = self._feedback_done.get(tp.partition, 0)
+            elif tp.topic == self.names["repartition"] and tp.partition in self.core.inboxes:
+                out[tp] = self.core.inboxes[tp.partition].resume()
         return out
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -192,6 +235,10 @@ class IngestWorker:
         await self.consumer.start()
         log.info("worker started: group %s", self.consumer.group_id)
         try:
+            if self.names["repartition"] not in await self.consumer.consumer.topics():
+                # without it no close could ever gather the other partitions' forwarded-through markers
+                raise RuntimeError(f"topic {self.names['repartition']} does not exist: create the deployment's topics "
+                                   "(deploy/create_topics.py, or `dpstream up`) before starting workers")
             await supervise([asyncio.create_task(self._consume()),
                              asyncio.create_task(self.consumer.commit_loop(self._handled))], "worker")
         finally:

@@ -43,8 +43,8 @@ def _fail(code: int, message: str) -> int:
 def _up_record(name: str) -> dict | None:
     """What `dpstream up` of deployment ``name`` recorded in its endpoints file, with ``alive``: whether that
     `up` still runs (False: a stale file left by a killed `up`). None when there is no file."""
-    from pipeline.stream.cluster import endpoints_file
-    from pipeline.stream.embedded import pid_alive
+    from pipeline.stream.local.cluster import endpoints_file
+    from pipeline.stream.local.embedded import pid_alive
 
     path = endpoints_file(name)
     try:
@@ -96,7 +96,7 @@ def _check_reachable(broker: str, redis_url: str) -> None:
 
 def _endpoints(dep, check: bool = True) -> tuple[str, str]:
     """Broker and Redis of a deployment: configured, or those of a running `dpstream up`; checked to answer."""
-    from pipeline.stream.cluster import endpoints_file
+    from pipeline.stream.local.cluster import endpoints_file
 
     broker = os.environ.get("DPSTREAM_BROKER") or dep.broker
     redis_url = os.environ.get("DPSTREAM_REDIS") or dep.redis
@@ -122,7 +122,8 @@ def _run_job(module: str, args) -> int:
     dep = _load(args.config)
     broker, redis_url = _endpoints(dep, check=False)  # the jobs retry while services start
     os.environ["DPSTREAM_BROKER"], os.environ["DPSTREAM_REDIS"] = broker, redis_url
-    from pipeline.stream.identity import ConfigurationChanged, StateLost
+    from pipeline.serialization import StateFormatError
+    from pipeline.stream.state.identity import ConfigurationChanged, StateLost
 
     try:
         job = importlib.import_module(module)
@@ -131,6 +132,8 @@ def _run_job(module: str, args) -> int:
         return _fail(EXIT_CONFIG, f"configuration refused: {err}")
     except StateLost as err:
         return _fail(EXIT_STATE_LOST, f"state lost: {err}")
+    except StateFormatError as err:  # a state of another format version (pipeline.serialization)
+        return _fail(EXIT_STATE_LOST, f"state refused: {err}")
     return EXIT_OK
 
 
@@ -149,7 +152,7 @@ def _interrupt(signum, frame):
 def _claim(name: str) -> bool:
     """Create the endpoints file with only this process's pid, atomically (two `up` starting at once: one
     wins); LocalCluster.start completes it with the endpoints, LocalCluster.stop removes it."""
-    from pipeline.stream.cluster import endpoints_file
+    from pipeline.stream.local.cluster import endpoints_file
 
     path = endpoints_file(name)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,7 +168,7 @@ def _claim(name: str) -> bool:
 def cmd_up(args) -> int:
     """Start the deployment; on Ctrl-C, SIGTERM (`kill`, `dpstream down`) or a dead process, stop everything
     it started (stream processes' groups, embedded broker and Redis) and remove the endpoints file."""
-    from pipeline.stream.cluster import LocalCluster, state_dir
+    from pipeline.stream.local.cluster import LocalCluster, state_dir
 
     dep = _load(args.config)
     rec = _up_record(dep.name)
@@ -209,8 +212,8 @@ def cmd_up(args) -> int:
 
 def _stop_leftovers(rec: dict) -> list[str]:
     """Stop the processes a killed `up` recorded and left running (pid and command line must both match)."""
-    from pipeline.stream.cluster import process_cmdline
-    from pipeline.stream.embedded import pid_alive
+    from pipeline.stream.local.cluster import process_cmdline
+    from pipeline.stream.local.embedded import pid_alive
 
     stopped = []
     for name, proc in (rec.get("processes") or {}).items():
@@ -236,7 +239,7 @@ def _stop_leftovers(rec: dict) -> list[str]:
 
 def cmd_down(args) -> int:
     """Stop the `dpstream up` of a deployment (SIGTERM, then wait for its shutdown); clean a stale file."""
-    from pipeline.stream.embedded import pid_alive
+    from pipeline.stream.local.embedded import pid_alive
 
     dep = _load(args.config)
     rec = _up_record(dep.name)
@@ -262,9 +265,9 @@ def cmd_down(args) -> int:
 
 # -- producing and controlling ------------------------------------------------------------------
 def _producer(dep):
-    from pipeline.stream.producer import ReportProducer
-    from pipeline.stream.roster import Roster
-    from pipeline.stream.topics import topic_names
+    from pipeline.stream.kafka.producer import ReportProducer
+    from pipeline.stream.ingest.roster import Roster
+    from pipeline.stream.kafka.topics import topic_names
 
     broker, _ = _endpoints(dep)
     return ReportProducer(broker, dep, Roster.from_config(dep.roster), topic_names(dep))
@@ -272,13 +275,15 @@ def _producer(dep):
 
 def _intake(dep, wait: float):
     """(store, view): the workers' intake counts once they have handled the reports sent so far."""
-    from pipeline.stream.intake_view import intake_view
-    from pipeline.stream.store import ReleaseStore
-    from pipeline.stream.topics import topic_names
+    from pipeline.stream.ingest.intake_view import intake_view
+    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.kafka.topics import topic_names
 
     broker, redis_url = _endpoints(dep)
     store = ReleaseStore.from_url(redis_url, dep.name)
-    return store, intake_view(store, broker, topic_names(dep)["reports"], dep.topics.partitions, wait=wait)
+    names = topic_names(dep)
+    return store, intake_view(store, broker, names["reports"], dep.topics.partitions, wait=wait,
+                              repartition_topic=names["repartition"])
 
 
 def _step_refused(dep, step: int, window: range) -> str | None:
@@ -294,9 +299,9 @@ def _step_refused(dep, step: int, window: range) -> str | None:
 
 def cmd_produce(args) -> int:
     """Send one step's reports, never more than the deployment accepts now (see docs/streaming.md)."""
-    from pipeline.stream.intake_view import open_window
-    from pipeline.stream.report_files import ReportFileError, read_report_file
-    from pipeline.stream.roster import Roster
+    from pipeline.stream.ingest.intake_view import open_window
+    from pipeline.stream.ingest.report_files import ReportFileError, read_report_file
+    from pipeline.stream.ingest.roster import Roster
 
     dep = _load(args.config)
     if args.step is not None and not 1 <= args.step <= dep.horizon:
@@ -354,7 +359,7 @@ def cmd_produce(args) -> int:
 
 def cmd_close(args) -> int:
     """Close steps through --step: say what it spends, warn about (or refuse) steps built from lost data."""
-    from pipeline.stream.intake_view import close_assessment, spend_of_steps
+    from pipeline.stream.ingest.intake_view import close_assessment, spend_of_steps
 
     dep = _load(args.config)
     if not 1 <= args.step <= dep.horizon:
@@ -406,7 +411,7 @@ def cmd_close(args) -> int:
 def cmd_status(args) -> int:
     from pipeline.plan import budget_plan
 
-    from pipeline.stream.store import ReleaseStore
+    from pipeline.stream.state.store import ReleaseStore
 
     dep = _load(args.config)
     _, redis_url = _endpoints(dep)
@@ -417,6 +422,10 @@ def cmd_status(args) -> int:
         intake = {"unavailable": f"{type(err).__name__}: {err}"}
     ledger = store.ledger()
     identity = store.identity() or {}
+    from pipeline.error_bounds import spend_as_approx_dp
+    from pipeline.privacy.accounting import LedgerEntry
+
+    spent = spend_as_approx_dp(dep, [LedgerEntry.from_state(e).cost for e in ledger.values()])
     status = {
         "deployment": dep.name,
         "instance": identity.get("instance"),
@@ -426,6 +435,7 @@ def cmd_status(args) -> int:
         "horizon": dep.horizon,
         "plan": {k: v.__dict__ for k, v in budget_plan(dep).allotments().items()},
         "ledger": ledger,
+        "spent_as_approx_dp": {"epsilon": spent.epsilon, "delta": spent.delta},  # as the manifests report it
         "intake": intake,
     }
     print(json.dumps(status, indent=2, sort_keys=True))
@@ -435,7 +445,7 @@ def cmd_status(args) -> int:
 # -- consuming ---------------------------------------------------------------------------------
 def _panels(dep):
     from pipeline.consumer import read_topics
-    from pipeline.stream.topics import topic_names
+    from pipeline.stream.kafka.topics import topic_names
 
     broker, _ = _endpoints(dep)
     return read_topics(broker, topic_names(dep))
@@ -491,11 +501,13 @@ def cmd_query(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from pipeline.plan import planned_schedule
+    """Per release: allotment, padding, error bounds at its β, schedule; the total as (ε, δ); warnings."""
+    from pipeline.plan_report import format_plan, plan_report
 
-    dep = _load(args.config)
-    sched = planned_schedule(dep)
-    print(json.dumps({k: v.tolist() for k, v in sched.items()}, indent=2))
+    report = plan_report(_load(args.config))
+    print(json.dumps(report, indent=2) if args.json else format_plan(report))
+    for line in report["warnings"]:
+        print(f"WARNING: {line}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -533,13 +545,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("batch", help="the batch SIPP job (repeated runs of both synthesizers, plots)")
-    b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of `python -m jobs.sipp_batch`")
+    b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments of `python -m jobs.eval.sipp_batch`")
     b.set_defaults(func=cmd_batch)
 
     for name, fn, help_ in (("worker", cmd_worker, "run an ingest worker (aiokafka, bulk)"),
                             ("releaser", cmd_releaser, "run the releaser (aiokafka, one instance)")):
         sp = with_config(sub.add_parser(name, help=help_))
-        sp.add_argument("--loglevel", default="info", choices=["crit", "error", "warn", "info", "debug"])
+        sp.add_argument("--loglevel", default="info", choices=["critical", "error", "warning", "info", "debug"])
         sp.set_defaults(func=fn)
 
     u = with_config(sub.add_parser("up", help="start services (embedded when not configured), workers and releaser"))
@@ -576,8 +588,10 @@ def build_parser() -> argparse.ArgumentParser:
     dn.set_defaults(func=cmd_down)
 
     with_config(sub.add_parser("status", help="released steps and the budget ledger")).set_defaults(func=cmd_status)
-    with_config(sub.add_parser("plan", help="check the budget plan and print the per-step schedule")).set_defaults(
-        func=cmd_plan)
+    pl = with_config(sub.add_parser("plan", help="check the budget plan; per release the padding, error bounds "
+                                    "and per-step schedule; the total spend as (ε, δ)"))
+    pl.add_argument("--json", action="store_true", help="machine-readable output")
+    pl.set_defaults(func=cmd_plan)
 
     e = with_config(sub.add_parser("export", help="materialise a release's synthetic panel to CSV or Parquet"))
     e.add_argument("--release", required=True)

@@ -14,6 +14,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pipeline.attributes import Attribute, BinaryAttribute, CategoricalAttribute, HashedAttribute
+from pipeline.plan import APPROX_DP_RELEASES, ZCDP_RELEASES, budget_plan  # noqa: F401  (re-exported)
 from pipeline.privacy.accounting import Neighbours, check_neighbours
 from pipeline.releases import kind_of, kinds
 from pipeline.validation import StrictModel
@@ -40,9 +41,6 @@ _Strict = StrictModel
 # --- releases: one model per registered kind (pipeline.releases) ---------------------------------
 
 Release = Annotated[Union[tuple(kind.config for kind in kinds().values())], Field(discriminator="type")]
-
-ZCDP_RELEASES = tuple(name for name, kind in kinds().items() if kind.budget == "zcdp")
-APPROX_DP_RELEASES = tuple(name for name, kind in kinds().items() if kind.budget == "approx_dp")
 
 
 # --- the rest ---------------------------------------------------------------------------------
@@ -255,8 +253,6 @@ def parse_config(data: dict[str, Any], *, source: str = "<config>") -> Deploymen
 def load_config(path: str | Path) -> Deployment:
     """Read and validate a deployment YAML file, budget plan included (``pipeline.plan``): an
     over-budget plan raises ``BudgetExceededError`` naming the releases, before anything starts."""
-    from pipeline.plan import budget_plan
-
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from pipeline.stream.messages import SYNTHETIC_DTYPES, columns_checksum
+from pipeline.stream.kafka.codecs import SYNTHETIC_DTYPES, columns_checksum
 
 __all__ = ["SyntheticPanel", "PanelStore", "read_topics", "IncompleteStep"]
 
@@ -180,12 +180,12 @@ def read_topics(bootstrap: str, topic_names: dict[str, str], store: PanelStore |
                 timeout: float = 30.0, until: callable = None) -> PanelStore:
     """Read the public topics from the beginning up to their current end (or until ``until(store)``).
 
-    The end is each partition's true log end (:func:`pipeline.stream.log_end.log_ends`), not the
+    The end is each partition's true log end (:func:`pipeline.stream.kafka.log_end.log_ends`), not the
     ListOffsets answer, which the embedded broker gives short (the last batch's base offset + 1).
     """
     from kafka import KafkaConsumer, TopicPartition
 
-    from pipeline.stream.log_end import log_ends
+    from pipeline.stream.kafka.log_end import log_ends
 
     store = store or PanelStore()
     handlers = {topic_names["releases"]: store.add_manifest, topic_names["synthetic"]: store.add_chunk,

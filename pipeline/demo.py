@@ -53,9 +53,9 @@ def demo_config(n: int, seed: int | None, partitions: int = 4) -> dict:
 def run_demo(args) -> int:
     from pipeline.config import load_config
     from pipeline.sim.panel import simulate_categorical_panel, simulate_poverty_panel
-    from pipeline.stream.cluster import LocalCluster
-    from pipeline.stream.driver import StepDriver
-    from pipeline.stream.roster import Roster
+    from pipeline.stream.local.cluster import LocalCluster
+    from pipeline.stream.local.driver import StepDriver
+    from pipeline.stream.ingest.roster import Roster
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -18,14 +18,22 @@ the noise parameters of its built mechanism (``pipeline.releases``: ``kind.event
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.config import Deployment
 from pipeline.privacy.accounting import ApproxDP, BudgetPlan, PlannedRelease, PrivacyBudget, ZCDP
-from pipeline.releases import Setting, kind_of
+from pipeline.releases import Setting, kind_of, kinds
 
-__all__ = ["privacy_budget", "budget_plan", "step_cost", "planned_events", "mechanism_setting"]
+if TYPE_CHECKING:  # annotations only: pipeline.config imports this module (load_config checks the plan)
+    from pipeline.config import Deployment
+
+__all__ = ["privacy_budget", "budget_plan", "step_cost", "planned_events", "mechanism_setting", "ZCDP_RELEASES",
+           "APPROX_DP_RELEASES"]
+
+# Which part of the deployment budget each release kind spends: ρ (zCDP) or (ε, δ) (pipeline.releases).
+ZCDP_RELEASES = tuple(name for name, kind in kinds().items() if kind.budget == "zcdp")
+APPROX_DP_RELEASES = tuple(name for name, kind in kinds().items() if kind.budget == "approx_dp")
 
 
 def privacy_budget(deployment: Deployment) -> PrivacyBudget:
@@ -44,7 +52,7 @@ def budget_plan(deployment: Deployment) -> BudgetPlan:
 
 def mechanism_setting(deployment: Deployment, release, allotment, n: int | None = None) -> Setting:
     """What ``release``'s mechanism is built from besides its own keys (seeded per release)."""
-    from pipeline.stream.engine import release_seed
+    from pipeline.stream.release.engine import release_seed
 
     return Setting(horizon=deployment.horizon, neighbours=deployment.neighbours,
                    domain_size=deployment.attributes[release.attribute].size, allotment=allotment,

@@ -41,6 +41,8 @@ from typing import Callable
 
 import numpy as np
 
+from pipeline.validation import check_int
+
 __all__ = [
     "QUARTERLY_QUANTITIES",
     "pattern_digits",
@@ -75,16 +77,10 @@ def _as_panel(panel, name: str = "panel") -> np.ndarray:
     return arr
 
 
-def _check_int(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name} must be an integer ≥ {low}, got {value!r}")
-    return int(value)
-
-
 def pattern_digits(k: int, categories: int = 2) -> np.ndarray:
     """``(A^k, k)`` array: row ``code`` holds the pattern's values, oldest first."""
-    k = _check_int("k", k, 1)
-    categories = _check_int("categories", categories, 2)
+    k = check_int(k, "k", low=1)
+    categories = check_int(categories, "categories", low=2)
     codes = np.arange(categories**k)
     powers = categories ** np.arange(k - 1, -1, -1)
     return (codes[:, None] // powers[None, :]) % categories
@@ -103,9 +99,9 @@ def pattern_mask(k: int, predicate: Callable[[np.ndarray], np.ndarray], categori
 def window_codes(panel, t: int, k: int, categories: int = 2) -> np.ndarray:
     """Pattern code of every record's length-k window ending at step t (1-based, k ≤ t ≤ T)."""
     x = _as_panel(panel)
-    k = _check_int("k", k, 1)
-    categories = _check_int("categories", categories, 2)
-    t = _check_int("t", t, k)
+    k = check_int(k, "k", low=1)
+    categories = check_int(categories, "categories", low=2)
+    t = check_int(t, "t", low=k)
     if t > x.shape[1]:
         raise ValueError(f"t={t} is beyond the panel's {x.shape[1]} steps")
     window = x[:, t - k : t].astype(np.int64)
@@ -123,7 +119,7 @@ def window_histogram(panel, t: int, k: int, categories: int = 2) -> np.ndarray:
 def window_histograms(panel, k: int, categories: int = 2) -> np.ndarray:
     """``(T - k + 1, A^k)`` pattern counts; row ``r`` is the window ending at step ``t = k + r``."""
     x = _as_panel(panel)
-    k = _check_int("k", k, 1)
+    k = check_int(k, "k", low=1)
     if k > x.shape[1]:
         raise ValueError(f"k={k} exceeds the panel's {x.shape[1]} steps")
     return np.stack([window_histogram(x, t, k, categories) for t in range(k, x.shape[1] + 1)])
@@ -132,9 +128,9 @@ def window_histograms(panel, k: int, categories: int = 2) -> np.ndarray:
 def padding_per_pattern(n_pad: int, k: int, synth_window: int | None = None, categories: int = 2) -> int:
     """Records the fixed-window padding contributes to each length-k pattern: ``n_pad · A^(K − k)``
     for a synthesizer window ``K = synth_window`` (default ``k``); needs ``k ≤ K``."""
-    n_pad = _check_int("n_pad", n_pad, 0)
-    k = _check_int("k", k, 1)
-    big_k = k if synth_window is None else _check_int("synth_window", synth_window, 1)
+    n_pad = check_int(n_pad, "n_pad", low=0)
+    k = check_int(k, "k", low=1)
+    big_k = k if synth_window is None else check_int(synth_window, "synth_window", low=1)
     if k > big_k:
         raise ValueError(
             f"query window k={k} exceeds the synthesizer window synth_window={big_k}: the padding "
@@ -146,7 +142,7 @@ def padding_per_pattern(n_pad: int, k: int, synth_window: int | None = None, cat
 def _denominator(rows: int, n) -> int:
     if n is None:
         return rows
-    return _check_int("n", n, 1)
+    return check_int(n, "n", low=1)
 
 
 def pattern_query(
@@ -165,8 +161,8 @@ def pattern_query(
     ``count = Σ_{s∈mask} hist_s − padding_per_pattern · |mask|`` and ``proportion = count / n``
     (``n`` defaults to the panel's rows; pass the real population for synthetic data)."""
     x = _as_panel(panel)
-    k = _check_int("k", k, 1)
-    categories = _check_int("categories", categories, 2)
+    k = check_int(k, "k", low=1)
+    categories = check_int(categories, "categories", low=2)
     mask = np.asarray(mask, dtype=bool)
     if mask.shape != (categories**k,):
         raise ValueError(f"mask must have one entry per pattern ({categories**k}), got shape {mask.shape}")
@@ -178,7 +174,7 @@ def pattern_query(
 
 def quarterly_masks(k: int = 3) -> dict[str, np.ndarray]:
     """Masks over binary length-k patterns for :data:`QUARTERLY_QUANTITIES` (k = 3 is a quarter)."""
-    k = _check_int("k", k, 2)
+    k = check_int(k, "k", low=2)
     digits = pattern_digits(k, 2)
     weight = digits.sum(axis=1)
     consecutive = np.any(digits[:, 1:] & digits[:, :-1], axis=1)
@@ -237,7 +233,7 @@ def cumulative_counts(panel) -> np.ndarray:
 def cumulative_at_least(panel, b: int, *, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(counts, proportions)`` over t = 1..T of "at least b ones up to step t" (b ≥ 0)."""
     x = _as_panel(panel)
-    b = _check_int("b", b, 0)
+    b = check_int(b, "b", low=0)
     if b > x.shape[1]:
         raise ValueError(f"b={b} exceeds the panel's {x.shape[1]} steps")
     counts = cumulative_counts(x)[:, b]

@@ -5,6 +5,13 @@ str and None. :func:`dumps_state` writes a JSON header describing the structure 
 raw little-endian buffers of the arrays; :func:`loads_state` reverses it exactly (dtype, shape and
 every bit of every array and float). Same state -> same bytes, so checksums are meaningful.
 
+Every blob starts with ``DPST`` and the format version, one ASCII digit (:data:`FORMAT_VERSION`).
+Blobs persist in Redis across upgrades, so a blob of another version is refused with
+:class:`StateFormatError` naming what it is (the Redis key), never half-read. Version 2 holds
+manifests, alerts and feedback of a release record as nested maps (version 1 held them as JSON
+strings inside the blob); a Redis state of version 1 is refused — start a new deployment state
+(docs/streaming.md, "State format").
+
 Large integer arrays are stored in the narrowest signed type that holds their values (codes with a
 -1 sentinel are mostly int8/int32 held in int64) and widened back on load: lossless, and it cuts a
 worker checkpoint about threefold, which is on the path of every step close.
@@ -18,9 +25,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["dumps_state", "loads_state"]
+__all__ = ["dumps_state", "loads_state", "FORMAT_VERSION", "StateFormatError"]
 
-_MAGIC = b"DPST1"
+_MAGIC = b"DPST"
+FORMAT_VERSION = 2  # one ASCII digit after the magic
+
+
+class StateFormatError(ValueError):
+    """A state blob this version cannot read: not a dpstream blob, or another format version."""
 
 
 def _encode(obj: Any, buffers: list[bytes]) -> Any:
@@ -94,17 +106,24 @@ def _decode(obj: Any, buffers: list[memoryview]) -> Any:
 def dumps_state(state: dict[str, Any]) -> bytes:
     buffers: list[bytes] = []
     header = json.dumps(_encode(state, buffers), sort_keys=True, separators=(",", ":")).encode()
-    parts = [_MAGIC, struct.pack("<I", len(header)), header, struct.pack("<I", len(buffers))]
+    parts = [_MAGIC, b"%d" % FORMAT_VERSION, struct.pack("<I", len(header)), header, struct.pack("<I", len(buffers))]
     for buf in buffers:
         parts.append(struct.pack("<Q", len(buf)))
         parts.append(buf)
     return b"".join(parts)
 
 
-def loads_state(data: bytes) -> dict[str, Any]:
+def loads_state(data: bytes, what: str = "state blob") -> dict[str, Any]:
+    """The state in ``data``; ``what`` names the blob (e.g. its Redis key) in every error."""
     view = memoryview(data)
-    if bytes(view[:5]) != _MAGIC:
-        raise ValueError("not a dpstream state blob (bad magic)")
+    if bytes(view[:4]) != _MAGIC or len(view) < 5:
+        raise StateFormatError(f"{what}: not a dpstream state blob (bad magic)")
+    version = bytes(view[4:5])
+    if version != b"%d" % FORMAT_VERSION:
+        raise StateFormatError(
+            f"{what}: state format version {version.decode('latin-1')!r}, this dpstream reads version "
+            f"{FORMAT_VERSION} only; an older state cannot be continued: start a new deployment state "
+            "(docs/streaming.md, \"State format\")")
     pos = 5
     (hlen,) = struct.unpack_from("<I", view, pos)
     pos += 4
@@ -119,5 +138,5 @@ def loads_state(data: bytes) -> dict[str, Any]:
         buffers.append(view[pos : pos + blen])
         pos += blen
     if pos != len(view):
-        raise ValueError("trailing bytes after state blob")
+        raise StateFormatError(f"{what}: trailing bytes after the state")
     return _decode(header, buffers)

@@ -604,3 +604,13 @@ def test_schedule_of_every_release_sums_to_its_allotment():
     for name, sched in planned_schedule(dep).items():
         assert sched.sum() == pytest.approx(allot[name].rho, rel=1e-12), name
         assert np.all(sched >= 0)
+
+
+def test_plan_does_not_import_the_configuration_module():
+    """No config <-> plan import cycle: the configuration depends on the plan (load_config checks it),
+    the plan needs the configuration's types for annotations only."""
+    import subprocess
+    import sys
+
+    code = "import sys, pipeline.plan; sys.exit('pipeline.config' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -264,7 +264,14 @@ def test_synthetic_index_set_uses_synthetic_weights(counter):
 # Lemma 4.2, Corollary B.1, counter variance (paper's simulated size: T = 12, ρ = 0.005)
 # ------------------------------------------------------------------------------------------
 
-N_USERS, HORIZON, RHO, RUNS = 5_000, 12, 0.005, 200
+# RUNS: every check below holds for any number of i.i.d. runs, so 100 (not 200) keeps their meaning at
+# half the time (the noise sampler's per-call cost dominates: 12 steps × up to 12 counters a run).
+# Lemma 4.2 is checked deterministically on every run. Corollary B.1 asks ≥ 1 − β* of the runs inside
+# a bound that fails with probability ≤ β* per run. The variance check compares mean(Q) with 1 within
+# Z_TOL standard errors estimated from the runs (sd(Q)/√RUNS), and itself asserts that a factor 2 either
+# way is rejected at this RUNS (its power); the mean-zero check is a z-test per cell, 78 cells at
+# Z_TOL = 4.5 (family-wise false alarm < 78·P(|t_99| > 4.5) ≈ 1.4e-3 for a correct mechanism).
+N_USERS, HORIZON, RHO, RUNS = 5_000, 12, 0.005, 100
 BETA_STAR = 0.05
 
 

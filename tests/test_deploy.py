@@ -23,7 +23,7 @@ import yaml
 
 from pipeline.config import load_config, parse_config
 from pipeline.plan import budget_plan
-from pipeline.stream.metrics import PUBLIC_SERIES, metric_names
+from pipeline.stream.kafka.metrics import PUBLIC_SERIES, metric_names
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -404,7 +404,7 @@ def test_dashboard_schema_and_metric_names():
         for t in p["targets"]:
             names = set(re.findall(r"\b(dpstream_[a-zA-Z0-9_]+)", t["expr"]))
             assert names, t["expr"]
-            assert names <= declared, f"{t['expr']}: {sorted(names - declared)} not in pipeline.stream.metrics"
+            assert names <= declared, f"{t['expr']}: {sorted(names - declared)} not in pipeline.stream.kafka.metrics"
             used |= names
     # The dashboard shows public values only (docs/privacy.md, metrics policy): every series it
     # reads equals something on the public topics; the operational ones stay in Prometheus.
@@ -430,8 +430,8 @@ def test_dashboard_promql_is_valid(tmp_path):
 def test_create_topics_script_against_the_broker(tmp_path):
     from kafka import KafkaAdminClient
 
-    from pipeline.stream.embedded import EmbeddedServices
-    from pipeline.stream.topics import topic_names, topic_partitions
+    from pipeline.stream.local.embedded import EmbeddedServices
+    from pipeline.stream.kafka.topics import topic_names, topic_partitions
 
     cfg = yaml.safe_load((DEPLOY / "config" / "dpstream.yaml").read_text())
     with EmbeddedServices() as services:
@@ -458,14 +458,30 @@ def test_create_topics_script_against_the_broker(tmp_path):
         assert out.returncode != 0 and "partitions" in out.stderr
 
 
+def test_ensure_topics_waits_for_the_broker_up_to_its_timeout(tmp_path):
+    """The admin client's bootstrap retries until ``timeout`` and then fails (no endless loop)."""
+    import time
+
+    from kafka.errors import KafkaError
+
+    from pipeline.stream.local.embedded import free_port
+    from pipeline.stream.kafka.topics import ensure_topics
+
+    dep = load_config(DEPLOY / "config" / "dpstream.yaml")
+    started = time.monotonic()
+    with pytest.raises(KafkaError):
+        ensure_topics(f"127.0.0.1:{free_port()}", dep, timeout=1.5)
+    assert 1.0 <= time.monotonic() - started < 30
+
+
 def test_metrics_bind_address_follows_the_environment():
     """The default is loopback; a deployment that opts in sets DPSTREAM_METRICS_ADDR=0.0.0.0."""
-    from pipeline.stream.embedded import free_port
+    from pipeline.stream.local.embedded import free_port
 
     def listening(addr_env: str | None) -> str:
         port = free_port()
         env = {"DPSTREAM_METRICS_ADDR": addr_env} if addr_env else {}
-        code = ("import sys, time; from pipeline.stream.metrics import serve_metrics; "
+        code = ("import sys, time; from pipeline.stream.kafka.metrics import serve_metrics; "
                 f"serve_metrics({port}); print('up', flush=True); time.sleep(30)")
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                                 env={**__import__("os").environ, **env})

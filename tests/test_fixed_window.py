@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.privacy.rng import as_random_source
 from pipeline.synth import FixedWindowSynthesizer, rounding_constant, rounding_proxy
-from pipeline.synth import _common
-from pipeline.synth._common import (
+from pipeline.synth import postprocess
+from pipeline.synth.postprocess import (
     _assign_groups_partitioned,
     _assign_groups_sorted,
     assign_groups,
@@ -368,7 +368,7 @@ def test_categorical_projection_spreads_the_remainder_uniformly():
 
 @pytest.mark.parametrize("min_group_size", [0, 10**9], ids=["partition", "sort"])
 def test_assign_groups_is_exact_and_uniform(monkeypatch, min_group_size):
-    monkeypatch.setattr(_common, "PARTITION_MIN_GROUP_SIZE", min_group_size)
+    monkeypatch.setattr(postprocess, "PARTITION_MIN_GROUP_SIZE", min_group_size)
     src = as_random_source(3)
     group = np.array([0, 0, 0, 1, 1, 2, 0, 1])
     counts = np.array([[1, 3], [2, 1], [0, 1]])
@@ -486,7 +486,7 @@ def test_assign_groups_edge_cases_and_internal_checks():
 @pytest.mark.parametrize("min_group_size", [0, 10**9], ids=["partition", "sort"])
 def test_assign_groups_draws_one_key_per_record(monkeypatch, min_group_size):
     """One random_keys(m) call whichever path is taken, so the random stream is unchanged."""
-    monkeypatch.setattr(_common, "PARTITION_MIN_GROUP_SIZE", min_group_size)
+    monkeypatch.setattr(postprocess, "PARTITION_MIN_GROUP_SIZE", min_group_size)
     calls = []
 
     class _Counting(_FixedKeys):

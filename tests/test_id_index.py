@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.stream import id_index
-from pipeline.stream.id_index import IdIndex
-from pipeline.stream.roster import Roster
+from pipeline.stream.ingest import id_index
+from pipeline.stream.ingest.id_index import IdIndex
+from pipeline.stream.ingest.roster import Roster
 
 ids_strategy = st.lists(st.text(max_size=12).filter(lambda s: not s.endswith("\x00")), min_size=1, max_size=200,
                         unique=True)

@@ -30,11 +30,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config import load_config
-from pipeline.stream.ingest import ApplyResult, CloseOutput, IngestCore, Record
-from pipeline.stream.messages import CONTROL_HEADER
-from pipeline.stream.reports import REASONS, ReportParser, public_hash
-from pipeline.stream.roster import Roster
-from pipeline.stream.topics import topic_names
+from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore, Record
+from pipeline.stream.kafka.codecs import CONTROL_HEADER
+from pipeline.stream.ingest.reports import REASONS, ReportParser, public_hash
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.kafka.topics import topic_names
+
+from test_repartition import Loopback
 
 N_USERS, P, HORIZON, MAX_AHEAD = 24, 2, 6, 1
 ITEM_SIZE = 64
@@ -223,10 +225,12 @@ def expected_code(attr: str, v) -> int:
 
 
 def run_scenario(deployment, scen, owners):
-    """Feed the scenario to an IngestCore owning every partition; check the promise as it goes."""
+    """Feed the scenario to an IngestCore owning every partition, with what it forwards fed back
+    through in-memory ``repartition`` logs (:class:`test_repartition.Loopback`); check the promise."""
     roster = Roster.from_range(N_USERS)
     names = topic_names(deployment)
     core = IngestCore(deployment, roster, names)
+    loop = Loopback(core)
     for p in range(P):
         assert core.assign(p) in (None, 0)  # no checkpoint: from the start of the log
     closes, segments = scen
@@ -234,6 +238,7 @@ def run_scenario(deployment, scen, owners):
     sent_units = 0
     accepted_total = 0
     dead: dict[bytes, tuple[dict, bytes]] = {}
+    displaced: dict[tuple[str, int], int] = {}  # (user, step) -> accepted reports later displaced
     # (partition, offset, batch index) -> (item, closed step when handled), per report unit sent
     unit_info: dict[tuple[int, int, int | None], tuple[object, int]] = {}
     accepted_pairs: dict[tuple[str, int], tuple[int, int, int | None]] = {}
@@ -250,6 +255,9 @@ def run_scenario(deployment, scen, owners):
             for key, value, headers in out.dead_letters:
                 assert key not in dead, f"two rejections share the dead-letter key {key!r}"
                 dead[key] = (dict(headers), value)
+                if b":displaced:" in key:
+                    rep = orjson.loads(value)
+                    displaced[(rep["user"], rep["step"])] = displaced.get((rep["user"], rep["step"]), 0) + 1
 
     for seg_no, (msgs, chunking, placement) in enumerate(segments):
         per_part: dict[int, list[Record]] = {p: [] for p in range(P)}
@@ -268,7 +276,7 @@ def run_scenario(deployment, scen, owners):
             while pos < len(recs):
                 size = chunking[c % len(chunking)]
                 core.enqueue(p, recs[pos:pos + size])
-                handle(core.drain(p))
+                handle(loop.drain([p]))
                 pos += size
                 c += 1
         if seg_no < closes:
@@ -277,10 +285,18 @@ def run_scenario(deployment, scen, owners):
                 marker = Record(offsets[p], orjson.dumps({"step": step}), ((CONTROL_HEADER, b"close"),))
                 offsets[p] += 1
                 core.enqueue(p, [marker])
-                outs = core.drain(p)
-                assert any(isinstance(o, CloseOutput) and o.step == step and o.messages for o in outs)
-                handle(outs)
+            outs = loop.drain(range(P))  # a partition closes once every source's forwards are in
+            for p in range(P):
+                assert any(isinstance(o, CloseOutput) and o.partition == p and o.step == step and o.messages
+                           for o in outs)
                 x_by_step[(p, step)] = {a: v.copy() for a, v in core.states[p].last_x.items()}
+            handle(outs)
+
+    def precedence(unit, closed, user):
+        """The order in which reports of one (user, step) are preferred: the interval in which they
+        were handled, then direct before forwarded (lower source partition first), then log order."""
+        owner = int(owners[int(user[1:])])
+        return (closed, 0 if unit[0] == owner else 1 + unit[0], unit[1], -1 if unit[2] is None else unit[2])
 
     # 1. conservation: every report sent is accepted or dead-lettered, never both, never twice
     assert accepted_total + len(dead) == sent_units
@@ -289,6 +305,9 @@ def run_scenario(deployment, scen, owners):
         reason = headers["dpstream-reason"].decode()
         assert reason in REASONS
         assert headers["dpstream-detail"]
+        if b":displaced:" in key:
+            assert reason == "duplicate"
+            continue
         topic, p, off = headers["dpstream-source"].decode().rsplit("/", 2)
         assert topic == names["reports"]
         idx = int(headers["dpstream-batch-index"]) if "dpstream-batch-index" in headers else None
@@ -297,51 +316,64 @@ def run_scenario(deployment, scen, owners):
         assert unit in unit_info, f"dead letter for a report never sent: {unit}"
         rejected[unit] = reason
         item, _ = unit_info[unit]
-        # the original bytes: the message itself, or the batch item re-encoded
-        if idx is not None:
+        # the original bytes: the message itself, or the batch item re-encoded; a report rejected by
+        # its owner after being forwarded: the report as forwarded (same user, step and codes)
+        if _well_formed(item) and item["user"] in ROSTER_IDS and unit[0] != int(owners[int(item["user"][1:])]) \
+                and reason in ("late", "duplicate", "future_step") and item["step"] <= HORIZON:
+            rep = orjson.loads(value)
+            assert (rep["user"], rep["step"]) == (item["user"], item["step"])
+            assert {a: expected_code(a, v) for a, v in rep["values"].items()} == \
+                {a: expected_code(a, v) for a, v in item["values"].items()}
+        elif idx is not None:
             assert value == orjson.dumps(item)
         elif item is not None:
             assert orjson.loads(value) == item
-    # 2. each accepted report: enrolled, owned, open step, once per (user, step), and in the state
+    # 2. per (user, step), the reports not rejected outright: the one of smallest precedence is
+    # accepted and in the state exactly once, the others were displaced by it
+    candidates: dict[tuple[str, int], list] = {}
     for unit, (item, closed) in unit_info.items():
         if unit in rejected:
             continue
         assert type(item) is dict and item.get("user") in ROSTER_IDS, unit
         u, s = item["user"], item["step"]
-        assert int(owners[int(u[1:])]) == unit[0]
         assert closed < s <= closed + 1 + MAX_AHEAD and s <= HORIZON
-        assert (u, s) not in accepted_pairs, f"({u}, {s}) accepted twice: {accepted_pairs[(u, s)]} and {unit}"
-        accepted_pairs[(u, s)] = unit
-        state = core.states[unit[0]]
+        candidates.setdefault((u, s), []).append((precedence(unit, closed, u), unit, item))
+    assert {k: len(v) - 1 for k, v in candidates.items() if len(v) > 1} == displaced
+    for (u, s), cands in candidates.items():
+        _, unit, item = min(cands)
+        accepted_pairs[(u, s)] = (min(cands)[0], unit)
+        owner = int(owners[int(u[1:])])
+        state = core.states[owner]
         local = int(state.local[int(u[1:])])
         for a, v in item["values"].items():
             code = expected_code(a, v)
-            if (unit[0], s) in x_by_step:  # closed: the value the step was closed with is the reported one
-                assert x_by_step[(unit[0], s)][a][local] == code
+            if (owner, s) in x_by_step:  # closed: the value the step was closed with is the reported one
+                assert x_by_step[(owner, s)][a][local] == code
             else:  # still open: pending
                 assert state.pending[a][s - state.closed - 1, local] == code
     # 3. the reason is the right one where it depends on user/step/state alone
     for unit, reason in rejected.items():
         item, closed = unit_info[unit]
-        if not (type(item) is dict and set(item) == {"user", "step", "values"} and type(item["user"]) is str
-                and type(item["step"]) is int):
+        if not _well_formed(item):
             assert reason in ("malformed", "unknown_user", "out_of_domain", "future_step"), (reason, item)
             continue
         u, s = item["user"], item["step"]
         if reason == "unknown_user":
             assert u not in ROSTER_IDS
-        elif reason == "wrong_partition":
-            assert int(owners[int(u[1:])]) != unit[0]
         elif reason == "late":
             assert s <= closed
         elif reason == "future_step":
             assert s > closed + 1 + MAX_AHEAD or s > HORIZON
         elif reason == "duplicate":
             first = accepted_pairs.get((u, s))
-            order = lambda un: (un[0], un[1], -1 if un[2] is None else un[2])  # noqa: E731 - log order
-            assert first is not None and order(first) < order(unit), (unit, first)  # the first one wins
+            assert first is not None and first[0] < precedence(unit, closed, u), (unit, first)  # precedence wins
     assert len(accepted_pairs) == accepted_total
     return accepted_total, len(dead)
+
+
+def _well_formed(item) -> bool:
+    return (type(item) is dict and set(item) == {"user", "step", "values"} and type(item["user"]) is str
+            and type(item["step"]) is int)
 
 
 @settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
@@ -493,7 +525,7 @@ def test_enqueue_past_unhandled_records_asks_to_seek_back(deployment):
     roster = Roster.from_range(N_USERS)
     u = next(x for x in ROSTER_IDS if roster.owners(P)[roster.row(x)] == 0)
     rec = lambda off, step=1: Record(off, orjson.dumps({"user": u, "step": step, "values": {"pov": 1}}))  # noqa: E731
-    core = IngestCore(deployment, roster, topic_names(deployment))
+    core = IngestCore(deployment, roster, topic_names(deployment), isolated=True)
     grace = core.REWIND_GRACE_SECONDS
     core.assign(0)
     core.enqueue(0, [rec(0)], now=0.0)
@@ -515,7 +547,7 @@ def test_enqueue_past_unhandled_records_asks_to_seek_back(deployment):
 @pytest.mark.parametrize("value", [b"garbage", b'{"step": "x"}', b"{}", b'{"step": 5}'])
 def test_garbled_close_marker_does_not_crash_the_partition(deployment, value):
     roster = Roster.from_range(N_USERS)
-    core = IngestCore(deployment, roster, topic_names(deployment))
+    core = IngestCore(deployment, roster, topic_names(deployment), isolated=True)
     core.assign(0)
     core.enqueue(0, [Record(0, value, ((CONTROL_HEADER, b"close"),))])
     outputs = core.drain(0)  # must not raise: the marker is dead-lettered with its bytes
@@ -529,7 +561,7 @@ def _read_all(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0
     """Every message of ``topic`` from the beginning to its current end: {partition: [Record]}."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from pipeline.stream.log_end import log_ends
+    from pipeline.stream.kafka.log_end import log_ends
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     tps = [TopicPartition(topic, p) for p in range(partitions)]
@@ -553,9 +585,9 @@ def test_fuzz_corpus_through_broker_into_running_worker(tmp_path, monkeypatch):
     dead letter, or publishes it without its reason)."""
     from hypothesis import Phase
 
-    from pipeline.stream.cluster import LocalCluster
-    from pipeline.stream.driver import StepDriver
-    from pipeline.stream.embedded import EmbeddedServices
+    from pipeline.stream.local.cluster import LocalCluster
+    from pipeline.stream.local.driver import StepDriver
+    from pipeline.stream.local.embedded import EmbeddedServices
 
     corpus = []
 
@@ -586,16 +618,18 @@ def test_fuzz_corpus_through_broker_into_running_worker(tmp_path, monkeypatch):
 
             # what the ingest logic rejects on exactly this log
             log = _read_all(cluster.broker, cluster.names["reports"], P)
+            # (reports on the wrong partition forwarded and fed back in memory: the outcome does not
+            # depend on how the worker's logs interleaved)
             core = IngestCore(dep, roster, cluster.names)
             expected, units, accepted = {}, 0, 0
             for p in range(P):
                 core.assign(p)
                 core.enqueue(p, log[p])
-                for out in core.drain(p):
-                    if isinstance(out, ApplyResult):
-                        accepted += out.accepted
-                        expected.update({key: (dict(h)["dpstream-reason"], value) for key, value, h in out.dead_letters})
                 units += sum(len(units_of(r.value)) for r in log[p] if CONTROL_HEADER not in dict(r.headers))
+            for out in Loopback(core).drain(range(P)):
+                if isinstance(out, ApplyResult):
+                    accepted += out.accepted
+                    expected.update({key: (dict(h)["dpstream-reason"], value) for key, value, h in out.dead_letters})
             assert accepted + len(expected) == units  # conservation on the real log
             assert expected, "the corpus produced no rejection: not a fuzz test"
             letters = _read_all(cluster.broker, cluster.names["dead-letter"], 1, raw=True)[0]
@@ -605,7 +639,8 @@ def test_fuzz_corpus_through_broker_into_running_worker(tmp_path, monkeypatch):
                 reason = headers["dpstream-reason"]
                 assert reason.decode() in REASONS
                 _, p, off = headers["dpstream-source"].decode().rsplit("/", 2)
-                assert msg.key == f"{p}:{off}:{headers.get('dpstream-batch-index', b'-').decode()}".encode()
+                assert msg.key == f"{p}:{off}:{headers.get('dpstream-batch-index', b'-').decode()}".encode() \
+                    or b":displaced:" in msg.key
                 got[msg.key] = (reason, msg.value)
             assert got == expected
             assert len(letters) == len(expected)  # each rejection published once

@@ -9,11 +9,11 @@ import pytest
 from pipeline.config import parse_config
 from pipeline.plan import budget_plan, planned_schedule
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.stream.ingest import IngestCore, Record
-from pipeline.stream.intake_view import IntakeView, close_assessment, open_window, spend_of_steps
-from pipeline.stream.messages import CONTROL_HEADER
-from pipeline.stream.roster import Roster
-from pipeline.stream.topics import topic_names
+from pipeline.stream.ingest.core import IngestCore, Record
+from pipeline.stream.ingest.intake_view import IntakeView, close_assessment, open_window, spend_of_steps
+from pipeline.stream.kafka.codecs import CONTROL_HEADER
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.kafka.topics import topic_names
 
 N, T = 20, 6
 
@@ -42,7 +42,7 @@ def _log():
 
 
 def _core(dep):
-    core = IngestCore(dep, Roster.from_range(N), topic_names(dep))
+    core = IngestCore(dep, Roster.from_range(N), topic_names(dep), isolated=True)
     core.assign(0)
     return core
 
@@ -54,7 +54,7 @@ def test_intake_counts_per_step_and_interval():
     core.drain(0)
     s = core.states[0].intake_summary()
     assert s["history"]["1"] == {"users": N, "reported": 15, "imputed": 5, "accepted": 19,
-                                 "rejected": {"duplicate": 1, "malformed": 2}}
+                                 "rejected": {"duplicate": 1, "malformed": 2}, "forwarded": 0}
     assert s["open"] == {"2": 10, "3": 0, "4": 0}  # 4 sent while step 1 was open + 6 after
     assert s["accepted"] == 6 and s["rejected"] == {"late": 1}
 

@@ -14,7 +14,7 @@ import time
 
 from test_cli import N, deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
 
-from pipeline.stream.embedded import free_port, pid_alive
+from pipeline.stream.local.embedded import free_port, pid_alive
 
 
 def _start_up(path, env, tmp_path):

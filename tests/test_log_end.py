@@ -14,9 +14,9 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.structs import OffsetAndMetadata
 
-from pipeline.stream import metrics as M
-from pipeline.stream.embedded import EmbeddedBroker
-from pipeline.stream.log_end import log_ends
+from pipeline.stream.kafka import metrics as M
+from pipeline.stream.local.embedded import EmbeddedBroker
+from pipeline.stream.kafka.log_end import log_ends
 
 
 @pytest.fixture(scope="module")
@@ -96,11 +96,11 @@ def test_worker_resumes_at_its_checkpoint_inside_the_last_batch(tmp_path):
     from jobs.worker import IngestWorker
     from pipeline.config import load_config
     from pipeline.serialization import dumps_state
-    from pipeline.stream.embedded import EmbeddedServices
-    from pipeline.stream.partition_state import PartitionState
-    from pipeline.stream.runtime import Runtime
-    from pipeline.stream.testbed import write_panel_deployment
-    from pipeline.stream.topics import ensure_topics
+    from pipeline.stream.local.embedded import EmbeddedServices
+    from pipeline.stream.ingest.partition_state import PartitionState
+    from pipeline.stream.kafka.runtime import Runtime
+    from jobs.eval.testbed import write_panel_deployment
+    from pipeline.stream.kafka.topics import ensure_topics
 
     with EmbeddedServices() as svc:
         dep = load_config(write_panel_deployment(tmp_path, svc, "resume", n=10, horizon=3, partitions=1))

@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from pipeline.monitors import calibration as cal
-from pipeline.monitors._laws import (
+from pipeline.privacy.laws import (
     CappedSumLaw,
     DiscreteGaussianLaw,
     DiscreteLaplaceLaw,
@@ -19,7 +19,7 @@ from pipeline.monitors._laws import (
     lower_quantile,
     upper_quantile,
 )
-from pipeline.monitors._exact import Interval, exact_probability
+from pipeline.privacy.exact import Interval, exact_probability
 from pipeline.privacy.accounting import zcdp_to_approx_dp
 from pipeline.privacy.rng import RandomSource, as_random_source
 
@@ -253,7 +253,7 @@ def test_choose_absent_ids_is_uniform_and_avoids_support(domain):
 
 
 def test_active_histogram_paths_agree():
-    from pipeline.monitors._common import active_histogram
+    from pipeline.monitors.sparse import active_histogram
 
     rng = np.random.default_rng(14)
     vals = rng.integers(0, 5000, 3000)
@@ -264,7 +264,7 @@ def test_active_histogram_paths_agree():
 
 
 # ---------------------------------------------------------------------------------------------
-# the zero-count shortcut is exact (pipeline/monitors/_exact.py)
+# the zero-count shortcut is exact (pipeline/privacy/exact.py)
 # ---------------------------------------------------------------------------------------------
 
 class ScriptedSource(RandomSource):

@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from pipeline.monitors import METHODS, ShiftingHeavyHitters, heavy_hitter_plan
-from pipeline.monitors._laws import DiscreteGaussianLaw
+from pipeline.privacy.laws import DiscreteGaussianLaw
 from pipeline.privacy.noise import discrete_gaussian
 from pipeline.privacy.rng import as_random_source
 from pipeline.serialization import dumps_state, loads_state

@@ -33,9 +33,9 @@ from pipeline.config import parse_config
 from pipeline.counters.tree import released_nodes, tree_sigma2
 from pipeline.monitors.calibration import outside_interval_hits_per_user, tct_hits_per_user
 from pipeline.privacy.accounting import Neighbours, sensitivity_factor
-from pipeline.stream.aggregators import watch_code
-from pipeline.stream.engine import ReleaseEngine
-from pipeline.stream.neighbour_runs import CoupledWorlds
+from pipeline.stream.ingest.aggregators import watch_code
+from pipeline.stream.release.engine import ReleaseEngine
+from support.neighbour_runs import CoupledWorlds
 
 CATS = ["a", "b", "c"]
 ITEMS = 6  # hashed domain size of the heavy-hitter attribute

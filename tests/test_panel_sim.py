@@ -54,7 +54,7 @@ def test_poverty_types_and_seasonality():
 def test_poverty_argument_errors():
     with pytest.raises(ValueError, match="n must"):
         simulate_poverty_panel(n=0)
-    with pytest.raises(ValueError, match="horizon"):
+    with pytest.raises(TypeError, match="horizon"):
         simulate_poverty_panel(n=10, horizon=1.5)
     with pytest.raises(ValueError, match="seasonal_amplitude"):
         simulate_poverty_panel(n=10, seasonal_amplitude=1.0)

@@ -2,8 +2,8 @@
 
 Neighbouring streams differ in one user's whole sequence of reports, the all-missing one included
 (docs/privacy.md). Each audit feeds both streams through the worker's aggregation
-(pipeline.stream.partition_state / aggregators) into the mechanisms the releaser's engine builds for
-the deployment (pipeline.stream.engine), over many seeded runs, and estimates the privacy loss the
+(pipeline.stream.ingest.partition_state / aggregators) into the mechanisms the releaser's engine builds for
+the deployment (pipeline.stream.release.engine), over many seeded runs, and estimates the privacy loss the
 outputs actually show, at a large budget where the test has power (as in DP-Auditorium or Google's
 stochastic tester):
 
@@ -42,9 +42,9 @@ from pipeline.counters.tree import TreeCounter
 from pipeline.privacy.accounting import Neighbours
 from pipeline.privacy.noise import discrete_gaussian
 from pipeline.privacy.rng import as_random_source
-from pipeline.stream.aggregators import watch_code
-from pipeline.stream.engine import ReleaseEngine, merge_histograms
-from pipeline.stream.neighbour_runs import feed_and_close, run_stream, whole_roster_state
+from pipeline.stream.ingest.aggregators import watch_code
+from pipeline.stream.release.engine import ReleaseEngine, merge_histograms
+from support.neighbour_runs import feed_and_close, run_stream, whole_roster_state
 
 Z = 4.5  # one-sided normal quantile of the Gaussian audit (false alarm 3.4e−6)
 CP_ALPHA = 1e-6  # Clopper–Pearson two-sided level per probability of the event audits

@@ -20,11 +20,11 @@ import pytest
 from pipeline.attributes import MISSING, OUT_OF_DOMAIN, public_hash
 from pipeline.config import Release, parse_config
 from pipeline.monitors import calibration as cal
-from pipeline.monitors._common import used_scale
+from pipeline.privacy.noise import used_scale
 from pipeline.plan import budget_plan, mechanism_setting, planned_events, planned_schedule
 from pipeline.privacy.accounting import ApproxDP, ZCDP
 from pipeline.releases import kinds
-from pipeline.stream.engine import ReleaseEngine
+from pipeline.stream.release.engine import ReleaseEngine
 
 N, T = 30, 9
 ITEMS = ["a", "b", "c", "d"]

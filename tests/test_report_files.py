@@ -6,8 +6,8 @@ import orjson
 import pytest
 
 from pipeline.config import parse_config
-from pipeline.stream.report_files import ReportFileError, read_report_file
-from pipeline.stream.roster import Roster
+from pipeline.stream.ingest.report_files import ReportFileError, read_report_file
+from pipeline.stream.ingest.roster import Roster
 
 N = 6
 

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 from pipeline.config import load_config
-from pipeline.stream.cluster import LocalCluster
-from pipeline.stream.driver import StepDriver
-from pipeline.stream.embedded import EmbeddedServices
-from pipeline.stream.roster import Roster
-from pipeline.stream.store import ReleaseStore
+from pipeline.stream.local.cluster import LocalCluster
+from pipeline.stream.local.driver import StepDriver
+from pipeline.stream.local.embedded import EmbeddedServices
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.state.store import ReleaseStore
 from test_stream_faults import batch_reference, expected_ledger, log_text, panel_data, write_config
 
 N, T, PARTITIONS = 800, 4, 8

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.serialization import dumps_state, loads_state
+from pipeline.serialization import FORMAT_VERSION, StateFormatError, dumps_state, loads_state
 
 
 def test_round_trip_preserves_dtypes_shapes_and_bits():
@@ -51,6 +51,17 @@ def test_corrupt_blobs_are_refused():
     with pytest.raises(ValueError, match="trailing"):
         loads_state(blob + b"\0")
     assert math.isnan(loads_state(dumps_state({"f": float("nan")}))["f"])
+
+
+def test_blobs_carry_the_format_version_and_other_versions_are_refused_by_name():
+    blob = dumps_state({"x": np.arange(3)})
+    assert blob[:5] == b"DPST%d" % FORMAT_VERSION
+    key = "dpstream:demo:checkpoint:3"
+    for version in (b"1", b"%d" % (FORMAT_VERSION + 1)):
+        with pytest.raises(StateFormatError, match=f"{key}: state format version '{version.decode()}'"):
+            loads_state(b"DPST" + version + blob[5:], what=key)
+    with pytest.raises(StateFormatError, match=f"{key}: not a dpstream state blob"):
+        loads_state(b"DPST", what=key)
 
 
 @pytest.mark.parametrize("dtype, values, narrow_bytes", [

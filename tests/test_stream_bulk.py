@@ -9,8 +9,8 @@ import pytest
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
-from pipeline.stream.bulk import BulkConsumer
-from pipeline.stream.embedded import EmbeddedServices
+from pipeline.stream.kafka.consumer import BulkConsumer
+from pipeline.stream.local.embedded import EmbeddedServices
 
 P = 4
 
@@ -133,3 +133,27 @@ def test_committed_offsets_past_the_checkpoint_are_ignored(broker):
 
     got = asyncio.run(main())
     assert sorted(x for x in got if x[0] == "rep") == [("rep", p, o) for p in range(P) for o in range(4, 10)]
+
+
+def test_a_failing_assignment_callback_ends_the_consumption_with_its_error(broker):
+    """aiokafka only logs a rebalance listener's exception; a checkpoint the worker cannot read must
+    stop the job instead (pipeline.serialization.StateFormatError names the key), not leave it
+    consuming partitions it has no state for."""
+    from pipeline.serialization import StateFormatError
+
+    async def main():
+        async def on_assign(tps):
+            raise StateFormatError("dpstream:bulk:checkpoint:0: state format version '1'")
+
+        async def on_revoke(tps):
+            pass
+
+        c = BulkConsumer(broker, "bulk-test-failing", ["rep", "fb"], on_assign, on_revoke)
+        await c.start()
+        try:
+            with pytest.raises(StateFormatError, match="checkpoint:0"):
+                await _collect(c, want=1)
+        finally:
+            await c.stop()
+
+    asyncio.run(main())

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import parse_config
-from pipeline.stream.closing import DeadlineClock, public_close_time
-from pipeline.stream.ingest import IngestCore, Record
-from pipeline.stream.messages import CONTROL_HEADER, close_marker, parse_close_marker
-from pipeline.stream.roster import Roster
-from pipeline.stream.topics import topic_names
+from pipeline.stream.release.closing import DeadlineClock, public_close_time
+from pipeline.stream.ingest.core import IngestCore, Record
+from pipeline.stream.kafka.codecs import CONTROL_HEADER, close_marker, parse_close_marker
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.kafka.topics import topic_names
 
 
 def test_deadline_is_scheduled_from_the_last_public_close_not_from_when_it_was_noticed():
@@ -51,7 +51,7 @@ def test_the_markers_close_time_travels_in_the_partial():
     dep = parse_config({"name": "closing", "roster": {"size": 20}, "horizon": 3, "topics": {"partitions": 1},
                         "attributes": {"pov": {"type": "binary"}}, "budget": {"rho": 1.0},
                         "releases": [{"name": "cu", "type": "cumulative", "attribute": "pov", "share": 1.0}]})
-    core = IngestCore(dep, Roster.from_config(dep.roster), topic_names(dep))
+    core = IngestCore(dep, Roster.from_config(dep.roster), topic_names(dep), isolated=True)
     core.assign(0)
     core.enqueue(0, [Record(0, close_marker(1, 1_700_000_123_456), ((CONTROL_HEADER, b"close"),))])
     (out,) = core.drain(0)

@@ -7,9 +7,9 @@ import orjson
 import pytest
 
 from pipeline.config import parse_config
-from pipeline.stream.partition_state import PartitionState
-from pipeline.stream.reports import ReportParser, public_hash
-from pipeline.stream.roster import Roster
+from pipeline.stream.ingest.partition_state import PartitionState
+from pipeline.stream.ingest.reports import ReportParser, public_hash
+from pipeline.stream.ingest.roster import Roster
 
 N = 20
 

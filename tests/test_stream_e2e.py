@@ -16,14 +16,14 @@ import orjson
 import pytest
 
 from pipeline.config import load_config
-from pipeline.stream.cluster import LocalCluster
-from pipeline.stream.driver import StepDriver
-from pipeline.stream.embedded import EmbeddedServices
-from pipeline.stream.testbed import binary_panel, write_panel_deployment
-from pipeline.stream.engine import batch_reference, release_seed
-from pipeline.stream.faults import FAULT_EXIT_CODE
-from pipeline.stream.roster import Roster
-from pipeline.stream.store import ReleaseStore
+from pipeline.stream.local.cluster import LocalCluster
+from pipeline.stream.local.driver import StepDriver
+from pipeline.stream.local.embedded import EmbeddedServices
+from jobs.eval.testbed import binary_panel, write_panel_deployment
+from pipeline.stream.release.engine import batch_reference, release_seed
+from pipeline.stream.kafka.faults import FAULT_EXIT_CODE
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.state.store import ReleaseStore
 
 N, T, K = 1500, 6, 3
 
@@ -74,8 +74,9 @@ def test_stream_equals_batch_and_rejects_bad_input_with_reasons(services, tmp_pa
         }
         for reason, raw in bad.items():
             drv.producer.send_raw(raw, partition=0)
-        # a report keyed to the wrong partition, and a duplicate of an accepted report
-        drv.producer.send_raw(orjson.dumps({"user": owner1, "step": 1, "values": {"pov": 1}}), partition=0)
+        # a report on the wrong partition (forwarded to its owner), and a duplicate of an accepted report
+        wrong = orjson.dumps({"user": owner1, "step": 1, "values": {"pov": int(1 - X[roster.row(owner1), 0])}})
+        drv.producer.send_raw(wrong, partition=0)
         drv.producer.send_step(1, {"pov": X[:, 0]})
         dup = orjson.dumps({"user": owner0, "step": 1, "values": {"pov": int(1 - X[roster.row(owner0), 0])}})
         drv.producer.send_raw(dup, partition=0)
@@ -102,7 +103,9 @@ def test_stream_equals_batch_and_rejects_bad_input_with_reasons(services, tmp_pa
             assert raw in by_reason[reason], reason
         assert dup in by_reason["duplicate"]
         assert late in by_reason["late"]
-        assert "wrong_partition" in by_reason
+        # the forwarded report met the owner's direct report of the same user and step, which takes
+        # precedence (so the release equals the batch run on X): a duplicate, not wrong_partition
+        assert wrong in by_reason["duplicate"] and "wrong_partition" not in by_reason
 
         # 3. one ledger entry per (release, spending step); the budget is spent exactly
         ledger = ReleaseStore.from_url(services.redis.url, dep.name).ledger()

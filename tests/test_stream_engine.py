@@ -12,11 +12,11 @@ from pipeline.config import parse_config
 from pipeline.plan import budget_plan, planned_schedule
 from pipeline.privacy.accounting import BudgetExceededError, BudgetExhaustedError, ZCDP
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.stream.engine import ReleaseEngine, ReleaseOutput, merge_histograms, release_seed
-from pipeline.stream.messages import columns_checksum, synthetic_chunks
-from pipeline.stream.partition_state import PartitionState
-from pipeline.stream.reports import ReportParser
-from pipeline.stream.roster import Roster
+from pipeline.stream.release.engine import ReleaseEngine, ReleaseOutput, merge_histograms, release_seed
+from pipeline.stream.kafka.codecs import columns_checksum, synthetic_chunks
+from pipeline.stream.ingest.partition_state import PartitionState
+from pipeline.stream.ingest.reports import ReportParser
+from pipeline.stream.ingest.roster import Roster
 from pipeline.synth.cumulative import CumulativeSynthesizer
 from pipeline.synth.fixed_window import FixedWindowSynthesizer
 
@@ -331,7 +331,7 @@ def test_budget_exhausted_on_a_later_release_leaves_the_engine_unchanged(run):
 
 def test_engine_state_round_trip_through_redis_store(run, redis_client):
     """The releaser commits the engine state with the step record and resumes from latest_state()."""
-    from pipeline.stream.store import ReleaseStore, StepRecord
+    from pipeline.stream.state.store import ReleaseStore, StepRecord
 
     dep, X, S, partials, engine, outputs = run
     store = ReleaseStore(redis_client, dep.name)
@@ -395,8 +395,8 @@ def test_wide_categorical_alphabet_is_published_without_wrapping(values):
     engine, the chunk codec, the checksum and the consumer: what the consumer reads back equals the
     library synthesizer's columns (int8 would wrap 300 values)."""
     from pipeline.consumer import PanelStore
-    from pipeline.stream.engine import batch_reference
-    from pipeline.stream.reports import ParsedReports
+    from pipeline.stream.release.engine import batch_reference
+    from pipeline.stream.ingest.reports import ParsedReports
 
     n, horizon = 60, 3
     dep = parse_config({

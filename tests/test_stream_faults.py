@@ -18,6 +18,7 @@ not republish committed releases after a memory-only broker lost them.
 from __future__ import annotations
 
 import re
+import signal
 import time
 import urllib.request
 from pathlib import Path
@@ -27,15 +28,15 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.consumer import read_topics
-from pipeline.stream.cluster import LocalCluster
-from pipeline.stream.driver import StepDriver
-from pipeline.stream.embedded import EmbeddedServices
-from pipeline.stream.testbed import binary_panel, write_panel_deployment
-from pipeline.stream.engine import batch_reference as engine_reference
-from pipeline.stream.faults import FAULT_EXIT_CODE
-from pipeline.stream.roster import Roster
-from pipeline.stream.store import ReleaseStore
-from pipeline.stream.topics import ensure_topics
+from pipeline.stream.local.cluster import LocalCluster
+from pipeline.stream.local.driver import StepDriver
+from pipeline.stream.local.embedded import EmbeddedServices
+from jobs.eval.testbed import binary_panel, write_panel_deployment
+from pipeline.stream.release.engine import batch_reference as engine_reference
+from pipeline.stream.kafka.faults import FAULT_EXIT_CODE
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.kafka.topics import ensure_topics
 
 N, T, K = 1200, 6, 3
 
@@ -117,7 +118,7 @@ def _committed(bootstrap: str, group: str, topic: str) -> int:
     """The group's committed offset of partition 0 of ``topic`` (-1 when none)."""
     from kafka import KafkaAdminClient
 
-    from pipeline.stream.metrics import _committed_offsets
+    from pipeline.stream.kafka.metrics import _committed_offsets
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
@@ -182,8 +183,10 @@ def test_worker_kill9_mid_step_and_before_checkpoint_changes_nothing(services, t
 
 
 def test_releaser_kill9_holding_part_of_a_step_rereads_its_partials(services, tmp_path):
-    """Two workers; worker-1 is killed before step 3 closes, so the releaser holds only worker-0's
-    partial of step 3 — consumed, and its position committed (for the lag gauge) after a few seconds.
+    """Two workers; worker-1 dies before publishing its partial of step 3 (after its forwarded-through
+    markers, without which worker-0 could not close step 3 either), so the releaser holds only
+    worker-0's partial of step 3 — consumed, and its position committed (for the lag gauge) after a
+    few seconds.
     The releaser is then killed -9 and restarted with worker-1: it must re-read the held partial from
     the resume offset kept in Redis, not from the group's committed offset (past it), or step 3 is
     never released."""
@@ -194,10 +197,16 @@ def test_releaser_kill9_holding_part_of_a_step_rereads_its_partials(services, tm
         closers = {int(p) for p, step in re.findall(r"partition (\d+) closed step (\d+)",
                                                    log_text(tmp_path, "worker-1")) if int(step) == 2}
         assert closers, "worker-1 owns no partition: the scenario would not hold a partial step"
+        before = len(log_text(tmp_path, "worker-1"))
+        cluster.kill("worker-1", signal.SIGTERM)  # leaves the group at once
+        cluster.spawn("worker", "worker-1", {"DPSTREAM_FAULT": "worker.before_partial@3"})
+        deadline = time.monotonic() + 60
+        while not re.search(r"partition \d+ at step 2", log_text(tmp_path, "worker-1")[before:]):
+            assert time.monotonic() < deadline, "worker-1 did not get a partition back"
+            time.sleep(0.2)
         drv.producer.send_step(3, {"pov": X[:, 2]})
-        time.sleep(1.0)
-        cluster.kill("worker-1")
         drv.close(3, wait=False)
+        assert cluster.wait_exit("worker-1", timeout=60) == FAULT_EXIT_CODE
         time.sleep(5.0)  # worker-0's partial consumed and committed; worker-1's missing (session timeout 10 s)
         store = ReleaseStore.from_url(services.redis.url, dep.name)
         assert store.last_released() == 2

@@ -29,15 +29,15 @@ import redis
 import yaml
 
 from pipeline.config import load_config, parse_config
-from pipeline.stream.cluster import LocalCluster
-from pipeline.stream.driver import StepDriver
-from pipeline.stream.embedded import EmbeddedServices
-from pipeline.stream.fence import ReleaseStamp, check_fence, read_release_stamps, unknown_releases
-from pipeline.stream.fingerprint import config_changes, fingerprint, portable_fingerprint, privacy_config
-from pipeline.stream.identity import ConfigurationChanged, StateLost, establish_identity
-from pipeline.stream.roster import Roster
-from pipeline.stream.store import ReleaseStore
-from pipeline.stream.testbed import binary_panel
+from pipeline.stream.local.cluster import LocalCluster
+from pipeline.stream.local.driver import StepDriver
+from pipeline.stream.local.embedded import EmbeddedServices
+from pipeline.stream.release.fence import ReleaseStamp, check_fence, read_release_stamps, unknown_releases
+from pipeline.stream.state.fingerprint import config_changes, fingerprint, portable_fingerprint, privacy_config
+from pipeline.stream.state.identity import ConfigurationChanged, StateLost, establish_identity
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.state.store import ReleaseStore
+from jobs.eval.testbed import binary_panel
 
 N, T = 600, 4
 EXIT_CONFIG, EXIT_STATE_LOST = 2, 4  # README, "Exit codes"

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import orjson
+import pytest
 
 from pipeline.config import parse_config
-from pipeline.serialization import loads_state
-from pipeline.stream.ingest import ApplyResult, CloseOutput, IngestCore, Record, is_marker
-from pipeline.stream.messages import CONTROL_HEADER
-from pipeline.stream.reports import REASONS
-from pipeline.stream.roster import Roster
-from pipeline.stream.store import ReleaseStore
-from pipeline.stream.topics import topic_names
+from pipeline.serialization import dumps_state, loads_state
+from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore, Record, is_marker
+from pipeline.stream.kafka.codecs import CONTROL_HEADER
+from pipeline.stream.ingest.reports import REASONS
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.kafka.topics import topic_names
 
 PARTS = 3
 MARK = ((CONTROL_HEADER, b"close"),)
@@ -68,7 +69,7 @@ def users_of(roster, partition):
 
 def core_for(dep, store=None):
     roster = Roster.from_range(dep.n)
-    core = IngestCore(dep, roster, topic_names(dep), store=store)
+    core = IngestCore(dep, roster, topic_names(dep), store=store, isolated=True)
     return core, roster
 
 
@@ -199,14 +200,17 @@ def test_duplicate_marker_publishes_nothing():
     assert core.states[0].closed == 1 and core.states[0].offset == 1
 
 
-def test_wrong_partition_rejection_goes_to_dead_letter():
+def test_foreign_reports_are_forwarded_to_their_owner_not_rejected():
+    """A report of a user another partition owns (a producer not partitioning by murmur2) is
+    forwarded to the owner's `repartition` partition with its source position; only real
+    rejections are dead-lettered (tests/test_repartition.py follows it to the owner)."""
     dep = deployment(monitors=False)
     core, roster = core_for(dep)
     core.assign(0)
     log = Log()
     foreign_user = users_of(roster, 2)[0]
     mine = users_of(roster, 0)[0]
-    bad = log.report(foreign_user, 1)
+    log.report(foreign_user, 1)
     log.report(mine, 1)
     batch = log.raw(orjson.dumps({"reports": [
         {"user": mine, "step": 1, "values": {"poverty": 0}},  # duplicate of offset 1
@@ -214,19 +218,18 @@ def test_wrong_partition_rejection_goes_to_dead_letter():
     ]}))
     core.enqueue(0, log.records)
     (res,) = core.drain(0)
-    assert res.accepted == 1
-    assert res.reasons == {"wrong_partition": 2, "duplicate": 1}
-    by_reason = {}
-    for key, value, headers in res.dead_letters:
-        h = dict(headers)
-        by_reason.setdefault(h["dpstream-reason"].decode(), []).append((value, h))
-    (v, h), (v2, h2) = by_reason["wrong_partition"]
-    assert v == bad.value  # the original bytes of a single message
-    assert orjson.loads(v2) == {"user": foreign_user, "step": 2, "values": {"poverty": 1}}
-    assert h2["dpstream-batch-index"] == b"1" and "dpstream-batch-index" not in h
-    assert h["dpstream-source"].decode().startswith(topic_names(dep)["reports"] + "/0/")
-    assert b"key reports by user id" in h["dpstream-detail"]
+    assert res.accepted == 1 and res.forwarded == 2
+    assert res.reasons == {"duplicate": 1}
+    ((owner, value, headers),) = res.forwards
+    assert owner == 2
+    h = dict(headers)
+    assert h["dpstream-from"] == b"0"
+    positions = np.frombuffer(h["dpstream-positions"], dtype="<i8").reshape(2, -1)
+    assert positions.tolist() == [[0, 2], [-1, 1]]  # (offset, row in its message): a single report, a batch row
+    assert orjson.loads(value) == {"columns": {"user": [foreign_user] * 2, "step": [1, 2], "poverty": [1, 1],
+                                               "query": [1, None]}}
     assert batch.offset == 2 and core.states[0].offset == 2
+    assert core.states[0].intake_summary()["forwarded"] == 2
     # state untouched by the foreign reports: nothing pending for the foreign row
     assert core.states[0].pending["poverty"].max(initial=-1) == 1
 
@@ -246,7 +249,7 @@ def test_dead_letter_keys_are_unique_within_a_run():
 
 
 def test_every_dead_letter_reason_is_declared():
-    assert "wrong_partition" in REASONS
+    assert set(REASONS) == {"malformed", "unknown_user", "out_of_domain", "duplicate", "late", "future_step"}
 
 
 def _run_partition(core, partition, log, start_index, feedbacks):
@@ -348,3 +351,20 @@ def test_apply_feedback_saves_checkpoint_after_last_feedback(redis_client):
     state = loads_state(store.load_checkpoint(2))
     assert state["closed"] == 1 and state["feedback_needed"] == [] and state["offset"] == 1
     assert state["aggregators"]["hh"]["charges"].sum() == 1
+
+
+def test_checkpoint_of_another_format_version_is_refused_naming_its_key(redis_client):
+    """A checkpoint written by an older dpstream (format 1) is not half-read: assigning its
+    partition fails with the Redis key in the message (pipeline.serialization)."""
+    from pipeline.serialization import StateFormatError
+
+    dep = deployment(monitors=False)
+    store = ReleaseStore(redis_client, dep.name)
+    core, _ = core_for(dep, store=store)
+    core.assign(1)
+    current = dumps_state(core.states[1].get_state())
+    store.save_checkpoint(1, b"DPST1" + current[5:])
+    with pytest.raises(StateFormatError, match=f"dpstream:{dep.name}:checkpoint:1: state format version '1'"):
+        core_for(dep, store=store)[0].assign(1)
+    store.save_checkpoint(1, current)
+    assert core_for(dep, store=store)[0].assign(1) == core.states[1].offset + 1

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.consumer import IncompleteStep, PanelStore
 from pipeline.serialization import dumps_state
-from pipeline.stream.messages import (
+from pipeline.stream.kafka.codecs import (
     PartialAssembler,
     columns_checksum,
     dead_letter_headers,

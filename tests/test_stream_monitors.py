@@ -12,10 +12,10 @@ from pipeline.monitors import BandMonitor, ShiftingHeavyHitters
 from pipeline.privacy.accounting import Neighbours
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.sim.panel import simulate_categorical_panel
-from pipeline.stream.engine import ReleaseEngine, release_seed
-from pipeline.stream.partition_state import PartitionState
-from pipeline.stream.reports import ParsedReports
-from pipeline.stream.roster import Roster
+from pipeline.stream.release.engine import ReleaseEngine, release_seed
+from pipeline.stream.ingest.partition_state import PartitionState
+from pipeline.stream.ingest.reports import ParsedReports
+from pipeline.stream.ingest.roster import Roster
 
 N, T, DOMAIN = 3000, 8, 512
 

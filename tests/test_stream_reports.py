@@ -10,8 +10,8 @@ import pytest
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
 from pipeline.config import parse_config
-from pipeline.stream.reports import REASONS, ReportParser, public_hash
-from pipeline.stream.roster import Roster, _murmur2, murmur2_partition
+from pipeline.stream.ingest.reports import REASONS, ReportParser, public_hash
+from pipeline.stream.ingest.roster import Roster, murmur2_partition
 
 HORIZON = 6
 
@@ -43,24 +43,31 @@ def rep(user="u1", step=1, **values) -> bytes:
 
 # --- roster --------------------------------------------------------------------------------------
 
-def test_murmur2_matches_kafka_python_on_random_bytes():
+def test_partition_matches_both_clients_default_partitioners_on_random_bytes():
+    """The roster's owner of a key is the partition kafka-python's and aiokafka's default
+    partitioners pick for it (a report keyed by user id lands on the partition that owns the user)."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    aiokafka_partition = DefaultPartitioner()
     rnd = random.Random(20261121)
     for length in list(range(0, 17)) + [31, 64, 255, 1000]:
         for _ in range(25):
             data = bytes(rnd.getrandbits(8) for _ in range(length))
-            assert _murmur2(data) == kafka_murmur2(data) & 0xFFFFFFFF, data
             for partitions in (1, 3, 4, 7, 64):
-                expected = (kafka_murmur2(data) & 0x7FFFFFFF) % partitions
-                assert murmur2_partition(data, partitions) == expected
+                got = murmur2_partition(data, partitions)
+                assert got == (kafka_murmur2(data) & 0x7FFFFFFF) % partitions, data
+                assert got == aiokafka_partition(data, list(range(partitions)), []), data
 
 
 def test_murmur2_known_java_values():
-    # Values from Kafka's Java UtilsTest.testMurmur2 (signed int32 in Java)
+    # The hash the roster uses is the Java client's: values from Kafka's UtilsTest.testMurmur2
+    # (signed int32 in Java).
     cases = {b"21": -973932308, b"foobar": -790332482, b"a-little-bit-long-string": -985981536,
              b"a-little-bit-longer-string": -1486304829, b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
              b"abc": 479470107}
     for key, java in cases.items():
-        assert _murmur2(key) == java & 0xFFFFFFFF, key
+        assert kafka_murmur2(key) == java & 0xFFFFFFFF, key
+        assert murmur2_partition(key, 1 << 31) == java & 0x7FFFFFFF, key
 
 
 def test_owners_match_kafka_default_partitioner_and_are_stable():

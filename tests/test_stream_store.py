@@ -8,7 +8,7 @@ import threading
 import pytest
 import redis
 
-from pipeline.stream.store import ReleaseStore, StepAlreadyReleased, StepOutOfOrder, StepRecord
+from pipeline.stream.state.store import ReleaseStore, StepAlreadyReleased, StepOutOfOrder, StepRecord
 
 
 def record(step, tag=b"", state=True):

@@ -9,7 +9,7 @@ square-root factorization: (1 − x)^{−1/2} = (1/π)∫_0^1 τ^{−1/2}(1 − 
 continuous mixture of geometric series, so θ_j = 1 − e^{−u_j} on a grid of u_j from 0.3 to
 ln T + 0.5 and non-negative least-squares ω_j for c_1..c_{T−1} (:func:`blt_parameters`); six
 buffers stay within 0.2% of the square-root factorization's max error up to T = 10^5
-(jobs/bench_counters.py). θ_j and ω_j are dyadic rationals a_j/2^48, w_j/2^48, so C is exact.
+(jobs/bench/bench_counters.py). θ_j and ω_j are dyadic rationals a_j/2^48, w_j/2^48, so C is exact.
 
 Lattice. An integer factor with decaying coefficients and a constant-memory recurrence is
 necessarily banded (an integer power series that is rational is eventually periodic, Fatou's
@@ -50,7 +50,7 @@ import numpy as np
 from pipeline.privacy import noise as _noise  # module reference: tests may swap the sampler
 from pipeline.privacy.accounting import check_neighbours
 from pipeline.privacy.rng import RandomSource, as_random_source, restore_random_source
-from pipeline.validation import check_int
+from pipeline.validation import check_int, check_rho
 
 from .factorization import (
     LatticeCounterBase,
@@ -64,7 +64,6 @@ from .factorization import (
     sqrt_coefficients,
     toeplitz_delta2,
 )
-from .tree import _check_horizon, _check_rho
 
 __all__ = ["BLTCounter", "DEFAULT_BUFFERS", "DEFAULT_BLT_SCALE", "blt_parameters", "blt_coefficients"]
 
@@ -80,7 +79,7 @@ def blt_parameters(horizon: int, buffers: int = DEFAULT_BUFFERS) -> tuple[tuple[
     coefficients over ``horizon`` steps (module docstring). Deterministic."""
     from scipy.optimize import nnls
 
-    T = _check_horizon(horizon)
+    T = check_int(horizon, "horizon", low=1)
     if isinstance(buffers, bool) or not isinstance(buffers, (int, np.integer)) or not 1 <= buffers <= 16:
         raise ValueError(f"buffers must be an int in [1, 16], got {buffers!r}")
     u = np.linspace(0.3, math.log(T) + 0.5, int(buffers))
@@ -118,8 +117,8 @@ class BLTCounter(LatticeCounterBase):
     def __init__(self, horizon: int, rho: float, seed: RandomSource | int | None = None,
                  neighbours: str = "add_remove", width: int | None = None, buffers: int = DEFAULT_BUFFERS,
                  scale: int = DEFAULT_BLT_SCALE):
-        self.horizon = _check_horizon(horizon)
-        self.rho = _check_rho(rho)
+        self.horizon = check_int(horizon, "horizon", low=1)
+        self.rho = check_rho(rho)
         self.neighbours = check_neighbours(neighbours)
         self.width = check_width(width)
         self.scale = check_int(scale, "scale", low=1, high=2**40)

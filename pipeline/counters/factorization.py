@@ -61,9 +61,9 @@ import numpy as np
 from pipeline.privacy import noise as _noise  # module reference: tests may swap the sampler
 from pipeline.privacy.accounting import check_neighbours
 from pipeline.privacy.rng import RandomSource, as_random_source, restore_random_source
-from pipeline.validation import check_int
+from pipeline.validation import check_int, check_rho
 
-from .tree import HorizonExceededError, _check_horizon, _check_rho
+from .tree import HorizonExceededError
 
 __all__ = [
     "DEFAULT_SCALE",
@@ -131,7 +131,7 @@ def decoder_coefficients(c: np.ndarray, horizon: int) -> np.ndarray:
     """β_0..β_{T−1}: the first column of K = A C⁻¹ (cumulative sums of the series 1/c(x))."""
     from scipy.signal import lfilter
 
-    T = _check_horizon(horizon)
+    T = check_int(horizon, "horizon", low=1)
     impulse = np.zeros(T)
     impulse[0] = 1.0
     return np.cumsum(lfilter([1.0], np.asarray(c, dtype=np.float64)[:T], impulse))
@@ -149,7 +149,7 @@ def sigma2_for(delta2, rho: float) -> float:
 def unit_rho_max_variance(horizon: int, neighbours: str = "add_remove", scale: int = 1 << 16) -> float:
     """ρ·max_t Var(S̃_t − S_t) of :class:`SqrtFactorizationCounter` (the σ² bound): Δ²·Σ_{k<T} β_k²/2.
     Independent of ρ; the max is at t = T since every step adds a β² term."""
-    T = _check_horizon(horizon)
+    T = check_int(horizon, "horizon", low=1)
     c = lattice_coefficients(sqrt_coefficients(T), scale)
     beta = decoder_coefficients(c, T)
     return toeplitz_delta2(c, check_neighbours(neighbours)) * float(np.dot(beta, beta)) / 2.0
@@ -246,8 +246,8 @@ class SqrtFactorizationCounter(LatticeCounterBase):
 
     def __init__(self, horizon: int, rho: float, seed: RandomSource | int | None = None,
                  neighbours: str = "add_remove", width: int | None = None, scale: int = DEFAULT_SCALE):
-        self.horizon = _check_horizon(horizon)
-        self.rho = _check_rho(rho)
+        self.horizon = check_int(horizon, "horizon", low=1)
+        self.rho = check_rho(rho)
         self.neighbours = check_neighbours(neighbours)
         self.width = check_width(width)
         self.scale = check_int(scale, "scale", low=1, high=2**20)

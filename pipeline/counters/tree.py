@@ -39,7 +39,6 @@ its node closes, so restoring a checkpoint never redraws released noise.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -47,6 +46,7 @@ import numpy as np
 from pipeline.privacy import noise as _noise  # module reference: tests may swap the sampler
 from pipeline.privacy.accounting import check_neighbours, sensitivity_factor
 from pipeline.privacy.rng import RandomSource, as_random_source, restore_random_source
+from pipeline.validation import check_int, check_rho
 
 __all__ = [
     "HorizonExceededError",
@@ -67,36 +67,19 @@ class HorizonExceededError(ValueError):
     """``update`` was called after the counter's last step."""
 
 
-def _check_horizon(horizon: Any) -> int:
-    if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)):
-        raise TypeError(f"horizon must be an int, got {type(horizon).__name__}")
-    if horizon < 1:
-        raise ValueError(f"horizon must be >= 1, got {horizon}")
-    return int(horizon)
-
-
-def _check_rho(rho: Any) -> float:
-    if isinstance(rho, bool) or not isinstance(rho, (int, float, np.integer, np.floating)):
-        raise TypeError(f"rho must be a real number, got {type(rho).__name__}")
-    r = float(rho)
-    if not (r > 0.0) or math.isinf(r):  # also catches nan
-        raise ValueError(f"rho must be a finite number > 0, got {rho}")
-    return r
-
-
 def tree_levels(horizon: int) -> int:
     """L = ⌊log2 T⌋ + 1: the most released nodes any leaf belongs to (= number of tree levels used)."""
-    return _check_horizon(horizon).bit_length()
+    return check_int(horizon, "horizon", low=1).bit_length()
 
 
 def tree_sigma2(horizon: int, rho: float, neighbours: str = "add_remove") -> float:
     """Per-node σ² making the counter ρ-zCDP: σ² = factor·L/(2ρ), factor 1 (add_remove) or 2 (replace)."""
-    return sensitivity_factor(check_neighbours(neighbours)) * tree_levels(horizon) / (2.0 * _check_rho(rho))
+    return sensitivity_factor(check_neighbours(neighbours)) * tree_levels(horizon) / (2.0 * check_rho(rho))
 
 
 def released_nodes(horizon: int) -> list[tuple[int, int, int]]:
     """All nodes released over ``horizon`` steps as (level, first leaf, last leaf = closing step)."""
-    horizon = _check_horizon(horizon)
+    horizon = check_int(horizon, "horizon", low=1)
     out = []
     for t in range(1, horizon + 1):
         i = (t & -t).bit_length() - 1
@@ -121,8 +104,8 @@ class TreeCounter:
 
     def __init__(self, horizon: int, rho: float, seed: RandomSource | int | None = None,
                  neighbours: str = "add_remove", width: int | None = None):
-        self.horizon = _check_horizon(horizon)
-        self.rho = _check_rho(rho)
+        self.horizon = check_int(horizon, "horizon", low=1)
+        self.rho = check_rho(rho)
         self.neighbours = check_neighbours(neighbours)
         if width is not None:
             if isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < 1:

@@ -39,8 +39,7 @@ from pipeline.privacy.accounting import ApproxDP, check_neighbours
 from pipeline.privacy.noise import discrete_gaussian, discrete_laplace
 
 from . import calibration as cal
-from ._common import StatefulMixin, active_histogram, check_int, check_real, check_values, sparse_flags, used_scale
-from ._laws import (
+from pipeline.privacy.laws import (
     CappedSumLaw,
     DiscreteGaussianLaw,
     DiscreteLaplaceLaw,
@@ -48,6 +47,11 @@ from ._laws import (
     lower_quantile,
     upper_quantile,
 )
+from pipeline.privacy.noise import used_scale
+from pipeline.validation import check_int, check_real, check_values
+
+from .sparse import active_histogram, sparse_flags
+from .state import StatefulMixin
 from .threshold import ThresholdMonitorEvolving
 from .tct import IndividualChargingSVT
 

@@ -23,8 +23,11 @@ import numpy as np
 from pipeline.privacy.noise import discrete_laplace
 
 from . import calibration as cal
-from ._common import StatefulMixin, check_int, check_real, used_scale
-from ._laws import DiscreteLaplaceLaw
+from pipeline.privacy.laws import DiscreteLaplaceLaw
+from pipeline.privacy.noise import used_scale
+from pipeline.validation import check_int, check_real
+
+from .state import StatefulMixin
 
 __all__ = ["OutsideIntervalMonitor", "OutsideIntervalMonitorPure", "BandMonitor",
            "BETWEEN", "ABOVE", "BELOW"]

@@ -19,17 +19,12 @@ import numpy as np
 from pipeline.privacy.noise import discrete_laplace
 
 from . import calibration as cal
-from ._common import (
-    StatefulMixin,
-    active_histogram,
-    check_contributions,
-    check_int,
-    check_real,
-    check_values,
-    sparse_flags,
-    used_scale,
-)
-from ._laws import DiscreteLaplaceLaw
+from pipeline.privacy.laws import DiscreteLaplaceLaw
+from pipeline.privacy.noise import used_scale
+from pipeline.validation import check_contributions, check_int, check_real, check_values
+
+from .sparse import active_histogram, sparse_flags
+from .state import StatefulMixin
 from .calibration import TargetChargingAccountant
 
 __all__ = ["IndividualChargingSVT", "TargetChargingAccountant"]
@@ -92,7 +87,7 @@ class IndividualChargingSVT(StatefulMixin):
         charges users holding x, who contribute to no other query of the step. Zero-count elements:
         flagged iff their noise N ≥ T, p = ρ^T/(1+ρ) (discrete Laplace tail); their published value is
         N given N ≥ T, i.e. T + Geometric (memoryless), drawn only for the flagged ones. Both draws
-        are exact (:mod:`pipeline.monitors._exact`).
+        are exact (:mod:`pipeline.privacy.exact`).
         """
         if self.granularity != 1:
             raise ValueError("query_all_elements needs granularity=1 (indicator queries)")

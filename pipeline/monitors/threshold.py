@@ -20,17 +20,12 @@ from pipeline.privacy.accounting import ApproxDP
 from pipeline.privacy.noise import discrete_laplace
 
 from . import calibration as cal
-from ._common import (
-    StatefulMixin,
-    active_histogram,
-    check_contributions,
-    check_int,
-    check_real,
-    check_values,
-    sparse_flags,
-    used_scale,
-)
-from ._laws import CappedSumLaw, lower_quantile, upper_quantile
+from pipeline.privacy.laws import CappedSumLaw, lower_quantile, upper_quantile
+from pipeline.privacy.noise import used_scale
+from pipeline.validation import check_contributions, check_int, check_real, check_values
+
+from .sparse import active_histogram, sparse_flags
+from .state import StatefulMixin
 
 __all__ = ["AboveThreshold", "ThresholdMonitor", "ThresholdMonitorEvolving"]
 

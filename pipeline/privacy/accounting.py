@@ -45,6 +45,7 @@ __all__ = [
     "zcdp_to_approx_dp",
     "approx_dp_delta",
     "classic_zcdp_to_approx_dp",
+    "reported_approx_dp",
     "PrivacyBudgetError",
     "BudgetExceededError",
     "BudgetExhaustedError",
@@ -292,6 +293,18 @@ def classic_zcdp_to_approx_dp(rho: float, delta: float) -> float:
     rho = _check_real(rho, "rho")
     delta = _check_real(delta, "delta", low=0.0, low_open=True, high=1.0)
     return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+
+
+def reported_approx_dp(rho: float, monitors: ApproxDP, report_delta: float) -> ApproxDP:
+    """A whole spend as one (ε, δ), as manifests (``deployment_spent_as_approx_dp``), ``dpstream
+    plan`` and ``dpstream status`` report it: ρ-zCDP converted at ``report_delta``
+    (:func:`zcdp_to_approx_dp`), composed with the monitors' (Σε, Σδ) by basic composition, so
+    ε = ε(ρ, report_delta) + Σε and δ = report_delta + Σδ (ρ = 0: the monitors' own (Σε, Σδ))."""
+    if not isinstance(monitors, ApproxDP):
+        raise TypeError(f"monitors must be an ApproxDP, got {type(monitors).__name__}")
+    if _check_real(rho, "rho") == 0.0:
+        return monitors
+    return ApproxDP(zcdp_to_approx_dp(rho, report_delta) + monitors.epsilon, min(1.0, report_delta + monitors.delta))
 
 
 # --------------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ import numpy as np
 
 from .rng import RandomSource, as_random_source
 
-__all__ = ["discrete_gaussian", "discrete_laplace", "exact_sigma2", "exact_scale"]
+__all__ = ["discrete_gaussian", "discrete_laplace", "exact_sigma2", "exact_scale", "used_scale"]
 
 # Bits of the uniform compared with p in each Bernoulli(p) of Algorithm 1: a draw needs the
 # exact path with probability about 2**-(_UBITS-1) (≤ 16; tests lower it to exercise that path).
@@ -127,6 +127,11 @@ def exact_scale(scale) -> Fraction:
     ceil_bits = math.ceil(frac).bit_length()
     k = _LAPLACE_INT_BITS - ceil_bits  # ≥ 2 because scale ≤ 2**50
     return Fraction(-((-frac.numerator << k) // frac.denominator), 1 << k)
+
+
+def used_scale(scale) -> float:
+    """:func:`exact_scale` as a float: the scale the discrete Laplace sampler actually uses."""
+    return float(exact_scale(scale))
 
 
 def _check_size(size) -> int:

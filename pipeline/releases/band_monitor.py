@@ -53,7 +53,7 @@ class BandMonitorKind(ReleaseKind):
         return True
 
     def aggregator(self, release, attribute, rows, horizon):
-        from pipeline.stream.aggregators import ActiveSetAggregator
+        from pipeline.stream.ingest.aggregators import ActiveSetAggregator
 
         # a user leaves after one Above/Below it contributed to
         return ActiveSetAggregator(rows, 1, counted=True, watch_value=attribute.code(release.value))

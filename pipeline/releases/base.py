@@ -21,7 +21,7 @@ A kind must provide exactly this:
 ``aggregator(release, attribute, rows, horizon)``
     The worker-side aggregator of one reports partition: ``partial(step, codes) -> dict`` (additive
     across partitions), ``apply_feedback(step, codes, feedback)``, ``get_state()``/``set_state()``
-    (see :mod:`pipeline.stream.aggregators`).
+    (see :mod:`pipeline.stream.ingest.aggregators`).
 ``needs_feedback(release)``
     Whether the releaser's output of step t charges users, so workers must apply it before they
     close step t + 1 (default False).
@@ -43,7 +43,7 @@ A kind must provide exactly this:
     kind's entries to ``step.manifest`` (at least ``"parameters"``), return a :class:`StepOutput`.
 
 Optional: ``synthetic`` (True when ``mechanism.update(codes)`` and ``mechanism.synthetic`` run the
-kind in batch, for ``pipeline.stream.engine.batch_reference``); ``check`` and ``needs_feedback`` have
+kind in batch, for ``pipeline.stream.release.engine.batch_reference``); ``check`` and ``needs_feedback`` have
 defaults.
 
 To add a kind: a module in this package with the config model and the registered class, imported

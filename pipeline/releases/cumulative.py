@@ -45,7 +45,7 @@ class CumulativeKind(ReleaseKind):
             raise ValueError("attribute: cumulative releases need a binary attribute")
 
     def aggregator(self, release, attribute, rows, horizon):
-        from pipeline.stream.aggregators import CumulativeAggregator
+        from pipeline.stream.ingest.aggregators import CumulativeAggregator
 
         return CumulativeAggregator(rows, horizon)
 

@@ -47,7 +47,7 @@ class FixedWindowKind(ReleaseKind):
             raise ValueError(f"window: {attribute.size}^{release.window} histogram bins is too many")
 
     def aggregator(self, release, attribute, rows, horizon):
-        from pipeline.stream.aggregators import FixedWindowAggregator
+        from pipeline.stream.ingest.aggregators import FixedWindowAggregator
 
         return FixedWindowAggregator(rows, release.window, attribute.size)
 

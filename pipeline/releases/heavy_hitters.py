@@ -42,7 +42,7 @@ class HeavyHittersKind(ReleaseKind):
         return release.method in CHARGING_METHODS
 
     def aggregator(self, release, attribute, rows, horizon):
-        from pipeline.stream.aggregators import ActiveSetAggregator
+        from pipeline.stream.ingest.aggregators import ActiveSetAggregator
 
         return ActiveSetAggregator(rows, release.k, counted=self.needs_feedback(release))
 
@@ -59,7 +59,7 @@ class HeavyHittersKind(ReleaseKind):
 
     def release_step(self, s: StepInput) -> StepOutput:
         """Sum the partitions' active-user histograms, flag; alerts name ids through the public domain."""
-        from pipeline.stream.engine import merge_histograms
+        from pipeline.stream.release.engine import merge_histograms
 
         rel, mech, attr = s.release, s.mechanism, s.attribute
         support, summed = merge_histograms(s.parts, attr.size)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.validation import check_int
+
 __all__ = [
     "POVERTY_TYPES",
     "PlantedHeavyHitter",
@@ -38,12 +40,6 @@ def _as_generator(seed) -> np.random.Generator:
     if seed is None or (isinstance(seed, (int, np.integer)) and not isinstance(seed, bool)):
         return np.random.default_rng(seed)
     raise TypeError(f"seed must be None, an int or a numpy Generator, got {type(seed).__name__}")
-
-
-def _check_positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def simulate_poverty_panel(
@@ -86,8 +82,8 @@ def simulate_poverty_panel(
         return_types: also return the latent type index of every household (0 = chronic,
             1 = transient, 2 = rarely poor).
     """
-    n = _check_positive_int("n", n)
-    horizon = _check_positive_int("horizon", horizon)
+    n = check_int(n, "n", low=1)
+    horizon = check_int(horizon, "horizon", low=1)
     if not 0.0 <= seasonal_amplitude < 1.0:
         raise ValueError(f"seasonal_amplitude must be in [0, 1), got {seasonal_amplitude!r}")
     rng = _as_generator(seed)
@@ -160,9 +156,9 @@ def simulate_categorical_panel(
         weights: background distribution over the domain (length ``categories``), or None for uniform.
         heavy_per_phase, heavy_share, phase_length: heavy-hitter planting, see above.
     """
-    n = _check_positive_int("n", n)
-    horizon = _check_positive_int("horizon", horizon)
-    categories = _check_positive_int("categories", categories)
+    n = check_int(n, "n", low=1)
+    horizon = check_int(horizon, "horizon", low=1)
+    categories = check_int(categories, "categories", low=1)
     if not 0.0 <= persistence <= 1.0:
         raise ValueError(f"persistence must be in [0, 1], got {persistence!r}")
     if isinstance(heavy_per_phase, bool) or not isinstance(heavy_per_phase, (int, np.integer)) or heavy_per_phase < 0:
@@ -195,7 +191,7 @@ def simulate_categorical_panel(
     if heavy_per_phase == 0:
         return panel
 
-    phase_length = _check_positive_int("phase_length", phase_length)
+    phase_length = check_int(phase_length, "phase_length", low=1)
     if heavy_per_phase > categories:
         raise ValueError(f"heavy_per_phase={heavy_per_phase} exceeds the domain size categories={categories}")
     holders = int(round(heavy_share * n))

@@ -9,8 +9,8 @@ S_0^t = n (the roster size, public by the deployment model).
 Counters (``counter=``): "tree" — the binary tree mechanism (pipeline.counters.tree, the paper's
 Algorithm 3); "factorization" — the square-root factorization on an integer lattice
 (pipeline.counters.factorization.SqrtFactorizationCounter), the same privacy with a max error
-1.87× smaller at T = 12 (2.5× at 120). Default: "factorization" (measured in jobs/bench_counters.py
-and jobs/sipp_batch.py).
+1.87× smaller at T = 12 (2.5× at 120). Default: "factorization" (measured in jobs/bench/bench_counters.py
+and jobs/eval/sipp_batch.py).
 
 Privacy (Theorem 4.1). Counter b (b = 1..T) runs over t = b..T (horizon h_b = T − b + 1:
 z_b^t = 0 for t < b) with budget ρ_b = ρ·w_b/Σ_b' w_b', so Σ_b ρ_b = ρ. Each counter is
@@ -49,15 +49,10 @@ import numpy as np
 
 from pipeline.privacy.rng import RandomSource, as_random_source, random_source_from_state
 
-from ._common import (
-    assign_groups,
-    check_beta,
-    check_int,
-    check_neighbours,
-    check_rho,
-    coerce_counts,
-    coerce_values,
-)
+from pipeline.privacy.accounting import check_neighbours
+from pipeline.validation import check_beta, check_int, check_rho, coerce_counts, coerce_values
+
+from .postprocess import assign_groups
 
 __all__ = ["CumulativeSynthesizer", "DEFAULT_COUNTER", "counter_weights"]
 

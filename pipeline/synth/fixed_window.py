@@ -35,20 +35,14 @@ import numpy as np
 
 from pipeline.privacy.rng import RandomSource, as_random_source, random_source_from_state
 
-from ._common import (
-    MAX_BINS,
-    assign_groups,
-    check_beta,
-    check_int,
-    check_neighbours,
-    check_rho,
-    clamp_children,
-    coerce_counts,
-    coerce_values,
-    project_children,
-    sensitivity_factor,
-    synthetic_dtype,
-)
+from pipeline.privacy.accounting import check_neighbours, sensitivity_factor
+from pipeline.validation import check_beta, check_int, check_rho, coerce_counts, coerce_values
+
+from .postprocess import assign_groups, clamp_children, project_children, synthetic_dtype
+
+#: Largest histogram (categories ** window bins) a fixed-window synthesizer accepts. Each step
+#: keeps its noisy and projected histograms (int64), so the bound keeps memory per step ≤ 16 MiB.
+MAX_BINS = 1 << 20
 
 __all__ = ["FixedWindowSynthesizer", "rounding_constant", "rounding_proxy"]
 

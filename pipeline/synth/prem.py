@@ -25,8 +25,7 @@ from typing import Any
 import numpy as np
 from scipy import sparse
 
-from pipeline.monitors._common import used_scale
-from pipeline.privacy.noise import discrete_gaussian, discrete_laplace
+from pipeline.privacy.noise import discrete_gaussian, discrete_laplace, used_scale
 from pipeline.privacy.rng import RandomSource, as_random_source
 from pipeline.validation import check_int
 

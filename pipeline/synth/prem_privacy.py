@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.monitors import calibration as cal
-from pipeline.monitors._common import used_scale
-from pipeline.monitors._laws import DiscreteGaussianLaw, DiscreteLaplaceLaw, upper_quantile
+from pipeline.privacy.laws import DiscreteGaussianLaw, DiscreteLaplaceLaw, upper_quantile
+from pipeline.privacy.noise import used_scale
 from pipeline.monitors.interval import OutsideIntervalMonitor, OutsideIntervalMonitorPure, _two_sided_margin
 from pipeline.privacy.accounting import ApproxDP, sensitivity_factor, zcdp_to_approx_dp
 from pipeline.validation import check_int, check_real

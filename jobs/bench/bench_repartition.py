@@ -1,0 +1,141 @@
+"""Ingest throughput when the producer does not partition by murmur2 (reports forwarded to their
+owner through ``repartition``) against a matched producer, in the same run.
+
+    python -m jobs.bench.bench_repartition [--n 200000] [--partitions 2] [--json out/bench_repartition.json]
+
+On the embedded broker and Redis, one worker process (the production job) owning every partition.
+Each step's single-report messages (keyed by user id) are produced while the worker is stopped, with
+the same aiokafka producer and an explicit partition per message:
+
+* ``matched``: murmur2(user id) mod P — what the Java client, kafka-python and aiokafka's default
+  partitioner do; every report lands on its owner (the baseline, measured first and last);
+* ``crc32``: CRC32(user id) mod P — librdkafka's default ``consistent_random`` (confluent-kafka,
+  kcat, the Go/.NET/Node clients); about (P−1)/P of the reports are forwarded;
+* ``random``: a uniformly random partition (null keys, ``partitioner: random``).
+
+The worker is then started (restoring its checkpoint) and the rate is taken between 10% and 90% of
+the step's n reports *applied by their owner* (the worker's ``accepted`` counter, which counts a
+forwarded report when its owner applies it), so start-up and group join are excluded. Each step is
+then closed and released, and checked: n reports accepted, none dead-lettered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import orjson
+import yaml
+
+from jobs.bench.bench_stream import _accepted, _gauge, _ingest_rate
+
+HORIZON = 6
+
+
+def _config(n: int, partitions: int, services) -> dict:
+    return {
+        "name": "bench-repartition", "broker": services.broker.bootstrap, "redis": services.redis.url,
+        "roster": {"size": n}, "horizon": HORIZON, "topics": {"partitions": partitions},
+        "attributes": {"poverty": {"type": "binary"}},
+        "budget": {"rho": 0.5}, "random": {"kind": "seeded", "seed": 1},
+        "releases": [{"name": "fw", "type": "fixed_window", "attribute": "poverty", "window": 3, "share": 0.5},
+                     {"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 0.5}],
+    }
+
+
+def placements(roster, partitions: int, seed: int) -> dict[str, np.ndarray]:
+    """Partition of every user's report under each producer."""
+    keys = [uid.encode() for uid in roster.ids]
+    return {
+        "matched": roster.owners(partitions).astype(np.int64),
+        "crc32": np.fromiter((zlib.crc32(k) % partitions for k in keys), dtype=np.int64, count=len(keys)),
+        "random": np.random.default_rng(seed).integers(0, partitions, size=len(keys)),
+    }
+
+
+async def _produce(bootstrap: str, topic: str, roster, step: int, pov: np.ndarray, where: np.ndarray) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    prod = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20,
+                            max_request_size=8 << 20)
+    await prod.start()
+    try:
+        ids, values, parts = roster.ids, pov.tolist(), where.tolist()
+        for i in range(0, len(ids), 10_000):
+            batch = [await prod.send(topic, key=ids[j].encode(), partition=parts[j],
+                                     value=orjson.dumps({"user": ids[j], "step": step, "values": {"poverty": values[j]}}))
+                     for j in range(i, min(i + 10_000, len(ids)))]
+            await asyncio.gather(*batch)
+    finally:
+        await prod.stop()
+
+
+def main(argv=None) -> dict:
+    from pipeline.config import load_config
+    from pipeline.stream.local.cluster import LocalCluster
+    from pipeline.stream.local.driver import StepDriver
+    from pipeline.stream.local.embedded import EmbeddedServices
+    from pipeline.stream.ingest.roster import Roster
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=200_000)
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--out", default="out/bench_repartition")
+    args = ap.parse_args(argv)
+    n, P = args.n, args.partitions
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pov = (np.random.default_rng(0).random((n, HORIZON)) < 0.12).astype(np.int64)
+    order = ["matched", "crc32", "random", "matched"]
+    result: dict = {"n": n, "partitions": P, "steps": []}
+    with EmbeddedServices(broker_log=out / "broker.log") as svc:
+        cfg_path = out / "bench.yaml"
+        cfg_path.write_text(yaml.safe_dump(_config(n, P, svc)))
+        dep = load_config(cfg_path)
+        roster = Roster.from_config(dep.roster)
+        where = placements(roster, P, seed=1)
+        with LocalCluster(cfg_path, dep, workers=0, log_dir=out / "logs", metrics=True) as cluster:
+            drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
+            for step, producer in enumerate(order, start=1):
+                misplaced = float((where[producer] != where["matched"]).mean())
+                asyncio.run(_produce(cluster.broker, cluster.names["reports"], roster, step, pov[:, step - 1],
+                                     where[producer]))
+                cluster.spawn("worker", "worker-0")
+                port = cluster.metrics_ports["worker-0"]
+                rate = _ingest_rate([port], 0.0, n)
+                while _accepted(port) < n:
+                    time.sleep(0.05)
+                drv.close(step)
+                dead = _gauge(port, 'dpstream_reports_total{status="rejected"}')
+                forwarded = _gauge(port, 'dpstream_reports_total{status="forwarded"}')
+                if _accepted(port) != n or dead:
+                    raise RuntimeError(f"step {step} ({producer}): {_accepted(port):,.0f} accepted, {dead:,.0f} "
+                                       f"rejected of {n:,}")
+                cluster.kill("worker-0", signal.SIGTERM)  # the step is checkpointed; the next waits in the log
+                cluster.wait_exit("worker-0")
+                row = {"step": step, "producer": producer, "misplaced": misplaced, "forwarded": forwarded,
+                       "reports_per_s": rate}
+                result["steps"].append(row)
+                print(f"step {step} {producer:>8}: {misplaced:.1%} on the wrong partition, {forwarded:,.0f} forwarded, "
+                      f"{rate:,.0f} reports/s", flush=True)
+            drv.shutdown()
+    base = np.mean([r["reports_per_s"] for r in result["steps"] if r["producer"] == "matched"])
+    result["ratio_to_matched"] = {r["producer"]: r["reports_per_s"] / base for r in result["steps"]
+                                  if r["producer"] != "matched"}
+    print("reports/s against the matched producer (mean of its two steps): " +
+          ", ".join(f"{k} {v:.2f}x" for k, v in result["ratio_to_matched"].items()))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2, default=float))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""What an analyst gets from each release, known before anything runs: the padding, the error bound
+each theorem gives at the release's β, and the whole planned spend as one (ε, δ).
+
+Every number is read from the mechanism the releaser builds (:func:`pipeline.mechanisms.build_mechanism`
+with the release's planned allotment), never recomputed here:
+
+* fixed window (Bun, Gaboardi, Neunhoeffer, Zhang, "Continual release of differentially private
+  synthetic data from longitudinal data collections", arXiv 2306.07884, Theorem 3.2 /
+  Corollary 3.1, generalised): ``n_pad`` padding records per length-k pattern and λ
+  (``accuracy_bound``) — with probability ≥ 1 − β every projected count is within λ of its true
+  count + n_pad, at every step;
+* cumulative (same paper, Corollary B.1 recomputed with the counters' exact variances,
+  ``CumulativeSynthesizer.error_bound``): every "at least b of t steps" count is within the bound,
+  for all (b, t), with probability ≥ 1 − β;
+* heavy hitters (Kaplan, Mansour, Stemmer, "The sparse vector technique, revisited", arXiv
+  2011.07637, Definition 4.1 with the project's calibration, ``heavy_hitter_plan``): with
+  probability ≥ 1 − β no element held by nobody is flagged and every element held by ≥ τ active
+  users is flagged, at every step;
+* band monitor (Ghazi et al., "PREM: Privately answering statistical queries with relative error",
+  arXiv 2502.14809, Proposition 2.2 for discrete noise, ``BandMonitor.utility_margin``): with
+  probability ≥ 1 − β over the horizon's steps an answer is wrong only for a count within the
+  margin of the band's edges. A band release has no β of its own; :data:`BAND_BETA` is used.
+
+A bound larger than the population n means the release says nothing reliable at that budget:
+:func:`warnings` names it in one line per release.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeline.mechanisms import build_mechanism
+from pipeline.privacy.accounting import ApproxDP, compose, reported_approx_dp
+
+__all__ = ["BAND_BETA", "ReleaseBounds", "release_bounds", "planned_spend", "spend_as_approx_dp", "warnings"]
+
+BAND_BETA = 0.05  # failure probability of the band margin shown (band releases configure no β)
+
+
+@dataclass(frozen=True)
+class ReleaseBounds:
+    """One release's bounds. ``bounds``: name -> value (counts of users or records); ``largest``
+    is the one compared with the population n; ``padding``: public padding records per pattern."""
+
+    release: str
+    type: str
+    beta: float
+    bounds: dict[str, float]
+    largest: str
+    padding: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict:
+        return {"type": self.type, "beta": self.beta, "padding": self.padding, "bounds": dict(self.bounds),
+                "compared_with_n": self.largest}
+
+
+def _bounds_of(deployment, rel, mech) -> ReleaseBounds:
+    if rel.type == "fixed_window":
+        bins = mech.n_bins
+        return ReleaseBounds(rel.name, rel.type, mech.beta,
+                             {"lambda": mech.accuracy_bound, "sigma2": mech.sigma2,
+                              "padding_records": mech.n_pad * bins},
+                             "lambda", padding=mech.n_pad,
+                             notes=[f"{mech.n_pad} padding records for each of the {bins} length-{mech.window} patterns "
+                                    f"(m ≈ n + {mech.n_pad * bins}); subtract n_pad to debias a count"])
+    if rel.type == "cumulative":
+        return ReleaseBounds(rel.name, rel.type, mech.beta, {"error": mech.error_bound()}, "error",
+                             notes=[f"{mech.counter} counters; m = n records, no padding"])
+    if rel.type == "heavy_hitters":
+        return ReleaseBounds(rel.name, rel.type, mech.beta, {"tau": mech.tau, "threshold": mech.threshold}, "tau",
+                             notes=[f"method {mech.method}; a user is charged for at most k = {mech.k} flags"])
+    if rel.type == "band_monitor":
+        margin = mech.utility_margin(deployment.horizon, BAND_BETA)
+        return ReleaseBounds(rel.name, rel.type, BAND_BETA, {"margin": margin, "noise_a": mech.a}, "margin",
+                             notes=[f"answers are reliable outside ({rel.low:g} ± {margin}, {rel.high:g} ± {margin})"])
+    raise ValueError(f"release {rel.name!r}: unknown type {rel.type!r}")
+
+
+def release_bounds(deployment, allotments: dict, n: int) -> dict[str, ReleaseBounds]:
+    """Per release, the bounds of the mechanism built for ``n`` users with its planned allotment
+    (``allotments``: :meth:`BudgetPlan.allotments`). Nothing is drawn that a release uses: the
+    mechanisms are built with a throwaway secure source and never run."""
+    out = {}
+    for rel in deployment.releases:
+        mech = build_mechanism(deployment, rel, allotments[rel.name], n)
+        out[rel.name] = _bounds_of(deployment, rel, mech)
+    return out
+
+
+def planned_spend(deployment, allotments: dict) -> ApproxDP:
+    """The whole horizon's planned spend as one (ε, δ), in the form manifests report it."""
+    return spend_as_approx_dp(deployment, allotments.values())
+
+
+def spend_as_approx_dp(deployment, costs) -> ApproxDP:
+    """``costs`` (ZCDP / ApproxDP, e.g. the ledger's entries) as one (ε, δ): their ρ converted at the
+    deployment's ``budget.report_delta`` plus the monitors' (Σε, Σδ) — the manifests'
+    ``deployment_spent_as_approx_dp``. Nothing is checked against the budget: this only reports."""
+    rho, monitors = compose(costs)
+    return reported_approx_dp(rho.rho, monitors, deployment.budget.report_delta)
+
+
+def warnings(bounds: dict[str, ReleaseBounds], n: int) -> list[str]:
+    """One line per release whose compared bound exceeds the population ``n``."""
+    out = []
+    for b in bounds.values():
+        value = b.bounds[b.largest]
+        if value > n:
+            out.append(f"release {b.release!r}: {b.largest} = {value:,.1f} exceeds the population n = {n:,}, so at "
+                       f"this budget its {_meaning[b.type]} carries no information; raise the budget or its share")
+    return out
+
+
+_meaning = {"fixed_window": "window counts", "cumulative": "cumulative counts",
+            "heavy_hitters": "heavy-hitter guarantee", "band_monitor": "band answers"}

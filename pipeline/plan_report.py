@@ -1,0 +1,88 @@
+"""``dpstream plan``: per release, its allotment, padding, error bounds and spending schedule, the
+whole planned spend as (ε, δ), and a warning for a bound above the population — before anything runs.
+The numbers come from :mod:`pipeline.error_bounds` (the mechanisms themselves) and :mod:`pipeline.plan`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.error_bounds import planned_spend, release_bounds, warnings
+from pipeline.plan import budget_plan, planned_schedule
+from pipeline.privacy.accounting import ZCDP
+
+__all__ = ["plan_report", "format_plan"]
+
+# What each bound means, with the theorem it comes from (docs/topics.md, "What an analyst gets").
+_EXPLAIN = {
+    "lambda": "every projected window count is within λ of its true count + n_pad, at every step "
+              "(Bun–Gaboardi–Neunhoeffer–Zhang, arXiv 2306.07884, Thm 3.2)",
+    "error": "every 'at least b of t steps' count is within this of the truth, for all b and t "
+             "(Bun–Gaboardi–Neunhoeffer–Zhang, Cor. B.1 with the counters' exact variances)",
+    "tau": "every element held by ≥ τ active users is flagged and none held by nobody, at every step "
+           "(Kaplan–Mansour–Stemmer, arXiv 2011.07637, Def. 4.1; the project's calibration)",
+    "margin": "an answer can be wrong only for a true count within this of low or high, over the horizon "
+              "(Ghazi et al., arXiv 2502.14809, Prop. 2.2 with discrete noise)",
+}
+
+
+_LABEL = {"lambda": "λ", "error": "error bound", "tau": "τ", "margin": "margin"}
+
+
+def _schedule_text(values: list[float], unit: str) -> str:
+    """The per-step charges in one line: a constant run by its steps, a long varying one by its range."""
+    steps = [t for t, x in enumerate(values, start=1) if x > 0]
+    if not steps:
+        return "nothing"
+    first, last = steps[0], steps[-1]
+    where = f"step {first}" if first == last else f"steps {first}..{last}"
+    charged = [values[t - 1] for t in steps]
+    if max(charged) == min(charged):
+        return f"{unit} = {charged[0]:.6g} at {'each of ' if len(steps) > 1 else ''}{where}"
+    if len(steps) <= 24:
+        return f"{unit} at {where}: " + ", ".join(f"{x:.3g}" for x in charged)
+    return f"{unit} at {where}, between {min(charged):.3g} and {max(charged):.3g} per step"
+
+
+def plan_report(deployment) -> dict[str, Any]:
+    """Everything ``dpstream plan`` shows, as JSON-ready data (raises BudgetExceededError like the plan)."""
+    dep = deployment
+    allot = budget_plan(dep).allotments()
+    n = dep.n
+    bounds = release_bounds(dep, allot, n)
+    schedule = planned_schedule(dep)
+    total = planned_spend(dep, allot)
+    releases = {}
+    for rel in dep.releases:
+        cost = allot[rel.name]
+        releases[rel.name] = {
+            "allotment": {"rho": cost.rho} if isinstance(cost, ZCDP) else {"epsilon": cost.epsilon, "delta": cost.delta},
+            **bounds[rel.name].as_json(),
+            "notes": bounds[rel.name].notes,
+            "schedule": schedule[rel.name].tolist(),
+        }
+    return {
+        "deployment": dep.name, "n": n, "horizon": dep.horizon, "neighbours": str(dep.neighbours),
+        "releases": releases,
+        "total_as_approx_dp": {"epsilon": total.epsilon, "delta": total.delta, "rho": budget_plan(dep).totals()[0].rho,
+                               "report_delta": dep.budget.report_delta},
+        "warnings": warnings(bounds, n),
+    }
+
+
+def format_plan(report: dict[str, Any]) -> str:
+    """The report as text for the operator's terminal (warnings are printed separately)."""
+    lines = [f"deployment {report['deployment']}: n = {report['n']:,} users, horizon T = {report['horizon']} steps, "
+             f"neighbouring relation {report['neighbours']}"]
+    for name, r in report["releases"].items():
+        spend = ", ".join(f"{k} = {v:.6g}" for k, v in r["allotment"].items())
+        lines.append(f"\n{name} ({r['type']}): allotment {spend}; bounds hold with probability ≥ 1 − β, β = {r['beta']:g}")
+        for bound, value in r["bounds"].items():
+            if bound in _EXPLAIN:
+                lines.append(f"  {_LABEL[bound]} = {value:,.2f}: {_EXPLAIN[bound]}")
+        lines += [f"  {note}" for note in r["notes"]]
+        lines.append(f"  charged: {_schedule_text(r['schedule'], 'ρ' if 'rho' in r['allotment'] else 'ε')}")
+    t = report["total_as_approx_dp"]
+    how = (f" (ρ = {t['rho']:.6g} converted at report_delta = {t['report_delta']:.3g}, plus the monitors' (ε, δ))"
+           if t["rho"] else " (the monitors' (ε, δ) by basic composition)")
+    lines.append(f"\ntotal planned spend over the horizon: (ε, δ) = ({t['epsilon']:.6g}, {t['delta']:.3g}){how}")
+    return "\n".join(lines)

@@ -1,0 +1,366 @@
+"""Ingest logic of a worker, independent of the transport (jobs/worker.py drives it).
+
+A worker owns some partitions of ``reports``. For each it keeps a :class:`PartitionState`
+(restored from the partition's Redis checkpoint when assigned). Records of a partition are handled
+in log order: runs of reports are parsed and applied in bulk (vectorised), and a close marker for
+step t closes the step: imputation, partial aggregates, a checkpoint holding the state and the
+marker's offset. After a crash the partition is replayed from the checkpoint's offset; since the
+state is restored to exactly that point and the cut is a log position, the replay reproduces the
+same partials (the releaser deduplicates them) and every accepted report counts exactly once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+
+from pipeline.serialization import dumps_state, loads_state
+from pipeline.stream.kafka.codecs import CONTROL_HEADER, dead_letter_headers, encode_partial, parse_close_marker
+from pipeline.stream.ingest.partition_state import PartitionState
+from pipeline.stream.ingest.reports import ReportParser
+from pipeline.stream.ingest.repartition import Forwarder, ForwardMarkers, Inbox, positions_of, source_positions
+
+__all__ = ["IngestCore", "Record", "ApplyResult", "CloseOutput", "is_marker"]
+
+
+@dataclass(frozen=True)
+class Record:
+    offset: int
+    value: bytes
+    headers: tuple = ()
+
+
+def is_marker(headers) -> bool:
+    for key, value in headers or ():
+        if key == CONTROL_HEADER and value == b"close":
+            return True
+    return False
+
+
+@dataclass
+class CloseOutput:
+    """A closed step: publish ``messages`` (and wait for the broker's ack), then store ``checkpoint``."""
+
+    partition: int
+    step: int
+    messages: list[tuple[bytes, bytes]]
+    checkpoint: bytes
+    summary: dict
+
+
+@dataclass
+class ApplyResult:
+    partition: int = -1
+    accepted: int = 0
+    dead_letters: list[tuple[bytes, bytes, list]] = field(default_factory=list)  # (key, value, headers)
+    reasons: dict[str, int] = field(default_factory=dict)
+    forwards: list[tuple[int, bytes, list]] = field(default_factory=list)  # (repartition partition, value, headers)
+    forwarded: int = 0  # reports of users owned elsewhere, in ``forwards``
+
+
+class IngestCore:
+    REWIND_GRACE_SECONDS = 10.0  # see enqueue
+
+    def __init__(self, deployment, roster, topic_names: dict[str, str], store=None, isolated: bool = False):
+        """``isolated``: neither send nor wait for forwarded-through markers — only for driving
+        partitions in isolation, as unit tests do (nothing is forwarded to them); a worker never is."""
+        self.isolated = isolated
+        self.deployment = deployment
+        self.roster = roster
+        self.names = topic_names
+        self.store = store
+        self.partitions_total = deployment.topics.partitions
+        self.parser = ReportParser(roster, deployment.attributes, deployment.horizon)
+        roster.index()  # the vectorised user-id index, built now rather than inside the first fetch
+        self.states: dict[int, PartitionState] = {}
+        # Records not yet handled, per partition, in log order. A close marker whose step needs
+        # feedback not yet received stays at the head; the other partitions go on meanwhile (one
+        # worker may own every partition, so waiting here would deadlock the releaser).
+        self.backlog: dict[int, list[Record]] = {}
+        self._rewinds: dict = {}  # partition (or ("repartition", p)) -> (offset sought back to, since when)
+        # Reports of users owned elsewhere go to their owner through `repartition` (pipeline.stream.ingest.repartition).
+        self.forwarder = Forwarder(roster, deployment.attributes, self.partitions_total)
+        self.inboxes: dict[int, Inbox] = {}
+        self.emitted: dict[int, int] = {}  # partition -> last step whose forwarded-through markers it sent
+        self._strays: dict[int, list[Record]] = {}  # repartition records naming no source partition
+
+    # -- assignment ------------------------------------------------------------------------------
+    def assign(self, partition: int) -> int:
+        """Create (or restore) the state of a newly assigned partition.
+
+        Returns the offset to resume consuming from: the checkpoint's offset + 1, or 0 without a
+        checkpoint — never the consumer group's committed offset, which may be past reports that
+        were consumed but not yet covered by a checkpoint (they would be lost).
+        """
+        rows = self.roster.rows_of(partition, self.partitions_total)
+        state = PartitionState(self.deployment, partition, rows, self.roster.n)
+        resume = 0
+        blob = self.store.load_checkpoint(partition) if self.store is not None else None
+        restored = loads_state(blob, self.store.key("checkpoint", partition)) if blob is not None else {}
+        if restored:
+            state.set_state(restored)
+            resume = state.offset + 1
+        inbox = Inbox(self.partitions_total, state.closed)
+        if "repartition" in restored:  # a checkpoint from before repartitioning has none: start at offset 0
+            inbox.set_state(restored["repartition"])
+        self.states[partition] = state
+        self.inboxes[partition] = inbox
+        self.emitted[partition] = state.closed
+        self.backlog[partition] = []
+        return resume
+
+    def revoke(self, partition: int) -> None:
+        self.states.pop(partition, None)
+        self.backlog.pop(partition, None)
+        self._rewinds.pop(partition, None)
+        self._rewinds.pop(("repartition", partition), None)
+        self.inboxes.pop(partition, None)
+        self.emitted.pop(partition, None)
+        self._strays.pop(partition, None)
+
+    def enqueue(self, partition: int, records: list[Record], now: float | None = None) -> int | None:
+        """Queue records of an assigned partition, skipping any the state or the backlog already holds.
+
+        Returns None, or the offset to seek back to when the records start past the next one this
+        partition needs (nothing is queued then): the consumer was positioned past records the state
+        does not reflect — a client that moves a new assignment to the group's committed offset, or an
+        offset reset — and skipping them would lose reports. Records fetched
+        before the seek took effect come the same way and are dropped (seeking again is harmless);
+        a gap still there ``REWIND_GRACE_SECONDS`` after the first seek back is a real one
+        (transaction markers, retention) and is accepted.
+        """
+        backlog = self.backlog[partition]
+        done = backlog[-1].offset if backlog else self.states[partition].offset
+        new = [r for r in records if r.offset > done]
+        rewind = self._gap(partition, done, new, now)
+        if rewind is None:
+            backlog.extend(new)
+        return rewind
+
+    def enqueue_forwarded(self, partition: int, records: list[Record], now: float | None = None) -> int | None:
+        """Queue records of the partition's ``repartition`` partition (as :meth:`enqueue`)."""
+        inbox = self.inboxes[partition]
+        new = [r for r in records if r.offset > inbox.consumed]
+        rewind = self._gap(("repartition", partition), inbox.consumed, new, now)
+        if rewind is None:
+            self._strays.setdefault(partition, []).extend(inbox.enqueue(new))
+        return rewind
+
+    def _gap(self, key, done: int, new: list[Record], now: float | None) -> int | None:
+        """The offset to seek back to when ``new`` starts past ``done`` + 1 (see :meth:`enqueue`)."""
+        now = time.monotonic() if now is None else now
+        if new and new[0].offset > done + 1:
+            target, since = self._rewinds.get(key, (None, now))
+            if target != done + 1:
+                since = now
+                self._rewinds[key] = (done + 1, now)
+            if now - since < self.REWIND_GRACE_SECONDS:
+                return done + 1
+        self._rewinds.pop(key, None)
+        return None
+
+    def drain_all(self, partition: int) -> list:
+        """Forwarded reports of the open interval, then the partition's own log, again after every
+        close (it opens the next interval), until nothing more can be handled."""
+        outputs: list = []
+        while True:
+            outputs.extend(self.drain_forwarded(partition))
+            own = self.drain(partition)
+            outputs.extend(own)
+            if not any(isinstance(o, CloseOutput) and o.checkpoint for o in own):
+                return outputs
+
+    def drain(self, partition: int) -> list[ApplyResult | CloseOutput | ForwardMarkers]:
+        """Handle the partition's backlog in order until it is empty or a close waits for feedback.
+
+        Returns the outputs to publish, in order: dead letters of report runs, closed steps.
+        """
+        backlog = self.backlog.get(partition)
+        if not backlog:
+            return []
+        outputs: list[ApplyResult | CloseOutput] = []
+        run: list[Record] = []
+        done = 0
+        for rec in backlog:
+            if rec.headers and is_marker(rec.headers):  # reports carry no headers
+                if run:
+                    outputs.append(self.apply_reports(partition, run))
+                    run = []
+                step, closed_at = parse_close_marker(rec.value)
+                next_step = self.states[partition].closed + 1
+                if step is None or step > next_step:
+                    # Not a close of the next step (the releaser writes markers in order): a garbled
+                    # or forged marker. Dead-letter it; raising would crash the worker on every replay.
+                    detail = (f"close marker for step {step} but the next step to close is {next_step}"
+                              if step is not None else "close marker without a valid step")
+                    outputs.append(self._reject_record(partition, rec, "malformed", detail))
+                    done += 1
+                    continue
+                if step > self.emitted[partition] and not self.isolated:
+                    # everything before the marker has been forwarded: tell every owner, once the
+                    # broker has acknowledged it (the worker waits for that before sending these)
+                    outputs.append(self.forwarder.markers(partition, step))
+                    self.emitted[partition] = step
+                if self.feedback_outstanding(partition) or not (self.isolated or self.inboxes[partition].ready(step)):
+                    break  # resume when the feedback of the last closed step / the forwarded reports arrive
+                messages, blob, summary = self.close(partition, step, rec.offset, closed_at)
+                outputs.append(CloseOutput(partition, step, messages, blob, summary))
+            else:
+                run.append(rec)
+            done += 1
+        if run:
+            outputs.append(self.apply_reports(partition, run))
+        del backlog[:done]
+        return outputs
+
+    # -- reports ---------------------------------------------------------------------------------
+    def apply_reports(self, partition: int, records: list[Record]) -> ApplyResult:
+        """Parse and apply a run of report records (no markers) of one partition."""
+        state = self.states[partition]
+        result = ApplyResult(partition=partition)
+        if not records:
+            return result
+        parsed = self.parser.parse([r.value for r in records])
+        # reports of users another partition owns (a producer not partitioning by murmur2 of the user
+        # id): forwarded to their owner, which applies them (pipeline.stream.ingest.repartition)
+        foreign = state.local[parsed.rows] < 0
+        if foreign.any():
+            offsets = np.fromiter((r.offset for r in records), dtype=np.int64, count=len(records))
+            result.forwards = self.forwarder.forward(partition, offsets, parsed.take(foreign))
+            result.forwarded = int(foreign.sum())
+            parsed = parsed.take(~foreign)
+        displaced: list = []
+        applied = state.apply(parsed, 0, displaced)
+        state.offset = records[-1].offset
+        for rej in parsed.rejections:
+            result.dead_letters.append(self._letter(rej.reason, rej.detail, rej.original, partition,
+                                                    records[rej.message].offset, rej.batch_index))
+        return self._counted(result, len(applied), parsed.rejections, displaced)
+
+    def drain_forwarded(self, partition: int) -> list[ApplyResult]:
+        """Apply the forwarded reports of the partition's open interval (see :class:`Inbox`)."""
+        outputs = [self._reject_record(partition, rec, "malformed", "repartition record without a source partition",
+                                       topic="repartition") for rec in self._strays.pop(partition, [])]
+        for source, records in self.inboxes[partition].take(self.states[partition].closed):
+            outputs.append(self.apply_forwarded(partition, source, records))
+        return outputs
+
+    def apply_forwarded(self, partition: int, source: int, records: list[Record]) -> ApplyResult:
+        """Apply a run of batches forwarded from reports partition ``source``. Rows at or below the
+        largest source position already applied from ``source`` are copies (a replay of the source):
+        skipped. Rejections are dead-lettered under their source position, as on the source."""
+        state, inbox = self.states[partition], self.inboxes[partition]
+        parsed = self.parser.parse([r.value for r in records])
+        table = [positions_of(r.headers) for r in records]
+        sizes = np.array([0 if t is None else t.shape[1] for t in table], dtype=np.int64)
+        base = np.concatenate([[0], np.cumsum(sizes)])
+        flat = np.concatenate([t for t in table if t is not None] or [np.zeros((2, 0), np.int64)], axis=1)
+
+        def position(message: int, item: int | None) -> tuple[int, int | None]:
+            if item is None or not 0 <= item < sizes[message]:
+                return -1, item
+            off, row = flat[:, base[message] + item]
+            return int(off), (None if row < 0 else int(row))
+
+        inside = (parsed.batch_index >= 0) & (parsed.batch_index < sizes[parsed.message])
+        at = base[parsed.message][inside] + parsed.batch_index[inside]
+        ordered = np.full(len(parsed), -1, dtype=np.int64)
+        ordered[inside] = source_positions(flat[0, at], flat[1, at])
+        before = np.maximum.accumulate(np.r_[inbox.applied[source], ordered])[:-1]
+        fresh = ~inside | (ordered > before)  # a row without a known position is never taken for a copy
+        inbox.applied[source] = max(int(inbox.applied[source]), int(ordered.max(initial=-1)))
+        parsed = parsed.take(fresh)
+        displaced: list = []
+        applied = state.apply(parsed, 1 + source, displaced)
+        result = ApplyResult(partition=partition)
+        for rej in parsed.rejections:
+            off, row = position(rej.message, rej.batch_index)
+            result.dead_letters.append(self._letter(rej.reason, rej.detail, rej.original, source, off, row))
+        return self._counted(result, len(applied), parsed.rejections, displaced)
+
+    def _counted(self, result: ApplyResult, applied: int, rejections: list, displaced: list) -> ApplyResult:
+        """Count a run's outcome (reports displaced by one of higher precedence become duplicates)."""
+        state = self.states[result.partition]
+        for local, step, codes, rank in displaced:
+            user = self.roster.ids[state.rows[local]]
+            values = {a: (c if self.forwarder.labels[a] is None else self.forwarder.labels[a][c])
+                      for a, c in codes.items() if c >= 0}
+            detail = ("displaced by a report for the same user and step that arrived while the same step was open, "
+                      "directly or from a lower reports partition (which takes precedence)")
+            headers = dead_letter_headers("duplicate", detail, self.names["reports"], result.partition, -1, None)
+            result.dead_letters.append((f"{result.partition}:displaced:{user}:{step}:{rank}".encode(),
+                                        orjson.dumps({"user": user, "step": step, "values": values}), headers))
+        result.accepted = applied - len(displaced)
+        for rej in rejections:
+            result.reasons[rej.reason] = result.reasons.get(rej.reason, 0) + 1
+        if displaced:
+            result.reasons["duplicate"] = result.reasons.get("duplicate", 0) + len(displaced)
+        state.intake.count(result.accepted, result.reasons, result.forwarded)
+        return result
+
+    def _letter(self, reason: str, detail: str, original: bytes, source: int, offset: int,
+                item: int | None) -> tuple[bytes, bytes, list]:
+        """A dead letter keyed by the report's position in reports partition ``source``: stable under
+        replay, whatever the run split or the path it took."""
+        key = f"{source}:{offset}:{'-' if item is None else item}".encode()
+        return key, original, dead_letter_headers(reason, detail, self.names["reports"], source, offset, item)
+
+    # -- close -----------------------------------------------------------------------------------
+    def close(self, partition: int, step: int, marker_offset: int,
+              closed_at: int | None = None) -> tuple[list[tuple[bytes, bytes]], bytes, dict]:
+        """Close ``step`` in ``partition``. Returns (partial messages, checkpoint blob, summary).
+
+        ``closed_at`` (the marker's public close time, ms) travels in the partial to the releaser,
+        which stamps the step's public records with it.
+
+        A marker for a step that is already closed (a replay, or a duplicate marker) yields no
+        messages. The caller publishes the partial messages, then stores the checkpoint.
+        """
+        state = self.states[partition]
+        if step <= state.closed:
+            state.offset = max(state.offset, marker_offset)
+            return [], b"", {"step": step, "duplicate": True}
+        partial = state.close(step)
+        partial["closed_at"] = closed_at
+        state.offset = marker_offset
+        messages = encode_partial(partial)
+        blob = self.checkpoint(partition)
+        summary = {"step": step, "users": partial["users"], "reported": partial["reported"]}
+        return messages, blob, summary
+
+    def feedback_outstanding(self, partition: int) -> bool:
+        return bool(self.states[partition].feedback_needed)
+
+    def apply_feedback(self, partition: int, value: bytes) -> bool:
+        """Apply one feedback message; returns True when it was new for this partition."""
+        state = self.states.get(partition)
+        if state is None:
+            return False
+        msg = orjson.loads(value)
+        before = set(state.feedback_needed)
+        state.apply_feedback(int(msg["step"]), str(msg["release"]), msg)
+        changed = before != state.feedback_needed
+        if changed and self.store is not None and not state.feedback_needed:
+            # checkpoint after the last feedback of the step, so a restart does not wait for it again
+            self.store.save_checkpoint(partition, self.checkpoint(partition))
+        return changed
+
+    def checkpoint(self, partition: int) -> bytes:
+        """The partition's state with its ``repartition`` position (what was forwarded to it and applied)."""
+        return dumps_state({**self.states[partition].get_state(),
+                            "repartition": self.inboxes[partition].get_state()})
+
+    def _reject_record(self, partition: int, rec: Record, reason: str, detail: str,
+                       topic: str = "reports") -> ApplyResult:
+        """One record straight to the dead-letter topic (its offset counts as consumed)."""
+        state = self.states[partition]
+        if topic == "reports":
+            state.offset = max(state.offset, rec.offset)
+        headers = dead_letter_headers(reason, detail, self.names[topic], partition, rec.offset, None)
+        state.intake.count(0, {reason: 1})
+        key = f"{partition}:{rec.offset}:-" if topic == "reports" else f"{topic}:{partition}:{rec.offset}:-"
+        return ApplyResult(partition=partition, reasons={reason: 1},
+                           dead_letters=[(key.encode(), bytes(rec.value or b""), headers)])

@@ -1,0 +1,274 @@
+"""Per-partition user state on an ingest worker: open steps, stateful checks, close and partials.
+
+A reports partition owns a fixed set of roster rows. Its state holds, per attribute, the values
+reported for the open steps (the next one to close and up to ``max_ahead`` beyond), the last value
+of every user (for carry-forward imputation), and one aggregator per release. Applying a report is
+idempotent per (user, step): the first accepted report wins, a second one is a ``duplicate``.
+
+Closing step t (triggered by a close marker in this partition's log, so the cut is defined by the
+log and a replay after a crash reproduces it exactly) imputes missing values, computes every
+release's partial aggregate, and advances. Feedback for step t (heavy-hitter flags) must be
+applied before step t+1 closes; :meth:`close` refuses otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pipeline.releases import kind_of
+from pipeline.stream.ingest.reports import ParsedReports
+
+__all__ = ["PartitionState", "FeedbackPending", "Intake"]
+
+
+class FeedbackPending(RuntimeError):
+    """Step t+1 cannot close before the feedback of step t has been applied."""
+
+
+class PartitionState:
+    def __init__(self, deployment, partition: int, rows: np.ndarray, n_total: int):
+        self.deployment = deployment
+        self.partition = int(partition)
+        self.rows = np.asarray(rows, dtype=np.int64)  # global roster rows owned, ascending
+        self.local = np.full(n_total, -1, dtype=np.int64)
+        self.local[self.rows] = np.arange(self.rows.size)
+        self.max_ahead = deployment.steps.max_ahead
+        self.horizon = deployment.horizon
+        size = self.rows.size
+        slots = self.max_ahead + 1
+        self.attributes = list(deployment.attributes)
+        # pending[a][j, i] = code reported by local user i for step closed+1+j, or -1
+        self.pending = {a: np.full((slots, size), -1, dtype=np.int64) for a in self.attributes}
+        # precedence of the accepted report of each (user, open step), -1 for none; see apply
+        self.origins = deployment.topics.partitions + 1
+        self.rank = np.full((slots, size), -1, dtype=np.int64)
+        self.last = {a: np.full(size, -1, dtype=np.int64) for a in self.attributes}
+        self.closed = 0  # last closed step
+        self.feedback_needed: set[str] = set()  # releases whose feedback for `closed` is outstanding
+        self.last_x: dict[str, np.ndarray] = {}  # attribute values of the last closed step (for feedback)
+        self.aggregators = {
+            rel.name: kind_of(rel).aggregator(rel, deployment.attributes[rel.attribute], size, self.horizon)
+            for rel in deployment.releases
+        }
+        self._feedback_releases = {rel.name for rel in deployment.releases if kind_of(rel).needs_feedback(rel)}
+        self.offset = -1  # offset of the last consumed message of this partition (checkpointing)
+        self.intake = Intake(slots)
+
+    # -- reports -----------------------------------------------------------------------------
+    def apply(self, parsed: ParsedReports, origin: int = 0, displaced: list | None = None) -> ParsedReports:
+        """Apply accepted reports of this partition; stateful rejections are added to ``parsed``.
+
+        ``origin`` says where the reports came from: 0 for this partition's own reports log, 1 + q
+        for reports forwarded from reports partition q (:mod:`pipeline.stream.ingest.repartition`). Of the
+        reports for one (user, step), the accepted one has the smallest rank
+        ``(steps closed when applied) * (P + 1) + origin``, ties going to the first in log order:
+        the first accepted report wins, as for a single log, and between reports that reached this
+        partition by different logs while the same step was open, the direct one, then the lower
+        source partition. That makes the outcome independent of how the logs interleave, so a replay
+        after a crash reproduces it. A report that loses its place to a later one of smaller rank
+        is appended to ``displaced`` as (local row, step, {attribute: code}, rank) for the caller to
+        dead-letter as a duplicate (with one log, origin 0, nothing is ever displaced).
+
+        Returns the reports that were applied (for counting).
+        """
+        if len(parsed) == 0:
+            return parsed
+        slots = self.max_ahead + 1
+        local = self.local[parsed.rows]
+        foreign = local < 0
+        if foreign.any():
+            raise ValueError(f"partition {self.partition}: {int(foreign.sum())} reports of rows it does not own")
+        slot = parsed.steps - (self.closed + 1)
+        late = slot < 0
+        future = slot > self.max_ahead
+        parsed.reject(late, "late", f"step already closed (last closed step {self.closed})")
+        parsed.reject(future, "future_step", f"more than {self.max_ahead} steps ahead of open step {self.closed + 1}")
+        ok = ~(late | future)
+        # Duplicates: a report of smaller rank already accepted for (user, step), or one of smaller
+        # (rank, position) for the same (user, step) in this batch.
+        rank = self.closed * self.origins + np.broadcast_to(np.asarray(origin, dtype=np.int64), ok.shape)
+        key = local * (self.max_ahead + 1) + np.where(ok, slot, 0)
+        best = np.zeros(ok.size, dtype=bool)
+        idx = np.flatnonzero(ok)
+        if idx.size:
+            order = np.lexsort((idx, rank[idx], key[idx]))  # by key, then rank, then position
+            sorted_keys = key[idx][order]
+            best[idx[order[np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]]]] = True
+        held = np.full(ok.size, -1, dtype=np.int64)
+        held[idx] = self.rank[slot[idx], local[idx]]
+        wins = best & ((held < 0) | (rank < held))
+        dup = ok & ~wins
+        parsed.reject(dup, "duplicate", "a report for this user and step was already accepted")
+        ok &= ~dup
+        evict = np.flatnonzero(ok & (held >= 0))
+        if evict.size:
+            if displaced is not None:
+                for i in evict:
+                    s_, l_ = slot[i], local[i]
+                    displaced.append((int(l_), int(self.closed + 1 + s_),
+                                      {a: int(self.pending[a][s_, l_]) for a in self.attributes}, int(held[i])))
+            for a in self.attributes:
+                self.pending[a][slot[evict], local[evict]] = -1
+        for a in self.attributes:
+            code = parsed.codes[a]
+            sel = ok & (code >= 0)
+            self.pending[a][slot[sel], local[sel]] = code[sel]
+        self.rank[slot[ok], local[ok]] = rank[ok]
+        new = ok & (held < 0)
+        self.intake.reported += np.bincount(slot[new], minlength=slots).astype(np.int64)  # one per new (user, step)
+        return parsed.take(ok)
+
+    # -- close ---------------------------------------------------------------------------------
+    def coverage(self) -> int:
+        """Users of this partition with a report for the next step to close."""
+        got = np.zeros(self.rows.size, dtype=bool)
+        for a in self.attributes:
+            got |= self.pending[a][0] >= 0
+        return int(got.sum())
+
+    def close(self, step: int) -> dict[str, Any]:
+        """Close ``step`` (must be the next one): impute, aggregate, advance. Returns the partial."""
+        if step != self.closed + 1:
+            raise ValueError(f"partition {self.partition}: close({step}) but the next step to close is {self.closed + 1}")
+        if self.feedback_needed:
+            raise FeedbackPending(f"feedback of step {self.closed} not yet applied for {sorted(self.feedback_needed)}")
+        reported = self.coverage()
+        x = {}
+        for a in self.attributes:
+            cur = self.pending[a][0]
+            missing = cur < 0
+            x[a] = self._impute(a, cur, missing)
+            self.last[a] = x[a]
+        partials = {}
+        for rel in self.deployment.releases:
+            partials[rel.name] = self.aggregators[rel.name].partial(step, x[rel.attribute])
+        for buf in (*self.pending.values(), self.rank):  # shift the open-step window
+            buf[:-1] = buf[1:]
+            buf[-1] = -1
+        self.closed = step
+        self.intake.close(step, int(self.rows.size), reported)
+        self.last_x = x
+        self.feedback_needed = set(self._feedback_releases)
+        return {
+            "step": step,
+            "partition": self.partition,
+            "users": int(self.rows.size),
+            "reported": reported,
+            "releases": partials,
+        }
+
+    def _impute(self, attribute: str, cur: np.ndarray, missing: np.ndarray) -> np.ndarray:
+        """Deterministic per user (carry forward, else the configured default), so it adds no privacy cost."""
+        imp = self.deployment.imputation
+        default = self.deployment.attributes[attribute].code(imp.default.get(attribute, 0))
+        out = cur.copy()
+        if imp.rule == "carry_forward":
+            prev = self.last[attribute]
+            out[missing] = np.where(prev[missing] >= 0, prev[missing], default)
+        else:
+            out[missing] = default
+        return out
+
+    def apply_feedback(self, step: int, release: str, feedback: dict[str, Any]) -> None:
+        if step != self.closed or release not in self.feedback_needed:
+            return  # a replayed or duplicate feedback message: applying it twice would double-charge
+        self.aggregators[release].apply_feedback(step, self.last_x[self.deployment.release(release).attribute], feedback)
+        self.feedback_needed.discard(release)
+
+    # -- checkpoint ----------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "partition": self.partition,
+            "closed": self.closed,
+            "offset": self.offset,
+            "pending": {a: v.copy() for a, v in self.pending.items()},
+            "rank": self.rank.copy(),
+            "last": {a: v.copy() for a, v in self.last.items()},
+            "last_x": {a: v.copy() for a, v in self.last_x.items()},
+            "feedback_needed": sorted(self.feedback_needed),
+            "aggregators": {name: agg.get_state() for name, agg in self.aggregators.items()},
+            "intake": self.intake.get_state(),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if int(state["partition"]) != self.partition:
+            raise ValueError(f"checkpoint of partition {state['partition']} restored into partition {self.partition}")
+        self.closed = int(state["closed"])
+        self.offset = int(state["offset"])
+        self.pending = {a: np.array(v, dtype=np.int64) for a, v in state["pending"].items()}
+        if "rank" in state:
+            self.rank = np.array(state["rank"], dtype=np.int64)
+        else:  # a checkpoint from before ranks: what it holds was accepted first and stays
+            held = np.any([v >= 0 for v in self.pending.values()], axis=0)
+            self.rank = np.where(held, 0, -1).astype(np.int64)
+        self.last = {a: np.array(v, dtype=np.int64) for a, v in state["last"].items()}
+        self.last_x = {a: np.array(v, dtype=np.int64) for a, v in state["last_x"].items()}
+        self.feedback_needed = set(state["feedback_needed"])
+        for name, agg_state in state["aggregators"].items():
+            self.aggregators[name].set_state(agg_state)
+        self.intake = Intake(self.max_ahead + 1)
+        if "intake" in state:  # checkpoints written before intake counting have none: count from here
+            self.intake.set_state(state["intake"])
+
+    def intake_summary(self) -> dict[str, Any]:
+        """Curator-side counts of this partition (``dpstream status`` / ``close``; never published)."""
+        summary = self.intake.summary(self.partition, self.closed, self.offset, int(self.rows.size))
+        summary["open"] = {t: r for t, r in summary["open"].items() if int(t) <= self.horizon}
+        return summary
+
+
+class Intake:
+    """How many reports a partition accepted and rejected (by reason), per step — curator-side only.
+
+    ``reported[j]``: users with an accepted report for open step closed+1+j (each accepted report is
+    a new (user, step): duplicates are rejected). ``accepted``/``rejected``: reports handled while the
+    current step was open (the interval since the last close), whatever step they were for;
+    ``forwarded``: reports that arrived here for users of other partitions and were passed on to
+    their owners (which count them as accepted or rejected); a close
+    files them, with the step's reported and imputed users, under ``history[step]``. Part of the
+    checkpoint, so a replay after a crash restores and recounts them exactly once. Only the last
+    ``HISTORY`` closed steps are kept (the close guard compares with their median).
+    """
+
+    HISTORY = 64
+
+    def __init__(self, slots: int):
+        self.reported = np.zeros(slots, dtype=np.int64)
+        self.accepted = 0
+        self.rejected: dict[str, int] = {}
+        self.forwarded = 0
+        self.history: dict[int, dict[str, Any]] = {}
+
+    def count(self, accepted: int, reasons: dict[str, int], forwarded: int = 0) -> None:
+        self.accepted += int(accepted)
+        self.forwarded += int(forwarded)
+        for reason, n in reasons.items():
+            self.rejected[reason] = self.rejected.get(reason, 0) + int(n)
+
+    def close(self, step: int, users: int, reported: int) -> None:
+        self.history[step] = {"users": users, "reported": reported, "imputed": users - reported,
+                              "accepted": self.accepted, "rejected": dict(self.rejected),
+                              "forwarded": self.forwarded}
+        self.history.pop(step - self.HISTORY, None)
+        self.reported[:-1] = self.reported[1:]
+        self.reported[-1] = 0
+        self.accepted, self.rejected, self.forwarded = 0, {}, 0
+
+    def summary(self, partition: int, closed: int, offset: int, users: int) -> dict[str, Any]:
+        return {"partition": partition, "closed": closed, "offset": offset, "users": users,
+                "open": {str(closed + 1 + j): int(r) for j, r in enumerate(self.reported)},
+                "accepted": self.accepted, "rejected": dict(self.rejected), "forwarded": self.forwarded,
+                "history": {str(t): h for t, h in self.history.items()}}
+
+    def get_state(self) -> dict[str, Any]:
+        return {"reported": self.reported.copy(), "accepted": self.accepted, "rejected": dict(self.rejected),
+                "forwarded": self.forwarded, "history": {str(t): h for t, h in self.history.items()}}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.reported = np.array(state["reported"], dtype=np.int64)
+        self.accepted = int(state["accepted"])
+        self.rejected = {str(k): int(v) for k, v in state["rejected"].items()}
+        self.forwarded = int(state.get("forwarded", 0))
+        self.history = {int(t): dict(h) for t, h in state["history"].items()}

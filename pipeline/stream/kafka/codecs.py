@@ -1,0 +1,201 @@
+"""Message formats on the topics, with deterministic keys so consumers can deduplicate.
+
+Public topics carry JSON an analyst can read as ordinary data:
+
+* ``releases``  key ``<release>:<step>`` — the step's manifest: mechanism and parameters, noisy and
+  projected counts, the synthetic columns' chunk count and SHA-256, privacy spent so far.
+* ``synthetic`` key ``<release>:<step>:<chunk>`` — new values of synthetic records
+  ``[start, stop)`` for the step's new columns: ``{"values": {"<column step>": [...]}}``.
+* ``alerts``    key ``<release>:<step>`` — heavy hitters / band alerts of the step.
+
+Internal topics (curator-side, never exposed):
+
+* ``reports``   user reports; a close marker is a message with header ``dpstream-control: close``
+  and value ``{"step": t, "closed_at": ms}``, written to **every** partition, so the cut between
+  step t and later reports is a position in each partition's log. ``closed_at`` is the step's
+  public close time (the close command's timestamp or the deadline), carried through the partials
+  to stamp every public record of the step (docs/privacy.md, "Closing rules and timing").
+* ``control``   operator commands (``{"command": "close", "step": t}``), turned into markers.
+* ``step-partials`` binary partial aggregates (true counts), chunked, key ``<step>:<partition>:<chunk>``.
+* ``feedback``  ``{"release", "step", "flagged": [...]}`` to every partition (heavy-hitter charging).
+* ``repartition`` reports that arrived on a partition not owning their user, as columnar batches
+  for the owner's partition, and per-step forwarded-through markers (:mod:`pipeline.stream.ingest.repartition`).
+* ``dead-letter`` the original bytes as value; reason, detail and source position in headers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Iterator
+
+import numpy as np
+import orjson
+
+from pipeline.serialization import dumps_state, loads_state
+from pipeline.synth.postprocess import synthetic_dtype
+
+__all__ = [
+    "TOPICS",
+    "CONTROL_HEADER",
+    "SYNTHETIC_CHUNK_RECORDS",
+    "PARTIAL_CHUNK_BYTES",
+    "columns_checksum",
+    "SYNTHETIC_DTYPES",
+    "synthetic_columns",
+    "synthetic_chunks",
+    "encode_partial",
+    "PartialAssembler",
+    "dead_letter_headers",
+    "close_marker",
+    "parse_close_marker",
+]
+
+# topic -> (partitions: "config" means the deployment's topics.partitions)
+TOPICS: dict[str, int | str] = {
+    "reports": "config",
+    "feedback": "config",  # co-partitioned with reports
+    "repartition": "config",  # reports routed to their owner's partition (pipeline.stream.ingest.repartition)
+    "control": 1,
+    "step-partials": 1,  # one releaser reads them in order
+    "releases": 1,
+    "synthetic": 1,
+    "alerts": 1,
+    "dead-letter": 1,
+}
+
+CONTROL_HEADER = "dpstream-control"
+SYNTHETIC_CHUNK_RECORDS = 20_000  # ~60 KB of JSON per chunk per column
+PARTIAL_CHUNK_BYTES = 512 * 1024  # below Kafka's default 1 MB message limit
+
+
+# Types a manifest's ``synthetic.dtype`` may name: the smallest holding the release's alphabet
+# (``pipeline.synth.postprocess.synthetic_dtype``).
+SYNTHETIC_DTYPES = ("int8", "int16", "int32")
+
+
+def synthetic_columns(columns, categories: int) -> np.ndarray:
+    """The new synthetic columns in the smallest type holding codes 0..categories−1 (int8 up to 128
+    values, int16 up to 32,768); a value outside the alphabet is refused, never wrapped."""
+    arr = np.asarray(columns)
+    if arr.size and (arr.min() < 0 or arr.max() >= categories):
+        raise ValueError(f"synthetic values outside 0..{categories - 1}: [{arr.min()}, {arr.max()}]")
+    return arr.astype(synthetic_dtype(categories), copy=False)
+
+
+def columns_checksum(columns: np.ndarray) -> str:
+    """SHA-256 of the new synthetic columns, record-major, in their own type (one of
+    ``SYNTHETIC_DTYPES``, little-endian): the manifest's completeness check. For int8 columns these
+    are the bytes earlier versions hashed."""
+    if columns.dtype.name not in SYNTHETIC_DTYPES:
+        raise TypeError(f"synthetic columns must be one of {SYNTHETIC_DTYPES}, got {columns.dtype}")
+    return hashlib.sha256(np.ascontiguousarray(columns, dtype=columns.dtype.newbyteorder("<")).tobytes()).hexdigest()
+
+
+def synthetic_chunks(release: str, step: int, column_steps: list[int], columns: np.ndarray,
+                     chunk_records: int = SYNTHETIC_CHUNK_RECORDS) -> Iterator[tuple[bytes, bytes]]:
+    """(key, value) messages for the new columns (shape (m, len(column_steps))) of one step."""
+    m = columns.shape[0]
+    chunks = max(1, -(-m // chunk_records))
+    for c in range(chunks):
+        start, stop = c * chunk_records, min(m, (c + 1) * chunk_records)
+        body = {
+            "release": release,
+            "step": step,
+            "chunk": c,
+            "chunks": chunks,
+            "start": start,
+            "stop": stop,
+            "values": {str(s): columns[start:stop, j].tolist() for j, s in enumerate(column_steps)},
+        }
+        yield f"{release}:{step}:{c}".encode(), orjson.dumps(body)
+
+
+def encode_partial(partial: dict[str, Any], chunk_bytes: int = PARTIAL_CHUNK_BYTES) -> list[tuple[bytes, bytes]]:
+    """Chunked binary messages for one partition's partial aggregate of one step."""
+    blob = dumps_state(partial)
+    step, partition = int(partial["step"]), int(partial["partition"])
+    pieces = [blob[i : i + chunk_bytes] for i in range(0, len(blob), chunk_bytes)] or [b""]
+    out = []
+    for c, piece in enumerate(pieces):
+        header = dumps_state({"step": step, "partition": partition, "chunk": c, "chunks": len(pieces),
+                             "data": np.frombuffer(piece, dtype=np.uint8)})
+        out.append((f"{step}:{partition}:{c}".encode(), header))
+    return out
+
+
+class PartialAssembler:
+    """Collects partial chunks (duplicates allowed) until a step has every partition's partial."""
+
+    def __init__(self, partitions: int):
+        self.partitions = int(partitions)
+        self._chunks: dict[tuple[int, int], dict[int, bytes]] = {}
+        self._expected: dict[tuple[int, int], int] = {}
+        self._offsets: dict[tuple[int, int], int] = {}  # smallest log offset of a buffered chunk
+
+    def add(self, value: bytes, offset: int = -1) -> int:
+        """Add one message (``offset``: its position in the partials log); returns its step."""
+        msg = loads_state(value)
+        key = (int(msg["step"]), int(msg["partition"]))
+        if offset >= 0:
+            self._offsets[key] = min(offset, self._offsets.get(key, offset))
+        self._chunks.setdefault(key, {})[int(msg["chunk"])] = msg["data"].tobytes()
+        self._expected[key] = int(msg["chunks"])
+        return key[0]
+
+    def complete(self, step: int) -> bool:
+        return all(
+            len(self._chunks.get((step, p), {})) == self._expected.get((step, p), -1) for p in range(self.partitions)
+        )
+
+    def pop(self, step: int) -> list[dict[str, Any]]:
+        """The step's partials, one per partition, in partition order (removed from the buffer)."""
+        if not self.complete(step):
+            raise KeyError(f"step {step} is not complete")
+        out = []
+        for p in range(self.partitions):
+            chunks = self._chunks.pop((step, p))
+            self._expected.pop((step, p))
+            self._offsets.pop((step, p), None)
+            out.append(loads_state(b"".join(chunks[c] for c in range(len(chunks)))))
+        return out
+
+    def discard_before(self, step: int) -> None:
+        for key in [k for k in self._chunks if k[0] < step]:
+            self._chunks.pop(key, None)
+            self._expected.pop(key, None)
+            self._offsets.pop(key, None)
+
+    def min_offset(self) -> int | None:
+        """Smallest log offset of a buffered (unreleased) chunk: where a restart must re-read from."""
+        return min(self._offsets.values()) if self._offsets else None
+
+
+def close_marker(step: int, closed_at_ms: int) -> bytes:
+    """The value of the close marker of ``step``, closed at the public time ``closed_at_ms``."""
+    return orjson.dumps({"step": int(step), "closed_at": int(closed_at_ms)})
+
+
+def parse_close_marker(value: bytes) -> tuple[int | None, int | None]:
+    """(step, closed_at ms) of a close marker; step None when the value is not ``{"step": <int ≥ 1>}``,
+    closed_at None when absent or not a non-negative integer."""
+    try:
+        msg: Any = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None, None
+    if type(msg) is not dict:
+        return None, None
+    step, closed_at = msg.get("step"), msg.get("closed_at")
+    return (step if type(step) is int and step >= 1 else None,
+            closed_at if type(closed_at) is int and closed_at >= 0 else None)
+
+
+def dead_letter_headers(reason: str, detail: str, topic: str, partition: int, offset: int,
+                        batch_index: int | None) -> list[tuple[str, bytes]]:
+    headers = [
+        ("dpstream-reason", reason.encode()),
+        ("dpstream-detail", detail.encode()[:1000]),
+        ("dpstream-source", f"{topic}/{partition}/{offset}".encode()),
+    ]
+    if batch_index is not None:
+        headers.append(("dpstream-batch-index", str(batch_index).encode()))
+    return headers

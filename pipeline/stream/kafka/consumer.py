@@ -1,0 +1,102 @@
+"""Bulk consumption for the jobs: aiokafka ``getmany`` in a consumer group, no per-event path.
+
+Both jobs read their inputs with a plain aiokafka consumer and hand whole fetches to vectorised
+logic (the worker) or to the release protocol (the releaser).
+
+Positions come from the Redis checkpoints, never from Kafka's committed offsets: on every assignment
+the caller's ``on_assign`` returns the offset to resume each partition from (the checkpoint's
+marker + 1, or 0). The offsets :meth:`commit_loop` commits feed the consumer-lag gauge only and
+are never read back. The range assignor gives partition p of
+``reports`` and of ``feedback`` (same partition count) to the same member, which the feedback loop
+relies on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+
+__all__ = ["BulkConsumer"]
+
+log = logging.getLogger("dpstream.bulk")
+
+OnAssign = Callable[[set[TopicPartition]], Awaitable[dict[TopicPartition, int]]]
+OnRevoke = Callable[[set[TopicPartition]], Awaitable[None]]
+Handled = Callable[[], dict[TopicPartition, int]]
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, owner: "BulkConsumer"):
+        self.owner = owner
+
+    async def on_partitions_revoked(self, revoked):
+        if revoked:
+            await self.owner._on_revoke(set(revoked))
+
+    async def on_partitions_assigned(self, assigned):
+        try:
+            positions = await self.owner._on_assign(set(assigned))
+        except Exception as err:
+            # aiokafka only logs a listener's exception; the job must stop on it instead (e.g. a
+            # checkpoint it cannot read), so batches() raises it.
+            self.owner.failure = err
+            raise
+        for tp, offset in positions.items():
+            self.owner.consumer.seek(tp, offset)
+
+
+class BulkConsumer:
+    """Consume ``topics`` in group ``group_id``; ``batches()`` yields ``{TopicPartition: [messages]}``."""
+
+    def __init__(self, bootstrap: str, group_id: str, topics: list[str], on_assign: OnAssign, on_revoke: OnRevoke,
+                 max_records: int = 50_000, session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 4_000):
+        self.topics = list(topics)
+        self.group_id = group_id
+        self._on_assign = on_assign
+        self._on_revoke = on_revoke
+        self.max_records = int(max_records)
+        self.failure: Exception | None = None  # raised by the assignment callback: ends batches()
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
+            auto_offset_reset="earliest", partition_assignment_strategy=(RangePartitionAssignor,),
+            max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20, fetch_max_wait_ms=50,
+            session_timeout_ms=session_timeout_ms, rebalance_timeout_ms=rebalance_timeout_ms,
+            heartbeat_interval_ms=1_000, max_poll_interval_ms=300_000,
+        )
+
+    async def start(self) -> None:
+        await self.consumer.start()
+        self.consumer.subscribe(self.topics, listener=_Listener(self))
+
+    async def stop(self) -> None:
+        await self.consumer.stop()
+
+    async def batches(self, timeout_ms: int = 100):
+        while True:
+            batch = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=self.max_records)
+            if self.failure is not None:
+                raise self.failure
+            if batch:
+                yield batch
+            else:
+                await asyncio.sleep(0)
+
+    async def commit_loop(self, handled: Handled, interval: float = 2.0) -> None:
+        """Every ``interval`` seconds, commit ``handled()`` (partition -> next offset to handle) when it
+        moved. For the consumer-lag gauge only: positions are never read back from these commits."""
+        committed: dict[TopicPartition, int] = {}
+        while True:
+            await asyncio.sleep(interval)
+            offsets = {tp: o for tp, o in handled().items()
+                       if o > 0 and committed.get(tp) != o and tp in self.consumer.assignment()}
+            if not offsets:
+                continue
+            try:
+                await self.consumer.commit(offsets)
+                committed.update(offsets)
+            except Exception as err:  # noqa: BLE001 - e.g. a rebalance in progress; the next round commits
+                log.debug("position commit skipped: %s", err)

@@ -1,0 +1,55 @@
+"""What both stream jobs do around their work: logging, the producer, and running their tasks until
+a signal or a failure (a failure exits non-zero, for a supervisor to restart the process: all a job
+needs to resume is in Redis and the log)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Awaitable, Callable
+
+from aiokafka import AIOKafkaProducer
+
+__all__ = ["run_job", "make_producer", "supervise"]
+
+log = logging.getLogger("dpstream.process")
+
+def run_job(job: Callable[[], Awaitable[None]], loglevel: str = "info") -> None:
+    """Configure logging and run ``job()`` in a new event loop (aiokafka clients must be created
+    inside the running loop, so ``job`` builds them)."""
+    logging.basicConfig(level=loglevel.upper(),
+                        format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+
+    async def main() -> None:
+        await job()
+
+    asyncio.run(main())
+
+
+def make_producer(bootstrap: str, linger_ms: int) -> AIOKafkaProducer:
+    """Acknowledged by every in-sync replica: a checkpoint or a ledger entry follows some sends."""
+    return AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms,
+                            max_request_size=8 << 20, max_batch_size=1 << 20)
+
+
+async def supervise(tasks: list[asyncio.Task], name: str) -> None:
+    """Wait until SIGTERM/SIGINT or until a task ends; re-raise a task's exception. Every task is
+    cancelled on the way out (mid-fetch is safe: nothing past the last checkpoint is kept)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not stopper and not task.cancelled() and task.exception() is not None:
+                log.error("%s failing: %r", name, task.exception())
+                raise task.exception()
+        log.info("%s stopping", name)
+    finally:
+        for task in (*tasks, stopper):
+            task.cancel()
+        await asyncio.gather(*tasks, stopper, return_exceptions=True)

@@ -1,0 +1,230 @@
+"""Releaser-side logic, no I/O: sum the partitions' partials, run the mechanisms, build the records.
+
+For each step the engine records every release's spend in the ledger (refusing a spend that would
+exceed the plan), runs the mechanism on the summed partial aggregates (partials are additive, so
+the result does not depend on the number of workers), and returns one record per release:
+the public manifest, the new synthetic columns, alerts and feedback. The caller commits the records
+and the engine state to Redis atomically before publishing (``pipeline.stream.state.store``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipeline.plan import budget_plan, mechanism_setting, privacy_budget
+from pipeline.privacy.accounting import PrivacyLedger, ZCDP
+from pipeline.releases import StepInput, kind_of
+from pipeline.serialization import dumps_state, loads_state
+from pipeline.stream.release.closing import public_close_time
+from pipeline.stream.kafka.codecs import SYNTHETIC_CHUNK_RECORDS, columns_checksum, synthetic_columns
+
+__all__ = ["ReleaseEngine", "ReleaseOutput", "release_seed", "batch_reference", "merge_histograms"]
+
+
+def release_seed(deployment, release_name: str) -> int | None:
+    """Per-release seed derived from the deployment seed (None = secure randomness)."""
+    if deployment.random.kind != "seeded":
+        return None
+    digest = hashlib.blake2b(f"{deployment.random.seed}:{release_name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def batch_reference(deployment, panels: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What the stream must publish for each synthetic-data release of ``deployment``: the library
+    synthesizer run in batch over ``panels[attribute]`` (n × steps codes, imputation already applied)
+    with the release's planned budget and the stream's derived seed. An uninterrupted, crashed or
+    scaled-out stream run with the same seed must equal it bit for bit."""
+    dep = deployment
+    allot = budget_plan(dep).allotments()
+    out = {}
+    for rel in dep.releases:
+        kind = kind_of(rel)
+        if not kind.synthetic:
+            continue
+        mech = kind.build(rel, mechanism_setting(dep, rel, allot[rel.name]))
+        panel = np.asarray(panels[rel.attribute])
+        for t in range(panel.shape[1]):
+            mech.update(panel[:, t])
+        out[rel.name] = np.asarray(mech.synthetic)
+    return out
+
+
+@dataclass
+class ReleaseOutput:
+    release: str
+    step: int
+    manifest: dict[str, Any]
+    column_steps: list[int]
+    columns: np.ndarray | None  # (m, len(column_steps)) in the alphabet's type (synthetic_columns), or None
+    alerts: dict[str, Any] | None = None
+    feedback: dict[str, Any] | None = None
+
+    def to_bytes(self) -> bytes:
+        return dumps_state({
+            "release": self.release,
+            "step": self.step,
+            "manifest": self.manifest,
+            "column_steps": list(self.column_steps),
+            "columns": self.columns,
+            "alerts": self.alerts,
+            "feedback": self.feedback,
+        })
+
+    @classmethod
+    def from_bytes(cls, blob: bytes, what: str = "release record") -> "ReleaseOutput":
+        s = loads_state(blob, what)
+        return cls(
+            release=s["release"], step=int(s["step"]), manifest=s["manifest"],
+            column_steps=[int(c) for c in s["column_steps"]], columns=s["columns"],
+            alerts=s["alerts"], feedback=s["feedback"],
+        )
+
+
+def merge_histograms(parts: list[dict], domain_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sum partial histograms (``elements``, ``counts`` ≥ 1 per part) into sorted distinct support
+    ids and their total counts. A dense count over the domain when it is not much larger than the
+    elements (O(|X| + m), no sort), else a sort of the elements (O(m log m)); same result."""
+    elements = np.concatenate([np.asarray(p["elements"], dtype=np.int64) for p in parts])
+    counts = np.concatenate([np.asarray(p["counts"], dtype=np.int64) for p in parts])
+    if domain_size <= max(_DENSE_DOMAIN, 4 * elements.size):
+        dense = np.bincount(elements, weights=counts, minlength=domain_size)  # sums < 2**53: exact
+        support = np.flatnonzero(dense)
+        return support, dense[support].astype(np.int64)
+    support, inverse = np.unique(elements, return_inverse=True)
+    return support, np.bincount(inverse, weights=counts, minlength=support.size).astype(np.int64)
+
+
+_DENSE_DOMAIN = 1 << 22  # domains up to this size are always merged densely (32 MB of float64)
+
+
+def _cost_json(cost) -> dict[str, float] | None:
+    if cost is None:
+        return None
+    if isinstance(cost, ZCDP):
+        return {"rho": cost.rho}
+    return {"epsilon": cost.epsilon, "delta": cost.delta}
+
+
+class ReleaseEngine:
+    def __init__(self, deployment, n: int):
+        self.deployment = deployment
+        self.n = int(n)
+        self.plan = budget_plan(deployment)
+        self.allotments = self.plan.allotments()
+        self.ledger = PrivacyLedger(privacy_budget(deployment), self.plan)
+        self.step = 0
+        self.settings = {rel.name: mechanism_setting(deployment, rel, self.allotments[rel.name], self.n)
+                         for rel in deployment.releases}
+        self.mechanisms = {rel.name: kind_of(rel).build(rel, self.settings[rel.name]) for rel in deployment.releases}
+        self._events_of_mechanisms()
+        self.instance: str | None = None  # the deployment instance id stamped into manifests (identity module)
+
+    # -- mechanisms ----------------------------------------------------------------------------
+    def _events_of_mechanisms(self) -> None:
+        """Per release, the privacy events of steps 1..T its kind declares for the mechanism that
+        draws the noise (``pipeline.releases``): what the ledger charges."""
+        self.events = {rel.name: kind_of(rel).events(rel, self.mechanisms[rel.name], self.settings[rel.name])
+                       for rel in self.deployment.releases}
+
+    # -- one step ------------------------------------------------------------------------------
+    def release(self, step: int, partials: list[dict[str, Any]]) -> list[ReleaseOutput]:
+        """Release ``step`` from the partitions' partials (one per partition)."""
+        if step != self.step + 1:
+            raise ValueError(f"release({step}) but the next step to release is {self.step + 1}")
+        users = sum(int(p["users"]) for p in partials)
+        if users != self.n:
+            raise ValueError(f"partials of step {step} cover {users} users, the roster has {self.n}")
+        costs = {rel.name: self.events[rel.name][step - 1] for rel in self.deployment.releases}
+        # All or nothing: try every spend on a copy of the ledger first, so a refusal
+        # (BudgetExhaustedError) leaves no release half-done and no mechanism has drawn noise.
+        trial = PrivacyLedger.from_state(self.ledger.get_state())
+        for name, cost in costs.items():
+            if cost is not None:
+                trial.record(name, step, cost)
+        for name, cost in costs.items():
+            if cost is not None:
+                self.ledger.record(name, step, cost)
+        # The step's public close time, never the time of this computation (which grows with the
+        # private support size): docs/privacy.md, "Closing rules and timing".
+        closed_at = public_close_time(partials)
+        released_at = None if closed_at is None else closed_at / 1000
+        outputs = []
+        for rel in self.deployment.releases:
+            parts = [p["releases"][rel.name] for p in partials]
+            outputs.append(self._release_one(rel, step, parts, costs[rel.name], released_at))
+        self.step = step
+        return outputs
+
+    def _release_one(self, rel, step: int, parts: list[dict], cost, released_at: float | None) -> ReleaseOutput:
+        mech = self.mechanisms[rel.name]
+        manifest: dict[str, Any] = {
+            "deployment": self.deployment.name,
+            "instance": self.instance,
+            "release": rel.name,
+            "type": rel.type,
+            "attribute": rel.attribute,
+            "step": step,
+            "horizon": self.deployment.horizon,
+            "neighbours": self.deployment.neighbours,
+            "released_at": released_at,
+        }
+        attribute = self.deployment.attributes[rel.attribute]
+        out = kind_of(rel).release_step(StepInput(rel, mech, step, parts, attribute, self.deployment.neighbours,
+                                                  manifest))
+        columns, column_steps = out.columns, out.column_steps
+        if columns is not None:
+            columns = synthetic_columns(columns, attribute.size)
+            m = columns.shape[0]
+            manifest["synthetic"] = {
+                "columns": column_steps,
+                "records": m,
+                "dtype": columns.dtype.name,
+                "chunks": max(1, -(-m // SYNTHETIC_CHUNK_RECORDS)),
+                "sha256": columns_checksum(columns),
+            }
+        manifest["privacy"] = self._privacy(rel.name, cost)
+        return ReleaseOutput(rel.name, step, manifest, column_steps, columns, out.alerts, out.feedback)
+
+    def _privacy(self, release: str, cost) -> dict[str, Any]:
+        delta = self.deployment.budget.report_delta
+        rho_total = self.ledger.spent_rho()
+        approx = self.ledger.spent_approx_dp()
+        out: dict[str, Any] = {
+            "step_cost": _cost_json(cost),
+            "release_spent": _cost_json(
+                ZCDP(self.ledger.spent_rho(release)) if isinstance(self.allotments[release], ZCDP)
+                else self.ledger.spent_approx_dp(release)),
+            "release_allotment": _cost_json(self.allotments[release]),
+            "deployment_spent": {"rho": rho_total, "epsilon": approx.epsilon, "delta": approx.delta},
+        }
+        if rho_total > 0:
+            from pipeline.privacy.accounting import reported_approx_dp
+
+            out["deployment_spent_as_approx_dp"] = _cost_json(reported_approx_dp(rho_total, approx, delta))
+        return out
+
+    # -- state ---------------------------------------------------------------------------------
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "n": self.n,
+            "instance": self.instance,
+            "ledger": self.ledger.get_state(),
+            "mechanisms": {name: mech.get_state() for name, mech in self.mechanisms.items()},
+        }
+
+    @classmethod
+    def from_state(cls, deployment, state: dict[str, Any]) -> "ReleaseEngine":
+        engine = cls(deployment, int(state["n"]))
+        engine.step = int(state["step"])
+        engine.instance = state.get("instance")
+        engine.ledger = PrivacyLedger.from_state(state["ledger"])
+        for rel in deployment.releases:
+            cls_ = type(engine.mechanisms[rel.name])
+            engine.mechanisms[rel.name] = cls_.from_state(state["mechanisms"][rel.name])
+        engine._events_of_mechanisms()
+        return engine

@@ -1,0 +1,104 @@
+"""Which deployment a Redis state belongs to, and under which privacy-relevant configuration.
+
+At its first start a deployment writes ``{p}:identity`` to Redis (SET NX, first writer wins): a
+random instance id, the canonical privacy-relevant configuration (:mod:`pipeline.stream.state.fingerprint`)
+and its sha256. Every later start of the releaser or of a worker recomputes the document from its
+own configuration and refuses to start when the hash differs, naming each changed key — restored
+state is calibrated for the stored parameters (a heavy-hitter mechanism for k = 3 must not meet
+aggregators rebuilt for k = 20).
+
+The instance id is random (``uuid4``), independent of the data, and public: the releaser stamps it
+into every manifest, and the fence (:mod:`pipeline.stream.release.fence`) uses it to recognise releases
+of this deployment that the state in Redis does not know.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.stream.state.fingerprint import config_changes, fingerprint, portable_fingerprint, privacy_config
+
+__all__ = ["StateRefused", "ConfigurationChanged", "StateLost", "DeploymentIdentity", "establish_identity",
+           "ACCEPT_NEW_SPEND_ENV"]
+
+log = logging.getLogger("dpstream.identity")
+
+ACCEPT_NEW_SPEND_ENV = "DPSTREAM_ACCEPT_NEW_SPEND"
+
+
+class StateRefused(RuntimeError):
+    """A process refuses to start on this state; the command line maps the subclass to its exit code."""
+
+
+class ConfigurationChanged(StateRefused):
+    """The configuration differs from the one the state was created under (exit code 2)."""
+
+
+class StateLost(StateRefused):
+    """Releases exist that the state does not know: it was lost, wiped or replaced (exit code 4)."""
+
+
+@dataclass(frozen=True)
+class DeploymentIdentity:
+    instance: str
+    fingerprint: str
+    config: dict[str, Any]
+
+
+def establish_identity(deployment, roster_ids: list[str], store, role: str) -> DeploymentIdentity:
+    """Register this deployment's identity on first start, or check the configuration against it.
+
+    Raises :class:`ConfigurationChanged` when the privacy-relevant configuration changed or when a
+    ``production: true`` configuration meets a state created with a seeded random source, and
+    :class:`StateLost` when released steps exist without an identity record, or (production only)
+    when another deployment on this Redis has the same configuration and roster.
+    """
+    current = privacy_config(deployment, roster_ids)
+    digest = fingerprint(current)
+    stored = store.identity()
+    if stored is None:
+        released = store.last_released()
+        if released > 0:
+            raise StateLost(
+                f"{role}: Redis holds {released} released step(s) of deployment {deployment.name!r} but no identity "
+                "record (deleted, or written by a dpstream without one): the configuration they were calibrated "
+                "under cannot be checked; restore the whole Redis state from a backup (docs/streaming.md)")
+        _check_not_a_repeat(deployment, store, current, role)
+        stored, won = store.claim_identity({"instance": uuid.uuid4().hex, "fingerprint": digest, "config": current,
+                                            "created_at": time.time()})
+        if won:
+            store.register_fingerprint(portable_fingerprint(current))
+            log.info("%s: new deployment state: instance %s, configuration %s", role, stored["instance"], digest)
+    identity = DeploymentIdentity(stored["instance"], stored["fingerprint"], stored["config"])
+    if deployment.production and identity.config.get("random", {}).get("kind") != "secure":
+        raise ConfigurationChanged(
+            f"{role}: the state in Redis was created with a {identity.config.get('random', {}).get('kind')!r} "
+            "(non-secure) random source; production: true refuses to continue it: start a new deployment "
+            "with random.kind: secure")
+    if identity.fingerprint != digest:
+        changes = config_changes(identity.config, current)
+        raise ConfigurationChanged(
+            f"{role}: the privacy-relevant configuration differs from the one deployment {deployment.name!r} was "
+            f"started with: {'; '.join(changes)}. Refusing to start: the stored state is calibrated for the old "
+            "values. Revert the configuration, or start a new deployment (new name, new budget).")
+    return identity
+
+
+def _check_not_a_repeat(deployment, store, current: dict[str, Any], role: str) -> None:
+    """A deployment seen for the first time whose configuration and roster equal another deployment's on this
+    Redis is probably that deployment renamed: its releases would spend a second budget over the same people
+    with fresh noise. Refused under ``production: true`` unless the operator accepts the new spend."""
+    others = store.deployments_with_fingerprint(portable_fingerprint(current))
+    if not others:
+        return
+    what = (f"deployment {deployment.name!r} is new on this Redis, but {', '.join(map(repr, others))} has the same "
+            "roster and privacy configuration: a renamed deployment releases the same people's data again with "
+            "fresh noise, and the spends add up")
+    if deployment.production and os.environ.get(ACCEPT_NEW_SPEND_ENV) != "1":
+        raise StateLost(f"{role}: {what}. If this is a deliberate new budget, set {ACCEPT_NEW_SPEND_ENV}=1")
+    log.warning("%s: %s", role, what)
