@@ -490,7 +490,7 @@ def cmd_export(args) -> int:
 def cmd_query(args) -> int:
     panel = _synthetic_panel(args, args.step)
     if panel.type == "relative_error":
-        from pipeline.stream.relative_error import query_output
+        from pipeline.releases.relative_error import query_output
 
         try:
             out = query_output(panel, _load(args.config), args.release, args.step, args.group)

@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from pipeline.plan import APPROX_DP_RELEASES, ZCDP_RELEASES, budget_plan
+from pipeline.attributes import Attribute, BinaryAttribute, CategoricalAttribute, HashedAttribute
+from pipeline.plan import APPROX_DP_RELEASES, ZCDP_RELEASES, budget_plan  # noqa: F401  (re-exported)
 from pipeline.privacy.accounting import Neighbours, check_neighbours
-from pipeline.stream.relative_error import RelativeErrorRelease, check_release as check_relative_error
 from pipeline.security import Security, check_broker, check_redis_url
+from pipeline.releases import kind_of, kinds
+from pipeline.validation import StrictModel
 
 __all__ = [
     "Deployment",
@@ -33,123 +35,13 @@ class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the offending key."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+_Strict = StrictModel
 
 
-# --- attributes (public domains) -----------------------------------------------------------
+# --- attributes (public domains): pipeline.attributes ------------------------------------------
+# --- releases: one model per registered kind (pipeline.releases) ---------------------------------
 
-class BinaryAttribute(_Strict):
-    type: Literal["binary"]
-    description: str = ""
-
-    @property
-    def size(self) -> int:
-        return 2
-
-    def labels(self) -> list[str]:
-        return ["0", "1"]
-
-
-class CategoricalAttribute(_Strict):
-    type: Literal["categorical"]
-    values: list[str] = Field(min_length=2)
-    description: str = ""
-
-    @field_validator("values")
-    @classmethod
-    def _distinct(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("values must be distinct")
-        return v
-
-    @property
-    def size(self) -> int:
-        return len(self.values)
-
-    def labels(self) -> list[str]:
-        return list(self.values)
-
-
-class HashedAttribute(_Strict):
-    """An open domain (e.g. free text) mapped through a public hash to ids in [0, size).
-
-    An alert names a value only through the public ``dictionary`` (id -> label), never by
-    looking the id up in the private reports.
-    """
-
-    type: Literal["hashed"]
-    size: int = Field(ge=2, le=2**32)
-    dictionary: dict[int, str] = Field(default_factory=dict)
-    description: str = ""
-
-    @field_validator("dictionary")
-    @classmethod
-    def _dictionary_ids(cls, v: dict[int, str], info: ValidationInfo) -> dict[int, str]:
-        size = info.data.get("size")
-        bad = sorted(i for i in v if size is not None and not 0 <= i < size)
-        if bad:
-            raise ValueError(f"ids {bad[:5]} are outside [0, size={size}): no report can map to them")
-        return v
-
-
-Attribute = Annotated[Union[BinaryAttribute, CategoricalAttribute, HashedAttribute], Field(discriminator="type")]
-
-
-# --- releases --------------------------------------------------------------------------------
-
-class _Release(_Strict):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    attribute: str
-    share: float = Field(gt=0, le=1, description="fraction of the deployment budget of this release's kind")
-
-
-class FixedWindowRelease(_Release):
-    type: Literal["fixed_window"]
-    window: int = Field(ge=1)
-    beta: float = Field(default=0.05, gt=0, lt=1)
-
-
-class CumulativeRelease(_Release):
-    type: Literal["cumulative"]
-    beta: float = Field(default=0.05, gt=0, lt=1)
-    counter: Literal["tree", "factorization"] = Field(
-        default="factorization",
-        description="continual counter behind each cumulative count: the square-root factorization "
-                    "(lower error, docs/synthesizers.md) or the binary tree of the paper")
-
-
-class HeavyHittersRelease(_Release):
-    type: Literal["heavy_hitters"]
-    method: Literal["tme", "tct", "svt_restart", "naive"] = "tct"
-    k: int = Field(default=3, ge=1, description="times one user may contribute to a flagged element")
-    beta: float = Field(default=0.05, gt=0, lt=1)
-
-
-class BandMonitorRelease(_Release):
-    """Alert when the number of (active) users holding ``value`` leaves [low, high] (counts of users).
-
-    A user leaves the active set after contributing to one Above/Below answer (Ghazi et al., PREM, Alg. 1);
-    that single charge per user is what the calibration assumes.
-    """
-
-    type: Literal["band_monitor"]
-    value: str = Field(description="the attribute value whose count is watched")
-    low: float
-    high: float
-
-    @model_validator(mode="after")
-    def _band(self) -> "BandMonitorRelease":
-        if not self.low < self.high:
-            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
-        return self
-
-
-Release = Annotated[
-    Union[FixedWindowRelease, CumulativeRelease, HeavyHittersRelease, BandMonitorRelease, RelativeErrorRelease],
-    Field(discriminator="type"),
-]
-
+Release = Annotated[Union[tuple(kind.config for kind in kinds().values())], Field(discriminator="type")]
 
 
 # --- the rest ---------------------------------------------------------------------------------
@@ -299,28 +191,24 @@ class Deployment(_Strict):
             attr = self.attributes.get(rel.attribute)
             if attr is None:
                 raise ValueError(f"{where}.attribute: unknown attribute {rel.attribute!r}")
-            if rel.type == "cumulative" and attr.type != "binary":
-                raise ValueError(f"{where}.attribute: cumulative releases need a binary attribute")
-            if rel.type == "fixed_window":
-                if rel.window > self.horizon:
-                    raise ValueError(f"{where}.window: {rel.window} exceeds horizon {self.horizon}")
-                if attr.type == "hashed":
-                    raise ValueError(f"{where}.attribute: fixed-window releases need a binary or categorical attribute")
-                if attr.size ** rel.window > 2**22:
-                    raise ValueError(f"{where}.window: {attr.size}^{rel.window} histogram bins is too many")
-            if rel.type == "band_monitor" and attr.type != "hashed" and rel.value not in attr.labels():
-                raise ValueError(f"{where}.value: {rel.value!r} is not in the domain of {rel.attribute!r}")
-            if rel.type in ZCDP_RELEASES and self.budget.rho is None:
+            kind = kind_of(rel)
+            try:
+                kind.check(rel, attr, self.horizon)
+            except ValueError as err:  # the kind's message starts with the offending key
+                raise ValueError(f"{where}.{err}") from None
+            if kind.budget == "zcdp" and self.budget.rho is None:
                 raise ValueError(f"{where}: a {rel.type} release needs budget.rho")
-            if rel.type in APPROX_DP_RELEASES and self.budget.epsilon is None:
+            if kind.budget == "approx_dp" and self.budget.epsilon is None:
                 raise ValueError(f"{where}: a {rel.type} release needs budget.epsilon and budget.delta")
-            if rel.type == "relative_error":
-                check_relative_error(rel, attr, self, where)
+            try:
+                kind.check_budget(rel, self.budget, self.horizon)
+            except ValueError as err:
+                raise ValueError(f"{where}.{err}") from None
         for attr_name, value in self.imputation.default.items():
             attr = self.attributes.get(attr_name)
             if attr is None:
                 raise ValueError(f"imputation.default.{attr_name}: unknown attribute")
-            if not _in_domain(attr, value):
+            if not attr.in_domain(value):
                 raise ValueError(f"imputation.default.{attr_name}: {value!r} is outside the attribute's domain")
         return self
 
@@ -338,8 +226,7 @@ class Deployment(_Strict):
         raise KeyError(f"no release named {name!r}")
 
 
-_UNION_TAGS = {"attributes": {"binary", "categorical", "hashed"},
-               "releases": {"fixed_window", "cumulative", "heavy_hitters", "band_monitor", "relative_error"}}
+_UNION_TAGS = {"attributes": {"binary", "categorical", "hashed"}, "releases": set(kinds())}
 
 
 def _key_path(loc: tuple) -> str:
@@ -351,16 +238,6 @@ def _key_path(loc: tuple) -> str:
             continue
         parts.append(str(p))
     return ".".join(parts)
-
-
-def _in_domain(attr, value) -> bool:
-    if isinstance(value, bool):
-        return False
-    if attr.type == "categorical":
-        return value in attr.values or (isinstance(value, int) and 0 <= value < attr.size)
-    if attr.type == "hashed":
-        return isinstance(value, str) or (isinstance(value, int) and 0 <= value < attr.size)
-    return isinstance(value, int) and 0 <= value < attr.size
 
 
 def _format_validation_error(err: ValidationError) -> str:

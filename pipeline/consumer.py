@@ -88,8 +88,8 @@ class SyntheticPanel:
 
     def group_count(self, step: int, group: str, attribute=None) -> dict[str, Any]:
         """A group's count from the released histogram of ``step`` with its (ζ, α) interval
-        (relative_error releases; :func:`pipeline.stream.relative_error.answer_query`)."""
-        from pipeline.stream.relative_error import answer_query
+        (relative_error releases; :func:`pipeline.releases.relative_error.answer_query`)."""
+        from pipeline.releases.relative_error import answer_query
 
         return answer_query(self.manifests[step], self.histograms[step], group, attribute)
 
@@ -170,7 +170,7 @@ class PanelStore:
         if len(chunks) < int(syn["chunks"]):
             return
         if manifest["type"] == "relative_error":
-            from pipeline.stream.relative_error import complete_histogram
+            from pipeline.releases.relative_error import complete_histogram
 
             complete_histogram(panel, manifest, chunks)
             self._chunks.pop((release, step), None)

@@ -3,36 +3,37 @@
 The horizon T is known up front, so each release's whole spend is planned at start and checked
 against the deployment budget before anything runs (:func:`budget_plan` raises
 ``BudgetExceededError`` naming the releases). The ledger then records actual spends per step, on
-this schedule (:func:`step_cost`):
+this schedule (:func:`step_cost`), which is the privacy events each release's kind declares from
+the noise parameters of its built mechanism (``pipeline.releases``: ``kind.events``):
 
-* fixed window (Bun et al. 2024, Alg. 1): ρ_r/R at each update step t = k..T (R = T−k+1), 0 before k;
+* fixed window (Bun et al. 2024, Alg. 1): Δ²/(2σ²) = ρ_r/R at each update step t = k..T (R = T−k+1), 0 before k;
 * cumulative (Bun et al. 2024, Alg. 2): counter b (budget ρ_b = ρ·w_b/Σw, the weights of the release's
   ``counter`` and the deployment's relation, pipeline.synth.cumulative.counter_weights) starts at
-  t = b and its whole ρ_b is charged then — by time t at most Σ_{b≤t} ρ_b has been spent, so the ledger never lags
-  behind what the released outputs could reveal;
-* relative error (PREM, Ghazi et al., arXiv 2502.14809): one PREM per step with (ε_r/T, δ_r/T), charged at
-  every step t = 1..T as the (ε, δ) its noise parameters imply (pipeline.stream.relative_error);
+  t = b and its whole ρ_b (the Δ²/(2σ²) of its draws) is charged then — by time t at most
+  Σ_{b≤t} ρ_b has been spent, so the ledger never lags behind what the released outputs could reveal;
 * heavy hitters and band monitors: their (ε, δ) guarantee covers the whole horizon and does not
   decompose per step, so all of it is charged at step 1.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipeline.privacy.accounting import ApproxDP, BudgetPlan, PlannedRelease, PrivacyBudget, ZCDP
-from pipeline.stream import relative_error
+from pipeline.releases import Setting, kind_of, kinds
 
 if TYPE_CHECKING:  # annotations only: pipeline.config imports this module (load_config checks the plan)
     from pipeline.config import Deployment
 
-__all__ = ["privacy_budget", "budget_plan", "step_cost", "ZCDP_RELEASES", "APPROX_DP_RELEASES"]
+__all__ = ["privacy_budget", "budget_plan", "step_cost", "planned_events", "mechanism_setting", "ZCDP_RELEASES",
+           "APPROX_DP_RELEASES"]
 
-# Which part of the deployment budget each release type spends: ρ (zCDP) or (ε, δ).
-ZCDP_RELEASES = ("fixed_window", "cumulative")
-APPROX_DP_RELEASES = ("heavy_hitters", "band_monitor", "relative_error")
+# Which part of the deployment budget each release kind spends: ρ (zCDP) or (ε, δ) (pipeline.releases).
+ZCDP_RELEASES = tuple(name for name, kind in kinds().items() if kind.budget == "zcdp")
+APPROX_DP_RELEASES = tuple(name for name, kind in kinds().items() if kind.budget == "approx_dp")
 
 
 def privacy_budget(deployment: Deployment) -> PrivacyBudget:
@@ -43,28 +44,42 @@ def privacy_budget(deployment: Deployment) -> PrivacyBudget:
 def budget_plan(deployment: Deployment) -> BudgetPlan:
     """The checked plan (raises ``BudgetExceededError`` naming the releases over budget)."""
     releases = [
-        PlannedRelease(rel.name, share=rel.share, kind="approx_dp" if rel.type in APPROX_DP_RELEASES else "zcdp")
+        PlannedRelease(rel.name, share=rel.share, kind=kind_of(rel).budget)
         for rel in deployment.releases
     ]
     return BudgetPlan(privacy_budget(deployment), releases).check()
 
 
+def mechanism_setting(deployment: Deployment, release, allotment, n: int | None = None) -> Setting:
+    """What ``release``'s mechanism is built from besides its own keys (seeded per release)."""
+    from pipeline.stream.release.engine import release_seed
+
+    return Setting(horizon=deployment.horizon, neighbours=deployment.neighbours,
+                   domain_size=deployment.attributes[release.attribute].size, allotment=allotment,
+                   seed=release_seed(deployment, release.name), n=n,
+                   attribute=deployment.attributes[release.attribute])
+
+
+def planned_events(deployment: Deployment, release, allotment) -> tuple[ZCDP | ApproxDP | None, ...]:
+    """The privacy events of ``release`` at steps 1..T: those its kind declares for the mechanism
+    built from ``allotment`` (the one the releaser builds), so the plan is the noise drawn."""
+    setting = mechanism_setting(deployment, release, allotment, deployment.n)
+    try:
+        hash((release, setting))
+    except TypeError:  # a release model holding a mapping (e.g. declared groups): built uncached
+        return _events.__wrapped__(release, setting)
+    return _events(release, setting)
+
+
+@functools.lru_cache(maxsize=64)
+def _events(release, setting: Setting) -> tuple:
+    kind = kind_of(release)
+    return kind.events(release, kind.build(release, setting), setting)
+
+
 def step_cost(deployment: Deployment, release, step: int, allotment) -> ZCDP | ApproxDP | None:
     """What ``release`` spends at ``step`` (None: nothing), on the schedule in the module docstring."""
-    T = deployment.horizon
-    if release.type == "fixed_window":
-        k = release.window
-        return ZCDP(allotment.rho / (T - k + 1)) if step >= k else None
-    if release.type == "cumulative":
-        from pipeline.synth.cumulative import counter_weights
-
-        w = counter_weights(T, release.counter, deployment.neighbours)
-        return ZCDP(float(allotment.rho * w[step - 1] / w.sum()))
-    if release.type == "relative_error":
-        return relative_error.step_cost(deployment, release, step, allotment)
-    if release.type in APPROX_DP_RELEASES:
-        return allotment if step == 1 else None
-    raise ValueError(f"release {release.name!r}: unknown type {release.type!r}")
+    return planned_events(deployment, release, allotment)[step - 1]
 
 
 def planned_schedule(deployment: Deployment) -> dict[str, np.ndarray]:

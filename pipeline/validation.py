@@ -11,9 +11,10 @@ import numbers
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 __all__ = ["check_int", "check_real", "check_rho", "check_beta", "coerce_values", "coerce_counts", "check_values",
-           "check_contributions"]
+           "check_contributions", "StrictModel"]
 
 
 def check_int(value: Any, name: str, *, low: int | None = None, high: int | None = None) -> int:
@@ -131,3 +132,9 @@ def check_contributions(contributions: Any, n: int, granularity: int, name: str 
     if arr.size and (not np.all(np.isfinite(arr)) or arr.min() < 0.0 or arr.max() > 1.0):
         raise ValueError(f"{name} must lie in [0, 1]")
     return np.rint(arr * granularity).astype(np.int64)
+
+
+class StrictModel(BaseModel):
+    """Base of the configuration models: unknown keys are refused, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)

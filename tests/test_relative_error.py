@@ -1,4 +1,4 @@
-"""The ``relative_error`` release kind (pipeline.stream.relative_error): configuration checks, the query
+"""The ``relative_error`` release kind (pipeline.releases.relative_error): configuration checks, the query
 families, the per-step privacy event against PREM's calibration, the releaser engine against the
 library PREM (Ghazi et al., "PREM: Privately Answering Statistical Queries with Relative Error",
 arXiv 2502.14809), the consumer's histogram assembly and the (ζ, α) interval."""
@@ -18,8 +18,8 @@ from pipeline.config import ConfigError, parse_config
 from pipeline.consumer import IncompleteStep, PanelStore
 from pipeline.plan import budget_plan, planned_schedule, step_cost
 from pipeline.privacy.accounting import ApproxDP, BUDGET_RTOL
-from pipeline.stream import relative_error as re_kind
-from pipeline.stream.ingest.aggregators import make_aggregator
+from pipeline.releases import relative_error as re_kind
+from pipeline.releases import kind_of
 from pipeline.stream.release.engine import ReleaseEngine, ReleaseOutput, release_seed
 from pipeline.stream.kafka.codecs import synthetic_chunks
 from support.neighbour_runs import CoupledWorlds
@@ -221,7 +221,7 @@ def _run_engine(dep, panel: np.ndarray, engine: ReleaseEngine | None = None, ste
     rel = dep.releases[0]
     engine = engine or ReleaseEngine(dep, N)
     halves = (slice(0, N // 2), slice(N // 2, N))
-    aggs = [make_aggregator(rel, dep.attributes[rel.attribute], len(range(N)[h]), T) for h in halves]
+    aggs = [kind_of(rel).aggregator(rel, dep.attributes[rel.attribute], len(range(N)[h]), T) for h in halves]
     outputs = {}
     for t in steps or range(1, T + 1):
         parts = [{"users": len(range(N)[h]), "releases": {rel.name: agg.partial(t, panel[h, t - 1])}}

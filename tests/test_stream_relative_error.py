@@ -18,7 +18,7 @@ from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
 from pipeline.stream.release.engine import release_seed
-from pipeline.stream.relative_error import group_interval, histogram_checksum, step_seed
+from pipeline.releases.relative_error import group_interval, histogram_checksum, step_seed
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import ReleaseStore
 from jobs.eval.testbed import write_panel_deployment

@@ -187,6 +187,12 @@ class TreeCounter:
         return np.asarray(exact, dtype=np.int64)
 
     # -- reading ----------------------------------------------------------------------------
+    @property
+    def realised_rho(self) -> float:
+        """Δ²/(2σ²) from the σ² the node draws use: a leaf lies in at most L released nodes, so
+        Δ² = L (add/remove) or 2L (replace) (module docstring)."""
+        return sensitivity_factor(self.neighbours) * self.levels / (2.0 * self.sigma2)
+
     def variance_at(self, t: int) -> float:
         """popcount(t)·σ²: variance of S̃_t − S_t for the continuous Gaussian and an upper bound for
         the discrete one used here (whose variance is < σ²)."""

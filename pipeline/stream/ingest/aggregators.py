@@ -1,4 +1,5 @@
-"""Worker-side partial aggregates, one aggregator per configured release.
+"""Worker-side partial aggregates, one aggregator per configured release (chosen by the release's
+kind, ``pipeline.releases``: ``kind.aggregator``).
 
 At the close of step t a worker holds, for the users of one reports partition, the step's value of
 every attribute (reported or imputed). Each aggregator turns those values into the release's
@@ -14,24 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.stream import relative_error
-
-__all__ = ["make_aggregator", "needs_feedback", "watch_code", "FixedWindowAggregator", "CumulativeAggregator",
-           "ActiveSetAggregator"]
-
-
-def needs_feedback(release) -> bool:
-    """Releases whose flags charge users (workers must apply them before the next close)."""
-    return (release.type == "heavy_hitters" and release.method in ("tme", "tct")) or release.type == "band_monitor"
+__all__ = ["watch_code", "FixedWindowAggregator", "CumulativeAggregator", "ActiveSetAggregator"]
 
 
 def watch_code(release, attribute) -> int:
     """The code of a band monitor's watched value in the attribute's public domain."""
-    if attribute.type == "hashed":
-        from pipeline.stream.ingest.reports import public_hash
-
-        return public_hash(release.value, attribute.size)
-    return attribute.labels().index(release.value)
+    return attribute.code(release.value)
 
 
 class FixedWindowAggregator:
@@ -134,18 +123,3 @@ class ActiveSetAggregator:
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.charges = np.array(state["charges"], dtype=np.int32)
-
-
-def make_aggregator(release, attribute, rows: int, horizon: int):
-    """The worker-side aggregator for one configured release (``pipeline.config`` models)."""
-    if release.type == "fixed_window":
-        return FixedWindowAggregator(rows, release.window, attribute.size)
-    if release.type == "cumulative":
-        return CumulativeAggregator(rows, horizon)
-    if release.type == "heavy_hitters":
-        return ActiveSetAggregator(rows, release.k, counted=release.method in ("tme", "tct"))
-    if release.type == "band_monitor":  # a user leaves after one Above/Below it contributed to
-        return ActiveSetAggregator(rows, 1, counted=True, watch_value=watch_code(release, attribute))
-    if release.type == "relative_error":
-        return relative_error.make_aggregator(release, attribute, rows)
-    raise ValueError(f"release {release.name!r}: unknown type {release.type!r}")

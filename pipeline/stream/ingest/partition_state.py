@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.stream.ingest.aggregators import make_aggregator, needs_feedback
+from pipeline.releases import kind_of
 from pipeline.stream.ingest.reports import ParsedReports
 
 __all__ = ["PartitionState", "FeedbackPending", "Intake"]
@@ -49,10 +49,10 @@ class PartitionState:
         self.feedback_needed: set[str] = set()  # releases whose feedback for `closed` is outstanding
         self.last_x: dict[str, np.ndarray] = {}  # attribute values of the last closed step (for feedback)
         self.aggregators = {
-            rel.name: make_aggregator(rel, deployment.attributes[rel.attribute], size, self.horizon)
+            rel.name: kind_of(rel).aggregator(rel, deployment.attributes[rel.attribute], size, self.horizon)
             for rel in deployment.releases
         }
-        self._feedback_releases = {rel.name for rel in deployment.releases if needs_feedback(rel)}
+        self._feedback_releases = {rel.name for rel in deployment.releases if kind_of(rel).needs_feedback(rel)}
         self.offset = -1  # offset of the last consumed message of this partition (checkpointing)
         self.intake = Intake(slots)
 
@@ -162,7 +162,7 @@ class PartitionState:
     def _impute(self, attribute: str, cur: np.ndarray, missing: np.ndarray) -> np.ndarray:
         """Deterministic per user (carry forward, else the configured default), so it adds no privacy cost."""
         imp = self.deployment.imputation
-        default = _default_code(self.deployment.attributes[attribute], imp.default.get(attribute, 0))
+        default = self.deployment.attributes[attribute].code(imp.default.get(attribute, 0))
         out = cur.copy()
         if imp.rule == "carry_forward":
             prev = self.last[attribute]
@@ -272,13 +272,3 @@ class Intake:
         self.rejected = {str(k): int(v) for k, v in state["rejected"].items()}
         self.forwarded = int(state.get("forwarded", 0))
         self.history = {int(t): dict(h) for t, h in state["history"].items()}
-
-
-def _default_code(attribute, default) -> int:
-    if attribute.type == "categorical" and isinstance(default, str):
-        return attribute.values.index(default)
-    if attribute.type == "hashed" and isinstance(default, str):
-        from pipeline.stream.ingest.reports import public_hash
-
-        return public_hash(default, attribute.size)
-    return int(default)

@@ -112,22 +112,12 @@ def _read_csv(path: Path, deployment) -> tuple[FileReports, list[dict]]:
                 step = int(row["step"])
             except ValueError:
                 raise ReportFileError(path, no, where["step"], f"step {row['step']!r} is not an integer") from None
-            values = {a: _csv_value(deployment.attributes[a], v) for a, v in row.items()
+            values = {a: deployment.attributes[a].csv_value(v) for a, v in row.items()
                       if a not in ("user", "step") and v != ""}
             reports.append({"user": row["user"], "step": step, "values": values})
             lines.append(no)
             columns.append(where)
     return FileReports(reports, lines), columns
-
-
-def _csv_value(attribute, text: str):
-    """A CSV cell as the report value: categorical labels stay strings, numbers become integers."""
-    if attribute.type == "categorical":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        return text
 
 
 def _check(path: Path, found: FileReports, columns: list[dict], deployment, roster) -> None:

@@ -25,7 +25,6 @@ comes back as a :class:`Rejection` carrying its original bytes.
 
 from __future__ import annotations
 
-import hashlib
 from operator import attrgetter
 from dataclasses import dataclass, field
 
@@ -33,18 +32,14 @@ import msgspec
 import numpy as np
 import orjson
 
+from pipeline.attributes import MISSING, OUT_OF_DOMAIN, public_hash  # public_hash: re-exported
+
 __all__ = ["REASONS", "Rejection", "ParsedReports", "ReportParser", "public_hash"]
 
 REASONS = ("malformed", "unknown_user", "out_of_domain", "duplicate", "late", "future_step")
 
 _FAST_CHUNK = 2048  # single-report messages decoded by the typed fast path per attempt
 _FAST_MAX_BYTES = 4096  # longer messages (batches) skip the fast path
-
-
-def public_hash(value: str, size: int) -> int:
-    """Public, deterministic map of an open-domain string to an id in [0, size) (BLAKE2b-64)."""
-    digest = hashlib.blake2b(value.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % size
 
 
 @dataclass(frozen=True)
@@ -118,40 +113,10 @@ class ReportParser:
         self.horizon = int(horizon)
         self.attributes = dict(attributes)
         self._names = list(self.attributes)
-        self._decoders = {name: self._decoder(attr) for name, attr in self.attributes.items()}
-        self._column_decoders = {name: self._column_decoder(attr) for name, attr in self.attributes.items()}
+        # value -> code (None: out of domain); column -> codes (MISSING, OUT_OF_DOMAIN): pipeline.attributes
+        self._decoders = {name: attr.decoder() for name, attr in self.attributes.items()}
+        self._column_decoders = {name: attr.column_decoder() for name, attr in self.attributes.items()}
         self._fast_decode = self._single_report_decoder(self._names)
-
-    @staticmethod
-    def _decoder(attr):
-        kind = attr.type
-        if kind == "binary":
-            def decode(v):
-                if v is True or v is False:
-                    return int(v)
-                if type(v) is int and 0 <= v <= 1:
-                    return v
-                return _coerced_binary(v)
-        elif kind == "categorical":
-            table = {label: i for i, label in enumerate(attr.values)}
-            size = len(attr.values)
-
-            def decode(v):
-                if type(v) is str:
-                    return table.get(v)
-                if type(v) is int and 0 <= v < size:
-                    return v
-                return _integral_float(v, size)
-        else:  # hashed open domain
-            size = int(attr.size)
-
-            def decode(v):
-                if type(v) is str:
-                    return public_hash(v, size)
-                if type(v) is int and 0 <= v < size:
-                    return v
-                return _integral_float(v, size)
-        return decode
 
     @staticmethod
     def _single_report_decoder(names: list[str]):
@@ -167,23 +132,6 @@ class ReportParser:
         report = msgspec.defstruct("Report", [("user", str), ("step", int), ("values", values)],
                                    forbid_unknown_fields=True)
         return msgspec.json.Decoder(report).decode
-
-    @staticmethod
-    def _column_decoder(attr):
-        """Generator of codes for a column: -1 for null (not reported), -2 for out of domain."""
-        if attr.type == "binary":
-            return lambda col: (-1 if v is None else v if type(v) is int and 0 <= v <= 1
-                                else int(v) if type(v) is bool else _or_out(_coerced_binary(v)) for v in col)
-        if attr.type == "categorical":
-            table = {label: i for i, label in enumerate(attr.values)}
-            size = len(attr.values)
-            return lambda col: (-1 if v is None else table.get(v, -2) if type(v) is str
-                                else v if type(v) is int and 0 <= v < size else _or_out(_integral_float(v, size))
-                                for v in col)
-        size = int(attr.size)
-        return lambda col: (-1 if v is None else public_hash(v, size) if type(v) is str
-                            else v if type(v) is int and 0 <= v < size else _or_out(_integral_float(v, size))
-                            for v in col)
 
     def parse(self, messages: list[bytes]) -> ParsedReports:
         rows: list[int] = []
@@ -238,7 +186,7 @@ class ReportParser:
             rows.append(row)
             steps.append(step)
             for name in self._names:
-                codes[name].append(decoded.get(name, -1))
+                codes[name].append(decoded.get(name, MISSING))
             batch_index.append(-1 if index is None else index)
             message.append(msg_no)
 
@@ -317,7 +265,7 @@ class ReportParser:
             present = np.zeros(size, dtype=bool)
             for name in self._names:
                 c = self._column_codes(name, [None if v is msgspec.UNSET else v for v in map(attrgetter(name), values)])
-                if (c == -2).any():
+                if (c == OUT_OF_DOMAIN).any():
                     return None
                 present |= c >= 0
                 codes[name] = c
@@ -346,7 +294,7 @@ class ReportParser:
         except OverflowError:
             return None
         size = int(self.attributes[name].size)
-        return np.where((values >= 0) & (values < size), values, -2)
+        return np.where((values >= 0) & (values < size), values, OUT_OF_DOMAIN)
 
     def _float_codes(self, name: str, col: list) -> np.ndarray | None:
         """Codes of a column holding only floats (a pandas column), vectorised: an integral float in
@@ -356,7 +304,7 @@ class ReportParser:
         values = np.array(col, dtype=np.float64)
         size = int(self.attributes[name].size)
         ok = (values == np.floor(values)) & (values >= 0) & (values < size)
-        return np.where(ok, values, -2).astype(np.int64)
+        return np.where(ok, values, OUT_OF_DOMAIN).astype(np.int64)
 
     def _columnar(self, msg: dict, raw: bytes, msg_no: int, rejections: list, sources: list) -> tuple | None:
         """Decode a columnar batch; returns an array segment of its accepted rows (None if none)."""
@@ -395,10 +343,10 @@ class ReportParser:
         for name in self._names:
             col = cols.get(name)
             if col is None:
-                codes[name] = np.full(size, -1, dtype=np.int64)
+                codes[name] = np.full(size, MISSING, dtype=np.int64)
                 continue
             c = self._column_codes(name, col)
-            reason[(reason == 0) & (c == -2)] = 4
+            reason[(reason == 0) & (c == OUT_OF_DOMAIN)] = 4
             present |= c >= 0
             codes[name] = c
         reason[(reason == 0) & ~present] = 5
@@ -416,29 +364,6 @@ _COL_REASONS = {
     4: ("out_of_domain", "a value is outside its attribute's domain"),
     5: ("malformed", "no attribute reported"),
 }
-
-
-_BINARY_STRINGS = {"0": 0, "1": 1, "0.0": 0, "1.0": 1, "false": 0, "true": 1}
-
-
-def _coerced_binary(v) -> int | None:
-    """A binary value as pandas writes it: 0.0/1.0, "0"/"1", "0.0"/"1.0", "true"/"false" in any case."""
-    if type(v) is float:
-        return int(v) if v == 0.0 or v == 1.0 else None
-    if type(v) is str:
-        return _BINARY_STRINGS.get(v.lower())
-    return None
-
-
-def _integral_float(v, size: int) -> int | None:
-    """An integral float in [0, size) as its integer (a pandas float column of codes), else None."""
-    if type(v) is float and v.is_integer() and 0 <= v < size:
-        return int(v)
-    return None
-
-
-def _or_out(code: int | None) -> int:
-    return -2 if code is None else code
 
 
 def _only(values: list, kind: type) -> bool:

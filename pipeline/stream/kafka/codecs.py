@@ -8,7 +8,7 @@ Public topics carry JSON an analyst can read as ordinary data:
 * ``synthetic`` key ``<release>:<step>:<chunk>`` — new values of synthetic records
   ``[start, stop)`` for the step's new columns: ``{"values": {"<column step>": [...]}}``. A
   relative-error release uses the same format for its histogram: records = codes, float64 values
-  (``pipeline.stream.relative_error``).
+  (``pipeline.releases.relative_error``).
 * ``alerts``    key ``<release>:<step>`` — heavy hitters / band alerts of the step.
 
 Internal topics (curator-side, never exposed):

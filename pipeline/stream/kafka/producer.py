@@ -32,11 +32,7 @@ class ReportProducer:
                                        max_request_size=8 * 1024 * 1024, acks="all")
 
     def _labels(self, attribute: str, codes: np.ndarray) -> list:
-        attr = self.deployment.attributes[attribute]
-        if attr.type == "categorical":
-            labels = np.asarray(attr.values, dtype=object)
-            return labels[codes].tolist()
-        return codes.astype(np.int64).tolist()
+        return self.deployment.attributes[attribute].wire_values(codes)
 
     def send_step(self, step: int, values: dict[str, np.ndarray], present: np.ndarray | None = None) -> int:
         """Send one step's reports for every roster row (or the rows where ``present``); returns the count.

@@ -15,17 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.plan import budget_plan, privacy_budget, step_cost
+from pipeline.plan import budget_plan, mechanism_setting, privacy_budget
 from pipeline.privacy.accounting import PrivacyLedger, ZCDP
+from pipeline.releases import StepInput, kind_of
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.stream import relative_error
-from pipeline.stream.ingest.aggregators import watch_code
 from pipeline.stream.release.closing import public_close_time
 from pipeline.stream.kafka.codecs import SYNTHETIC_CHUNK_RECORDS, columns_checksum, synthetic_columns
 
-__all__ = ["ReleaseEngine", "ReleaseOutput", "release_seed", "batch_reference", "merge_histograms", "SUPPORTED_TYPES"]
-
-SUPPORTED_TYPES = ("fixed_window", "cumulative", "heavy_hitters", "band_monitor", "relative_error")
+__all__ = ["ReleaseEngine", "ReleaseOutput", "release_seed", "batch_reference", "merge_histograms"]
 
 
 def release_seed(deployment, release_name: str) -> int | None:
@@ -41,23 +38,14 @@ def batch_reference(deployment, panels: dict[str, np.ndarray]) -> dict[str, np.n
     synthesizer run in batch over ``panels[attribute]`` (n × steps codes, imputation already applied)
     with the release's planned budget and the stream's derived seed. An uninterrupted, crashed or
     scaled-out stream run with the same seed must equal it bit for bit."""
-    from pipeline.synth.cumulative import CumulativeSynthesizer
-    from pipeline.synth.fixed_window import FixedWindowSynthesizer
-
     dep = deployment
     allot = budget_plan(dep).allotments()
     out = {}
     for rel in dep.releases:
-        if rel.type == "fixed_window":
-            mech = FixedWindowSynthesizer(dep.horizon, rel.window, allot[rel.name].rho, beta=rel.beta,
-                                          categories=dep.attributes[rel.attribute].size,
-                                          neighbours=dep.neighbours, seed=release_seed(dep, rel.name))
-        elif rel.type == "cumulative":
-            mech = CumulativeSynthesizer(dep.horizon, allot[rel.name].rho, beta=rel.beta,
-                                         neighbours=dep.neighbours, seed=release_seed(dep, rel.name),
-                                         counter=rel.counter)
-        else:
+        kind = kind_of(rel)
+        if not kind.synthetic:
             continue
+        mech = kind.build(rel, mechanism_setting(dep, rel, allot[rel.name]))
         panel = np.asarray(panels[rel.attribute])
         for t in range(panel.shape[1]):
             mech.update(panel[:, t])
@@ -113,15 +101,6 @@ def merge_histograms(parts: list[dict], domain_size: int) -> tuple[np.ndarray, n
 _DENSE_DOMAIN = 1 << 22  # domains up to this size are always merged densely (32 MB of float64)
 
 
-def _labels(attribute, ids: np.ndarray) -> dict[str, str]:
-    """Names of flagged ids from the public domain only (declared values or the public dictionary)."""
-    if attribute.type == "categorical":
-        return {str(i): attribute.values[int(i)] for i in ids}
-    if attribute.type == "hashed":
-        return {str(i): attribute.dictionary[int(i)] for i in ids if int(i) in attribute.dictionary}
-    return {}
-
-
 def _cost_json(cost) -> dict[str, float] | None:
     if cost is None:
         return None
@@ -138,15 +117,18 @@ class ReleaseEngine:
         self.allotments = self.plan.allotments()
         self.ledger = PrivacyLedger(privacy_budget(deployment), self.plan)
         self.step = 0
-        self.mechanisms = {rel.name: self._build(rel) for rel in deployment.releases}
+        self.settings = {rel.name: mechanism_setting(deployment, rel, self.allotments[rel.name], self.n)
+                         for rel in deployment.releases}
+        self.mechanisms = {rel.name: kind_of(rel).build(rel, self.settings[rel.name]) for rel in deployment.releases}
+        self._events_of_mechanisms()
         self.instance: str | None = None  # the deployment instance id stamped into manifests (identity module)
 
     # -- mechanisms ----------------------------------------------------------------------------
-    def _build(self, rel):
-        from pipeline.mechanisms import build_mechanism
-
-        return build_mechanism(self.deployment, rel, self.allotments[rel.name], self.n,
-                               seed=release_seed(self.deployment, rel.name))
+    def _events_of_mechanisms(self) -> None:
+        """Per release, the privacy events of steps 1..T its kind declares for the mechanism that
+        draws the noise (``pipeline.releases``): what the ledger charges."""
+        self.events = {rel.name: kind_of(rel).events(rel, self.mechanisms[rel.name], self.settings[rel.name])
+                       for rel in self.deployment.releases}
 
     # -- one step ------------------------------------------------------------------------------
     def release(self, step: int, partials: list[dict[str, Any]]) -> list[ReleaseOutput]:
@@ -156,8 +138,7 @@ class ReleaseEngine:
         users = sum(int(p["users"]) for p in partials)
         if users != self.n:
             raise ValueError(f"partials of step {step} cover {users} users, the roster has {self.n}")
-        costs = {rel.name: step_cost(self.deployment, rel, step, self.allotments[rel.name])
-                 for rel in self.deployment.releases}
+        costs = {rel.name: self.events[rel.name][step - 1] for rel in self.deployment.releases}
         # All or nothing: try every spend on a copy of the ledger first, so a refusal
         # (BudgetExhaustedError) leaves no release half-done and no mechanism has drawn noise.
         trial = PrivacyLedger.from_state(self.ledger.get_state())
@@ -191,35 +172,14 @@ class ReleaseEngine:
             "neighbours": self.deployment.neighbours,
             "released_at": released_at,
         }
-        columns, column_steps = None, []
-        alerts = feedback = None
-        if rel.type == "fixed_window":
-            manifest["parameters"] = mech.parameters()
-            if step >= rel.window:
-                counts = np.sum([p["counts"] for p in parts], axis=0)
-                columns = mech.release_counts(counts)
-                column_steps = list(range(1, rel.window + 1)) if step == rel.window else [step]
-                manifest["parameters"] = mech.parameters()  # m is known from step k on
-                manifest["noisy_counts"] = mech.noisy_counts[step].tolist()
-                manifest["projected_counts"] = mech.projected_counts[step].tolist()
-                manifest["clamped_bins"] = int(mech.clamped_bins[step])
-            else:
-                manifest["status"] = f"accumulating: the first window is complete at step {rel.window}"
-        elif rel.type == "cumulative":
-            z = np.sum([p["z"] for p in parts], axis=0)
-            columns = mech.release_counts(z)
-            column_steps = [step]
-            manifest["parameters"] = mech.parameters()
-            manifest["noisy_counts"] = mech.noisy_counts[step].tolist()
-            manifest["monotone_counts"] = mech.monotone_counts[step].tolist()
-        elif rel.type == "heavy_hitters":
-            alerts, feedback = self._heavy_hitters(rel, mech, step, parts, manifest)
-        elif rel.type == "band_monitor":
-            alerts, feedback = self._band(rel, mech, step, parts, manifest)
-        elif rel.type == "relative_error":  # a float histogram, not synthetic records: its own column format
-            return relative_error.release_output(rel, mech, step, parts, manifest, self._privacy(rel.name, cost))
-        if columns is not None:
-            columns = synthetic_columns(columns, self.deployment.attributes[rel.attribute].size)
+        attribute = self.deployment.attributes[rel.attribute]
+        out = kind_of(rel).release_step(StepInput(rel, mech, step, parts, attribute, self.deployment.neighbours,
+                                                  manifest))
+        columns, column_steps = out.columns, out.column_steps
+        if out.histogram is not None:  # float64 over the codes, as it is; the kind wrote its manifest entry
+            columns, column_steps = np.asarray(out.histogram, dtype=np.float64).reshape(-1, 1), [step]
+        elif columns is not None:
+            columns = synthetic_columns(columns, attribute.size)
             m = columns.shape[0]
             manifest["synthetic"] = {
                 "columns": column_steps,
@@ -229,41 +189,7 @@ class ReleaseEngine:
                 "sha256": columns_checksum(columns),
             }
         manifest["privacy"] = self._privacy(rel.name, cost)
-        return ReleaseOutput(rel.name, step, manifest, column_steps, columns, alerts, feedback)
-
-    def _heavy_hitters(self, rel, mech, step: int, parts: list[dict], manifest: dict):
-        """Sum the partitions' active-user histograms, flag; alerts name ids through the public dictionary."""
-        attr = self.deployment.attributes[rel.attribute]
-        support, summed = merge_histograms(parts, attr.size)
-        flagged = mech.release_histogram(support, summed)
-        manifest["parameters"] = {
-            "mechanism": "shifting_heavy_hitters", "method": rel.method, "domain_size": attr.size, "k": rel.k,
-            "threshold": mech.threshold, "tau": mech.tau, "beta": rel.beta, "neighbours": self.deployment.neighbours,
-        }
-        manifest["flagged"] = len(flagged)
-        alerts = {
-            "release": rel.name, "step": step, "type": "heavy_hitters", "method": rel.method,
-            "flagged": flagged.tolist(), "threshold": mech.threshold, "tau": mech.tau,
-            "labels": _labels(attr, flagged),
-        }
-        if rel.method == "tct":  # individual-charging SVT publishes the noisy count of each hit
-            alerts["noisy_counts"] = np.asarray(mech.noisy_counts).tolist()
-        feedback = {"flagged": flagged.tolist()} if mech.needs_feedback else None
-        return alerts, feedback
-
-    def _band(self, rel, mech, step: int, parts: list[dict], manifest: dict):
-        count = sum(int(p["count"]) for p in parts)
-        answer = mech.release_count(count, rel.low, rel.high)
-        manifest["parameters"] = {"mechanism": "band_monitor", "value": rel.value, "low": rel.low, "high": rel.high,
-                                  "noise_a": mech.a, "neighbours": self.deployment.neighbours}
-        alerts = {"release": rel.name, "step": step, "type": "band", "attribute": rel.attribute, "value": rel.value,
-                  "low": rel.low, "high": rel.high, "answer": answer}
-        # after Above/Below, the users holding the value leave the active set (Ghazi et al., PREM, Alg. 1)
-        watched = watch_code(rel, self.deployment.attributes[rel.attribute])
-        # Always sent (possibly empty): workers hold step t+1's close until every charging
-        # release's feedback of step t has arrived.
-        feedback = {"flagged": [watched] if answer != "between" else []}
-        return alerts, feedback
+        return ReleaseOutput(rel.name, step, manifest, column_steps, columns, out.alerts, out.feedback)
 
     def _privacy(self, release: str, cost) -> dict[str, Any]:
         delta = self.deployment.budget.report_delta
@@ -302,4 +228,5 @@ class ReleaseEngine:
         for rel in deployment.releases:
             cls_ = type(engine.mechanisms[rel.name])
             engine.mechanisms[rel.name] = cls_.from_state(state["mechanisms"][rel.name])
+        engine._events_of_mechanisms()
         return engine

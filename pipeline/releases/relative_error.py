@@ -2,14 +2,15 @@
 
 Ghazi, Guzmán, Kamath, Knop, Kumar, Manurangsi, Sachdeva, "PREM: Privately Answering Statistical
 Queries with Relative Error" (arXiv 2502.14809). The mechanism is :class:`pipeline.synth.prem.PREM`;
-this module makes it a stream release. Everything specific to the kind is here, by role:
+this module makes it a stream release kind (:class:`RelativeErrorKind`, registered with the other
+kinds). Everything specific to the kind is here:
 
-* configuration — :class:`RelativeErrorRelease` (the YAML model), :func:`check_release`;
+* configuration — :class:`RelativeErrorRelease` (the YAML model), the kind's ``check``/``check_budget``;
 * query family — :func:`resolve_groups`, :func:`query_family`, :func:`family_size`;
-* aggregator — :func:`make_aggregator` (the step's histogram of current values);
+* aggregator — the kind's ``aggregator`` (the step's histogram of current values);
 * mechanism — :func:`step_plan` (calibrated once), :class:`RelativeErrorMechanism` (one PREM per step);
-* privacy event per step — :func:`step_cost`, derived from the mechanism's noise parameters;
-* per-step release and manifest — :func:`release_output`;
+* privacy event per step — the kind's ``events``, derived from the mechanism's noise parameters;
+* per-step release and manifest — the kind's ``release_step``;
 * consumer — :func:`complete_histogram` (chunks → checked histogram), :func:`group_interval`,
   :func:`answer_query`.
 
@@ -27,7 +28,7 @@ al. for the paper's). The T per-step runs use independent randomness; basic comp
 (ε, δ)-DP mechanisms (Dwork & Roth 2014, Theorem 3.16 — the project's accounting of (ε, δ) costs,
 :mod:`pipeline.privacy.accounting`) gives (Σ ε_s, Σ δ_s) for the release. Calibration: the release's
 allotment (ε_r, δ_r) is split evenly, target (ε_r/T, δ_r/T) per step; the ledger charges at each
-step t the event :func:`step_cost` = ``plan_privacy(plan)``, recomputed from the plan's noise
+step t the event ``RelativeErrorMechanism.step_cost()`` = ``plan_privacy(plan)``, recomputed from the plan's noise
 parameters (a, σ², σ_n², K) alone, which is at most the target (up to float rounding, within the
 ledger's tolerance), so T charges fit the allotment.
 
@@ -44,12 +45,16 @@ import hashlib
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-__all__ = ["RelativeErrorRelease", "check_release", "resolve_groups", "query_family", "family_size",
-           "dyadic_blocks", "dyadic_pieces", "needs_feedback", "make_aggregator", "step_plan", "plan_of", "step_seed",
-           "RelativeErrorMechanism", "mechanism_params", "build_mechanism", "step_cost", "release_output",
-           "histogram_checksum", "complete_histogram", "group_interval", "answer_query", "query_output", "MAX_DOMAIN", "MAX_NNZ"]
+from pipeline.privacy.accounting import ApproxDP
+
+from .base import ReleaseConfig, ReleaseKind, Setting, StepInput, StepOutput, register
+
+__all__ = ["RelativeErrorRelease", "RelativeErrorKind", "resolve_groups", "query_family", "family_size",
+           "dyadic_blocks", "dyadic_pieces", "step_plan", "plan_of", "step_seed", "RelativeErrorMechanism",
+           "mechanism_params", "histogram_checksum", "complete_histogram", "group_interval", "answer_query",
+           "query_output", "MAX_DOMAIN", "MAX_NNZ"]
 
 KIND = "relative_error"
 QUERY_FAMILIES = ("groups", "dyadic", "singletons")
@@ -60,20 +65,11 @@ _STATE_VERSION = 1
 
 # --- configuration ---------------------------------------------------------------------------
 
-class RelativeErrorRelease(BaseModel):
+class RelativeErrorRelease(ReleaseConfig):
     """``type: relative_error``: a relative-error synthetic histogram of the attribute's current values
-    at every step, over the query family ``queries`` (docs/prem.md §6).
-
-    The name/attribute/share fields are those of every release (``pipeline.config``); they are
-    repeated here because this model is imported by ``pipeline.config``, not the other way round.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    at every step, over the query family ``queries`` (docs/prem.md §6)."""
 
     type: Literal["relative_error"]
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
-    attribute: str
-    share: float = Field(gt=0, le=1, description="fraction of the deployment budget of this release's kind")
     queries: Literal["groups", "dyadic", "singletons"] = Field(
         description="groups: the declared groups of codes; dyadic: every dyadic range of the codes; "
                     "singletons: every single code")
@@ -111,7 +107,7 @@ def resolve_groups(release, attribute, where: str = "") -> dict[str, list[int]]:
     """The declared groups as sorted code lists; a bad member names ``<where>.groups.<name>``."""
     out = {}
     for name, members in release.groups.items():
-        key = f"{where}.groups.{name}"
+        key = f"{where}.groups.{name}" if where else f"groups.{name}"
         if not members:
             raise ValueError(f"{key}: a group needs at least one value")
         codes = []
@@ -124,29 +120,6 @@ def resolve_groups(release, attribute, where: str = "") -> dict[str, list[int]]:
             raise ValueError(f"{key}: a value appears twice (a group counts each code once)")
         out[name] = sorted(codes)
     return out
-
-
-def check_release(release, attribute, deployment, where: str) -> None:
-    """Cross-checks against the deployment (called by ``pipeline.config``; errors name the key)."""
-    if attribute.type not in ("categorical", "hashed"):
-        raise ValueError(f"{where}.attribute: relative_error releases need a categorical or hashed attribute")
-    if attribute.size > MAX_DOMAIN:
-        raise ValueError(f"{where}.attribute: {attribute.size} codes is more than the {MAX_DOMAIN} a "
-                         "relative_error release supports (dense histograms)")
-    if release.queries == "groups":
-        if not release.groups:
-            raise ValueError(f"{where}.groups: queries: groups needs at least one declared group")
-        resolve_groups(release, attribute, where)
-    elif release.groups:
-        raise ValueError(f"{where}.groups: only for queries: groups (this release asks for {release.queries})")
-    n_queries, nnz = family_size(release, attribute)
-    if nnz > MAX_NNZ:
-        raise ValueError(f"{where}.queries: {release.queries} over {attribute.size} codes has {nnz} (query, code) "
-                         f"pairs, more than the {MAX_NNZ} supported")
-    eps_step = release.share * deployment.budget.epsilon / deployment.horizon
-    if eps_step > 1.0:
-        raise ValueError(f"{where}.share: the per-step epsilon share·epsilon/horizon = {eps_step:.4g} exceeds 1, "
-                         "the range PREM's calibration covers")
 
 
 # --- query family ----------------------------------------------------------------------------
@@ -215,20 +188,70 @@ def dyadic_pieces(lo: int, hi: int, domain_size: int) -> list[tuple[int, int]]:
     return pieces
 
 
-def needs_feedback(release) -> bool:
-    """No: nothing released changes what the workers aggregate next step."""
-    return False
+# --- the kind ------------------------------------------------------------------------------------
 
+@register
+class RelativeErrorKind(ReleaseKind):
+    name = KIND
+    config = RelativeErrorRelease
+    budget = "approx_dp"
 
-# --- aggregator --------------------------------------------------------------------------------
+    def check(self, release, attribute, horizon):
+        if attribute.type not in ("categorical", "hashed"):
+            raise ValueError("attribute: relative_error releases need a categorical or hashed attribute")
+        if attribute.size > MAX_DOMAIN:
+            raise ValueError(f"attribute: {attribute.size} codes is more than the {MAX_DOMAIN} a "
+                             "relative_error release supports (dense histograms)")
+        if release.queries == "groups":
+            if not release.groups:
+                raise ValueError("groups: queries: groups needs at least one declared group")
+            resolve_groups(release, attribute)
+        elif release.groups:
+            raise ValueError(f"groups: only for queries: groups (this release asks for {release.queries})")
+        _, nnz = family_size(release, attribute)
+        if nnz > MAX_NNZ:
+            raise ValueError(f"queries: {release.queries} over {attribute.size} codes has {nnz} (query, code) "
+                             f"pairs, more than the {MAX_NNZ} supported")
 
-def make_aggregator(release, attribute, rows: int):
-    """The step's histogram of current values: the fixed-window aggregator with a one-step window
-    (pattern = the current code; counts from step 1 on, dense over the domain, additive across
-    partitions). No per-user state is carried between steps."""
-    from pipeline.stream.ingest.aggregators import FixedWindowAggregator
+    def check_budget(self, release, budget, horizon):
+        eps_step = release.share * budget.epsilon / horizon
+        if eps_step > 1.0:
+            raise ValueError(f"share: the per-step epsilon share·epsilon/horizon = {eps_step:.4g} exceeds 1, "
+                             "the range PREM's calibration covers")
 
-    return FixedWindowAggregator(rows, 1, attribute.size)
+    def aggregator(self, release, attribute, rows, horizon):
+        """The step's histogram of current values: the fixed-window aggregator with a one-step window
+        (pattern = the current code; counts from step 1 on, dense over the domain, additive across
+        partitions). No per-user state is carried between steps."""
+        from pipeline.stream.ingest.aggregators import FixedWindowAggregator
+
+        return FixedWindowAggregator(rows, 1, attribute.size)
+
+    def build(self, release, setting: Setting) -> "RelativeErrorMechanism":
+        return RelativeErrorMechanism(mechanism_params(release, setting))
+
+    def events(self, release, mechanism, setting):
+        """The same ``ApproxDP`` at every step 1..T: the cost the plan's noise parameters imply
+        (:func:`pipeline.synth.prem_privacy.plan_privacy`), at most the per-step target (ε_r/T, δ_r/T)."""
+        cost = mechanism.step_cost()
+        if not isinstance(cost, ApproxDP):
+            raise TypeError(f"release {release.name!r}: a PREM step costs an ApproxDP, got {cost!r}")
+        return (cost,) * setting.horizon
+
+    def release_step(self, s: StepInput) -> StepOutput:
+        """Sum the partitions' histograms, run PREM, and describe ĥ_t in the manifest (ζ, α, β, |F|,
+        noise); ĥ_t goes out as one float64 column on ``synthetic`` in the other kinds' chunk format
+        (records = codes 0..|X|−1, column = the step)."""
+        from pipeline.stream.kafka.codecs import SYNTHETIC_CHUNK_RECORDS
+
+        counts = np.sum([p["counts"] for p in s.parts], axis=0)
+        hist, prem = s.mechanism.fit(s.step, counts)
+        s.manifest["parameters"] = s.mechanism.parameters(prem)
+        s.manifest["synthetic"] = {
+            "columns": [s.step], "records": int(hist.size), "dtype": "float64", "histogram": True,
+            "chunks": max(1, -(-hist.size // SYNTHETIC_CHUNK_RECORDS)), "sha256": histogram_checksum(hist),
+        }
+        return StepOutput(histogram=hist)
 
 
 # --- mechanism ---------------------------------------------------------------------------------
@@ -325,16 +348,17 @@ class RelativeErrorMechanism:
         return obj
 
 
-def mechanism_params(deployment, release, allotment, n: int, seed: int | None) -> dict[str, Any]:
+def mechanism_params(release, setting: Setting) -> dict[str, Any]:
     """The mechanism's parameters: the allotment (ε_r, δ_r) split evenly over the horizon."""
-    attribute = deployment.attributes[release.attribute]
-    T = deployment.horizon
+    if setting.n is None or setting.attribute is None:
+        raise ValueError(f"release {release.name!r}: a relative_error mechanism needs the roster size and the attribute")
+    T, allotment, attribute = setting.horizon, setting.allotment, setting.attribute
     return {
-        "domain_size": attribute.size, "queries": release.queries,
+        "domain_size": setting.domain_size, "queries": release.queries,
         "groups": list(resolve_groups(release, attribute).items()) if release.queries == "groups" else None,
         "zeta": release.zeta, "epsilon": allotment.epsilon / T, "delta": allotment.delta / T,
-        "beta": release.beta, "accounting": release.accounting, "n": int(n),
-        "max_calls": release.max_calls, "max_rounds": release.max_rounds, "seed": seed,
+        "beta": release.beta, "accounting": release.accounting, "n": int(setting.n),
+        "max_calls": release.max_calls, "max_rounds": release.max_rounds, "seed": setting.seed,
     }
 
 
@@ -345,44 +369,11 @@ def plan_of(params: dict[str, Any], n_queries: int):
                      int(params["max_calls"]), int(params["max_rounds"]))
 
 
-def build_mechanism(deployment, release, allotment, n: int, seed: int | None) -> RelativeErrorMechanism:
-    return RelativeErrorMechanism(mechanism_params(deployment, release, allotment, n, seed))
-
-
-def step_cost(deployment, release, step: int, allotment):
-    """What the release spends at ``step``: the same ``ApproxDP`` event at every step 1..T, the plan's
-    noise parameters' own cost (:func:`pipeline.synth.prem_privacy.plan_privacy`) — the plan the
-    releaser's mechanism runs with (:meth:`RelativeErrorMechanism.step_cost`, same parameters)."""
-    from pipeline.synth.prem_privacy import plan_privacy
-
-    params = mechanism_params(deployment, release, allotment, deployment.n, None)
-    return plan_privacy(plan_of(params, family_size(release, deployment.attributes[release.attribute])[0]))
-
-
 # --- per-step release --------------------------------------------------------------------------
 
 def histogram_checksum(histogram: np.ndarray) -> str:
     """SHA-256 of the released histogram as little-endian float64 (the manifest's completeness check)."""
     return hashlib.sha256(np.ascontiguousarray(histogram, dtype="<f8").tobytes()).hexdigest()
-
-
-def release_output(release, mech: RelativeErrorMechanism, step: int, parts: list[dict], manifest: dict,
-                   privacy: dict):
-    """Sum the partitions' histograms, run PREM, and build the step's record: the manifest (ζ, α, β, |F|,
-    noise, privacy spent) and ĥ_t as one float64 column published on ``synthetic`` in the other kinds'
-    chunk format (records = codes 0..|X|−1, column = the step)."""
-    from pipeline.stream.release.engine import ReleaseOutput
-    from pipeline.stream.kafka.codecs import SYNTHETIC_CHUNK_RECORDS
-
-    counts = np.sum([p["counts"] for p in parts], axis=0)
-    hist, prem = mech.fit(step, counts)
-    manifest["parameters"] = mech.parameters(prem)
-    manifest["synthetic"] = {
-        "columns": [step], "records": int(hist.size), "dtype": "float64", "histogram": True,
-        "chunks": max(1, -(-hist.size // SYNTHETIC_CHUNK_RECORDS)), "sha256": histogram_checksum(hist),
-    }
-    manifest["privacy"] = privacy
-    return ReleaseOutput(release.name, step, manifest, [step], hist.reshape(-1, 1))
 
 
 # --- consumer ----------------------------------------------------------------------------------

@@ -1,0 +1,189 @@
+"""The release-kind interface and the registry keyed by the kind's name.
+
+Each kind of release (fixed-window synthetic data, cumulative synthetic data, heavy hitters, band
+monitor, ...) is one subclass of :class:`ReleaseKind`, registered with :func:`register`. Nothing else
+in the system branches on a release's ``type``: the configuration, the budget plan, the ledger, the
+workers and the releaser ask the kind (``kind_of(release)``).
+
+A kind must provide exactly this:
+
+``name``
+    The configuration's ``type`` tag; the registry key.
+``config``
+    Its configuration model: a subclass of :class:`ReleaseConfig` (which brings ``name``,
+    ``attribute``, ``share``) declaring ``type: Literal[<name>]`` and the kind's own keys.
+``budget``
+    ``"zcdp"`` or ``"approx_dp"``: which part of the deployment budget its ``share`` is a share of.
+``check(release, attribute, horizon)``
+    Checks of the release against its (public) attribute and the horizon. Raise ``ValueError``
+    whose message starts with the offending key of the release (``"window: 9 exceeds horizon 6"``);
+    the configuration prefixes the release's position.
+``aggregator(release, attribute, rows, horizon)``
+    The worker-side aggregator of one reports partition: ``partial(step, codes) -> dict`` (additive
+    across partitions), ``apply_feedback(step, codes, feedback)``, ``get_state()``/``set_state()``
+    (see :mod:`pipeline.stream.ingest.aggregators`).
+``check_budget(release, budget, horizon)`` (optional)
+    Checks against the deployment's budget (e.g. a per-step share a calibration does not cover), with
+    messages starting with the offending key as for ``check``.
+``needs_feedback(release)``
+    Whether the releaser's output of step t charges users, so workers must apply it before they
+    close step t + 1 (default False).
+``build(release, setting)``
+    The mechanism, from a :class:`Setting` (horizon, neighbouring relation, domain size, allotment,
+    seed, n). It must offer ``get_state()`` and a class method ``from_state(state)``.
+``events(release, mechanism, setting)``
+    The privacy events of each step 1..horizon (a tuple of length horizon; None where nothing is
+    spent): immutable :class:`~pipeline.privacy.accounting.ZCDP` or
+    :class:`~pipeline.privacy.accounting.ApproxDP` values, in the spirit of the ``DpEvent`` of
+    Google's dp_accounting library. They are derived from the built mechanism's noise parameters
+    (e.g. ρ = Δ²/(2σ²) of the σ² it samples with), never computed beside it; a monitor whose
+    (ε, δ) covers the whole horizon declares its calibrated (ε, δ) at step 1 after checking the
+    guarantee of its noise against it (:func:`charged_at_step_one`). The budget plan
+    (``pipeline.plan``) and the releaser's ledger charge exactly these, and they must add up to the
+    release's allotment.
+``release_step(step)``
+    One step's release from a :class:`StepInput`: run the mechanism on the summed partials, add the
+    kind's entries to ``step.manifest`` (at least ``"parameters"``), return a :class:`StepOutput`.
+
+Optional: ``synthetic`` (True when ``mechanism.update(codes)`` and ``mechanism.synthetic`` run the
+kind in batch, for ``pipeline.stream.release.engine.batch_reference``); ``check`` and ``needs_feedback`` have
+defaults.
+
+To add a kind: a module in this package with the config model and the registered class, imported
+in ``pipeline/releases/__init__.py``; and a case with an independent recomputation of its cost from
+the built mechanism's noise in ``tests/test_release_kinds.py`` (that test fails for a registered
+kind without one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+from pydantic import Field
+
+from pipeline.privacy.accounting import BUDGET_RTOL, ApproxDP, Neighbours, ZCDP
+from pipeline.validation import StrictModel
+
+__all__ = ["ReleaseConfig", "ReleaseKind", "Setting", "StepInput", "StepOutput", "PrivacyEvent", "register",
+           "kinds", "kind_of", "get_kind", "charged_at_step_one"]
+
+PrivacyEvent = ZCDP | ApproxDP
+
+
+class ReleaseConfig(StrictModel):
+    """The keys every release has; a kind's model adds ``type: Literal[<name>]`` and its own keys."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    attribute: str
+    share: float = Field(gt=0, le=1, description="fraction of the deployment budget of this release's kind")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a mechanism is built from besides its release's own keys (all public)."""
+
+    horizon: int
+    neighbours: Neighbours
+    domain_size: int  # the attribute's number of codes
+    allotment: PrivacyEvent  # the release's whole budget (pipeline.plan.budget_plan)
+    seed: int | None  # None: secure randomness
+    n: int | None = None  # roster size, when known
+    # the release's attribute model (pipeline.attributes), for kinds that resolve labels; outside equality
+    # and hashing (lists inside), which the cost of a setting never depends on beyond ``domain_size``
+    attribute: Any = field(default=None, compare=False)
+
+
+@dataclass
+class StepInput:
+    release: Any  # the release's configuration model
+    mechanism: Any
+    step: int
+    parts: list[dict]  # the partitions' partials of this release
+    attribute: Any  # the release's attribute model (pipeline.attributes)
+    neighbours: Neighbours
+    manifest: dict[str, Any]  # the step's public manifest so far; the kind adds its entries
+
+
+@dataclass
+class StepOutput:
+    columns: np.ndarray | None = None  # new synthetic columns (m × len(column_steps)) or None
+    column_steps: list[int] = field(default_factory=list)
+    alerts: dict[str, Any] | None = None
+    feedback: dict[str, Any] | None = None  # sent to every worker partition (charges users)
+    # a float histogram over the codes instead of synthetic records: published on ``synthetic`` as one
+    # float64 column (records = codes 0..|X|−1), its manifest ``synthetic`` entry set by the kind
+    histogram: np.ndarray | None = None
+
+
+class ReleaseKind:
+    """One kind of release; see the module docstring for what a subclass must provide."""
+
+    name: ClassVar[str]
+    config: ClassVar[type[ReleaseConfig]]
+    budget: ClassVar[Literal["zcdp", "approx_dp"]]
+    synthetic: ClassVar[bool] = False
+
+    def check(self, release, attribute, horizon: int) -> None:
+        """Nothing beyond the model's own validation."""
+
+    def check_budget(self, release, budget, horizon: int) -> None:
+        """Checks of the release against the deployment's budget (``budget`` keys); nothing by default."""
+
+    def aggregator(self, release, attribute, rows: int, horizon: int):
+        raise NotImplementedError
+
+    def needs_feedback(self, release) -> bool:
+        return False
+
+    def build(self, release, setting: Setting):
+        raise NotImplementedError
+
+    def events(self, release, mechanism, setting: Setting) -> tuple[PrivacyEvent | None, ...]:
+        raise NotImplementedError
+
+    def release_step(self, step: StepInput) -> StepOutput:
+        raise NotImplementedError
+
+
+def charged_at_step_one(target: ApproxDP, guarantee: ApproxDP, horizon: int, who: str) -> tuple:
+    """The events of a monitor whose (ε, δ) guarantee covers the whole horizon and does not decompose
+    per step: ``target`` at step 1, nothing after. ``guarantee`` is what the theorem gives for the
+    noise the mechanism was built with; it must not exceed the target the noise was calibrated to
+    (else the charge would understate the cost, and this raises)."""
+    if (guarantee.epsilon > target.epsilon * (1 + BUDGET_RTOL)
+            or guarantee.delta > target.delta * (1 + BUDGET_RTOL)):
+        raise ValueError(f"{who}: the noise's guarantee ({guarantee.epsilon!r}, {guarantee.delta!r}) exceeds "
+                         f"the charged ({target.epsilon!r}, {target.delta!r})")
+    return (target,) + (None,) * (horizon - 1)
+
+
+_REGISTRY: dict[str, ReleaseKind] = {}
+
+
+def register(cls: type[ReleaseKind]) -> type[ReleaseKind]:
+    """Class decorator: add a kind to the registry under its ``name`` (once)."""
+    if cls.name in _REGISTRY:
+        raise ValueError(f"release kind {cls.name!r} is registered twice")
+    if cls.budget not in ("zcdp", "approx_dp"):
+        raise ValueError(f"release kind {cls.name!r}: budget must be 'zcdp' or 'approx_dp', got {cls.budget!r}")
+    _REGISTRY[cls.name] = cls()
+    return cls
+
+
+def kinds() -> dict[str, ReleaseKind]:
+    """Every registered kind by name, in registration order."""
+    return dict(_REGISTRY)
+
+
+def get_kind(name: str) -> ReleaseKind:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown release type {name!r}; known: {sorted(_REGISTRY)}") from None
+
+
+def kind_of(release) -> ReleaseKind:
+    """The kind of a configured release (its ``type``)."""
+    return get_kind(release.type)

@@ -1,0 +1,80 @@
+"""Shifting heavy hitters (Kaplan, Mansour, Stemmer, "The sparse vector technique, revisited",
+arXiv 2011.07637, §4), with the methods of ``pipeline.monitors.heavy_hitters``.
+
+Privacy: the mechanism calibrates its noise to the release's whole (ε, δ) over the horizon (the
+method's theorem: Theorem 3.2/4.4 for ``tme``, Cohen and Lyu's Theorem B.4 for ``tct``, ...); that
+guarantee does not decompose per step, so all of it is charged at step 1. The mechanism's
+``privacy`` is the guarantee its derived noise scales give; it is checked to be within the charge.
+With ``tme``/``tct`` a user is charged each time an element it holds is flagged: the releaser sends
+the flags back and the workers retire a user after k charges (needs feedback).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from pipeline.privacy.accounting import ApproxDP
+
+from .base import ReleaseConfig, ReleaseKind, Setting, StepInput, StepOutput, charged_at_step_one, register
+
+__all__ = ["HeavyHittersRelease", "HeavyHittersKind"]
+
+CHARGING_METHODS = ("tme", "tct")  # methods that retire users after k charges
+
+
+class HeavyHittersRelease(ReleaseConfig):
+    type: Literal["heavy_hitters"]
+    method: Literal["tme", "tct", "svt_restart", "naive"] = "tct"
+    k: int = Field(default=3, ge=1, description="times one user may contribute to a flagged element")
+    beta: float = Field(default=0.05, gt=0, lt=1)
+
+
+@register
+class HeavyHittersKind(ReleaseKind):
+    name = "heavy_hitters"
+    config = HeavyHittersRelease
+    budget = "approx_dp"
+
+    def needs_feedback(self, release):
+        return release.method in CHARGING_METHODS
+
+    def aggregator(self, release, attribute, rows, horizon):
+        from pipeline.stream.ingest.aggregators import ActiveSetAggregator
+
+        return ActiveSetAggregator(rows, release.k, counted=self.needs_feedback(release))
+
+    def build(self, release, setting: Setting):
+        from pipeline.monitors import ShiftingHeavyHitters
+
+        return ShiftingHeavyHitters(setting.domain_size, setting.allotment.epsilon, setting.allotment.delta,
+                                    release.k, setting.horizon, beta=release.beta, method=release.method,
+                                    seed=setting.seed, neighbours=setting.neighbours)
+
+    def events(self, release, mechanism, setting):
+        target = ApproxDP(mechanism.epsilon, mechanism.delta)
+        return charged_at_step_one(target, mechanism.privacy, setting.horizon, f"release {release.name!r}")
+
+    def release_step(self, s: StepInput) -> StepOutput:
+        """Sum the partitions' active-user histograms, flag; alerts name ids through the public domain."""
+        from pipeline.stream.release.engine import merge_histograms
+
+        rel, mech, attr = s.release, s.mechanism, s.attribute
+        support, summed = merge_histograms(s.parts, attr.size)
+        flagged = mech.release_histogram(support, summed)
+        s.manifest["parameters"] = {
+            "mechanism": "shifting_heavy_hitters", "method": rel.method, "domain_size": attr.size, "k": rel.k,
+            "threshold": mech.threshold, "tau": mech.tau, "beta": rel.beta, "neighbours": s.neighbours,
+        }
+        s.manifest["flagged"] = len(flagged)
+        alerts = {
+            "release": rel.name, "step": s.step, "type": "heavy_hitters", "method": rel.method,
+            "flagged": flagged.tolist(), "threshold": mech.threshold, "tau": mech.tau,
+            "labels": attr.public_labels(flagged),
+        }
+        if rel.method == "tct":  # individual-charging SVT publishes the noisy count of each hit
+            alerts["noisy_counts"] = np.asarray(mech.noisy_counts).tolist()
+        feedback = {"flagged": flagged.tolist()} if self.needs_feedback(rel) else None
+        return StepOutput(alerts=alerts, feedback=feedback)
