@@ -2,7 +2,8 @@
 each theorem gives at the release's β, and the whole planned spend as one (ε, δ).
 
 Every number is read from the mechanism the releaser builds (:func:`pipeline.mechanisms.build_mechanism`
-with the release's planned allotment), never recomputed here:
+with the release's planned allotment) by the release's kind (``bounds``, pipeline.releases), never
+recomputed here:
 
 * fixed window (Bun, Gaboardi, Neunhoeffer, Zhang, "Continual release of differentially private
   synthetic data from longitudinal data collections", arXiv 2306.07884, Theorem 3.2 /
@@ -30,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.mechanisms import build_mechanism
+from pipeline.releases import kind_of
 from pipeline.privacy.accounting import ApproxDP, compose, reported_approx_dp
 
 __all__ = ["BAND_BETA", "ReleaseBounds", "release_bounds", "planned_spend", "spend_as_approx_dp", "warnings"]
@@ -49,38 +51,11 @@ class ReleaseBounds:
     largest: str
     padding: int = 0
     notes: list[str] = field(default_factory=list)
+    meaning: str = "outputs"  # what a bound above n leaves without information (the warning's words)
 
     def as_json(self) -> dict:
         return {"type": self.type, "beta": self.beta, "padding": self.padding, "bounds": dict(self.bounds),
                 "compared_with_n": self.largest}
-
-
-def _bounds_of(deployment, rel, mech) -> ReleaseBounds:
-    if rel.type == "fixed_window":
-        bins = mech.n_bins
-        return ReleaseBounds(rel.name, rel.type, mech.beta,
-                             {"lambda": mech.accuracy_bound, "sigma2": mech.sigma2,
-                              "padding_records": mech.n_pad * bins},
-                             "lambda", padding=mech.n_pad,
-                             notes=[f"{mech.n_pad} padding records for each of the {bins} length-{mech.window} patterns "
-                                    f"(m ≈ n + {mech.n_pad * bins}); subtract n_pad to debias a count"])
-    if rel.type == "cumulative":
-        return ReleaseBounds(rel.name, rel.type, mech.beta, {"error": mech.error_bound()}, "error",
-                             notes=[f"{mech.counter} counters; m = n records, no padding"])
-    if rel.type == "heavy_hitters":
-        return ReleaseBounds(rel.name, rel.type, mech.beta, {"tau": mech.tau, "threshold": mech.threshold}, "tau",
-                             notes=[f"method {mech.method}; a user is charged for at most k = {mech.k} flags"])
-    if rel.type == "band_monitor":
-        margin = mech.utility_margin(deployment.horizon, BAND_BETA)
-        return ReleaseBounds(rel.name, rel.type, BAND_BETA, {"margin": margin, "noise_a": mech.a}, "margin",
-                             notes=[f"answers are reliable outside ({rel.low:g} ± {margin}, {rel.high:g} ± {margin})"])
-    if rel.type == "relative_error":
-        plan = mech.plan
-        return ReleaseBounds(rel.name, rel.type, plan.beta, {"alpha": plan.alpha, "zeta": plan.zeta}, "alpha",
-                             notes=[f"per step: (1 − ζ)f(h) − α ≤ f(ĥ) ≤ (1 + ζ)f(h) + α for each of its "
-                                    f"{mech.queries.shape[0]} queries, ζ = {plan.zeta:g}, α = {plan.alpha:,.0f} "
-                                    "(a priori; manifests carry each run's)"])
-    raise ValueError(f"release {rel.name!r}: unknown type {rel.type!r}")
 
 
 def release_bounds(deployment, allotments: dict, n: int) -> dict[str, ReleaseBounds]:
@@ -90,7 +65,7 @@ def release_bounds(deployment, allotments: dict, n: int) -> dict[str, ReleaseBou
     out = {}
     for rel in deployment.releases:
         mech = build_mechanism(deployment, rel, allotments[rel.name], n)
-        out[rel.name] = _bounds_of(deployment, rel, mech)
+        out[rel.name] = kind_of(rel).bounds(rel, mech, deployment.horizon)
     return out
 
 
@@ -114,9 +89,5 @@ def warnings(bounds: dict[str, ReleaseBounds], n: int) -> list[str]:
         value = b.bounds[b.largest]
         if value > n:
             out.append(f"release {b.release!r}: {b.largest} = {value:,.1f} exceeds the population n = {n:,}, so at "
-                       f"this budget its {_meaning[b.type]} carries no information; raise the budget or its share")
+                       f"this budget its {b.meaning} carries no information; raise the budget or its share")
     return out
-
-
-_meaning = {"fixed_window": "window counts", "cumulative": "cumulative counts",
-            "heavy_hitters": "heavy-hitter guarantee", "band_monitor": "band answers", "relative_error": "relative-error intervals"}

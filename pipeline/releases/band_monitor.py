@@ -71,6 +71,15 @@ class BandMonitorKind(ReleaseKind):
         guarantee = outside_interval_privacy(mechanism.a, target.delta, setting.neighbours).as_approx_dp()
         return charged_at_step_one(target, guarantee, setting.horizon, f"release {release.name!r}")
 
+    def bounds(self, release, mechanism, horizon):
+        from pipeline.error_bounds import BAND_BETA, ReleaseBounds
+
+        margin = mechanism.utility_margin(horizon, BAND_BETA)
+        return ReleaseBounds(release.name, release.type, BAND_BETA, {"margin": margin, "noise_a": mechanism.a},
+                             "margin", meaning="band answers",
+                             notes=[f"answers are reliable outside ({release.low:g} ± {margin}, "
+                                    f"{release.high:g} ± {margin})"])
+
     def release_step(self, s: StepInput) -> StepOutput:
         rel, mech = s.release, s.mechanism
         count = sum(int(p["count"]) for p in s.parts)

@@ -41,6 +41,9 @@ A kind must provide exactly this:
     guarantee of its noise against it (:func:`charged_at_step_one`). The budget plan
     (``pipeline.plan``) and the releaser's ledger charge exactly these, and they must add up to the
     release's allotment.
+``bounds(release, mechanism, horizon)``
+    The error bound the kind's theorem gives at its β, read off the built mechanism, for ``dpstream
+    plan`` (a :class:`pipeline.error_bounds.ReleaseBounds`).
 ``release_step(step)``
     One step's release from a :class:`StepInput`: run the mechanism on the summed partials, add the
     kind's entries to ``step.manifest`` (at least ``"parameters"``), return a :class:`StepOutput`.
@@ -144,6 +147,11 @@ class ReleaseKind:
         raise NotImplementedError
 
     def release_step(self, step: StepInput) -> StepOutput:
+        raise NotImplementedError
+
+    def bounds(self, release, mechanism, horizon: int):
+        """What an analyst gets, read off the built mechanism: a
+        :class:`pipeline.error_bounds.ReleaseBounds` (the error bound its theorem gives at its β)."""
         raise NotImplementedError
 
 

@@ -60,6 +60,12 @@ class CumulativeKind(ReleaseKind):
         """Counter b's realised ρ at step b (when it starts)."""
         return tuple(ZCDP(c.realised_rho) for c in mechanism.counters)
 
+    def bounds(self, release, mechanism, horizon):
+        from pipeline.error_bounds import ReleaseBounds
+
+        return ReleaseBounds(release.name, release.type, mechanism.beta, {"error": mechanism.error_bound()}, "error",
+                             meaning="cumulative counts", notes=[f"{mechanism.counter} counters; m = n records, no padding"])
+
     def release_step(self, s: StepInput) -> StepOutput:
         mech, manifest = s.mechanism, s.manifest
         z = np.sum([p["z"] for p in s.parts], axis=0)

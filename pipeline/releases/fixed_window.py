@@ -63,6 +63,17 @@ class FixedWindowKind(ReleaseKind):
         per_step = ZCDP(mechanism.sensitivity_factor / (2.0 * mechanism.sigma2))
         return tuple(per_step if t >= mechanism.window else None for t in range(1, setting.horizon + 1))
 
+    def bounds(self, release, mechanism, horizon):
+        from pipeline.error_bounds import ReleaseBounds
+
+        mech, bins = mechanism, mechanism.n_bins
+        return ReleaseBounds(release.name, release.type, mech.beta,
+                             {"lambda": mech.accuracy_bound, "sigma2": mech.sigma2,
+                              "padding_records": mech.n_pad * bins},
+                             "lambda", padding=mech.n_pad, meaning="window counts",
+                             notes=[f"{mech.n_pad} padding records for each of the {bins} length-{mech.window} patterns "
+                                    f"(m ≈ n + {mech.n_pad * bins}); subtract n_pad to debias a count"])
+
     def release_step(self, s: StepInput) -> StepOutput:
         mech, rel, manifest = s.mechanism, s.release, s.manifest
         manifest["parameters"] = mech.parameters()

@@ -57,6 +57,14 @@ class HeavyHittersKind(ReleaseKind):
         target = ApproxDP(mechanism.epsilon, mechanism.delta)
         return charged_at_step_one(target, mechanism.privacy, setting.horizon, f"release {release.name!r}")
 
+    def bounds(self, release, mechanism, horizon):
+        from pipeline.error_bounds import ReleaseBounds
+
+        mech = mechanism
+        return ReleaseBounds(release.name, release.type, mech.beta, {"tau": mech.tau, "threshold": mech.threshold},
+                             "tau", meaning="heavy-hitter guarantee",
+                             notes=[f"method {mech.method}; a user is charged for at most k = {mech.k} flags"])
+
     def release_step(self, s: StepInput) -> StepOutput:
         """Sum the partitions' active-user histograms, flag; alerts name ids through the public domain."""
         from pipeline.stream.release.engine import merge_histograms

@@ -238,6 +238,16 @@ class RelativeErrorKind(ReleaseKind):
             raise TypeError(f"release {release.name!r}: a PREM step costs an ApproxDP, got {cost!r}")
         return (cost,) * setting.horizon
 
+    def bounds(self, release, mechanism, horizon):
+        from pipeline.error_bounds import ReleaseBounds
+
+        plan = mechanism.plan
+        return ReleaseBounds(release.name, release.type, plan.beta, {"alpha": plan.alpha, "zeta": plan.zeta}, "alpha",
+                             meaning="relative-error intervals",
+                             notes=[f"per step: (1 − ζ)f(h) − α ≤ f(ĥ) ≤ (1 + ζ)f(h) + α for each of its "
+                                    f"{mechanism.queries.shape[0]} queries, ζ = {plan.zeta:g}, α = {plan.alpha:,.0f} "
+                                    "(a priori; manifests carry each run's)"])
+
     def release_step(self, s: StepInput) -> StepOutput:
         """Sum the partitions' histograms, run PREM, and describe ĥ_t in the manifest (ζ, α, β, |F|,
         noise); ĥ_t goes out as one float64 column on ``synthetic`` in the other kinds' chunk format
