@@ -22,7 +22,9 @@ def run_job(job: Callable[[], Awaitable[None]], loglevel: str = "info") -> None:
     """Configure logging and run ``job()`` in a new event loop (aiokafka clients must be created
     inside the running loop, so ``job`` builds them). A refusal to start on the Redis state
     (:class:`pipeline.stream.state.identity.StateRefused`, or a state blob of another format version)
-    exits with its code and one line on stderr."""
+    exits with its code and one line on stderr; so does a refused login or TLS handshake (exit code 1,
+    :func:`pipeline.connections.connection_failure`)."""
+    from pipeline.connections import connection_failure
     from pipeline.serialization import StateFormatError
     from pipeline.stream.state.identity import StateLost, StateRefused
 
@@ -41,6 +43,12 @@ def run_job(job: Callable[[], Awaitable[None]], loglevel: str = "info") -> None:
     except StateFormatError as err:  # a state of another format version (pipeline.serialization)
         print(f"dpstream: state refused: {err}", file=sys.stderr)
         raise SystemExit(StateLost.exit_code)
+    except Exception as err:  # a refused login, a TLS failure, an unreadable secret: one line naming the key
+        line = connection_failure(err)
+        if line is None:
+            raise
+        print(f"dpstream: {line}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def make_producer(bootstrap: str, linger_ms: int) -> AIOKafkaProducer:
