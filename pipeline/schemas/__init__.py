@@ -13,9 +13,11 @@ import json
 from importlib.resources import files
 from typing import Any
 
+from pipeline.stream.kafka.topics import PUBLIC_TOPICS
+
 __all__ = ["SCHEMA_TOPICS", "PARTS", "schema_path", "load_schema"]
 
-SCHEMA_TOPICS = ("releases", "synthetic", "alerts")
+SCHEMA_TOPICS = PUBLIC_TOPICS  # every public topic has a key and a value schema
 PARTS = ("key", "value")
 
 
