@@ -19,7 +19,7 @@ import orjson
 
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.kafka.codecs import CONTROL_HEADER, dead_letter_headers, encode_partial, parse_close_marker
-from pipeline.stream.ingest.partition_state import PartitionState
+from pipeline.stream.ingest.partition_state import OwnedRows, PartitionState
 from pipeline.stream.ingest.reports import ReportParser
 from pipeline.stream.ingest.repartition import Forwarder, ForwardMarkers, Inbox, positions_of, source_positions
 
@@ -86,6 +86,7 @@ class IngestCore:
         self.inboxes: dict[int, Inbox] = {}
         self.emitted: dict[int, int] = {}  # partition -> last step whose forwarded-through markers it sent
         self._strays: dict[int, list[Record]] = {}  # repartition records naming no source partition
+        self._owned: OwnedRows | None = None
 
     # -- assignment ------------------------------------------------------------------------------
     def assign(self, partition: int) -> int:
@@ -96,7 +97,9 @@ class IngestCore:
         were consumed but not yet covered by a checkpoint (they would be lost).
         """
         rows = self.roster.rows_of(partition, self.partitions_total)
-        state = PartitionState(self.deployment, partition, rows, self.roster.n)
+        if self._owned is None:  # one roster-wide map for all the partitions this worker holds
+            self._owned = OwnedRows.of_roster(self.roster.owners(self.partitions_total))
+        state = PartitionState(self.deployment, partition, rows, self.roster.n, self._owned)
         resume = 0
         blob = self.store.load_checkpoint(partition) if self.store is not None else None
         restored = loads_state(blob, self.store.key("checkpoint", partition)) if blob is not None else {}

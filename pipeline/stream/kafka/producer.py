@@ -41,19 +41,18 @@ class ReportProducer:
         """
         n = self.roster.n
         rows = np.arange(n) if present is None else np.flatnonzero(present)
-        labels = {a: self._labels(a, np.asarray(v)[rows]) for a, v in values.items()}
         ids = self.roster.ids
         owners = self._owners[rows]
         sent = 0
         for p in range(self.partitions):
-            sel = np.flatnonzero(owners == p)
-            for start in range(0, sel.size, self.batch_size):
-                chunk = sel[start : start + self.batch_size].tolist()
-                columns = {"user": [ids[rows[i]] for i in chunk], "step": int(step)}
-                for a, lab in labels.items():
-                    columns[a] = [lab[i] for i in chunk]
+            sel = rows[owners == p]
+            for start in range(0, sel.size, self.batch_size):  # labels a batch at a time: memory stays bounded
+                chunk = sel[start : start + self.batch_size]
+                columns = {"user": [ids[i] for i in chunk.tolist()], "step": int(step)}
+                for a, v in values.items():
+                    columns[a] = self._labels(a, np.asarray(v)[chunk])
                 self._producer.send(self.names["reports"], value=orjson.dumps({"columns": columns}), partition=p)
-                sent += len(chunk)
+                sent += chunk.size
         self._producer.flush()
         return sent
 
