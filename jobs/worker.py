@@ -22,6 +22,7 @@ worker commits are for lag monitoring, never read back.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 
@@ -64,6 +65,9 @@ class IngestWorker:
         # written its last checkpoint before the new owner reads it.
         self._busy = asyncio.Lock()
         self._feedback_done: dict[int, int] = {}  # feedback partition -> next offset (lag metric only)
+        # The roster, its id index and the loaded modules live as long as the process: frozen out of
+        # the cyclic collector's sight, so the full passes the fetches' allocations trigger skip them.
+        gc.freeze()
 
     # -- assignment ------------------------------------------------------------------------------
     async def _on_assign(self, tps: set[TopicPartition]) -> dict[TopicPartition, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 import orjson
@@ -24,6 +25,8 @@ from pipeline.stream.ingest.reports import ReportParser
 from pipeline.stream.ingest.repartition import Forwarder, ForwardMarkers, Inbox, positions_of, source_positions
 
 __all__ = ["IngestCore", "Record", "ApplyResult", "CloseOutput", "is_marker"]
+
+_VALUE, _HEADERS = attrgetter("value"), attrgetter("headers")
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ class IngestCore:
         """
         backlog = self.backlog[partition]
         done = backlog[-1].offset if backlog else self.states[partition].offset
-        new = [r for r in records if r.offset > done]
+        new = records if records and records[0].offset > done else [r for r in records if r.offset > done]
         rewind = self._gap(partition, done, new, now)
         if rewind is None:
             backlog.extend(new)
@@ -184,6 +187,10 @@ class IngestCore:
         backlog = self.backlog.get(partition)
         if not backlog:
             return []
+        if not any(map(_HEADERS, backlog)):  # no marker (reports carry no headers): one run, no per-record loop
+            outputs = [self.apply_reports(partition, list(backlog))]
+            del backlog[:]
+            return outputs
         outputs: list[ApplyResult | CloseOutput] = []
         run: list[Record] = []
         done = 0
@@ -226,7 +233,7 @@ class IngestCore:
         result = ApplyResult(partition=partition)
         if not records:
             return result
-        parsed = self.parser.parse([r.value for r in records])
+        parsed = self.parser.parse(list(map(_VALUE, records)))
         # reports of users another partition owns (a producer not partitioning by murmur2 of the user
         # id): forwarded to their owner, which applies them (pipeline.stream.ingest.repartition)
         foreign = state.local[parsed.rows] < 0

@@ -101,12 +101,13 @@ class PartitionState:
         ok = ~(late | future)
         # Duplicates: a report of smaller rank already accepted for (user, step), or one of smaller
         # (rank, position) for the same (user, step) in this batch.
-        rank = self.closed * self.origins + np.broadcast_to(np.asarray(origin, dtype=np.int64), ok.shape)
+        # one origin per call, so one rank: the first report of a (user, step) in the run is its best
+        rank = np.full(ok.shape, self.closed * self.origins + int(origin), dtype=np.int64)
         key = local * (self.max_ahead + 1) + np.where(ok, slot, 0)
         best = np.zeros(ok.size, dtype=bool)
         idx = np.flatnonzero(ok)
         if idx.size:
-            order = np.lexsort((idx, rank[idx], key[idx]))  # by key, then rank, then position
+            order = np.argsort(key[idx], kind="stable")  # by key, then position
             sorted_keys = key[idx][order]
             best[idx[order[np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]]]] = True
         held = np.full(ok.size, -1, dtype=np.int64)
