@@ -536,3 +536,15 @@ def test_band_monitor_counts_the_watched_value_and_retires_contributors():
     h.state.apply_feedback(1, "band", {"flagged": [STATUS.index("unemployed")]})
     p = h.state.close(2)  # carried forward, but the 3 contributors are retired (k = 1)
     assert p["releases"]["band"] == {"count": 0}
+
+
+@pytest.mark.parametrize("domain", [3, 1000, 2**40])
+def test_active_set_element_counts_equal_unique(domain):
+    """Counting (dense codes) or sorting (sparse ones), the partial is np.unique's arrays."""
+    from pipeline.stream.ingest.aggregators import _element_counts
+
+    values = np.random.default_rng(domain % 97).integers(0, domain, 5000)
+    elements, counts = _element_counts(values)
+    ref_e, ref_c = np.unique(values, return_counts=True)
+    assert np.array_equal(elements, ref_e) and np.array_equal(counts, ref_c)
+    assert _element_counts(values[:0])[0].size == 0

@@ -307,6 +307,9 @@ def main(argv=None) -> dict:
             result["release_latency_s"] = latencies
             print("release latency, close -> manifests / whole step read back: " +
                   ", ".join(f"t={t}: {m:.2f} / {c:.2f} s" for t, (m, c) in latencies.items()), flush=True)
+            result["latency_breakdown_s"] = latency_breakdown(out / "logs", latencies)
+            for t, row in result["latency_breakdown_s"].items():
+                print(f"  step {t}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()) + " s", flush=True)
             result["worker_rss_mb"] = _rss_mb(cluster.procs["worker-0"].pid)
             from pipeline.serialization import loads_state
             from pipeline.stream.state.store import ReleaseStore
@@ -370,6 +373,47 @@ def _close(drv, step: int, releaser_port: int) -> tuple[float, float]:
             raise TimeoutError(f"the releaser did not report step {step}'s publish latency")
         time.sleep(0.02)
     return _gauge(releaser_port, "dpstream_close_to_publish_seconds"), complete
+
+
+_LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] \[\d+\] \[\w+\] [\w.]+: (.*)$")
+
+
+def latency_breakdown(log_dir: Path, steps) -> dict[int, dict[str, float]]:
+    """Where each step's close -> publish time went, read off the jobs' logs (seconds): close command
+    -> markers written, markers -> the last partition's partial acknowledged by its worker, -> all
+    partials at the releaser, then the releaser's own split (mechanisms, Redis commit, publish)."""
+    from datetime import datetime
+
+    def events(path: Path):
+        if not path.exists():
+            return
+        for line in path.read_text(errors="replace").splitlines():
+            m = _LOG_LINE.match(line)
+            if m:
+                yield datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp(), m.group(2)
+
+    rel = list(events(log_dir / "releaser.log"))
+    workers = [e for path in sorted(log_dir.glob("worker-*.log")) for e in events(path)]
+    out = {}
+    for step in steps:
+        def first(evs, pattern):
+            return next((t for t, msg in evs if re.fullmatch(pattern, msg)), None)
+        cmd = first(rel, rf"close command for step {step}")
+        markers = first(rel, rf"close markers for step {step} written to \d+ partitions")
+        closed = [t for t, msg in workers if re.match(rf"partition \d+ closed step {step}:", msg)]
+        complete = first(rel, rf"partials of step {step} complete")
+        released = next(((t, msg) for t, msg in rel if msg.startswith(f"released step {step} ")), None)
+        if None in (cmd, markers, complete) or released is None:
+            continue
+        row = {"markers": markers - cmd, "partitions_closed": (max(closed) - markers) if closed else float("nan"),
+               "partials_at_releaser": complete - markers}
+        split = re.search(r"mechanisms ([\d.]+) s, Redis commit ([\d.]+) s, publish ([\d.]+) s", released[1])
+        if split:
+            row.update(mechanisms=float(split.group(1)), redis_commit=float(split.group(2)),
+                       publish=float(split.group(3)))
+        row["total_logged"] = released[0] - cmd
+        out[step] = row
+    return out
 
 
 def _arrays(obj):

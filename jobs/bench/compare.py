@@ -38,6 +38,12 @@ FIGURES: dict[str, tuple[str, str, bool]] = {
     "ingest_batch_reports_per_s": ("worker ingest, batch (columnar) messages", "reports/s", True),
     "latency_manifests_s": ("close → every manifest published (median over steps)", "s", False),
     "latency_whole_step_s": ("close → whole step read back (median over steps)", "s", False),
+    "latency_markers_s": ("  of which: close command → markers written", "s", False),
+    "latency_partitions_closed_s": ("  markers → every partition closed (worker)", "s", False),
+    "latency_partials_at_releaser_s": ("  markers → all partials at the releaser", "s", False),
+    "latency_mechanisms_s": ("  releaser: mechanisms", "s", False),
+    "latency_redis_commit_s": ("  releaser: Redis commit", "s", False),
+    "latency_publish_s": ("  releaser: publish", "s", False),
     "state_bytes_per_user": ("worker state per user", "B", False),
     "worker_rss_mb": ("worker RSS after ingest", "MB", False),
     "parser_single": ("parser, single-report messages (one core)", "reports/s", True),
@@ -67,6 +73,11 @@ def flatten(result: dict) -> dict[str, float]:
     if lat:
         out["latency_manifests_s"] = statistics.median(float(v[0]) for v in lat.values())
         out["latency_whole_step_s"] = statistics.median(float(v[1]) for v in lat.values())
+    breakdown = result.get("latency_breakdown_s") or {}
+    for part in ("markers", "partitions_closed", "partials_at_releaser", "mechanisms", "redis_commit", "publish"):
+        values = [float(row[part]) for row in breakdown.values() if part in row]
+        if values:
+            out[f"latency_{part}_s"] = statistics.median(values)
     for name, rate in (result.get("parser_reports_per_s") or {}).items():
         out[f"parser_{name}"] = float(rate)
     for name, share in (result.get("mismatched_vs_matched") or {}).items():
@@ -148,6 +159,9 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", action="append", default=None,
                     help="a commit to compare with (repeatable; default: main)")
+    ap.add_argument("--head", default=None,
+                    help="measure this commit (checked out like the bases) instead of the working tree, "
+                         "so the tree can be edited while the guard runs")
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--reps", type=int, default=3, help="runs per side, interleaved (median reported)")
@@ -164,6 +178,8 @@ def main(argv=None) -> dict:
     trees = {"working tree": repo}
     labels = {}
     try:
+        if args.head:
+            trees = {f"{args.head} ({resolve(repo, args.head)})": add_worktree(repo, args.head, work / "tree-head")}
         for base in bases:
             label = f"{base} ({resolve(repo, base)})" if resolve(repo, base) != base else base
             labels[label] = base
@@ -190,7 +206,7 @@ def main(argv=None) -> dict:
             if keys:
                 print(f"only {side} reports: {', '.join(keys)}")
         result = {"n": args.n, "partitions": args.partitions, "reps": args.reps,
-                  "sides": {side: str(trees[side]) if side == "working tree" else labels[side] for side in sides},
+                  "sides": {side: labels.get(side, args.head or str(repo)) for side in sides},
                   "runs": runs, "medians": medians}
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)

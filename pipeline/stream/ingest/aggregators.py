@@ -112,7 +112,7 @@ class ActiveSetAggregator:
         held = x[self._active()]
         if self.watch_value is not None:
             return {"count": int(np.count_nonzero(held == self.watch_value))}
-        elements, counts = np.unique(held, return_counts=True)
+        elements, counts = _element_counts(held)
         return {"elements": elements.astype(np.int64), "counts": counts.astype(np.int64)}
 
     def apply_feedback(self, step: int, x: np.ndarray, feedback: dict[str, Any]) -> None:
@@ -130,3 +130,14 @@ class ActiveSetAggregator:
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.charges = np.array(state["charges"], dtype=self.charges.dtype)
+
+
+def _element_counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_counts=True)``, by counting instead of sorting when the values are
+    codes dense enough (largest below 8x their number): the same arrays, without the sort that
+    dominated a partition's close."""
+    if values.size and values.min() >= 0 and values.max() < 8 * values.size:
+        counts = np.bincount(values)
+        elements = np.flatnonzero(counts)
+        return elements, counts[elements]
+    return np.unique(values, return_counts=True)
