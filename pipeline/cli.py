@@ -262,13 +262,13 @@ def cmd_down(args) -> int:
 
 
 # -- producing and controlling ------------------------------------------------------------------
-def _producer(dep):
+def _producer(dep, roster=None):
     from pipeline.stream.kafka.producer import ReportProducer
     from pipeline.stream.ingest.roster import Roster
     from pipeline.stream.kafka.topics import topic_names
 
     broker, _ = _endpoints(dep)
-    return ReportProducer(broker, dep, Roster.from_config(dep.roster), topic_names(dep))
+    return ReportProducer(broker, dep, roster or Roster.from_config(dep.roster), topic_names(dep))
 
 
 def _intake(dep, wait: float):
@@ -298,7 +298,7 @@ def _step_refused(dep, step: int, window: range) -> str | None:
 def cmd_produce(args) -> int:
     """Send one step's reports, never more than the deployment accepts now (see docs/streaming.md)."""
     from pipeline.stream.ingest.intake_view import open_window
-    from pipeline.stream.ingest.report_files import ReportFileError, read_report_file
+    from pipeline.stream.ingest.report_files import ReportFileError, scan_report_file
     from pipeline.stream.ingest.roster import Roster
 
     dep = _load(args.config)
@@ -306,9 +306,18 @@ def cmd_produce(args) -> int:
         return _fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {args.step}")
     path = args.jsonl or args.csv
     found = None
-    if path:  # the whole file is checked before anything is sent
+    roster = Roster.from_config(dep.roster)
+
+    def chunks():  # the file a chunk at a time (checked as read): memory does not grow with the file
+        for chunk in scan_report_file(path, dep, roster):
+            yield chunk if args.step is None else chunk.only_step(args.step)
+
+    if path:  # the whole file is checked (a first reading) before anything is sent (a second one)
+        found = {}  # each of the file's steps -> its first line
         try:
-            found = read_report_file(path, dep, Roster.from_config(dep.roster))
+            for chunk in chunks():
+                for rep, line in zip(chunk.reports, chunk.lines):
+                    found.setdefault(rep["step"], line)
         except ReportFileError as err:
             return _fail(EXIT_CONFIG, f"nothing sent: {err}")
     _, view = _intake(dep, wait=args.wait)
@@ -316,14 +325,12 @@ def cmd_produce(args) -> int:
     if not len(window):
         return _fail(EXIT_BUDGET, f"nothing sent: every step (1..{dep.horizon}) is closed")
     if found is not None:
-        if args.step is not None:
-            found = found.only_step(args.step)
-            if not found.reports:
-                return _fail(EXIT_CONFIG, f"nothing sent: {path} has no report for step {args.step}")
-        for rep, line in zip(found.reports, found.lines):
-            why = _step_refused(dep, rep["step"], window)
-            if why:
-                return _fail(EXIT_BUDGET, f"nothing sent: {path}:{line}: {why}")
+        if not found:
+            return _fail(EXIT_CONFIG, f"nothing sent: {path} has no report for step {args.step}")
+        refused = sorted((line, step) for step, line in found.items() if _step_refused(dep, step, window))
+        if refused:
+            line, step = refused[0]
+            return _fail(EXIT_BUDGET, f"nothing sent: {path}:{line}: {_step_refused(dep, step, window)}")
     else:
         step = args.step
         if step is None:  # the next open step without reports yet
@@ -337,11 +344,11 @@ def cmd_produce(args) -> int:
                    f"be dead-lettered as duplicate")
         if why:
             return _fail(EXIT_BUDGET, f"nothing sent: {why}")
-    prod = _producer(dep)
+    prod = _producer(dep, roster)
     try:
         if found is not None:
-            n = prod.send_reports(found.reports)
-            steps = sorted(found.steps())
+            n = sum(prod.send_reports(chunk.reports) for chunk in chunks())
+            steps = sorted(found)
         else:
             from pipeline.sim.panel import simulate_poverty_panel
 
