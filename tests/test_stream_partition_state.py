@@ -350,7 +350,8 @@ def test_per_user_state_is_held_in_narrow_types():
     walk(h.state.get_state())
     per_user = [a for a in arrays if a.shape and a.shape[-1] == 40]
     assert per_user and all(a.dtype == np.int8 for a in per_user), {a.dtype for a in per_user}
-    assert "last_x" not in h.state.get_state()
+    state = h.state.get_state()  # last_x: a copy of last, for the previous version's readers
+    assert all(np.array_equal(state["last_x"][a], state["last"][a]) for a in state["last"])
     big = parse_config({**dep.model_dump(mode="json"),
                         "attributes": {**dep.model_dump(mode="json")["attributes"],
                                        "query": {"type": "hashed", "size": 10**6}}})
@@ -548,3 +549,19 @@ def test_active_set_element_counts_equal_unique(domain):
     ref_e, ref_c = np.unique(values, return_counts=True)
     assert np.array_equal(elements, ref_e) and np.array_equal(counts, ref_c)
     assert _element_counts(values[:0])[0].size == 0
+
+
+def test_previous_version_reads_a_new_checkpoint():
+    """A rollback: the previous version's set_state (int64 arrays, last_x required) restores a
+    checkpoint this version wrote to the same state."""
+    dep = deployment(n=40, monitors=True)
+    h = Harness(dep)
+    _drive(h, np.random.default_rng(5), 3, monitors=True)
+    state = loads_state(dumps_state(h.state.get_state()))
+    old = {"pending": {a: np.array(v, dtype=np.int64) for a, v in state["pending"].items()},
+           "rank": np.array(state["rank"], dtype=np.int64),
+           "last": {a: np.array(v, dtype=np.int64) for a, v in state["last"].items()},
+           "last_x": {a: np.array(v, dtype=np.int64) for a, v in state["last_x"].items()}}
+    for a in h.state.attributes:
+        assert np.array_equal(old["last_x"][a], old["last"][a])
+        assert np.array_equal(old["pending"][a], h.state.pending[a])

@@ -30,7 +30,8 @@ class FeedbackPending(RuntimeError):
 
 class PartitionState:
     """Per-user state in the narrowest integer types that hold it (:func:`narrow_int`): 32 bytes
-    per user with the benchmark's releases (docs/streaming.md, "Worker memory")."""
+    per user in memory with the benchmark's releases, 37 in the checkpoint (docs/streaming.md,
+    "Worker memory")."""
 
     def __init__(self, deployment, partition: int, rows: np.ndarray, n_total: int, owned: "OwnedRows | None" = None):
         """``owned``: the roster-wide row -> (owner, position) map shared by a worker's partitions
@@ -200,6 +201,9 @@ class PartitionState:
             "pending": {a: v.copy() for a, v in self.pending.items()},
             "rank": self.rank.copy(),
             "last": {a: v.copy() for a, v in self.last.items()},
+            # the previous version's readers need it (a rollback); ``last_x`` is ``last`` now, and
+            # set_state ignores it: drop it with the next state format version
+            "last_x": {a: v.copy() for a, v in self.last_x.items()},
             "feedback_needed": sorted(self.feedback_needed),
             "aggregators": {name: agg.get_state() for name, agg in self.aggregators.items()},
             "intake": self.intake.get_state(),
@@ -210,8 +214,8 @@ class PartitionState:
             raise ValueError(f"checkpoint of partition {state['partition']} restored into partition {self.partition}")
         self.closed = int(state["closed"])
         self.offset = int(state["offset"])
-        # Checkpoints written before the narrow types hold int64 (and a copy of ``last`` as
-        # ``last_x``, ignored): the values fit the narrow types, so they restore exactly.
+        # Checkpoints written before the narrow types hold int64: the values fit the narrow types,
+        # so they restore exactly (``last_x`` is a copy of ``last``, ignored).
         self.pending = {a: np.array(v, dtype=self._codes[a]) for a, v in state["pending"].items()}
         if "rank" in state:
             self.rank = np.array(state["rank"], dtype=self._rank_type)
