@@ -127,18 +127,18 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("MB")
     ax = axes[2]
     for topic in ("releases", "synthetic"):
-        ax.plot(ns, [float(np.median([s["public_bytes"].get(topic, 0) for s in r["steps"]])) / 1e6 for r in rows],
-                "o-", label=f"{topic} topic")
+        ax.plot(ns, [max(s["public_bytes"].get(topic, 0) for s in r["steps"]) / 1e6 for r in rows],
+                "o-", label=f"{topic} topic (largest step)")
     ax.plot(ns, [med(r, "ingest_reports_per_s") / 1e3 for r in rows], "^--", label="send → all accepted (k reports/s)")
-    ax.set_title("public bytes per step (MB); send → accepted rate")
+    ax.set_title("public MB per step; ingest rate")
     for ax in axes:
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("users n")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("dpstream at scale: embedded broker and Redis, "
-                 f"{rows[0]['workers']} workers, fixed-window + cumulative + heavy-hitter releases (one run per n)")
+    fig.suptitle(f"dpstream against n: embedded broker and Redis, {rows[0]['workers']} workers, fixed window + "
+                 "cumulative + heavy hitters (one run per n)", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -152,7 +152,12 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
     ap.add_argument("--out", default="out/bench_scale")
+    ap.add_argument("--replot", default=None, help="only draw --plot from this earlier --json")
     args = ap.parse_args(argv)
+    if args.replot:
+        rows = json.loads(Path(args.replot).read_text())
+        plot(rows, Path(args.plot))
+        return rows
     rows = []
     for n in args.n:
         rows.append(run_n(n, args.steps, args.workers, Path(args.out) / f"n{n}"))

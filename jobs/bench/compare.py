@@ -62,13 +62,18 @@ import pipeline
 print("PIPELINE_AT", pipeline.__file__, flush=True)
 if sys.argv[2] == "0":
     mod.releaser_cost = lambda quick: []
-mod.main(sys.argv[3:])
+if "two_workers" in sys.argv[3].split(","):
+    mod._two_worker_rate = lambda *args, **kw: float("nan")
+if "parser" in sys.argv[3].split(","):
+    mod.parser_throughput = lambda *args, **kw: {}
+mod.main(sys.argv[4:])
 """
 
 
 def flatten(result: dict) -> dict[str, float]:
     """The figures of one benchmark result (its JSON), by the names of :data:`FIGURES`."""
-    out = {k: float(result[k]) for k in FIGURES if k in result and isinstance(result[k], (int, float))}
+    out = {k: float(result[k]) for k in FIGURES
+           if k in result and isinstance(result[k], (int, float)) and result[k] == result[k]}  # not NaN (skipped)
     lat = result.get("release_latency_s") or {}
     if lat:
         out["latency_manifests_s"] = statistics.median(float(v[0]) for v in lat.values())
@@ -94,12 +99,12 @@ def bench_module(tree: Path) -> str:
 
 
 def run_once(tree: Path, bench_args: list[str], work: Path, tag: str, releaser_cost: bool,
-             timeout: float) -> dict[str, float]:
+             timeout: float, skip: str = "") -> dict[str, float]:
     """One benchmark run of ``tree``; its figures."""
     out_json = work / f"{tag}.json"
     out_json.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=str(tree), DPSTREAM_HOME=str(work / f"home-{tag}"))
-    cmd = [sys.executable, "-c", _RUNNER, bench_module(tree), "1" if releaser_cost else "0",
+    cmd = [sys.executable, "-c", _RUNNER, bench_module(tree), "1" if releaser_cost else "0", skip,
            *bench_args, "--json", str(out_json), "--out", str(work / f"out-{tag}")]
     log_path = work / f"{tag}.log"
     with open(log_path, "w") as log:
@@ -123,6 +128,12 @@ def add_worktree(repo: Path, commit: str, where: Path) -> Path:
 def resolve(repo: Path, commit: str) -> str:
     return subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", commit], check=True,
                           capture_output=True, text=True).stdout.strip()
+
+
+def summarise(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    """Each side's median of each figure over its runs."""
+    return {side: {k: statistics.median(r[k] for r in rs if k in r) for k in {k for r in rs for k in r}}
+            for side, rs in runs.items()}
 
 
 def table(sides: list[str], medians: dict[str, dict[str, float]], runs: dict[str, list[dict]]) -> list[str]:
@@ -166,6 +177,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--reps", type=int, default=3, help="runs per side, interleaved (median reported)")
     ap.add_argument("--releaser-cost", action="store_true", help="include the in-process releaser sweep")
+    ap.add_argument("--skip", default="", help="stages left out on every side, comma-separated: two_workers, parser "
+                                               "(a loaded machine: each run of n = 10^6 can take 10+ minutes)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per benchmark run")
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", default=None)
@@ -192,12 +205,11 @@ def main(argv=None) -> dict:
                 tag = f"{side.split()[0].replace('/', '_')}-{rep}"
                 started = time.monotonic()
                 print(f"[rep {rep + 1}/{args.reps}] {side}: bench_stream {' '.join(bench_args)} ...", flush=True)
-                figures = run_once(trees[side], bench_args, work, tag, args.releaser_cost, args.timeout)
+                figures = run_once(trees[side], bench_args, work, tag, args.releaser_cost, args.timeout, args.skip)
                 runs[side].append(figures)
                 print(f"    {time.monotonic() - started:.0f} s: " + ", ".join(
                     f"{k}={v:.4g}" for k, v in figures.items()), flush=True)
-        medians = {side: {k: statistics.median(r[k] for r in runs[side] if k in r)
-                          for k in {k for r in runs[side] for k in r}} for side in sides}
+        medians = summarise(runs)
         lines = table(sides, medians, runs)
         only = {side: sorted(set(medians[side]) - set(medians[sides[0]])) for side in sides[1:]}
         print(f"\nn = {args.n:,}, {args.partitions} partitions, {args.reps} interleaved runs per side (medians):")
