@@ -347,7 +347,12 @@ def cmd_produce(args) -> int:
     prod = _producer(dep, roster)
     try:
         if found is not None:
-            n = sum(prod.send_reports(chunk.reports) for chunk in chunks())
+            n = 0
+            try:
+                for chunk in chunks():  # checked again as it is read: a file changed since is caught
+                    n += prod.send_reports(chunk.reports)
+            except ReportFileError as err:
+                return _fail(EXIT_CONFIG, f"{path} changed while it was sent: {n:,} reports were sent before {err}")
             steps = sorted(found)
         else:
             from pipeline.sim.panel import simulate_poverty_panel
