@@ -86,7 +86,9 @@ def test_find_margin_example_lemma_3_2(scale, expect, monitor):
 
 def _reference_fme(rows, h, est, active, zeta, alpha0, noise):
     """Algorithm 2 written out query by query with masks (O(|X|) per query): the incremental sums of
-    :func:`find_margin_example` must give the same answers for the same noise draws."""
+    :func:`find_margin_example` must give the same answers for the same noise draws. One call is one
+    monitor: it starts by drawing the pure rule's η."""
+    noise.start_call()
     active = active.copy()
     plus, minus = np.zeros_like(active), np.zeros_like(active)
     f_active = list(range(len(rows)))
@@ -317,3 +319,42 @@ def test_a_precomputed_plan_gives_the_same_release_and_a_mismatch_is_refused():
         PREM(8, queries, ZETA, 1.0, 1e-6, seed=9, accounting="paper", n=5_000, plan=plan)
     with pytest.raises(TypeError, match="not both"):
         PREM(8, queries, ZETA, 1.0, 1e-6, accounting="charged", plan=plan, max_calls=5)
+
+
+def test_pure_monitor_draws_its_threshold_noise_once_per_call_within_the_margin_budget():
+    """monitor="pure": every FindMarginExample call is its own run of Algorithm 4 (fresh η at the
+    start, redrawn after each Above/Below), so a run of PREM draws η at most K·(Γ+1) times, and the
+    margin's c_η is set for that many draws: by the union bound P(some |η| > c_η) ≤ E[draws]·p with
+    p = P(|η| > c_η) = 2ρ^{c+1}/(1+ρ) (exact two-sided geometric tail, ρ = e^{−a/2}), which must stay
+    within the β/4 the plan gives η (docs/prem.md §3). With one η kept across calls (the old rule)
+    c_η was set for Γ + 1 draws while a run made ~4× as many here: E[draws]·p ≈ 0.05 > β/4.
+    Then over seeded runs the rate of runs with some |η| > c_η, and of runs breaking the (ζ, α)
+    guarantee, stays within budget (exact Binomial tolerance, Clopper–Pearson style: the count may
+    exceed its budgeted mean only by the 0.999 quantile)."""
+    from scipy import stats
+
+    rng = np.random.default_rng(0)
+    domain, n, beta, runs = 1024, 10**7, 0.05, 24
+    q = as_query_matrix(_interval_family(domain, 30, rng, 256), domain)
+    h = rng.multinomial(n, rng.dirichlet(np.full(domain, 0.3))).astype(np.int64)
+    truth = q @ h
+    options = {"init_share": 0.0, "max_calls": 20, "max_rounds": 1, "eta": 0.02}  # many uncertified calls
+    draws, eta_fails, fails = [], 0, 0
+    for seed in range(runs):
+        prem = PREM(domain, q, ZETA, 1.0, 1e-6, beta=beta, seed=seed, accounting="charged", monitor="pure", **options)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out = prem.fit(h)
+        noise, plan = prem.monitor_noise, prem.plan
+        assert noise.calls == prem.calls <= plan.max_calls
+        assert noise.eta_draws <= noise.calls * (plan.gamma + 1)
+        draws.append(noise.eta_draws)
+        eta_fails += noise.eta_max_abs > plan.extra["eta_margin"]
+        got = q @ out
+        fails += not (np.all(got >= (1 - ZETA) * truth - prem.alpha) and np.all(got <= (1 + ZETA) * truth + prem.alpha))
+    assert np.mean(draws) > 3 * (plan.gamma + 1), "the runs must make many calls with Above/Below answers"
+    rho = math.exp(-plan.a / 2.0)
+    p = 2.0 * rho ** (plan.extra["eta_margin"] + 1) / (1.0 + rho)
+    assert np.mean(draws) * p <= beta / 4
+    assert eta_fails <= stats.binom.ppf(0.999, runs, beta / 4)
+    assert fails <= stats.binom.ppf(0.999, runs, beta)

@@ -71,23 +71,39 @@ class IntervalNoise:
     """The monitor's noise and answer rule, applied to a vector of counts at once.
 
     approx (Algorithm 1): v + DLap(a) (pmf ∝ e^{−a|x|}); Inside iff lo < v̂ < hi, else Above iff v̂ ≥ hi.
-    pure (Algorithm 4): η ~ DLap(scale 2/a), redrawn after every Above/Below; Above iff
-    v + ν₁ ≥ hi + η, else Below iff v + ν₂ ≤ lo − η, ν₁, ν₂ ~ DLap(scale 4/a) independent.
+    pure (Algorithm 4): η ~ DLap(scale 2/a), drawn afresh at the start of every FindMarginExample call
+    (:meth:`start_call`: one monitor per call, as in the paper, so each call is one (a·Γ)-DP run of
+    Algorithm 4) and redrawn after every Above/Below; Above iff v + ν₁ ≥ hi + η, else Below iff
+    v + ν₂ ≤ lo − η, ν₁, ν₂ ~ DLap(scale 4/a) independent.
     The same rules as :class:`~pipeline.monitors.interval.OutsideIntervalMonitor` (and ``...Pure``).
+
+    ``eta_draws`` / ``eta_max_abs`` / ``calls`` record how many η were drawn, the largest |η| and the
+    calls started (curator-side diagnostics: the utility margin's union bound is over ≤ Γ + 1 draws
+    per call).
     """
 
     def __init__(self, kind: str, a: float, source: RandomSource):
         self.kind, self.a, self.source = kind, a, source
+        self.eta_draws, self.eta_max_abs, self.calls = 0, 0, 0
         if kind == "approx":
             self.scale = used_scale(1.0 / a)
         else:
             self.scale = used_scale(4.0 / a)
             self.scale_eta = used_scale(2.0 / a)
-            self.eta = self._draw_eta()
+            self.eta = None
         self.queries = 0
 
     def _draw_eta(self) -> int:
-        return int(discrete_laplace(self.scale_eta, 1, self.source)[0])
+        eta = int(discrete_laplace(self.scale_eta, 1, self.source)[0])
+        self.eta_draws += 1
+        self.eta_max_abs = max(self.eta_max_abs, abs(eta))
+        return eta
+
+    def start_call(self) -> None:
+        """A new monitor: the pure rule's threshold noise η is drawn afresh (Algorithm 4's start)."""
+        self.calls += 1
+        if self.kind == "pure":
+            self.eta = self._draw_eta()
 
     def draw(self, size: int) -> np.ndarray:
         """Noise for ``size`` queries: shape (size,) (approx) or (2, size) (pure)."""
@@ -101,6 +117,8 @@ class IntervalNoise:
             noisy = values + noise
             above, below = noisy >= hi, noisy <= lo
         else:
+            if self.eta is None:
+                raise RuntimeError("IntervalNoise: call start_call() before the pure monitor's first answer")
             above = values + noise[0] >= hi + self.eta
             below = ~above & (values + noise[1] <= lo - self.eta)
         return np.where(above, PLUS, np.where(below, MINUS, APPROX))
@@ -138,6 +156,7 @@ def find_margin_example(queries: sparse.csr_matrix, histogram: np.ndarray, estim
     −1 ⇒ 1_S(h) ≤ (1−ζ/2)1_S(ĥ); always 1_S(ĥ) ≥ 1_Y(ĥ)/3 (when certified).
     """
     cols = queries.tocsc() if columns is None else columns
+    noise.start_call()
     active = active.copy()
     h = histogram.astype(np.float64)
     est = np.asarray(estimate, dtype=np.float64)
@@ -247,6 +266,7 @@ class PREM:
         self._alpha: float | None = None
         self.calls = self.rounds_used = 0
         self.masses: list[int] = []
+        self.monitor_noise: IntervalNoise | None = None  # the calls' noise, kept for diagnostics
 
     def _check_plan(self, plan: PremPlan, n: int | None) -> PremPlan:
         """``plan`` if it was made for these arguments (the calibration takes seconds; a stream with one
@@ -335,7 +355,7 @@ class PREM:
             raise ValueError(f"histogram sums to {n}, but the plan was made for n={self._n}")
         p = self.plan
         zeta = p.zeta
-        noise = IntervalNoise(p.monitor, p.a, self._source)
+        noise = self.monitor_noise = IntervalNoise(p.monitor, p.a, self._source)
         start = self._start(h)
         out = np.zeros(self.domain_size)
         remaining = np.ones(self.domain_size, dtype=bool)
