@@ -230,7 +230,7 @@ def test_paper_accounting_returns_zero_histogram_and_holds():
     is (ζ, α)-accurate only because α ≥ n."""
     rng = np.random.default_rng(1)
     h = rng.multinomial(50_000, np.ones(256) / 256).astype(np.int64)
-    prem = PREM(256, _interval_family(256, 50, rng, 32), ZETA, 1.0, 1e-6, seed=1)
+    prem = PREM(256, _interval_family(256, 50, rng, 32), ZETA, 1.0, 1e-6, seed=1, accounting="paper")
     out = prem.fit(h)
     assert prem.alpha >= h.sum()
     assert np.all(out == 0) and prem.calls == 0
@@ -264,7 +264,7 @@ def test_charged_is_seeded_and_validates():
     with pytest.raises(TypeError, match="histogram"):
         PREM(1024, fam, ZETA, 1.0, 1e-6, accounting="charged").fit(h.astype(float))
     with pytest.raises(TypeError, match="max_calls"):
-        PREM(1024, fam, ZETA, 1.0, 1e-6, max_calls=3)
+        PREM(1024, fam, ZETA, 1.0, 1e-6, accounting="paper", max_calls=3)
 
 
 @pytest.mark.slow
@@ -358,3 +358,19 @@ def test_pure_monitor_draws_its_threshold_noise_once_per_call_within_the_margin_
     assert np.mean(draws) * p <= beta / 4
     assert eta_fails <= stats.binom.ppf(0.999, runs, beta / 4)
     assert fails <= stats.binom.ppf(0.999, runs, beta)
+
+
+def test_the_default_accounting_is_the_charged_one():
+    """PREM(domain_size, queries, zeta, epsilon, delta, beta, seed).fit(h) must not return the zero
+    histogram of the printed constants (α > n): the default is the charged accounting, whose (ε, δ)
+    round-trips; the paper's stays selectable."""
+    rng = np.random.default_rng(6)
+    domain = 1024
+    h = rng.multinomial(10**6, rng.dirichlet(np.ones(domain))).astype(np.int64)
+    fam = _interval_family(domain, 100, rng, 128)
+    prem = PREM(domain, fam, ZETA, 1.0, 1e-6, 0.05, 3)
+    out = prem.fit(h)
+    assert prem.plan.accounting == "charged" and prem.alpha < h.sum() / 10
+    assert out.sum() > 0.9 * h.sum()
+    assert prem.privacy().epsilon == pytest.approx(1.0, rel=1e-6)
+    assert PREM(domain, fam, ZETA, 1.0, 1e-6, 0.05, 3, accounting="paper", n=10**6).plan.alpha > h.sum()

@@ -218,14 +218,15 @@ class PREM:
     """Algorithm 3 of Ghazi et al.: a non-negative synthetic histogram ĥ with, w.p. ≥ 1 − β,
     (1 − ζ)·f(h) − α ≤ f(ĥ) ≤ (1 + ζ)·f(h) + α for every f ∈ F (replace-one neighbours).
 
-    ``accounting="paper"``: the printed constants (I, T, η = ζ/4, uniform start, worst-case I·T calls);
-    α exceeds n unless n is astronomically large, so the output is then the zero histogram.
-    ``accounting="charged"`` (docs/prem.md §3): target charging over the calls actually made (≤
+    ``accounting="charged"`` (the default; docs/prem.md §3): target charging over the calls actually made (≤
     ``max_calls``), a noisy starting histogram, ≤ ``max_rounds`` certified rounds, and a MWU step on
     both S^{+1} and S^{-1}. An uncertified remainder is kept, scaled to its noisy mass; after ``fit``,
     ``alpha`` is the bound of the run (certified rounds·α₀ + ñ_remainder + B). If the call or round
     cap was hit with a remainder so large that this exceeds the a-priori α, ``exhausted`` is set
     and a RuntimeWarning is issued.
+    ``accounting="paper"``: the printed constants (I, T, η = ζ/4, uniform start, worst-case I·T calls);
+    α exceeds n unless n is astronomically large, so the output is then the zero histogram — kept
+    selectable for comparison, never the default.
 
     ``alpha``/``zeta`` give the guarantee; ``plan`` all noise parameters; ``privacy()`` the (ε, δ).
     ``plan=`` takes a plan made earlier (``charged_plan``/``paper_plan``) for the same arguments, checked
@@ -233,7 +234,7 @@ class PREM:
     """
 
     def __init__(self, domain_size: int, queries: Any, zeta: float, epsilon: float, delta: float,
-                 beta: float = 0.05, seed: Any = None, accounting: str = "paper", monitor: str = "approx",
+                 beta: float = 0.05, seed: Any = None, accounting: str = "charged", monitor: str = "approx",
                  n: int | None = None, plan: PremPlan | None = None, **charged_options: Any):
         self.domain_size = check_int(domain_size, "domain_size", low=2)
         self.queries = as_query_matrix(queries, self.domain_size)
