@@ -246,12 +246,13 @@ def test_make_counter_names():
         make_counter("binary", 4, 1.0)
 
 
-def test_blt_draws_noise_in_blocks_and_a_restore_mid_block_continues_bit_for_bit(monkeypatch):
-    """The BLT calls the exact sampler once per NOISE_BLOCK steps (its ~1 ms fixed cost dominated the
-    step), never more values than steps, and the rows drawn ahead are state: a counter restored in
-    the middle of a block (with another source) releases exactly what the uninterrupted one does —
-    no step's noise is redrawn."""
-    from pipeline.counters.blt import NOISE_BLOCK
+@pytest.mark.parametrize("cls", [SqrtFactorizationCounter, BLTCounter])
+def test_noise_is_drawn_in_blocks_and_a_restore_mid_block_continues_bit_for_bit(cls, monkeypatch):
+    """The lattice counters call the exact sampler once per NOISE_BLOCK steps (its ~1 ms fixed cost
+    dominated the step), never more values than steps, and the rows drawn ahead are state: a counter
+    restored in the middle of a block (with another source) releases exactly what the uninterrupted
+    one does — no step's noise is redrawn."""
+    from pipeline.counters.factorization import NOISE_BLOCK
 
     calls = []
     real = noise_module.discrete_gaussian
@@ -262,14 +263,14 @@ def test_blt_draws_noise_in_blocks_and_a_restore_mid_block_continues_bit_for_bit
 
     monkeypatch.setattr(noise_module, "discrete_gaussian", recording)
     T = NOISE_BLOCK + 40
-    ref = BLTCounter(T, 0.5, seed=3, neighbours="replace", width=2)
+    ref = cls(T, 0.5, seed=3, neighbours="replace", width=2)
     out_ref = [ref.update([t % 2, 1]) for t in range(T)]
     assert calls == [2 * NOISE_BLOCK, 2 * 40]
-    k = BLTCounter(T, 0.5, seed=3, neighbours="replace", width=2)
+    k = cls(T, 0.5, seed=3, neighbours="replace", width=2)
     out = [k.update([t % 2, 1]) for t in range(100)]
     state = k.get_state(include_rng=False)
     assert state["pending"].shape == (NOISE_BLOCK - 100, 2)
-    back = BLTCounter.from_state(state, rng=12345)  # another source: only a new block would use it
+    back = cls.from_state(state, rng=12345)  # another source: only a new block would use it
     out += [back.update([t % 2, 1]) for t in range(100, NOISE_BLOCK)]
     assert all(np.array_equal(a, b) for a, b in zip(out, out_ref[:NOISE_BLOCK]))
 

@@ -36,12 +36,10 @@ S̃ − S = A C⁻¹ (z + r) / s: the noise term has covariance Var_NZ(σ²)/s²
 (below 10^−4 counts for T ≤ 10^5), then the final rounding ≤ 1/2.
 
 State: the integer buffers h (exact), the float decoder buffers G, the running sum and t, and the
-noise drawn for steps not yet released. Noise is drawn in blocks of up to ``NOISE_BLOCK`` steps
-(one call of the exact sampler per block: its fixed cost, ~1 ms, dominated the step when it was
-called once per step); a step's draw is z_t, the block's next row, absorbed into G and the sum.
-The draws are i.i.d. and independent of the data, so drawing them early does not change the law;
-the undrawn rows are part of the state, so a restore continues bit for bit and never redraws a
-step's noise.
+noise drawn for steps not yet released (``LatticeCounterBase``: blocks of up to ``NOISE_BLOCK``
+steps per call of the exact sampler, whose ~1 ms fixed cost dominated the step when it was called
+once per step). A step's draw z_t is absorbed into G and the sum; the rows drawn ahead are state,
+so a restore continues bit for bit and never redraws a step's noise.
 """
 
 from __future__ import annotations
@@ -58,6 +56,7 @@ from pipeline.privacy.rng import RandomSource, as_random_source, restore_random_
 from pipeline.validation import check_int, check_rho
 
 from .factorization import (
+    NOISE_BLOCK,
     LatticeCounterBase,
     check_increment,
     check_sampler_range,
@@ -73,7 +72,6 @@ from .factorization import (
 __all__ = ["BLTCounter", "DEFAULT_BUFFERS", "DEFAULT_BLT_SCALE", "blt_parameters", "blt_coefficients"]
 
 DEFAULT_BUFFERS = 6
-NOISE_BLOCK = 256  # steps of noise drawn per call of the exact sampler
 DEFAULT_BLT_SCALE = 1 << 24
 _PARAM_BITS = 48  # θ_j = a_j / 2^48, ω_j = w_j / 2^48
 _EPS_BITS = 20  # ε ≤ 2^−20
@@ -148,16 +146,6 @@ class BLTCounter(LatticeCounterBase):
         self._sum = np.zeros(n, dtype=np.float64)  # Σ u
         self._pending = np.zeros((0, n), dtype=np.int64)  # noise of the next steps, drawn ahead
         self.t = 0
-
-    def _next_noise(self) -> tuple[np.ndarray, np.ndarray]:
-        """This step's draw z_t (one row) and the rows left after it; draws a new block if none is left."""
-        pending = self._pending
-        if pending.shape[0] == 0:
-            lanes = 1 if self.width is None else self.width
-            steps = min(NOISE_BLOCK, self.horizon - self.t)
-            pending = np.asarray(_noise.discrete_gaussian(self.sigma2, steps * lanes, rng=self.rng),
-                                 dtype=np.int64).reshape(steps, lanes)
-        return pending[0], pending[1:]
 
     # -- the mechanism ----------------------------------------------------------------------
     def update(self, z):
@@ -236,11 +224,7 @@ class BLTCounter(LatticeCounterBase):
                 raise ValueError(f"stored {name} has shape {arr.shape} dtype {arr.dtype}, expected {ref.shape} {ref.dtype}")
             setattr(c, "_" + name, arr.copy())
         c._h = h
-        pending = np.asarray(state.get("pending", np.zeros((0, c._g.shape[1]))), dtype=np.int64)
-        if pending.ndim != 2 or pending.shape[1] != c._g.shape[1] or pending.shape[0] > c.horizon - c.t:
-            raise ValueError(f"stored pending noise has shape {pending.shape}, expected (≤ {c.horizon - c.t}, "
-                             f"{c._g.shape[1]})")
-        c._pending = pending.copy()
+        c._restore_pending(state)
         return c
 
     def __repr__(self) -> str:
