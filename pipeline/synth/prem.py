@@ -154,6 +154,11 @@ def find_margin_example(queries: sparse.csr_matrix, histogram: np.ndarray, estim
     Approx, as printed). Lemma 3.2: w.p. ≥ 1 − β (C the monitor margin, α₀ = 2(1+ζ)C) Approx ⇒
     (1−ζ)f(h|S) − α₀ ≤ f(ĥ|S) ≤ (1+ζ)f(h|S) + α₀ ∀f; +1 ⇒ 1_S(h) ≥ (1+ζ)1_S(ĥ);
     −1 ⇒ 1_S(h) ≤ (1−ζ/2)1_S(ĥ); always 1_S(ĥ) ≥ 1_Y(ĥ)/3 (when certified).
+
+    Privacy bookkeeping (docs/prem.md §3.2, the monitor mechanism M_mon): a call starts the monitor
+    (``noise.start_call``) with S_active = Y, and f^{-1}(1) leaves S_active right after a non-Inside
+    answer, inside this function — so a record is charged at most once per call whatever the caller
+    does; :class:`PREM` caps the calls at K.
     """
     cols = queries.tocsc() if columns is None else columns
     noise.start_call()
