@@ -177,7 +177,8 @@ def charged_plan(domain_size: int, n_queries: int, zeta: float, epsilon: float, 
     domain_size, n_queries, zeta, epsilon, delta, beta = _check_common(domain_size, n_queries, zeta,
                                                                        epsilon, delta, beta)
     if delta == 0.0:
-        raise ValueError("delta must be > 0 with accounting='charged'")
+        raise ValueError("delta must be > 0 with accounting='charged' (the default); for pure DP (delta = 0) "
+                         "use accounting='paper', monitor='pure'")
     if monitor not in MONITORS:
         raise ValueError(f"monitor must be one of {MONITORS}, got {monitor!r}")
     max_rounds = check_int(max_rounds, "max_rounds", low=1)
