@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.connections import SecretUnavailable, check_secrets, connection_failure, redis_client, use_security
+from pipeline.connections import (SecretUnavailable, check_secrets, connection_failure, kafka_security, redis_client,
+                                  use_security)
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_BUDGET = 0, 1, 2, 3
 EXIT_STATE_LOST = 4
@@ -70,8 +71,8 @@ _REACH_TIMEOUT = 5.0  # seconds per service: a command against a dead broker or 
 _reached: set[str] = set()
 
 
-def _check_reachable(broker: str, redis_url: str) -> None:
-    """One line and exit 1 if the broker or Redis does not answer (instead of a client's retry loop)."""
+def _check_reachable(broker: str, redis_url: str | None) -> None:
+    """One line and exit 1 if the broker or Redis (unless None) does not answer (instead of a client's retry loop)."""
     import socket
 
     import redis
@@ -88,7 +89,7 @@ def _check_reachable(broker: str, redis_url: str) -> None:
         else:
             raise SystemExit(_fail(EXIT_RUNTIME, f"broker unreachable ({'; '.join(errors)})"))
         _reached.add(broker)
-    if redis_url not in _reached:
+    if redis_url is not None and redis_url not in _reached:
         try:
             redis_client(redis_url, socket_connect_timeout=_REACH_TIMEOUT, socket_timeout=_REACH_TIMEOUT).ping()
         except redis.RedisError as err:
@@ -96,14 +97,17 @@ def _check_reachable(broker: str, redis_url: str) -> None:
         _reached.add(redis_url)
 
 
-def _endpoints(dep, check: bool = True) -> tuple[str, str]:
-    """Broker and Redis of a deployment: configured, or those of a running `dpstream up`; checked to answer."""
+def _endpoints(dep, check: bool = True, redis: bool = True) -> tuple[str, str | None]:
+    """Broker and Redis of a deployment: configured, or those of a running `dpstream up`; checked to answer.
+    ``redis=False`` (the analysts' commands: public topics only) neither needs nor touches Redis."""
     from pipeline.stream.local.cluster import endpoints_file
 
-    check_secrets()  # an unset variable or unreadable file is one line now, not a client's retry loop
+    # an unset variable or unreadable file is one line now, not a client's retry loop; an analyst has no
+    # Redis secret to read
+    check_secrets() if redis else kafka_security()
     broker = os.environ.get("DPSTREAM_BROKER") or dep.broker
-    redis_url = os.environ.get("DPSTREAM_REDIS") or dep.redis
-    if not (broker and redis_url):
+    redis_url = (os.environ.get("DPSTREAM_REDIS") or dep.redis) if redis else None
+    if not (broker and (redis_url or not redis)):
         rec = _up_record(dep.name)
         if rec is None:
             raise SystemExit(_fail(EXIT_CONFIG, f"deployment {dep.name!r} names no broker/Redis and no `dpstream up` "
@@ -113,7 +117,7 @@ def _endpoints(dep, check: bool = True) -> tuple[str, str]:
         if "broker" not in rec:
             raise SystemExit(_fail(EXIT_RUNTIME, f"`dpstream up` of deployment {dep.name!r} (pid {rec['pid']}) is "
                                                  "still starting; try again in a moment"))
-        broker, redis_url = broker or rec["broker"], redis_url or rec["redis"]
+        broker, redis_url = broker or rec["broker"], (redis_url or rec["redis"]) if redis else None
     if check:
         _check_reachable(broker, redis_url)
     return broker, redis_url
@@ -440,69 +444,35 @@ def cmd_status(args) -> int:
     return EXIT_OK
 
 
-# -- consuming ---------------------------------------------------------------------------------
-def _panels(dep):
-    from pipeline.consumer import read_topics
-    from pipeline.stream.kafka.topics import topic_names
+# -- consuming: the analysts' commands (pipeline.analyst), public topics only, never Redis ------------------
+def _analyst(command: str, args) -> int:
+    from pipeline.analyst import commands
+    from pipeline.analyst.reader import AnalystError, NotReleased
 
-    broker, _ = _endpoints(dep)
-    return read_topics(broker, topic_names(dep))
-
-
-def _synthetic_release(dep, name: str):
-    """The configured synthetic-data release ``name``, or one line naming the ones there are (exit 2)."""
-    from pipeline.config import ZCDP_RELEASES
-
-    releases = {r.name: r for r in dep.releases if r.type in ZCDP_RELEASES + ("relative_error",)}
-    if name not in releases:
-        raise SystemExit(_fail(EXIT_CONFIG, f"no such release {name!r}; releases with synthetic data are "
-                                            f"{', '.join(releases) or 'none'}"))
-    return releases[name]
-
-
-def _synthetic_panel(args, step: int | None = None):
-    """The materialised panel of ``args.release`` read from the topics, released through ``step`` (default:
-    at least one step); one line and an exit code otherwise."""
     dep = _load(args.config)
-    release = _synthetic_release(dep, args.release)
-    if step is not None:
-        if not 1 <= step <= dep.horizon:
-            raise SystemExit(_fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {step}"))
-        if release.type == "fixed_window" and step < release.window:
-            raise SystemExit(_fail(EXIT_CONFIG, f"release {release.name!r} counts windows of {release.window} steps: "
-                                                f"the first full window ends at step {release.window}, got --step {step}"))
-    panel = _panels(dep).panels.get(args.release)
-    through = panel.released_through if panel is not None else 0
-    if through < (step or 1):
-        raise SystemExit(_fail(EXIT_RUNTIME, f"release {args.release!r} has not released step {step or 1} yet "
-                                             f"({f'released through step {through}' if through else 'nothing released'})"))
-    return panel
+    broker, _ = _endpoints(dep, redis=False)
+    try:
+        return getattr(commands, command)(dep, broker, args)
+    except AnalystError as err:
+        return _fail(EXIT_CONFIG, str(err))
+    except NotReleased as err:
+        return _fail(EXIT_RUNTIME, str(err))
 
 
 def cmd_export(args) -> int:
-    panel = _synthetic_panel(args)
-    out = Path(args.out)
-    (panel.export_parquet if out.suffix == ".parquet" else panel.export_csv)(out)
-    print(f"wrote {panel.as_array().shape[0]} records x {panel.released_through} steps to {out}")
-    return EXIT_OK
+    return _analyst("export", args)
 
 
 def cmd_query(args) -> int:
-    panel = _synthetic_panel(args, args.step)
-    if panel.type == "relative_error":
-        from pipeline.releases.relative_error import query_output
+    return _analyst("query", args)
 
-        try:
-            out = query_output(panel, _load(args.config), args.release, args.step, args.group)
-        except ValueError as err:
-            return _fail(EXIT_CONFIG, f"--group: {err}")
-    elif panel.type == "fixed_window":
-        counts = panel.window_counts(args.step, debias=args.debias)
-        out = {"release": args.release, "step": args.step, "debiased": args.debias, "counts": counts.tolist()}
-    else:
-        out = {"release": args.release, "step": args.step, "at_least": panel.cumulative_counts(args.step).tolist()}
-    print(json.dumps(out))
-    return EXIT_OK
+
+def cmd_alerts(args) -> int:
+    return _analyst("alerts", args)
+
+
+def cmd_report(args) -> int:
+    return _analyst("report", args)
 
 
 def cmd_plan(args) -> int:
@@ -598,18 +568,36 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="machine-readable output")
     pl.set_defaults(func=cmd_plan)
 
-    e = with_config(sub.add_parser("export", help="materialise a release's synthetic panel to CSV or Parquet"))
+    e = with_config(sub.add_parser("export", help="a release's synthetic records to CSV or Parquet, with their data "
+                                   "dictionary (public topics only)"))
     e.add_argument("--release", required=True)
-    e.add_argument("--out", required=True, help="*.csv or *.parquet")
+    e.add_argument("--out", required=True, help="*.csv (dictionary in *.csv.dictionary.json) or *.parquet "
+                   "(dictionary in the schema metadata)")
     e.set_defaults(func=cmd_export)
 
-    q = with_config(sub.add_parser("query", help="window-pattern or cumulative counts from the synthetic panel"))
+    q = with_config(sub.add_parser("query", help="a release's answer at a step: labelled rows with interval and share "
+                                   "of n (public topics only)"))
     q.add_argument("--release", required=True)
     q.add_argument("--step", type=int, required=True)
-    q.add_argument("--debias", action="store_true", help="subtract the public padding (fixed-window releases)")
+    q.add_argument("--raw", action="store_true", help="the synthetic records' counts with the padding (default: "
+                   "debiased, the padding subtracted)")
+    q.add_argument("--debias", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for scripts
     q.add_argument("--group", help="relative_error releases: a declared group, a code or value, or a code range "
                                    "lo:hi (dyadic); default: every declared group")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
     q.set_defaults(func=cmd_query)
+
+    al = with_config(sub.add_parser("alerts", help="the alerts by step, with labels, what a flag means and when flags "
+                                    "run out (public topics only)"))
+    al.add_argument("--release", help="only this release's alerts")
+    al.add_argument("--step", type=int, help="only this step")
+    al.add_argument("--json", action="store_true", help="machine-readable output")
+    al.set_defaults(func=cmd_alerts)
+
+    rp = with_config(sub.add_parser("report", help="write DIR/report.html: one self-contained page of every release's "
+                                    "series, the privacy spend and the alerts (public topics only)"))
+    rp.add_argument("--out", required=True, help="directory of report.html")
+    rp.set_defaults(func=cmd_report)
     return p
 
 

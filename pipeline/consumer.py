@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from pipeline.connections import kafka_security
+from pipeline.releases.relative_error import histogram_checksum
 from pipeline.stream.kafka.codecs import SYNTHETIC_DTYPES, columns_checksum
 from pipeline.stream.kafka.topics import PUBLIC_TOPICS
 
@@ -94,23 +95,16 @@ class SyntheticPanel:
         return answer_query(self.manifests[step], self.histograms[step], group, attribute)
 
     def export_csv(self, path: str | Path) -> Path:
-        path = Path(path)
-        arr = self.as_array()
-        header = "record," + ",".join(f"step_{t}" for t in range(1, arr.shape[1] + 1))
-        with path.open("w") as fh:
-            fh.write(header + "\n")
-            ids = np.arange(arr.shape[0])[:, None]
-            np.savetxt(fh, np.hstack([ids, arr]), fmt="%d" if arr.dtype.kind in "iu" else "%.17g", delimiter=",")
-        return path
+        """The released columns as CSV (record, step_1..); ``dpstream export`` adds the data dictionary."""
+        from pipeline.analyst.export import _csv
+
+        _csv(Path(path), self.as_array(), None)
+        return Path(path)
 
     def export_parquet(self, path: str | Path) -> Path:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        from pipeline.analyst.export import _parquet
 
-        arr = self.as_array()
-        table = pa.table({"record": np.arange(arr.shape[0], dtype=np.int64),
-                          **{f"step_{t}": arr[:, t - 1] for t in range(1, arr.shape[1] + 1)}})
-        pq.write_table(table, str(path))
+        _parquet(Path(path), self.as_array(), None, {"release": self.release, "type": self.type})
         return Path(path)
 
 
@@ -169,10 +163,8 @@ class PanelStore:
         chunks = self._chunks.get((release, step), {})
         if len(chunks) < int(syn["chunks"]):
             return
-        if manifest["type"] == "relative_error":
-            from pipeline.releases.relative_error import complete_histogram
-
-            complete_histogram(panel, manifest, chunks)
+        if _output_of(manifest) == "histogram":
+            _complete_histogram(panel, manifest, chunks)
             self._chunks.pop((release, step), None)
             return
         m = int(syn["records"])
@@ -198,6 +190,33 @@ class PanelStore:
             panel.values[:, s - 1] = new[:, j]
         panel.complete_steps.add(step)
         self._chunks.pop((release, step), None)
+
+
+def _output_of(manifest: dict) -> str:
+    """The output shape the release's kind declares (pipeline.releases: ``output``)."""
+    from pipeline.releases import get_kind
+
+    try:
+        return get_kind(manifest["type"]).output
+    except ValueError:  # a kind this version does not know: its manifest says what it published
+        return "histogram" if manifest.get("synthetic", {}).get("histogram") else "records"
+
+
+def _complete_histogram(panel: SyntheticPanel, manifest: dict, chunks: dict[int, dict]) -> None:
+    """Assemble a ``histogram`` step (one float64 column over the codes) from its chunks into
+    ``panel.histograms``; a malformed chunk or a checksum mismatch raises ``IncompleteStep``."""
+    step, syn = int(manifest["step"]), manifest["synthetic"]
+    where = f"{manifest['release']} step {step}"
+    hist = np.full(int(syn["records"]), np.nan)
+    try:
+        for c in chunks.values():
+            hist[int(c["start"]):int(c["stop"])] = np.asarray(c["values"][str(step)], dtype=np.float64)
+    except (KeyError, ValueError, TypeError) as err:
+        raise IncompleteStep(f"{where}: malformed chunk ({type(err).__name__}: {err})") from None
+    if histogram_checksum(hist) != syn["sha256"]:
+        raise IncompleteStep(f"{where}: checksum mismatch (corrupt or mixed chunks)")
+    panel.histograms[step] = hist
+    panel.complete_steps.add(step)
 
 
 def read_topics(bootstrap: str, topic_names: dict[str, str], store: PanelStore | None = None,
