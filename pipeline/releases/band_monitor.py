@@ -81,6 +81,9 @@ class BandMonitorKind(ReleaseKind):
                                     f"{release.high:g} ± {margin})"])
 
     # -- reading side ---------------------------------------------------------------------------
+    bound_source = ("an answer can be wrong only for a true count within this of low or high, over the horizon "
+                    "(Ghazi et al., arXiv 2502.14809, Prop. 2.2 with discrete noise)")
+
     output = "alerts"
 
     def questions(self, release):

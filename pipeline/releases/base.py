@@ -61,8 +61,9 @@ The reading side (post-processing of the public records; :mod:`pipeline.releases
     :class:`~pipeline.releases.reading.Answer` (labelled rows, intervals from
     the mechanism's bound at its β, shares of n); ValueError (one line) for a question it does not
     answer. Kinds with ``output = "alerts"`` answer through ``alert_text`` instead.
-``explain(bounds, n)``
-    The bound of ``bounds`` (what ``bounds(...)`` returned) in one sentence, also as a share of n.
+``bound_source``, ``explain(bounds, n)``
+    What the compared bound guarantees, with its theorem; the bound of ``bounds`` (what
+    ``bounds(...)`` returned) in one sentence, also as a share of n.
 ``alert_text(release, alert, ctx)``, ``flag_limit(release)``
     Alerts kinds: one alert record in words (labels, what a flag means); when and why a flagged
     value stops being reported (its users' flags run out).
@@ -179,6 +180,7 @@ class ReleaseKind:
 
     # -- reading side ---------------------------------------------------------------------------
     output: ClassVar[Literal["records", "histogram", "alerts"]] = "records"
+    bound_source: ClassVar[str] = ""  # what the compared bound guarantees, with the theorem it comes from
 
     def first_step(self, release) -> int:
         """The first step whose output answers questions (a window release: its first full window)."""

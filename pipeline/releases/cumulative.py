@@ -67,6 +67,9 @@ class CumulativeKind(ReleaseKind):
                              meaning="cumulative counts", notes=[f"{mechanism.counter} counters; m = n records, no padding"])
 
     # -- reading side ---------------------------------------------------------------------------
+    bound_source = ("every 'at least b of t steps' count is within this of the truth, for all b and t "
+                    "(Bun–Gaboardi–Neunhoeffer–Zhang, Cor. B.1 with the counters' exact variances)")
+
     def questions(self, release):
         return (["how many users were 1 in at least b of steps 1..t, for every b and t (e.g. 'ever', 'at least "
                  "half of the steps so far'), at every step"],

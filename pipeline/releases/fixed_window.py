@@ -75,6 +75,9 @@ class FixedWindowKind(ReleaseKind):
                                     f"(m ≈ n + {mech.n_pad * bins}); subtract n_pad to debias a count"])
 
     # -- reading side ---------------------------------------------------------------------------
+    bound_source = ("every projected window count is within λ of its true count + n_pad, at every step "
+                    "(Bun–Gaboardi–Neunhoeffer–Zhang, arXiv 2306.07884, Thm 3.2)")
+
     def first_step(self, release):
         return release.window
 

@@ -66,6 +66,9 @@ class HeavyHittersKind(ReleaseKind):
                              notes=[f"method {mech.method}; a user is charged for at most k = {mech.k} flags"])
 
     # -- reading side ---------------------------------------------------------------------------
+    bound_source = ("every element held by ≥ τ active users is flagged and none held by nobody, at every step "
+                    "(Kaplan–Mansour–Stemmer, arXiv 2011.07637, Def. 4.1; the project's calibration)")
+
     output = "alerts"
 
     def questions(self, release):

@@ -248,6 +248,9 @@ class RelativeErrorKind(ReleaseKind):
                                     "(a priori; manifests carry each run's)"])
 
     # -- reading side ---------------------------------------------------------------------------
+    bound_source = ("per step, (1 − ζ)f(h) − α ≤ f(ĥ) ≤ (1 + ζ)f(h) + α for every query of the family "
+                    "(Ghazi et al., PREM, arXiv 2502.14809, Thm 3.1; docs/prem.md)")
+
     output = "histogram"
 
     def questions(self, release):
