@@ -341,21 +341,46 @@ def cmd_produce(args) -> int:
                    f"be dead-lettered as duplicate")
         if why:
             return _fail(EXIT_BUDGET, f"nothing sent: {why}")
+    if found is not None:
+        return _send_file(dep, found, args.dry_run)
+    if args.dry_run:
+        print(f"dry run: would send {dep.n:,} simulated reports for step {step}; nothing sent")
+        return EXIT_OK
     prod = _producer(dep)
     try:
-        if found is not None:
-            n = prod.send_reports(found.reports)
-            steps = sorted(found.steps())
-        else:
-            from pipeline.sim.panel import simulate_poverty_panel
+        from pipeline.sim.panel import simulate_poverty_panel
 
-            panel = simulate_poverty_panel(n=prod.roster.n, horizon=dep.horizon, seed=args.seed)
-            attr = args.attribute or next(a for a, v in dep.attributes.items() if v.type == "binary")
-            n = prod.send_step(step, {attr: panel[:, step - 1]})
-            steps = [step]
+        panel = simulate_poverty_panel(n=prod.roster.n, horizon=dep.horizon, seed=args.seed)
+        attr = args.attribute or next(a for a, v in dep.attributes.items() if v.type == "binary")
+        n = prod.send_step(step, {attr: panel[:, step - 1]})
     finally:
         prod.close()
-    print(f"sent {n} reports for step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}")
+    print(f"sent {n} reports for step {step}")
+    return EXIT_OK
+
+
+def _send_file(dep, found, dry_run: bool) -> int:
+    """A checked report file through the producer helper (pipeline.producer): the topic must exist, every
+    report is keyed by its user id, and what the broker acknowledged is what is reported."""
+    from pipeline.producer import ReportSender, TopicMissing, progress_printer
+
+    steps = ", ".join(map(str, sorted(found.steps())))
+    plural = "s" if len(found.steps()) > 1 else ""
+    if dry_run:
+        print(f"dry run: {len(found.reports):,} reports for step{plural} {steps} pass the workers' checks; nothing sent")
+        return EXIT_OK
+    broker, _ = _endpoints(dep)
+    with ReportSender(dep, broker) as sender:
+        try:
+            sender.check_topic()
+        except TopicMissing as err:
+            return _fail(EXIT_RUNTIME, str(err))
+        result = sender.send(found.reports, progress=progress_printer("acknowledged", " reports"))
+    if result.failed:
+        i, why = result.failed[0]
+        return _fail(EXIT_RUNTIME, f"sent {result.sent:,} reports, {result.acknowledged:,} acknowledged; "
+                                   f"{len(result.failed):,} not (first: line {found.lines[i]}: {why}); resend those")
+    print(f"sent {result.acknowledged} reports for step{plural} {steps} (all acknowledged)")
     return EXIT_OK
 
 
@@ -400,8 +425,12 @@ def cmd_close(args) -> int:
         prod.close_step(args.step)
     finally:
         prod.close()
-    deadline = time.monotonic() + args.wait
+    from pipeline.producer import progress_printer
+
+    deadline, started = time.monotonic() + args.wait, time.monotonic()
+    waiting = progress_printer(f"waiting for the releaser's close markers of step {args.step}", " s")
     while store.last_closing() < args.step:
+        waiting(int(time.monotonic() - started), int(args.wait))
         if time.monotonic() > deadline:
             return _fail(EXIT_RUNTIME, f"close of step {args.step} requested, but the releaser has not written its "
                                        f"close markers within {args.wait:g} s (is it running?)")
@@ -475,6 +504,25 @@ def cmd_report(args) -> int:
     return _analyst("report", args)
 
 
+def cmd_dead_letters(args) -> int:
+    """Rejected reports by reason (curator side: the dead-letter topic holds the original reports)."""
+    from pipeline.consumer import read_to_end
+    from pipeline.dead_letters import format_summary, summarise
+    from pipeline.stream.kafka.topics import topic_names
+
+    dep = _load(args.config)
+    broker, _ = _endpoints(dep, redis=False)
+    topic = topic_names(dep)["dead-letter"]
+    messages = []
+    read_to_end(broker, [topic], messages.append)
+    summary = summarise(messages, examples=args.examples)
+    if args.json:
+        print(json.dumps({reason: s.__dict__ for reason, s in summary.items()}))
+    else:
+        print(format_summary(summary, topic))
+    return EXIT_OK
+
+
 def cmd_plan(args) -> int:
     """Per release: allotment, padding, error bounds at its β, schedule; the total as (ε, δ); warnings."""
     from pipeline.plan_report import format_plan, plan_report
@@ -546,6 +594,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--seed", type=int, default=2021)
     pr.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the workers to count what was "
                     "sent before (default 10)")
+    pr.add_argument("--dry-run", action="store_true", help="check everything (file, steps the workers accept now) "
+                    "and say what would be sent; send nothing")
     pr.set_defaults(func=cmd_produce)
 
     c = with_config(sub.add_parser("close", help="close a step (and every earlier open step); shows the intake "
@@ -598,6 +648,11 @@ def build_parser() -> argparse.ArgumentParser:
                                     "series, the privacy spend and the alerts (public topics only)"))
     rp.add_argument("--out", required=True, help="directory of report.html")
     rp.set_defaults(func=cmd_report)
+
+    dl = with_config(sub.add_parser("dead-letters", help="rejected reports summarised by reason (curator side)"))
+    dl.add_argument("--examples", type=int, default=0, help="show the first N details of each reason")
+    dl.add_argument("--json", action="store_true", help="machine-readable output")
+    dl.set_defaults(func=cmd_dead_letters)
     return p
 
 

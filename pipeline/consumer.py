@@ -219,25 +219,21 @@ def _complete_histogram(panel: SyntheticPanel, manifest: dict, chunks: dict[int,
     panel.complete_steps.add(step)
 
 
-def read_topics(bootstrap: str, topic_names: dict[str, str], store: PanelStore | None = None,
-                timeout: float = 30.0, until: callable = None) -> PanelStore:
-    """Read the public topics from the beginning up to their current end (or until ``until(store)``).
-
-    The end is each partition's true log end (:func:`pipeline.stream.kafka.log_end.log_ends`), not the
-    ListOffsets answer, which the embedded broker gives short (the last batch's base offset + 1).
-    """
+def read_to_end(bootstrap: str, topics: list[str], handle, timeout: float = 30.0, until=None) -> None:
+    """Call ``handle(message)`` for every record of ``topics`` from the beginning up to their current
+    end (or until ``until()`` is true). The end is each partition's true log end
+    (:func:`pipeline.stream.kafka.log_end.log_ends`), not the ListOffsets answer, which the embedded
+    broker gives short (the last batch's base offset + 1)."""
     from kafka import KafkaConsumer, TopicPartition
 
     from pipeline.stream.kafka.log_end import log_ends
 
-    store = store or PanelStore()
-    handlers = store.handlers(topic_names)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False,
                              auto_offset_reset="earliest",
                              max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
     try:
         tps = []
-        for topic in handlers:
+        for topic in topics:
             parts = consumer.partitions_for_topic(topic) or {0}
             tps += [TopicPartition(topic, p) for p in sorted(parts)]
         consumer.assign(tps)
@@ -246,15 +242,24 @@ def read_topics(bootstrap: str, topic_names: dict[str, str], store: PanelStore |
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             batch = consumer.poll(timeout_ms=200)
-            for tp, msgs in batch.items():
-                handler = handlers[tp.topic]
+            for msgs in batch.values():
                 for msg in msgs:
-                    handler(msg.value)
+                    handle(msg)
             if until is not None:
-                if until(store):
+                if until():
                     break
             elif all(consumer.position(tp) >= end[tp] for tp in tps):
                 break
     finally:
         consumer.close()
+
+
+def read_topics(bootstrap: str, topic_names: dict[str, str], store: PanelStore | None = None,
+                timeout: float = 30.0, until: callable = None) -> PanelStore:
+    """Read the public topics from the beginning up to their current end (or until ``until(store)``)
+    into ``store`` (:func:`read_to_end`)."""
+    store = store or PanelStore()
+    handlers = store.handlers(topic_names)
+    read_to_end(bootstrap, list(handlers), lambda msg: handlers[msg.topic](msg.value), timeout,
+                None if until is None else (lambda: until(store)))
     return store
