@@ -47,8 +47,18 @@ def _figure_html(fig) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False, "responsive": True})
 
 
-def _series_figure(answers, title: str, unit: str):
-    """Each row label's share of n over the steps, with its interval as a band; one y scale."""
+def _dominant(answer):
+    """The row whose share is more than twice every other's (e.g. "poor in none of the 3 months"), or None:
+    drawn, it flattens every other series into the bottom of the plot."""
+    rows = sorted(answer.rows, key=lambda r: r.estimate, reverse=True)
+    if len(rows) > 2 and rows[0].estimate > 2 * max(rows[1].estimate, 1):
+        return rows[0]
+    return None
+
+
+def _series_figure(answers, title: str, unit: str, hidden=None):
+    """Each row label's share of n over the steps, with its interval as a band; one y scale. ``hidden``:
+    a row shown only in the legend (click to draw it)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -60,12 +70,14 @@ def _series_figure(answers, title: str, unit: str):
         xs = [t for t, r in zip(steps, rows) if r is not None]
         rows = [r for r in rows if r is not None]
         est = [100 * r.share(r.estimate) for r in rows]
+        visible = "legendonly" if hidden is not None and key == hidden.key else True
         if rows and rows[0].low is not None:
             hi = [100 * r.share(r.high) for r in rows]
             lo = [100 * r.share(r.low) for r in rows]
             fig.add_trace(go.Scatter(x=xs + xs[::-1], y=hi + lo[::-1], fill="toself", fillcolor=colour, opacity=0.15,
-                                     line={"width": 0}, hoverinfo="skip", showlegend=False, legendgroup=label))
-        fig.add_trace(go.Scatter(x=xs, y=est, mode="lines+markers", name=label, legendgroup=label,
+                                     line={"width": 0}, hoverinfo="skip", showlegend=False, legendgroup=label,
+                                     visible=visible))
+        fig.add_trace(go.Scatter(x=xs, y=est, mode="lines+markers", name=label, legendgroup=label, visible=visible,
                                  line={"color": colour}, hovertemplate="%{y:.2f}% at " + unit + " %{x}"))
     fig.update_layout(title=title, height=420, margin={"l": 60, "r": 20, "t": 50, "b": 50}, template="plotly_white",
                       legend={"font": {"size": 11}})
@@ -98,7 +110,13 @@ def _release_section(reader, rel) -> str:
         return "".join(parts) + "<p>Nothing released yet.</p>"
     answers = reader.series(rel.name)
     last = answers[-1]
-    parts.append(_figure_html(_series_figure(answers, f"{rel.name}: {last.question.split(' ending at')[0]}", unit)))
+    hidden = _dominant(last)
+    parts.append(_figure_html(_series_figure(answers, f"{rel.name}: {last.question.split(' ending at')[0]}", unit,
+                                             hidden)))
+    if hidden is not None:
+        parts.append(f"<p class=\"note\">Not drawn, to keep the others readable: “{_e(hidden.series or hidden.label)}” "
+                     f"({100 * hidden.share(hidden.estimate):.1f}% of n at {_e(unit)} {last.step}); click it in the "
+                     "legend to draw it.</p>")
     parts.append(f"<p class=\"note\">Interval: {_e(last.bound)}.</p>")
     parts += [f"<p class=\"note\">{_e(n[0].upper() + n[1:])}.</p>" for n in last.notes]
     parts.append(f"<h3>{_e(unit)} {last.step} (latest)</h3>" + _answer_table(last))
