@@ -91,7 +91,7 @@ class PublicReader:
         kind = kind_of(rel)
         if step is not None and 1 <= step < kind.first_step(rel):
             raise AnalystError(f"release {rel.name!r} answers from step {kind.first_step(rel)} on "
-                               f"({kind.questions(rel)[0][0]}), got --step {step}")
+                               f"({kind.questions(rel, self.dep.steps.unit)[0][0]}), got --step {step}")
         panel = self.panel(rel, step)
         try:
             return kind.answer(rel, panel, step, self.context(rel), raw=raw, group=group)
@@ -146,7 +146,7 @@ class PublicReader:
         ctx, b = self.context(rel), self.bounds[rel.name]
         last = panel.manifests[max(panel.manifests)]
         attribute = ctx.attribute
-        answers, not_answered = kind.questions(rel)
+        answers, not_answered = kind.questions(rel, self.dep.steps.unit)
         values = {} if attribute.type == "hashed" else dict(enumerate(code_labels(attribute, range(attribute.size))))
         through = panel.released_through
         return {

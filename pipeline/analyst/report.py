@@ -31,7 +31,7 @@ h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 2em; border-bott
 table { border-collapse: collapse; font-size: 0.9em; margin: 0.6em 0 1.2em; }
 th, td { border-bottom: 1px solid #e4e4e4; padding: 0.25em 0.7em; text-align: right; }
 th:first-child, td:first-child { text-align: left; } .neg { color: #b00; }
-table.alerts td { text-align: left; }
+table.alerts td, table.alerts th { text-align: left; }
 """
 
 
@@ -99,7 +99,7 @@ def _answer_table(answer) -> str:
 
 def _release_section(reader, rel) -> str:
     kind = kind_of(rel)
-    answers_q, not_answered = kind.questions(rel)
+    answers_q, not_answered = kind.questions(rel, reader.dep.steps.unit)
     unit = reader.dep.steps.unit
     parts = [f"<h2 id=\"{_e(rel.name)}\">{_e(rel.name)}</h2>",
              f"<p class=\"meta\">{_e(rel.type)} release of <b>{_e(rel.attribute)}</b>"

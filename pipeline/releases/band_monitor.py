@@ -86,7 +86,7 @@ class BandMonitorKind(ReleaseKind):
 
     output = "alerts"
 
-    def questions(self, release):
+    def questions(self, release, unit="step"):
         return ([f"whether the number of active users holding {release.value!r} is below {release.low:g}, between, "
                  f"or above {release.high:g}, at every step"],
                 ["the count itself", "anything about a count within the margin of low or high"])

@@ -54,7 +54,7 @@ The reading side (post-processing of the public records; :mod:`pipeline.releases
     What its steps publish: ``"records"`` (synthetic records on ``synthetic``), ``"histogram"`` (one
     float64 column over the codes on ``synthetic``) or ``"alerts"`` (records on ``alerts`` only).
     The consumer assembles a step by this shape, never by the release type.
-``questions(release)``
+``questions(release, unit)``
     (what it answers, what it does not), in words, for the exports' dictionary and the page.
 ``answer(release, panel, step, ctx, raw, group)``
     One released step (``ctx``: a :class:`~pipeline.releases.reading.Context`) as a
@@ -186,7 +186,7 @@ class ReleaseKind:
         """The first step whose output answers questions (a window release: its first full window)."""
         return 1
 
-    def questions(self, release) -> tuple[list[str], list[str]]:
+    def questions(self, release, unit: str = "step") -> tuple[list[str], list[str]]:
         raise NotImplementedError
 
     def answer(self, release, panel, step: int, ctx, raw: bool = False, group: str | None = None):

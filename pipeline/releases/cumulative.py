@@ -70,10 +70,10 @@ class CumulativeKind(ReleaseKind):
     bound_source = ("every 'at least b of t steps' count is within this of the truth, for all b and t "
                     "(Bun–Gaboardi–Neunhoeffer–Zhang, Cor. B.1 with the counters' exact variances)")
 
-    def questions(self, release):
-        return (["how many users were 1 in at least b of steps 1..t, for every b and t (e.g. 'ever', 'at least "
-                 "half of the steps so far'), at every step"],
-                ["which steps or in which order (a window release answers pattern questions): the records keep "
+    def questions(self, release, unit="step"):
+        return ([f"how many users were 1 in at least b of {unit}s 1..t, for every b and t (e.g. 'ever', 'at least "
+                 f"half of the {unit}s so far'), at every {unit}"],
+                [f"which {unit}s or in which order (a window release answers pattern questions): the records keep "
                  "each user's running total, not when the 1s happened"])
 
     def answer(self, release, panel, step, ctx, raw=False, group=None):

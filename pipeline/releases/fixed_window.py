@@ -81,11 +81,11 @@ class FixedWindowKind(ReleaseKind):
     def first_step(self, release):
         return release.window
 
-    def questions(self, release):
+    def questions(self, release, unit="step"):
         k = release.window
-        return ([f"how many users had each length-{k} pattern in the {k} steps ending at step t (t ≥ {k}), and any "
-                 f"question that is a sum of such patterns (e.g. 'at least 2 of the last {k} steps'), at every step"],
-                [f"questions over more than {k} steps, or since step 1 ('ever', 'at least b steps so far'): "
+        return ([f"how many users had each length-{k} pattern in the {k} {unit}s ending at {unit} t (t ≥ {k}), and any "
+                 f"question that is a sum of such patterns (e.g. 'at least 2 of the last {k} {unit}s'), at every {unit}"],
+                [f"questions over more than {k} {unit}s, or since {unit} 1 ('ever', 'at least b {unit}s so far'): "
                  "a cumulative release answers those; the synthetic records are not longitudinal beyond the window"])
 
     def answer(self, release, panel, step, ctx, raw=False, group=None):

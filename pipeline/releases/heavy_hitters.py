@@ -71,7 +71,7 @@ class HeavyHittersKind(ReleaseKind):
 
     output = "alerts"
 
-    def questions(self, release):
+    def questions(self, release, unit="step"):
         return (["which values are held by many active users at step t: every value held by at least τ active users "
                  "is flagged, and no value held by nobody, at every step (with probability ≥ 1 − β)"],
                 ["how many users hold a value (a flag is not a count)", "values held by fewer than τ users",

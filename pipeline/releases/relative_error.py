@@ -253,7 +253,7 @@ class RelativeErrorKind(ReleaseKind):
 
     output = "histogram"
 
-    def questions(self, release):
+    def questions(self, release, unit="step"):
         what = {"groups": f"each declared group ({', '.join(release.groups)})", "dyadic": "any range of codes lo:hi",
                 "singletons": "each single value"}[release.queries]
         return ([f"how many users hold {what} at step t, within (1 ± ζ) of the truth plus α, at each step"],
