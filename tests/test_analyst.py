@@ -174,3 +174,25 @@ def test_plan_gives_each_bound_as_a_share_of_n_in_words():
             "of the truth") in text
     for name, r in report["releases"].items():
         assert r["in_words"].startswith("with probability") and r["bound_source"], name
+
+
+def test_kinds_state_their_reading_side():
+    """Every registered kind declares its output shape and answers, explains and labels through the kind
+    (adding a kind touches its module and the registry only); the coordinator's metrics come from observe."""
+    from pipeline.releases import ReleaseKind, kinds
+    from pipeline.stream.kafka.metrics import METRICS
+
+    for name, kind in kinds().items():
+        assert kind.output in ("records", "histogram", "alerts"), name
+        assert kind.bound_source, name
+        assert type(kind).explain is not ReleaseKind.explain, name  # overridden
+        if kind.output == "alerts":
+            assert type(kind).alert_text is not ReleaseKind.alert_text, name
+        else:
+            assert type(kind).answer is not ReleaseKind.answer, name
+    fw, hh = kinds()["fixed_window"], kinds()["heavy_hitters"]
+    assert fw.observe({"clamped_bins": 2}, None) == {"padding_clamps": 2.0} and fw.observe({}, None) == {}
+    assert hh.observe({}, {"flagged": [1, 5]}) == {"heavy_hitters": 2.0}
+    for kind in kinds().values():
+        for metric in kind.observe({"clamped_bins": 1}, {"flagged": [1]}):
+            assert hasattr(METRICS, metric)

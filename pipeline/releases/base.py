@@ -70,7 +70,9 @@ The reading side (post-processing of the public records; :mod:`pipeline.releases
 ``dictionary(release, panel, ctx)``, ``padding_flags(release, panel)`` (optional)
     The kind's entries of an export's data dictionary; which exported records are padding.
 ``observe(manifest, alerts)``
-    The step's public numbers worth a gauge (name -> value).
+    The step's public numbers worth a metric: the name of a metric of
+    :data:`pipeline.stream.kafka.metrics.METRICS` (labelled by release) -> value; the releaser's
+    coordinator increases a counter by it and sets a gauge to it.
 
 Optional: ``synthetic`` (True when ``mechanism.update(codes)`` and ``mechanism.synthetic`` run the
 kind in batch, for ``pipeline.stream.release.engine.batch_reference``); ``check`` and ``needs_feedback`` have

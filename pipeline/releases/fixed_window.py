@@ -156,7 +156,8 @@ class FixedWindowKind(ReleaseKind):
                 f"{points(lam, n)} of the truth (λ = {lam:,.1f} users of n = {n:,}), at every step at once")
 
     def observe(self, manifest, alerts):
-        return {"padding_clamps": float(manifest.get("clamped_bins", 0))}
+        clamped = manifest.get("clamped_bins", 0)
+        return {"padding_clamps": float(clamped)} if clamped else {}
 
     def release_step(self, s: StepInput) -> StepOutput:
         mech, rel, manifest = s.mechanism, s.release, s.manifest

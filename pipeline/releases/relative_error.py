@@ -289,9 +289,6 @@ class RelativeErrorKind(ReleaseKind):
         return (f"with probability {confidence(bounds.beta)} at each step, every query's published count is within "
                 f"{zeta:.0%} of the truth plus α = {alpha:,.0f} users ({points(alpha, n)} of n = {n:,})")
 
-    def observe(self, manifest, alerts):
-        return {"relative_error_alpha": float(manifest.get("parameters", {}).get("alpha", 0.0))}
-
     def release_step(self, s: StepInput) -> StepOutput:
         """Sum the partitions' histograms, run PREM, and describe ĥ_t in the manifest (ζ, α, β, |F|,
         noise); ĥ_t goes out as one float64 column on ``synthetic`` in the other kinds' chunk format
