@@ -36,20 +36,20 @@ def panels(n: int = N, horizon: int = T, seed: int = 3):
     return poverty, occupation
 
 
-def released_store(dep, poverty, occupation, steps=None):
-    """Release ``steps`` (default all) through the engine; the public records into a PanelStore."""
+def released_store(dep, values: dict, steps=None):
+    """Release ``steps`` (default all) of ``values`` (attribute -> (n, T) codes) through the engine; the
+    public records into a PanelStore."""
     from pipeline.consumer import PanelStore
     from pipeline.stream.ingest.partition_state import PartitionState
     from pipeline.stream.ingest.reports import ParsedReports
     from pipeline.stream.kafka.codecs import synthetic_chunks
     from pipeline.stream.release.engine import ReleaseEngine
 
-    n = poverty.shape[0]
+    n = next(iter(values.values())).shape[0]
     rows = np.arange(n)
     state, engine, store = PartitionState(dep, 0, rows, n), ReleaseEngine(dep, n), PanelStore()
     for t in steps or range(1, dep.horizon + 1):
-        state.apply(ParsedReports.of_singles(rows, np.full(n, t), {"poverty": poverty[:, t - 1],
-                                                                  "occupation": occupation[:, t - 1]}))
+        state.apply(ParsedReports.of_singles(rows, np.full(n, t), {a: v[:, t - 1] for a, v in values.items()}))
         outs = engine.release(t, [state.close(t)])
         for out in outs:
             store.add_manifest(orjson.dumps(out.manifest))

@@ -22,7 +22,7 @@ from pipeline.queries import cumulative_counts, window_codes, window_histogram
 def released():
     dep = parse_config(analyst_config())
     poverty, occupation = panels()
-    return dep, poverty, PublicReader(dep, released_store(dep, poverty, occupation))
+    return dep, poverty, PublicReader(dep, released_store(dep, {"poverty": poverty, "occupation": occupation}))
 
 
 def test_window_answer_is_debiased_labelled_and_its_interval_holds(released):
@@ -93,7 +93,7 @@ def test_questions_a_release_does_not_answer_are_refused_in_one_line(released):
 def test_unreleased_steps_are_not_released_errors():
     dep = parse_config(analyst_config())
     poverty, occupation = panels()
-    reader = PublicReader(dep, released_store(dep, poverty, occupation, steps=[1, 2]))
+    reader = PublicReader(dep, released_store(dep, {"poverty": poverty, "occupation": occupation}, steps=[1, 2]))
     with pytest.raises(NotReleased, match="released through step 2"):
         reader.answer("poverty-cumulative", 3)
     with pytest.raises(NotReleased, match="nothing released"):
@@ -196,3 +196,29 @@ def test_kinds_state_their_reading_side():
     for kind in kinds().values():
         for metric in kind.observe({"clamped_bins": 1}, {"flagged": [1]}):
             assert hasattr(METRICS, metric)
+
+
+def test_relative_error_releases_answer_through_their_kind_and_the_page_says_what_it_cannot_draw(tmp_path):
+    from pipeline.analyst.report import render_report
+    from pipeline.releases.relative_error import group_interval
+
+    cfg = {"name": "re-analyst", "roster": {"size": 400}, "horizon": 2,
+           "attributes": {"occ": {"type": "categorical", "values": list("abcdefgh")}},
+           "budget": {"epsilon": 4.0, "delta": 1e-6}, "random": {"kind": "seeded", "seed": 2},
+           "releases": [{"name": "groups", "type": "relative_error", "attribute": "occ", "share": 0.5,
+                         "queries": "groups", "groups": {"ab": ["a", "b"], "h": ["h"]}},
+                        {"name": "ranges", "type": "relative_error", "attribute": "occ", "share": 0.5,
+                         "queries": "dyadic"}]}
+    dep = parse_config(cfg)
+    occ = np.random.default_rng(4).integers(0, 8, size=(400, 2))
+    reader = PublicReader(dep, released_store(dep, {"occ": occ}))
+    a = reader.answer("groups", 2)
+    hist = reader.store.panels["groups"].histograms[2]
+    params = reader.store.panels["groups"].manifests[2]["parameters"]
+    assert [r.label for r in a.rows] == ["ab", "h"] and a.rows[0].estimate == float(hist[[0, 1]].sum())
+    assert (a.rows[0].low, a.rows[0].high) == group_interval(a.rows[0].estimate, params["zeta"], params["alpha"], 400)
+    assert reader.answer("ranges", 1, group="0:4").rows[0].label == "0:4"
+    with pytest.raises(AnalystError, match="name a code, value or range"):
+        reader.answer("ranges", 1)
+    page = render_report(reader)
+    assert "No default series to draw" in page and "--group" in page and ">ab<" in page

@@ -67,7 +67,7 @@ class _Tables(HTMLParser):
 def page(tmp_path_factory):
     dep = parse_config(analyst_config())
     poverty, occupation = panels()
-    reader = PublicReader(dep, released_store(dep, poverty, occupation))
+    reader = PublicReader(dep, released_store(dep, {"poverty": poverty, "occupation": occupation}))
     return reader, write_report(reader, tmp_path_factory.mktemp("report"))
 
 

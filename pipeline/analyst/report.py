@@ -108,7 +108,13 @@ def _release_section(reader, rel) -> str:
              f"<p class=\"bound\">{_e(reader.explain(rel)[0].upper() + reader.explain(rel)[1:])}.</p>"]
     if reader.released_through(rel) < kind.first_step(rel):
         return "".join(parts) + "<p>Nothing released yet.</p>"
-    answers = reader.series(rel.name)
+    from .reader import AnalystError
+
+    try:
+        answers = reader.series(rel.name)
+    except AnalystError as err:  # e.g. a query family with no default set of rows (dyadic ranges, single values)
+        return "".join(parts) + (f"<p class=\"note\">No default series to draw: {_e(err)}; `dpstream query "
+                                 f"--release {_e(rel.name)} --group ...` answers one query.</p>")
     last = answers[-1]
     hidden = _dominant(last)
     parts.append(_figure_html(_series_figure(answers, f"{rel.name}: {last.question.split(' ending at')[0]}", unit,
