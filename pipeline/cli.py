@@ -283,8 +283,11 @@ def _intake(dep, wait: float):
     broker, redis_url = _endpoints(dep)
     store = ReleaseStore.from_url(redis_url, dep.name)
     names = topic_names(dep)
+    from pipeline.producer import progress_printer
+
     return store, intake_view(store, broker, names["reports"], dep.topics.partitions, wait=wait,
-                              repartition_topic=names["repartition"])
+                              repartition_topic=names["repartition"],
+                              progress=progress_printer("waiting for the workers: handled", " records sent before"))
 
 
 def _step_refused(dep, step: int, window: range) -> str | None:
