@@ -222,3 +222,16 @@ def test_relative_error_releases_answer_through_their_kind_and_the_page_says_wha
         reader.answer("ranges", 1)
     page = render_report(reader)
     assert "No default series to draw" in page and "--group" in page and ">ab<" in page
+
+
+def test_labels_are_outside_the_configuration_fingerprint():
+    """A binary attribute's `label` and `steps.unit` only name things: changing them must not make a
+    restarted deployment refuse its state as "another configuration"."""
+    from pipeline.stream.state.fingerprint import privacy_config
+
+    cfg = analyst_config()
+    plain = json.loads(json.dumps(cfg))
+    plain["attributes"]["poverty"].pop("label")
+    plain.pop("steps")
+    ids = [f"u{i}" for i in range(N)]
+    assert privacy_config(parse_config(cfg), ids) == privacy_config(parse_config(plain), ids)
