@@ -1,7 +1,9 @@
-"""Both ends of the pipe through the command line against a running deployment (real embedded broker,
-Redis and processes): a producer sending an Excel-style CSV (byte-order mark) after a dry run, then an
-analyst with no Redis at all — a configuration naming only the broker, no `dpstream up` record —
-reading labelled answers, exports with their dictionary, alerts and the report page."""
+"""Both ends of the pipe through the command line against a running deployment (`dpstream up`: real
+embedded broker, Redis and processes): a producer sending an Excel-style CSV (byte-order mark) after a
+dry run, then an analyst with no Redis at all — a configuration naming only the broker, no `dpstream up`
+record — reading labelled answers, exports with their dictionary, alerts and the report page. The
+commands run in this process (``pipeline.cli.main``), as a subprocess each would spend most of the
+test starting Python."""
 
 from __future__ import annotations
 
@@ -10,11 +12,14 @@ import json
 import os
 import time
 
+from types import SimpleNamespace
+
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from test_cli import dpstream, running
+from pipeline.cli import main
+from test_cli import running
 
 N, T = 600, 3
 
@@ -57,9 +62,25 @@ def _reports_sent(broker: str) -> int:
     return sum(ends.values())
 
 
-def test_producer_and_analyst_ends(deployment, tmp_path):
+def test_producer_and_analyst_ends(deployment, tmp_path, capsys, monkeypatch):
     cfg, path, env = deployment
     c = ["--config", str(path)]
+    monkeypatch.setenv("DPSTREAM_HOME", env["DPSTREAM_HOME"])
+
+    def dpstream(*args, env=None, check=True):
+        """``dpstream ARGS`` in this process: (returncode, stdout, stderr) as a subprocess would give them."""
+        capsys.readouterr()
+        if env is not None:
+            monkeypatch.setenv("DPSTREAM_HOME", env["DPSTREAM_HOME"])
+        try:
+            code = main(list(args))
+        except SystemExit as exit_:  # a refusal before the command starts (no such deployment, ...)
+            code = exit_.code
+        out, err = capsys.readouterr()
+        if check:
+            assert code == 0, (args, err[-2000:])
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
     with running(path, env, tmp_path) as broker:
         # producer: an Excel "CSV UTF-8" file (BOM), checked by a dry run that sends nothing
         for t in range(1, T + 1):
