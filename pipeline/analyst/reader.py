@@ -9,6 +9,7 @@ from the same public configuration, at the release's β.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -94,9 +95,11 @@ class PublicReader:
                                f"({kind.questions(rel, self.dep.steps.unit)[0][0]}), got --step {step}")
         panel = self.panel(rel, step)
         try:
-            return kind.answer(rel, panel, step, self.context(rel), raw=raw, group=group)
+            answer = kind.answer(rel, panel, step, self.context(rel), raw=raw, group=group)
         except ValueError as err:
             raise AnalystError(str(err)) from None
+        not_answered = kind.questions(rel, self.dep.steps.unit)[1]
+        return dataclasses.replace(answer, notes=answer.notes + [f"this release does not answer {'; '.join(not_answered)}"])
 
     def series(self, name: str) -> list[Answer]:
         """The release's answer at every released step it answers at (debiased)."""

@@ -124,7 +124,8 @@ def _release_section(reader, rel) -> str:
                      f"({100 * hidden.share(hidden.estimate):.1f}% of n at {_e(unit)} {last.step}); click it in the "
                      "legend to draw it.</p>")
     parts.append(f"<p class=\"note\">Interval: {_e(last.bound)}.</p>")
-    parts += [f"<p class=\"note\">{_e(n[0].upper() + n[1:])}.</p>" for n in last.notes]
+    parts += [f"<p class=\"note\">{_e(n[0].upper() + n[1:])}.</p>" for n in last.notes
+              if not n.startswith("this release does not answer")]  # said above, with what it answers
     parts.append(f"<h3>{_e(unit)} {last.step} (latest)</h3>" + _answer_table(last))
     return "".join(parts)
 
