@@ -117,6 +117,12 @@ def test_producer_and_analyst_ends(deployment, tmp_path, capsys, monkeypatch):
         analyst.write_text(yaml.safe_dump(dict(cfg, broker=broker)))
         aenv = dict(env, DPSTREAM_HOME=str(tmp_path / "analyst-home"))
         a = ["--config", str(analyst)]
+        import redis
+
+        def no_redis(*args, **kw):
+            raise AssertionError("an analyst's command sent a Redis command")
+
+        monkeypatch.setattr(redis.Redis, "execute_command", no_redis)  # in this process, where the commands run
         proc = dpstream("status", *a, env=aenv, check=False)  # the operator's command needs Redis: refused
         assert proc.returncode == 2 and "names no broker/Redis" in proc.stderr
 
