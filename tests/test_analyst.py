@@ -235,3 +235,29 @@ def test_labels_are_outside_the_configuration_fingerprint():
     plain.pop("steps")
     ids = [f"u{i}" for i in range(N)]
     assert privacy_config(parse_config(cfg), ids) == privacy_config(parse_config(plain), ids)
+
+
+def test_band_alerts_in_words():
+    from pipeline.config import parse_config as parse
+    from pipeline.error_bounds import release_bounds
+    from pipeline.plan import budget_plan
+    from pipeline.releases import kind_of
+    from pipeline.releases.reading import Context
+
+    dep = parse({"name": "band", "roster": {"size": 5000}, "horizon": 4,
+                 "attributes": {"job": {"type": "categorical", "values": ["nurse", "cook"]}},
+                 "budget": {"epsilon": 1.0, "delta": 1e-6},
+                 "releases": [{"name": "nurses", "type": "band_monitor", "attribute": "job", "value": "nurse",
+                               "low": 1000, "high": 3000, "share": 1.0}]})
+    rel = dep.releases[0]
+    kind = kind_of(rel)
+    bounds = release_bounds(dep, budget_plan(dep).allotments(), dep.n)["nurses"]
+    ctx = Context(dep.attributes["job"], dep.n, bounds)
+    alert = {"release": "nurses", "step": 2, "type": "band", "attribute": "job", "value": "nurse", "low": 1000,
+             "high": 3000, "answer": "above"}
+    assert kind.alert_text(rel, alert, ctx) == "users holding 'nurse': above the band [1000, 3000]"
+    assert kind.alert_text(rel, dict(alert, answer="between"), ctx) == "users holding 'nurse': within the band [1000, 3000]"
+    margin = bounds.bounds["margin"]
+    assert kind.explain(bounds, dep.n).startswith(f"with probability 95%, an answer is wrong only when the true count is "
+                                                  f"within {margin:,.0f} users")
+    assert "leave the active set" in kind.flag_limit(rel) and kind.output == "alerts"
