@@ -83,19 +83,3 @@ def test_jsonl_bad_line_names_line_and_column(dep, tmp_path):
     path.write_text('{"reports": []}\n')
     assert "each line must be one report" in _error(dep, path)
 
-
-def test_a_file_is_scanned_a_chunk_at_a_time_and_a_repeat_across_chunks_is_found(dep, tmp_path):
-    """Memory bounded by the chunk: reports come back a chunk at a time, checked, and a (user, step)
-    repeated in a later chunk still stops the file at its line."""
-    from pipeline.stream.ingest.report_files import scan_report_file
-
-    path = tmp_path / "many.csv"
-    lines = [f"u{i % N},{1 + i // N},{i % 2}," for i in range(2 * N)]
-    path.write_text("user,step,poverty,status\n" + "\n".join(lines) + "\n")
-    chunks = list(scan_report_file(path, dep, Roster.from_range(N), chunk=4))
-    assert [len(c.reports) for c in chunks] == [4, 4, 4]
-    assert [line for c in chunks for line in c.lines] == list(range(2, 2 + 2 * N))
-    path.write_text("user,step,poverty,status\n" + "\n".join(lines + ["u3,2,1,"]) + "\n")
-    with pytest.raises(ReportFileError, match=r"many.csv:14: column 1 \('user'\): a second report for user 'u3' at "
-                                              r"step 2 \(earlier in the file\)"):
-        list(scan_report_file(path, dep, Roster.from_range(N), chunk=4))

@@ -6,10 +6,6 @@ a non-integer or out-of-range step, a header naming an undeclared attribute, an 
 value outside its domain, or the same (user, step) twice. The error names the file, the line and the
 column (CSV: the column number and header; JSONL: the character column where known). Nothing is
 sent unless every line is good, so a partial send never happens.
-
-Memory does not grow with the file: :func:`scan_report_file` reads it a chunk of lines at a time
-(checked as it goes; a repeated (user, step) is found with one bit per roster user and step), and
-``dpstream produce`` reads the file twice — once to check it all, once to send it.
 """
 
 from __future__ import annotations
@@ -19,16 +15,12 @@ import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
-import numpy as np
 import orjson
 
 from pipeline.stream.ingest.reports import ReportParser
 
-__all__ = ["ReportFileError", "FileReports", "read_report_file", "scan_report_file"]
-
-CHUNK = 10_000  # reports checked (and sent) at a time
+__all__ = ["ReportFileError", "FileReports", "read_report_file", "first_rejection"]
 
 
 class ReportFileError(ValueError):
@@ -55,40 +47,22 @@ class FileReports:
 
 
 def read_report_file(path: str | Path, deployment, roster) -> FileReports:
-    """Read and check a ``*.csv`` or ``*.jsonl`` report file whole; raises :class:`ReportFileError`."""
-    found = FileReports([], [])
-    for chunk in scan_report_file(path, deployment, roster):
-        found.reports.extend(chunk.reports)
-        found.lines.extend(chunk.lines)
-    return found
-
-
-def scan_report_file(path: str | Path, deployment, roster, chunk: int = CHUNK) -> Iterator[FileReports]:
-    """The file's reports, ``chunk`` at a time, each chunk checked before it is yielded (raises
-    :class:`ReportFileError` at the first bad line); memory is one chunk plus the seen-bitmap."""
+    """Read and check a ``*.csv`` or ``*.jsonl`` report file; raises :class:`ReportFileError`."""
     path = Path(path)
     if not path.exists():
         raise ReportFileError(path, None, None, "no such file")
     reader = _read_csv if path.suffix.lower() == ".csv" else _read_jsonl
-    parser = ReportParser(roster, deployment.attributes, deployment.horizon)
-    seen = np.zeros(roster.n * (deployment.horizon + 1), dtype=bool)  # (row, step) already in the file
+    found, columns = reader(path, deployment)
+    _check(path, found, columns, deployment, roster)
+    return found
+
+
+def _read_jsonl(path: Path, deployment) -> tuple[FileReports, list[dict]]:
     reports, lines, columns = [], [], []
-    for rep, line, cols in reader(path, deployment):
-        reports.append(rep)
-        lines.append(line)
-        columns.append(cols)
-        if len(reports) >= chunk:
-            _check(path, FileReports(reports, lines), columns, parser, seen)
-            yield FileReports(reports, lines)
-            reports, lines, columns = [], [], []
-    if reports:
-        _check(path, FileReports(reports, lines), columns, parser, seen)
-        yield FileReports(reports, lines)
-
-
-def _read_jsonl(path: Path, deployment) -> Iterator[tuple[dict, int, dict]]:
     with path.open("rb") as fh:
         for no, raw in enumerate(fh, 1):
+            if no == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a byte-order mark (UTF-8 text from Windows tools)
+                raw = raw[3:]
             if not raw.strip():
                 continue
             try:
@@ -98,7 +72,10 @@ def _read_jsonl(path: Path, deployment) -> Iterator[tuple[dict, int, dict]]:
                 raise ReportFileError(path, no, int(col.group(1)) if col else None, f"not JSON ({err})") from None
             if type(obj) is not dict or "reports" in obj or "columns" in obj:
                 raise ReportFileError(path, no, 1, 'each line must be one report {"user": ..., "step": ..., "values": {...}}')
-            yield obj, no, {key: raw.find(orjson.dumps(key)) + 1 or None for key in _keys(obj)}
+            reports.append(obj)
+            lines.append(no)
+            columns.append({key: raw.find(orjson.dumps(key)) + 1 or None for key in _keys(obj)})
+    return FileReports(reports, lines), columns
 
 
 def _keys(obj: dict) -> list[str]:
@@ -106,8 +83,8 @@ def _keys(obj: dict) -> list[str]:
     return [k for k in obj if isinstance(k, str)] + (list(values) if isinstance(values, dict) else [])
 
 
-def _read_csv(path: Path, deployment) -> Iterator[tuple[dict, int, dict]]:
-    with path.open(newline="") as fh:
+def _read_csv(path: Path, deployment) -> tuple[FileReports, list[dict]]:
+    with path.open(newline="", encoding="utf-8-sig") as fh:  # a byte-order mark (Excel's "CSV UTF-8") is dropped
         reader = csv.reader(fh)
         header = next(reader, None)
         if not header:
@@ -125,6 +102,7 @@ def _read_csv(path: Path, deployment) -> Iterator[tuple[dict, int, dict]]:
             if needed not in header:
                 raise ReportFileError(path, 1, None, f"the header has no {needed!r} column")
         where = {name: f"{j} ({name!r})" for j, name in enumerate(header, 1)}
+        reports, lines, columns = [], [], []
         for rec in reader:
             no = reader.line_num
             if not rec:
@@ -138,38 +116,45 @@ def _read_csv(path: Path, deployment) -> Iterator[tuple[dict, int, dict]]:
                 raise ReportFileError(path, no, where["step"], f"step {row['step']!r} is not an integer") from None
             values = {a: deployment.attributes[a].csv_value(v) for a, v in row.items()
                       if a not in ("user", "step") and v != ""}
-            yield {"user": row["user"], "step": step, "values": values}, no, where
+            reports.append({"user": row["user"], "step": step, "values": values})
+            lines.append(no)
+            columns.append(where)
+    return FileReports(reports, lines), columns
 
 
-def _check(path: Path, found: FileReports, columns: list[dict], parser: ReportParser, seen: np.ndarray) -> None:
-    """Stop at the first report of the chunk the workers would reject (stateless checks) or a
-    (user, step) already in the file (``seen``, updated)."""
-    parsed = parser.parse([orjson.dumps(r) for r in found.reports])
+def first_rejection(reports: list[dict], deployment, roster) -> tuple[int, str, str, object] | None:
+    """(index, reason, detail, rejection) of the first report the workers would reject (their own parser's
+    stateless checks), or of a repeated (user, step); None when every report is good."""
+    parser = ReportParser(roster, deployment.attributes, deployment.horizon)
+    parsed = parser.parse([orjson.dumps(r) for r in reports])
     if parsed.rejections:
         rej = min(parsed.rejections, key=lambda r: r.message)
-        rep = found.reports[rej.message]
-        field = _blamed_field(rej, rep)
-        raise ReportFileError(path, found.lines[rej.message], columns[rej.message].get(field) if field else None,
-                              f"{rej.reason}: {rej.detail}")
-    keys = parsed.rows * (parser.horizon + 1) + parsed.steps  # every report parsed: key i is report i
-    again = np.flatnonzero(seen[keys])
-    repeated = _repeats(keys)
-    bad = min([*again.tolist(), *repeated]) if again.size or repeated else None
-    if bad is not None:
-        rep = found.reports[bad]
-        earlier = ("earlier in the file" if again.size and bad in set(again.tolist())
-                   else f"first on line {found.lines[int(np.flatnonzero(keys == keys[bad])[0])]}")
-        raise ReportFileError(path, found.lines[bad], columns[bad].get("user"), f"a second report for user "
-                              f"{rep['user']!r} at step {rep['step']} ({earlier}); the workers would dead-letter it "
-                              "as duplicate")
-    seen[keys] = True
+        return rej.message, rej.reason, rej.detail, rej
+    seen: dict[tuple[str, int], int] = {}
+    for i, rep in enumerate(reports):
+        key = (rep["user"], rep["step"])
+        if key in seen:
+            return i, "duplicate", (f"a second report for user {key[0]!r} at step {key[1]} (first: report "
+                                    f"{seen[key]}); the workers would dead-letter it as duplicate"), None
+        seen[key] = i
+    return None
 
 
-def _repeats(keys: np.ndarray) -> list[int]:
-    """Positions of keys that occurred before in ``keys``."""
-    order = np.argsort(keys, kind="stable")
-    s = keys[order]
-    return order[1:][s[1:] == s[:-1]].tolist()
+def _check(path: Path, found: FileReports, columns: list[dict], deployment, roster) -> None:
+    """Stop at the first report the workers would reject (stateless checks) or a repeated (user, step)."""
+    first = first_rejection(found.reports, deployment, roster)
+    if first is None:
+        return
+    i, reason, detail, rej = first
+    rep = found.reports[i]
+    if rej is None:  # a repeated (user, step): name both lines
+        first_line = next(found.lines[j] for j, r in enumerate(found.reports)
+                          if (r["user"], r["step"]) == (rep["user"], rep["step"]))
+        raise ReportFileError(path, found.lines[i], columns[i].get("user"), f"a second report for user "
+                              f"{rep['user']!r} at step {rep['step']} (first on line {first_line}); the workers "
+                              "would dead-letter it as duplicate")
+    field = _blamed_field(rej, rep)
+    raise ReportFileError(path, found.lines[i], columns[i].get(field) if field else None, f"{reason}: {detail}")
 
 
 def _blamed_field(rejection, report: dict) -> str | None:
