@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -42,49 +43,30 @@ class ProcessFailed(RuntimeError):
         super().__init__(f"{name} {why} (exit code {returncode})" + (f": {line.rstrip('.')}" if line else ""))
 
 
-def last_error_line(path: Path | None) -> str | None:
-    """The line a process left to explain its exit: its last ``dpstream: ...`` line (a refusal), else the
-    last line of a traceback or of the log (None without a log)."""
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Refused|Lost|Changed)\b")
+
+
+def last_error_line(path: Path | None, start: int = 0) -> str | None:
+    """The line a process left to explain its exit in its log after offset ``start`` (where this run of it
+    began): its last ``dpstream: ...`` line (a refusal), else the exception line ending its last
+    traceback, else its last ``[ERROR]`` log line (None without one)."""
     if path is None:
         return None
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 65536))
+            fh.seek(max(start, fh.tell() - 65536))
             lines = [line.strip() for line in fh.read().decode(errors="replace").splitlines() if line.strip()]
     except OSError:
         return None
-    for line in reversed(lines):
-        if line.startswith("dpstream: "):
-            return line[len("dpstream: "):]
-    return lines[-1] if lines else None
-
-
-def dpstream_home() -> Path:
-    return Path(os.environ.get("DPSTREAM_HOME", Path.home() / ".dpstream"))
-
-
-def endpoints_file(deployment_name: str) -> Path:
-    """Where ``dpstream up`` records the embedded endpoints for the other commands."""
-    return dpstream_home() / f"{deployment_name}.json"
-
-
-def process_cmdline(pid: int) -> str | None:
-    """The command line of process ``pid`` (Linux /proc), None if unknown: recorded with each pid in the
-    endpoints file so that ``dpstream down`` never signals an unrelated process that reused the pid."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return None
-
-
-def state_dir(deployment_name: str) -> Path:
-    """The persistent data directory of a deployment's embedded services (its Redis in ``redis/``), mode
-    0700: the release records, the ledger and the mechanism state outlive ``dpstream up``."""
-    path = dpstream_home() / deployment_name
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o700)
-    return path
+    for pick in (lambda ln: ln[len("dpstream: "):] if ln.startswith("dpstream: ") else None,
+                 lambda ln: ln if _EXCEPTION_LINE.match(ln) else None,
+                 lambda ln: ln if "[ERROR]" in ln else None):
+        for line in reversed(lines):
+            found = pick(line)
+            if found:
+                return found
+    return None
 
 
 class LocalCluster:
@@ -100,6 +82,7 @@ class LocalCluster:
         self.roles: dict[str, tuple[str, dict[str, str] | None]] = {}  # name -> (role, extra env), for restarts
         self.restarts: dict[str, deque[float]] = {}  # name -> times of its recent restarts
         self.pending: dict[str, float] = {}  # name -> when to restart it (backing off)
+        self.log_starts: dict[str, int] = {}  # name -> size of its log when its current run started
         self.services: EmbeddedServices | None = None
         self.broker = deployment.broker
         self.redis_url = deployment.redis
@@ -136,6 +119,7 @@ class LocalCluster:
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{name}.log", "ab")
+            self.log_starts[name] = out.tell()
         proc = subprocess.Popen(
             job_command(role, self.config_path, self.broker, self.redis_url, metrics_port=port),
             env={**self.env(), **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
@@ -208,7 +192,8 @@ class LocalCluster:
             rc = proc.poll()
             if rc is None or name in self.pending:
                 continue
-            line = last_error_line(self.log_path(name))
+            line = (last_error_line(self.log_path(name), self.log_starts.get(name, 0)) if rc > 0
+                    else f"killed by signal {-rc}")
             if rc in REFUSALS:
                 raise ProcessFailed(name, rc, line, rc, "refused to run")
             delay = self._count_restart(name, rc, now)
