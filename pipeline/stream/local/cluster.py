@@ -69,6 +69,34 @@ def last_error_line(path: Path | None, start: int = 0) -> str | None:
     return None
 
 
+def dpstream_home() -> Path:
+    return Path(os.environ.get("DPSTREAM_HOME", Path.home() / ".dpstream"))
+
+
+def endpoints_file(deployment_name: str) -> Path:
+    """Where ``dpstream up`` records the embedded endpoints for the other commands."""
+    return dpstream_home() / f"{deployment_name}.json"
+
+
+def process_cmdline(pid: int) -> str | None:
+    """The command line of process ``pid`` (Linux /proc), None if unknown: recorded with each pid in the
+    endpoints file so that ``dpstream down`` never signals an unrelated process that reused the pid."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return None
+
+
+def state_dir(deployment_name: str) -> Path:
+    """The persistent data directory of a deployment's embedded services, mode 0700: its Redis in
+    ``redis/`` (release records, ledger, mechanism state), the broker's log in ``log/`` and the
+    deployment marker ``deployment.json`` (:mod:`pipeline.stream.local.marker`) outlive ``dpstream up``."""
+    path = dpstream_home() / deployment_name
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
+
+
 class LocalCluster:
     def __init__(self, config_path: str | Path, deployment, workers: int = 1, log_dir: str | Path | None = None,
                  data_dir: str | Path | None = None, metrics: bool = False, durable_log: bool = False):
