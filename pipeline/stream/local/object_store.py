@@ -15,8 +15,9 @@ Its object-store layer needs three things of the server (read off Tansu 0.6's ``
 completed write), and honours ``If-None-Match: *`` atomically (``link``), but ignores ``If-Match``.
 This module runs its request handler with the missing piece: conditional writes of one key are
 serialised under a lock and checked against the current ETag (``If-Match``) or existence
-(``If-None-Match: *``), and a ``GET`` with a matching ``If-None-Match`` answers ``304`` (the broker
-polls its metadata that way). Requests must carry the access key the broker was given
+(``If-None-Match: *``); a read takes the same lock, so the ETag it returns is that of the body it
+returns (localbucket computes them apart); and a ``GET`` with a matching ``If-None-Match`` answers
+``304`` (the broker polls its metadata that way). Requests must carry the access key the broker was given
 (``DPSTREAM_OBJECT_STORE_KEY``; the signature itself is not verified: the server listens on
 127.0.0.1 only, and its data directory is its owner's only).
 
@@ -81,13 +82,18 @@ class ConditionalHandler(localbucket.S3Handler):
             return super()._write_object(bucket, key, write)
 
     def _get(self, bucket: str, key: str, include_body: bool):
-        if_none_match = self.headers.get("If-None-Match")
-        if if_none_match and bucket and key:
-            target = self._object_path(bucket, key)
-            if target.is_file() and localbucket.object_etag(target) in _etags(if_none_match):
+        if not (bucket and key):
+            return super()._get(bucket, key, include_body)
+        target = self._object_path(bucket, key)
+        # Under the key's lock: localbucket computes the ETag apart from reading the body, so a write in
+        # between would pair the old body with the new ETag, and a compare-and-swap on that ETag would
+        # then overwrite the new value with an update of the old one (a lost watermark update).
+        with _lock_for(target):
+            if_none_match = self.headers.get("If-None-Match")
+            if if_none_match and target.is_file() and localbucket.object_etag(target) in _etags(if_none_match):
                 self._send(HTTPStatus.NOT_MODIFIED, headers={"ETag": f'"{localbucket.object_etag(target)}"'})
                 return
-        super()._get(bucket, key, include_body)
+            super()._get(bucket, key, include_body)
 
     def log_message(self, format: str, *args):
         pass  # one line per request would dwarf the broker's own log
