@@ -92,11 +92,13 @@ def acl_rules(username: str | None, password: str | None) -> list[str]:
     return ["default off", f"{username} on {password_hash(password)} ~* &* +@all"]
 
 
-def _stop_process(proc: subprocess.Popen | None) -> None:
+def _stop_process(proc: subprocess.Popen | None, grace: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds (the broker waits for its clients' connections to
+    close; what it acknowledged is already in its storage)."""
     if proc is not None and proc.poll() is None:
         proc.terminate()
         try:
-            proc.wait(timeout=5)
+            proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)

@@ -95,6 +95,30 @@ class ConditionalHandler(localbucket.S3Handler):
                 return
             super()._get(bucket, key, include_body)
 
+    def _list_entries(self, bucket_dir: Path, prefix: str, *rest):
+        """localbucket walks the whole bucket for every listing, and the broker lists a partition's batches
+        on every fetch: walk only the directory the prefix names (the same keys, in the same order)."""
+        root = bucket_dir / prefix.rpartition("/")[0] if "/" in prefix else bucket_dir
+        if not root.is_dir():
+            return [], [], False, ""
+        contents, prefixes, truncated, last = super()._list_entries(root, prefix.rpartition("/")[2], *rest[:1],
+                                                                    *self._relative_marker(root, bucket_dir, rest))
+        base = root.relative_to(bucket_dir).as_posix()
+        base = f"{base}/" if base != "." else ""
+        return ([(base + key, path) for key, path in contents], [base + p for p in prefixes], truncated,
+                last[:2] + base + last[2:] if last else last)
+
+    @staticmethod
+    def _relative_marker(root: Path, bucket_dir: Path, rest: tuple) -> tuple:
+        _, marker, marker_is_prefix, max_keys = rest
+        base = root.relative_to(bucket_dir).as_posix()
+        base = f"{base}/" if base != "." else ""
+        if marker.startswith(base):
+            marker = marker[len(base):]
+        elif marker:  # a marker outside this directory: before it (nothing skipped) or after it (all skipped)
+            marker = "" if marker < base else "\U0010ffff"
+        return marker, marker_is_prefix, max_keys
+
     def log_message(self, format: str, *args):
         pass  # one line per request would dwarf the broker's own log
 
