@@ -62,6 +62,9 @@ class ConditionalHandler(localbucket.S3Handler):
     """localbucket's handler with atomic ``If-Match``/``If-None-Match`` writes and ``304`` reads."""
 
     access_key: str | None = None
+    # headers and body go out as separate writes: with Nagle's algorithm each small response waits for
+    # the client's delayed ACK (tens of ms per request; the broker makes several per produce and fetch)
+    disable_nagle_algorithm = True
 
     def _dispatch(self, action):
         if self.access_key and f"Credential={self.access_key}/" not in self.headers.get("Authorization", ""):
