@@ -85,10 +85,11 @@ def _closed_reported(logs, step: int) -> int:
     return sum(found.values())
 
 
-def test_stop_start_keeps_the_open_steps_reports_and_a_killed_worker_is_restarted(deployment, tmp_path):
+def test_stop_start_keeps_the_open_steps_reports_and_killed_processes_are_restarted(deployment, tmp_path):
     """Before: the memory-only broker forgot step 2's reports on `down`; after `up` the workers closed step 2
     with `reported: 0` (imputed) while `close` printed full coverage. And `up` tore the whole deployment
-    down when one worker was killed."""
+    down when one worker was killed. Now a killed worker, broker and object store are each restarted, and
+    step 2 is released from every user's real report after a stop and a start."""
     path, env = deployment
     cfg = ["--config", str(path)]
     with up(path, env, tmp_path) as run:
@@ -101,11 +102,15 @@ def test_stop_start_keeps_the_open_steps_reports_and_a_killed_worker_is_restarte
         run.wait_for(r"worker-0 exited with code -9 \(killed by signal 9\); restarting it")
         run.wait_for(r"restarted worker-0 \(pid \d+\)")
         assert run.proc.poll() is None and pid_alive(pids["worker-1"]) and pid_alive(pids["broker"])
+        for service in ("broker", "object-store"):  # the embedded services are restarted on their port and data
+            os.kill(pids[service], signal.SIGKILL)
+            run.wait_for(rf"restarted the embedded {service} \(pid \d+\)")
         dpstream("produce", *cfg, "--step", "2", env=env)
     assert run.proc.returncode == 0
     assert (run.home / "cli-test" / "log" / "dpstream").is_dir()  # the broker's log, kept
 
     with up(path, env, tmp_path) as run:
+        assert _closed_reported(run.logs, 2) == 0  # step 2 was still open at the stop
         dpstream("close", *cfg, "--step", "2", env=env)
         _released(path, env, 2)
         assert _closed_reported(run.logs, 2) == N  # the real reports, none imputed
