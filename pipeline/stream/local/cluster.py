@@ -148,10 +148,14 @@ class LocalCluster:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{name}.log", "ab")
             self.log_starts[name] = out.tell()
-        proc = subprocess.Popen(
-            job_command(role, self.config_path, self.broker, self.redis_url, metrics_port=port),
-            env={**self.env(), **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        try:
+            proc = subprocess.Popen(
+                job_command(role, self.config_path, self.broker, self.redis_url, metrics_port=port),
+                env={**self.env(), **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()  # the child has its own descriptor; a restarted process must not leak one here
         self.procs[name] = proc
         self.roles[name] = (role, extra_env)
         return proc

@@ -113,7 +113,11 @@ class _ServiceProcess:
 
     def _launch(self, cmd: list[str], env: dict[str, str], timeout: float) -> None:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self._proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            self._proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()  # the child holds its own descriptor (restarts must not leak one per start)
         try:
             wait_for_port(self.port, timeout=timeout)
         except TimeoutError:
