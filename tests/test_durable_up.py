@@ -69,9 +69,18 @@ def up(path, env, tmp_path, workers=2):
         run.stop()
 
 
+def _status(path, env) -> dict:
+    """`dpstream status` as JSON (`--json` where status has a human-readable default view)."""
+    proc = dpstream("status", "--config", str(path), "--json", env=env, check=False)
+    if proc.returncode == 2 and "unrecognized arguments" in proc.stderr:
+        proc = dpstream("status", "--config", str(path), env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
 def _released(path, env, step: int, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
-    while json.loads(dpstream("status", "--config", str(path), env=env).stdout)["released_step"] < step:
+    while _status(path, env)["released_step"] < step:
         assert time.monotonic() < deadline, f"step {step} not released within {timeout:.0f} s"
         time.sleep(0.3)
 
