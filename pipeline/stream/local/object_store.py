@@ -35,6 +35,7 @@ import logging
 import os
 import sys
 import threading
+import zlib
 from http import HTTPStatus
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -45,13 +46,12 @@ from pipeline.stream.local.embedded import ACCESS_KEY_ENV, OBJECT_STORE_BUCKET a
 
 __all__ = ["ConditionalHandler", "serve"]
 
-_key_locks: dict[Path, threading.Lock] = {}
-_key_locks_guard = threading.Lock()
+_KEY_LOCKS = [threading.Lock() for _ in range(256)]  # striped: bounded memory however many objects there are
 
 
 def _lock_for(path: Path) -> threading.Lock:
-    with _key_locks_guard:
-        return _key_locks.setdefault(path, threading.Lock())
+    """The lock of key ``path`` (shared with the keys of the same stripe)."""
+    return _KEY_LOCKS[zlib.crc32(str(path).encode()) % len(_KEY_LOCKS)]
 
 
 def _etags(header: str) -> set[str]:
@@ -102,7 +102,7 @@ class ConditionalHandler(localbucket.S3Handler):
         """localbucket walks the whole bucket for every listing, and the broker lists a partition's batches
         on every fetch: walk only the directory the prefix names (the same keys, in the same order)."""
         root = bucket_dir / prefix.rpartition("/")[0] if "/" in prefix else bucket_dir
-        if not root.is_dir():
+        if not root.is_dir() or not root.resolve().is_relative_to(bucket_dir.resolve()):
             return [], [], False, ""
         contents, prefixes, truncated, last = super()._list_entries(root, prefix.rpartition("/")[2], *rest[:1],
                                                                     *self._relative_marker(root, bucket_dir, rest))
