@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from pipeline.connections import (SecretUnavailable, check_secrets, connection_failure, kafka_security, redis_client,
                                   use_security)
