@@ -250,12 +250,18 @@ class IngestWorker:
                 raise RuntimeError(f"topic {self.names['repartition']} does not exist: create the deployment's topics "
                                    "(deploy/create_topics.py, or `dpstream up`) before starting workers")
             await supervise([asyncio.create_task(self._consume()),
-                             asyncio.create_task(self.consumer.commit_loop(self._handled))], "worker")
+                             asyncio.create_task(self.consumer.commit_loop(self._handled))], "worker",
+                            drain=self._finish_fetch)
         finally:
             await self.consumer.stop()
             await self.producer.stop()
             await self.redis.close()
             log.info("worker stopped")
+
+    async def _finish_fetch(self) -> None:
+        """On SIGTERM: let the fetch in hand finish (its partials, checkpoints and intake counts written)."""
+        async with self._busy:
+            pass
 
     async def _consume(self) -> None:
         async for batch in self.consumer.batches():

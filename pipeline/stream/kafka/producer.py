@@ -28,7 +28,12 @@ class ReportProducer:
         self.partitions = deployment.topics.partitions
         self._owners = roster.owners(self.partitions)
         self._producer = KafkaProducer(bootstrap_servers=bootstrap, **kafka_security(), linger_ms=5, batch_size=1 << 20,
-                                       max_request_size=8 * 1024 * 1024, acks="all")
+                                       max_request_size=8 * 1024 * 1024, acks="all",
+                                       # not idempotent: after a kill -9 mid-produce the embedded broker (Tansu
+                                       # 0.6) acknowledges the retried batch as a duplicate although it never
+                                       # stored it (its sequence bookkeeping precedes the write). Plain retries
+                                       # may duplicate a report instead, which the workers count once.
+                                       enable_idempotence=False)
 
     def _labels(self, attribute: str, codes: np.ndarray) -> list:
         return self.deployment.attributes[attribute].wire_values(codes)
