@@ -99,6 +99,7 @@ def test_worker_resumes_at_its_checkpoint_inside_the_last_batch(tmp_path):
     from pipeline.stream.local.embedded import EmbeddedServices
     from pipeline.stream.ingest.partition_state import PartitionState
     from pipeline.stream.kafka.runtime import Runtime
+    from support.stores import WritableStore
     from jobs.eval.testbed import write_panel_deployment
     from pipeline.stream.kafka.topics import ensure_topics
 
@@ -110,7 +111,7 @@ def test_worker_resumes_at_its_checkpoint_inside_the_last_batch(tmp_path):
         rt = Runtime(dep, svc.broker.bootstrap, svc.redis.url)
         state = PartitionState(dep, 0, rt.roster.rows_of(0, 1), rt.roster.n)
         state.offset = 8  # handled through offset 8: resume at 9, inside the last batch (base 5)
-        rt.store().save_checkpoint(0, dumps_state(state.get_state()))
+        WritableStore(rt.store().r, dep.name).save_checkpoint(0, dumps_state(state.get_state()))
 
         async def assign():
             worker = IngestWorker(rt)

@@ -285,7 +285,7 @@ def test_a_releaser_losing_the_commit_race_publishes_the_committed_record_not_it
         stream.take_partials()
         await winner.release_ready_steps()
         await loser.release_ready_steps()  # computes its own release, the commit is refused
-        ledger = await stream.store.r.hgetall(stream.store._k("ledger"))
+        ledger = await stream.store.r.hgetall(stream.store.keys.ledger)
         return stream.public()["releases"], loser.checkpoint.publisher.logs[(stream.names["releases"], 0)], ledger, loser
 
     won, lost, ledger, loser = run(main(), store_of)

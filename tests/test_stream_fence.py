@@ -36,7 +36,8 @@ from pipeline.stream.release.fence import ReleaseStamp, check_fence, read_releas
 from pipeline.stream.state.fingerprint import config_changes, fingerprint, portable_fingerprint, privacy_config
 from pipeline.stream.state.identity import ConfigurationChanged, StateLost, establish_identity
 from pipeline.stream.ingest.roster import Roster
-from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.state.store import ReleaseStore, StepRecord
+from support.stores import WritableStore
 from jobs.eval.testbed import binary_panel
 
 N, T = 600, 4
@@ -154,10 +155,15 @@ def test_identity_refuses_changes_seeded_state_in_production_and_repeats(redis_c
     assert establish_identity(prod_b, ids, store_b, "worker").instance != first.instance
 
     # released steps without an identity record (deleted): nothing can be checked
-    redis_client.delete(f"{store.prefix}:identity")
-    redis_client.set(f"{store.prefix}:released", 2)
+    redis_client.delete(store.keys.identity)
+    WritableStore(redis_client, dep.name).commit_step(StepRecord(1, {"fw": b"r1"}, None), {})
+    WritableStore(redis_client, dep.name).commit_step(StepRecord(2, {"fw": b"r2"}, None), {})
     with pytest.raises(StateLost, match="2 released step\\(s\\).*no identity record"):
         establish_identity(dep, ids, store, "releaser")
+    # a worker cannot read the releaser's pointers; it looks for the workers' own state
+    WritableStore(redis_client, dep.name).save_intake({0: {"accepted": 1}})
+    with pytest.raises(StateLost, match="workers' intake counts and checkpoints.*no identity record"):
+        establish_identity(dep, ids, store, "worker")
 
 
 def test_fence_logic():
