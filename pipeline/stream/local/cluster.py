@@ -16,7 +16,8 @@ from pathlib import Path
 
 from pipeline.stream.kafka.runtime import job_command
 from pipeline.stream.kafka.topics import ensure_topics, topic_names
-from pipeline.stream.local.embedded import EmbeddedServices, free_port
+from pipeline.stream.local.embedded import (LOCAL_SECRETS_ENV, EmbeddedServices, free_port, open_private_log, private_dir,
+                                             private_file)
 
 __all__ = ["LocalCluster", "endpoints_file", "state_dir", "dpstream_home", "process_cmdline"]
 
@@ -42,10 +43,8 @@ def process_cmdline(pid: int) -> str | None:
 def state_dir(deployment_name: str) -> Path:
     """The persistent data directory of a deployment's embedded services (its Redis in ``redis/``), mode
     0700: the release records, the ledger and the mechanism state outlive ``dpstream up``."""
-    path = dpstream_home() / deployment_name
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o700)
-    return path
+    private_dir(dpstream_home())  # endpoints files and every deployment's state: no other local user reads them
+    return private_dir(dpstream_home() / deployment_name)
 
 
 class LocalCluster:
@@ -69,7 +68,7 @@ class LocalCluster:
         if self.broker and self.redis_url:
             return
         if self.log_dir:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.log_dir)
         self.services = EmbeddedServices(data_dir=self.data_dir,
                                          broker_log=(self.log_dir / "broker.log") if self.log_dir else None)
         self.services.start()
@@ -91,8 +90,8 @@ class LocalCluster:
             self.metrics_ports[name] = port
         out = subprocess.DEVNULL
         if self.log_dir:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            out = open(self.log_dir / f"{name}.log", "ab")
+            private_dir(self.log_dir)
+            out = open_private_log(self.log_dir / f"{name}.log")
         proc = subprocess.Popen(
             job_command(role, self.config_path, self.broker, self.redis_url, metrics_port=port),
             env={**self.env(), **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
@@ -107,11 +106,11 @@ class LocalCluster:
         for i in range(self.workers):
             self.spawn("worker", f"worker-{i}")
         path = endpoints_file(self.deployment.name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".json.partial")  # readers never see half a file
-        partial.write_text(json.dumps({"broker": self.broker, "redis": self.redis_url, "pid": os.getpid(),
-                                       "processes": self.process_record()}))
-        os.replace(partial, path)
+        private_dir(path.parent)
+        record = {"broker": self.broker, "redis": self.redis_url, "pid": os.getpid(), "processes": self.process_record()}
+        if os.environ.get(LOCAL_SECRETS_ENV):  # where the embedded Redis's password is (never the password)
+            record["local_secrets"] = os.environ[LOCAL_SECRETS_ENV]
+        private_file(path, json.dumps(record))  # owner-only, atomically: readers never see half a file
         return self
 
     def process_record(self) -> dict[str, dict]:
