@@ -91,15 +91,23 @@ _SCRIPT_HEAD = """#!/bin/sh
 # tests/test_deploy.py checks it matches. Run with the broker's admin (super user) credentials:
 #   BOOTSTRAP=kafka:9094 ADMIN_CONFIG=/etc/kafka/admin.properties SECRETS=/run/secrets/kafka-users sh kafka-acls.sh
 # $SECRETS/<role> holds each role's password (deploy/make-secrets.sh writes them).
+# A password never reaches a command line (visible in `ps`): each user's SCRAM configuration goes through
+# an owner-only properties file (--add-config-file), written by the shell's printf builtin.
 set -eu
 KAFKA_BIN="${{KAFKA_BIN:-/opt/kafka/bin}}"
 KAFKA_ACLS="$KAFKA_BIN/kafka-acls.sh"
 : "${{BOOTSTRAP:?}}" "${{ADMIN_CONFIG:?}}" "${{SECRETS:?}}"
+umask 077
+SCRAM_DIR="$(mktemp -d)"
+trap 'rm -rf "$SCRAM_DIR"' EXIT
 for role in {roles}; do
+  password="$(cat "$SECRETS/$role")"
+  printf 'SCRAM-SHA-512=[iterations=8192,password=%s]\\n' "$password" > "$SCRAM_DIR/$role.properties"
   "$KAFKA_BIN/kafka-configs.sh" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --alter \\
-    --entity-type users --entity-name "dpstream-$role" \\
-    --add-config "SCRAM-SHA-512=[iterations=8192,password=$(cat "$SECRETS/$role")]"
+    --entity-type users --entity-name "dpstream-$role" --add-config-file "$SCRAM_DIR/$role.properties"
+  rm -f "$SCRAM_DIR/$role.properties"
 done
+unset password
 """
 
 
