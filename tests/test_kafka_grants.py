@@ -168,3 +168,26 @@ def test_the_releasers_lag_gauge_lists_offsets_of_the_workers_topics_and_fetches
     workers = {names[t] for t in ("reports", "feedback", "repartition")}
     assert workers <= listed, sent
     assert not fetched & workers, f"the releaser's gauge fetched {fetched & workers}"
+
+
+def test_the_security_docs_table_is_the_declaration():
+    """docs/security.md's least-privilege table states, per role, what the topic declaration grants."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "security.md").read_text()
+    rows = {}
+    for line in text.split("## Least privilege", 1)[1].split("\n\n", 3)[2].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and cells[0] not in ("role", "---"):
+            rows[cells[0].split(" ")[0]] = cells
+
+    def topics(cell: str) -> set[str]:
+        import re
+
+        return {t for t in re.findall(r"`([a-z-]+)`", cell) if t in TOPICS}
+
+    for role in ("worker", "releaser", "operator", "producer", "analyst"):
+        reads, writes, offsets = (topics(rows[role][i]) for i in (1, 2, 3))
+        assert reads == {n for n, t in TOPICS.items() if role in t.readers}, role
+        assert writes == {n for n, t in TOPICS.items() if role in t.writers}, role
+        assert offsets == {n for n, t in TOPICS.items() if role in t.offsets}, role
