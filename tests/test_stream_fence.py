@@ -337,3 +337,23 @@ def test_up_keeps_embedded_redis_unless_ephemeral(tmp_path):
     again = _up_release_and_stop(path, env, tmp_path, ("--ephemeral",), step=None)
     assert again["released_step"] == 0 and again["ledger"] == {}  # nothing kept
     assert len({first["instance"], eph["instance"], again["instance"]}) == 3
+
+
+def test_a_state_of_another_key_layout_is_refused_naming_the_key(redis_client):
+    """Layout 1 (every key flat under the prefix, a shared fingerprint hash) wrote an identity record without a
+    layout: a process of this version refuses it with exit code 4 (docs/streaming.md, "State format")."""
+    import json
+
+    dep = parse_config(base_config("layout"))
+    ids = Roster.from_config(dep.roster).ids
+    store = ReleaseStore(redis_client, dep.name)
+    current = establish_identity(dep, ids, store, "releaser")
+    assert store.identity()["layout"] == 2
+    old = {k: v for k, v in store.identity().items() if k != "layout"}
+    redis_client.set(store.keys.identity, json.dumps(old))
+    for role in ("releaser", "worker"):
+        with pytest.raises(StateLost, match=f"{role}: dpstream:layout:identity: Redis key layout version 1, this "
+                                            "dpstream reads layout 2") as refused:
+            establish_identity(dep, ids, store, role)
+        assert refused.value.exit_code == 4
+    assert current.instance == old["instance"]
