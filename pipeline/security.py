@@ -195,7 +195,7 @@ def check_no_password_in_url(url: str, key: str) -> None:
     except ValueError:
         password = None
     if password:
-        raise ValueError(f"{key}: the Redis URL carries a password, which would be printed with the URL, shown in "
+        raise ValueError(f"{key}: the URL carries a password, which would be printed with the URL, shown in "
                          "`ps` and stored in files; remove it and set security.redis.password: {env: VARIABLE} "
                          "(or {file: path}) in the configuration")
 

@@ -94,11 +94,11 @@ def test_a_password_in_dpstream_redis_is_refused_and_never_printed(deployment):
                                                                   DPSTREAM_REDIS="redis://u:hunter2-secret@127.0.0.1:1/0"),
                         check=False, timeout=60)
         assert proc.returncode == 2, proc.stderr
-        assert "DPSTREAM_REDIS: the Redis URL carries a password" in proc.stderr
+        assert "DPSTREAM_REDIS: the URL carries a password" in proc.stderr
         assert "hunter2" not in proc.stderr + proc.stdout
     job = subprocess.run([sys.executable, "-m", "jobs.worker", "--config", str(path), "--broker", "127.0.0.1:1"],
                          env=dict(env, DPSTREAM_REDIS="redis://:hunter2-secret@127.0.0.1:1/0"), capture_output=True,
                          text=True, timeout=60)
-    assert job.returncode == 2 and "--redis/DPSTREAM_REDIS: the Redis URL carries a password" in job.stderr
+    assert job.returncode == 2 and "--redis/DPSTREAM_REDIS: the URL carries a password" in job.stderr
     assert "hunter2" not in job.stderr + job.stdout
     assert redact_url("redis://user:hunter2@host:6379/0") == "redis://user:***@host:6379/0"
