@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import redis
 import yaml
 
 from pipeline.config import load_config, parse_config
+from pipeline.connections import redis_client as connect_redis
 from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
@@ -205,7 +205,7 @@ def test_wiped_redis_restart_is_fenced(tmp_path):
 
             cluster.kill("releaser")
             cluster.kill("worker-0")
-            redis.Redis.from_url(svc.redis.url).flushall()
+            connect_redis(svc.redis.url).flushall()  # the admin login of the embedded Redis (its generated password)
             logged = len(log_text(tmp_path, "worker-0"))
             cluster.spawn("worker", "worker-0")
             deadline = time.monotonic() + 60
