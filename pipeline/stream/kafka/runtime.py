@@ -89,7 +89,7 @@ class Runtime:
         return topic_names(self.deployment)
 
     def store(self):
-        """The synchronous store (identity checks at start)."""
+        """The synchronous store: the identity claim at start and reads (a worker's checkpoints when assigned)."""
         from pipeline.stream.state.store import ReleaseStore
 
         return ReleaseStore.from_url(self.redis_url, self.deployment.name)
