@@ -87,18 +87,16 @@ def every_key_class(keys: Keys) -> dict[str, str]:
 
 def test_the_worker_runs_its_calls_and_reaches_nothing_else(server, admin, monkeypatch):
     dep = _dep()
-    keys = seed_state(admin)
-    admin.delete(keys.pointer("released"))  # before any release: the worker claims the identity
-    admin.delete(keys.intake)
+    keys = Keys(NAME)  # a fresh deployment: the worker is the first to start and claims the identity
+    admin.set(Keys(OTHER).checkpoint(0), b"other-deployment")
     sync = ReleaseStore(login(server, "worker", monkeypatch), NAME)
     roster = Roster.from_config(dep.roster)
     identity = establish_identity(dep, roster.ids, sync, "worker")  # GET, EXISTS, SCAN, SET NX, SET
     assert sync.identity()["instance"] == identity.instance
+    assert establish_identity(dep, roster.ids, sync, "worker") == identity  # a restart
     core = IngestCore(dep, roster, topic_names(dep), store=sync, isolated=True)
-    core.states.clear()
-    admin.delete(keys.checkpoint(0))
 
-    async def job_writes():
+    async def job_writes():  # what jobs/worker.py writes through the asyncio store
         store = AsyncReleaseStore(login(server, "worker", monkeypatch, redis.asyncio.Redis), NAME)
         try:
             core.assign(0)
@@ -108,12 +106,11 @@ def test_the_worker_runs_its_calls_and_reaches_nothing_else(server, admin, monke
             await store.close()
 
     asyncio.run(job_writes())
-    assert core.assign(0) == 0 and sync.load_checkpoint(0) is not None
+    assert core.assign(0) == core.states[0].offset + 1 and sync.load_checkpoint(0) is not None  # restored
     assert admin.hget(keys.intake, "0") == b'{"accepted": 1}'
 
     worker = login(server, "worker", monkeypatch)
-    admin.hset(keys.step(1), "__state__", b"noise")
-    admin.set(keys.pointer("released"), 1)
+    seed_state(admin)  # the releaser's keys exist now
     refused(lambda: worker.hgetall(keys.step(1)))  # the drawn noise
     refused(lambda: worker.hget(keys.step(1), "__state__"))
     refused(lambda: worker.delete(keys.ledger))  # the budget
