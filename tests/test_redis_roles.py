@@ -118,6 +118,8 @@ def test_the_worker_runs_its_calls_and_reaches_nothing_else(server, admin, monke
     refused(lambda: worker.get(keys.pointer("released")))
     refused(lambda: worker.set(keys.pointer("released"), 99))
     refused(lambda: worker.get(Keys(OTHER).checkpoint(0)))  # another deployment
+    refused(lambda: worker.set(Keys(OTHER).fingerprint("forged"), b""))  # nor its fingerprint marker
+    refused(lambda: worker.set("dpstream-fingerprints", b""))  # nor a shared registry (layout 1)
     refused(lambda: worker.delete(keys.checkpoint(0)))  # no DEL at all
     refused(lambda: worker.hgetall(keys.intake))  # writes its counts, never reads them
     refused(lambda: worker.keys("*"))
