@@ -27,7 +27,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 
-from pipeline.stream.kafka.topics import INGEST, KAFKA_ROLES, RELEASER, TOPICS
+from pipeline.stream.kafka.topics import GROUP_ROLES, KAFKA_ROLES, LAG_ROLE, TOPICS
 from pipeline.stream.state.keys import KEY_CLASSES, REDIS_COMMANDS, REDIS_ROLES, Keys
 
 __all__ = ["Grant", "ROLES", "kafka_grants", "kafka_acl_commands", "kafka_acl_script", "redis_acl_rules",
@@ -36,10 +36,6 @@ __all__ = ["Grant", "ROLES", "kafka_grants", "kafka_acl_commands", "kafka_acl_sc
 ROLES = (*KAFKA_ROLES, "admin")
 
 _OPERATIONS = {"read": ("Read", "Describe"), "write": ("Write", "Describe"), "offsets": ("Describe",)}
-_GROUPS: dict[str, list[tuple[str, str]]] = {  # consumer groups (the jobs' group ids, pipeline.stream.kafka.topics)
-    "worker": [("Read", INGEST)],
-    "releaser": [("Read", RELEASER), ("Describe", INGEST), ("Describe", RELEASER)],
-}
 
 
 @dataclass(frozen=True)
@@ -65,8 +61,9 @@ def kafka_grants(deployment, role: str) -> list[Grant]:
     for logical, topic in TOPICS.items():
         for access in topic.access(role):
             grants += [Grant(role, op, "topic", names[logical]) for op in _OPERATIONS[access]]
-    for op, group in _GROUPS.get(role, []):
-        grants.append(Grant(role, op, "group", group_id(deployment, group)))
+    for group, member in GROUP_ROLES.items():  # a job joins its group; the lag gauge reads every group's offsets
+        ops = (["Read"] if role == member else []) + (["Describe"] if role == LAG_ROLE else [])
+        grants += [Grant(role, op, "group", group_id(deployment, group)) for op in ops]
     if role == "analyst":
         grants.append(Grant(role, "Read", "group", downstream_group_prefix(deployment), prefixed=True))
     return sorted(set(grants), key=lambda g: (g.resource, g.name, g.operation))

@@ -26,7 +26,7 @@ import threading
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from pipeline.stream.kafka.topics import TOPICS, consumer_groups
+from pipeline.stream.kafka.topics import LAG_ROLE, TOPICS, consumer_groups
 from pipeline.connections import kafka_security
 
 __all__ = ["METRICS", "ALLOWED_LABELS", "PUBLIC_SERIES", "OPERATIONAL_SERIES", "serve_metrics", "metric_names",
@@ -229,7 +229,7 @@ def start_lag_monitor(runtime, interval: float = 5.0) -> ConsumerLagMonitor | No
     if not runtime.metrics_port:
         return None
     # the releaser's process: it fetches its own topics, and only lists the offsets of the workers' ones
-    readable = {runtime.names[name] for name, t in TOPICS.items() if "releaser" in t.readers}
+    readable = {runtime.names[name] for name, t in TOPICS.items() if LAG_ROLE in t.readers}
     monitor = ConsumerLagMonitor(runtime.broker, consumer_groups(runtime.deployment, runtime.names), interval,
                                  readable=readable)
     monitor.start()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from pipeline.connections import kafka_security
 
-__all__ = ["Topic", "TOPICS", "PUBLIC_TOPICS", "INGEST", "RELEASER", "KAFKA_ROLES", "topic_names",
+__all__ = ["Topic", "TOPICS", "PUBLIC_TOPICS", "INGEST", "RELEASER", "KAFKA_ROLES", "GROUP_ROLES", "LAG_ROLE", "topic_names",
            "topic_partitions", "group_id", "downstream_group_prefix", "read_by", "consumer_groups", "offsets_only",
            "new_topics", "ensure_topics"]
 
@@ -28,7 +28,8 @@ __all__ = ["Topic", "TOPICS", "PUBLIC_TOPICS", "INGEST", "RELEASER", "KAFKA_ROLE
 # downstream consumers with their own groups (or none).
 INGEST, RELEASER = "ingest", "releaser"
 KAFKA_ROLES = ("worker", "releaser", "operator", "producer", "analyst")
-_GROUP_ROLE = {INGEST: "worker", RELEASER: "releaser"}  # consumer group -> the role whose job is in it
+GROUP_ROLES = {INGEST: "worker", RELEASER: "releaser"}  # consumer group -> the role whose job is in it
+LAG_ROLE = "releaser"  # runs the consumer-lag gauge (describes every group: pipeline.stream.kafka.metrics)
 
 # The public topics are the product and the fence's evidence (pipeline.stream.release.fence): Kafka's default
 # retention (7 days) would delete old manifests, and with them what a wiped state is checked against.
