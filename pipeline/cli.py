@@ -174,12 +174,10 @@ def _interrupt(signum, frame):
 def _claim(name: str) -> bool:
     """Create the endpoints file with only this process's pid, atomically (two `up` starting at once: one
     wins); LocalCluster.start completes it with the endpoints, LocalCluster.stop removes it."""
-    from pipeline.stream.local.cluster import endpoints_file
+    from pipeline.stream.local.cluster import endpoints_file, private_home
 
-    from pipeline.stream.local.embedded import private_dir
-
+    private_home()
     path = endpoints_file(name)
-    private_dir(path.parent)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:

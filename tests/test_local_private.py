@@ -102,3 +102,17 @@ def test_a_password_in_dpstream_redis_is_refused_and_never_printed(deployment):
     assert job.returncode == 2 and "--redis/DPSTREAM_REDIS: the URL carries a password" in job.stderr
     assert "hunter2" not in job.stderr + job.stdout
     assert redact_url("redis://user:hunter2@host:6379/0") == "redis://user:***@host:6379/0"
+
+
+def test_a_directory_the_user_named_is_not_narrowed_but_what_dpstream_writes_in_it_is(tmp_path):
+    from pipeline.stream.local.embedded import open_private_log, private_dir
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp: `--log-dir /tmp` must not take it from the other users
+    assert mode(private_dir(shared, narrow=False)) == 0o1777
+    with open_private_log(shared / "worker-0.log") as fh:
+        fh.write(b"x")
+    assert mode(shared / "worker-0.log") == 0o600
+    created = private_dir(tmp_path / "new" / "logs", narrow=False)
+    assert mode(created) == 0o700

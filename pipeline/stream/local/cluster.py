@@ -19,11 +19,18 @@ from pipeline.stream.kafka.topics import ensure_topics, topic_names
 from pipeline.stream.local.embedded import (LOCAL_SECRETS_ENV, EmbeddedServices, free_port, open_private_log, private_dir,
                                              private_file)
 
-__all__ = ["LocalCluster", "endpoints_file", "state_dir", "dpstream_home", "process_cmdline"]
+__all__ = ["LocalCluster", "endpoints_file", "state_dir", "dpstream_home", "private_home", "process_cmdline"]
 
 
 def dpstream_home() -> Path:
     return Path(os.environ.get("DPSTREAM_HOME", Path.home() / ".dpstream"))
+
+
+def private_home() -> Path:
+    """``dpstream_home()`` created owner-only (the default ``~/.dpstream`` narrowed to 0700 if it exists; a
+    ``DPSTREAM_HOME`` the user named is left as it is, its dpstream contents being owner-only)."""
+    home = dpstream_home()
+    return private_dir(home, narrow=home == Path.home() / ".dpstream")
 
 
 def endpoints_file(deployment_name: str) -> Path:
@@ -43,8 +50,7 @@ def process_cmdline(pid: int) -> str | None:
 def state_dir(deployment_name: str) -> Path:
     """The persistent data directory of a deployment's embedded services (its Redis in ``redis/``), mode
     0700: the release records, the ledger and the mechanism state outlive ``dpstream up``."""
-    private_dir(dpstream_home())  # endpoints files and every deployment's state: no other local user reads them
-    return private_dir(dpstream_home() / deployment_name)
+    return private_dir(private_home() / deployment_name)  # no other local user reads a deployment's state
 
 
 class LocalCluster:
@@ -68,7 +74,7 @@ class LocalCluster:
         if self.broker and self.redis_url:
             return
         if self.log_dir:
-            private_dir(self.log_dir)
+            private_dir(self.log_dir, narrow=False)
         self.services = EmbeddedServices(data_dir=self.data_dir,
                                          broker_log=(self.log_dir / "broker.log") if self.log_dir else None)
         self.services.start()
@@ -90,7 +96,7 @@ class LocalCluster:
             self.metrics_ports[name] = port
         out = subprocess.DEVNULL
         if self.log_dir:
-            private_dir(self.log_dir)
+            private_dir(self.log_dir, narrow=False)
             out = open_private_log(self.log_dir / f"{name}.log")
         proc = subprocess.Popen(
             job_command(role, self.config_path, self.broker, self.redis_url, metrics_port=port),
@@ -106,7 +112,7 @@ class LocalCluster:
         for i in range(self.workers):
             self.spawn("worker", f"worker-{i}")
         path = endpoints_file(self.deployment.name)
-        private_dir(path.parent)
+        private_home()
         record = {"broker": self.broker, "redis": self.redis_url, "pid": os.getpid(), "processes": self.process_record()}
         if os.environ.get(LOCAL_SECRETS_ENV):  # where the embedded Redis's password is (never the password)
             record["local_secrets"] = os.environ[LOCAL_SECRETS_ENV]

