@@ -191,3 +191,29 @@ def test_the_security_docs_table_is_the_declaration():
         assert reads == {n for n, t in TOPICS.items() if role in t.readers}, role
         assert writes == {n for n, t in TOPICS.items() if role in t.writers}, role
         assert offsets == {n for n, t in TOPICS.items() if role in t.offsets}, role
+
+
+# The modules whose producers send for a role: every ``<x>.send(<...>names["<topic>"], ...)`` in them must be a
+# topic the role may write (the coordinator's sends by computed name are checked at run time in
+# tests/test_release_coordinator.py).
+SENDERS = {"jobs/worker.py": "worker", "pipeline/stream/release/coordinator.py": "releaser",
+           "pipeline/stream/kafka/producer.py": "operator"}
+
+
+@pytest.mark.parametrize("module, role", sorted(SENDERS.items()))
+def test_each_jobs_sends_go_to_topics_its_role_may_write(module, role):
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).resolve().parents[1] / module).read_text())
+    sent = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "send" \
+                and node.args and isinstance(node.args[0], ast.Subscript):
+            target = node.args[0]
+            named = getattr(target.value, "attr", getattr(target.value, "id", ""))
+            if isinstance(target.slice, ast.Constant) and named == "names":
+                sent.add(target.slice.value)
+    assert sent, f"{module}: no send found (the pattern this test reads changed)"
+    allowed = {name for name, t in TOPICS.items() if role in t.writers}
+    assert sent <= allowed, f"{module} sends to {sorted(sent - allowed)}, which the {role} role is not granted"
