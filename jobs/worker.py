@@ -148,6 +148,8 @@ class IngestWorker:
                     if any([self.core.apply_feedback(tp.partition, m.value) for m in messages]):
                         observe_partition(tp.partition, self.core.states[tp.partition])
                         touched.add(tp.partition)
+            for partition, blob in self.core.feedback_checkpoints().items():
+                await self.redis.save_checkpoint(partition, blob)
             for tp, messages in batch.items():
                 if tp.topic not in (self.names["reports"], self.names["repartition"]) \
                         or tp.partition not in self.core.states:

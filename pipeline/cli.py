@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pipeline.connections import (SecretUnavailable, check_secrets, connection_failure, kafka_security, redis_client,
                                   use_security)
+from pipeline.security import check_no_password_in_url, redact_url
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_BUDGET = 0, 1, 2, 3
 EXIT_STATE_LOST = 4
@@ -93,8 +94,21 @@ def _check_reachable(broker: str, redis_url: str | None) -> None:
         try:
             redis_client(redis_url, socket_connect_timeout=_REACH_TIMEOUT, socket_timeout=_REACH_TIMEOUT).ping()
         except redis.RedisError as err:
-            raise SystemExit(_fail(EXIT_RUNTIME, connection_failure(err) or f"Redis unreachable at {redis_url} ({err})"))
+            raise SystemExit(_fail(EXIT_RUNTIME, connection_failure(err)
+                                   or f"Redis unreachable at {redact_url(redis_url)} ({_redacted(err, redis_url)})"))
         _reached.add(redis_url)
+
+
+def _redacted(err: BaseException, url: str) -> str:
+    """An error's text without the URL's password, should the client have quoted it."""
+    from urllib.parse import urlsplit
+
+    text = str(err)
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    return text.replace(password, "***") if password else text
 
 
 def _endpoints(dep, check: bool = True, redis: bool = True) -> tuple[str, str | None]:
@@ -107,6 +121,12 @@ def _endpoints(dep, check: bool = True, redis: bool = True) -> tuple[str, str | 
     check_secrets() if redis else kafka_security()
     broker = os.environ.get("DPSTREAM_BROKER") or dep.broker
     redis_url = (os.environ.get("DPSTREAM_REDIS") or dep.redis) if redis else None
+    redis_url_given = bool(redis_url)
+    if redis and os.environ.get("DPSTREAM_REDIS"):
+        try:
+            check_no_password_in_url(os.environ["DPSTREAM_REDIS"], "DPSTREAM_REDIS")
+        except ValueError as err:
+            raise SystemExit(_fail(EXIT_CONFIG, str(err))) from None
     if not (broker and (redis_url or not redis)):
         rec = _up_record(dep.name)
         if rec is None:
@@ -118,6 +138,10 @@ def _endpoints(dep, check: bool = True, redis: bool = True) -> tuple[str, str | 
             raise SystemExit(_fail(EXIT_RUNTIME, f"`dpstream up` of deployment {dep.name!r} (pid {rec['pid']}) is "
                                                  "still starting; try again in a moment"))
         broker, redis_url = broker or rec["broker"], (redis_url or rec["redis"]) if redis else None
+        if redis and rec.get("local_secrets") and not redis_url_given:
+            from pipeline.stream.local.embedded import LOCAL_SECRETS_ENV
+
+            os.environ.setdefault(LOCAL_SECRETS_ENV, rec["local_secrets"])  # the embedded Redis's password file
     if check:
         _check_reachable(broker, redis_url)
     return broker, redis_url
@@ -154,10 +178,10 @@ def _interrupt(signum, frame):
 def _claim(name: str) -> bool:
     """Create the endpoints file with only this process's pid, atomically (two `up` starting at once: one
     wins); LocalCluster.start completes it with the endpoints, LocalCluster.stop removes it."""
-    from pipeline.stream.local.cluster import endpoints_file
+    from pipeline.stream.local.cluster import endpoints_file, private_home
 
+    private_home()
     path = endpoints_file(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:

@@ -90,6 +90,7 @@ class IngestCore:
         self.emitted: dict[int, int] = {}  # partition -> last step whose forwarded-through markers it sent
         self._strays: dict[int, list[Record]] = {}  # repartition records naming no source partition
         self._owned: OwnedRows | None = None
+        self._feedback_complete: set[int] = set()  # see feedback_checkpoints
 
     # -- assignment ------------------------------------------------------------------------------
     def assign(self, partition: int) -> int:
@@ -105,7 +106,7 @@ class IngestCore:
         state = PartitionState(self.deployment, partition, rows, self.roster.n, self._owned)
         resume = 0
         blob = self.store.load_checkpoint(partition) if self.store is not None else None
-        restored = loads_state(blob, self.store.key("checkpoint", partition)) if blob is not None else {}
+        restored = loads_state(blob, self.store.keys.checkpoint(partition)) if blob is not None else {}
         if restored:
             state.set_state(restored)
             resume = state.offset + 1
@@ -353,10 +354,16 @@ class IngestCore:
         before = set(state.feedback_needed)
         state.apply_feedback(int(msg["step"]), str(msg["release"]), msg)
         changed = before != state.feedback_needed
-        if changed and self.store is not None and not state.feedback_needed:
+        if changed and not state.feedback_needed:
             # checkpoint after the last feedback of the step, so a restart does not wait for it again
-            self.store.save_checkpoint(partition, self.checkpoint(partition))
+            self._feedback_complete.add(partition)
         return changed
+
+    def feedback_checkpoints(self) -> dict[int, bytes]:
+        """The checkpoints due since the last call: partitions whose step got its last feedback (the
+        caller stores them; the store only reads)."""
+        due, self._feedback_complete = self._feedback_complete, set()
+        return {p: self.checkpoint(p) for p in sorted(due) if p in self.states}
 
     def checkpoint(self, partition: int) -> bytes:
         """The partition's state with its ``repartition`` position (what was forwarded to it and applied)."""

@@ -24,10 +24,11 @@ from pathlib import Path
 
 from pipeline.stream.kafka.runtime import job_command
 from pipeline.stream.kafka.topics import ensure_topics, topic_names
-from pipeline.stream.local.embedded import EmbeddedServices, free_port
+from pipeline.stream.local.embedded import (LOCAL_SECRETS_ENV, EmbeddedServices, free_port, open_private_log, private_dir,
+                                             private_file)
 
-__all__ = ["LocalCluster", "ProcessFailed", "endpoints_file", "state_dir", "dpstream_home", "process_cmdline",
-           "last_error_line"]
+__all__ = ["LocalCluster", "ProcessFailed", "endpoints_file", "state_dir", "dpstream_home", "private_home",
+           "process_cmdline", "last_error_line"]
 
 REFUSALS = (2, 3, 4)  # configuration, budget, state: a restart would refuse again (pipeline.cli's exit codes)
 MAX_RESTARTS = 5  # per process within RESTART_WINDOW seconds; one more failure stops the deployment
@@ -73,6 +74,13 @@ def dpstream_home() -> Path:
     return Path(os.environ.get("DPSTREAM_HOME", Path.home() / ".dpstream"))
 
 
+def private_home() -> Path:
+    """``dpstream_home()`` created owner-only (the default ``~/.dpstream`` narrowed to 0700 if it exists; a
+    ``DPSTREAM_HOME`` the user named is left as it is, its dpstream contents being owner-only)."""
+    home = dpstream_home()
+    return private_dir(home, narrow=home == Path.home() / ".dpstream")
+
+
 def endpoints_file(deployment_name: str) -> Path:
     """Where ``dpstream up`` records the embedded endpoints for the other commands."""
     return dpstream_home() / f"{deployment_name}.json"
@@ -91,10 +99,7 @@ def state_dir(deployment_name: str) -> Path:
     """The persistent data directory of a deployment's embedded services, mode 0700: its Redis in
     ``redis/`` (release records, ledger, mechanism state), the broker's log in ``log/`` and the
     deployment marker ``deployment.json`` (:mod:`pipeline.stream.local.marker`) outlive ``dpstream up``."""
-    path = dpstream_home() / deployment_name
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o700)
-    return path
+    return private_dir(private_home() / deployment_name)  # no other local user reads a deployment's state
 
 
 class LocalCluster:
@@ -123,7 +128,7 @@ class LocalCluster:
         if (self.broker and self.redis_url) or self.services is not None:
             return
         if self.log_dir:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.log_dir, narrow=False)
         self.services = EmbeddedServices(data_dir=self.data_dir, durable_log=self.durable_log,
                                          broker_log=(self.log_dir / "broker.log") if self.log_dir else None)
         self.services.start()
@@ -145,8 +150,8 @@ class LocalCluster:
             self.metrics_ports[name] = port
         out = subprocess.DEVNULL
         if self.log_dir:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            out = open(self.log_dir / f"{name}.log", "ab")
+            private_dir(self.log_dir, narrow=False)
+            out = open_private_log(self.log_dir / f"{name}.log")
             self.log_starts[name] = out.tell()
         try:
             proc = subprocess.Popen(
@@ -172,11 +177,12 @@ class LocalCluster:
     def write_endpoints(self) -> None:
         """The endpoints and every process's pid for the other commands (rewritten after a restart)."""
         path = endpoints_file(self.deployment.name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".json.partial")  # readers never see half a file
-        partial.write_text(json.dumps({"broker": self.broker, "redis": self.redis_url, "pid": os.getpid(),
-                                       "processes": self.process_record(), "logs": str(self.log_dir or "")}))
-        os.replace(partial, path)
+        private_home()
+        record = {"broker": self.broker, "redis": self.redis_url, "pid": os.getpid(),
+                  "processes": self.process_record(), "logs": str(self.log_dir or "")}
+        if os.environ.get(LOCAL_SECRETS_ENV):  # where the embedded Redis's password is (never the password)
+            record["local_secrets"] = os.environ[LOCAL_SECRETS_ENV]
+        private_file(path, json.dumps(record))  # owner-only, atomically: readers never see half a file
 
     def process_record(self) -> dict[str, dict]:
         """Pid and command line of every process this cluster started (services included)."""

