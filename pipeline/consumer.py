@@ -219,6 +219,9 @@ def _complete_histogram(panel: SyntheticPanel, manifest: dict, chunks: dict[int,
     panel.complete_steps.add(step)
 
 
+BOOTSTRAP_TIMEOUT_MS = 8000  # a live broker answers its first request in well under this
+
+
 def read_to_end(bootstrap: str, topics: list[str], handle, timeout: float = 30.0, until=None) -> None:
     """Call ``handle(message)`` for every record of ``topics`` from the beginning up to their current
     end (or until ``until()`` is true). The end is each partition's true log end
@@ -228,8 +231,9 @@ def read_to_end(bootstrap: str, topics: list[str], handle, timeout: float = 30.0
 
     from pipeline.stream.kafka.log_end import log_ends
 
+    # a listener that is not a broker is one line within seconds, not kafka-python's 30 s bootstrap wait
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False,
-                             auto_offset_reset="earliest",
+                             auto_offset_reset="earliest", bootstrap_timeout_ms=BOOTSTRAP_TIMEOUT_MS,
                              max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
     try:
         tps = []
