@@ -21,14 +21,11 @@ import numpy as np
 import orjson
 
 from pipeline.connections import kafka_security
-from pipeline.stream.kafka.codecs import SYNTHETIC_DTYPES, columns_checksum
+from pipeline.releases.codecs import SYNTHETIC_DTYPES, IncompleteStep, columns_checksum
+from pipeline.releases.relative_error import answer_query, complete_histogram
 from pipeline.stream.kafka.topics import PUBLIC_TOPICS
 
 __all__ = ["SyntheticPanel", "PanelStore", "read_topics", "IncompleteStep"]
-
-
-class IncompleteStep(RuntimeError):
-    """A step's chunks are missing or do not match the manifest's checksum."""
 
 
 @dataclass
@@ -89,8 +86,6 @@ class SyntheticPanel:
     def group_count(self, step: int, group: str, attribute=None) -> dict[str, Any]:
         """A group's count from the released histogram of ``step`` with its (ζ, α) interval
         (relative_error releases; :func:`pipeline.releases.relative_error.answer_query`)."""
-        from pipeline.releases.relative_error import answer_query
-
         return answer_query(self.manifests[step], self.histograms[step], group, attribute)
 
     def export_csv(self, path: str | Path) -> Path:
@@ -170,8 +165,6 @@ class PanelStore:
         if len(chunks) < int(syn["chunks"]):
             return
         if manifest["type"] == "relative_error":
-            from pipeline.releases.relative_error import complete_histogram
-
             complete_histogram(panel, manifest, chunks)
             self._chunks.pop((release, step), None)
             return

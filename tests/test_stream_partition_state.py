@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.stream.ingest.aggregators import ActiveSetAggregator, CumulativeAggregator, FixedWindowAggregator
+from pipeline.releases.aggregators import ActiveSetAggregator, CumulativeAggregator, FixedWindowAggregator
 from pipeline.stream.ingest.partition_state import FeedbackPending, PartitionState
 from pipeline.stream.ingest.reports import ReportParser, public_hash
 from pipeline.stream.ingest.roster import Roster

@@ -1,5 +1,5 @@
 """Worker-side partial aggregates, one aggregator per configured release (chosen by the release's
-kind, ``pipeline.releases``: ``kind.aggregator``).
+kind: ``kind.aggregator``; the workers, ``pipeline.stream.ingest.partition_state``, only drive them).
 
 At the close of step t a worker holds, for the users of one reports partition, the step's value of
 every attribute (reported or imputed). Each aggregator turns those values into the release's
@@ -15,12 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["watch_code", "FixedWindowAggregator", "CumulativeAggregator", "ActiveSetAggregator"]
-
-
-def watch_code(release, attribute) -> int:
-    """The code of a band monitor's watched value in the attribute's public domain."""
-    return attribute.code(release.value)
+__all__ = ["FixedWindowAggregator", "CumulativeAggregator", "ActiveSetAggregator"]
 
 
 class FixedWindowAggregator:
