@@ -4,6 +4,12 @@
 temporary directory, started once per test session and shut down at the end. ``redis_client``
 hands each test a client on an empty database, so tests of the store never see each other's keys.
 No mocks: the store's WATCH/MULTI transactions run against the real server.
+
+``make test`` runs the files on two processes (pytest-xdist, ``--dist loadfile``: a file's tests and
+its module fixtures stay in one process). The session fixtures are per process, and every test keeps
+its servers, ports (free ones), files (``tmp_path``) and ``DPSTREAM_HOME`` to itself, so files run
+side by side. The files that start real processes are handed out first
+(:func:`pytest_collection_modifyitems`).
 """
 
 from __future__ import annotations
@@ -11,6 +17,21 @@ from __future__ import annotations
 import os
 
 import pytest
+
+# What a test file that starts real processes (embedded broker and Redis, the jobs, `dpstream`
+# commands) imports at module level.
+_PROCESS_STARTERS = ("subprocess", "EmbeddedServices", "LocalCluster")
+
+
+def pytest_collection_modifyitems(items):
+    """Files that start processes first, each file's tests in their order: they take most of the
+    suite's time, so the two xdist processes (``--no-loadscope-reorder`` keeps this order) must not
+    meet them at the end, where the last one would run alone."""
+    def starts_processes(item) -> bool:
+        module = getattr(item, "module", None)
+        return any(hasattr(module, name) for name in _PROCESS_STARTERS)
+
+    items.sort(key=lambda item: not starts_processes(item))
 
 
 @pytest.fixture(scope="session")
