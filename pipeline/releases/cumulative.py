@@ -29,10 +29,12 @@ __all__ = ["CumulativeRelease", "CumulativeKind"]
 class CumulativeRelease(ReleaseConfig):
     type: Literal["cumulative"]
     beta: float = Field(default=0.05, gt=0, lt=1)
-    counter: Literal["tree", "factorization"] = Field(
-        default="factorization",
-        description="continual counter behind each cumulative count: the square-root factorization "
-                    "(lower error, docs/synthesizers.md) or the binary tree of the paper")
+    counter: Literal["auto", "factorization", "blt", "tree"] = Field(
+        default="auto",
+        description="continual counter behind each cumulative count: auto (the square-root factorization "
+                    "up to a horizon of 1024 steps, the BLT above), factorization (lower error than the "
+                    "tree, O(T) per step), blt (the same error within 0.2%, constant time and memory per "
+                    "step) or the binary tree of the paper (docs/synthesizers.md §9)")
 
 
 @register

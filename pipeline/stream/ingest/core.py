@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 import orjson
 
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.kafka.codecs import CONTROL_HEADER, dead_letter_headers, encode_partial, parse_close_marker
-from pipeline.stream.ingest.partition_state import PartitionState
+from pipeline.stream.ingest.partition_state import OwnedRows, PartitionState
 from pipeline.stream.ingest.reports import ReportParser
 from pipeline.stream.ingest.repartition import Forwarder, ForwardMarkers, Inbox, positions_of, source_positions
 
 __all__ = ["IngestCore", "Record", "ApplyResult", "CloseOutput", "is_marker"]
+
+_VALUE, _HEADERS = attrgetter("value"), attrgetter("headers")
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,8 @@ class IngestCore:
         self.inboxes: dict[int, Inbox] = {}
         self.emitted: dict[int, int] = {}  # partition -> last step whose forwarded-through markers it sent
         self._strays: dict[int, list[Record]] = {}  # repartition records naming no source partition
+        self._owned: OwnedRows | None = None
+        self._feedback_complete: set[int] = set()  # see feedback_checkpoints
 
     # -- assignment ------------------------------------------------------------------------------
     def assign(self, partition: int) -> int:
@@ -96,10 +101,12 @@ class IngestCore:
         were consumed but not yet covered by a checkpoint (they would be lost).
         """
         rows = self.roster.rows_of(partition, self.partitions_total)
-        state = PartitionState(self.deployment, partition, rows, self.roster.n)
+        if self._owned is None:  # one roster-wide map for all the partitions this worker holds
+            self._owned = OwnedRows.of_roster(self.roster.owners(self.partitions_total))
+        state = PartitionState(self.deployment, partition, rows, self.roster.n, self._owned)
         resume = 0
         blob = self.store.load_checkpoint(partition) if self.store is not None else None
-        restored = loads_state(blob, self.store.key("checkpoint", partition)) if blob is not None else {}
+        restored = loads_state(blob, self.store.keys.checkpoint(partition)) if blob is not None else {}
         if restored:
             state.set_state(restored)
             resume = state.offset + 1
@@ -134,7 +141,7 @@ class IngestCore:
         """
         backlog = self.backlog[partition]
         done = backlog[-1].offset if backlog else self.states[partition].offset
-        new = [r for r in records if r.offset > done]
+        new = records if records and records[0].offset > done else [r for r in records if r.offset > done]
         rewind = self._gap(partition, done, new, now)
         if rewind is None:
             backlog.extend(new)
@@ -181,6 +188,10 @@ class IngestCore:
         backlog = self.backlog.get(partition)
         if not backlog:
             return []
+        if not any(map(_HEADERS, backlog)):  # no marker (reports carry no headers): one run, no per-record loop
+            outputs = [self.apply_reports(partition, list(backlog))]
+            del backlog[:]
+            return outputs
         outputs: list[ApplyResult | CloseOutput] = []
         run: list[Record] = []
         done = 0
@@ -223,7 +234,7 @@ class IngestCore:
         result = ApplyResult(partition=partition)
         if not records:
             return result
-        parsed = self.parser.parse([r.value for r in records])
+        parsed = self.parser.parse(list(map(_VALUE, records)))
         # reports of users another partition owns (a producer not partitioning by murmur2 of the user
         # id): forwarded to their owner, which applies them (pipeline.stream.ingest.repartition)
         foreign = state.local[parsed.rows] < 0
@@ -343,10 +354,16 @@ class IngestCore:
         before = set(state.feedback_needed)
         state.apply_feedback(int(msg["step"]), str(msg["release"]), msg)
         changed = before != state.feedback_needed
-        if changed and self.store is not None and not state.feedback_needed:
+        if changed and not state.feedback_needed:
             # checkpoint after the last feedback of the step, so a restart does not wait for it again
-            self.store.save_checkpoint(partition, self.checkpoint(partition))
+            self._feedback_complete.add(partition)
         return changed
+
+    def feedback_checkpoints(self) -> dict[int, bytes]:
+        """The checkpoints due since the last call: partitions whose step got its last feedback (the
+        caller stores them; the store only reads)."""
+        due, self._feedback_complete = self._feedback_complete, set()
+        return {p: self.checkpoint(p) for p in sorted(due) if p in self.states}
 
     def checkpoint(self, partition: int) -> bytes:
         """The partition's state with its ``repartition`` position (what was forwarded to it and applied)."""
