@@ -22,10 +22,13 @@ demo: $(STAMP)
 
 # tests/test_metrics.py scrapes the processes with a real Prometheus server (Debian package);
 # tests/test_report_page.py opens the analyst page in headless chromium (Debian package).
+# Two processes (pytest-xdist), each test file on one of them (--dist loadfile: a file's module fixtures,
+# e.g. its embedded broker and Redis, are started once), the files that start processes first
+# (tests/conftest.py; --no-loadscope-reorder keeps that order); the ten slowest tests are listed at the end.
 test: $(STAMP)
 	./scripts/install-prometheus.sh
 	./scripts/install-chromium.sh
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=10
 
 # Jobs run on demand (not part of `make test`); results and commands are in the README.
 bench-noise: $(STAMP)

@@ -22,10 +22,9 @@ import asyncio
 import logging
 
 from aiokafka import TopicPartition
-from kafka import TopicPartition as KTopicPartition
 
 from pipeline.stream.kafka.consumer import BulkConsumer
-from pipeline.stream.kafka.log_end import log_ends
+from pipeline.stream.kafka.log_end import log_ends_async
 from pipeline.stream.kafka.metrics import serve_metrics, start_lag_monitor
 from pipeline.stream.kafka.process import make_producer, run_job, supervise
 from pipeline.stream.kafka.runtime import Runtime
@@ -50,12 +49,8 @@ class Releaser:
 
     async def _log_end(self, topic: str) -> int | None:
         """End offset of partition 0 of ``topic`` (None when the broker cannot tell)."""
-        tp = KTopicPartition(topic, 0)
-        try:  # the true end: the embedded broker's ListOffsets answer is short (see pipeline.stream.kafka.log_end)
-            return (await asyncio.to_thread(log_ends, self.rt.broker, [tp])).get(tp)
-        except Exception as err:  # noqa: BLE001 - cannot tell: act as if nothing was lost
-            log.warning("could not read the end of %s: %s", topic, err)
-            return None
+        tp = TopicPartition(topic, 0)  # the true end: the embedded broker's ListOffsets answer is short
+        return (await log_ends_async(self.rt.broker, [tp], "acting as if nothing was lost")).get(tp)
 
     async def _on_assign(self, tps: set[TopicPartition]) -> dict[TopicPartition, int]:
         """Positions from Redis, whatever the group committed: partials from the first one of a step not

@@ -27,13 +27,12 @@ import logging
 import time
 
 from aiokafka import TopicPartition
-from kafka import TopicPartition as KTopicPartition
 
 from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore
 from pipeline.stream.ingest.repartition import ForwardMarkers
 from pipeline.stream.kafka.consumer import BulkConsumer
 from pipeline.stream.kafka.faults import crash_point
-from pipeline.stream.kafka.log_end import log_ends
+from pipeline.stream.kafka.log_end import log_ends_async
 from pipeline.stream.kafka.metrics import METRICS, forget_partition, observe_partition, serve_metrics
 from pipeline.stream.kafka.process import make_producer, run_job, supervise
 from pipeline.stream.kafka.runtime import Runtime
@@ -74,7 +73,9 @@ class IngestWorker:
         positions = {}
         reports = [tp for tp in tps if tp.topic == self.names["reports"]]
         forwarded = [tp for tp in tps if tp.topic == self.names["repartition"]]
-        ends = await self._log_ends(reports + forwarded)
+        # True log ends (the embedded broker's ListOffsets answer is short by the rest of the last
+        # batch, which would look like a lost log when the checkpoint's marker is in that batch).
+        ends = await log_ends_async(self.rt.broker, reports + forwarded, "resuming at the checkpoints")
         for tp in sorted(tps, key=lambda tp: tp.topic == self.names["repartition"]):  # reports partitions first
             if tp.topic == self.names["repartition"]:
                 positions[tp] = self._forwarded_position(tp, ends.get(tp))
@@ -116,19 +117,6 @@ class IngestWorker:
             inbox.reset(self.core.states[tp.partition].closed)
             resume = 0
         return resume
-
-    async def _log_ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        """True log ends (the embedded broker's ListOffsets answer is short by the rest of the last
-        batch, which would look like a lost log when the checkpoint's marker is in that batch)."""
-        if not tps:
-            return {}
-        try:
-            ends = await asyncio.to_thread(log_ends, self.rt.broker, [KTopicPartition(tp.topic, tp.partition)
-                                                                    for tp in tps])
-            return {TopicPartition(tp.topic, tp.partition): end for tp, end in ends.items()}
-        except Exception as err:  # noqa: BLE001 - cannot tell: keep the checkpoints' positions
-            log.warning("could not read the log ends (%s); resuming at the checkpoints", err)
-            return {}
 
     async def _on_revoke(self, tps: set[TopicPartition]) -> None:
         async with self._busy:

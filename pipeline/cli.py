@@ -471,7 +471,8 @@ def _send_file(dep, found, dry_run: bool) -> int:
 
 def cmd_close(args) -> int:
     """Close steps through --step: say what it spends, warn about (or refuse) steps built from lost data."""
-    from pipeline.stream.ingest.intake_view import close_assessment, spend_of_steps
+    from pipeline.plan import spend_of_steps
+    from pipeline.stream.ingest.intake_view import close_assessment
 
     dep = _load(args.config)
     if not 1 <= args.step <= dep.horizon:
@@ -525,8 +526,6 @@ def cmd_close(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from pipeline.plan import budget_plan
-
     from pipeline.stream.state.store import ReleaseStore
 
     dep = _load(args.config)
@@ -549,7 +548,7 @@ def cmd_status(args) -> int:
         "released_step": store.last_released(),
         "published_step": store.last_published(),
         "horizon": dep.horizon,
-        "plan": {k: v.__dict__ for k, v in budget_plan(dep).allotments().items()},
+        "plan": {k: v.__dict__ for k, v in dep.budget_plan().allotments().items()},
         "ledger": ledger,
         "spent_as_approx_dp": {"epsilon": spent.epsilon, "delta": spent.delta},  # as the manifests report it
         "intake": intake,

@@ -1,8 +1,8 @@
 """Deployment configuration: one YAML file describes a deployment; validated on load.
 
 Errors name the offending key (``releases.1.window: ...``). Domains are public and declared here,
-never derived from the data. The budget plan is checked by :func:`load_config` (via
-:func:`pipeline.plan.budget_plan`) before anything starts.
+never derived from the data. The budget plan (:meth:`Deployment.budget_plan`: each release's share
+of the budget, checked against it) is checked by :func:`load_config` before anything starts.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pipeline.attributes import Attribute, BinaryAttribute, CategoricalAttribute, HashedAttribute
-from pipeline.plan import APPROX_DP_RELEASES, ZCDP_RELEASES, budget_plan  # noqa: F401  (re-exported)
-from pipeline.privacy.accounting import Neighbours, check_neighbours
+from pipeline.privacy.accounting import BudgetPlan, Neighbours, PlannedRelease, PrivacyBudget, check_neighbours
 from pipeline.security import Security, check_broker, check_redis_url
 from pipeline.releases import kind_of, kinds
 from pipeline.validation import StrictModel
@@ -227,6 +226,17 @@ class Deployment(_Strict):
                 return rel
         raise KeyError(f"no release named {name!r}")
 
+    def privacy_budget(self) -> PrivacyBudget:
+        """The whole budget the ledger charges against."""
+        return PrivacyBudget(rho=self.budget.rho, epsilon=self.budget.epsilon, delta=self.budget.delta)
+
+    def budget_plan(self) -> BudgetPlan:
+        """Each release's share of its kind's part of the budget (ρ or (ε, δ)), checked: raises
+        ``BudgetExceededError`` naming the releases over budget. The horizon is known up front, so
+        the whole spend is planned here; when each release spends it is :mod:`pipeline.plan`."""
+        releases = [PlannedRelease(rel.name, share=rel.share, kind=kind_of(rel).budget) for rel in self.releases]
+        return BudgetPlan(self.privacy_budget(), releases).check()
+
 
 _UNION_TAGS = {"attributes": {"binary", "categorical", "hashed"}, "releases": set(kinds())}
 
@@ -261,13 +271,13 @@ def parse_config(data: dict[str, Any], *, source: str = "<config>") -> Deploymen
 
 
 def load_config(path: str | Path) -> Deployment:
-    """Read and validate a deployment YAML file, budget plan included (``pipeline.plan``): an
-    over-budget plan raises ``BudgetExceededError`` naming the releases, before anything starts."""
+    """Read and validate a deployment YAML file, budget plan included (:meth:`Deployment.budget_plan`):
+    an over-budget plan raises ``BudgetExceededError`` naming the releases, before anything starts."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     deployment = parse_config(data, source=str(path))
-    budget_plan(deployment)
+    deployment.budget_plan()
     return deployment

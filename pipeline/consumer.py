@@ -20,16 +20,13 @@ from typing import Any
 import numpy as np
 import orjson
 
+from pipeline.analyst.tables import write_csv, write_parquet
 from pipeline.connections import kafka_security
-from pipeline.releases.relative_error import histogram_checksum
-from pipeline.stream.kafka.codecs import SYNTHETIC_DTYPES, columns_checksum
+from pipeline.releases.codecs import SYNTHETIC_DTYPES, IncompleteStep, columns_checksum
+from pipeline.releases.relative_error import answer_query
 from pipeline.stream.kafka.topics import PUBLIC_TOPICS
 
 __all__ = ["SyntheticPanel", "PanelStore", "read_topics", "IncompleteStep"]
-
-
-class IncompleteStep(RuntimeError):
-    """A step's chunks are missing or do not match the manifest's checksum."""
 
 
 @dataclass
@@ -90,21 +87,15 @@ class SyntheticPanel:
     def group_count(self, step: int, group: str, attribute=None) -> dict[str, Any]:
         """A group's count from the released histogram of ``step`` with its (ζ, α) interval
         (relative_error releases; :func:`pipeline.releases.relative_error.answer_query`)."""
-        from pipeline.releases.relative_error import answer_query
-
         return answer_query(self.manifests[step], self.histograms[step], group, attribute)
 
     def export_csv(self, path: str | Path) -> Path:
         """The released columns as CSV (record, step_1..); ``dpstream export`` adds the data dictionary."""
-        from pipeline.analyst.export import _csv
-
-        _csv(Path(path), self.as_array(), None)
+        write_csv(Path(path), self.as_array(), None)
         return Path(path)
 
     def export_parquet(self, path: str | Path) -> Path:
-        from pipeline.analyst.export import _parquet
-
-        _parquet(Path(path), self.as_array(), None, {"release": self.release, "type": self.type})
+        write_parquet(Path(path), self.as_array(), None, {"release": self.release, "type": self.type})
         return Path(path)
 
 
@@ -213,7 +204,7 @@ def _complete_histogram(panel: SyntheticPanel, manifest: dict, chunks: dict[int,
             hist[int(c["start"]):int(c["stop"])] = np.asarray(c["values"][str(step)], dtype=np.float64)
     except (KeyError, ValueError, TypeError) as err:
         raise IncompleteStep(f"{where}: malformed chunk ({type(err).__name__}: {err})") from None
-    if histogram_checksum(hist) != syn["sha256"]:
+    if columns_checksum(hist) != syn["sha256"]:
         raise IncompleteStep(f"{where}: checksum mismatch (corrupt or mixed chunks)")
     panel.histograms[step] = hist
     panel.complete_steps.add(step)

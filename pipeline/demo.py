@@ -240,11 +240,10 @@ def _budget_plot(out: Path, reader) -> Path:
     import matplotlib.pyplot as plt
 
     from pipeline.error_bounds import planned_spend
-    from pipeline.plan import budget_plan
 
     dep = reader.dep
     spend = reader.spend()
-    planned = planned_spend(dep, budget_plan(dep).allotments())
+    planned = planned_spend(dep, dep.budget_plan().allotments())
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
     ax.plot([s["step"] for s in spend], [s["epsilon"] for s in spend], "o-", label="spent so far")
     ax.axhline(planned.epsilon, color="tab:red", ls="--", label=f"planned total over {dep.horizon} months")

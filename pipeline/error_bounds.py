@@ -1,9 +1,9 @@
 """What an analyst gets from each release, known before anything runs: the padding, the error bound
 each theorem gives at the release's β, and the whole planned spend as one (ε, δ).
 
-Every number is read from the mechanism the releaser builds (:func:`pipeline.mechanisms.build_mechanism`
-with the release's planned allotment) by the release's kind (``bounds``, pipeline.releases), never
-recomputed here:
+Every number is read from the mechanism the releaser builds (the release's kind built from
+:meth:`pipeline.releases.Setting.of` with the release's planned allotment) by the release's kind
+(``bounds``, a :class:`pipeline.releases.bounds.ReleaseBounds`), never recomputed here:
 
 * fixed window (Bun, Gaboardi, Neunhoeffer, Zhang, "Continual release of differentially private
   synthetic data from longitudinal data collections", arXiv 2306.07884, Theorem 3.2 /
@@ -20,7 +20,8 @@ recomputed here:
 * band monitor (Ghazi et al., "PREM: Privately answering statistical queries with relative error",
   arXiv 2502.14809, Proposition 2.2 for discrete noise, ``BandMonitor.utility_margin``): with
   probability ≥ 1 − β over the horizon's steps an answer is wrong only for a count within the
-  margin of the band's edges. A band release has no β of its own; :data:`BAND_BETA` is used.
+  margin of the band's edges. A band release has no β of its own;
+  :data:`pipeline.releases.bounds.BAND_BETA` is used.
 
 A bound larger than the population n means the release says nothing reliable at that budget:
 :func:`warnings` names it in one line per release.
@@ -28,34 +29,11 @@ A bound larger than the population n means the release says nothing reliable at 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from pipeline.mechanisms import build_mechanism
-from pipeline.releases import kind_of
 from pipeline.privacy.accounting import ApproxDP, compose, reported_approx_dp
+from pipeline.releases import Setting, kind_of
+from pipeline.releases.bounds import ReleaseBounds
 
-__all__ = ["BAND_BETA", "ReleaseBounds", "release_bounds", "planned_spend", "spend_as_approx_dp", "warnings"]
-
-BAND_BETA = 0.05  # failure probability of the band margin shown (band releases configure no β)
-
-
-@dataclass(frozen=True)
-class ReleaseBounds:
-    """One release's bounds. ``bounds``: name -> value (counts of users or records); ``largest``
-    is the one compared with the population n; ``padding``: public padding records per pattern."""
-
-    release: str
-    type: str
-    beta: float
-    bounds: dict[str, float]
-    largest: str
-    padding: int = 0
-    notes: list[str] = field(default_factory=list)
-    meaning: str = "outputs"  # what a bound above n leaves without information (the warning's words)
-
-    def as_json(self) -> dict:
-        return {"type": self.type, "beta": self.beta, "padding": self.padding, "bounds": dict(self.bounds),
-                "compared_with_n": self.largest}
+__all__ = ["release_bounds", "planned_spend", "spend_as_approx_dp", "warnings"]
 
 
 def release_bounds(deployment, allotments: dict, n: int) -> dict[str, ReleaseBounds]:
@@ -64,8 +42,9 @@ def release_bounds(deployment, allotments: dict, n: int) -> dict[str, ReleaseBou
     mechanisms are built with a throwaway secure source and never run."""
     out = {}
     for rel in deployment.releases:
-        mech = build_mechanism(deployment, rel, allotments[rel.name], n)
-        out[rel.name] = kind_of(rel).bounds(rel, mech, deployment.horizon)
+        kind = kind_of(rel)
+        mech = kind.build(rel, Setting.of(deployment, rel, allotments[rel.name], n=n, seed=None))
+        out[rel.name] = kind.bounds(rel, mech, deployment.horizon)
     return out
 
 

@@ -1,10 +1,10 @@
-"""The budget plan of a deployment and when each release spends it.
+"""When each release of a deployment spends its share of the budget, and the seed it draws with.
 
 The horizon T is known up front, so each release's whole spend is planned at start and checked
-against the deployment budget before anything runs (:func:`budget_plan` raises
-``BudgetExceededError`` naming the releases). The ledger then records actual spends per step, on
-this schedule (:func:`step_cost`), which is the privacy events each release's kind declares from
-the noise parameters of its built mechanism (``pipeline.releases``: ``kind.events``):
+against the deployment budget before anything runs (``Deployment.budget_plan``, pipeline.config,
+raises ``BudgetExceededError`` naming the releases). The ledger then records actual spends per
+step, on this schedule (:func:`step_cost`), which is the privacy events each release's kind
+declares from the noise parameters of its built mechanism (``pipeline.releases``: ``kind.events``):
 
 * fixed window (Bun et al. 2024, Alg. 1): Δ²/(2σ²) = ρ_r/R at each update step t = k..T (R = T−k+1), 0 before k;
 * cumulative (Bun et al. 2024, Alg. 2): counter b (budget ρ_b = ρ·w_b/Σw, the weights of the release's
@@ -22,42 +22,30 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.privacy.accounting import ApproxDP, BudgetPlan, PlannedRelease, PrivacyBudget, ZCDP
+from pipeline.privacy.accounting import ApproxDP, ZCDP
+from pipeline.privacy.rng import derive_seed
 from pipeline.releases import Setting, kind_of, kinds
 
-if TYPE_CHECKING:  # annotations only: pipeline.config imports this module (load_config checks the plan)
+if TYPE_CHECKING:  # annotations only: the plan works on any deployment model, and loads no YAML machinery
     from pipeline.config import Deployment
 
-__all__ = ["privacy_budget", "budget_plan", "step_cost", "planned_events", "mechanism_setting", "ZCDP_RELEASES",
-           "APPROX_DP_RELEASES"]
+__all__ = ["ZCDP_RELEASES", "release_seed", "mechanism_setting", "planned_events", "step_cost", "planned_schedule",
+           "spend_of_steps"]
 
-# Which part of the deployment budget each release kind spends: ρ (zCDP) or (ε, δ) (pipeline.releases).
+# The release kinds that spend the deployment's ρ (zCDP); the others spend its (ε, δ) (pipeline.releases).
 ZCDP_RELEASES = tuple(name for name, kind in kinds().items() if kind.budget == "zcdp")
-APPROX_DP_RELEASES = tuple(name for name, kind in kinds().items() if kind.budget == "approx_dp")
 
 
-def privacy_budget(deployment: Deployment) -> PrivacyBudget:
-    b = deployment.budget
-    return PrivacyBudget(rho=b.rho, epsilon=b.epsilon, delta=b.delta)
-
-
-def budget_plan(deployment: Deployment) -> BudgetPlan:
-    """The checked plan (raises ``BudgetExceededError`` naming the releases over budget)."""
-    releases = [
-        PlannedRelease(rel.name, share=rel.share, kind=kind_of(rel).budget)
-        for rel in deployment.releases
-    ]
-    return BudgetPlan(privacy_budget(deployment), releases).check()
+def release_seed(deployment: Deployment, release_name: str) -> int | None:
+    """Per-release seed derived from the deployment seed (None = secure randomness)."""
+    if deployment.random.kind != "seeded":
+        return None
+    return derive_seed(deployment.random.seed, release_name)
 
 
 def mechanism_setting(deployment: Deployment, release, allotment, n: int | None = None) -> Setting:
     """What ``release``'s mechanism is built from besides its own keys (seeded per release)."""
-    from pipeline.stream.release.engine import release_seed
-
-    return Setting(horizon=deployment.horizon, neighbours=deployment.neighbours,
-                   domain_size=deployment.attributes[release.attribute].size, allotment=allotment,
-                   seed=release_seed(deployment, release.name), n=n,
-                   attribute=deployment.attributes[release.attribute])
+    return Setting.of(deployment, release, allotment, n=n, seed=release_seed(deployment, release.name))
 
 
 def planned_events(deployment: Deployment, release, allotment) -> tuple[ZCDP | ApproxDP | None, ...]:
@@ -82,11 +70,32 @@ def step_cost(deployment: Deployment, release, step: int, allotment) -> ZCDP | A
     return planned_events(deployment, release, allotment)[step - 1]
 
 
+def _amount_key(cost: ZCDP | ApproxDP) -> str:
+    """What a spend is counted in: ρ for a zCDP event, ε for an (ε, δ) one."""
+    return "rho" if isinstance(cost, ZCDP) else "epsilon"
+
+
 def planned_schedule(deployment: Deployment) -> dict[str, np.ndarray]:
     """Per release, the ρ (or ε) charged at each step 1..T — for docs and tests."""
-    allot = budget_plan(deployment).allotments()
+    allot = deployment.budget_plan().allotments()
     out = {}
     for rel in deployment.releases:
-        costs = [step_cost(deployment, rel, t, allot[rel.name]) for t in range(1, deployment.horizon + 1)]
-        out[rel.name] = np.array([0.0 if c is None else (c.rho if isinstance(c, ZCDP) else c.epsilon) for c in costs])
+        costs = planned_events(deployment, rel, allot[rel.name])
+        out[rel.name] = np.array([0.0 if c is None else getattr(c, _amount_key(c)) for c in costs])
+    return out
+
+
+def spend_of_steps(deployment: Deployment, steps) -> dict[str, dict[str, float]]:
+    """Per release, what closing ``steps`` spends (ρ for zCDP releases, ε for (ε, δ) ones) and its
+    share of the release's allotment; releases that spend nothing at these steps are left out."""
+    allot = deployment.budget_plan().allotments()
+    out = {}
+    for rel in deployment.releases:
+        events = planned_events(deployment, rel, allot[rel.name])
+        costs = [c for c in (events[t - 1] for t in steps) if c is not None]
+        if not costs:
+            continue
+        key = _amount_key(costs[0])
+        spent = sum(getattr(c, key) for c in costs)
+        out[rel.name] = {key: spent, "share_of_release": spent / getattr(allot[rel.name], key)}
     return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.error_bounds import planned_spend, release_bounds, warnings
-from pipeline.plan import budget_plan, planned_schedule
+from pipeline.plan import planned_schedule
 from pipeline.privacy.accounting import ZCDP
 from pipeline.releases import kind_of
 
@@ -34,7 +34,7 @@ def _schedule_text(values: list[float], unit: str) -> str:
 def plan_report(deployment) -> dict[str, Any]:
     """Everything ``dpstream plan`` shows, as JSON-ready data (raises BudgetExceededError like the plan)."""
     dep = deployment
-    allot = budget_plan(dep).allotments()
+    allot = dep.budget_plan().allotments()
     n = dep.n
     bounds = release_bounds(dep, allot, n)
     schedule = planned_schedule(dep)
@@ -54,7 +54,7 @@ def plan_report(deployment) -> dict[str, Any]:
     return {
         "deployment": dep.name, "n": n, "horizon": dep.horizon, "neighbours": str(dep.neighbours),
         "releases": releases,
-        "total_as_approx_dp": {"epsilon": total.epsilon, "delta": total.delta, "rho": budget_plan(dep).totals()[0].rho,
+        "total_as_approx_dp": {"epsilon": total.epsilon, "delta": total.delta, "rho": dep.budget_plan().totals()[0].rho,
                                "report_delta": dep.budget.report_delta},
         "warnings": warnings(bounds, n),
     }

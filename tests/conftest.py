@@ -4,13 +4,51 @@
 temporary directory, started once per test session and shut down at the end. ``redis_client``
 hands each test a client on an empty database, so tests of the store never see each other's keys.
 No mocks: the store's WATCH/MULTI transactions run against the real server.
+
+``make test`` runs the files on two processes (pytest-xdist, ``--dist loadfile``: a file's tests and
+its module fixtures stay in one process). The session fixtures are per process, and every test keeps
+its servers, ports (free ones), files (``tmp_path``) and ``DPSTREAM_HOME`` to itself, so files run
+side by side. The files that start real processes are handed out first
+(:func:`pytest_collection_modifyitems`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
+
+# What a test file that starts real processes (embedded broker and Redis, the jobs, `dpstream`
+# commands, a browser) holds at module level; or a helper from another test file that does.
+_PROCESS_STARTERS = ("subprocess", "EmbeddedServices", "LocalCluster")
+
+
+def _starts_processes(module, seen: frozenset = frozenset()) -> bool:
+    names = vars(module)
+    if any(name in names for name in _PROCESS_STARTERS):
+        return True
+    helpers = {getattr(value, "__module__", None) for value in names.values() if callable(value)}
+    return any(helper not in seen and helper != module.__name__ and str(helper).startswith("test_")
+               and helper in sys.modules and _starts_processes(sys.modules[helper], seen | {module.__name__})
+               for helper in helpers)
+
+
+def pytest_collection_modifyitems(items):
+    """Files that start processes first, each file's tests in their order: they take most of the
+    suite's time, so the two xdist processes (``--no-loadscope-reorder`` keeps this order) must not
+    meet them at the end, where the last one would run alone."""
+    starters: dict[str, bool] = {}
+
+    def starts_processes(item) -> bool:
+        module = getattr(item, "module", None)
+        if module is None:
+            return False
+        if module.__name__ not in starters:
+            starters[module.__name__] = _starts_processes(module)
+        return starters[module.__name__]
+
+    items.sort(key=lambda item: not starts_processes(item))
 
 
 @pytest.fixture(scope="session")

@@ -240,7 +240,6 @@ def test_labels_are_outside_the_configuration_fingerprint():
 def test_band_alerts_in_words():
     from pipeline.config import parse_config as parse
     from pipeline.error_bounds import release_bounds
-    from pipeline.plan import budget_plan
     from pipeline.releases import kind_of
     from pipeline.releases.reading import Context
 
@@ -251,7 +250,7 @@ def test_band_alerts_in_words():
                                "low": 1000, "high": 3000, "share": 1.0}]})
     rel = dep.releases[0]
     kind = kind_of(rel)
-    bounds = release_bounds(dep, budget_plan(dep).allotments(), dep.n)["nurses"]
+    bounds = release_bounds(dep, dep.budget_plan().allotments(), dep.n)["nurses"]
     ctx = Context(dep.attributes["job"], dep.n, bounds)
     alert = {"release": "nurses", "step": 2, "type": "band", "attribute": "job", "value": "nurse", "low": 1000,
              "high": 3000, "answer": "above"}

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from pipeline.config import ConfigError, Deployment, load_config, parse_config
-from pipeline.plan import budget_plan, planned_schedule, step_cost
+from pipeline.plan import planned_schedule, step_cost
 from pipeline.privacy.accounting import ApproxDP, BudgetExceededError, Neighbours, ZCDP
 from pipeline.synth.cumulative import CumulativeSynthesizer, counter_weights
 
@@ -79,7 +79,7 @@ def test_there_are_shipped_configs():
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_shipped_config_loads_and_its_plan_fits(path):
     dep = load_config(path)
-    plan = budget_plan(dep)  # raises if over budget
+    plan = dep.budget_plan()  # raises if over budget
     allot = plan.allotments()
     assert set(allot) == {r.name for r in dep.releases}
     assert dep.n >= 1 and dep.horizon >= 1
@@ -499,7 +499,7 @@ def test_plan_refuses_rho_shares_above_one():
     cfg["releases"][1]["share"] = 0.6
     dep = parse_config(cfg)  # the config itself is valid; the plan is not
     with pytest.raises(BudgetExceededError) as info:
-        budget_plan(dep)
+        dep.budget_plan()
     assert set(info.value.releases) == {"fw", "cu"}
     assert "fw" in str(info.value) and "cu" in str(info.value)
     assert "hh" not in info.value.releases  # the (ε, δ) releases fit
@@ -510,14 +510,14 @@ def test_plan_refuses_epsilon_shares_above_one():
     cfg["releases"][2]["share"] = 0.75
     dep = parse_config(cfg)
     with pytest.raises(BudgetExceededError) as info:
-        budget_plan(dep)
+        dep.budget_plan()
     assert set(info.value.releases) == {"hh", "band"}
     assert "hh" in str(info.value) and "band" in str(info.value)
 
 
 def test_plan_with_shares_summing_to_one_is_accepted():
     dep = parse_config(base())
-    allot = budget_plan(dep).allotments()
+    allot = dep.budget_plan().allotments()
     assert allot["fw"] == ZCDP(0.5) and allot["cu"] == ZCDP(0.5)
     assert allot["hh"].epsilon == pytest.approx(1.0) and allot["hh"].delta == pytest.approx(5e-7)
     assert isinstance(allot["band"], ApproxDP)
@@ -528,10 +528,10 @@ def test_plan_with_many_small_shares_summing_to_one():
     cfg["releases"] = [
         {"name": f"c{i}", "type": "cumulative", "attribute": "poverty", "share": 0.1} for i in range(10)
     ]
-    budget_plan(parse_config(cfg))  # 10 × 0.1 sums to 1 up to rounding: accepted
+    parse_config(cfg).budget_plan()  # 10 × 0.1 sums to 1 up to rounding: accepted
     cfg["releases"].append({"name": "extra", "type": "cumulative", "attribute": "poverty", "share": 0.01})
     with pytest.raises(BudgetExceededError) as info:
-        budget_plan(parse_config(cfg))
+        parse_config(cfg).budget_plan()
     assert "extra" in info.value.releases
 
 
@@ -550,7 +550,7 @@ def test_fixed_window_schedule(horizon, window):
     assert np.all(sched[: window - 1] == 0)
     np.testing.assert_allclose(sched[window - 1 :], rho / R, rtol=1e-12)
     assert sched.sum() == pytest.approx(rho, rel=1e-12)
-    allot = budget_plan(dep).allotments()["fw"]
+    allot = dep.budget_plan().allotments()["fw"]
     if window > 1:
         assert step_cost(dep, dep.release("fw"), window - 1, allot) is None
     assert step_cost(dep, dep.release("fw"), window, allot) == ZCDP(rho / R)
@@ -593,24 +593,26 @@ def test_monitor_schedule_charges_everything_at_step_one():
     sched = planned_schedule(dep)
     assert sched["hh"][0] == pytest.approx(1.0) and np.all(sched["hh"][1:] == 0)
     assert sched["band"][0] == pytest.approx(1.0) and np.all(sched["band"][1:] == 0)
-    allot = budget_plan(dep).allotments()
+    allot = dep.budget_plan().allotments()
     assert step_cost(dep, dep.release("hh"), 1, allot["hh"]) == allot["hh"]
     assert step_cost(dep, dep.release("hh"), 2, allot["hh"]) is None
 
 
 def test_schedule_of_every_release_sums_to_its_allotment():
     dep = load_config(CONFIG_DIR / "sipp-poverty.yaml")
-    allot = budget_plan(dep).allotments()
+    allot = dep.budget_plan().allotments()
     for name, sched in planned_schedule(dep).items():
         assert sched.sum() == pytest.approx(allot[name].rho, rel=1e-12), name
         assert np.all(sched >= 0)
 
 
 def test_plan_does_not_import_the_configuration_module():
-    """No config <-> plan import cycle: the configuration depends on the plan (load_config checks it),
-    the plan needs the configuration's types for annotations only."""
+    """No config <-> plan import cycle: the configuration checks the budget plan itself
+    (Deployment.budget_plan), the plan needs the configuration's types for annotations only."""
     import subprocess
     import sys
 
     code = "import sys, pipeline.plan; sys.exit('pipeline.config' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+    code = "import sys, pipeline.config; sys.exit('pipeline.plan' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -22,7 +22,6 @@ import pytest
 import yaml
 
 from pipeline.config import load_config, parse_config
-from pipeline.plan import budget_plan
 from pipeline.stream.kafka.metrics import PUBLIC_SERIES, metric_names
 
 REPO = Path(__file__).resolve().parents[1]
@@ -238,7 +237,7 @@ def _configmap_deployment(k8s, tmp_path):
     cm = _objects(k8s, "ConfigMap")["dpstream-config"]
     data = yaml.safe_load(cm["data"]["dpstream.yaml"])
     dep = parse_config(data, source="configmap dpstream-config")
-    budget_plan(dep)
+    dep.budget_plan()
     path = tmp_path / "dpstream.yaml"
     path.write_text(cm["data"]["dpstream.yaml"])
     assert load_config(path) == dep

@@ -7,10 +7,10 @@ import orjson
 import pytest
 
 from pipeline.config import parse_config
-from pipeline.plan import budget_plan, planned_schedule
+from pipeline.plan import planned_schedule, spend_of_steps
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.ingest.core import IngestCore, Record
-from pipeline.stream.ingest.intake_view import IntakeView, close_assessment, open_window, spend_of_steps
+from pipeline.stream.ingest.intake_view import IntakeView, close_assessment, open_window
 from pipeline.stream.kafka.codecs import CONTROL_HEADER
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.kafka.topics import topic_names
@@ -120,7 +120,7 @@ def test_close_assessment_first_step_compares_with_nothing_lost():
 def test_spend_of_steps_is_the_planned_schedule():
     dep = _dep()
     sched = planned_schedule(dep)
-    allot = budget_plan(dep).allotments()
+    allot = dep.budget_plan().allotments()
     spend = spend_of_steps(dep, range(1, 4))
     assert spend["fw"]["rho"] == pytest.approx(sched["fw"][:3].sum())  # steps 2, 3 (window 2)
     assert spend["cu"]["rho"] == pytest.approx(sched["cu"][:3].sum())

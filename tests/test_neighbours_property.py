@@ -33,7 +33,6 @@ from pipeline.config import parse_config
 from pipeline.counters.tree import released_nodes, tree_sigma2
 from pipeline.monitors.calibration import outside_interval_hits_per_user, tct_hits_per_user
 from pipeline.privacy.accounting import Neighbours, sensitivity_factor
-from pipeline.stream.ingest.aggregators import watch_code
 from pipeline.stream.release.engine import ReleaseEngine
 from support.neighbour_runs import CoupledWorlds
 
@@ -134,7 +133,7 @@ def test_replace_pairs_stay_within_every_release_calibration(case):
     window = dep.release("fw").window
     cal = calibration(T, window)
     factor = sensitivity_factor(dep.neighbours)  # Δ₂² each histogram release is calibrated for
-    watched = watch_code(dep.release("band"), dep.attributes["cat"])
+    watched = dep.attributes["cat"].code(dep.release("band").value)
     run = CoupledWorlds(dep)
     fw_cost = {"fw": 0.0, "fw-cat": 0.0}
     dz = np.zeros((T + 1, T), dtype=np.int64)
@@ -223,7 +222,7 @@ def test_witness_one_user_reaches_2k_tct_hits_and_2_band_hits():
     # holds 'a' at step 1 and 'b' from step 2, so its two versions contribute at different steps
     present["cat"][0] = 1
     present["cat"][0, 0] = 0
-    watched = watch_code(dep.release("band"), dep.attributes["cat"])
+    watched = dep.attributes["cat"].code(dep.release("band").value)
     hh_hits = band_hits = 0
     for t in range(1, T + 1):
         run.close(t, {a: m[:, t - 1] for a, m in present.items()}, {a: m[:, t - 1] for a, m in absent.items()})

@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from pipeline.config import load_config, parse_config
-from pipeline.error_bounds import BAND_BETA, planned_spend, release_bounds, warnings
+from pipeline.error_bounds import planned_spend, release_bounds, warnings
 from pipeline.monitors import BandMonitor, ShiftingHeavyHitters
-from pipeline.plan import budget_plan
 from pipeline.plan_report import format_plan, plan_report
 from pipeline.privacy.accounting import ApproxDP, zcdp_to_approx_dp
+from pipeline.releases.bounds import BAND_BETA
 from pipeline.stream.release.engine import ReleaseEngine
 from pipeline.synth.cumulative import CumulativeSynthesizer
 from pipeline.synth.fixed_window import FixedWindowSynthesizer
@@ -87,7 +87,7 @@ def test_plan_bounds_equal_the_mechanisms_own():
 
 def test_plan_bounds_are_those_of_the_mechanisms_the_releaser_runs():
     dep = parse_config(mixed())
-    bounds = release_bounds(dep, budget_plan(dep).allotments(), dep.n)
+    bounds = release_bounds(dep, dep.budget_plan().allotments(), dep.n)
     engine = ReleaseEngine(dep, dep.n).mechanisms
     assert bounds["fw"].bounds["lambda"] == engine["fw"].accuracy_bound and bounds["fw"].padding == engine["fw"].n_pad
     assert engine["fw"].parameters()["accuracy_bound"] == bounds["fw"].bounds["lambda"]  # what the manifest says
@@ -105,13 +105,13 @@ def test_a_smaller_budget_gives_larger_bounds():
 
 def test_planned_total_is_rho_converted_plus_the_monitors():
     dep = parse_config(mixed())
-    total = planned_spend(dep, budget_plan(dep).allotments())
+    total = planned_spend(dep, dep.budget_plan().allotments())
     # ρ = 0.5 at report_delta = 1e-7 (CKS 2020 conversion), basic composition with the monitors' (4, 1e-6)
     assert total.epsilon == pytest.approx(zcdp_to_approx_dp(0.5, 1e-7) + 4.0, rel=1e-12)
     assert total.delta == pytest.approx(1e-7 + 1e-6, rel=1e-12)
     only_monitors = parse_config(dict(mixed(), budget={"epsilon": 2.0, "delta": 1e-6},
                                       releases=mixed()["releases"][2:]))
-    assert planned_spend(only_monitors, budget_plan(only_monitors).allotments()) == ApproxDP(2.0, 1e-6)
+    assert planned_spend(only_monitors, only_monitors.budget_plan().allotments()) == ApproxDP(2.0, 1e-6)
 
 
 def test_a_tiny_budget_warns_that_a_bound_exceeds_the_population():
@@ -121,7 +121,7 @@ def test_a_tiny_budget_warns_that_a_bound_exceeds_the_population():
     for name, line in zip(("fw", "cu", "hh", "band"), report["warnings"]):
         assert f"release {name!r}" in line and "exceeds the population n = 5,000" in line and "\n" not in line
     # the warning compares the right number: λ just below n gives none
-    bounds = release_bounds(dep, budget_plan(dep).allotments(), dep.n)
+    bounds = release_bounds(dep, dep.budget_plan().allotments(), dep.n)
     lam = bounds["fw"].bounds["lambda"]
     assert any("'fw'" in w for w in warnings(bounds, int(lam) + 1)) is False
     assert any("'fw'" in w for w in warnings(bounds, int(lam) - 1))

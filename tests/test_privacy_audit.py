@@ -42,8 +42,8 @@ from pipeline.counters.tree import TreeCounter
 from pipeline.privacy.accounting import Neighbours
 from pipeline.privacy.noise import discrete_gaussian
 from pipeline.privacy.rng import as_random_source
-from pipeline.stream.ingest.aggregators import watch_code
-from pipeline.stream.release.engine import ReleaseEngine, merge_histograms
+from pipeline.releases.histograms import merge_histograms
+from pipeline.stream.release.engine import ReleaseEngine
 from support.neighbour_runs import feed_and_close, run_stream, whole_roster_state
 
 Z = 4.5  # one-sided normal quantile of the Gaussian audit (false alarm 3.4e−6)
@@ -293,7 +293,7 @@ def test_band_monitor_event_within_claimed_epsilon():
                      {"type": "band_monitor", "attribute": "x", "value": "b", "low": low, "high": high},
                      {"epsilon": MON_EPS, "delta": MON_DELTA}, n, 1, defaults={"x": "a"})
     template = ReleaseEngine(dep, n).mechanisms["r"]
-    watched = watch_code(dep.release("r"), dep.attributes["x"])
+    watched = dep.attributes["x"].code(dep.release("r").value)
     present = np.zeros((n, 1), dtype=np.int64)
     present[:high] = watched  # the audited user 0 and high − 1 others hold 'b'
     absent = present.copy()

@@ -16,14 +16,15 @@ from hypothesis import strategies as st
 
 from pipeline.config import ConfigError, parse_config
 from pipeline.consumer import IncompleteStep, PanelStore
-from pipeline.plan import budget_plan, planned_schedule, step_cost
+from pipeline.plan import planned_schedule, release_seed, step_cost
 from pipeline.privacy.accounting import ApproxDP, BUDGET_RTOL
 from pipeline.releases import relative_error as re_kind
 from pipeline.releases import kind_of
-from pipeline.stream.release.engine import ReleaseEngine, ReleaseOutput, release_seed
+from pipeline.releases.codecs import columns_checksum
+from pipeline.stream.release.engine import ReleaseEngine, ReleaseOutput
 from pipeline.stream.kafka.codecs import synthetic_chunks
 from support.neighbour_runs import CoupledWorlds
-from pipeline.stream.ingest.reports import public_hash
+from pipeline.attributes import public_hash
 from pipeline.synth.prem import PREM
 from pipeline.synth.prem_privacy import charged_plan, paper_plan, plan_privacy
 
@@ -189,7 +190,7 @@ def test_step_cost_is_the_calibration_of_the_mechanisms_noise():
     T of them fit the allotment; noise half as large (σ_n²/2 or a doubled) would cost more than the charge."""
     dep = parse_config(config())
     rel = dep.releases[0]
-    allot = budget_plan(dep).allotments()[rel.name]
+    allot = dep.budget_plan().allotments()[rel.name]
     assert allot == ApproxDP(EPS, DELTA)
     plan = charged_plan(8, 3, 0.1, EPS / T, DELTA / T, 0.05)
     expected = plan_privacy(plan)
@@ -207,7 +208,7 @@ def test_step_cost_is_the_calibration_of_the_mechanisms_noise():
 def test_paper_accounting_charges_the_paper_plan():
     dep = parse_config(config(accounting="paper"))
     rel = dep.releases[0]
-    allot = budget_plan(dep).allotments()[rel.name]
+    allot = dep.budget_plan().allotments()[rel.name]
     expected = plan_privacy(paper_plan(N, 8, 3, 0.1, EPS / T, DELTA / T, 0.05))
     assert step_cost(dep, rel, 2, allot) == expected
     assert expected.epsilon == pytest.approx(EPS / T, rel=1e-6) and expected.delta <= DELTA / T
@@ -250,7 +251,7 @@ def test_engine_equals_library_prem_per_step_and_restores_from_state():
         assert ReleaseOutput.from_bytes(out.to_bytes()).columns.tobytes() == out.columns.tobytes()  # as stored
         params = out.manifest["parameters"]
         assert (params["zeta"], params["alpha"], params["beta"], params["n_queries"]) == (0.2, prem.alpha, 0.05, 63)
-        assert out.manifest["synthetic"]["sha256"] == re_kind.histogram_checksum(expected)
+        assert out.manifest["synthetic"]["sha256"] == columns_checksum(expected)
         assert out.manifest["privacy"]["step_cost"] == dataclasses.asdict(plan_privacy(plan))
         assert engine.ledger.has(rel.name, t)
     assert engine.ledger.spent_approx_dp(rel.name).epsilon == pytest.approx(EPS, rel=1e-9)
@@ -274,7 +275,7 @@ def _published(hist: np.ndarray, step: int, chunk_records: int, alpha: float = 1
                 "parameters": {"queries": "groups", "groups": {"lo": [0, 1], "all": list(range(hist.size))},
                                "domain_size": hist.size, "zeta": 0.1, "alpha": alpha, "beta": 0.05, "n": 1000},
                 "synthetic": {"columns": [step], "records": hist.size, "dtype": "float64", "histogram": True,
-                              "chunks": -(-hist.size // chunk_records), "sha256": re_kind.histogram_checksum(hist)}}
+                              "chunks": -(-hist.size // chunk_records), "sha256": columns_checksum(hist)}}
     chunks = [v for _, v in synthetic_chunks("r", step, [step], hist.reshape(-1, 1), chunk_records=chunk_records)]
     return orjson.dumps(manifest), chunks
 

@@ -21,7 +21,7 @@ from pipeline.attributes import MISSING, OUT_OF_DOMAIN, public_hash
 from pipeline.config import Release, parse_config
 from pipeline.monitors import calibration as cal
 from pipeline.privacy.noise import used_scale
-from pipeline.plan import budget_plan, mechanism_setting, planned_events, planned_schedule
+from pipeline.plan import mechanism_setting, planned_events, planned_schedule
 from pipeline.privacy.accounting import ApproxDP, ZCDP
 from pipeline.releases import kinds
 from pipeline.stream.release.engine import ReleaseEngine
@@ -121,7 +121,7 @@ def test_the_configuration_union_is_the_registry():
 def test_declared_events_are_the_cost_of_the_noise_drawn(name, rel_cfg):
     dep = deployment(rel_cfg)
     rel = dep.release("r")
-    allot = budget_plan(dep).allotments()["r"]
+    allot = dep.budget_plan().allotments()["r"]
     engine = ReleaseEngine(dep, N)
     mech = engine.mechanisms["r"]
     events = engine.events["r"]
@@ -153,7 +153,7 @@ def test_declared_events_are_the_cost_of_the_noise_drawn(name, rel_cfg):
 @pytest.mark.parametrize("name,rel_cfg", cases())
 def test_plan_and_ledger_charge_the_declared_events(name, rel_cfg):
     dep = deployment(rel_cfg)
-    allot = budget_plan(dep).allotments()["r"]
+    allot = dep.budget_plan().allotments()["r"]
     engine = ReleaseEngine(dep, N)
     assert planned_events(dep, dep.release("r"), allot) == engine.events["r"]
     value = [0.0 if e is None else (e.rho if isinstance(e, ZCDP) else e.epsilon) for e in engine.events["r"]]
@@ -223,7 +223,7 @@ def test_fixed_window_draws_noise_of_the_declared_variance():
 
 def test_mechanism_setting_is_what_the_engine_builds_from():
     dep = deployment(RELEASES["heavy_hitters"][1])
-    allot = budget_plan(dep).allotments()["r"]
+    allot = dep.budget_plan().allotments()["r"]
     setting = mechanism_setting(dep, dep.release("r"), allot, N)
     assert ReleaseEngine(dep, N).settings["r"] == setting
     assert setting.domain_size == 1000 and setting.horizon == T and setting.allotment == allot

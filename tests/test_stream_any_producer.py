@@ -3,7 +3,7 @@ processes.
 
 librdkafka's clients (confluent-kafka here) partition keys by CRC32 (``consistent_random``), spread
 null keys over partitions, or pick partitions at random; the Java client, kafka-python and aiokafka
-use murmur2, which is what owns a user (pipeline/stream/roster.py). Each step below is produced by
+use murmur2, which is what owns a user (pipeline/stream/ingest/roster.py). Each step below is produced by
 another client; every report must be accepted (none dead-lettered), and the releases must equal the
 batch run of the library on the same panel — a report imputed instead of counted, counted twice, or
 counted in the wrong step changes the synthetic columns. The matched producers' steps must add

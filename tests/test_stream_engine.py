@@ -9,11 +9,13 @@ import orjson
 import pytest
 
 from pipeline.config import parse_config
-from pipeline.plan import budget_plan, planned_schedule
+from pipeline.plan import planned_schedule, release_seed
 from pipeline.privacy.accounting import BudgetExceededError, BudgetExhaustedError, ZCDP
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.stream.release.engine import ReleaseEngine, ReleaseOutput, merge_histograms, release_seed
-from pipeline.stream.kafka.codecs import columns_checksum, synthetic_chunks
+from pipeline.releases.codecs import columns_checksum
+from pipeline.releases.histograms import merge_histograms
+from pipeline.stream.release.engine import ReleaseEngine, ReleaseOutput
+from pipeline.stream.kafka.codecs import synthetic_chunks
 from pipeline.stream.ingest.partition_state import PartitionState
 from pipeline.stream.ingest.reports import ReportParser
 from pipeline.stream.ingest.roster import Roster
@@ -97,7 +99,7 @@ def run():
 
 def test_stream_equals_batch_synthesizers_bit_for_bit(run):
     dep, X, S, partials, engine, outputs = run
-    allot = budget_plan(dep).allotments()
+    allot = dep.budget_plan().allotments()
     fw = dep.release("fw")
     fws = dep.release("fw-status")
     batch = {
@@ -205,7 +207,7 @@ def test_ledger_has_one_entry_per_release_and_spending_step(run):
     assert len(keys) == (T - 3 + 1) + (T - 2 + 1) + T
     for e in engine.ledger.entries:
         assert e.cost.rho == pytest.approx(sched[e.release][e.step - 1], rel=1e-12)
-    allot = budget_plan(dep).allotments()
+    allot = dep.budget_plan().allotments()
     for name in sched:
         assert engine.ledger.spent_rho(name) == pytest.approx(allot[name].rho, rel=1e-9)
     assert engine.ledger.spent_rho() == pytest.approx(dep.budget.rho, rel=1e-9)

@@ -10,15 +10,9 @@ import orjson
 import pytest
 
 from pipeline.consumer import IncompleteStep, PanelStore
+from pipeline.releases.codecs import columns_checksum, synthetic_columns
 from pipeline.serialization import dumps_state
-from pipeline.stream.kafka.codecs import (
-    PartialAssembler,
-    columns_checksum,
-    dead_letter_headers,
-    encode_partial,
-    synthetic_chunks,
-    synthetic_columns,
-)
+from pipeline.stream.kafka.codecs import PartialAssembler, dead_letter_headers, encode_partial, synthetic_chunks
 
 
 def partial(step, partition, rng, bins=64, horizon=12):

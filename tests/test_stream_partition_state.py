@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.stream.ingest.aggregators import ActiveSetAggregator, CumulativeAggregator, FixedWindowAggregator
+from pipeline.releases.aggregators import ActiveSetAggregator, CumulativeAggregator, FixedWindowAggregator
 from pipeline.stream.ingest.partition_state import FeedbackPending, PartitionState
 from pipeline.stream.ingest.reports import ReportParser, public_hash
 from pipeline.stream.ingest.roster import Roster
@@ -542,7 +542,7 @@ def test_band_monitor_counts_the_watched_value_and_retires_contributors():
 @pytest.mark.parametrize("domain", [3, 1000, 2**40])
 def test_active_set_element_counts_equal_unique(domain):
     """Counting (dense codes) or sorting (sparse ones), the partial is np.unique's arrays."""
-    from pipeline.stream.ingest.aggregators import _element_counts
+    from pipeline.releases.aggregators import _element_counts
 
     values = np.random.default_rng(domain % 97).integers(0, domain, 5000)
     elements, counts = _element_counts(values)

@@ -17,8 +17,9 @@ from pipeline.config import load_config
 from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
-from pipeline.stream.release.engine import release_seed
-from pipeline.releases.relative_error import group_interval, histogram_checksum, step_seed
+from pipeline.plan import release_seed
+from pipeline.releases.codecs import columns_checksum
+from pipeline.releases.relative_error import group_interval, step_seed
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import ReleaseStore
 from jobs.eval.testbed import write_panel_deployment
@@ -74,7 +75,7 @@ def test_relative_error_stream_equals_library_prem(services, tmp_path, capsys):
         expected = prem.fit(truth)
         np.testing.assert_array_equal(panel.histograms[t], expected)
         manifest = panel.manifests[t]
-        assert manifest["synthetic"]["sha256"] == histogram_checksum(expected)
+        assert manifest["synthetic"]["sha256"] == columns_checksum(expected)
         params = manifest["parameters"]
         assert (params["zeta"], params["alpha"], params["beta"], params["n_queries"]) == (0.1, prem.alpha, 0.05, 4)
         assert manifest["privacy"]["step_cost"] == {"epsilon": plan_privacy(plan).epsilon,

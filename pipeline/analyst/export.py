@@ -13,16 +13,14 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
-
 from pipeline.releases import kind_of
 
 from .reader import AnalystError
+from .tables import METADATA_KEY, write_csv, write_parquet
 
 __all__ = ["FORMATS", "METADATA_KEY", "check_destination", "export_release", "sidecar"]
 
 FORMATS = (".csv", ".parquet")
-METADATA_KEY = b"dpstream"  # Parquet schema metadata key of the data dictionary
 
 
 def sidecar(path: Path) -> Path:
@@ -56,34 +54,10 @@ def export_release(reader, name: str, out: str | Path) -> tuple[Path, dict]:
     arr = panel.as_array()
     try:
         if path.suffix.lower() == ".parquet":
-            _parquet(path, arr, flags, dictionary)
+            write_parquet(path, arr, flags, dictionary)
         else:
-            _csv(path, arr, flags)
+            write_csv(path, arr, flags)
             sidecar(path).write_text(json.dumps(dictionary, indent=2, default=str) + "\n")
     except OSError as err:
         raise AnalystError(f"--out {out}: {err.strerror or err}") from None
     return path, dictionary
-
-
-def _csv(path: Path, arr: np.ndarray, flags: np.ndarray | None) -> None:
-    header = "record," + ",".join(f"step_{t}" for t in range(1, arr.shape[1] + 1))
-    cols = [np.arange(arr.shape[0])[:, None], arr]
-    if flags is not None:
-        header += ",padding"
-        cols.append(flags.astype(np.int64)[:, None])
-    with path.open("w") as fh:
-        fh.write(header + "\n")
-        np.savetxt(fh, np.hstack(cols), fmt="%d" if arr.dtype.kind in "iu" else "%.17g", delimiter=",")
-
-
-def _parquet(path: Path, arr: np.ndarray, flags: np.ndarray | None, dictionary: dict) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    columns = {"record": np.arange(arr.shape[0], dtype=np.int64),
-               **{f"step_{t}": arr[:, t - 1] for t in range(1, arr.shape[1] + 1)}}
-    if flags is not None:
-        columns["padding"] = flags
-    table = pa.table(columns)
-    table = table.replace_schema_metadata({METADATA_KEY: json.dumps(dictionary, default=str).encode()})
-    pq.write_table(table, str(path))

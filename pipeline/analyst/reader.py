@@ -45,9 +45,8 @@ class PublicReader:
     @functools.cached_property
     def bounds(self) -> dict:
         from pipeline.error_bounds import release_bounds
-        from pipeline.plan import budget_plan
 
-        return release_bounds(self.dep, budget_plan(self.dep).allotments(), self.dep.n)
+        return release_bounds(self.dep, self.dep.budget_plan().allotments(), self.dep.n)
 
     def release(self, name: str, output: str | None = None):
         """The configured release ``name`` (``output``: "counts" for kinds that answer counts, "alerts")."""

@@ -134,11 +134,10 @@ def _spend_section(reader) -> str:
     import plotly.graph_objects as go
 
     from pipeline.error_bounds import planned_spend
-    from pipeline.plan import budget_plan
 
     dep = reader.dep
     spend = reader.spend()
-    planned = planned_spend(dep, budget_plan(dep).allotments())
+    planned = planned_spend(dep, dep.budget_plan().allotments())
     delta = dep.budget.report_delta
     parts = ["<h2 id=\"privacy\">Privacy spend</h2>",
              f"<p>The whole deployment's spend after each released {_e(dep.steps.unit)}, as one (ε, δ) at the report "

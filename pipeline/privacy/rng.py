@@ -12,10 +12,15 @@ Every mechanism takes ``rng`` (or ``seed``) and resolves it with :func:`as_rando
 Both sources expose one primitive, :meth:`RandomSource.words` (uniform uint64 words); everything
 else (exact uniform integers, exact rational Bernoulli draws, random orderings) is shared code
 built on it, so the seeded path exercises exactly the code the secure path runs.
+
+A seeded deployment gives each part its own seed, :func:`derive_seed` of the deployment's seed and
+the part's labels (a release's name; a release's step), so parts draw independent streams and one
+part can be recomputed alone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from abc import ABC, abstractmethod
 from typing import Any
@@ -23,7 +28,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["RandomSource", "SecureRandom", "SeededRandom", "as_random_source", "random_source_from_state",
-           "restore_random_source"]
+           "restore_random_source", "derive_seed"]
 
 _U64 = np.uint64
 
@@ -202,3 +207,11 @@ def restore_random_source(state: dict[str, Any], kind: str, rng=None, what: str 
             raise ValueError("state has no random source; pass rng")
         return random_source_from_state(state["rng"])
     return rng
+
+
+def derive_seed(seed: int, *labels) -> int:
+    """The seed of the part named by ``labels`` (e.g. a release's name, then a step) of a run seeded
+    with ``seed``: the 64-bit BLAKE2b digest of ``"seed:label:..."`` read little-endian, less its
+    lowest bit (a non-negative int64). Simulation only, as any seed: a secure run derives nothing."""
+    digest = hashlib.blake2b(":".join(str(part) for part in (seed, *labels)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1

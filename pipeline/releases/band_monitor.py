@@ -15,7 +15,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from .aggregators import ActiveSetAggregator
 from .base import ReleaseConfig, ReleaseKind, Setting, StepInput, StepOutput, charged_at_step_one, register
+from .bounds import BAND_BETA, ReleaseBounds
 
 __all__ = ["BandMonitorRelease", "BandMonitorKind"]
 
@@ -53,8 +55,6 @@ class BandMonitorKind(ReleaseKind):
         return True
 
     def aggregator(self, release, attribute, rows, horizon):
-        from pipeline.stream.ingest.aggregators import ActiveSetAggregator
-
         # a user leaves after one Above/Below it contributed to
         return ActiveSetAggregator(rows, 1, counted=True, watch_value=attribute.code(release.value))
 
@@ -72,8 +72,6 @@ class BandMonitorKind(ReleaseKind):
         return charged_at_step_one(target, guarantee, setting.horizon, f"release {release.name!r}")
 
     def bounds(self, release, mechanism, horizon):
-        from pipeline.error_bounds import BAND_BETA, ReleaseBounds
-
         margin = mechanism.utility_margin(horizon, BAND_BETA)
         return ReleaseBounds(release.name, release.type, BAND_BETA, {"margin": margin, "noise_a": mechanism.a},
                              "margin", meaning="band answers",

@@ -21,7 +21,7 @@ A kind must provide exactly this:
 ``aggregator(release, attribute, rows, horizon)``
     The worker-side aggregator of one reports partition: ``partial(step, codes) -> dict`` (additive
     across partitions), ``apply_feedback(step, codes, feedback)``, ``get_state()``/``set_state()``
-    (see :mod:`pipeline.stream.ingest.aggregators`).
+    (see :mod:`pipeline.releases.aggregators`).
 ``check_budget(release, budget, horizon)`` (optional)
     Checks against the deployment's budget (e.g. a per-step share a calibration does not cover), with
     messages starting with the offending key as for ``check``.
@@ -43,7 +43,7 @@ A kind must provide exactly this:
     release's allotment.
 ``bounds(release, mechanism, horizon)``
     The error bound the kind's theorem gives at its β, read off the built mechanism, for ``dpstream
-    plan`` (a :class:`pipeline.error_bounds.ReleaseBounds`).
+    plan`` (a :class:`pipeline.releases.bounds.ReleaseBounds`).
 ``release_step(step)``
     One step's release from a :class:`StepInput`: run the mechanism on the summed partials, add the
     kind's entries to ``step.manifest`` (at least ``"parameters"``), return a :class:`StepOutput`.
@@ -116,12 +116,22 @@ class Setting:
     horizon: int
     neighbours: Neighbours
     domain_size: int  # the attribute's number of codes
-    allotment: PrivacyEvent  # the release's whole budget (pipeline.plan.budget_plan)
+    allotment: PrivacyEvent  # the release's whole budget (pipeline.config.Deployment.budget_plan)
     seed: int | None  # None: secure randomness
     n: int | None = None  # roster size, when known
     # the release's attribute model (pipeline.attributes), for kinds that resolve labels; outside equality
     # and hashing (lists inside), which the cost of a setting never depends on beyond ``domain_size``
     attribute: Any = field(default=None, compare=False)
+
+    @classmethod
+    def of(cls, deployment, release, allotment: PrivacyEvent, n: int | None, seed) -> "Setting":
+        """The setting of ``release`` (a configured release of ``deployment``) with ``allotment``, for
+        ``n`` users and randomness ``seed``: the one place a setting is made, for the releaser
+        (``pipeline.plan.mechanism_setting``, seeded per release) and for ``dpstream plan``
+        (``pipeline.error_bounds``), so the bounds the plan shows are the ones the releases run with."""
+        attribute = deployment.attributes[release.attribute]
+        return cls(horizon=deployment.horizon, neighbours=deployment.neighbours, domain_size=attribute.size,
+                   allotment=allotment, seed=seed, n=n, attribute=attribute)
 
 
 @dataclass
@@ -142,7 +152,8 @@ class StepOutput:
     alerts: dict[str, Any] | None = None
     feedback: dict[str, Any] | None = None  # sent to every worker partition (charges users)
     # a float histogram over the codes instead of synthetic records: published on ``synthetic`` as one
-    # float64 column (records = codes 0..|X|−1), its manifest ``synthetic`` entry set by the kind
+    # float64 column (records = codes 0..|X|−1), described by the manifest's ``synthetic`` entry as
+    # synthetic columns are (pipeline.releases.codecs.synthetic_entry)
     histogram: np.ndarray | None = None
 
 
@@ -177,7 +188,7 @@ class ReleaseKind:
 
     def bounds(self, release, mechanism, horizon: int):
         """What an analyst gets, read off the built mechanism: a
-        :class:`pipeline.error_bounds.ReleaseBounds` (the error bound its theorem gives at its β)."""
+        :class:`pipeline.releases.bounds.ReleaseBounds` (the error bound its theorem gives at its β)."""
         raise NotImplementedError
 
     # -- reading side ---------------------------------------------------------------------------

@@ -19,7 +19,9 @@ from pydantic import Field
 
 from pipeline.privacy.accounting import ZCDP
 
+from .aggregators import CumulativeAggregator
 from .base import ReleaseConfig, ReleaseKind, Setting, StepInput, StepOutput, register
+from .bounds import ReleaseBounds
 
 __all__ = ["CumulativeRelease", "CumulativeKind"]
 
@@ -47,8 +49,6 @@ class CumulativeKind(ReleaseKind):
             raise ValueError("attribute: cumulative releases need a binary attribute")
 
     def aggregator(self, release, attribute, rows, horizon):
-        from pipeline.stream.ingest.aggregators import CumulativeAggregator
-
         return CumulativeAggregator(rows, horizon)
 
     def build(self, release, setting: Setting):
@@ -63,8 +63,6 @@ class CumulativeKind(ReleaseKind):
         return tuple(ZCDP(c.realised_rho) for c in mechanism.counters)
 
     def bounds(self, release, mechanism, horizon):
-        from pipeline.error_bounds import ReleaseBounds
-
         return ReleaseBounds(release.name, release.type, mechanism.beta, {"error": mechanism.error_bound()}, "error",
                              meaning="cumulative counts", notes=[f"{mechanism.counter} counters; m = n records, no padding"])
 

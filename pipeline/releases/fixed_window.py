@@ -18,7 +18,9 @@ from pydantic import Field
 
 from pipeline.privacy.accounting import ZCDP
 
+from .aggregators import FixedWindowAggregator
 from .base import ReleaseConfig, ReleaseKind, Setting, StepInput, StepOutput, register
+from .bounds import ReleaseBounds
 
 __all__ = ["FixedWindowRelease", "FixedWindowKind"]
 
@@ -47,8 +49,6 @@ class FixedWindowKind(ReleaseKind):
             raise ValueError(f"window: {attribute.size}^{release.window} histogram bins is too many")
 
     def aggregator(self, release, attribute, rows, horizon):
-        from pipeline.stream.ingest.aggregators import FixedWindowAggregator
-
         return FixedWindowAggregator(rows, release.window, attribute.size)
 
     def build(self, release, setting: Setting):
@@ -64,8 +64,6 @@ class FixedWindowKind(ReleaseKind):
         return tuple(per_step if t >= mechanism.window else None for t in range(1, setting.horizon + 1))
 
     def bounds(self, release, mechanism, horizon):
-        from pipeline.error_bounds import ReleaseBounds
-
         mech, bins = mechanism, mechanism.n_bins
         return ReleaseBounds(release.name, release.type, mech.beta,
                              {"lambda": mech.accuracy_bound, "sigma2": mech.sigma2,

@@ -18,7 +18,10 @@ from pydantic import Field
 
 from pipeline.privacy.accounting import ApproxDP
 
+from .aggregators import ActiveSetAggregator
 from .base import ReleaseConfig, ReleaseKind, Setting, StepInput, StepOutput, charged_at_step_one, register
+from .bounds import ReleaseBounds
+from .histograms import merge_histograms
 
 __all__ = ["HeavyHittersRelease", "HeavyHittersKind"]
 
@@ -42,8 +45,6 @@ class HeavyHittersKind(ReleaseKind):
         return release.method in CHARGING_METHODS
 
     def aggregator(self, release, attribute, rows, horizon):
-        from pipeline.stream.ingest.aggregators import ActiveSetAggregator
-
         return ActiveSetAggregator(rows, release.k, counted=self.needs_feedback(release))
 
     def build(self, release, setting: Setting):
@@ -58,8 +59,6 @@ class HeavyHittersKind(ReleaseKind):
         return charged_at_step_one(target, mechanism.privacy, setting.horizon, f"release {release.name!r}")
 
     def bounds(self, release, mechanism, horizon):
-        from pipeline.error_bounds import ReleaseBounds
-
         mech = mechanism
         return ReleaseBounds(release.name, release.type, mech.beta, {"tau": mech.tau, "threshold": mech.threshold},
                              "tau", meaning="heavy-hitter guarantee",
@@ -116,8 +115,6 @@ class HeavyHittersKind(ReleaseKind):
 
     def release_step(self, s: StepInput) -> StepOutput:
         """Sum the partitions' active-user histograms, flag; alerts name ids through the public domain."""
-        from pipeline.stream.release.engine import merge_histograms
-
         rel, mech, attr = s.release, s.mechanism, s.attribute
         support, summed = merge_histograms(s.parts, attr.size)
         flagged = mech.release_histogram(support, summed)

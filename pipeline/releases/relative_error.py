@@ -41,19 +41,22 @@ all T steps at once with probability ≥ 1 − Tβ (union bound). Solving for f(
 from __future__ import annotations
 
 import functools
-import hashlib
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
 
+from pipeline.attributes import public_hash
 from pipeline.privacy.accounting import ApproxDP
+from pipeline.privacy.rng import derive_seed
 
+from .aggregators import FixedWindowAggregator
 from .base import ReleaseConfig, ReleaseKind, Setting, StepInput, StepOutput, register
+from .bounds import ReleaseBounds
 
 __all__ = ["RelativeErrorRelease", "RelativeErrorKind", "resolve_groups", "query_family", "family_size",
            "dyadic_blocks", "dyadic_pieces", "step_plan", "plan_of", "step_seed", "RelativeErrorMechanism",
-           "mechanism_params", "histogram_checksum", "group_interval", "answer_query", "MAX_DOMAIN", "MAX_NNZ"]
+           "mechanism_params", "group_interval", "answer_query", "MAX_DOMAIN", "MAX_NNZ"]
 
 KIND = "relative_error"
 QUERY_FAMILIES = ("groups", "dyadic", "singletons")
@@ -92,8 +95,6 @@ def _resolve_code(value: str | int, attribute) -> int:
             raise ValueError(f"code {value} is outside [0, {attribute.size})")
         return value
     if attribute.type == "hashed":
-        from pipeline.stream.ingest.reports import public_hash
-
         return public_hash(value, attribute.size)
     labels = attribute.labels()
     if value not in labels:
@@ -222,8 +223,6 @@ class RelativeErrorKind(ReleaseKind):
         """The step's histogram of current values: the fixed-window aggregator with a one-step window
         (pattern = the current code; counts from step 1 on, dense over the domain, additive across
         partitions). No per-user state is carried between steps."""
-        from pipeline.stream.ingest.aggregators import FixedWindowAggregator
-
         return FixedWindowAggregator(rows, 1, attribute.size)
 
     def build(self, release, setting: Setting) -> "RelativeErrorMechanism":
@@ -238,8 +237,6 @@ class RelativeErrorKind(ReleaseKind):
         return (cost,) * setting.horizon
 
     def bounds(self, release, mechanism, horizon):
-        from pipeline.error_bounds import ReleaseBounds
-
         plan = mechanism.plan
         return ReleaseBounds(release.name, release.type, plan.beta, {"alpha": plan.alpha, "zeta": plan.zeta}, "alpha",
                              meaning="relative-error intervals",
@@ -292,16 +289,10 @@ class RelativeErrorKind(ReleaseKind):
     def release_step(self, s: StepInput) -> StepOutput:
         """Sum the partitions' histograms, run PREM, and describe ĥ_t in the manifest (ζ, α, β, |F|,
         noise); ĥ_t goes out as one float64 column on ``synthetic`` in the other kinds' chunk format
-        (records = codes 0..|X|−1, column = the step)."""
-        from pipeline.stream.kafka.codecs import SYNTHETIC_CHUNK_RECORDS
-
+        (records = codes 0..|X|−1, column = the step; :func:`pipeline.releases.codecs.synthetic_entry`)."""
         counts = np.sum([p["counts"] for p in s.parts], axis=0)
         hist, prem = s.mechanism.fit(s.step, counts)
         s.manifest["parameters"] = s.mechanism.parameters(prem)
-        s.manifest["synthetic"] = {
-            "columns": [s.step], "records": int(hist.size), "dtype": "float64", "histogram": True,
-            "chunks": max(1, -(-hist.size // SYNTHETIC_CHUNK_RECORDS)), "sha256": histogram_checksum(hist),
-        }
         return StepOutput(histogram=hist)
 
 
@@ -323,10 +314,7 @@ def step_plan(accounting: str, domain_size: int, n_queries: int, zeta: float, ep
 def step_seed(seed: int | None, step: int) -> int | None:
     """Seed of step ``step``'s PREM from the release's seed (None = secure randomness): each step's
     draws are independent of how many draws earlier steps made, so a step can be recomputed alone."""
-    if seed is None:
-        return None
-    digest = hashlib.blake2b(f"{seed}:{KIND}:{step}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+    return None if seed is None else derive_seed(seed, KIND, step)
 
 
 class RelativeErrorMechanism:
@@ -418,13 +406,6 @@ def plan_of(params: dict[str, Any], n_queries: int):
     return step_plan(params["accounting"], int(params["domain_size"]), int(n_queries), float(params["zeta"]),
                      float(params["epsilon"]), float(params["delta"]), float(params["beta"]), int(params["n"]),
                      int(params["max_calls"]), int(params["max_rounds"]))
-
-
-# --- per-step release --------------------------------------------------------------------------
-
-def histogram_checksum(histogram: np.ndarray) -> str:
-    """SHA-256 of the released histogram as little-endian float64 (the manifest's completeness check)."""
-    return hashlib.sha256(np.ascontiguousarray(histogram, dtype="<f8").tobytes()).hexdigest()
 
 
 # --- consumer ----------------------------------------------------------------------------------

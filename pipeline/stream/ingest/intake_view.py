@@ -7,8 +7,8 @@ and are shown on the operator's terminal, never published to a public topic.
 * :func:`intake_view` sums the partitions' snapshots, after waiting (bounded) until every worker
   has handled its reports partition up to the true log end, so reports just sent are counted.
 * :func:`close_assessment` compares each step about to close with the closed steps (imputed share
-  and rejected share against their median; ``close_guard`` in the configuration) and lists what
-  closing will spend.
+  and rejected share against their median; ``close_guard`` in the configuration); what closing
+  will spend is the plan's (:func:`pipeline.plan.spend_of_steps`).
 * :func:`open_window` is the range of steps the workers accept now (the next step to close and
   ``steps.max_ahead`` after it): producing outside it would only fill the dead-letter topic.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-__all__ = ["IntakeView", "intake_view", "StepCheck", "close_assessment", "open_window", "spend_of_steps"]
+__all__ = ["IntakeView", "intake_view", "StepCheck", "close_assessment", "open_window"]
 
 
 @dataclass
@@ -113,25 +113,6 @@ def open_window(deployment, closing: int) -> range:
     """Steps the workers accept once the markers written so far are handled: closing+1 .. +max_ahead."""
     first = closing + 1
     return range(first, min(first + deployment.steps.max_ahead, deployment.horizon) + 1)
-
-
-def spend_of_steps(deployment, steps) -> dict[str, dict[str, float]]:
-    """Per release, what closing ``steps`` spends (ρ for zCDP releases, ε for (ε, δ) ones) and its
-    share of the release's allotment; releases that spend nothing at these steps are left out."""
-    from pipeline.plan import budget_plan, step_cost
-    from pipeline.privacy.accounting import ZCDP
-
-    allot = budget_plan(deployment).allotments()
-    out = {}
-    for rel in deployment.releases:
-        costs = [step_cost(deployment, rel, t, allot[rel.name]) for t in steps]
-        costs = [c for c in costs if c is not None]
-        if not costs:
-            continue
-        key = "rho" if isinstance(costs[0], ZCDP) else "epsilon"
-        spent = sum(getattr(c, key) for c in costs)
-        out[rel.name] = {key: spent, "share_of_release": spent / getattr(allot[rel.name], key)}
-    return out
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.releases import kind_of
-from pipeline.stream.ingest.aggregators import narrow_int
+from pipeline.releases.aggregators import narrow_int
 from pipeline.stream.ingest.reports import ParsedReports
 
 __all__ = ["PartitionState", "FeedbackPending", "Intake", "OwnedRows"]

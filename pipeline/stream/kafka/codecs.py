@@ -4,7 +4,8 @@ themselves — partitions, public or not, who reads them — are declared in :mo
 Public topics carry JSON an analyst can read as ordinary data:
 
 * ``releases``  key ``<release>:<step>`` — the step's manifest: mechanism and parameters, noisy and
-  projected counts, the synthetic columns' chunk count and SHA-256, privacy spent so far.
+  projected counts, the synthetic values' chunk count and SHA-256 (:mod:`pipeline.releases.codecs`),
+  privacy spent so far.
 * ``synthetic`` key ``<release>:<step>:<chunk>`` — new values of synthetic records
   ``[start, stop)`` for the step's new columns: ``{"values": {"<column step>": [...]}}``. A
   relative-error release uses the same format for its histogram: records = codes, float64 values
@@ -28,22 +29,17 @@ Internal topics (curator-side, never exposed):
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Iterator
 
 import numpy as np
 import orjson
 
+from pipeline.releases.codecs import SYNTHETIC_CHUNK_RECORDS
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.synth.postprocess import synthetic_dtype
 
 __all__ = [
     "CONTROL_HEADER",
-    "SYNTHETIC_CHUNK_RECORDS",
     "PARTIAL_CHUNK_BYTES",
-    "columns_checksum",
-    "SYNTHETIC_DTYPES",
-    "synthetic_columns",
     "synthetic_chunks",
     "encode_partial",
     "PartialAssembler",
@@ -53,31 +49,7 @@ __all__ = [
 ]
 
 CONTROL_HEADER = "dpstream-control"
-SYNTHETIC_CHUNK_RECORDS = 20_000  # ~60 KB of JSON per chunk per column
 PARTIAL_CHUNK_BYTES = 512 * 1024  # below Kafka's default 1 MB message limit
-
-
-# Types a manifest's ``synthetic.dtype`` may name: the smallest holding the release's alphabet
-# (``pipeline.synth.postprocess.synthetic_dtype``).
-SYNTHETIC_DTYPES = ("int8", "int16", "int32")
-
-
-def synthetic_columns(columns, categories: int) -> np.ndarray:
-    """The new synthetic columns in the smallest type holding codes 0..categories−1 (int8 up to 128
-    values, int16 up to 32,768); a value outside the alphabet is refused, never wrapped."""
-    arr = np.asarray(columns)
-    if arr.size and (arr.min() < 0 or arr.max() >= categories):
-        raise ValueError(f"synthetic values outside 0..{categories - 1}: [{arr.min()}, {arr.max()}]")
-    return arr.astype(synthetic_dtype(categories), copy=False)
-
-
-def columns_checksum(columns: np.ndarray) -> str:
-    """SHA-256 of the new synthetic columns, record-major, in their own type (one of
-    ``SYNTHETIC_DTYPES``, little-endian): the manifest's completeness check. For int8 columns these
-    are the bytes earlier versions hashed."""
-    if columns.dtype.name not in SYNTHETIC_DTYPES:
-        raise TypeError(f"synthetic columns must be one of {SYNTHETIC_DTYPES}, got {columns.dtype}")
-    return hashlib.sha256(np.ascontiguousarray(columns, dtype=columns.dtype.newbyteorder("<")).tobytes()).hexdigest()
 
 
 def synthetic_chunks(release: str, step: int, column_steps: list[int], columns: np.ndarray,

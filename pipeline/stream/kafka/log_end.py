@@ -13,17 +13,20 @@ last record the fetch returned, advancing while records come back. On a broker t
 correctly (Apache Kafka) the fetch returns nothing and the answer is the ListOffsets end, so the
 probe is harmless there; it costs one empty fetch round per call. Every reader of this project
 that needs a log end (``pipeline.consumer.read_topics``, the consumer-lag gauge, the worker's and
-the releaser's "did the broker lose the log?" checks) uses it.
+the releaser's "did the broker lose the log?" checks: :func:`log_ends_async`) uses it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
+from kafka import TopicPartition
+
 from pipeline.connections import kafka_security
 
-__all__ = ["LogEnds", "log_ends"]
+__all__ = ["LogEnds", "log_ends", "log_ends_async"]
 
 log = logging.getLogger("dpstream.log_end")
 
@@ -72,3 +75,19 @@ def log_ends(bootstrap: str, tps, timeout: float = 10.0) -> dict:
         return probe(tps, timeout=timeout)
     finally:
         probe.close()
+
+
+async def log_ends_async(bootstrap: str, tps, otherwise: str) -> dict:
+    """:func:`log_ends` from a job's event loop (in a thread), keyed by the caller's own (topic,
+    partition) objects (aiokafka's ``TopicPartition``). When the broker cannot tell: {} and a warning
+    saying what the caller does ``otherwise``."""
+    probes = {tp: TopicPartition(tp.topic, tp.partition) for tp in tps}
+    if not probes:
+        return {}
+    try:
+        ends = await asyncio.to_thread(log_ends, bootstrap, list(probes.values()))
+    except Exception as err:  # noqa: BLE001 - a broker that cannot answer is the caller's case, not a crash
+        log.warning("could not read the log ends of %s (%s); %s",
+                    ", ".join(sorted({tp.topic for tp in probes})), err, otherwise)
+        return {}
+    return {tp: ends[probe] for tp, probe in probes.items() if probe in ends}

@@ -9,28 +9,19 @@ and the engine state to Redis atomically before publishing (``pipeline.stream.st
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from pipeline.plan import budget_plan, mechanism_setting, privacy_budget
-from pipeline.privacy.accounting import PrivacyLedger, ZCDP
+from pipeline.plan import mechanism_setting
+from pipeline.privacy.accounting import PrivacyLedger, ZCDP, reported_approx_dp
 from pipeline.releases import StepInput, kind_of
+from pipeline.releases.codecs import synthetic_columns, synthetic_entry
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.release.closing import public_close_time
-from pipeline.stream.kafka.codecs import SYNTHETIC_CHUNK_RECORDS, columns_checksum, synthetic_columns
 
-__all__ = ["ReleaseEngine", "ReleaseOutput", "release_seed", "batch_reference", "merge_histograms"]
-
-
-def release_seed(deployment, release_name: str) -> int | None:
-    """Per-release seed derived from the deployment seed (None = secure randomness)."""
-    if deployment.random.kind != "seeded":
-        return None
-    digest = hashlib.blake2b(f"{deployment.random.seed}:{release_name}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+__all__ = ["ReleaseEngine", "ReleaseOutput", "batch_reference"]
 
 
 def batch_reference(deployment, panels: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -39,7 +30,7 @@ def batch_reference(deployment, panels: dict[str, np.ndarray]) -> dict[str, np.n
     with the release's planned budget and the stream's derived seed. An uninterrupted, crashed or
     scaled-out stream run with the same seed must equal it bit for bit."""
     dep = deployment
-    allot = budget_plan(dep).allotments()
+    allot = dep.budget_plan().allotments()
     out = {}
     for rel in dep.releases:
         kind = kind_of(rel)
@@ -84,23 +75,6 @@ class ReleaseOutput:
         )
 
 
-def merge_histograms(parts: list[dict], domain_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sum partial histograms (``elements``, ``counts`` ≥ 1 per part) into sorted distinct support
-    ids and their total counts. A dense count over the domain when it is not much larger than the
-    elements (O(|X| + m), no sort), else a sort of the elements (O(m log m)); same result."""
-    elements = np.concatenate([np.asarray(p["elements"], dtype=np.int64) for p in parts])
-    counts = np.concatenate([np.asarray(p["counts"], dtype=np.int64) for p in parts])
-    if domain_size <= max(_DENSE_DOMAIN, 4 * elements.size):
-        dense = np.bincount(elements, weights=counts, minlength=domain_size)  # sums < 2**53: exact
-        support = np.flatnonzero(dense)
-        return support, dense[support].astype(np.int64)
-    support, inverse = np.unique(elements, return_inverse=True)
-    return support, np.bincount(inverse, weights=counts, minlength=support.size).astype(np.int64)
-
-
-_DENSE_DOMAIN = 1 << 22  # domains up to this size are always merged densely (32 MB of float64)
-
-
 def _cost_json(cost) -> dict[str, float] | None:
     if cost is None:
         return None
@@ -113,9 +87,9 @@ class ReleaseEngine:
     def __init__(self, deployment, n: int):
         self.deployment = deployment
         self.n = int(n)
-        self.plan = budget_plan(deployment)
+        self.plan = deployment.budget_plan()
         self.allotments = self.plan.allotments()
-        self.ledger = PrivacyLedger(privacy_budget(deployment), self.plan)
+        self.ledger = PrivacyLedger(deployment.privacy_budget(), self.plan)
         self.step = 0
         self.settings = {rel.name: mechanism_setting(deployment, rel, self.allotments[rel.name], self.n)
                          for rel in deployment.releases}
@@ -176,18 +150,12 @@ class ReleaseEngine:
         out = kind_of(rel).release_step(StepInput(rel, mech, step, parts, attribute, self.deployment.neighbours,
                                                   manifest))
         columns, column_steps = out.columns, out.column_steps
-        if out.histogram is not None:  # float64 over the codes, as it is; the kind wrote its manifest entry
+        if out.histogram is not None:  # float64 over the codes, as it is
             columns, column_steps = np.asarray(out.histogram, dtype=np.float64).reshape(-1, 1), [step]
         elif columns is not None:
             columns = synthetic_columns(columns, attribute.size)
-            m = columns.shape[0]
-            manifest["synthetic"] = {
-                "columns": column_steps,
-                "records": m,
-                "dtype": columns.dtype.name,
-                "chunks": max(1, -(-m // SYNTHETIC_CHUNK_RECORDS)),
-                "sha256": columns_checksum(columns),
-            }
+        if columns is not None:
+            manifest["synthetic"] = synthetic_entry(columns, column_steps)
         manifest["privacy"] = self._privacy(rel.name, cost)
         return ReleaseOutput(rel.name, step, manifest, column_steps, columns, out.alerts, out.feedback)
 
@@ -204,8 +172,6 @@ class ReleaseEngine:
             "deployment_spent": {"rho": rho_total, "epsilon": approx.epsilon, "delta": approx.delta},
         }
         if rho_total > 0:
-            from pipeline.privacy.accounting import reported_approx_dp
-
             out["deployment_spent_as_approx_dp"] = _cost_json(reported_approx_dp(rho_total, approx, delta))
         return out
 

@@ -6,7 +6,7 @@ calibration, the sensitivity or the accounting depends on is in the document:
 
 * ``roster``: the size n and a sha256 of the ids in order (the rows the state is indexed by);
 * ``horizon``, ``neighbours`` (the neighbouring relation), ``budget`` and ``plan`` (each release's
-  allotment, from :func:`pipeline.plan.budget_plan`);
+  allotment, from :meth:`pipeline.config.Deployment.budget_plan`);
 * ``attributes``: every attribute's type and domain (declared values or hashed size);
 * ``releases``: every release's full parameters, keyed by release name (type, attribute, share,
   window, method, k, beta, band, ...);
@@ -42,8 +42,6 @@ def roster_digest(ids: list[str]) -> str:
 
 def privacy_config(deployment, roster_ids: list[str]) -> dict[str, Any]:
     """The canonical privacy-relevant configuration of ``deployment`` (JSON-serialisable)."""
-    from pipeline.plan import budget_plan
-
     dep = deployment
     doc = {
         "format": FORMAT,
@@ -56,7 +54,7 @@ def privacy_config(deployment, roster_ids: list[str]) -> dict[str, Any]:
         "attributes": {name: attr.model_dump(exclude=set(_ATTRIBUTE_NOISE) & set(type(attr).model_fields))
                        for name, attr in dep.attributes.items()},
         "releases": {rel.name: rel.model_dump(exclude={"name"}) for rel in dep.releases},
-        "plan": {name: dataclasses.asdict(cost) for name, cost in budget_plan(dep).allotments().items()},
+        "plan": {name: dataclasses.asdict(cost) for name, cost in dep.budget_plan().allotments().items()},
     }
     return json.loads(_canonical(doc))  # as it reads back from Redis (string keys, lists), so both compare
 

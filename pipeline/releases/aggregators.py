@@ -1,5 +1,5 @@
 """Worker-side partial aggregates, one aggregator per configured release (chosen by the release's
-kind, ``pipeline.releases``: ``kind.aggregator``).
+kind: ``kind.aggregator``; the workers, ``pipeline.stream.ingest.partition_state``, only drive them).
 
 At the close of step t a worker holds, for the users of one reports partition, the step's value of
 every attribute (reported or imputed). Each aggregator turns those values into the release's
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["watch_code", "narrow_int", "FixedWindowAggregator", "CumulativeAggregator", "ActiveSetAggregator"]
+__all__ = ["narrow_int", "FixedWindowAggregator", "CumulativeAggregator", "ActiveSetAggregator"]
 
 
 def narrow_int(largest: int) -> np.dtype:
@@ -23,11 +23,6 @@ def narrow_int(largest: int) -> np.dtype:
     per-user state). Per-user state is held in it: a worker's memory and checkpoint scale with the
     roster, and int64 would take 8x what int8 does."""
     return np.min_scalar_type(-(max(int(largest), 0) + 1))
-
-
-def watch_code(release, attribute) -> int:
-    """The code of a band monitor's watched value in the attribute's public domain."""
-    return attribute.code(release.value)
 
 
 class FixedWindowAggregator:

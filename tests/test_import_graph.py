@@ -1,0 +1,141 @@
+"""The import graph of pipeline/ and jobs/ has no circle, and the release kinds sit below the stream.
+
+Read from the source with ``ast`` (nothing is imported): every ``import`` and ``from ... import``
+anywhere in a module counts, inside functions and ``if TYPE_CHECKING:`` blocks too, since an
+import moved into a function to dodge a circle still makes one. An edge goes to the module a name
+is imported from — ``from pipeline.releases import kind_of`` is an edge to the package
+``pipeline.releases``, ``from pipeline.releases import base`` to the submodule ``pipeline.releases.base``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("pipeline", "jobs")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _imported(node: ast.AST, module: str, is_package: bool) -> list[str]:
+    """Dotted names an import statement may load (the longest that is a module of ours is kept)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom):
+        if node.level:
+            base = module.split(".") if is_package else module.split(".")[:-1]
+            base = base[:len(base) - (node.level - 1)]
+            origin = ".".join(base + ([node.module] if node.module else []))
+        else:
+            origin = node.module or ""
+        return [f"{origin}.{alias.name}" for alias in node.names]
+    return []
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    """module -> {imported module of ours: first line importing it}."""
+    modules = _modules()
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in modules.items():
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for name in _imported(node, module, path.name == "__init__.py"):
+                while name and name not in modules:
+                    name = name.rpartition(".")[0]
+                if name and name != module:
+                    edges.setdefault(name, node.lineno)
+        graph[module] = edges
+    return graph
+
+
+def circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(graph[child])))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def _describe(graph, component) -> str:
+    members = set(component)
+    return "\n".join(f"  {m} -> " + ", ".join(f"{t} (line {line})" for t, line in sorted(graph[m].items())
+                                               if t in members) for m in component)
+
+
+def test_the_graph_is_read_from_the_source():
+    graph = import_graph()
+    assert "pipeline.stream.release.engine" in graph and "jobs.worker" in graph
+    assert "pipeline.releases" in graph["pipeline.config"]  # kinds() (an attribute of the package)
+    assert "pipeline.releases.base" in graph["pipeline.releases.fixed_window"]  # a relative import
+
+
+def test_the_circle_finder_finds_a_function_local_circle():
+    graph = {"a": {"b": 1}, "b": {"c": 3}, "c": {"a": 9}, "d": {"a": 2}}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b": 1}, "b": {}}) == []
+
+
+def test_no_import_circle_in_pipeline_and_jobs():
+    graph = import_graph()
+    found = circles(graph)
+    assert not found, "import circles (function-local imports count):\n" + "\n\n".join(
+        _describe(graph, c) for c in found)
+
+
+def test_release_kinds_import_nothing_of_the_stream():
+    """The stream drives the kinds (aggregators in the workers, release_step in the releaser); a kind
+    that reached up into pipeline.stream would tie the plug-ins to one runtime."""
+    graph = import_graph()
+    upward = [f"{m} -> {t} (line {line})" for m, edges in graph.items() if m.startswith("pipeline.releases")
+              for t, line in edges.items() if t.startswith("pipeline.stream")]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_configuration_does_not_import_the_plan():
+    """The budget check belongs to the deployment model (Deployment.budget_plan)."""
+    graph = import_graph()
+    assert "pipeline.plan" not in graph["pipeline.config"]
