@@ -643,6 +643,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except SecretUnavailable as err:
         return _fail(EXIT_CONFIG, f"configuration refused: {err}")
+    except OverflowError as err:  # e.g. budget.epsilon: 1e9 under allow_large: e^ε overflows a calibration
+        return _fail(EXIT_CONFIG, f"configuration refused: a budget too large to calibrate ({err}); check budget.rho "
+                                  "and budget.epsilon")
     except Exception as err:  # noqa: BLE001 - expected connection failures become one line; the rest a traceback
         why = _unreachable(err)
         if why is None:

@@ -7,10 +7,16 @@ step t closes the step: imputation, partial aggregates, a checkpoint holding the
 marker's offset. After a crash the partition is replayed from the checkpoint's offset; since the
 state is restored to exactly that point and the cut is a log position, the replay reproduces the
 same partials (the releaser deduplicates them) and every accepted report counts exactly once.
+
+The checkpoint also keeps the partial messages of the last ``KEEP_PARTIALS`` closed steps. A marker
+for a step the partition has already closed (the releaser re-drives the closes it has not released:
+the broker may have lost the partials) re-sends the kept partial, byte for byte, and the
+forwarded-through markers of that step; nothing is recomputed (docs/streaming.md, "A lost close").
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -24,6 +30,8 @@ from pipeline.stream.ingest.reports import ReportParser
 from pipeline.stream.ingest.repartition import Forwarder, ForwardMarkers, Inbox, positions_of, source_positions
 
 __all__ = ["IngestCore", "Record", "ApplyResult", "CloseOutput", "is_marker"]
+
+log = logging.getLogger("dpstream.worker")
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,9 @@ class ApplyResult:
 
 class IngestCore:
     REWIND_GRACE_SECONDS = 10.0  # see enqueue
+    # Partials kept in the checkpoint to re-send on a re-driven close: more than the releaser ever
+    # lags behind the closes in practice (a step is released as soon as its partials are in).
+    KEEP_PARTIALS = 8
 
     def __init__(self, deployment, roster, topic_names: dict[str, str], store=None, isolated: bool = False):
         """``isolated``: neither send nor wait for forwarded-through markers — only for driving
@@ -86,6 +97,7 @@ class IngestCore:
         self.inboxes: dict[int, Inbox] = {}
         self.emitted: dict[int, int] = {}  # partition -> last step whose forwarded-through markers it sent
         self._strays: dict[int, list[Record]] = {}  # repartition records naming no source partition
+        self.kept: dict[int, dict[int, list]] = {}  # partition -> step -> its partial messages (checkpointed)
 
     # -- assignment ------------------------------------------------------------------------------
     def assign(self, partition: int) -> int:
@@ -108,6 +120,8 @@ class IngestCore:
             inbox.set_state(restored["repartition"])
         self.states[partition] = state
         self.inboxes[partition] = inbox
+        self.kept[partition] = {int(t): [(k.encode(), np.asarray(v, dtype=np.uint8).tobytes()) for k, v in msgs]
+                                for t, msgs in restored.get("partials", {}).items()}
         self.emitted[partition] = state.closed
         self.backlog[partition] = []
         return resume
@@ -120,6 +134,7 @@ class IngestCore:
         self.inboxes.pop(partition, None)
         self.emitted.pop(partition, None)
         self._strays.pop(partition, None)
+        self.kept.pop(partition, None)
 
     def enqueue(self, partition: int, records: list[Record], now: float | None = None) -> int | None:
         """Queue records of an assigned partition, skipping any the state or the backlog already holds.
@@ -194,9 +209,18 @@ class IngestCore:
                 if step is None or step > next_step:
                     # Not a close of the next step (the releaser writes markers in order): a garbled
                     # or forged marker. Dead-letter it; raising would crash the worker on every replay.
-                    detail = (f"close marker for step {step} but the next step to close is {next_step}"
+                    detail = (f"close marker for step {step} but the next step to close is {next_step}: the "
+                              f"markers of step(s) {next_step}..{step - 1} never reached this partition (a broker "
+                              "that lost its log?); restarting the releaser writes the markers of every closed, "
+                              "unreleased step again (docs/streaming.md, 'A lost close')"
                               if step is not None else "close marker without a valid step")
+                    log.error("partition %d: dead-lettering a close marker at offset %d: %s", partition, rec.offset,
+                              detail)
                     outputs.append(self._reject_record(partition, rec, "malformed", detail))
+                    done += 1
+                    continue
+                if step < next_step:  # a repeated marker: re-send what the checkpoint keeps, wait for nothing
+                    outputs.extend(self._resend(partition, step, rec.offset))
                     done += 1
                     continue
                 if step > self.emitted[partition] and not self.isolated:
@@ -322,14 +346,32 @@ class IngestCore:
         state = self.states[partition]
         if step <= state.closed:
             state.offset = max(state.offset, marker_offset)
-            return [], b"", {"step": step, "duplicate": True}
+            return self.kept.get(partition, {}).get(step, []), b"", {"step": step, "duplicate": True}
         partial = state.close(step)
         partial["closed_at"] = closed_at
         state.offset = marker_offset
         messages = encode_partial(partial)
+        kept = self.kept.setdefault(partition, {})
+        kept[step] = messages
+        for old in sorted(kept)[:-self.KEEP_PARTIALS]:
+            del kept[old]
         blob = self.checkpoint(partition)
         summary = {"step": step, "users": partial["users"], "reported": partial["reported"]}
         return messages, blob, summary
+
+    def _resend(self, partition: int, step: int, offset: int) -> list:
+        """A marker of a step this partition closed already: its forwarded-through markers (a partition
+        that lost its ``repartition`` log waits for them) and the kept partial, to publish again."""
+        messages, _, summary = self.close(partition, step, offset)
+        if not messages:
+            log.warning("partition %d: close marker for step %d, closed here already, but its partial is no longer "
+                        "kept (only the last %d closed steps are): if the releaser still waits for it, the step can "
+                        "not be released (docs/streaming.md, 'A lost close')", partition, step, self.KEEP_PARTIALS)
+        else:
+            log.info("partition %d: close marker for step %d, closed here already: re-sending its partial", partition,
+                     step)
+        out = [] if self.isolated else [self.forwarder.markers(partition, step)]
+        return out + [CloseOutput(partition, step, messages, b"", summary)]
 
     def feedback_outstanding(self, partition: int) -> bool:
         return bool(self.states[partition].feedback_needed)
@@ -350,8 +392,10 @@ class IngestCore:
 
     def checkpoint(self, partition: int) -> bytes:
         """The partition's state with its ``repartition`` position (what was forwarded to it and applied)."""
+        kept = {str(t): [[k.decode(), np.frombuffer(v, dtype=np.uint8)] for k, v in msgs]
+                for t, msgs in self.kept.get(partition, {}).items()}
         return dumps_state({**self.states[partition].get_state(),
-                            "repartition": self.inboxes[partition].get_state()})
+                            "repartition": self.inboxes[partition].get_state(), "partials": kept})
 
     def _reject_record(self, partition: int, rec: Record, reason: str, detail: str,
                        topic: str = "reports") -> ApplyResult:

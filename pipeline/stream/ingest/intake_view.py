@@ -8,7 +8,8 @@ and are shown on the operator's terminal, never published to a public topic.
   has handled its reports partition up to the true log end, so reports just sent are counted.
 * :func:`close_assessment` compares each step about to close with the closed steps (imputed share
   and rejected share against their median; ``close_guard`` in the configuration) and lists what
-  closing will spend.
+  closing will spend. Advisory: it warns, never refuses (a refusal would tie the public close time
+  to an un-noised count).
 * :func:`open_window` is the range of steps the workers accept now (the next step to close and
   ``steps.max_ahead`` after it): producing outside it would only fill the dead-letter topic.
 """
@@ -137,7 +138,6 @@ class StepCheck:
     rejected: dict[str, int]
     rejected_share: float
     warnings: list[str]
-    refuse: bool
 
 
 def close_assessment(deployment, view: IntakeView, steps: range) -> list[StepCheck]:
@@ -156,14 +156,13 @@ def close_assessment(deployment, view: IntakeView, steps: range) -> list[StepChe
         rejected = interval["rejected"] if t == interval["since_closed"] + 1 else {}
         accepted = interval["accepted"] if t == interval["since_closed"] + 1 else 0
         rej_share = _rejected_share(accepted, rejected)
-        warnings, refuse = [], False
+        warnings = []
         for what, share, base in (("imputed", imputed, base_imputed), ("rejected", rej_share, base_rejected)):
             if share > base + guard.warn_above:
                 detail = (f"{n - reported:,} of {n:,} users have no report and will be imputed" if what == "imputed"
                           else f"{sum(rejected.values()):,} reports rejected {rejected}")
                 warnings.append(f"step {t}: {what} share {share:.1%} vs {base:.1%} (median of the closed steps): {detail}")
-                refuse |= guard.refuse_above is not None and share > base + guard.refuse_above
-        checks.append(StepCheck(t, n, reported, imputed, rejected, rej_share, warnings, refuse))
+        checks.append(StepCheck(t, n, reported, imputed, rejected, rej_share, warnings))
     return checks
 
 

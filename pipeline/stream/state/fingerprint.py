@@ -53,7 +53,7 @@ def privacy_config(deployment, roster_ids: list[str]) -> dict[str, Any]:
         "roster": {"size": len(roster_ids), "sha256": roster_digest(roster_ids)},
         "horizon": dep.horizon,
         "neighbours": dep.neighbours,
-        "budget": dep.budget.model_dump(),
+        "budget": dep.budget.model_dump(exclude={"allow_large"}),  # an acknowledgement, no calibration
         "random": {"kind": dep.random.kind},
         "topics": {"partitions": dep.topics.partitions},
         "attributes": {name: attr.model_dump(exclude=set(_ATTRIBUTE_NOISE) & set(type(attr).model_fields))

@@ -13,6 +13,8 @@ Keys (``{p}`` = ``dpstream:<deployment>``):
   {p}:published           last step whose messages the broker acknowledged (int)
   {p}:partials-resume     step-partials offset a restarted releaser re-reads from
   {p}:closing             last step whose close markers were written
+  {p}:close-times         hash: step -> its public close time (ms), as its markers carry it (a close
+                          re-driven after a lost log writes the same time again)
   {p}:step:<t>            hash: release name -> record bytes; "__state__" -> mechanism state after t
   {p}:ledger              hash: "<release>:<t>" -> ledger entry JSON (append-only by construction)
   {p}:checkpoint:<part>   worker checkpoint bytes of one reports partition
@@ -173,9 +175,18 @@ class ReleaseStore(StoreLayout):
     def last_closing(self) -> int:
         return self._int("closing")
 
-    def mark_closing(self, step: int) -> None:
-        """Close markers of ``step`` are written to every reports partition."""
-        self.r.set(self._k("closing"), step)
+    def mark_closing(self, step: int, closed_at: int | None = None) -> None:
+        """Close markers of ``step`` (public close time ``closed_at``, ms) are written to every reports partition."""
+        with self.r.pipeline(transaction=True) as tx:
+            if closed_at is not None:
+                tx.hset(self._k("close-times"), str(step), int(closed_at))
+            tx.set(self._k("closing"), step)
+            tx.execute()
+
+    def close_time(self, step: int) -> int | None:
+        """The public close time (ms) recorded for ``step``'s markers (None: not recorded)."""
+        raw = self.r.hget(self._k("close-times"), str(step))
+        return None if raw is None else int(raw)
 
     def ledger(self) -> dict[str, dict[str, Any]]:
         return {k.decode(): json.loads(v) for k, v in self.r.hgetall(self._k("ledger")).items()}

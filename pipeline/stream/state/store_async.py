@@ -82,8 +82,16 @@ class AsyncReleaseStore(StoreLayout):
     async def last_closing(self) -> int:
         return await self._int("closing")
 
-    async def mark_closing(self, step: int) -> None:
-        await self.r.set(self._k("closing"), step)
+    async def mark_closing(self, step: int, closed_at: int | None = None) -> None:
+        async with self.r.pipeline(transaction=True) as tx:
+            if closed_at is not None:
+                tx.hset(self._k("close-times"), str(step), int(closed_at))
+            tx.set(self._k("closing"), step)
+            await tx.execute()
+
+    async def close_time(self, step: int) -> int | None:
+        raw = await self.r.hget(self._k("close-times"), str(step))
+        return None if raw is None else int(raw)
 
     # -- worker checkpoints ------------------------------------------------------------------------
     async def save_checkpoint(self, partition: int, blob: bytes) -> None:
