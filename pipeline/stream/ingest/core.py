@@ -98,6 +98,7 @@ class IngestCore:
         self.emitted: dict[int, int] = {}  # partition -> last step whose forwarded-through markers it sent
         self._strays: dict[int, list[Record]] = {}  # repartition records naming no source partition
         self.kept: dict[int, dict[int, list]] = {}  # partition -> step -> its partial messages (checkpointed)
+        self.lost: dict[int, dict[str, int]] = {}  # partition -> open step -> reports counted on a log since lost
 
     # -- assignment ------------------------------------------------------------------------------
     def assign(self, partition: int) -> int:
@@ -135,6 +136,7 @@ class IngestCore:
         self.emitted.pop(partition, None)
         self._strays.pop(partition, None)
         self.kept.pop(partition, None)
+        self.lost.pop(partition, None)
 
     def enqueue(self, partition: int, records: list[Record], now: float | None = None) -> int | None:
         """Queue records of an assigned partition, skipping any the state or the backlog already holds.
@@ -389,6 +391,39 @@ class IngestCore:
             # checkpoint after the last feedback of the step, so a restart does not wait for it again
             self.store.save_checkpoint(partition, self.checkpoint(partition))
         return changed
+
+    def note_lost_log(self, partition: int, previous: dict | None, log_end: int | None) -> dict[str, int]:
+        """Compare the partition's last intake snapshot (``previous``, from Redis) with the log it resumes on.
+
+        A snapshot that counted more records than the log now holds (``log_end``) describes a log the
+        broker lost: the reports it counted for steps still open are gone (the state restored from the
+        checkpoint does not hold them). Those counts are remembered — carried over from ``previous`` on
+        a later restart — until the state holds as many again (sent again) or the step closes, so
+        ``dpstream status`` and ``close`` can say so rather than show counts of reports that no longer
+        exist. Returns open step -> users reported before the loss, for the steps short of it."""
+        state = self.states[partition]
+        before: dict[str, int] = {}
+        if previous:
+            before = {t: int(n) for t, n in previous.get("lost", {}).items()}
+            if log_end is not None and int(previous.get("offset", -1)) + 1 > log_end:
+                for t, n in previous.get("open", {}).items():
+                    before[t] = max(before.get(t, 0), int(n))
+        self.lost[partition] = before
+        return self._short(partition)
+
+    def _short(self, partition: int) -> dict[str, int]:
+        """Open steps whose state holds fewer users than were counted before a lost log: that count."""
+        state = self.states[partition]
+        now = state.intake_summary()["open"]
+        return {t: n for t, n in self.lost.get(partition, {}).items()
+                if int(t) > state.closed and n > int(now.get(t, 0))}
+
+    def intake_snapshot(self, partition: int) -> dict:
+        """The partition's intake counts for Redis (``dpstream status`` / ``close``): what its state holds,
+        the ``repartition`` position, and per open step short of it the count before a lost log."""
+        short = self._short(partition)
+        return {**self.states[partition].intake_summary(), "forwarded_offset": self.inboxes[partition].consumed,
+                **({"lost": short} if short else {})}
 
     def checkpoint(self, partition: int) -> bytes:
         """The partition's state with its ``repartition`` position (what was forwarded to it and applied)."""
