@@ -406,3 +406,50 @@ def test_lost_close_is_redriven_from_redis_and_checkpoints(tmp_path):
             assert store.last_released() == 4
             assert all(count == 1 for count in drv.manifests_seen.values()), drv.manifests_seen
             assert sorted(drv.manifests_seen) == sorted((r, t) for r in ("fw", "cu") for t in range(1, 5))
+
+
+# -- a poison message -----------------------------------------------------------------------------------
+def test_ten_megabyte_message_is_dead_lettered_as_a_bounded_copy(services, tmp_path):
+    """A 10 MB message on `reports`, sent by confluent-kafka with its limit raised, between the good reports
+    of step 1 (half before, half after, on the same partition): the worker dead-letters a bounded copy
+    with reason too_large and the full size in a header, stays up, and step 1 is released from every
+    good report (equal to the batch run). Before: dead-lettering the original bytes raised
+    MessageSizeTooLargeError in the worker's producer and the deployment stopped."""
+    from confluent_kafka import Producer
+
+    from pipeline.stream.kafka.limits import DEAD_LETTER_COPY_BYTES
+
+    path, dep, X, roster = scenario(tmp_path, services, "faults-poison", seed=26, horizon=3)
+    with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs") as cluster:
+        drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
+        first = np.zeros(N, dtype=bool)
+        first[: N // 2] = True
+        drv.producer.send_step(1, {"pov": X[:, 0]}, present=first)
+        drv.producer._producer.flush()
+        poison = b'{"user": "u1", "step": 1, "values": {"pov": 1}, "pad": "' + b"x" * (10 << 20) + b'"}'
+        producer = Producer({"bootstrap.servers": cluster.broker, "message.max.bytes": 16 << 20})
+        for p in range(dep.topics.partitions):
+            producer.produce(cluster.names["reports"], value=poison, partition=p)
+        assert producer.flush(30) == 0
+        drv.producer.send_step(1, {"pov": X[:, 0]}, present=~first)
+        drv.close(1, timeout=90)
+        run_steps(drv, X, (2, 3), cluster)
+        drv.shutdown()
+        cluster.check_alive()  # the worker never stopped
+        store = ReleaseStore.from_url(services.redis.url, dep.name)
+        check_outputs(dep, X, drv.panels, store, drv.manifests_seen)
+
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=cluster.broker, auto_offset_reset="earliest",
+                                 enable_auto_commit=False, consumer_timeout_ms=3000)
+        tp = TopicPartition(cluster.names["dead-letter"], 0)
+        consumer.assign([tp])
+        letters = list(consumer)
+        consumer.close()
+        big = [m for m in letters if dict(m.headers).get("dpstream-reason") == b"too_large"]
+        assert len(big) == dep.topics.partitions, [dict(m.headers) for m in letters]
+        for m in big:
+            assert len(m.value) == DEAD_LETTER_COPY_BYTES and poison.startswith(m.value)
+            assert dict(m.headers)["dpstream-original-size"] == str(len(poison)).encode()
+        assert len(letters) == len(big)  # nothing else was rejected

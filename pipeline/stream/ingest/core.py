@@ -25,6 +25,7 @@ import orjson
 
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.kafka.codecs import CONTROL_HEADER, dead_letter_headers, encode_partial, parse_close_marker
+from pipeline.stream.kafka.limits import DEAD_LETTER_COPY_BYTES, MAX_REPORT_BYTES
 from pipeline.stream.ingest.partition_state import PartitionState
 from pipeline.stream.ingest.reports import ReportParser
 from pipeline.stream.ingest.repartition import Forwarder, ForwardMarkers, Inbox, positions_of, source_positions
@@ -249,6 +250,18 @@ class IngestCore:
         result = ApplyResult(partition=partition)
         if not records:
             return result
+        last = records[-1].offset
+        big = [r for r in records if len(r.value or b"") > MAX_REPORT_BYTES]
+        if big:  # never parsed: dead-lettered as a bounded copy, the reports around them are used
+            records = [r for r in records if len(r.value or b"") <= MAX_REPORT_BYTES]
+            for r in big:
+                result.dead_letters.append(self._letter(
+                    "too_large", f"message of {len(r.value):,} bytes, above the {MAX_REPORT_BYTES:,} bytes a report "
+                    "(or a batch of reports) may have", r.value, partition, r.offset, None))
+            result.reasons["too_large"] = len(big)
+            if not records:
+                state.offset = last
+                return self._counted(result, 0, [], [])
         parsed = self.parser.parse([r.value for r in records])
         # reports of users another partition owns (a producer not partitioning by murmur2 of the user
         # id): forwarded to their owner, which applies them (pipeline.stream.ingest.repartition)
@@ -260,7 +273,7 @@ class IngestCore:
             parsed = parsed.take(~foreign)
         displaced: list = []
         applied = state.apply(parsed, 0, displaced)
-        state.offset = records[-1].offset
+        state.offset = last
         for rej in parsed.rejections:
             result.dead_letters.append(self._letter(rej.reason, rej.detail, rej.original, partition,
                                                     records[rej.message].offset, rej.batch_index))
@@ -332,7 +345,8 @@ class IngestCore:
         """A dead letter keyed by the report's position in reports partition ``source``: stable under
         replay, whatever the run split or the path it took."""
         key = f"{source}:{offset}:{'-' if item is None else item}".encode()
-        return key, original, dead_letter_headers(reason, detail, self.names["reports"], source, offset, item)
+        return key, *bounded_copy(original, dead_letter_headers(reason, detail, self.names["reports"], source, offset,
+                                                                item))
 
     # -- close -----------------------------------------------------------------------------------
     def close(self, partition: int, step: int, marker_offset: int,
@@ -442,4 +456,13 @@ class IngestCore:
         state.intake.count(0, {reason: 1})
         key = f"{partition}:{rec.offset}:-" if topic == "reports" else f"{topic}:{partition}:{rec.offset}:-"
         return ApplyResult(partition=partition, reasons={reason: 1},
-                           dead_letters=[(key.encode(), bytes(rec.value or b""), headers)])
+                           dead_letters=[(key.encode(), *bounded_copy(bytes(rec.value or b""), headers))])
+
+
+def bounded_copy(original: bytes, headers: list) -> tuple[bytes, list]:
+    """A dead letter's value and headers: the original bytes, cut to ``DEAD_LETTER_COPY_BYTES`` (header
+    ``dpstream-original-size`` then gives the full size), so a dead letter always fits the producer's limit."""
+    original = bytes(original or b"")
+    if len(original) <= DEAD_LETTER_COPY_BYTES:
+        return original, headers
+    return original[:DEAD_LETTER_COPY_BYTES], [*headers, ("dpstream-original-size", str(len(original)).encode())]

@@ -14,6 +14,7 @@ import numpy as np
 import orjson
 
 from pipeline.connections import kafka_security
+from pipeline.stream.kafka.limits import MAX_MESSAGE_BYTES
 
 __all__ = ["ReportProducer"]
 
@@ -29,7 +30,7 @@ class ReportProducer:
         self.partitions = deployment.topics.partitions
         self._owners = roster.owners(self.partitions)
         self._producer = KafkaProducer(bootstrap_servers=bootstrap, **kafka_security(), linger_ms=5, batch_size=1 << 20,
-                                       max_request_size=8 * 1024 * 1024, acks="all")
+                                       max_request_size=MAX_MESSAGE_BYTES, acks="all")
 
     def _labels(self, attribute: str, codes: np.ndarray) -> list:
         return self.deployment.attributes[attribute].wire_values(codes)
