@@ -234,3 +234,23 @@ def test_views_tell_the_truth_after_the_broker_lost_the_open_step(deployment, tm
         assert "step 1: 800 of 800 users reported (0.0% imputed" in out and "closed through step 1" in out
         text = dpstream("status", *cfg, env=env).stdout
         assert "step 1 closed: 800 of 800 users reported" in text and "LOST" not in text, text
+
+
+def test_absurd_budgets_are_one_line_with_exit_code_2(deployment, tmp_path):
+    """`rho: 500000` and `epsilon: 1e9` (also acknowledged with allow_large, where e^ε overflows a
+    calibration) give one line and exit 2, never a traceback. (Before: exit 0, and an OverflowError.)"""
+    path, env = deployment
+    cfg = yaml.safe_load(path.read_text())
+    hh = {"name": "hh", "type": "heavy_hitters", "attribute": "job", "share": 1.0}
+    cases = {
+        "rho": dict(cfg, budget={"rho": 500000}),
+        "eps": dict(cfg, attributes={"job": {"type": "categorical", "values": ["a", "b", "c"]}}, releases=[hh],
+                    budget={"epsilon": 1e9, "delta": 1e-6}),
+    }
+    cases["eps-allowed"] = dict(cases["eps"], budget={"epsilon": 1e9, "delta": 1e-6, "allow_large": True})
+    for label, doc in cases.items():
+        bad = tmp_path / f"{label}.yaml"
+        bad.write_text(yaml.safe_dump(doc))
+        proc = dpstream("plan", "--config", str(bad), env=env, check=False)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (label, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "configuration refused" in proc.stderr, proc.stderr
