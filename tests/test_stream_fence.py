@@ -299,7 +299,7 @@ def _up_release_and_stop(path: Path, env: dict, tmp_path, flags: tuple[str, ...]
             _dpstream("close", "--config", str(path), "--step", str(step), env=env)
         deadline = time.monotonic() + 60
         while True:
-            status = json.loads(_dpstream("status", "--config", str(path), env=env))
+            status = json.loads(_dpstream("status", "--config", str(path), "--json", env=env))
             if step is None or status["published_step"] >= step or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
