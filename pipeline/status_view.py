@@ -41,6 +41,10 @@ def status_document(dep, store, intake: dict[str, Any], source: str) -> dict[str
     }
 
 
+def _steps(first: int, last: int) -> str:
+    return f"step {first}" if first == last else f"steps {first}..{last}"
+
+
 def format_status(s: dict[str, Any]) -> str:
     """The status document as text for an operator who has not read the code."""
     lines = [f"deployment {s['deployment']} (instance {s['instance'] or 'not created yet'}); state read from "
@@ -48,7 +52,7 @@ def format_status(s: dict[str, Any]) -> str:
              f"released through step {s['released_step']} of {s['horizon']} (published through "
              f"{s['published_step']}); close markers written through step {s['closing_step']}"]
     if s["closing_step"] > s["released_step"]:
-        lines.append(f"  step(s) {s['released_step'] + 1}..{s['closing_step']} closed, not released yet: the "
+        lines.append(f"  {_steps(s['released_step'] + 1, s['closing_step'])} closed, not released yet: the "
                      "releaser gathers their partials; it writes their markers again when it starts, in case the "
                      "broker lost them (docs/streaming.md, 'A lost close')")
     spent = s["spent_as_approx_dp"]
