@@ -369,7 +369,8 @@ def cmd_close(args) -> int:
     steps = range(view.closing + 1, args.step + 1)
     if not len(steps):
         released = store.last_released()
-        which = f"step {view.closing} is" if released + 1 == view.closing else f"steps {released + 1}..{view.closing} are"
+        which = (f"step {view.closing} is" if released + 1 == view.closing
+                 else f"steps {released + 1}..{view.closing} are")
         pending = (f"; {which} closed but not released yet: the releaser is "
                    "gathering their partials, or they were lost with the broker's log — it writes their close "
                    "markers again when it starts (docs/streaming.md, 'A lost close'): if they are not released "
