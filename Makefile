@@ -20,9 +20,11 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/dpstream demo
 
-# tests/test_metrics.py scrapes the processes with a real Prometheus server (Debian package).
+# tests/test_metrics.py scrapes the processes with a real Prometheus server (Debian package);
+# tests/test_report_page.py opens the analyst page in headless chromium (Debian package).
 test: $(STAMP)
 	./scripts/install-prometheus.sh
+	./scripts/install-chromium.sh
 	$(PY) -m pytest -q
 
 # Jobs run on demand (not part of `make test`); results and commands are in the README.

@@ -113,6 +113,8 @@ class _AttributeMethods:
 class BinaryAttribute(StrictModel, _AttributeMethods):
     type: Literal["binary"]
     description: str = ""
+    label: str = Field(default="", max_length=60,
+                       description="what 1 means, in analysts' labels (\"poor\" -> \"poor in all 3 months\"); labels only")
 
     @property
     def size(self) -> int:

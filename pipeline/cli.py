@@ -16,9 +16,9 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
-from pipeline.connections import SecretUnavailable, check_secrets, connection_failure, redis_client, use_security
+from pipeline.connections import (SecretUnavailable, check_secrets, connection_failure, kafka_security, redis_client,
+                                  use_security)
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_BUDGET = 0, 1, 2, 3
 EXIT_STATE_LOST = 4
@@ -71,8 +71,8 @@ _REACH_TIMEOUT = 5.0  # seconds per service: a command against a dead broker or 
 _reached: set[str] = set()
 
 
-def _check_reachable(broker: str, redis_url: str) -> None:
-    """One line and exit 1 if the broker or Redis does not answer (instead of a client's retry loop)."""
+def _check_reachable(broker: str, redis_url: str | None) -> None:
+    """One line and exit 1 if the broker or Redis (unless None) does not answer (instead of a client's retry loop)."""
     import socket
 
     import redis
@@ -89,7 +89,7 @@ def _check_reachable(broker: str, redis_url: str) -> None:
         else:
             raise SystemExit(_fail(EXIT_RUNTIME, f"broker unreachable ({'; '.join(errors)})"))
         _reached.add(broker)
-    if redis_url not in _reached:
+    if redis_url is not None and redis_url not in _reached:
         try:
             redis_client(redis_url, socket_connect_timeout=_REACH_TIMEOUT, socket_timeout=_REACH_TIMEOUT).ping()
         except redis.RedisError as err:
@@ -97,14 +97,17 @@ def _check_reachable(broker: str, redis_url: str) -> None:
         _reached.add(redis_url)
 
 
-def _endpoints(dep, check: bool = True) -> tuple[str, str]:
-    """Broker and Redis of a deployment: configured, or those of a running `dpstream up`; checked to answer."""
+def _endpoints(dep, check: bool = True, redis: bool = True) -> tuple[str, str | None]:
+    """Broker and Redis of a deployment: configured, or those of a running `dpstream up`; checked to answer.
+    ``redis=False`` (the analysts' commands: public topics only) neither needs nor touches Redis."""
     from pipeline.stream.local.cluster import endpoints_file
 
-    check_secrets()  # an unset variable or unreadable file is one line now, not a client's retry loop
+    # an unset variable or unreadable file is one line now, not a client's retry loop; an analyst has no
+    # Redis secret to read
+    check_secrets() if redis else kafka_security()
     broker = os.environ.get("DPSTREAM_BROKER") or dep.broker
-    redis_url = os.environ.get("DPSTREAM_REDIS") or dep.redis
-    if not (broker and redis_url):
+    redis_url = (os.environ.get("DPSTREAM_REDIS") or dep.redis) if redis else None
+    if not (broker and (redis_url or not redis)):
         rec = _up_record(dep.name)
         if rec is None:
             raise SystemExit(_fail(EXIT_CONFIG, f"deployment {dep.name!r} names no broker/Redis and no `dpstream up` "
@@ -114,7 +117,7 @@ def _endpoints(dep, check: bool = True) -> tuple[str, str]:
         if "broker" not in rec:
             raise SystemExit(_fail(EXIT_RUNTIME, f"`dpstream up` of deployment {dep.name!r} (pid {rec['pid']}) is "
                                                  "still starting; try again in a moment"))
-        broker, redis_url = broker or rec["broker"], redis_url or rec["redis"]
+        broker, redis_url = broker or rec["broker"], (redis_url or rec["redis"]) if redis else None
     if check:
         _check_reachable(broker, redis_url)
     return broker, redis_url
@@ -281,8 +284,11 @@ def _intake(dep, wait: float):
     broker, redis_url = _endpoints(dep)
     store = ReleaseStore.from_url(redis_url, dep.name)
     names = topic_names(dep)
+    from pipeline.producer import progress_printer
+
     return store, intake_view(store, broker, names["reports"], dep.topics.partitions, wait=wait,
-                              repartition_topic=names["repartition"])
+                              repartition_topic=names["repartition"],
+                              progress=progress_printer("waiting for the workers: handled", " records sent before"))
 
 
 def _step_refused(dep, step: int, window: range) -> str | None:
@@ -338,21 +344,46 @@ def cmd_produce(args) -> int:
                    f"be dead-lettered as duplicate")
         if why:
             return _fail(EXIT_BUDGET, f"nothing sent: {why}")
+    if found is not None:
+        return _send_file(dep, found, args.dry_run)
+    if args.dry_run:
+        print(f"dry run: would send {dep.n:,} simulated reports for step {step}; nothing sent")
+        return EXIT_OK
     prod = _producer(dep)
     try:
-        if found is not None:
-            n = prod.send_reports(found.reports)
-            steps = sorted(found.steps())
-        else:
-            from pipeline.sim.panel import simulate_poverty_panel
+        from pipeline.sim.panel import simulate_poverty_panel
 
-            panel = simulate_poverty_panel(n=prod.roster.n, horizon=dep.horizon, seed=args.seed)
-            attr = args.attribute or next(a for a, v in dep.attributes.items() if v.type == "binary")
-            n = prod.send_step(step, {attr: panel[:, step - 1]})
-            steps = [step]
+        panel = simulate_poverty_panel(n=prod.roster.n, horizon=dep.horizon, seed=args.seed)
+        attr = args.attribute or next(a for a, v in dep.attributes.items() if v.type == "binary")
+        n = prod.send_step(step, {attr: panel[:, step - 1]})
     finally:
         prod.close()
-    print(f"sent {n} reports for step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}")
+    print(f"sent {n} reports for step {step}")
+    return EXIT_OK
+
+
+def _send_file(dep, found, dry_run: bool) -> int:
+    """A checked report file through the producer helper (pipeline.producer): the topic must exist, every
+    report is keyed by its user id, and what the broker acknowledged is what is reported."""
+    from pipeline.producer import ReportSender, TopicMissing, progress_printer
+
+    steps = ", ".join(map(str, sorted(found.steps())))
+    plural = "s" if len(found.steps()) > 1 else ""
+    if dry_run:
+        print(f"dry run: {len(found.reports):,} reports for step{plural} {steps} pass the workers' checks; nothing sent")
+        return EXIT_OK
+    broker, _ = _endpoints(dep)
+    with ReportSender(dep, broker) as sender:
+        try:
+            sender.check_topic()
+        except TopicMissing as err:
+            return _fail(EXIT_RUNTIME, str(err))
+        result = sender.send(found.reports, progress=progress_printer("acknowledged", " reports"))
+    if result.failed:
+        i, why = result.failed[0]
+        return _fail(EXIT_RUNTIME, f"sent {result.sent:,} reports, {result.acknowledged:,} acknowledged; "
+                                   f"{len(result.failed):,} not (first: line {found.lines[i]}: {why}); resend those")
+    print(f"sent {result.acknowledged} reports for step{plural} {steps} (all acknowledged)")
     return EXIT_OK
 
 
@@ -408,8 +439,12 @@ def cmd_close(args) -> int:
         prod.close_step(args.step)
     finally:
         prod.close()
-    deadline = time.monotonic() + args.wait
+    from pipeline.producer import progress_printer
+
+    deadline, started = time.monotonic() + args.wait, time.monotonic()
+    waiting = progress_printer(f"waiting for the releaser's close markers of step {args.step}", " s")
     while store.last_closing() < args.step:
+        waiting(int(time.monotonic() - started), int(args.wait))
         if time.monotonic() > deadline:
             return _fail(EXIT_RUNTIME, f"close of step {args.step} requested, but the releaser has not written its "
                                        f"close markers within {args.wait:g} s (is it running?)")
@@ -466,68 +501,53 @@ def _redis_at_rest(dep):
         redis.stop()
 
 
-# -- consuming ---------------------------------------------------------------------------------
-def _panels(dep):
-    from pipeline.consumer import read_topics
-    from pipeline.stream.kafka.topics import topic_names
+# -- consuming: the analysts' commands (pipeline.analyst), public topics only, never Redis ------------------
+def _analyst(command: str, args) -> int:
+    from pipeline.analyst import commands
+    from pipeline.analyst.reader import AnalystError, NotReleased
 
-    broker, _ = _endpoints(dep)
-    return read_topics(broker, topic_names(dep))
-
-
-def _synthetic_release(dep, name: str):
-    """The configured synthetic-data release ``name``, or one line naming the ones there are (exit 2)."""
-    from pipeline.config import ZCDP_RELEASES
-
-    releases = {r.name: r for r in dep.releases if r.type in ZCDP_RELEASES + ("relative_error",)}
-    if name not in releases:
-        raise SystemExit(_fail(EXIT_CONFIG, f"no such release {name!r}; releases with synthetic data are "
-                                            f"{', '.join(releases) or 'none'}"))
-    return releases[name]
-
-
-def _synthetic_panel(args, step: int | None = None):
-    """The materialised panel of ``args.release`` read from the topics, released through ``step`` (default:
-    at least one step); one line and an exit code otherwise."""
     dep = _load(args.config)
-    release = _synthetic_release(dep, args.release)
-    if step is not None:
-        if not 1 <= step <= dep.horizon:
-            raise SystemExit(_fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {step}"))
-        if release.type == "fixed_window" and step < release.window:
-            raise SystemExit(_fail(EXIT_CONFIG, f"release {release.name!r} counts windows of {release.window} steps: "
-                                                f"the first full window ends at step {release.window}, got --step {step}"))
-    panel = _panels(dep).panels.get(args.release)
-    through = panel.released_through if panel is not None else 0
-    if through < (step or 1):
-        raise SystemExit(_fail(EXIT_RUNTIME, f"release {args.release!r} has not released step {step or 1} yet "
-                                             f"({f'released through step {through}' if through else 'nothing released'})"))
-    return panel
+    broker, _ = _endpoints(dep, redis=False)
+    try:
+        return getattr(commands, command)(dep, broker, args)
+    except AnalystError as err:
+        return _fail(EXIT_CONFIG, str(err))
+    except NotReleased as err:
+        return _fail(EXIT_RUNTIME, str(err))
 
 
 def cmd_export(args) -> int:
-    panel = _synthetic_panel(args)
-    out = Path(args.out)
-    (panel.export_parquet if out.suffix == ".parquet" else panel.export_csv)(out)
-    print(f"wrote {panel.as_array().shape[0]} records x {panel.released_through} steps to {out}")
-    return EXIT_OK
+    return _analyst("export", args)
 
 
 def cmd_query(args) -> int:
-    panel = _synthetic_panel(args, args.step)
-    if panel.type == "relative_error":
-        from pipeline.releases.relative_error import query_output
+    return _analyst("query", args)
 
-        try:
-            out = query_output(panel, _load(args.config), args.release, args.step, args.group)
-        except ValueError as err:
-            return _fail(EXIT_CONFIG, f"--group: {err}")
-    elif panel.type == "fixed_window":
-        counts = panel.window_counts(args.step, debias=args.debias)
-        out = {"release": args.release, "step": args.step, "debiased": args.debias, "counts": counts.tolist()}
+
+def cmd_alerts(args) -> int:
+    return _analyst("alerts", args)
+
+
+def cmd_report(args) -> int:
+    return _analyst("report", args)
+
+
+def cmd_dead_letters(args) -> int:
+    """Rejected reports by reason (curator side: the dead-letter topic holds the original reports)."""
+    from pipeline.consumer import read_to_end
+    from pipeline.dead_letters import format_summary, summarise
+    from pipeline.stream.kafka.topics import topic_names
+
+    dep = _load(args.config)
+    broker, _ = _endpoints(dep, redis=False)
+    topic = topic_names(dep)["dead-letter"]
+    messages = []
+    read_to_end(broker, [topic], messages.append)
+    summary = summarise(messages, examples=args.examples)
+    if args.json:
+        print(json.dumps({reason: s.__dict__ for reason, s in summary.items()}))
     else:
-        out = {"release": args.release, "step": args.step, "at_least": panel.cumulative_counts(args.step).tolist()}
-    print(json.dumps(out))
+        print(format_summary(summary, topic))
     return EXIT_OK
 
 
@@ -602,6 +622,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--seed", type=int, default=2021)
     pr.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the workers to count what was "
                     "sent before (default 10)")
+    pr.add_argument("--dry-run", action="store_true", help="check everything (file, steps the workers accept now) "
+                    "and say what would be sent; send nothing")
     pr.set_defaults(func=cmd_produce)
 
     c = with_config(sub.add_parser("close", help="close a step (and every earlier open step); shows the intake "
@@ -629,18 +651,41 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="machine-readable output")
     pl.set_defaults(func=cmd_plan)
 
-    e = with_config(sub.add_parser("export", help="materialise a release's synthetic panel to CSV or Parquet"))
+    e = with_config(sub.add_parser("export", help="a release's synthetic records to CSV or Parquet, with their data "
+                                   "dictionary (public topics only)"))
     e.add_argument("--release", required=True)
-    e.add_argument("--out", required=True, help="*.csv or *.parquet")
+    e.add_argument("--out", required=True, help="*.csv (dictionary in *.csv.dictionary.json) or *.parquet "
+                   "(dictionary in the schema metadata)")
     e.set_defaults(func=cmd_export)
 
-    q = with_config(sub.add_parser("query", help="window-pattern or cumulative counts from the synthetic panel"))
+    q = with_config(sub.add_parser("query", help="a release's answer at a step: labelled rows with interval and share "
+                                   "of n (public topics only)"))
     q.add_argument("--release", required=True)
     q.add_argument("--step", type=int, required=True)
-    q.add_argument("--debias", action="store_true", help="subtract the public padding (fixed-window releases)")
+    q.add_argument("--raw", action="store_true", help="the synthetic records' counts with the padding (default: "
+                   "debiased, the padding subtracted)")
+    q.add_argument("--debias", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for scripts
     q.add_argument("--group", help="relative_error releases: a declared group, a code or value, or a code range "
                                    "lo:hi (dyadic); default: every declared group")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
     q.set_defaults(func=cmd_query)
+
+    al = with_config(sub.add_parser("alerts", help="the alerts by step, with labels, what a flag means and when flags "
+                                    "run out (public topics only)"))
+    al.add_argument("--release", help="only this release's alerts")
+    al.add_argument("--step", type=int, help="only this step")
+    al.add_argument("--json", action="store_true", help="machine-readable output")
+    al.set_defaults(func=cmd_alerts)
+
+    rp = with_config(sub.add_parser("report", help="write DIR/report.html: one self-contained page of every release's "
+                                    "series, the privacy spend and the alerts (public topics only)"))
+    rp.add_argument("--out", required=True, help="directory of report.html")
+    rp.set_defaults(func=cmd_report)
+
+    dl = with_config(sub.add_parser("dead-letters", help="rejected reports summarised by reason (curator side)"))
+    dl.add_argument("--examples", type=int, default=0, help="show the first N details of each reason")
+    dl.add_argument("--json", action="store_true", help="machine-readable output")
+    dl.set_defaults(func=cmd_dead_letters)
     return p
 
 

@@ -116,6 +116,8 @@ class Steps(_Strict):
         default=0.0, ge=0, description="hold each step's public records until this long after its close, so "
                                        "when they appear does not depend on how long the release took")
     max_ahead: int = Field(default=2, ge=0, description="reports at most this many steps past the open step")
+    unit: str = Field(default="step", min_length=1, max_length=40,
+                      description="what a step is called in analysts' labels (\"month\"); labels only")
 
     @field_validator("close", mode="before")
     @classmethod

@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from pipeline.connections import kafka_security
+from pipeline.releases.relative_error import histogram_checksum
 from pipeline.stream.kafka.codecs import SYNTHETIC_DTYPES, columns_checksum
 from pipeline.stream.kafka.topics import PUBLIC_TOPICS
 
@@ -94,23 +95,16 @@ class SyntheticPanel:
         return answer_query(self.manifests[step], self.histograms[step], group, attribute)
 
     def export_csv(self, path: str | Path) -> Path:
-        path = Path(path)
-        arr = self.as_array()
-        header = "record," + ",".join(f"step_{t}" for t in range(1, arr.shape[1] + 1))
-        with path.open("w") as fh:
-            fh.write(header + "\n")
-            ids = np.arange(arr.shape[0])[:, None]
-            np.savetxt(fh, np.hstack([ids, arr]), fmt="%d" if arr.dtype.kind in "iu" else "%.17g", delimiter=",")
-        return path
+        """The released columns as CSV (record, step_1..); ``dpstream export`` adds the data dictionary."""
+        from pipeline.analyst.export import _csv
+
+        _csv(Path(path), self.as_array(), None)
+        return Path(path)
 
     def export_parquet(self, path: str | Path) -> Path:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        from pipeline.analyst.export import _parquet
 
-        arr = self.as_array()
-        table = pa.table({"record": np.arange(arr.shape[0], dtype=np.int64),
-                          **{f"step_{t}": arr[:, t - 1] for t in range(1, arr.shape[1] + 1)}})
-        pq.write_table(table, str(path))
+        _parquet(Path(path), self.as_array(), None, {"release": self.release, "type": self.type})
         return Path(path)
 
 
@@ -169,10 +163,8 @@ class PanelStore:
         chunks = self._chunks.get((release, step), {})
         if len(chunks) < int(syn["chunks"]):
             return
-        if manifest["type"] == "relative_error":
-            from pipeline.releases.relative_error import complete_histogram
-
-            complete_histogram(panel, manifest, chunks)
+        if _output_of(manifest) == "histogram":
+            _complete_histogram(panel, manifest, chunks)
             self._chunks.pop((release, step), None)
             return
         m = int(syn["records"])
@@ -200,25 +192,48 @@ class PanelStore:
         self._chunks.pop((release, step), None)
 
 
-def read_topics(bootstrap: str, topic_names: dict[str, str], store: PanelStore | None = None,
-                timeout: float = 30.0, until: callable = None) -> PanelStore:
-    """Read the public topics from the beginning up to their current end (or until ``until(store)``).
+def _output_of(manifest: dict) -> str:
+    """The output shape the release's kind declares (pipeline.releases: ``output``)."""
+    from pipeline.releases import get_kind
 
-    The end is each partition's true log end (:func:`pipeline.stream.kafka.log_end.log_ends`), not the
-    ListOffsets answer, which the embedded broker gives short (the last batch's base offset + 1).
-    """
+    try:
+        return get_kind(manifest["type"]).output
+    except ValueError:  # a kind this version does not know: its manifest says what it published
+        return "histogram" if manifest.get("synthetic", {}).get("histogram") else "records"
+
+
+def _complete_histogram(panel: SyntheticPanel, manifest: dict, chunks: dict[int, dict]) -> None:
+    """Assemble a ``histogram`` step (one float64 column over the codes) from its chunks into
+    ``panel.histograms``; a malformed chunk or a checksum mismatch raises ``IncompleteStep``."""
+    step, syn = int(manifest["step"]), manifest["synthetic"]
+    where = f"{manifest['release']} step {step}"
+    hist = np.full(int(syn["records"]), np.nan)
+    try:
+        for c in chunks.values():
+            hist[int(c["start"]):int(c["stop"])] = np.asarray(c["values"][str(step)], dtype=np.float64)
+    except (KeyError, ValueError, TypeError) as err:
+        raise IncompleteStep(f"{where}: malformed chunk ({type(err).__name__}: {err})") from None
+    if histogram_checksum(hist) != syn["sha256"]:
+        raise IncompleteStep(f"{where}: checksum mismatch (corrupt or mixed chunks)")
+    panel.histograms[step] = hist
+    panel.complete_steps.add(step)
+
+
+def read_to_end(bootstrap: str, topics: list[str], handle, timeout: float = 30.0, until=None) -> None:
+    """Call ``handle(message)`` for every record of ``topics`` from the beginning up to their current
+    end (or until ``until()`` is true). The end is each partition's true log end
+    (:func:`pipeline.stream.kafka.log_end.log_ends`), not the ListOffsets answer, which the embedded
+    broker gives short (the last batch's base offset + 1)."""
     from kafka import KafkaConsumer, TopicPartition
 
     from pipeline.stream.kafka.log_end import log_ends
 
-    store = store or PanelStore()
-    handlers = store.handlers(topic_names)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False,
                              auto_offset_reset="earliest",
                              max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
     try:
         tps = []
-        for topic in handlers:
+        for topic in topics:
             parts = consumer.partitions_for_topic(topic) or {0}
             tps += [TopicPartition(topic, p) for p in sorted(parts)]
         consumer.assign(tps)
@@ -227,15 +242,24 @@ def read_topics(bootstrap: str, topic_names: dict[str, str], store: PanelStore |
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             batch = consumer.poll(timeout_ms=200)
-            for tp, msgs in batch.items():
-                handler = handlers[tp.topic]
+            for msgs in batch.values():
                 for msg in msgs:
-                    handler(msg.value)
+                    handle(msg)
             if until is not None:
-                if until(store):
+                if until():
                     break
             elif all(consumer.position(tp) >= end[tp] for tp in tps):
                 break
     finally:
         consumer.close()
+
+
+def read_topics(bootstrap: str, topic_names: dict[str, str], store: PanelStore | None = None,
+                timeout: float = 30.0, until: callable = None) -> PanelStore:
+    """Read the public topics from the beginning up to their current end (or until ``until(store)``)
+    into ``store`` (:func:`read_to_end`)."""
+    store = store or PanelStore()
+    handlers = store.handlers(topic_names)
+    read_to_end(bootstrap, list(handlers), lambda msg: handlers[msg.topic](msg.value), timeout,
+                None if until is None else (lambda: until(store)))
     return store

@@ -10,23 +10,11 @@ from pipeline.config import EPSILON_CEILING
 from pipeline.error_bounds import planned_spend, release_bounds, warnings
 from pipeline.plan import budget_plan, planned_schedule
 from pipeline.privacy.accounting import ZCDP
+from pipeline.releases import kind_of
 
 __all__ = ["plan_report", "format_plan"]
 
-# What each bound means, with the theorem it comes from (docs/topics.md, "What an analyst gets").
-_EXPLAIN = {
-    "lambda": "every projected window count is within λ of its true count + n_pad, at every step "
-              "(Bun–Gaboardi–Neunhoeffer–Zhang, arXiv 2306.07884, Thm 3.2)",
-    "error": "every 'at least b of t steps' count is within this of the truth, for all b and t "
-             "(Bun–Gaboardi–Neunhoeffer–Zhang, Cor. B.1 with the counters' exact variances)",
-    "tau": "every element held by ≥ τ active users is flagged and none held by nobody, at every step "
-           "(Kaplan–Mansour–Stemmer, arXiv 2011.07637, Def. 4.1; the project's calibration)",
-    "margin": "an answer can be wrong only for a true count within this of low or high, over the horizon "
-              "(Ghazi et al., arXiv 2502.14809, Prop. 2.2 with discrete noise)",
-}
-
-
-_LABEL = {"lambda": "λ", "error": "error bound", "tau": "τ", "margin": "margin"}
+_LABEL = {"lambda": "λ", "error": "error bound", "tau": "τ", "margin": "margin", "alpha": "α"}
 
 
 def _schedule_text(values: list[float], unit: str) -> str:
@@ -59,6 +47,9 @@ def plan_report(deployment) -> dict[str, Any]:
             "allotment": {"rho": cost.rho} if isinstance(cost, ZCDP) else {"epsilon": cost.epsilon, "delta": cost.delta},
             **bounds[rel.name].as_json(),
             "notes": bounds[rel.name].notes,
+            "bound_source": kind_of(rel).bound_source,
+            "as_share_of_n": bounds[rel.name].bounds[bounds[rel.name].largest] / n,
+            "in_words": kind_of(rel).explain(bounds[rel.name], n),
             "schedule": schedule[rel.name].tolist(),
         }
     return {
@@ -78,9 +69,10 @@ def format_plan(report: dict[str, Any]) -> str:
     for name, r in report["releases"].items():
         spend = ", ".join(f"{k} = {v:.6g}" for k, v in r["allotment"].items())
         lines.append(f"\n{name} ({r['type']}): allotment {spend}; bounds hold with probability ≥ 1 − β, β = {r['beta']:g}")
-        for bound, value in r["bounds"].items():
-            if bound in _EXPLAIN:
-                lines.append(f"  {_LABEL[bound]} = {value:,.2f}: {_EXPLAIN[bound]}")
+        bound = r["compared_with_n"]
+        lines.append(f"  {_LABEL.get(bound, bound)} = {r['bounds'][bound]:,.2f} users ({r['as_share_of_n']:.2%} of n): "
+                     f"{r['bound_source']}")
+        lines.append(f"  in words: {r['in_words']}")
         lines += [f"  {note}" for note in r["notes"]]
         lines.append(f"  charged: {_schedule_text(r['schedule'], 'ρ' if 'rho' in r['allotment'] else 'ε')}")
     t = report["total_as_approx_dp"]

@@ -94,13 +94,14 @@ def test_operator_workflow(deployment, tmp_path):
         assert status["spent_as_approx_dp"] == {"epsilon": pytest.approx(zcdp_to_approx_dp(0.5, 1e-6), rel=1e-9),
                                                 "delta": 1e-6}
 
-        q = json.loads(dpstream("query", "--config", str(path), "--release", "quarterly", "--step", "2",
-                                env=env).stdout)
+        # --raw: the synthetic records' counts with the padding; the default is debiased (--debias still accepted)
+        q = json.loads(dpstream("query", "--config", str(path), "--release", "quarterly", "--step", "2", "--raw",
+                                "--json", env=env).stdout)
         qd = json.loads(dpstream("query", "--config", str(path), "--release", "quarterly", "--step", "2",
-                                 "--debias", env=env).stdout)
+                                 "--debias", "--json", env=env).stdout)
         assert len(q["counts"]) == 4 and all(a > b for a, b in zip(q["counts"], qd["counts"]))
         c = json.loads(dpstream("query", "--config", str(path), "--release", "cumulative", "--step", str(T),
-                                env=env).stdout)
+                                "--json", env=env).stdout)
         assert c["at_least"][0] == N and all(x >= y for x, y in zip(c["at_least"], c["at_least"][1:]))
 
         out_csv, out_pq = tmp_path / "cum.csv", tmp_path / "cum.parquet"

@@ -42,14 +42,15 @@ def drawn_rho(counter) -> float:
 
 
 def test_default_counter_is_the_factorization_and_stated_in_the_manifest():
+    """The default ``auto`` resolves to the square-root factorization at this horizon (≤ 1024 steps)."""
     dep = deployment()
-    assert dep.release("cu").counter == "factorization"
+    assert dep.release("cu").counter == "auto"
     engine = ReleaseEngine(dep, N)
     out = engine.release(1, [{"users": N, "releases": {"cu": {"z": np.r_[0, 4, np.zeros(T - 1, int)]}}}])
     assert out[0].manifest["parameters"]["counter"] == "factorization"
 
 
-@pytest.mark.parametrize("counter", ["tree", "factorization"])
+@pytest.mark.parametrize("counter", ["tree", "factorization", "blt"])
 def test_charged_rho_equals_the_noise_each_counter_draws(counter):
     neighbours = "replace"
     dep = deployment(counter, neighbours)

@@ -113,7 +113,7 @@ def test_replace_doubles_every_counter_sigma2():
         (dict(horizon=4, rho=1.0, neighbours="bounded"), ValueError, "neighbours"),
         (dict(horizon=4, rho=1.0, n=0), ValueError, "n"),
         (dict(horizon=4, rho=1.0, seed=1.5), TypeError, "rng"),
-        (dict(horizon=4, rho=1.0, counter="blt"), ValueError, "counter"),
+        (dict(horizon=4, rho=1.0, counter="sqrt"), ValueError, "counter"),  # blt is a counter choice now
     ],
 )
 def test_constructor_validation(kwargs, exc, word):
@@ -177,7 +177,7 @@ def check_invariants(c: CumulativeSynthesizer, snapshots=None):
             np.testing.assert_array_equal(syn[:, : snap.shape[1]], snap)
 
 
-COUNTERS = ["tree", "factorization"]
+COUNTERS = ["tree", "factorization", "blt"]
 
 
 @pytest.mark.parametrize("counter", COUNTERS)

@@ -83,7 +83,7 @@ def test_privacy_recomputed_from_drawn_noise_equals_target(cls, neighbours, monk
     real = noise_module.discrete_gaussian
 
     def recording(sigma2, size, rng=None):
-        drawn.append(sigma2)
+        drawn.extend([sigma2] * size)  # one entry per value drawn (the BLT draws a block of steps per call)
         return real(sigma2, size, rng=rng)
 
     monkeypatch.setattr(noise_module, "discrete_gaussian", recording)
@@ -244,3 +244,45 @@ def test_make_counter_names():
     assert isinstance(make_counter("factorization", 4, 1.0, seed=0), SqrtFactorizationCounter)
     with pytest.raises(ValueError, match="counter"):
         make_counter("binary", 4, 1.0)
+
+
+@pytest.mark.parametrize("cls", [SqrtFactorizationCounter, BLTCounter])
+def test_noise_is_drawn_in_blocks_and_a_restore_mid_block_continues_bit_for_bit(cls, monkeypatch):
+    """The lattice counters call the exact sampler once per NOISE_BLOCK steps (its ~1 ms fixed cost
+    dominated the step), never more values than steps, and the rows drawn ahead are state: a counter
+    restored in the middle of a block (with another source) releases exactly what the uninterrupted
+    one does — no step's noise is redrawn."""
+    from pipeline.counters.factorization import NOISE_BLOCK
+
+    calls = []
+    real = noise_module.discrete_gaussian
+
+    def recording(sigma2, size, rng=None):
+        calls.append(size)
+        return real(sigma2, size, rng=rng)
+
+    monkeypatch.setattr(noise_module, "discrete_gaussian", recording)
+    T = NOISE_BLOCK + 40
+    ref = cls(T, 0.5, seed=3, neighbours="replace", width=2)
+    out_ref = [ref.update([t % 2, 1]) for t in range(T)]
+    assert calls == [2 * NOISE_BLOCK, 2 * 40]
+    k = cls(T, 0.5, seed=3, neighbours="replace", width=2)
+    out = [k.update([t % 2, 1]) for t in range(100)]
+    state = k.get_state(include_rng=False)
+    assert state["pending"].shape == (NOISE_BLOCK - 100, 2)
+    back = cls.from_state(state, rng=12345)  # another source: only a new block would use it
+    out += [back.update([t % 2, 1]) for t in range(100, NOISE_BLOCK)]
+    assert all(np.array_equal(a, b) for a, b in zip(out, out_ref[:NOISE_BLOCK]))
+
+
+def test_counter_names_and_the_automatic_choice():
+    """``blt`` is a counter choice; ``auto`` is the square-root factorization up to BLT_ABOVE_HORIZON
+    steps and the BLT above (constant time and memory per step)."""
+    from pipeline.counters import BLT_ABOVE_HORIZON, resolve_counter
+
+    assert isinstance(make_counter("blt", 4, 1.0, seed=0), BLTCounter)
+    assert isinstance(make_counter("auto", BLT_ABOVE_HORIZON, 1.0, seed=0), SqrtFactorizationCounter)
+    assert isinstance(make_counter("auto", BLT_ABOVE_HORIZON + 1, 1.0, seed=0), BLTCounter)
+    assert resolve_counter("tree", 10**6) == "tree"
+    with pytest.raises(ValueError, match="counter"):
+        resolve_counter("sqrt", 10)

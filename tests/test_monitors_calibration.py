@@ -48,13 +48,69 @@ def test_accountant_vectors_at_eps_0_1_tau_50():
         assert acc.delta_star(alpha, exact=True) <= acc.delta_star(alpha, exact=False)
 
 
+def _calls_beyond(r: float, tau: int, q: float) -> float:
+    """P[X > r], X = Bernoulli(q) trials until the τ-th success (the data holder's calls in the
+    simulation of Theorem B.4), from the negative binomial law of the failures X − τ: independent
+    of the Binomial form the accountant uses."""
+    return float(stats.nbinom.sf(math.floor(r) - tau, tau, q))
+
+
 def test_exact_delta_star_is_the_binomial_tail():
+    # δ* = P[X > r] = P[Bin(⌊r⌋, q) < τ]; the proof of Theorem B.4 writes 1 + ⌊r⌋ trials, which is
+    # P[X > ⌊r⌋ + 1] and pairs one call too many with the charge r·ε.
     acc = cal.TargetChargingAccountant(0.5, 3)
     alpha = 2.0
-    m = 1 + math.floor((1 + alpha) * 3 / acc.q)
-    # P[Bin(m, q) < 3] by direct summation
-    direct = sum(math.comb(m, j) * acc.q**j * (1 - acc.q) ** (m - j) for j in range(3))
+    m = math.floor((1 + alpha) * 3 / acc.q)
+    # P[Bin(m, q) < 3] by direct summation in exact arithmetic
+    q = Fraction(acc.q)
+    direct = float(sum(math.comb(m, j) * q**j * (1 - q) ** (m - j) for j in range(3)))
     assert acc.delta_star(alpha) == pytest.approx(direct, rel=1e-10)
+    assert acc.delta_star(alpha) == pytest.approx(_calls_beyond(acc.r(alpha), 3, acc.q), rel=1e-10)
+
+
+@pytest.mark.parametrize("eps0,tau", [(0.1, 50), (0.5, 3), (0.05, 10), (0.3, 6)])
+def test_delta_star_is_the_probability_of_more_than_r_calls(eps0, tau):
+    acc = cal.TargetChargingAccountant(eps0, tau)
+    for alpha in (0.3, 1.0, 2.5, 7.0):
+        assert acc.delta_star(alpha) == pytest.approx(_calls_beyond(acc.r(alpha), tau, acc.q), rel=1e-9)
+        # the Chernoff bound of Theorem B.4 holds for ⌊r⌋ trials as well (integrality slack)
+        assert acc.delta_star(alpha) <= acc.delta_star(alpha, exact=False)
+
+
+def _independent_tct_epsilon(eps0: float, hits: int, delta: float) -> float:
+    """Smallest ε over every whole cap m of data-holder calls: basic m·ε₀, or advanced
+    ½mε₀² + ε₀√(2m ln(1/δ_adv)) with δ_adv = δ − P[X > m] (Theorem B.4 with r = m), written
+    independently of the accountant (negative binomial tails, exhaustive over m)."""
+    q = 1.0 / (math.exp(eps0) + 1.0)
+    ms = np.arange(hits, int(60 * hits / q) + 2)
+    fail = stats.nbinom.sf(ms - hits, hits, q)
+    ok = fail < delta
+    ms, fail = ms[ok], fail[ok]
+    basic = ms * eps0
+    adv = 0.5 * ms * eps0**2 + eps0 * np.sqrt(2.0 * ms * np.log(1.0 / (delta - fail)))
+    return float(min(basic.min(), adv.min()))
+
+
+@pytest.mark.parametrize("eps,delta,k,neighbours", [(1.0, 1e-6, 3, "replace"), (1.0, 1e-6, 3, "add_remove"),
+                                                    (0.7, 5e-7, 20, "replace")])
+def test_individual_charging_calibration_against_independent_tails(eps, delta, k, neighbours):
+    """The calibrated noise delivers at most the target under the ⌊r⌋ rule computed independently
+    (the 1 + ⌊r⌋ rule gave ε ≈ 1.0125 for tct heavy hitters at ε = 1, δ = 1e−6, k = 3)."""
+    eps0 = cal.calibrate_individual_charging(eps, delta, k, neighbours)
+    hits = cal.tct_hits_per_user(k, neighbours)
+    independent = _independent_tct_epsilon(eps0, hits, delta)
+    assert independent <= eps * (1 + 1e-9)
+    bound = cal.individual_charging_privacy(eps0, k, delta, neighbours)
+    assert bound.r == math.floor(bound.r)  # a whole cap of calls, charged m·ε₀
+    assert bound.delta_star == pytest.approx(_calls_beyond(bound.r, hits, cal.not_prior_q(eps0)), rel=1e-9)
+    assert bound.epsilon >= independent * (1 - 1e-9)  # never claims less than the exhaustive search
+    assert bound.epsilon <= independent * 1.01       # and the α grid loses at most 1%
+
+
+def test_outside_interval_calibration_against_independent_tails():
+    """The band monitor (2 hits under replace): 1.0395 at ε = 1 under the 1 + ⌊r⌋ rule."""
+    a = cal.calibrate_outside_interval(1.0, 1e-6, "replace")
+    assert _independent_tct_epsilon(a, 2, 1e-6) <= 1.0 * (1 + 1e-9)
 
 
 def test_best_is_no_worse_than_any_fixed_alpha():

@@ -86,7 +86,9 @@ def test_find_margin_example_lemma_3_2(scale, expect, monitor):
 
 def _reference_fme(rows, h, est, active, zeta, alpha0, noise):
     """Algorithm 2 written out query by query with masks (O(|X|) per query): the incremental sums of
-    :func:`find_margin_example` must give the same answers for the same noise draws."""
+    :func:`find_margin_example` must give the same answers for the same noise draws. One call is one
+    monitor: it starts by drawing the pure rule's η."""
+    noise.start_call()
     active = active.copy()
     plus, minus = np.zeros_like(active), np.zeros_like(active)
     f_active = list(range(len(rows)))
@@ -228,7 +230,7 @@ def test_paper_accounting_returns_zero_histogram_and_holds():
     is (ζ, α)-accurate only because α ≥ n."""
     rng = np.random.default_rng(1)
     h = rng.multinomial(50_000, np.ones(256) / 256).astype(np.int64)
-    prem = PREM(256, _interval_family(256, 50, rng, 32), ZETA, 1.0, 1e-6, seed=1)
+    prem = PREM(256, _interval_family(256, 50, rng, 32), ZETA, 1.0, 1e-6, seed=1, accounting="paper")
     out = prem.fit(h)
     assert prem.alpha >= h.sum()
     assert np.all(out == 0) and prem.calls == 0
@@ -262,7 +264,7 @@ def test_charged_is_seeded_and_validates():
     with pytest.raises(TypeError, match="histogram"):
         PREM(1024, fam, ZETA, 1.0, 1e-6, accounting="charged").fit(h.astype(float))
     with pytest.raises(TypeError, match="max_calls"):
-        PREM(1024, fam, ZETA, 1.0, 1e-6, max_calls=3)
+        PREM(1024, fam, ZETA, 1.0, 1e-6, accounting="paper", max_calls=3)
 
 
 @pytest.mark.slow
@@ -317,3 +319,58 @@ def test_a_precomputed_plan_gives_the_same_release_and_a_mismatch_is_refused():
         PREM(8, queries, ZETA, 1.0, 1e-6, seed=9, accounting="paper", n=5_000, plan=plan)
     with pytest.raises(TypeError, match="not both"):
         PREM(8, queries, ZETA, 1.0, 1e-6, accounting="charged", plan=plan, max_calls=5)
+
+
+def test_pure_monitor_draws_its_threshold_noise_once_per_call_within_the_margin_budget():
+    """monitor="pure": every FindMarginExample call is its own run of Algorithm 4 (fresh η at the
+    start, redrawn after each Above/Below), so a run of PREM draws η at most K·(Γ+1) times, and the
+    margin's c_η is set for that many draws: by the union bound P(some |η| > c_η) ≤ E[draws]·p with
+    p = P(|η| > c_η) = 2ρ^{c+1}/(1+ρ) (exact two-sided geometric tail, ρ = e^{−a/2}), which must stay
+    within the β/4 the plan gives η (docs/prem.md §3). With one η kept across calls (the old rule)
+    c_η was set for Γ + 1 draws while a run made ~4× as many here: E[draws]·p ≈ 0.05 > β/4.
+    Then over seeded runs the rate of runs with some |η| > c_η, and of runs breaking the (ζ, α)
+    guarantee, stays within budget (exact Binomial tolerance, Clopper–Pearson style: the count may
+    exceed its budgeted mean only by the 0.999 quantile)."""
+    from scipy import stats
+
+    rng = np.random.default_rng(0)
+    domain, n, beta, runs = 1024, 10**7, 0.05, 24
+    q = as_query_matrix(_interval_family(domain, 30, rng, 256), domain)
+    h = rng.multinomial(n, rng.dirichlet(np.full(domain, 0.3))).astype(np.int64)
+    truth = q @ h
+    options = {"init_share": 0.0, "max_calls": 20, "max_rounds": 1, "eta": 0.02}  # many uncertified calls
+    draws, eta_fails, fails = [], 0, 0
+    for seed in range(runs):
+        prem = PREM(domain, q, ZETA, 1.0, 1e-6, beta=beta, seed=seed, accounting="charged", monitor="pure", **options)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out = prem.fit(h)
+        noise, plan = prem.monitor_noise, prem.plan
+        assert noise.calls == prem.calls <= plan.max_calls
+        assert noise.eta_draws <= noise.calls * (plan.gamma + 1)
+        draws.append(noise.eta_draws)
+        eta_fails += noise.eta_max_abs > plan.extra["eta_margin"]
+        got = q @ out
+        fails += not (np.all(got >= (1 - ZETA) * truth - prem.alpha) and np.all(got <= (1 + ZETA) * truth + prem.alpha))
+    assert np.mean(draws) > 3 * (plan.gamma + 1), "the runs must make many calls with Above/Below answers"
+    rho = math.exp(-plan.a / 2.0)
+    p = 2.0 * rho ** (plan.extra["eta_margin"] + 1) / (1.0 + rho)
+    assert np.mean(draws) * p <= beta / 4
+    assert eta_fails <= stats.binom.ppf(0.999, runs, beta / 4)
+    assert fails <= stats.binom.ppf(0.999, runs, beta)
+
+
+def test_the_default_accounting_is_the_charged_one():
+    """PREM(domain_size, queries, zeta, epsilon, delta, beta, seed).fit(h) must not return the zero
+    histogram of the printed constants (α > n): the default is the charged accounting, whose (ε, δ)
+    round-trips; the paper's stays selectable."""
+    rng = np.random.default_rng(6)
+    domain = 1024
+    h = rng.multinomial(10**6, rng.dirichlet(np.ones(domain))).astype(np.int64)
+    fam = _interval_family(domain, 100, rng, 128)
+    prem = PREM(domain, fam, ZETA, 1.0, 1e-6, 0.05, 3)
+    out = prem.fit(h)
+    assert prem.plan.accounting == "charged" and prem.alpha < h.sum() / 10
+    assert out.sum() > 0.9 * h.sum()
+    assert prem.privacy().epsilon == pytest.approx(1.0, rel=1e-6)
+    assert PREM(domain, fam, ZETA, 1.0, 1e-6, 0.05, 3, accounting="paper", n=10**6).plan.alpha > h.sum()

@@ -279,7 +279,7 @@ def _cumulative_step_1(path: Path, env: dict, timeout: float = 60) -> list[int]:
     deadline = time.monotonic() + timeout
     while True:
         proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "query", "--config", str(path), "--release", "cu",
-                               "--step", "1"], capture_output=True, text=True, env=env, timeout=timeout)
+                               "--step", "1", "--json"], capture_output=True, text=True, env=env, timeout=timeout)
         if proc.returncode == 0:
             return json.loads(proc.stdout)["at_least"]
         assert time.monotonic() < deadline, proc.stderr[-2000:]

@@ -88,7 +88,7 @@ def test_relative_error_stream_equals_library_prem(services, tmp_path, capsys):
 
     # dpstream query: a group's count and its interval, read from the topics
     capsys.readouterr()
-    assert cli_main(["query", "--config", path, "--release", "occ-groups", "--step", "2", "--group", "mid"]) == 0
+    assert cli_main(["query", "--config", path, "--release", "occ-groups", "--step", "2", "--group", "mid", "--json"]) == 0
     answer = json.loads(capsys.readouterr().out)["answers"][0]
     estimate = float(panel.histograms[2][[3, 4, 5, 6]].sum())
     assert answer["estimate"] == estimate

@@ -106,6 +106,7 @@ def run_experiment(panel: np.ndarray, *, runs: int, seed: int, secure: bool, rho
     from tqdm import tqdm
 
     FixedWindow, Cumulative = _synthesizers()
+    from pipeline.counters import resolve_counter
     from pipeline.synth.cumulative import DEFAULT_COUNTER
 
     n, horizon = panel.shape
@@ -151,7 +152,8 @@ def run_experiment(panel: np.ndarray, *, runs: int, seed: int, secure: bool, rho
         err_raw[i] = np.abs(synth_hists / synth.shape[0] - true_hists / n).max(axis=1)
     elapsed = time.perf_counter() - t0
     return {
-        "raw": raw, "debiased": deb, "cumulative": cum[DEFAULT_COUNTER], "cumulative_by_counter": cum,
+        "raw": raw, "debiased": deb, "cumulative": cum[resolve_counter(DEFAULT_COUNTER, horizon)],
+        "cumulative_by_counter": cum,
         "cumulative_max_sd": cum_max_sd, "err_debiased": err_deb, "err_raw": err_raw,
         "n_pad": n_pads, "m": ms, "clamps": clamps, "seconds": elapsed,
     }

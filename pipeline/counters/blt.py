@@ -35,8 +35,11 @@ S̃ − S = A C⁻¹ (z + r) / s: the noise term has covariance Var_NZ(σ²)/s²
 (first column β), and the rounding residual adds a deterministic |·| ≤ (1 + ε)·Σ_k |β_k| / s
 (below 10^−4 counts for T ≤ 10^5), then the final rounding ≤ 1/2.
 
-State: the integer buffers h (exact), the float decoder buffers G, the running sum and t. Noise is
-drawn once per step and absorbed into G and the sum, so a restore continues bit for bit.
+State: the integer buffers h (exact), the float decoder buffers G, the running sum and t, and the
+noise drawn for steps not yet released (``LatticeCounterBase``: blocks of up to ``NOISE_BLOCK``
+steps per call of the exact sampler, whose ~1 ms fixed cost dominated the step when it was called
+once per step). A step's draw z_t is absorbed into G and the sum; the rows drawn ahead are state,
+so a restore continues bit for bit and never redraws a step's noise.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from pipeline.privacy.rng import RandomSource, as_random_source, restore_random_
 from pipeline.validation import check_int, check_rho
 
 from .factorization import (
+    NOISE_BLOCK,
     LatticeCounterBase,
     check_increment,
     check_sampler_range,
@@ -140,6 +144,7 @@ class BLTCounter(LatticeCounterBase):
         self._h = [[0] * n for _ in range(self.buffers)]  # exact integer buffers h_{j}, per lane
         self._g = np.zeros((self.buffers, n), dtype=np.float64)  # decoder buffers G_j
         self._sum = np.zeros(n, dtype=np.float64)  # Σ u
+        self._pending = np.zeros((0, n), dtype=np.int64)  # noise of the next steps, drawn ahead
         self.t = 0
 
     # -- the mechanism ----------------------------------------------------------------------
@@ -151,7 +156,7 @@ class BLTCounter(LatticeCounterBase):
         # the integer query q_t(x), exact (Python integers)
         q = [s * x[i] + (sum(self._w[j] * s * self._h[j][i] for j in range(self.buffers)) >> shift)
              for i in range(len(x))]
-        noise = np.asarray(_noise.discrete_gaussian(self.sigma2, len(x), rng=self.rng), dtype=np.int64)
+        noise, rest = self._next_noise()
         y = np.array([float(qi + int(zi)) for qi, zi in zip(q, noise)])
         # decoding from y alone: u_t = y_t − Σ_j ω_j G_j, then G_j ← θ_j G_j + u_t
         u = y - self.omega @ self._g
@@ -162,6 +167,7 @@ class BLTCounter(LatticeCounterBase):
                    for j in range(self.buffers)]
         self._g = self.theta[:, None] * self._g + u[None, :]
         self._sum = total
+        self._pending = rest
         self.t += 1
         return out
 
@@ -182,6 +188,12 @@ class BLTCounter(LatticeCounterBase):
         b = self.beta[: check_variance_step(t, self.horizon)]
         return float(self.sigma2 * np.dot(b, b) / self.scale**2)
 
+    def residual_bound(self, t: int | None = None) -> float:
+        """Deterministic bound on the rounding residual's part of |S̃_t − S_t| before the final
+        rounding: (1 + ε)·Σ_{k<t} |β_k| / s (module docstring; below 10⁻⁴ counts for T ≤ 10⁵)."""
+        t = self.horizon if t is None else check_variance_step(t, self.horizon)
+        return float((1.0 + 2.0**-_EPS_BITS) * np.abs(self.beta[:t]).sum() / self.scale)
+
     @property
     def value(self):
         return None if self.t == 0 else rounded_output(self._sum / self.scale, self.width)
@@ -192,7 +204,7 @@ class BLTCounter(LatticeCounterBase):
             "kind": self._kind, "horizon": self.horizon, "rho": self.rho, "neighbours": self.neighbours,
             "width": self.width, "buffers": self.buffers, "scale": self.scale, "sigma2": self.sigma2,
             "t": self.t, "h": [list(row) for row in self._h], "g": self._g.copy(), "sum": self._sum.copy(),
-            "rng": self.rng.get_state() if include_rng else None,
+            "pending": self._pending.copy(), "rng": self.rng.get_state() if include_rng else None,
         }
 
     @classmethod
@@ -212,6 +224,7 @@ class BLTCounter(LatticeCounterBase):
                 raise ValueError(f"stored {name} has shape {arr.shape} dtype {arr.dtype}, expected {ref.shape} {ref.dtype}")
             setattr(c, "_" + name, arr.copy())
         c._h = h
+        c._restore_pending(state)
         return c
 
     def __repr__(self) -> str:

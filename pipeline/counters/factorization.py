@@ -24,7 +24,8 @@ everything after is post-processing of y alone:
 
     S̃ = A C_int⁻¹ y = A x + A C_int⁻¹ z,   returned rounded to the nearest integer.
 
-The decoding is computed from y (float64 forward substitution, then a running sum), never as
+The noise z is drawn ahead in blocks of steps (``LatticeCounterBase``; i.i.d. and independent of
+the data, kept in the state until used). The decoding is computed from y (float64 forward substitution, then a running sum), never as
 "true prefix sum + decoded noise", so the output is a deterministic function of the released y.
 Error covariance: Var_NZ(σ²)·K Kᵀ with K = A C_int⁻¹ (lower-triangular Toeplitz whose first
 column β is the cumulative sums of the power series 1/c_int(x)); per step Var(S̃_t − S_t) =
@@ -211,13 +212,46 @@ def check_variance_step(t, horizon: int) -> int:
     return int(t)
 
 
+#: steps of noise drawn per call of the exact sampler (its ~1 ms fixed cost dominated a step)
+NOISE_BLOCK = 256
+
+
 class LatticeCounterBase:
-    """What the lattice counters share: the realised ρ and the horizon check."""
+    """What the lattice counters share: the realised ρ, the horizon check, and noise drawn ahead.
+
+    Noise z_t is drawn in blocks of up to ``NOISE_BLOCK`` steps per sampler call; a step uses the
+    block's next row. The draws are i.i.d. N_Z(0, σ²) and independent of the data, so drawing them
+    early does not change the mechanism's law; the rows not yet used are state (``pending``), so a
+    restore continues bit for bit and never redraws a step's noise.
+    """
 
     sensitivity2: float
     sigma2: float
     horizon: int
     t: int
+    width: int | None
+    rng: Any
+    _pending: np.ndarray
+
+    def _lanes(self) -> int:
+        return 1 if self.width is None else self.width
+
+    def _next_noise(self) -> tuple[np.ndarray, np.ndarray]:
+        """This step's draw (one row of ``lanes`` values) and the rows left after it; a new block is
+        drawn when none is left. The caller commits the rest only once the step succeeds."""
+        pending = self._pending
+        if pending.shape[0] == 0:
+            steps = min(NOISE_BLOCK, self.horizon - self.t)
+            draws = _noise.discrete_gaussian(self.sigma2, steps * self._lanes(), rng=self.rng)
+            pending = np.asarray(draws, dtype=np.int64).reshape(steps, self._lanes())
+        return pending[0], pending[1:]
+
+    def _restore_pending(self, state: Mapping[str, Any]) -> None:
+        pending = np.asarray(state.get("pending", np.zeros((0, self._lanes()))), dtype=np.int64)
+        if pending.ndim != 2 or pending.shape[1] != self._lanes() or pending.shape[0] > self.horizon - self.t:
+            raise ValueError(f"stored pending noise has shape {pending.shape}, expected "
+                             f"(≤ {self.horizon - self.t}, {self._lanes()})")
+        self._pending = pending.copy()
 
     @property
     def realised_rho(self) -> float:
@@ -262,6 +296,7 @@ class SqrtFactorizationCounter(LatticeCounterBase):
         self._x = np.zeros((self.horizon, n), dtype=np.int64)  # increments x_1..x_t (row t − 1)
         self._u = np.zeros((self.horizon, n), dtype=np.float64)  # decoded u = C_int⁻¹ y
         self._sum = np.zeros(n, dtype=np.float64)  # Σ_{t' ≤ t} u_{t'}
+        self._pending = np.zeros((0, n), dtype=np.int64)  # noise of the next steps, drawn ahead
         self.t = 0
 
     # -- the mechanism ----------------------------------------------------------------------
@@ -275,7 +310,8 @@ class SqrtFactorizationCounter(LatticeCounterBase):
         if int(np.abs(x).max()) * self._c_sum >= _INT64_LIMIT - 2**40:  # 2**40: room for the noise
             raise OverflowError(f"C_int x at step {t} could leave int64 (increments too large)")
         cx = self.coefficients[t - 1 :: -1] @ x  # (C_int x)_t = Σ_k c_{t−k} x_k, exact int64
-        y = cx + np.asarray(_noise.discrete_gaussian(self.sigma2, cx.size, rng=self.rng), dtype=np.int64)
+        noise, rest = self._next_noise()
+        y = cx + noise
         # forward substitution from y alone: u_t = (y_t − Σ_{k<t} c_{t−k} u_k) / c_0
         past = self._cf[t - 1 : 0 : -1] @ self._u[: t - 1] if t > 1 else 0.0
         u = (y.astype(np.float64) - past) / self._cf[0]
@@ -283,6 +319,7 @@ class SqrtFactorizationCounter(LatticeCounterBase):
         self._x[t - 1] = z
         self._u[t - 1] = u
         self._sum = self._sum + u
+        self._pending = rest
         self.t = t
         return rounded_output(self._sum, self.width)
 
@@ -315,7 +352,7 @@ class SqrtFactorizationCounter(LatticeCounterBase):
         return {
             "kind": self._kind, "horizon": self.horizon, "rho": self.rho, "neighbours": self.neighbours,
             "width": self.width, "scale": self.scale, "sigma2": self.sigma2, "t": self.t,
-            "x": self._x.copy(), "u": self._u.copy(), "sum": self._sum.copy(),
+            "x": self._x.copy(), "u": self._u.copy(), "sum": self._sum.copy(), "pending": self._pending.copy(),
             "rng": self.rng.get_state() if include_rng else None,
         }
 
@@ -336,6 +373,7 @@ class SqrtFactorizationCounter(LatticeCounterBase):
                 raise ValueError(f"stored {name} has shape {arr.shape} dtype {arr.dtype}, "
                                  f"expected {ref.shape} {ref.dtype}")
             setattr(c, "_" + name, arr.copy())
+        c._restore_pending(state)
         return c
 
     def __repr__(self) -> str:

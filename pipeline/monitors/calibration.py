@@ -33,6 +33,7 @@ __all__ = [
     "not_prior_q",
     "TargetChargingAccountant",
     "TCTBound",
+    "charged_calls_failure",
     "tct_hits_per_user",
     "outside_interval_hits_per_user",
     "individual_charging_privacy",
@@ -183,10 +184,15 @@ class TargetChargingAccountant:
     * advanced, any δ > 0: (½·r·ε² + ε·√(2·r·ln(1/δ)), δ + C_δ + δ*(τ, α)) — with the 2 under the
       root as in Lemma A.4 (the printed theorem lacks it; notes/tct.md §4).
 
-    δ*(τ, α) = P[Y < τ], Y ~ Binomial(1 + ⌊r⌋, q) (the proof's exact quantity), bounded by Chernoff
-    as exp(−α²τ/(2(1+α))). ``exact=True`` uses the Binomial tail, ``False`` the Chernoff bound.
-    C_δ = Σ δ_i of the calls (``c_delta``; 0 for pure calls). α appears only in the analysis and is
-    optimised after the fact by :meth:`best`.
+    δ*(τ, α) = P[X > r] with X the number of data-holder calls until τ hits, dominated by the number
+    of Bernoulli(q) trials until τ successes, so δ* = P[Y < τ] with Y ~ Binomial(⌊r⌋, q): more than r
+    calls means fewer than τ successes in the first ⌊r⌋. (The proof of Theorem B.4 writes
+    m = 1 + ⌊r⌋ trials; that is P[X > ⌊r⌋ + 1], one trial too many for the r·ε it is paired with —
+    docs/monitors.md §2.) Chernoff: exp(−α²τ/(2(1+α))) still bounds P[Bin(⌊r⌋, q) ≤ τ − 1] (the
+    integrality slack of "< τ" covers ⌊r⌋q ≥ (1+α)τ − q). ``exact=True`` uses the Binomial tail,
+    ``False`` the Chernoff bound. C_δ = Σ δ_i of the calls (``c_delta``; 0 for pure calls). α appears
+    only in the analysis and is optimised after the fact by :meth:`best`, which caps the charged calls
+    at a whole m and pays m·ε (r = m).
     """
 
     def __init__(self, epsilon: float, tau: int, q: float | None = None, c_delta: float = 0.0):
@@ -205,8 +211,7 @@ class TargetChargingAccountant:
         alpha = _pos(alpha, "alpha")
         if not exact:
             return math.exp(-(alpha**2) * self.tau / (2.0 * (1.0 + alpha)))
-        m = 1 + math.floor(self.r(alpha))
-        return float(stats.binom.cdf(self.tau - 1, m, self.q))
+        return charged_calls_failure(math.floor(self.r(alpha)), self.tau, self.q)
 
     def basic(self, alpha: float, exact: bool = True) -> TCTBound:
         r = self.r(alpha)
@@ -227,11 +232,15 @@ class TargetChargingAccountant:
         budget = delta - self.c_delta
         if budget <= 0:
             raise ValueError(f"delta must exceed c_delta={self.c_delta}, got {delta!r}")
-        alphas = np.exp(np.linspace(math.log(1e-3), math.log(1e4), 1400))
-        rs = (1.0 + alphas) * self.tau / self.q
+        # A cap of m calls (an integer) costs m·ε and fails w.p. P[Bin(m, q) < τ]; any r in [m, m+1)
+        # has the same failure probability and a larger charge, so only whole caps are tried: the
+        # α grid (log-spaced 1e−3…1e4) rounded down to integers, α re-read as mq/τ − 1.
+        grid = np.exp(np.linspace(math.log(1e-3), math.log(1e4), 1400))
+        rs = np.unique(np.floor((1.0 + grid) * self.tau / self.q))
+        rs = rs[rs > self.tau / self.q]  # α > 0
+        alphas = rs * self.q / self.tau - 1.0
         if exact:
-            ms = 1 + np.floor(rs)
-            dstars = stats.binom.cdf(self.tau - 1, ms, self.q)
+            dstars = stats.binom.cdf(self.tau - 1, rs, self.q)
         else:
             dstars = np.exp(-(alphas**2) * self.tau / (2.0 * (1.0 + alphas)))
         best: TCTBound | None = None
@@ -254,6 +263,15 @@ class TargetChargingAccountant:
         if best is None:
             raise ValueError(f"no alpha reaches delta={delta!r} with tau={self.tau}")
         return best
+
+
+def charged_calls_failure(calls: int, tau: int, q: float) -> float:
+    """P[fewer than τ target hits in ``calls`` calls] when each call hits with probability ≥ q
+    independently of the past: P[Bin(calls, q) < τ] — the probability that a target-charging run
+    capped at ``calls`` data-holder calls is cut off before its τ-th hit (Theorem B.4's δ*)."""
+    if isinstance(calls, bool) or not isinstance(calls, (int, np.integer)) or calls < 0:
+        raise ValueError(f"calls must be a non-negative int, got {calls!r}")
+    return float(stats.binom.cdf(_posint(tau, "tau") - 1, int(calls), _pos(q, "q", high=1.0)))
 
 
 def tct_hits_per_user(tau: int, neighbours: str) -> int:

@@ -174,14 +174,22 @@ class OutsideIntervalMonitorPure(StatefulMixin):
     def privacy(self):
         return cal.outside_interval_pure_privacy(self.a, self.max_outside)
 
-    def utility_margin(self, rounds: int, beta: float) -> int:
-        """Explicit Proposition C.3: C = c_η + c_ν with (Γ+1)·P(|η| > c_η) ≤ β/2 and
-        2R·P(|ν| > c_ν) ≤ β/2 (exact discrete tails). The paper's C = (6/a)·ln(R/β)."""
+    def utility_margin(self, rounds: int, beta: float, runs: int = 1) -> int:
+        """Explicit Proposition C.3: C = c_η + c_ν (:meth:`utility_margins`). The paper's
+        C = (6/a)·ln(R/β)."""
+        return sum(self.utility_margins(rounds, beta, runs))
+
+    def utility_margins(self, rounds: int, beta: float, runs: int = 1) -> tuple[int, int]:
+        """(c_η, c_ν) with runs·(Γ+1)·P(|η| > c_η) ≤ β/2 and 2R·P(|ν| > c_ν) ≤ β/2 (exact discrete
+        tails): one run of the monitor draws η at most Γ + 1 times (at the start and after each of
+        ≤ Γ Above/Below answers); ``runs`` independent monitors (PREM's calls, each with its own η)
+        asked R queries in all."""
         rounds = check_int(rounds, "rounds", low=1)
+        runs = check_int(runs, "runs", low=1)
         beta = check_real(beta, "beta", low=0.0, high=1.0, low_open=True, high_open=True)
-        c_eta = _two_sided_margin(DiscreteLaplaceLaw(self._scale_eta), beta / (2.0 * (self.max_outside + 1)))
+        c_eta = _two_sided_margin(DiscreteLaplaceLaw(self._scale_eta), beta / (2.0 * runs * (self.max_outside + 1)))
         c_nu = _two_sided_margin(DiscreteLaplaceLaw(self._scale_nu), beta / (4.0 * rounds))
-        return c_eta + c_nu
+        return c_eta, c_nu
 
     def true_value(self, f: Any) -> int:
         mask = _check_mask(f, self.histogram.size)

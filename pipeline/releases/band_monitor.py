@@ -80,6 +80,33 @@ class BandMonitorKind(ReleaseKind):
                              notes=[f"answers are reliable outside ({release.low:g} ± {margin}, "
                                     f"{release.high:g} ± {margin})"])
 
+    # -- reading side ---------------------------------------------------------------------------
+    bound_source = ("an answer can be wrong only for a true count within this of low or high, over the horizon "
+                    "(Ghazi et al., arXiv 2502.14809, Prop. 2.2 with discrete noise)")
+
+    output = "alerts"
+
+    def questions(self, release, unit="step"):
+        return ([f"whether the number of active users holding {release.value!r} is below {release.low:g}, between, "
+                 f"or above {release.high:g}, at every step"],
+                ["the count itself", "anything about a count within the margin of low or high"])
+
+    def explain(self, bounds, n):
+        from .reading import confidence, points
+
+        margin = bounds.bounds["margin"]
+        return (f"with probability {confidence(bounds.beta)}, an answer is wrong only when the true count is within "
+                f"{margin:,.0f} users ({points(margin, n)} of n = {n:,}) of low or high, over the whole horizon")
+
+    def flag_limit(self, release) -> str:
+        return ("after an above/below answer the users then holding the value leave the active set (each user "
+                "contributes to one such answer: that is what the calibration charges), so later answers count only "
+                "users who had not been part of one")
+
+    def alert_text(self, release, alert, ctx):
+        where = {"between": "within", "above": "above", "below": "below"}.get(alert.get("answer"), alert.get("answer"))
+        return (f"users holding {alert.get('value')!r}: {where} the band [{alert.get('low'):g}, {alert.get('high'):g}]")
+
     def release_step(self, s: StepInput) -> StepOutput:
         rel, mech = s.release, s.mechanism
         count = sum(int(p["count"]) for p in s.parts)

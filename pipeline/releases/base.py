@@ -48,6 +48,32 @@ A kind must provide exactly this:
     One step's release from a :class:`StepInput`: run the mechanism on the summed partials, add the
     kind's entries to ``step.manifest`` (at least ``"parameters"``), return a :class:`StepOutput`.
 
+The reading side (post-processing of the public records; :mod:`pipeline.releases.reading`):
+
+``output``
+    What its steps publish: ``"records"`` (synthetic records on ``synthetic``), ``"histogram"`` (one
+    float64 column over the codes on ``synthetic``) or ``"alerts"`` (records on ``alerts`` only).
+    The consumer assembles a step by this shape, never by the release type.
+``questions(release, unit)``
+    (what it answers, what it does not), in words, for the exports' dictionary and the page.
+``answer(release, panel, step, ctx, raw, group)``
+    One released step (``ctx``: a :class:`~pipeline.releases.reading.Context`) as a
+    :class:`~pipeline.releases.reading.Answer` (labelled rows, intervals from
+    the mechanism's bound at its β, shares of n); ValueError (one line) for a question it does not
+    answer. Kinds with ``output = "alerts"`` answer through ``alert_text`` instead.
+``bound_source``, ``explain(bounds, n)``
+    What the compared bound guarantees, with its theorem; the bound of ``bounds`` (what
+    ``bounds(...)`` returned) in one sentence, also as a share of n.
+``alert_text(release, alert, ctx)``, ``flag_limit(release)``
+    Alerts kinds: one alert record in words (labels, what a flag means); when and why a flagged
+    value stops being reported (its users' flags run out).
+``dictionary(release, panel, ctx)``, ``padding_flags(release, panel)`` (optional)
+    The kind's entries of an export's data dictionary; which exported records are padding.
+``observe(manifest, alerts)``
+    The step's public numbers worth a metric: the name of a metric of
+    :data:`pipeline.stream.kafka.metrics.METRICS` (labelled by release) -> value; the releaser's
+    coordinator increases a counter by it and sets a gauge to it.
+
 Optional: ``synthetic`` (True when ``mechanism.update(codes)`` and ``mechanism.synthetic`` run the
 kind in batch, for ``pipeline.stream.release.engine.batch_reference``); ``check`` and ``needs_feedback`` have
 defaults.
@@ -153,6 +179,42 @@ class ReleaseKind:
         """What an analyst gets, read off the built mechanism: a
         :class:`pipeline.error_bounds.ReleaseBounds` (the error bound its theorem gives at its β)."""
         raise NotImplementedError
+
+    # -- reading side ---------------------------------------------------------------------------
+    output: ClassVar[Literal["records", "histogram", "alerts"]] = "records"
+    bound_source: ClassVar[str] = ""  # what the compared bound guarantees, with the theorem it comes from
+
+    def first_step(self, release) -> int:
+        """The first step whose output answers questions (a window release: its first full window)."""
+        return 1
+
+    def questions(self, release, unit: str = "step") -> tuple[list[str], list[str]]:
+        raise NotImplementedError
+
+    def answer(self, release, panel, step: int, ctx, raw: bool = False, group: str | None = None):
+        raise ValueError(f"release {release.name!r} ({release.type}) publishes alerts, not counts: "
+                         "`dpstream alerts` reads them")
+
+    def explain(self, bounds, n: int) -> str:
+        raise NotImplementedError
+
+    def dictionary(self, release, panel, ctx) -> dict[str, Any]:
+        """The kind's entries of an export's data dictionary (labels, padding); none by default."""
+        return {}
+
+    def padding_flags(self, release, panel):
+        """Per synthetic record, whether it is padding (an export's ``padding`` column); None: no padding."""
+        return None
+
+    def alert_text(self, release, alert: dict, ctx) -> str:
+        raise ValueError(f"release {release.name!r} ({release.type}) publishes no alerts")
+
+    def flag_limit(self, release) -> str:
+        """Alerts kinds: when and why a flagged value stops being reported, in words."""
+        return ""
+
+    def observe(self, manifest: dict, alerts: dict | None) -> dict[str, float]:
+        return {}
 
 
 def charged_at_step_one(target: ApproxDP, guarantee: ApproxDP, horizon: int, who: str) -> tuple:

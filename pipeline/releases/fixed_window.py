@@ -74,6 +74,91 @@ class FixedWindowKind(ReleaseKind):
                              notes=[f"{mech.n_pad} padding records for each of the {bins} length-{mech.window} patterns "
                                     f"(m ≈ n + {mech.n_pad * bins}); subtract n_pad to debias a count"])
 
+    # -- reading side ---------------------------------------------------------------------------
+    bound_source = ("every projected window count is within λ of its true count + n_pad, at every step "
+                    "(Bun–Gaboardi–Neunhoeffer–Zhang, arXiv 2306.07884, Thm 3.2)")
+
+    def first_step(self, release):
+        return release.window
+
+    def questions(self, release, unit="step"):
+        k = release.window
+        return ([f"how many users had each length-{k} pattern in the {k} {unit}s ending at {unit} t (t ≥ {k}), and any "
+                 f"question that is a sum of such patterns (e.g. 'at least 2 of the last {k} {unit}s'), at every {unit}"],
+                [f"questions over more than {k} {unit}s, or since {unit} 1 ('ever', 'at least b {unit}s so far'): "
+                 "a cumulative release answers those; the synthetic records are not longitudinal beyond the window"])
+
+    def answer(self, release, panel, step, ctx, raw=False, group=None):
+        """The window pattern counts at ``step``, debiased (the n_pad padding per pattern subtracted)
+        unless ``raw``; intervals ± λ (every projected count is within λ of its true count + n_pad, at
+        every step at once, with probability ≥ 1 − β)."""
+        from pipeline.queries import window_histogram
+
+        from .reading import Answer, CLIPPING, Row, interval, pattern_labels
+
+        if step < release.window:
+            raise ValueError(f"release {release.name!r} counts windows of {release.window} steps: the first full "
+                             f"window ends at step {release.window}, got step {step}")
+        p = panel.parameters
+        k, a, n_pad, lam = int(p["window"]), int(p["categories"]), int(p["n_pad"]), float(p["accuracy_bound"])
+        n, unit = ctx.n, ctx.unit
+        counts = window_histogram(panel.as_array(), step, k, a).astype(np.int64)
+        shown = counts if raw else counts - n_pad
+        labels = pattern_labels(ctx.attribute, k, unit)
+        rows = []
+        for code, (label, c) in enumerate(zip(labels, shown.tolist())):
+            lo, hi = interval(float(c), lam, None if raw else n)
+            rows.append(Row(label, float(c), lo, hi, None if raw else n, key=code))
+        notes = ([f"raw counts of the synthetic records: each includes {n_pad} padding records (public), so shares "
+                  f"of them are biased towards 1/{a ** k}; drop --raw for the debiased answer"] if raw else
+                 [f"padding removed: {n_pad} padding records per pattern (public, added so that the noisy counts "
+                  f"are non-negative and records can be built from them) are subtracted; shares are of n = {n:,} "
+                  f"users, not of the {panel.as_array().shape[0]:,} synthetic records", CLIPPING])
+        return Answer(release.name, release.type, step,
+                      f"users by their {release.attribute} pattern over the {k} {unit}s ending at {unit} {step}",
+                      rows, bound=f"± λ = {lam:,.1f}: every window count, at every step, within λ with probability "
+                                  f"≥ {1 - float(p['beta']):g} (Bun, Gaboardi, Neunhoeffer, Zhang, arXiv 2306.07884, "
+                                  "Thm 3.2)",
+                      notes=notes, legacy={"debiased": not raw, "counts": shown.tolist(), "n_pad": n_pad})
+
+    def dictionary(self, release, panel, ctx):
+        from .reading import pattern_labels
+
+        n_pad = int(panel.parameters["n_pad"])
+        return {"n_pad_per_pattern": n_pad,
+                "patterns": dict(enumerate(pattern_labels(ctx.attribute, release.window, ctx.unit))),
+                "padding": f"{n_pad} padding records per length-{release.window} pattern (public) make the noisy counts "
+                           "non-negative so records can be built from them; the records are exchangeable, so the "
+                           f"`padding` column marks a choice of {n_pad} records per pattern of the last released "
+                           "window: dropping them answers that window's questions debiased; for earlier windows "
+                           "subtract n_pad per pattern (dpstream query does)"}
+
+    def padding_flags(self, release, panel):
+        """A choice of n_pad records per pattern of the last released window (the records are exchangeable)."""
+        from pipeline.queries import window_codes
+
+        p, arr = panel.parameters, panel.as_array()
+        if arr.shape[1] < release.window:
+            return None
+        codes = window_codes(arr, arr.shape[1], int(p["window"]), int(p["categories"]))
+        order = np.argsort(codes, kind="stable")
+        sorted_codes = codes[order]
+        first = np.searchsorted(sorted_codes, sorted_codes, side="left")
+        flags = np.zeros(codes.size, dtype=bool)
+        flags[order] = (np.arange(codes.size) - first) < int(p["n_pad"])
+        return flags
+
+    def explain(self, bounds, n):
+        from .reading import confidence, points
+
+        lam = bounds.bounds["lambda"]
+        return (f"with probability {confidence(bounds.beta)}, every published window share is within ±"
+                f"{points(lam, n)} of the truth (λ = {lam:,.1f} users of n = {n:,}), at every step at once")
+
+    def observe(self, manifest, alerts):
+        clamped = manifest.get("clamped_bins", 0)
+        return {"padding_clamps": float(clamped)} if clamped else {}
+
     def release_step(self, s: StepInput) -> StepOutput:
         mech, rel, manifest = s.mechanism, s.release, s.manifest
         manifest["parameters"] = mech.parameters()

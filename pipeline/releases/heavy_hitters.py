@@ -65,6 +65,55 @@ class HeavyHittersKind(ReleaseKind):
                              "tau", meaning="heavy-hitter guarantee",
                              notes=[f"method {mech.method}; a user is charged for at most k = {mech.k} flags"])
 
+    # -- reading side ---------------------------------------------------------------------------
+    bound_source = ("every element held by ≥ τ active users is flagged and none held by nobody, at every step "
+                    "(Kaplan–Mansour–Stemmer, arXiv 2011.07637, Def. 4.1; the project's calibration)")
+
+    output = "alerts"
+
+    def questions(self, release, unit="step"):
+        return (["which values are held by many active users at step t: every value held by at least τ active users "
+                 "is flagged, and no value held by nobody, at every step (with probability ≥ 1 − β)"],
+                ["how many users hold a value (a flag is not a count)", "values held by fewer than τ users",
+                 f"values whose users have spent their k = {release.k} flags" if release.method in CHARGING_METHODS
+                 else "nothing else"])
+
+    def explain(self, bounds, n):
+        from .reading import confidence, points
+
+        tau = bounds.bounds["tau"]
+        return (f"with probability {confidence(bounds.beta)}, every value held by at least τ = {tau:,.0f} active users "
+                f"({points(tau, n)} of n = {n:,}) is flagged, and no value held by nobody is, at every step")
+
+    def flag_limit(self, release) -> str:
+        """Why a flagged value stops being flagged, in words."""
+        if release.method not in CHARGING_METHODS:
+            return "flags do not run out with this method (the noise is calibrated to every step instead)"
+        return (f"each time a value is flagged, every user holding it spends one of their k = {release.k} flags; a "
+                f"user who has spent k no longer counts towards any value (that is what bounds the privacy cost), so "
+                f"a value held by the same users is flagged at most {release.k} times and then silently drops out "
+                "even if it is still common")
+
+    def alert_text(self, release, alert, ctx):
+        from .reading import code_labels
+
+        flagged = [int(x) for x in alert.get("flagged", [])]
+        if not flagged:
+            return "no value flagged"
+        names = code_labels(ctx.attribute, flagged)
+        counts = alert.get("noisy_counts")
+        if counts and len(counts) == len(flagged):
+            names = [f"{name} (noisy count {c:,.0f})" for name, c in zip(names, counts)]
+        times = alert.get("times_flagged") or []
+        if release.method in CHARGING_METHODS and len(times) == len(flagged):
+            names = [f"{name}, flag {t} of k = {release.k}" + (": its users' flags are now spent, it will not be "
+                                                                "flagged again for them" if t >= release.k else "")
+                     for name, t in zip(names, times)]
+        return "flagged: " + "; ".join(names)
+
+    def observe(self, manifest, alerts):
+        return {"heavy_hitters": float(len((alerts or {}).get("flagged", [])))}
+
     def release_step(self, s: StepInput) -> StepOutput:
         """Sum the partitions' active-user histograms, flag; alerts name ids through the public domain."""
         from pipeline.stream.release.engine import merge_histograms

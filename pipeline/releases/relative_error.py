@@ -11,8 +11,8 @@ kinds). Everything specific to the kind is here:
 * mechanism — :func:`step_plan` (calibrated once), :class:`RelativeErrorMechanism` (one PREM per step);
 * privacy event per step — the kind's ``events``, derived from the mechanism's noise parameters;
 * per-step release and manifest — the kind's ``release_step``;
-* consumer — :func:`complete_histogram` (chunks → checked histogram), :func:`group_interval`,
-  :func:`answer_query`.
+* reading side — ``output = "histogram"`` (the consumer assembles and checks it), :func:`group_interval`,
+  :func:`answer_query`, the kind's ``answer``/``questions``/``explain``.
 
 **Input.** At step t the release sees h_t, the histogram over the attribute's codes of every roster
 member's step-t value, reported or imputed (carry-forward or the default). The roster is fixed and
@@ -53,8 +53,7 @@ from .base import ReleaseConfig, ReleaseKind, Setting, StepInput, StepOutput, re
 
 __all__ = ["RelativeErrorRelease", "RelativeErrorKind", "resolve_groups", "query_family", "family_size",
            "dyadic_blocks", "dyadic_pieces", "step_plan", "plan_of", "step_seed", "RelativeErrorMechanism",
-           "mechanism_params", "histogram_checksum", "complete_histogram", "group_interval", "answer_query",
-           "query_output", "MAX_DOMAIN", "MAX_NNZ"]
+           "mechanism_params", "histogram_checksum", "group_interval", "answer_query", "MAX_DOMAIN", "MAX_NNZ"]
 
 KIND = "relative_error"
 QUERY_FAMILIES = ("groups", "dyadic", "singletons")
@@ -248,6 +247,48 @@ class RelativeErrorKind(ReleaseKind):
                                     f"{mechanism.queries.shape[0]} queries, ζ = {plan.zeta:g}, α = {plan.alpha:,.0f} "
                                     "(a priori; manifests carry each run's)"])
 
+    # -- reading side ---------------------------------------------------------------------------
+    bound_source = ("per step, (1 − ζ)f(h) − α ≤ f(ĥ) ≤ (1 + ζ)f(h) + α for every query of the family "
+                    "(Ghazi et al., PREM, arXiv 2502.14809, Thm 3.1; docs/prem.md)")
+
+    output = "histogram"
+
+    def questions(self, release, unit="step"):
+        what = {"groups": f"each declared group ({', '.join(release.groups)})", "dyadic": "any range of codes lo:hi",
+                "singletons": "each single value"}[release.queries]
+        return ([f"how many users hold {what} at step t, within (1 ± ζ) of the truth plus α, at each step"],
+                ["questions across steps (each step's histogram is released on its own)",
+                 "other sets of values than the query family the release was calibrated for"])
+
+    def answer(self, release, panel, step, ctx, raw=False, group=None):
+        """Each declared group's count (or ``group``'s) with its (ζ, α) interval (:func:`answer_query`)."""
+        from .reading import Answer, Row
+
+        params = panel.manifests[step]["parameters"]
+        if group is None and params["queries"] != "groups":
+            raise ValueError(f"name a code, value or range (lo:hi) of a release with queries: {params['queries']}")
+        groups = list(params["groups"]) if group is None else [group]
+        answers = [answer_query(panel.manifests[step], panel.histograms[step], g, ctx.attribute) for g in groups]
+        rows = [Row(a["group"], a["estimate"], a["interval"][0], a["interval"][1], ctx.n, key=a["group"])
+                for a in answers]
+        return Answer(release.name, release.type, step, f"users by {release.attribute} at {ctx.unit} {step}", rows,
+                      bound=f"(1 − ζ)·truth − α ≤ estimate ≤ (1 + ζ)·truth + α with ζ = {params['zeta']:g}, α = "
+                            f"{params['alpha']:,.1f} (this step's run), probability ≥ {1 - params['beta']:g} per step "
+                            "(Ghazi et al., PREM, arXiv 2502.14809, Thm 3.1), solved for the truth",
+                      notes=["a synthetic histogram, not records: no padding"], legacy={"answers": answers})
+
+    def dictionary(self, release, panel, ctx):
+        return {"columns": {"record": f"the {release.attribute} code (a histogram, not records of users)",
+                            **{f"step_{t}": f"the released (synthetic) count of users holding the code at {ctx.unit} {t}"
+                               for t in range(1, panel.released_through + 1)}}}
+
+    def explain(self, bounds, n):
+        from .reading import confidence, points
+
+        alpha, zeta = bounds.bounds["alpha"], bounds.bounds["zeta"]
+        return (f"with probability {confidence(bounds.beta)} at each step, every query's published count is within "
+                f"{zeta:.0%} of the truth plus α = {alpha:,.0f} users ({points(alpha, n)} of n = {n:,})")
+
     def release_step(self, s: StepInput) -> StepOutput:
         """Sum the partitions' histograms, run PREM, and describe ĥ_t in the manifest (ζ, α, β, |F|,
         noise); ĥ_t goes out as one float64 column on ``synthetic`` in the other kinds' chunk format
@@ -388,25 +429,6 @@ def histogram_checksum(histogram: np.ndarray) -> str:
 
 # --- consumer ----------------------------------------------------------------------------------
 
-def complete_histogram(panel, manifest: dict, chunks: dict[int, dict]) -> None:
-    """Assemble step ``manifest['step']``'s histogram from its chunks into ``panel.histograms``; a
-    malformed chunk or a checksum mismatch raises ``IncompleteStep``."""
-    from pipeline.consumer import IncompleteStep
-
-    step, syn = int(manifest["step"]), manifest["synthetic"]
-    where = f"{manifest['release']} step {step}"
-    hist = np.full(int(syn["records"]), np.nan)
-    try:
-        for c in chunks.values():
-            hist[int(c["start"]):int(c["stop"])] = np.asarray(c["values"][str(step)], dtype=np.float64)
-    except (KeyError, ValueError, TypeError) as err:
-        raise IncompleteStep(f"{where}: malformed chunk ({type(err).__name__}: {err})") from None
-    if histogram_checksum(hist) != syn["sha256"]:
-        raise IncompleteStep(f"{where}: checksum mismatch (corrupt or mixed chunks)")
-    panel.histograms[step] = hist
-    panel.complete_steps.add(step)
-
-
 def group_interval(estimate: float, zeta: float, alpha: float, n: int, pieces: int = 1) -> tuple[float, float]:
     """The interval for f(h) given f(ĥ) = ``estimate``: the guarantee (1 − ζ)f(h) − kα ≤ f(ĥ) ≤
     (1 + ζ)f(h) + kα (k = ``pieces`` disjoint family queries summed, k = 1 for one query) solved for
@@ -450,13 +472,3 @@ def answer_query(manifest: dict, histogram: np.ndarray, group: str, attribute=No
     lo, hi = group_interval(estimate, params["zeta"], params["alpha"], params["n"], pieces)
     return {"group": group, "estimate": estimate, "interval": [lo, hi], "zeta": params["zeta"],
             "alpha": params["alpha"], "pieces": pieces, "beta": params["beta"]}
-
-
-def query_output(panel, deployment, release_name: str, step: int, group: str | None) -> dict[str, Any]:
-    """``dpstream query`` of a relative_error release: ``group``'s answer, or every declared group's."""
-    params = panel.manifests[step]["parameters"]
-    attribute = deployment.attributes[deployment.release(release_name).attribute]
-    if group is None and params["queries"] != "groups":
-        raise ValueError(f"name a code, value or range (lo:hi) of a release with queries: {params['queries']}")
-    groups = list(params["groups"]) if group is None else [group]
-    return {"release": release_name, "step": step, "answers": [panel.group_count(step, g, attribute) for g in groups]}

@@ -9,8 +9,10 @@ S_0^t = n (the roster size, public by the deployment model).
 Counters (``counter=``): "tree" — the binary tree mechanism (pipeline.counters.tree, the paper's
 Algorithm 3); "factorization" — the square-root factorization on an integer lattice
 (pipeline.counters.factorization.SqrtFactorizationCounter), the same privacy with a max error
-1.87× smaller at T = 12 (2.5× at 120). Default: "factorization" (measured in jobs/bench/bench_counters.py
-and jobs/eval/sipp_batch.py).
+1.87× smaller at T = 12 (2.5× at 120); "blt" — a BLT counter fitted to it (constant time and memory
+per step); "auto" (default) — the factorization up to T = ``BLT_ABOVE_HORIZON`` (1024), the BLT
+above (:func:`pipeline.counters.resolve_counter`; measured in jobs/bench/bench_counters.py and
+jobs/eval/sipp_batch.py).
 
 Privacy (Theorem 4.1). Counter b (b = 1..T) runs over t = b..T (horizon h_b = T − b + 1:
 z_b^t = 0 for t < b) with budget ρ_b = ρ·w_b/Σ_b' w_b', so Σ_b ρ_b = ρ. Each counter is
@@ -26,7 +28,9 @@ horizon h (independent of ρ). Minimising the largest counter variance max_b V(h
 ρ_b ∝ V(h_b) and every counter's max variance is Σ_b V(h_b)/ρ. For the tree the paper's
 w_b = max(⌈log2 h_b⌉, 1)^3 is kept (unchanged behaviour); for the factorization
 w_b = V(h_b) = Δ²(h_b)·Σ_{k<h_b} β_k²/2 computed from the lattice factor
-(:func:`pipeline.counters.factorization.unit_rho_max_variance`, per relation).
+(:func:`pipeline.counters.factorization.unit_rho_max_variance`, per relation); the BLT uses the same
+weights (its max variance is within 0.2% of the factorization's; the split only moves error between
+counters, never privacy: each counter is calibrated to its own ρ_b).
 
 Monotonisation (Algorithm 2): Ŝ_b^t = min(max(S̃_b^t, Ŝ_b^{t−1}), Ŝ_{b−1}^{t−1}) for 1 ≤ b ≤ t,
 Ŝ_b^{b−1} = 0, Ŝ_0^t = n, Ŝ_b^t = 0 for b > t; so 0 ≤ Ŝ_b^t ≤ Ŝ_{b−1}^{t−1} ≤ n automatically.
@@ -60,7 +64,7 @@ _STATE_KIND = "CumulativeSynthesizer"
 _STATE_VERSION = 1
 
 
-DEFAULT_COUNTER = "factorization"
+DEFAULT_COUNTER = "auto"
 
 
 def counter_weights(horizon: int, counter: str = "tree", neighbours: str = "add_remove") -> np.ndarray:
@@ -70,11 +74,11 @@ def counter_weights(horizon: int, counter: str = "tree", neighbours: str = "add_
     "factorization": w_b = V(T − b + 1), the counter's max variance at unit ρ, so that every
     counter ends with the same max variance Σ_b w_b/ρ (the minimax split).
     """
-    from pipeline.counters import check_counter
+    from pipeline.counters import resolve_counter
     from pipeline.counters.factorization import unit_rho_max_variance
 
     T = int(horizon)
-    counter = check_counter(counter)
+    counter = resolve_counter(counter, T)
     neighbours = check_neighbours(neighbours)
     out = np.empty(T, dtype=np.float64)
     for b in range(1, T + 1):
@@ -96,7 +100,8 @@ class CumulativeSynthesizer:
         "replace" (passed to every counter, which calibrates for it). This release publishes n
         exactly, so add_remove is not coherent for it (n would differ between neighbours); it is
         kept to reproduce the paper's constants. A stream deployment is always replace.
-    counter : "factorization" (default) or "tree": the continual counter behind each S̃_b.
+    counter : "auto" (default: "factorization" up to T = 1024, "blt" above), "factorization", "blt"
+        or "tree": the continual counter behind each S̃_b.
     seed : None (secure OS randomness), int (seeded, tests only) or a RandomSource.
     n : roster size; required for the counts path, otherwise fixed by the first ``update``.
 
@@ -121,9 +126,9 @@ class CumulativeSynthesizer:
         self.beta = check_beta(beta)
         self.neighbours = check_neighbours(neighbours)
         self.n = None if n is None else check_int(n, "n", low=1)
-        from pipeline.counters import check_counter, make_counter
+        from pipeline.counters import make_counter, resolve_counter
 
-        self.counter = check_counter(counter)
+        self.counter = resolve_counter(counter, self.horizon)
         self._rng = as_random_source(seed)
         w = counter_weights(self.horizon, self.counter, self.neighbours)
         self.rhos = self.rho * w / w.sum()  # ρ_b at index b − 1
@@ -183,8 +188,9 @@ class CumulativeSynthesizer:
         linear combination of independent discrete Gaussians (N_Z(0, σ²) is σ²-sub-Gaussian,
         Canonne, Kamath & Steinke 2020), so it is Var_b(t)-sub-Gaussian with
         Var_b(t) = variance_at(t − b + 1); a two-sided union bound over the T(T+1)/2 pairs gives
-        max_{b,t} √(2·Var_b(t)·ln(T(T+1)/beta)), plus 1/2 for the factorization counter's final
-        rounding to an integer. With the minimax split every counter's max variance is Σ_b w_b/ρ,
+        max_{b,t} √(2·Var_b(t)·ln(T(T+1)/beta)), plus 1/2 for the factorization and BLT counters'
+        final rounding to an integer (plus, for the BLT, its deterministic rounding residual,
+        ``BLTCounter.residual_bound``, < 10⁻⁴). With the minimax split every counter's max variance is Σ_b w_b/ρ,
         so for the factorization this is √(2·Σ_b w_b/ρ·ln(T(T+1)/beta)) + 1/2. Lemma 4.2 carries
         it to Ŝ.
         """
@@ -193,6 +199,8 @@ class CumulativeSynthesizer:
         pairs = T * (T + 1) // 2
         worst = max(self.counter_variance(b, t) for b in range(1, T + 1) for t in range(b, T + 1))
         rounding = 0.0 if self.counter == "tree" else 0.5
+        if self.counter == "blt":
+            rounding += max(c.residual_bound() for c in self._counters)
         return math.sqrt(2.0 * worst * math.log(2.0 * pairs / beta)) + rounding
 
     def paper_alpha_star(self, beta: float | None = None) -> float:

@@ -71,23 +71,39 @@ class IntervalNoise:
     """The monitor's noise and answer rule, applied to a vector of counts at once.
 
     approx (Algorithm 1): v + DLap(a) (pmf ∝ e^{−a|x|}); Inside iff lo < v̂ < hi, else Above iff v̂ ≥ hi.
-    pure (Algorithm 4): η ~ DLap(scale 2/a), redrawn after every Above/Below; Above iff
-    v + ν₁ ≥ hi + η, else Below iff v + ν₂ ≤ lo − η, ν₁, ν₂ ~ DLap(scale 4/a) independent.
+    pure (Algorithm 4): η ~ DLap(scale 2/a), drawn afresh at the start of every FindMarginExample call
+    (:meth:`start_call`: one monitor per call, as in the paper, so each call is one (a·Γ)-DP run of
+    Algorithm 4) and redrawn after every Above/Below; Above iff v + ν₁ ≥ hi + η, else Below iff
+    v + ν₂ ≤ lo − η, ν₁, ν₂ ~ DLap(scale 4/a) independent.
     The same rules as :class:`~pipeline.monitors.interval.OutsideIntervalMonitor` (and ``...Pure``).
+
+    ``eta_draws`` / ``eta_max_abs`` / ``calls`` record how many η were drawn, the largest |η| and the
+    calls started (curator-side diagnostics: the utility margin's union bound is over ≤ Γ + 1 draws
+    per call).
     """
 
     def __init__(self, kind: str, a: float, source: RandomSource):
         self.kind, self.a, self.source = kind, a, source
+        self.eta_draws, self.eta_max_abs, self.calls = 0, 0, 0
         if kind == "approx":
             self.scale = used_scale(1.0 / a)
         else:
             self.scale = used_scale(4.0 / a)
             self.scale_eta = used_scale(2.0 / a)
-            self.eta = self._draw_eta()
+            self.eta = None
         self.queries = 0
 
     def _draw_eta(self) -> int:
-        return int(discrete_laplace(self.scale_eta, 1, self.source)[0])
+        eta = int(discrete_laplace(self.scale_eta, 1, self.source)[0])
+        self.eta_draws += 1
+        self.eta_max_abs = max(self.eta_max_abs, abs(eta))
+        return eta
+
+    def start_call(self) -> None:
+        """A new monitor: the pure rule's threshold noise η is drawn afresh (Algorithm 4's start)."""
+        self.calls += 1
+        if self.kind == "pure":
+            self.eta = self._draw_eta()
 
     def draw(self, size: int) -> np.ndarray:
         """Noise for ``size`` queries: shape (size,) (approx) or (2, size) (pure)."""
@@ -101,6 +117,8 @@ class IntervalNoise:
             noisy = values + noise
             above, below = noisy >= hi, noisy <= lo
         else:
+            if self.eta is None:
+                raise RuntimeError("IntervalNoise: call start_call() before the pure monitor's first answer")
             above = values + noise[0] >= hi + self.eta
             below = ~above & (values + noise[1] <= lo - self.eta)
         return np.where(above, PLUS, np.where(below, MINUS, APPROX))
@@ -136,8 +154,14 @@ def find_margin_example(queries: sparse.csr_matrix, histogram: np.ndarray, estim
     Approx, as printed). Lemma 3.2: w.p. ≥ 1 − β (C the monitor margin, α₀ = 2(1+ζ)C) Approx ⇒
     (1−ζ)f(h|S) − α₀ ≤ f(ĥ|S) ≤ (1+ζ)f(h|S) + α₀ ∀f; +1 ⇒ 1_S(h) ≥ (1+ζ)1_S(ĥ);
     −1 ⇒ 1_S(h) ≤ (1−ζ/2)1_S(ĥ); always 1_S(ĥ) ≥ 1_Y(ĥ)/3 (when certified).
+
+    Privacy bookkeeping (docs/prem.md §3.2, the monitor mechanism M_mon): a call starts the monitor
+    (``noise.start_call``) with S_active = Y, and f^{-1}(1) leaves S_active right after a non-Inside
+    answer, inside this function — so a record is charged at most once per call whatever the caller
+    does; :class:`PREM` caps the calls at K.
     """
     cols = queries.tocsc() if columns is None else columns
+    noise.start_call()
     active = active.copy()
     h = histogram.astype(np.float64)
     est = np.asarray(estimate, dtype=np.float64)
@@ -199,14 +223,15 @@ class PREM:
     """Algorithm 3 of Ghazi et al.: a non-negative synthetic histogram ĥ with, w.p. ≥ 1 − β,
     (1 − ζ)·f(h) − α ≤ f(ĥ) ≤ (1 + ζ)·f(h) + α for every f ∈ F (replace-one neighbours).
 
-    ``accounting="paper"``: the printed constants (I, T, η = ζ/4, uniform start, worst-case I·T calls);
-    α exceeds n unless n is astronomically large, so the output is then the zero histogram.
-    ``accounting="charged"`` (docs/prem.md §3): target charging over the calls actually made (≤
+    ``accounting="charged"`` (the default; docs/prem.md §3): target charging over the calls actually made (≤
     ``max_calls``), a noisy starting histogram, ≤ ``max_rounds`` certified rounds, and a MWU step on
     both S^{+1} and S^{-1}. An uncertified remainder is kept, scaled to its noisy mass; after ``fit``,
     ``alpha`` is the bound of the run (certified rounds·α₀ + ñ_remainder + B). If the call or round
     cap was hit with a remainder so large that this exceeds the a-priori α, ``exhausted`` is set
     and a RuntimeWarning is issued.
+    ``accounting="paper"``: the printed constants (I, T, η = ζ/4, uniform start, worst-case I·T calls);
+    α exceeds n unless n is astronomically large, so the output is then the zero histogram — kept
+    selectable for comparison, never the default.
 
     ``alpha``/``zeta`` give the guarantee; ``plan`` all noise parameters; ``privacy()`` the (ε, δ).
     ``plan=`` takes a plan made earlier (``charged_plan``/``paper_plan``) for the same arguments, checked
@@ -214,7 +239,7 @@ class PREM:
     """
 
     def __init__(self, domain_size: int, queries: Any, zeta: float, epsilon: float, delta: float,
-                 beta: float = 0.05, seed: Any = None, accounting: str = "paper", monitor: str = "approx",
+                 beta: float = 0.05, seed: Any = None, accounting: str = "charged", monitor: str = "approx",
                  n: int | None = None, plan: PremPlan | None = None, **charged_options: Any):
         self.domain_size = check_int(domain_size, "domain_size", low=2)
         self.queries = as_query_matrix(queries, self.domain_size)
@@ -247,6 +272,7 @@ class PREM:
         self._alpha: float | None = None
         self.calls = self.rounds_used = 0
         self.masses: list[int] = []
+        self.monitor_noise: IntervalNoise | None = None  # the calls' noise, kept for diagnostics
 
     def _check_plan(self, plan: PremPlan, n: int | None) -> PremPlan:
         """``plan`` if it was made for these arguments (the calibration takes seconds; a stream with one
@@ -335,7 +361,7 @@ class PREM:
             raise ValueError(f"histogram sums to {n}, but the plan was made for n={self._n}")
         p = self.plan
         zeta = p.zeta
-        noise = IntervalNoise(p.monitor, p.a, self._source)
+        noise = self.monitor_noise = IntervalNoise(p.monitor, p.a, self._source)
         start = self._start(h)
         out = np.zeros(self.domain_size)
         remaining = np.ones(self.domain_size, dtype=bool)

@@ -61,13 +61,16 @@ def _dg_margin(sigma2: float, per_draw: float) -> int:
     return max(0, upper_quantile(DiscreteGaussianLaw(sigma2), math.log(per_draw / 2.0), start=1) - 1)
 
 
-def _monitor_margin(monitor: str, a: float, gamma: int, rounds: int, beta: float) -> int:
+def _monitor_margin(monitor: str, a: float, gamma: int, rounds: int, beta: float, runs: int = 1) -> tuple[int, int]:
     """Proposition 2.2 / C.3 margin C of the interval monitor (exact discrete tails), reusing the
-    monitors' own :meth:`utility_margin` (a throw-away instance: only ``a`` matters)."""
+    monitors' own margins (a throw-away instance: only ``a`` matters), and the part of it that bounds
+    the pure monitor's threshold noise η (0 for approx). ``runs``: monitors (calls) the R = ``rounds``
+    queries are spread over, each with its own η (pure)."""
     dummy = np.zeros(1, dtype=np.int64)
     if monitor == "approx":
-        return OutsideIntervalMonitor(dummy, a, seed=0).utility_margin(rounds, beta)
-    return OutsideIntervalMonitorPure(dummy, a, gamma, seed=0).utility_margin(rounds, beta)
+        return OutsideIntervalMonitor(dummy, a, seed=0).utility_margin(rounds, beta), 0
+    c_eta, c_nu = OutsideIntervalMonitorPure(dummy, a, gamma, seed=0).utility_margins(rounds, beta, runs)
+    return c_eta + c_nu, c_eta
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,7 @@ def paper_plan(n: int, domain_size: int, n_queries: int, zeta: float, epsilon: f
         a_n = epsilon / (2.0 * rounds)
         eps_call, delta_call = epsilon / (2.0 * calls), 0.0
         a = eps_call / m
-    margin = _monitor_margin(monitor, a, m, m * m, beta_p)
+    margin, eta_margin = _monitor_margin(monitor, a, m, m * m, beta_p)  # per call, union over calls via β'
     mass_margin = _two_sided_margin(DiscreteLaplaceLaw(used_scale(1.0 / a_n)), beta_p)
     alpha0 = 2.0 * (1.0 + zeta) * margin
     printed = 200.0 * rounds / eps_call * math.log(4.0 * n_queries / beta_p)
@@ -152,7 +155,7 @@ def paper_plan(n: int, domain_size: int, n_queries: int, zeta: float, epsilon: f
     # passes: each inaccurate pass drops a query, so at most m + 1 (the last one accurate) — no cap
     return PremPlan("paper", monitor, epsilon, delta, beta, zeta, m, rounds, steps, calls, m + 1, zeta / 4.0,
                     a, m, "laplace", a_n, 0.0, margin, mass_margin, alpha0, alpha / 4.0, alpha, printed,
-                    {"eps_call": eps_call, "delta_call": delta_call, "beta_call": beta_p,
+                    {"eps_call": eps_call, "delta_call": delta_call, "beta_call": beta_p, "eta_margin": eta_margin,
                      "paper_a_n": epsilon / (4.0 * math.sqrt(2.0 * rounds * math.log(rounds / delta)))
                      if delta > 0 else epsilon / rounds})
 
@@ -174,7 +177,8 @@ def charged_plan(domain_size: int, n_queries: int, zeta: float, epsilon: float, 
     domain_size, n_queries, zeta, epsilon, delta, beta = _check_common(domain_size, n_queries, zeta,
                                                                        epsilon, delta, beta)
     if delta == 0.0:
-        raise ValueError("delta must be > 0 with accounting='charged'")
+        raise ValueError("delta must be > 0 with accounting='charged' (the default); for pure DP (delta = 0) "
+                         "use accounting='paper', monitor='pure'")
     if monitor not in MONITORS:
         raise ValueError(f"monitor must be one of {MONITORS}, got {monitor!r}")
     max_rounds = check_int(max_rounds, "max_rounds", low=1)
@@ -196,14 +200,14 @@ def charged_plan(domain_size: int, n_queries: int, zeta: float, epsilon: float, 
         a = math.sqrt(2.0 * rho_all * (1.0 - zcdp_share) / max_calls) / m
     init_sigma2 = sensitivity_factor(NEIGHBOURS) / (2.0 * rho * init_share) if init_share > 0 else 0.0
     sigma_n2 = draws / (2.0 * rho * (1.0 - init_share))
-    margin = _monitor_margin(monitor, a, m, max_calls * m * max_passes, beta / 2.0)
+    margin, eta_margin = _monitor_margin(monitor, a, m, max_calls * m * max_passes, beta / 2.0, runs=max_calls)
     mass_margin = _dg_margin(sigma_n2, beta / (2.0 * draws))
     alpha0 = 2.0 * (1.0 + zeta) * margin
     alpha = max_rounds * alpha0 + alpha0 + mass_margin
     return PremPlan("charged", monitor, epsilon, delta, beta, zeta, m, max_rounds, 0, max_calls, max_passes,
                     eta, a, m, "gaussian", sigma_n2, init_sigma2, margin, mass_margin, alpha0, alpha0, alpha,
                     extra={"rho_zcdp": rho, "zcdp_share": zcdp_share, "init_share": init_share,
-                           "certify_share": certify_share})
+                           "certify_share": certify_share, "eta_margin": eta_margin})
 
 
 def max_rho(epsilon: float, delta: float) -> float:

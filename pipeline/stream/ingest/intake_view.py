@@ -105,10 +105,11 @@ def _sum_reasons(dicts) -> dict[str, int]:
 
 
 def intake_view(store, broker: str, reports_topic: str, partitions: int, wait: float = 10.0,
-                repartition_topic: str | None = None) -> IntakeView:
+                repartition_topic: str | None = None, progress=None) -> IntakeView:
     """The partitions' intake snapshots, once each worker has caught up with the reports log and the
     ``repartition`` log (reports forwarded from other partitions; or after ``wait`` seconds:
-    ``unhandled`` then says how many records each partition still has)."""
+    ``unhandled`` then says how many records each partition still has). ``progress(handled, total)``
+    is called while waiting (records handled since the wait began, of those unhandled then)."""
     from kafka import TopicPartition
 
     from pipeline.stream.kafka.log_end import log_ends
@@ -117,6 +118,7 @@ def intake_view(store, broker: str, reports_topic: str, partitions: int, wait: f
     forwarded = [TopicPartition(repartition_topic, p) for p in range(partitions)] if repartition_topic else []
     ends = log_ends(broker, tps + forwarded)
     deadline = time.monotonic() + wait
+    first = None
     while True:
         snaps = store.intake()
         unhandled = {tp.partition: max(0, ends[tp] - (snaps[tp.partition]["offset"] + 1 if tp.partition in snaps else 0))
@@ -127,7 +129,11 @@ def intake_view(store, broker: str, reports_topic: str, partitions: int, wait: f
                 unhandled[tp.partition] += max(0, ends[tp] - (snap["forwarded_offset"] + 1))
         stale = {tp.partition: snaps[tp.partition]["offset"] + 1 - ends[tp] for tp in tps
                  if tp.partition in snaps and snaps[tp.partition]["offset"] + 1 > ends[tp]}
-        if not any(unhandled.values()) and not stale or time.monotonic() > deadline:
+        remaining = sum(unhandled.values())
+        first = remaining if first is None else first
+        if progress is not None and first:
+            progress(first - remaining, first)
+        if not remaining and not stale or time.monotonic() > deadline:
             return IntakeView(store.last_closing(), partitions, snaps, unhandled, stale)
         time.sleep(0.2)
 

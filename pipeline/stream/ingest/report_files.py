@@ -20,7 +20,7 @@ import orjson
 
 from pipeline.stream.ingest.reports import ReportParser
 
-__all__ = ["ReportFileError", "FileReports", "read_report_file"]
+__all__ = ["ReportFileError", "FileReports", "read_report_file", "first_rejection"]
 
 
 class ReportFileError(ValueError):
@@ -61,6 +61,8 @@ def _read_jsonl(path: Path, deployment) -> tuple[FileReports, list[dict]]:
     reports, lines, columns = [], [], []
     with path.open("rb") as fh:
         for no, raw in enumerate(fh, 1):
+            if no == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a byte-order mark (UTF-8 text from Windows tools)
+                raw = raw[3:]
             if not raw.strip():
                 continue
             try:
@@ -82,7 +84,7 @@ def _keys(obj: dict) -> list[str]:
 
 
 def _read_csv(path: Path, deployment) -> tuple[FileReports, list[dict]]:
-    with path.open(newline="") as fh:
+    with path.open(newline="", encoding="utf-8-sig") as fh:  # a byte-order mark (Excel's "CSV UTF-8") is dropped
         reader = csv.reader(fh)
         header = next(reader, None)
         if not header:
@@ -120,23 +122,39 @@ def _read_csv(path: Path, deployment) -> tuple[FileReports, list[dict]]:
     return FileReports(reports, lines), columns
 
 
-def _check(path: Path, found: FileReports, columns: list[dict], deployment, roster) -> None:
-    """Stop at the first report the workers would reject (stateless checks) or a repeated (user, step)."""
+def first_rejection(reports: list[dict], deployment, roster) -> tuple[int, str, str, object] | None:
+    """(index, reason, detail, rejection) of the first report the workers would reject (their own parser's
+    stateless checks), or of a repeated (user, step); None when every report is good."""
     parser = ReportParser(roster, deployment.attributes, deployment.horizon)
-    parsed = parser.parse([orjson.dumps(r) for r in found.reports])
+    parsed = parser.parse([orjson.dumps(r) for r in reports])
     if parsed.rejections:
         rej = min(parsed.rejections, key=lambda r: r.message)
-        rep = found.reports[rej.message]
-        field = _blamed_field(rej, rep)
-        raise ReportFileError(path, found.lines[rej.message], columns[rej.message].get(field) if field else None,
-                              f"{rej.reason}: {rej.detail}")
+        return rej.message, rej.reason, rej.detail, rej
     seen: dict[tuple[str, int], int] = {}
-    for rep, line, cols in zip(found.reports, found.lines, columns):
+    for i, rep in enumerate(reports):
         key = (rep["user"], rep["step"])
         if key in seen:
-            raise ReportFileError(path, line, cols.get("user"), f"a second report for user {key[0]!r} at step "
-                                  f"{key[1]} (first on line {seen[key]}); the workers would dead-letter it as duplicate")
-        seen[key] = line
+            return i, "duplicate", (f"a second report for user {key[0]!r} at step {key[1]} (first: report "
+                                    f"{seen[key]}); the workers would dead-letter it as duplicate"), None
+        seen[key] = i
+    return None
+
+
+def _check(path: Path, found: FileReports, columns: list[dict], deployment, roster) -> None:
+    """Stop at the first report the workers would reject (stateless checks) or a repeated (user, step)."""
+    first = first_rejection(found.reports, deployment, roster)
+    if first is None:
+        return
+    i, reason, detail, rej = first
+    rep = found.reports[i]
+    if rej is None:  # a repeated (user, step): name both lines
+        first_line = next(found.lines[j] for j, r in enumerate(found.reports)
+                          if (r["user"], r["step"]) == (rep["user"], rep["step"]))
+        raise ReportFileError(path, found.lines[i], columns[i].get("user"), f"a second report for user "
+                              f"{rep['user']!r} at step {rep['step']} (first on line {first_line}); the workers "
+                              "would dead-letter it as duplicate")
+    field = _blamed_field(rej, rep)
+    raise ReportFileError(path, found.lines[i], columns[i].get(field) if field else None, f"{reason}: {detail}")
 
 
 def _blamed_field(rejection, report: dict) -> str | None:

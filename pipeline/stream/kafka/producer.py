@@ -1,4 +1,5 @@
-"""Producing reports and control commands (simulator, CSV/JSONL files via the command line, the demo).
+"""Producing reports and control commands (the simulator, the demo; report files go through
+:mod:`pipeline.producer`).
 
 Single reports are keyed by user id, so Kafka's default partitioner sends each user to the
 partition that owns it (see :mod:`pipeline.stream.ingest.roster`). Bulk steps are sent as columnar batch
@@ -7,8 +8,6 @@ ingest), one or more per owning partition, written to that partition explicitly.
 """
 
 from __future__ import annotations
-
-from typing import Iterable
 
 import numpy as np
 import orjson
@@ -60,15 +59,6 @@ class ReportProducer:
 
     def send_raw(self, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
         self._producer.send(self.names["reports"], value=value, key=key, partition=partition)
-
-    def send_reports(self, reports: Iterable[dict]) -> int:
-        """Single-report messages keyed by user id (default partitioner)."""
-        count = 0
-        for rep in reports:
-            self._producer.send(self.names["reports"], key=str(rep.get("user", "")).encode(), value=orjson.dumps(rep))
-            count += 1
-        self._producer.flush()
-        return count
 
     def close_step(self, step: int) -> int:
         """Send the close command; returns its record timestamp (ms, the broker's log)."""

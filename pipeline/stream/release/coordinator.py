@@ -47,6 +47,7 @@ from typing import Awaitable, Callable
 import orjson
 
 from pipeline.privacy.accounting import BudgetExhaustedError
+from pipeline.releases import get_kind
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.kafka.codecs import CONTROL_HEADER, PartialAssembler, close_marker, synthetic_chunks
 from pipeline.stream.kafka.faults import crash_point
@@ -278,10 +279,11 @@ class ReleaseCoordinator:
                 METRICS.privacy_rho.labels(out.release).set(priv["rho"])
             if "epsilon" in priv:
                 METRICS.privacy_epsilon.labels(out.release).set(priv["epsilon"])
-            if out.manifest.get("clamped_bins"):
-                METRICS.padding_clamps.labels(out.release).inc(out.manifest["clamped_bins"])
-            if out.alerts is not None and "flagged" in out.alerts:
-                METRICS.heavy_hitters.labels(out.release).set(len(out.alerts["flagged"]))
+            # the kind says which of its public numbers are worth a metric (pipeline.releases: ``observe``):
+            # a counter is increased by the value, a gauge set to it
+            for name, value in get_kind(out.manifest["type"]).observe(out.manifest, out.alerts).items():
+                metric = getattr(METRICS, name).labels(out.release)
+                metric.set(value) if hasattr(metric, "set") else metric.inc(value)
 
     # -- closing steps -----------------------------------------------------------------------------
     async def close_through(self, step: int, closed_at: int) -> None:

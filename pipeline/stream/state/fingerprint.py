@@ -15,8 +15,9 @@ calibration, the sensitivity or the accounting depends on is in the document:
   the users that partition owns (murmur2 of the user id modulo the count); restored under another
   count they would be applied to other users' rows, so a change is refused like a calibration change.
 
-Left out on purpose, because changing them changes no calibration or state layout: topic names, step closing, imputation, descriptions and the public dictionary of hashed attributes
-(labels only), the seed value of a seeded source. The deployment ``name`` is in the document but
+Left out on purpose, because changing them changes no calibration or state layout: topic names, step
+closing, imputation, descriptions, binary attributes' ``label`` and the public dictionary of hashed
+attributes (labels only), the seed value of a seeded source. The deployment ``name`` is in the document but
 not in :func:`portable_fingerprint`, which recognises the same configuration under another name.
 """
 
@@ -31,7 +32,7 @@ __all__ = ["privacy_config", "fingerprint", "portable_fingerprint", "config_chan
 
 FORMAT = 1  # bump when the document's layout changes (a stored document of another format is a change)
 
-_ATTRIBUTE_NOISE = ("description", "dictionary")  # public labels, no effect on any calibration
+_ATTRIBUTE_NOISE = ("description", "dictionary", "label")  # public labels, no effect on any calibration
 
 
 def roster_digest(ids: list[str]) -> str:

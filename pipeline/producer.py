@@ -1,0 +1,142 @@
+"""A small producer for the people who send reports (docs/topics.md, "Sending reports").
+
+::
+
+    from pipeline.config import load_config
+    from pipeline.producer import ReportSender
+
+    dep = load_config("config/sipp-poverty.yaml")
+    with ReportSender(dep, "127.0.0.1:9092") as sender:
+        sender.check_topic()                       # the reports topic exists (no silent auto-creation)
+        sender.validate(reports)                   # the workers' own parser: ReportRejected if they would reject one
+        result = sender.send(reports)              # keyed by user id, acks=all
+        print(result.acknowledged, result.failed)  # what the broker acknowledged; (index, error) of the rest
+
+A report is ``{"user": "<roster id>", "step": t, "values": {"<attribute>": value, ...}}`` (the
+JSON Schema ``pipeline/schemas/reports.value.json``). Each is sent keyed by its user id, so the
+default partitioner puts a user's reports on the partition that owns it. ``send`` waits for every
+acknowledgement and says which reports were not acknowledged; nothing fails silently.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import orjson
+
+from pipeline.connections import kafka_security
+
+__all__ = ["ReportSender", "ReportRejected", "TopicMissing", "SendResult", "progress_printer"]
+
+
+class ReportRejected(ValueError):
+    """A report the workers would dead-letter; ``index`` is its position in what was given."""
+
+    def __init__(self, index: int, reason: str, detail: str):
+        self.index, self.reason, self.detail = index, reason, detail
+        super().__init__(f"report {index}: {reason}: {detail}")
+
+
+class TopicMissing(RuntimeError):
+    """The deployment's reports topic does not exist on the broker (a typo, or the deployment is not up)."""
+
+
+@dataclass
+class SendResult:
+    sent: int = 0
+    acknowledged: int = 0
+    failed: list[tuple[int, str]] = field(default_factory=list)  # (index, error) of reports not acknowledged
+    seconds: float = 0.0
+
+
+def progress_printer(label: str, unit: str = "", every: float = 2.0, stream=None) -> Callable[[int, int], None]:
+    """A callback ``(done, total)`` printing one progress line at most every ``every`` seconds (stderr),
+    once the operation has taken longer than that."""
+    stream = stream or sys.stderr
+    start, last = time.monotonic(), [0.0]
+
+    def show(done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= every or done == total:
+            if now - start >= every:  # quick operations print nothing
+                print(f"{label}: {done:,} of {total:,}{unit}", file=stream, flush=True)
+            last[0] = now
+    return show
+
+
+class ReportSender:
+    """Validates with the workers' own parser, sends keyed by user id, reports what was acknowledged."""
+
+    def __init__(self, deployment, bootstrap: str, roster=None, topic: str | None = None):
+        from pipeline.stream.ingest.roster import Roster
+        from pipeline.stream.kafka.topics import topic_names
+
+        self.deployment = deployment
+        self.bootstrap = bootstrap
+        self.roster = roster or Roster.from_config(deployment.roster)
+        self.topic = topic or topic_names(deployment)["reports"]
+        self._producer = None
+
+    def __enter__(self) -> "ReportSender":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def check_topic(self) -> None:
+        """TopicMissing unless the reports topic exists. Lists the broker's topics (a metadata request for
+        all topics, which creates none): producing to a missing topic would let a broker that auto-creates
+        topics make a new, unread one and the reports would vanish."""
+        from kafka import KafkaConsumer
+
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, **kafka_security())
+        try:
+            topics = consumer.topics()
+        finally:
+            consumer.close()
+        if self.topic not in topics:
+            raise TopicMissing(f"topic {self.topic!r} does not exist on {self.bootstrap}: is the deployment "
+                               f"{self.deployment.name!r} up (its topics are created at start), and is the name right? "
+                               "nothing sent")
+
+    def validate(self, reports: list[dict]) -> None:
+        """ReportRejected for the first report the workers' parser would reject (stateless checks: format,
+        user, step, values); repeated (user, step) pairs are checked too."""
+        from pipeline.stream.ingest.report_files import first_rejection
+
+        first = first_rejection(reports, self.deployment, self.roster)
+        if first is not None:
+            raise ReportRejected(*first[:3])
+
+    def send(self, reports: Iterable[dict], progress: Callable[[int, int], None] | None = None,
+             timeout: float = 60.0) -> SendResult:
+        """Send every report keyed by its user id and wait for the acknowledgements (acks=all)."""
+        from kafka import KafkaProducer
+
+        reports = list(reports)
+        if self._producer is None:
+            self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, **kafka_security(), linger_ms=5,
+                                           batch_size=1 << 20, acks="all")
+        start = time.monotonic()
+        result = SendResult(sent=len(reports))
+        futures = [self._producer.send(self.topic, key=str(rep["user"]).encode(), value=orjson.dumps(rep))
+                   for rep in reports]
+        self._producer.flush(timeout=timeout)
+        for i, future in enumerate(futures):
+            try:
+                future.get(timeout=max(0.1, timeout - (time.monotonic() - start)))
+                result.acknowledged += 1
+            except Exception as err:  # noqa: BLE001 - each failure is reported with its report's index
+                result.failed.append((i, f"{type(err).__name__}: {err}"))
+            if progress is not None:
+                progress(i + 1, len(futures))
+        result.seconds = time.monotonic() - start
+        return result
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
