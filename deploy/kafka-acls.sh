@@ -4,20 +4,31 @@
 # tests/test_deploy.py checks it matches. Run with the broker's admin (super user) credentials:
 #   BOOTSTRAP=kafka:9094 ADMIN_CONFIG=/etc/kafka/admin.properties SECRETS=/run/secrets/kafka-users sh kafka-acls.sh
 # $SECRETS/<role> holds each role's password (deploy/make-secrets.sh writes them).
+# A password never reaches a command line (visible in `ps`): each user's SCRAM configuration goes through
+# an owner-only properties file (--add-config-file), written by the shell's printf builtin.
 set -eu
 KAFKA_BIN="${KAFKA_BIN:-/opt/kafka/bin}"
 KAFKA_ACLS="$KAFKA_BIN/kafka-acls.sh"
 : "${BOOTSTRAP:?}" "${ADMIN_CONFIG:?}" "${SECRETS:?}"
+umask 077
+SCRAM_DIR="$(mktemp -d)"
+trap 'rm -rf "$SCRAM_DIR"' EXIT
 for role in worker releaser operator producer analyst admin; do
+  password="$(cat "$SECRETS/$role")"
+  printf 'SCRAM-SHA-512=[iterations=8192,password=%s]\n' "$password" > "$SCRAM_DIR/$role.properties"
   "$KAFKA_BIN/kafka-configs.sh" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --alter \
-    --entity-type users --entity-name "dpstream-$role" \
-    --add-config "SCRAM-SHA-512=[iterations=8192,password=$(cat "$SECRETS/$role")]"
+    --entity-type users --entity-name "dpstream-$role" --add-config-file "$SCRAM_DIR/$role.properties"
+  rm -f "$SCRAM_DIR/$role.properties"
 done
+unset password
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-worker --operation Read --group dpstream-sipp-poverty-ingest
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-worker --operation Describe --topic dpstream.sipp-poverty.dead-letter
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-worker --operation Write --topic dpstream.sipp-poverty.dead-letter
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-worker --operation Describe --topic dpstream.sipp-poverty.feedback
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-worker --operation Read --topic dpstream.sipp-poverty.feedback
+"$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-worker --operation Describe --topic dpstream.sipp-poverty.repartition
+"$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-worker --operation Read --topic dpstream.sipp-poverty.repartition
+"$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-worker --operation Write --topic dpstream.sipp-poverty.repartition
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-worker --operation Describe --topic dpstream.sipp-poverty.reports
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-worker --operation Read --topic dpstream.sipp-poverty.reports
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-worker --operation Describe --topic dpstream.sipp-poverty.step-partials
@@ -34,6 +45,7 @@ done
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-releaser --operation Describe --topic dpstream.sipp-poverty.releases
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-releaser --operation Read --topic dpstream.sipp-poverty.releases
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-releaser --operation Write --topic dpstream.sipp-poverty.releases
+"$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-releaser --operation Describe --topic dpstream.sipp-poverty.repartition
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-releaser --operation Describe --topic dpstream.sipp-poverty.reports
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-releaser --operation Write --topic dpstream.sipp-poverty.reports
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-releaser --operation Describe --topic dpstream.sipp-poverty.step-partials
@@ -42,11 +54,14 @@ done
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-releaser --operation Write --topic dpstream.sipp-poverty.synthetic
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-operator --operation Describe --topic dpstream.sipp-poverty.control
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-operator --operation Write --topic dpstream.sipp-poverty.control
+"$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-operator --operation Describe --topic dpstream.sipp-poverty.repartition
+"$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-operator --operation Read --topic dpstream.sipp-poverty.repartition
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-operator --operation Describe --topic dpstream.sipp-poverty.reports
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-operator --operation Read --topic dpstream.sipp-poverty.reports
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-operator --operation Write --topic dpstream.sipp-poverty.reports
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-producer --operation Describe --topic dpstream.sipp-poverty.reports
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-producer --operation Write --topic dpstream.sipp-poverty.reports
+"$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-analyst --operation Read --group dpstream-sipp-poverty-downstream --resource-pattern-type prefixed
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-analyst --operation Describe --topic dpstream.sipp-poverty.alerts
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-analyst --operation Read --topic dpstream.sipp-poverty.alerts
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-analyst --operation Describe --topic dpstream.sipp-poverty.releases

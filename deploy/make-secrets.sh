@@ -53,6 +53,7 @@ EOF
 # stream role (ACL users of users.acl; analysts and producers have no Redis user).
 for role in worker releaser operator producer analyst admin; do password > "kafka-$role"; done
 for role in worker releaser operator; do password > "redis-$role"; done
+password > grafana-admin  # Grafana's admin login (GF_SECURITY_ADMIN_PASSWORD__FILE), never its default
 DPSTREAM_REDIS_PASSWORD_WORKER="$(cat redis-worker)" DPSTREAM_REDIS_PASSWORD_RELEASER="$(cat redis-releaser)" \
 DPSTREAM_REDIS_PASSWORD_OPERATOR="$(cat redis-operator)" \
 PYTHONPATH="$REPO" "$PYTHON" -m pipeline.acl --config "$CONFIG" redis > users.acl

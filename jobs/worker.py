@@ -22,6 +22,7 @@ worker commits are for lag monitoring, never read back.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 
@@ -64,6 +65,9 @@ class IngestWorker:
         # written its last checkpoint before the new owner reads it.
         self._busy = asyncio.Lock()
         self._feedback_done: dict[int, int] = {}  # feedback partition -> next offset (lag metric only)
+        # The roster, its id index and the loaded modules live as long as the process: frozen out of
+        # the cyclic collector's sight, so the full passes the fetches' allocations trigger skip them.
+        gc.freeze()
 
     # -- assignment ------------------------------------------------------------------------------
     async def _on_assign(self, tps: set[TopicPartition]) -> dict[TopicPartition, int]:
@@ -71,7 +75,7 @@ class IngestWorker:
         reports = [tp for tp in tps if tp.topic == self.names["reports"]]
         forwarded = [tp for tp in tps if tp.topic == self.names["repartition"]]
         ends = await self._log_ends(reports + forwarded)
-        previous = self.store.intake() if reports else {}  # the counts before this assignment
+        previous = await self.redis.intake_of(tp.partition for tp in reports)  # the counts before this assignment
         snapshots = {}
         for tp in sorted(tps, key=lambda tp: tp.topic == self.names["repartition"]):  # reports partitions first
             if tp.topic == self.names["repartition"]:
@@ -108,7 +112,7 @@ class IngestWorker:
             snapshots[tp.partition] = self.core.intake_snapshot(tp.partition)
             observe_partition(tp.partition, state)
             log.info("partition %d at step %d, consuming from offset %d", tp.partition, state.closed, resume)
-        self.store.save_intake(snapshots)  # status/close show what the restored state holds, from now on
+        await self.redis.save_intake(snapshots)  # status/close show what the restored state holds, from now on
         return positions
 
     def _forwarded_position(self, tp: TopicPartition, end: int | None) -> int:
@@ -155,6 +159,8 @@ class IngestWorker:
                     if any([self.core.apply_feedback(tp.partition, m.value) for m in messages]):
                         observe_partition(tp.partition, self.core.states[tp.partition])
                         touched.add(tp.partition)
+            for partition, blob in self.core.feedback_checkpoints().items():
+                await self.redis.save_checkpoint(partition, blob)
             for tp, messages in batch.items():
                 if tp.topic not in (self.names["reports"], self.names["repartition"]) \
                         or tp.partition not in self.core.states:
@@ -256,12 +262,18 @@ class IngestWorker:
                 raise RuntimeError(f"topic {self.names['repartition']} does not exist: create the deployment's topics "
                                    "(deploy/create_topics.py, or `dpstream up`) before starting workers")
             await supervise([asyncio.create_task(self._consume()),
-                             asyncio.create_task(self.consumer.commit_loop(self._handled))], "worker")
+                             asyncio.create_task(self.consumer.commit_loop(self._handled))], "worker",
+                            drain=self._finish_fetch)
         finally:
             await self.consumer.stop()
             await self.producer.stop()
             await self.redis.close()
             log.info("worker stopped")
+
+    async def _finish_fetch(self) -> None:
+        """On SIGTERM: let the fetch in hand finish (its partials, checkpoints and intake counts written)."""
+        async with self._busy:
+            pass
 
     async def _consume(self) -> None:
         async for batch in self.consumer.batches():

@@ -1,21 +1,22 @@
-"""Least privilege: what each role may do on the broker and in Redis, derived from a deployment.
+"""Least privilege: what each role may do on the broker and in Redis, derived from what its process does.
 
-The grants follow what the code does (docs/security.md has the table and the reasons):
+Nothing here is a second list. The Kafka grants come from the topic declaration
+(:data:`pipeline.stream.kafka.topics.TOPICS`: which role reads, writes or only lists the offsets of each
+topic); the Redis rules from the key layout (:data:`pipeline.stream.state.keys.KEY_CLASSES`: which role
+reaches which class of keys) and the commands each role's store calls send
+(:data:`pipeline.stream.state.keys.REDIS_COMMANDS`). docs/security.md has the resulting tables and reasons.
 
-* ``worker`` (jobs/worker.py): reads ``reports`` and ``feedback`` in its consumer group, writes
-  ``step-partials`` and ``dead-letter``.
-* ``releaser`` (jobs/releaser.py): reads ``step-partials`` and ``control`` in its group and the public
-  ``releases`` (the fence checks what was published); writes ``releases``, ``synthetic``, ``alerts``,
-  ``feedback`` and the close markers into ``reports``. Its lag monitor describes both groups.
-* ``operator`` (``dpstream produce|close|status``): writes ``reports`` and ``control``; reads the end of
-  ``reports`` (the intake counts of ``close``); Redis read-only.
-* ``producer`` (a data-collection service): writes ``reports`` only.
-* ``analyst`` (``dpstream export|query``, any consumer): reads the public topics only; no Redis user.
-* ``admin`` (deploy/create_topics.py): creates and describes the deployment's topics.
+Kafka operations per declared access: ``read`` -> Read + Describe (Fetch, and the consumer's offset commits);
+``write`` -> Write + Describe (Produce); ``offsets`` -> Describe only (Metadata and ListOffsets: the
+releaser's lag gauge, which never fetches the raw reports). Groups: the workers join ``ingest``, the releaser
+joins ``releaser`` and describes both (the committed offsets of the lag gauge); downstream consumers of the
+public topics may use groups starting with ``dpstream-<deployment>-downstream``. ``admin``
+(deploy/create_topics.py) creates and describes the deployment's topics.
 
 Kafka ACLs are emitted as ``kafka-acls.sh`` commands (``python -m pipeline.acl --config FILE kafka``);
 Redis ACL rules as ``user`` lines for an ACL file (``... redis``), with the password as a SHA-256 hash
-taken from an environment variable at generation time, never in the output in clear.
+taken from an environment variable at generation time, never in the output in clear. Analysts get no
+Redis user.
 """
 
 from __future__ import annotations
@@ -26,31 +27,15 @@ import shlex
 import sys
 from dataclasses import dataclass
 
-__all__ = ["Grant", "ROLES", "kafka_grants", "kafka_acl_commands", "kafka_acl_script", "redis_acl_rules", "main"]
+from pipeline.stream.kafka.topics import GROUP_ROLES, KAFKA_ROLES, LAG_ROLE, TOPICS
+from pipeline.stream.state.keys import KEY_CLASSES, REDIS_COMMANDS, REDIS_ROLES, Keys
 
-ROLES = ("worker", "releaser", "operator", "producer", "analyst", "admin")
+__all__ = ["Grant", "ROLES", "kafka_grants", "kafka_acl_commands", "kafka_acl_script", "redis_acl_rules",
+           "redis_key_patterns", "main"]
 
-# role -> (operation, logical topic) pairs; Describe is added for every topic a role reads or writes
-_TOPICS: dict[str, list[tuple[str, str]]] = {
-    "worker": [("Read", "reports"), ("Read", "feedback"), ("Write", "step-partials"), ("Write", "dead-letter")],
-    "releaser": [("Read", "step-partials"), ("Read", "control"), ("Read", "releases"), ("Write", "releases"),
-                 ("Write", "synthetic"), ("Write", "alerts"), ("Write", "feedback"), ("Write", "reports")],
-    "operator": [("Write", "reports"), ("Write", "control"), ("Read", "reports")],
-    "producer": [("Write", "reports")],
-    "analyst": [("Read", "releases"), ("Read", "synthetic"), ("Read", "alerts")],
-    "admin": [("Create", "*"), ("DescribeConfigs", "*")],
-}
-_GROUPS: dict[str, list[tuple[str, str]]] = {  # consumer groups (the jobs' group ids)
-    "worker": [("Read", "ingest")],
-    "releaser": [("Read", "releaser"), ("Describe", "ingest"), ("Describe", "releaser")],
-}
-# Redis: both stream roles read and write the deployment's keys (and the registry of fingerprints); the
-# operator only reads. Commands outside these categories (CONFIG, KEYS, FLUSHALL, DEBUG, ...) are denied.
-_REDIS_COMMANDS = {
-    "worker": "+@read +@write +@transaction +@connection -@dangerous",
-    "releaser": "+@read +@write +@transaction +@connection -@dangerous",
-    "operator": "+@read +@connection -@dangerous",
-}
+ROLES = (*KAFKA_ROLES, "admin")
+
+_OPERATIONS = {"read": ("Read", "Describe"), "write": ("Write", "Describe"), "offsets": ("Describe",)}
 
 
 @dataclass(frozen=True)
@@ -63,23 +48,24 @@ class Grant:
 
 
 def kafka_grants(deployment, role: str) -> list[Grant]:
-    """The ACLs ``role`` needs on the deployment's topics and consumer groups."""
-    from pipeline.stream.kafka.topics import topic_names
+    """The ACLs ``role`` needs on the deployment's topics and consumer groups (from the topic declaration)."""
+    from pipeline.stream.kafka.topics import downstream_group_prefix, group_id, topic_names
 
     if role not in ROLES:
         raise ValueError(f"role: unknown role {role!r}; one of {', '.join(ROLES)}")
-    names = topic_names(deployment)
-    prefix = f"{deployment.topics.prefix}.{deployment.name}."
     grants: list[Grant] = []
-    for op, topic in _TOPICS[role]:
-        if topic == "*":
-            grants.append(Grant(role, op, "topic", prefix, prefixed=True))
-            grants.append(Grant(role, "Describe", "topic", prefix, prefixed=True))
-        else:
-            grants.append(Grant(role, op, "topic", names[topic]))
-            grants.append(Grant(role, "Describe", "topic", names[topic]))
-    for op, group in _GROUPS.get(role, []):
-        grants.append(Grant(role, op, "group", f"dpstream-{deployment.name}-{group}"))
+    if role == "admin":
+        prefix = f"{deployment.topics.prefix}.{deployment.name}."
+        grants += [Grant(role, op, "topic", prefix, prefixed=True) for op in ("Create", "Describe", "DescribeConfigs")]
+    names = topic_names(deployment)
+    for logical, topic in TOPICS.items():
+        for access in topic.access(role):
+            grants += [Grant(role, op, "topic", names[logical]) for op in _OPERATIONS[access]]
+    for group, member in GROUP_ROLES.items():  # a job joins its group; the lag gauge reads every group's offsets
+        ops = (["Read"] if role == member else []) + (["Describe"] if role == LAG_ROLE else [])
+        grants += [Grant(role, op, "group", group_id(deployment, group)) for op in ops]
+    if role == "analyst":
+        grants.append(Grant(role, "Read", "group", downstream_group_prefix(deployment), prefixed=True))
     return sorted(set(grants), key=lambda g: (g.resource, g.name, g.operation))
 
 
@@ -102,15 +88,23 @@ _SCRIPT_HEAD = """#!/bin/sh
 # tests/test_deploy.py checks it matches. Run with the broker's admin (super user) credentials:
 #   BOOTSTRAP=kafka:9094 ADMIN_CONFIG=/etc/kafka/admin.properties SECRETS=/run/secrets/kafka-users sh kafka-acls.sh
 # $SECRETS/<role> holds each role's password (deploy/make-secrets.sh writes them).
+# A password never reaches a command line (visible in `ps`): each user's SCRAM configuration goes through
+# an owner-only properties file (--add-config-file), written by the shell's printf builtin.
 set -eu
 KAFKA_BIN="${{KAFKA_BIN:-/opt/kafka/bin}}"
 KAFKA_ACLS="$KAFKA_BIN/kafka-acls.sh"
 : "${{BOOTSTRAP:?}}" "${{ADMIN_CONFIG:?}}" "${{SECRETS:?}}"
+umask 077
+SCRAM_DIR="$(mktemp -d)"
+trap 'rm -rf "$SCRAM_DIR"' EXIT
 for role in {roles}; do
+  password="$(cat "$SECRETS/$role")"
+  printf 'SCRAM-SHA-512=[iterations=8192,password=%s]\\n' "$password" > "$SCRAM_DIR/$role.properties"
   "$KAFKA_BIN/kafka-configs.sh" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --alter \\
-    --entity-type users --entity-name "dpstream-$role" \\
-    --add-config "SCRAM-SHA-512=[iterations=8192,password=$(cat "$SECRETS/$role")]"
+    --entity-type users --entity-name "dpstream-$role" --add-config-file "$SCRAM_DIR/$role.properties"
+  rm -f "$SCRAM_DIR/$role.properties"
 done
+unset password
 """
 
 
@@ -120,17 +114,25 @@ def kafka_acl_script(deployment, config: str) -> str:
     return head + "\n".join(kafka_acl_commands(deployment, {})) + "\n"
 
 
-def redis_acl_rules(deployment, passwords: dict[str, str]) -> list[str]:
-    """ACL-file ``user`` lines for the stream roles (and ``default off``); ``passwords`` maps role -> password,
-    written as its SHA-256 (``#<hex>``). A role without a password is left out."""
-    from pipeline.stream.local.embedded import password_hash
-    from pipeline.stream.state.store import FINGERPRINTS_KEY
+def redis_key_patterns(deployment, role: str) -> list[str]:
+    """The key patterns of ``role``: the classes of keys its process reads or writes (pipeline.stream.state.keys)."""
+    keys = Keys(deployment.name)
+    return [keys.pattern(cls) for cls in KEY_CLASSES if role in cls.access]
 
-    keys = f"~dpstream:{deployment.name}:* ~{FINGERPRINTS_KEY}"
+
+def redis_acl_rules(deployment, passwords: dict[str, str]) -> list[str]:
+    """ACL-file ``user`` lines for the Redis roles (and ``default off``); ``passwords`` maps role -> password,
+    written as its SHA-256 (``#<hex>``). A role without a password is left out. Each user may log in, then send
+    only the commands its store calls send, on only its classes of keys; no channels."""
+    from pipeline.stream.local.embedded import password_hash
+
     rules = ["user default off"]
-    for role, commands in _REDIS_COMMANDS.items():
+    for role in REDIS_ROLES:
         if passwords.get(role):
-            rules.append(f"user dpstream-{role} on {password_hash(passwords[role])} resetchannels {keys} {commands}")
+            patterns = " ".join(f"~{p}" for p in redis_key_patterns(deployment, role))
+            commands = " ".join(f"+{c}" for c in REDIS_COMMANDS[role])
+            rules.append(f"user dpstream-{role} on {password_hash(passwords[role])} resetchannels resetkeys {patterns} "
+                         f"-@all +@connection -@dangerous {commands}")
     return rules
 
 
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.what == "script":
         sys.stdout.write(kafka_acl_script(dep, args.config))
     else:
-        passwords = {r: os.environ.get(f"DPSTREAM_REDIS_PASSWORD_{r.upper()}", "") for r in _REDIS_COMMANDS}
+        passwords = {r: os.environ.get(f"DPSTREAM_REDIS_PASSWORD_{r.upper()}", "") for r in REDIS_ROLES}
         missing = sorted(r for r, p in passwords.items() if not p)
         if missing:
             print(f"no password for {', '.join(missing)}: set DPSTREAM_REDIS_PASSWORD_<ROLE>", file=sys.stderr)

@@ -16,9 +16,11 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from pipeline.connections import (SecretUnavailable, check_secrets, connection_failure, kafka_security, redis_client,
                                   use_security)
+from pipeline.security import check_no_password_in_url, redact_url
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_BUDGET = 0, 1, 2, 3
 EXIT_STATE_LOST = 4
@@ -93,8 +95,21 @@ def _check_reachable(broker: str, redis_url: str | None) -> None:
         try:
             redis_client(redis_url, socket_connect_timeout=_REACH_TIMEOUT, socket_timeout=_REACH_TIMEOUT).ping()
         except redis.RedisError as err:
-            raise SystemExit(_fail(EXIT_RUNTIME, connection_failure(err) or f"Redis unreachable at {redis_url} ({err})"))
+            raise SystemExit(_fail(EXIT_RUNTIME, connection_failure(err)
+                                   or f"Redis unreachable at {redact_url(redis_url)} ({_redacted(err, redis_url)})"))
         _reached.add(redis_url)
+
+
+def _redacted(err: BaseException, url: str) -> str:
+    """An error's text without the URL's password, should the client have quoted it."""
+    from urllib.parse import urlsplit
+
+    text = str(err)
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    return text.replace(password, "***") if password else text
 
 
 def _endpoints(dep, check: bool = True, redis: bool = True) -> tuple[str, str | None]:
@@ -107,6 +122,12 @@ def _endpoints(dep, check: bool = True, redis: bool = True) -> tuple[str, str | 
     check_secrets() if redis else kafka_security()
     broker = os.environ.get("DPSTREAM_BROKER") or dep.broker
     redis_url = (os.environ.get("DPSTREAM_REDIS") or dep.redis) if redis else None
+    redis_url_given = bool(redis_url)
+    if redis and os.environ.get("DPSTREAM_REDIS"):
+        try:
+            check_no_password_in_url(os.environ["DPSTREAM_REDIS"], "DPSTREAM_REDIS")
+        except ValueError as err:
+            raise SystemExit(_fail(EXIT_CONFIG, str(err))) from None
     if not (broker and (redis_url or not redis)):
         rec = _up_record(dep.name)
         if rec is None:
@@ -118,6 +139,10 @@ def _endpoints(dep, check: bool = True, redis: bool = True) -> tuple[str, str | 
             raise SystemExit(_fail(EXIT_RUNTIME, f"`dpstream up` of deployment {dep.name!r} (pid {rec['pid']}) is "
                                                  "still starting; try again in a moment"))
         broker, redis_url = broker or rec["broker"], (redis_url or rec["redis"]) if redis else None
+        if redis and rec.get("local_secrets") and not redis_url_given:
+            from pipeline.stream.local.embedded import LOCAL_SECRETS_ENV
+
+            os.environ.setdefault(LOCAL_SECRETS_ENV, rec["local_secrets"])  # the embedded Redis's password file
     if check:
         _check_reachable(broker, redis_url)
     return broker, redis_url
@@ -154,10 +179,10 @@ def _interrupt(signum, frame):
 def _claim(name: str) -> bool:
     """Create the endpoints file with only this process's pid, atomically (two `up` starting at once: one
     wins); LocalCluster.start completes it with the endpoints, LocalCluster.stop removes it."""
-    from pipeline.stream.local.cluster import endpoints_file
+    from pipeline.stream.local.cluster import endpoints_file, private_home
 
+    private_home()
     path = endpoints_file(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
@@ -168,9 +193,12 @@ def _claim(name: str) -> bool:
 
 
 def cmd_up(args) -> int:
-    """Start the deployment; on Ctrl-C, SIGTERM (`kill`, `dpstream down`) or a dead process, stop everything
-    it started (stream processes' groups, embedded broker and Redis) and remove the endpoints file."""
-    from pipeline.stream.local.cluster import LocalCluster, state_dir
+    """Start the deployment and supervise it: a worker or the releaser that exits unexpectedly is restarted
+    (bounded, with backoff), as are the embedded broker and its storage; a refusal (exit code 2, 3, 4) or
+    repeated failure stops everything with the failing process's own line and code. On Ctrl-C or SIGTERM
+    (`kill`, `dpstream down`) the stream processes stop first, then the broker, its storage and Redis."""
+    from pipeline.stream.local.cluster import LocalCluster, ProcessFailed, state_dir
+    from pipeline.stream.state.store import ReleaseStore
 
     dep = _load(args.config)
     rec = _up_record(dep.name)
@@ -181,28 +209,48 @@ def cmd_up(args) -> int:
         print(f"dpstream up: replacing {_stale(rec).split(';')[0]}", file=sys.stderr)
         _stop_leftovers(rec)
         rec["path"].unlink(missing_ok=True)
-    # The embedded Redis keeps the release records and the ledger in DPSTREAM_HOME/<deployment>/redis
-    # unless --ephemeral: losing them would leave the deployment unable to continue (the fence refuses).
-    data_dir = None if args.ephemeral or dep.redis else state_dir(dep.name)
-    cluster = LocalCluster(args.config, dep, workers=args.workers, log_dir=args.log_dir, metrics=True,
-                           data_dir=data_dir)
+    # The embedded Redis (release records, ledger) and the embedded broker's log live in
+    # DPSTREAM_HOME/<deployment>/{redis,log} unless --ephemeral: losing them would leave the deployment
+    # unable to continue (the fence refuses) or lose reports the broker acknowledged.
+    embedded = not (dep.redis and dep.broker)
+    data_dir = None if args.ephemeral or not embedded else state_dir(dep.name)
+    log_dir = Path(args.log_dir).resolve()
+    cluster = LocalCluster(args.config, dep, workers=args.workers, log_dir=log_dir, metrics=True,
+                           data_dir=data_dir, durable_log=data_dir is not None and not dep.broker)
     if not _claim(dep.name):
         return _fail(EXIT_CONFIG, f"another `dpstream up` of deployment {dep.name!r} is starting")
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    code = EXIT_OK
     try:
+        cluster.start_services()
+        marker_dir = data_dir if data_dir is not None and not dep.redis else None
+        refused = _check_marker(dep, cluster.redis_url, marker_dir)
+        if refused:
+            code = _fail(EXIT_STATE_LOST, f"up: state lost: {refused}. Restore {marker_dir / 'redis'} from a backup "
+                                          "(docs/streaming.md, Backup and restore), or start a new deployment under a "
+                                          "new name with a new budget; nothing was started")
+            return code
         cluster.start()
-        where = ("configured" if dep.redis else f"data in {data_dir / 'redis'}" if data_dir
-                 else "ephemeral: deleted on stop")
-        print(f"dpstream up: broker {cluster.broker}, redis {cluster.redis_url} ({where}), "
-              f"{args.workers} worker(s) + releaser; metrics ports {cluster.metrics_ports}. "
-              f"Ctrl-C or `dpstream down` stops.", flush=True)
+        redis_where = ("configured" if dep.redis else f"data in {data_dir / 'redis'}" if data_dir
+                       else "ephemeral: deleted on stop")
+        log_where = ("configured" if dep.broker else f"log in {data_dir / 'log'}" if cluster.durable_log
+                     else "memory-only: its log is lost on stop")
+        print(f"dpstream up: broker {cluster.broker}, redis {cluster.redis_url} ({redis_where}), "
+              f"{args.workers} worker(s) + releaser; broker {log_where}; process logs in {log_dir}; "
+              f"metrics ports {cluster.metrics_ports}. Ctrl-C or `dpstream down` stops.", flush=True)
+        last_mark, store = None, ReleaseStore.from_url(cluster.redis_url, dep.name)
         while True:
-            cluster.check_alive()
-            time.sleep(1)
+            for line in cluster.supervise():
+                print(f"dpstream up: {time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
+            if marker_dir is not None:
+                last_mark = _update_marker(store, marker_dir, last_mark)
+            time.sleep(0.5)
     except KeyboardInterrupt:
         code = EXIT_OK
-    except (RuntimeError, TimeoutError, OSError) as err:  # a process died, a service did not start
-        code = _fail(EXIT_RUNTIME, f"up: {err}; stopping")
+    except ProcessFailed as err:
+        code = _fail(err.exit_code, f"up: {err}; stopping (logs in {log_dir})")
+    except (RuntimeError, TimeoutError, OSError) as err:  # a service did not start
+        code = _fail(EXIT_RUNTIME, f"up: {err}; stopping (logs in {log_dir})")
     finally:
         for sig in previous:  # a second signal must not cut the shutdown short
             signal.signal(sig, signal.SIG_IGN)
@@ -210,6 +258,41 @@ def cmd_up(args) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return code
+
+
+def _check_marker(dep, redis_url: str, marker_dir: Path | None) -> str | None:
+    """Why this `up` would be a state-less start over a deployment that has released (None: it is not)."""
+    from pipeline.stream.local.marker import read_marker, stateless_start
+    from pipeline.stream.state.store import ReleaseStore
+
+    if marker_dir is None:
+        return None
+    try:
+        marker = read_marker(marker_dir)
+    except ValueError as err:
+        return str(err)
+    if marker is None:
+        return None
+    store = ReleaseStore.from_url(redis_url, dep.name)
+    return stateless_start(marker, store.identity(), store.last_released())
+
+
+def _update_marker(store, marker_dir: Path, last):
+    """Record the instance and last released step outside the Redis directory when they change."""
+    import redis
+
+    from pipeline.stream.local.marker import DeploymentMarker, write_marker
+
+    try:
+        identity, released = store.identity(), store.last_released()
+    except redis.RedisError:
+        return last  # the supervisor reports a dead Redis
+    if identity is None or released < 1:
+        return last
+    mark = DeploymentMarker(identity["instance"], released)
+    if mark != last:
+        write_marker(marker_dir, mark)
+    return mark
 
 
 def _stop_leftovers(rec: dict) -> list[str]:
@@ -609,7 +692,8 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--workers", type=int, default=1)
     u.add_argument("--log-dir", default="out/logs")
     u.add_argument("--ephemeral", action="store_true", help="keep the embedded Redis in a temporary directory "
-                   "deleted on stop (throwaway runs); default: DPSTREAM_HOME/<deployment>/redis, kept")
+                   "deleted on stop and the embedded broker's log in memory (throwaway runs); default: "
+                   "DPSTREAM_HOME/<deployment>/redis and .../log, kept")
     u.set_defaults(func=cmd_up)
 
     pr = with_config(sub.add_parser("produce", help="send reports from a CSV/JSONL file or the simulator"))

@@ -84,6 +84,15 @@ def redis_client(url: str, security: Security | None = None, client_class: Any =
         options["username"] = user
     if password is not None:
         options["password"] = password.get_secret_value()
+    elif user is None:  # no login configured: the embedded Redis's generated password, if it is this one
+        from urllib.parse import urlsplit
+
+        from pipeline.stream.local.embedded import local_redis_password
+
+        parts = urlsplit(url)
+        generated = local_redis_password(parts.hostname, parts.port)
+        if generated is not None:
+            options["password"] = generated
     if settings.tls is not None:
         tls = settings.tls
         tls_context(tls, "security.redis.tls")  # fails early, with the key, if a file cannot be loaded

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, SecretStr, field_validator, model_validator
 
 __all__ = ["SecretRef", "SecretUnavailable", "TlsFiles", "SaslSettings", "BrokerSecurity", "RedisSecurity",
-           "Security", "check_redis_url", "check_broker"]
+           "Security", "check_redis_url", "check_broker", "check_no_password_in_url", "redact_url"]
 
 
 class SecretUnavailable(ValueError):
@@ -179,11 +179,40 @@ def check_redis_url(url: str | None, security: Security) -> None:
                              "loopback only. Set `redis: rediss://...` for a Redis with TLS")
         return
     parts = urlsplit(url)
-    if parts.password:
-        raise ValueError("redis: the URL carries a password, which would be printed with the URL and stored in the "
-                         "YAML; remove it and set security.redis.password: {env: VARIABLE} (or {file: path})")
+    check_no_password_in_url(url, "redis")
     if security.redis.tls is not None and parts.scheme != "rediss":
         raise ValueError(f"security.redis.tls: needs a rediss:// URL, got scheme {parts.scheme}://")
+
+
+def check_no_password_in_url(url: str, key: str) -> None:
+    """Refuse a Redis URL carrying a password (ValueError naming ``key``: ``redis``, ``DPSTREAM_REDIS``,
+    ``--redis``): it would be printed with the URL, passed on job command lines visible in ``ps`` and stored in
+    files. The message never contains the URL."""
+    from urllib.parse import urlsplit
+
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        raise ValueError(f"{key}: the URL carries a password, which would be printed with the URL, shown in "
+                         "`ps` and stored in files; remove it and set security.redis.password: {env: VARIABLE} "
+                         "(or {file: path}) in the configuration")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for messages)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+    except ValueError:
+        return "<unparsable URL>"
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
 
 
 def check_broker(broker: str | None, security: Security) -> None:

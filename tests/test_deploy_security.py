@@ -136,3 +136,69 @@ def test_k8s_redis_is_tls_only_with_owner_only_data_and_reached_only_by_the_stre
         "containers"][0]["env"]}
     assert kafka_env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
     assert f"SASL_SSL://kafka-0.kafka.dpstream.svc.cluster.local:{kafka_port}" == kafka_env["KAFKA_ADVERTISED_LISTENERS"]
+
+
+def test_acl_script_passes_no_password_on_a_command_line(tmp_path):
+    """deploy/kafka-acls.sh run against stand-in Kafka tools that record their arguments: every SCRAM
+    password reaches kafka-configs.sh in an owner-only file, never as an argument (visible in `ps`)."""
+    bin_dir, secrets, record = tmp_path / "bin", tmp_path / "users", tmp_path / "calls"
+    bin_dir.mkdir()
+    secrets.mkdir()
+    for tool in ("kafka-configs.sh", "kafka-acls.sh"):
+        (bin_dir / tool).write_text(
+            '#!/bin/sh\necho "$*" >> "$RECORD"\n'
+            'while [ $# -gt 0 ]; do if [ "$1" = --add-config-file ]; then stat -c %a "$2" >> "$RECORD.modes"; '
+            'cat "$2" >> "$RECORD.files"; fi; shift; done\n')
+        (bin_dir / tool).chmod(0o755)
+    passwords = {role: f"pw-{role}-s3cret" for role in ROLES}
+    for role, password in passwords.items():
+        (secrets / role).write_text(password)
+    run = subprocess.run(["sh", str(DEPLOY / "kafka-acls.sh")], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, KAFKA_BIN=str(bin_dir), BOOTSTRAP="kafka:9094", ADMIN_CONFIG="/x",
+                                  SECRETS=str(secrets), RECORD=str(record)))
+    assert run.returncode == 0, run.stderr
+    calls = record.read_text()
+    assert "--add-config-file" in calls and "--allow-principal" in calls
+    assert not any(password in calls for password in passwords.values())
+    files = Path(f"{record}.files").read_text()
+    assert all(f"SCRAM-SHA-512=[iterations=8192,password={password}]" in files for password in passwords.values())
+    assert set(Path(f"{record}.modes").read_text().split()) == {"600"}
+
+
+def test_grafana_admin_password_is_generated_not_the_default(compose):
+    grafana = compose["services"]["grafana"]
+    env = grafana["environment"]
+    assert "GF_SECURITY_ADMIN_PASSWORD" not in env  # never inline
+    path = env["GF_SECURITY_ADMIN_PASSWORD__FILE"]
+    assert path == "/run/secrets/grafana-admin" and "grafana-admin" in grafana["secrets"]
+    assert compose["secrets"]["grafana-admin"]["file"] == "./secrets/grafana-admin"
+    assert "password > grafana-admin" in (DEPLOY / "make-secrets.sh").read_text()
+
+
+def test_bench_repartition_producer_connects_with_the_security_settings(monkeypatch):
+    import asyncio
+
+    import aiokafka
+    import numpy as np
+
+    from jobs.bench.bench_repartition import _produce
+    from pipeline.connections import use_security
+    from pipeline.security import Security
+
+    built = {}
+
+    class Recorder:
+        def __init__(self, **kwargs):
+            built.update(kwargs)
+            raise RuntimeError("recorded")
+
+    monkeypatch.setattr(aiokafka, "AIOKafkaProducer", Recorder)
+    monkeypatch.setenv("BENCH_SASL_PW", "bench-secret")
+    use_security(Security.model_validate({"broker": {"sasl": {"mechanism": "SCRAM-SHA-512", "username": "w",
+                                                              "password": {"env": "BENCH_SASL_PW"}}}}))
+    try:
+        with pytest.raises(RuntimeError, match="recorded"):
+            asyncio.run(_produce("kafka:9093", "t", None, 1, np.zeros(1), np.zeros(1)))
+    finally:
+        use_security(Security())
+    assert built["security_protocol"] == "SASL_PLAINTEXT" and built["sasl_plain_password"] == "bench-secret"

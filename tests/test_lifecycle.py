@@ -25,7 +25,7 @@ def _start_up(path, env, tmp_path):
     assert "dpstream up: broker" in banner, banner + up.stdout.read()
     record = json.loads((tmp_path / "home" / "cli-test.json").read_text())
     assert record["pid"] == up.pid
-    assert set(record["processes"]) == {"releaser", "worker-0", "worker-1", "broker", "redis"}
+    assert set(record["processes"]) == {"releaser", "worker-0", "worker-1", "broker", "object-store", "redis"}
     pids = {name: p["pid"] for name, p in record["processes"].items()}
     assert all(pid_alive(pid) for pid in pids.values()), pids
     return up, pids
@@ -127,18 +127,19 @@ def test_query_errors_are_one_line_with_the_right_exit_code(deployment, tmp_path
         dpstream("produce", *cfg, env=env)
         dpstream("close", *cfg, "--step", "1", env=env)
         _wait_released(path, env, 1)
-        ok = json.loads(dpstream("query", *cfg, "--release", "cumulative", "--step", "1", env=env).stdout)
+        ok = json.loads(dpstream("query", *cfg, "--release", "cumulative", "--step", "1", "--json",
+                                 env=env).stdout)
         assert ok["at_least"][0] == N
 
         proc = dpstream("query", *cfg, "--release", "quartely", "--step", "2", env=env, check=False)
         assert proc.returncode == 2
-        assert _one_line(proc) == ("dpstream: no such release 'quartely'; releases with synthetic data are "
-                                   "quarterly, cumulative")
+        assert _one_line(proc) == "dpstream: no such release 'quartely'; releases with counts are quarterly, cumulative"
         proc = dpstream("export", *cfg, "--release", "quartely", "--out", str(tmp_path / "x.csv"), env=env, check=False)
         assert proc.returncode == 2 and "no such release 'quartely'" in _one_line(proc)
 
         proc = dpstream("query", *cfg, "--release", "quarterly", "--step", "1", env=env, check=False)  # window 2
-        assert proc.returncode == 2 and "the first full window ends at step 2, got --step 1" in _one_line(proc)
+        line = _one_line(proc)
+        assert proc.returncode == 2 and "release 'quarterly' answers from step 2 on" in line and "got --step 1" in line
 
         for release in ("quarterly", "cumulative"):  # step 2 is not closed: not released
             proc = dpstream("query", *cfg, "--release", release, "--step", "2", env=env, check=False)

@@ -285,7 +285,7 @@ def test_a_releaser_losing_the_commit_race_publishes_the_committed_record_not_it
         stream.take_partials()
         await winner.release_ready_steps()
         await loser.release_ready_steps()  # computes its own release, the commit is refused
-        ledger = await stream.store.r.hgetall(stream.store._k("ledger"))
+        ledger = await stream.store.r.hgetall(stream.store.keys.ledger)
         return stream.public()["releases"], loser.checkpoint.publisher.logs[(stream.names["releases"], 0)], ledger, loser
 
     won, lost, ledger, loser = run(main(), store_of)
@@ -384,3 +384,29 @@ def test_checkpoint_writes_only_after_every_acknowledgement():
 
     held, writes = asyncio.run(main())
     assert held == [] and writes == ["first", "second"]
+
+
+def test_the_releaser_writes_only_topics_its_role_is_granted(store_of):
+    """Every message the coordinator hands its publisher goes to a topic the declaration lets the releaser
+    write (pipeline.stream.kafka.topics, from which pipeline.acl derives the broker ACLs)."""
+    from pipeline.stream.kafka.topics import TOPICS
+
+    dep, X = deployment(), panel()
+    sent_to = set()
+
+    class RecordingLog(MemoryLog):
+        async def send(self, topic, value, key=None, partition=None, timestamp_ms=None, headers=None):
+            sent_to.add(topic)
+            return await super().send(topic, value, key, partition, timestamp_ms, headers)
+
+    async def main():
+        stream = Stream(dep, store_of(dep), RecordingLog(), X)
+        await stream.start()
+        for t in range(1, T + 1):
+            await stream.step(t)
+        return stream
+
+    stream = run(main(), store_of)
+    granted = {stream.names[n] for n, t in TOPICS.items() if "releaser" in t.writers}
+    assert sent_to and sent_to <= granted, sent_to - granted
+    assert {stream.names[t] for t in ("releases", "synthetic", "reports")} <= sent_to  # close markers too

@@ -21,6 +21,7 @@ from pipeline.stream.kafka.codecs import CONTROL_HEADER
 from pipeline.stream.ingest.repartition import ForwardMarkers
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import ReleaseStore
+from support.stores import WritableStore
 from pipeline.stream.kafka.topics import topic_names
 
 P, N = 2, 40
@@ -196,7 +197,7 @@ def test_replays_of_source_and_owner_apply_every_report_once(redis_client):
     dep, roster = deployment(), Roster.from_range(N)
     X, S = panel(2, 3)
     ref, _ = reference_partials(dep, roster, X, S, (1, 2, 3))
-    store = ReleaseStore(redis_client, dep.name)
+    store = WritableStore(redis_client, dep.name)
     owners = owner_of(roster)
     rng = np.random.default_rng(5)
     where = rng.integers(0, P, size=(N, 3))  # a random partitioner

@@ -82,3 +82,4 @@ def test_jsonl_bad_line_names_line_and_column(dep, tmp_path):
     assert _error(dep, path).startswith(f"{path}:2: column 16: malformed")
     path.write_text('{"reports": []}\n')
     assert "each line must be one report" in _error(dep, path)
+

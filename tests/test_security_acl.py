@@ -43,7 +43,10 @@ def test_analysts_get_the_public_topics_only_and_only_curator_roles_read_reports
     names = topic_names(dep)
     public = {names[t] for t in PUBLIC_TOPICS}
     analyst = kafka_grants(dep, "analyst")
-    assert {(g.operation, g.name) for g in analyst} == {(op, t) for t in public for op in ("Read", "Describe")}
+    assert {(g.operation, g.name) for g in analyst if g.resource == "topic"} == \
+        {(op, t) for t in public for op in ("Read", "Describe")}
+    assert {(g.operation, g.name, g.prefixed) for g in analyst if g.resource == "group"} == \
+        {("Read", "dpstream-grants-downstream", True)}  # downstream consumers in groups
     readers = {role for role in ROLES for g in kafka_grants(dep, role)
                if g.operation == "Read" and g.name == names["reports"]}
     assert readers == {"worker", "operator"}  # the raw reports: the workers, and the operator's intake counts
@@ -108,9 +111,9 @@ def test_each_role_runs_with_its_own_redis_user_and_no_more(acl_redis, tmp_path,
     for role in PASSWORDS:
         monkeypatch.setenv(f"PW_{role}", PASSWORDS[role])
     operator = redis_client(server.url, login("operator"))
-    assert operator.get("dpstream:acl-roles:closing") is not None
+    assert operator.get("dpstream:acl-roles:pointer:closing") is not None
     with pytest.raises(redis.exceptions.NoPermissionError):
-        operator.set("dpstream:acl-roles:closing", 0)  # read-only: cannot move the deployment's state
+        operator.set("dpstream:acl-roles:pointer:closing", 0)  # read-only: cannot move the deployment's state
     worker = redis_client(server.url, login("worker"))
     with pytest.raises(redis.exceptions.NoPermissionError):
         worker.get("dpstream:another-deployment:ledger")  # only this deployment's keys

@@ -19,6 +19,7 @@ from pipeline.stream.ingest.reports import ReportParser
 from pipeline.stream.ingest.roster import Roster
 from pipeline.synth.cumulative import CumulativeSynthesizer
 from pipeline.synth.fixed_window import FixedWindowSynthesizer
+from support.stores import WritableStore
 
 STATUS = ["employed", "unemployed", "inactive"]
 N, T = 45, 6
@@ -331,10 +332,10 @@ def test_budget_exhausted_on_a_later_release_leaves_the_engine_unchanged(run):
 
 def test_engine_state_round_trip_through_redis_store(run, redis_client):
     """The releaser commits the engine state with the step record and resumes from latest_state()."""
-    from pipeline.stream.state.store import ReleaseStore, StepRecord
+    from pipeline.stream.state.store import StepRecord
 
     dep, X, S, partials, engine, outputs = run
-    store = ReleaseStore(redis_client, dep.name)
+    store = WritableStore(redis_client, dep.name)
     e = ReleaseEngine(dep, N)
     for t in (1, 2, 3):
         outs = e.release(t, partials[t - 1])

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import redis
 import yaml
 
 from pipeline.config import load_config, parse_config
+from pipeline.connections import redis_client as connect_redis
 from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
@@ -36,7 +36,8 @@ from pipeline.stream.release.fence import ReleaseStamp, check_fence, read_releas
 from pipeline.stream.state.fingerprint import config_changes, fingerprint, portable_fingerprint, privacy_config
 from pipeline.stream.state.identity import ConfigurationChanged, StateLost, establish_identity
 from pipeline.stream.ingest.roster import Roster
-from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.state.store import ReleaseStore, StepRecord
+from support.stores import WritableStore
 from jobs.eval.testbed import binary_panel
 
 N, T = 600, 4
@@ -156,10 +157,15 @@ def test_identity_refuses_changes_seeded_state_in_production_and_repeats(redis_c
     assert establish_identity(prod_b, ids, store_b, "worker").instance != first.instance
 
     # released steps without an identity record (deleted): nothing can be checked
-    redis_client.delete(f"{store.prefix}:identity")
-    redis_client.set(f"{store.prefix}:released", 2)
+    redis_client.delete(store.keys.identity)
+    WritableStore(redis_client, dep.name).commit_step(StepRecord(1, {"fw": b"r1"}, None), {})
+    WritableStore(redis_client, dep.name).commit_step(StepRecord(2, {"fw": b"r2"}, None), {})
     with pytest.raises(StateLost, match="2 released step\\(s\\).*no identity record"):
         establish_identity(dep, ids, store, "releaser")
+    # a worker cannot read the releaser's pointers; it looks for the workers' own state
+    WritableStore(redis_client, dep.name).save_intake({0: {"accepted": 1}})
+    with pytest.raises(StateLost, match="workers' intake counts and checkpoints.*no identity record"):
+        establish_identity(dep, ids, store, "worker")
 
 
 def test_fence_logic():
@@ -201,7 +207,7 @@ def test_wiped_redis_restart_is_fenced(tmp_path):
 
             cluster.kill("releaser")
             cluster.kill("worker-0")
-            redis.Redis.from_url(svc.redis.url).flushall()
+            connect_redis(svc.redis.url).flushall()  # the admin login of the embedded Redis (its generated password)
             logged = len(log_text(tmp_path, "worker-0"))
             cluster.spawn("worker", "worker-0")
             deadline = time.monotonic() + 60
@@ -335,3 +341,23 @@ def test_up_keeps_embedded_redis_unless_ephemeral(tmp_path):
     again = _up_release_and_stop(path, env, tmp_path, ("--ephemeral",), step=None)
     assert again["released_step"] == 0 and again["ledger"] == {}  # nothing kept
     assert len({first["instance"], eph["instance"], again["instance"]}) == 3
+
+
+def test_a_state_of_another_key_layout_is_refused_naming_the_key(redis_client):
+    """Layout 1 (every key flat under the prefix, a shared fingerprint hash) wrote an identity record without a
+    layout: a process of this version refuses it with exit code 4 (docs/streaming.md, "State format")."""
+    import json
+
+    dep = parse_config(base_config("layout"))
+    ids = Roster.from_config(dep.roster).ids
+    store = ReleaseStore(redis_client, dep.name)
+    current = establish_identity(dep, ids, store, "releaser")
+    assert store.identity()["layout"] == 2
+    old = {k: v for k, v in store.identity().items() if k != "layout"}
+    redis_client.set(store.keys.identity, json.dumps(old))
+    for role in ("releaser", "worker"):
+        with pytest.raises(StateLost, match=f"{role}: dpstream:layout:identity: Redis key layout version 1, this "
+                                            "dpstream reads layout 2") as refused:
+            establish_identity(dep, ids, store, role)
+        assert refused.value.exit_code == 4
+    assert current.instance == old["instance"]

@@ -13,6 +13,7 @@ from pipeline.stream.kafka.codecs import CONTROL_HEADER
 from pipeline.stream.ingest.reports import REASONS
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import ReleaseStore
+from support.stores import WritableStore
 from pipeline.stream.kafka.topics import topic_names
 
 PARTS = 3
@@ -187,6 +188,8 @@ def test_replayed_records_are_skipped():
 
 
 def test_duplicate_marker_resends_the_kept_partial_and_writes_no_checkpoint():
+    from pipeline.stream.state.keys import Keys
+
     """A marker of a step already closed (the releaser re-drives closes it has not released: the broker
     may have lost the partials) re-sends the partial byte for byte, also from a restored checkpoint, and
     never checkpoints or recomputes; only the last KEEP_PARTIALS closed steps are kept."""
@@ -203,11 +206,10 @@ def test_duplicate_marker_resends_the_kept_partial_and_writes_no_checkpoint():
     assert core.states[0].closed == 1 and core.states[0].offset == 1
 
     class Checkpoints:  # what the worker reads back on assignment
+        keys = Keys(dep.name)
+
         def load_checkpoint(self, partition):
             return out[0].checkpoint
-
-        def key(self, *parts):
-            return ":".join(map(str, parts))
 
     restored = IngestCore(dep, roster, topic_names(dep), store=Checkpoints(), isolated=True)
     assert restored.assign(0) == 1
@@ -282,6 +284,9 @@ def _run_partition(core, partition, log, start_index, feedbacks):
             step = core.states[partition].closed
             if step in feedbacks:
                 core.apply_feedback(partition, feedback("hh", step, feedbacks[step]))
+                for p, blob in core.feedback_checkpoints().items():  # stored as the worker job does
+                    if core.store is not None:
+                        core.store.save_checkpoint(p, blob)
                 continue
         if not out:
             return got
@@ -301,7 +306,7 @@ def _scripted_log(roster, partition, steps, rng):
 
 def test_checkpoint_restores_into_new_core_with_redis(redis_client):
     dep = deployment(monitors=True)
-    store = ReleaseStore(redis_client, dep.name)
+    store = WritableStore(redis_client, dep.name)
     rng = np.random.default_rng(8)
     roster = Roster.from_range(dep.n)
     log = _scripted_log(roster, 1, 4, rng)
@@ -321,7 +326,9 @@ def test_checkpoint_restores_into_new_core_with_redis(redis_client):
     outs = a.drain(1)  # closes step 1, waits for feedback
     for c in closes(outs):
         store.save_checkpoint(c.partition, c.checkpoint)
-    a.apply_feedback(1, feedback("hh", 1, fb[1]))  # stores a checkpoint itself (last feedback of the step)
+    a.apply_feedback(1, feedback("hh", 1, fb[1]))  # its checkpoint is due (last feedback of the step)
+    for p, blob in a.feedback_checkpoints().items():  # stored as the job does
+        store.save_checkpoint(p, blob)
     outs = a.drain(1)
     (c2,) = closes(outs)
     assert c2.step == 2
@@ -329,7 +336,7 @@ def test_checkpoint_restores_into_new_core_with_redis(redis_client):
     del a
 
     # a new worker restores from Redis
-    b, _ = core_for(dep, store=ReleaseStore(redis_client, dep.name))
+    b, _ = core_for(dep, store=WritableStore(redis_client, dep.name))
     resume = b.assign(1)
     assert resume == markers[1] + 1
     assert b.states[1].closed == 2 and b.feedback_outstanding(1)
@@ -355,7 +362,7 @@ def _plain(obj):
 
 def test_apply_feedback_saves_checkpoint_after_last_feedback(redis_client):
     dep = deployment(monitors=True)
-    store = ReleaseStore(redis_client, dep.name)
+    store = WritableStore(redis_client, dep.name)
     core, roster = core_for(dep, store=store)
     core.assign(2)
     log = Log()
@@ -365,6 +372,10 @@ def test_apply_feedback_saves_checkpoint_after_last_feedback(redis_client):
     core.drain(2)
     assert store.load_checkpoint(2) is None  # the close's checkpoint is the caller's to store
     assert core.apply_feedback(2, feedback("hh", 1, [5]))
+    assert core.feedback_checkpoints().keys() == {2} and core.feedback_checkpoints() == {}  # due once
+    core.apply_feedback(2, feedback("hh", 1, [5]))
+    assert core.feedback_checkpoints() == {}  # a repeat changes nothing
+    store.save_checkpoint(2, core.checkpoint(2))  # as the job does with what feedback_checkpoints hands it
     state = loads_state(store.load_checkpoint(2))
     assert state["closed"] == 1 and state["feedback_needed"] == [] and state["offset"] == 1
     assert state["aggregators"]["hh"]["charges"].sum() == 1
@@ -376,12 +387,12 @@ def test_checkpoint_of_another_format_version_is_refused_naming_its_key(redis_cl
     from pipeline.serialization import StateFormatError
 
     dep = deployment(monitors=False)
-    store = ReleaseStore(redis_client, dep.name)
+    store = WritableStore(redis_client, dep.name)
     core, _ = core_for(dep, store=store)
     core.assign(1)
     current = dumps_state(core.states[1].get_state())
     store.save_checkpoint(1, b"DPST1" + current[5:])
-    with pytest.raises(StateFormatError, match=f"dpstream:{dep.name}:checkpoint:1: state format version '1'"):
+    with pytest.raises(StateFormatError, match=f"dpstream:{dep.name}:ingest:checkpoint:1: state format version '1'"):
         core_for(dep, store=store)[0].assign(1)
     store.save_checkpoint(1, current)
     assert core_for(dep, store=store)[0].assign(1) == core.states[1].offset + 1

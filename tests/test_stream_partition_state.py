@@ -305,6 +305,60 @@ def assert_same_state(x, y, path="state"):
         assert x == y, path
 
 
+def _widened(state):
+    """A checkpoint as written before the narrow types: every integer array int64, ``last`` copied
+    as ``last_x`` once a step closed."""
+    if isinstance(state, dict):
+        out = {k: _widened(v) for k, v in state.items()}
+        if "last" in state and "pending" in state:
+            out["last_x"] = _widened(state["last"]) if state["closed"] else {}
+        return out
+    if isinstance(state, np.ndarray) and state.dtype.kind == "i":
+        return state.astype(np.int64)
+    return state
+
+
+def test_checkpoint_from_before_the_narrow_types_restores_exactly():
+    dep = deployment(n=40, monitors=True)
+    a = Harness(dep)
+    _drive(a, np.random.default_rng(5), 3, monitors=True)
+    a.send(a.r(1, 4, poverty=1), a.r(2, 5, poverty=0))
+    old = loads_state(dumps_state(_widened(a.state.get_state())))
+    assert old["pending"]["poverty"].dtype == np.int64 and "last_x" in old
+    b = Harness(dep)
+    b.state.set_state(old)
+    assert_same_state(a.state.get_state(), b.state.get_state())
+    ra = _drive(a, np.random.default_rng(6), 3, start=4, monitors=True)
+    rb = _drive(b, np.random.default_rng(6), 3, start=4, monitors=True)
+    assert ra == rb
+
+
+def test_per_user_state_is_held_in_narrow_types():
+    """Binary and 3-value attributes in int8, the 50-id hashed one in int8, ranks (< (T+1)(P+1)) in
+    int8, counters in int8: with int64 the same state was 8x larger."""
+    dep = deployment(n=40, monitors=True)
+    h = Harness(dep)
+    _drive(h, np.random.default_rng(5), 2, monitors=True)
+    arrays = []
+
+    def walk(obj):
+        if isinstance(obj, np.ndarray):
+            arrays.append(obj)
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                walk(v)
+    walk(h.state.get_state())
+    per_user = [a for a in arrays if a.shape and a.shape[-1] == 40]
+    assert per_user and all(a.dtype == np.int8 for a in per_user), {a.dtype for a in per_user}
+    state = h.state.get_state()  # last_x: a copy of last, for the previous version's readers
+    assert all(np.array_equal(state["last_x"][a], state["last"][a]) for a in state["last"])
+    big = parse_config({**dep.model_dump(mode="json"),
+                        "attributes": {**dep.model_dump(mode="json")["attributes"],
+                                       "query": {"type": "hashed", "size": 10**6}}})
+    wide = PartitionState(big, 0, np.arange(40), 40)
+    assert wide.pending["query"].dtype == np.int32 and wide.last["query"].dtype == np.int32
+
+
 def test_restored_partition_checkpoint_has_the_same_bytes():
     dep = deployment(n=10)
     a = Harness(dep)
@@ -483,3 +537,31 @@ def test_band_monitor_counts_the_watched_value_and_retires_contributors():
     h.state.apply_feedback(1, "band", {"flagged": [STATUS.index("unemployed")]})
     p = h.state.close(2)  # carried forward, but the 3 contributors are retired (k = 1)
     assert p["releases"]["band"] == {"count": 0}
+
+
+@pytest.mark.parametrize("domain", [3, 1000, 2**40])
+def test_active_set_element_counts_equal_unique(domain):
+    """Counting (dense codes) or sorting (sparse ones), the partial is np.unique's arrays."""
+    from pipeline.stream.ingest.aggregators import _element_counts
+
+    values = np.random.default_rng(domain % 97).integers(0, domain, 5000)
+    elements, counts = _element_counts(values)
+    ref_e, ref_c = np.unique(values, return_counts=True)
+    assert np.array_equal(elements, ref_e) and np.array_equal(counts, ref_c)
+    assert _element_counts(values[:0])[0].size == 0
+
+
+def test_previous_version_reads_a_new_checkpoint():
+    """A rollback: the previous version's set_state (int64 arrays, last_x required) restores a
+    checkpoint this version wrote to the same state."""
+    dep = deployment(n=40, monitors=True)
+    h = Harness(dep)
+    _drive(h, np.random.default_rng(5), 3, monitors=True)
+    state = loads_state(dumps_state(h.state.get_state()))
+    old = {"pending": {a: np.array(v, dtype=np.int64) for a, v in state["pending"].items()},
+           "rank": np.array(state["rank"], dtype=np.int64),
+           "last": {a: np.array(v, dtype=np.int64) for a, v in state["last"].items()},
+           "last_x": {a: np.array(v, dtype=np.int64) for a, v in state["last_x"].items()}}
+    for a in h.state.attributes:
+        assert np.array_equal(old["last_x"][a], old["last"][a])
+        assert np.array_equal(old["pending"][a], h.state.pending[a])

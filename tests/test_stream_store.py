@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from pipeline.stream.state.store import ReleaseStore, StepAlreadyReleased, StepOutOfOrder, StepRecord
+from support.stores import WritableStore
 
 
 def record(step, tag=b"", state=True):
@@ -31,7 +32,7 @@ def snapshot(client):
 
 @pytest.fixture
 def store(redis_client):
-    return ReleaseStore(redis_client, "unit")
+    return WritableStore(redis_client, "unit")
 
 
 def test_empty_store(store):
@@ -99,10 +100,10 @@ def test_ledger_entries_are_stored_once(store, redis_client):
 
 def test_existing_step_key_blocks_commit(store, redis_client):
     # a half-written step (e.g. an old, partly deleted deployment) is never overwritten
-    redis_client.hset("dpstream:unit:step:1", "fw", b"old")
+    redis_client.hset("dpstream:unit:release:step:1", "fw", b"old")
     with pytest.raises(StepAlreadyReleased):
         store.commit_step(record(1), ledger(1))
-    assert redis_client.hgetall("dpstream:unit:step:1") == {b"fw": b"old"}
+    assert redis_client.hgetall("dpstream:unit:release:step:1") == {b"fw": b"old"}
     assert store.last_released() == 0 and store.ledger() == {}
 
 
@@ -112,7 +113,7 @@ def test_concurrent_releasers_commit_a_step_exactly_once(redis_server, redis_cli
     barrier = threading.Barrier(8)
 
     def attempt(i):
-        st = ReleaseStore(redis.Redis(unix_socket_path=path), "unit")
+        st = WritableStore(redis.Redis(unix_socket_path=path), "unit")
         barrier.wait()
         try:
             st.commit_step(record(1, tag=b"-%d" % i), {"fw:1": {"rho": 0.1, "by": i}})
@@ -152,13 +153,19 @@ def test_checkpoints_per_partition(store):
     assert store.load_checkpoint(0) == b"newer"
 
 
+def delete_deployment(client, name):
+    """Every key of one deployment (they all sit under its prefix, the fingerprint marker too)."""
+    for key in client.scan_iter(match=f"dpstream:{name}:*"):
+        client.delete(key)
+
+
 def test_deployments_are_isolated_and_reset_is_scoped(redis_client):
-    a, b = ReleaseStore(redis_client, "a"), ReleaseStore(redis_client, "b")
+    a, b = WritableStore(redis_client, "a"), WritableStore(redis_client, "b")
     a.commit_step(record(1), ledger(1))
     a.save_checkpoint(0, b"a0")
     assert b.last_released() == 0 and b.ledger() == {} and b.load_checkpoint(0) is None
     b.commit_step(record(1), ledger(1))  # same step number in another deployment: fine
-    a.reset()
+    delete_deployment(redis_client, "a")
     assert a.last_released() == 0 and a.load_checkpoint(0) is None and a.ledger() == {}
     assert b.last_released() == 1 and b.load_step(1) == record(1)
 
@@ -179,5 +186,5 @@ def test_fingerprint_registry_spans_deployments_and_reset_removes_one(redis_clie
     c.register_fingerprint("other")
     assert a.deployments_with_fingerprint("same") == ["b"]
     assert c.deployments_with_fingerprint("same") == ["a", "b"]
-    b.reset()
+    delete_deployment(redis_client, "b")
     assert a.deployments_with_fingerprint("same") == []

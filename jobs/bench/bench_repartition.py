@@ -62,7 +62,9 @@ def placements(roster, partitions: int, seed: int) -> dict[str, np.ndarray]:
 async def _produce(bootstrap: str, topic: str, roster, step: int, pov: np.ndarray, where: np.ndarray) -> None:
     from aiokafka import AIOKafkaProducer
 
-    prod = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20,
+    from pipeline.connections import kafka_security
+
+    prod = AIOKafkaProducer(bootstrap_servers=bootstrap, **kafka_security(), linger_ms=20, max_batch_size=1 << 20,
                             max_request_size=8 << 20)
     await prod.start()
     try:

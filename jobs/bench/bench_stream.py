@@ -64,12 +64,19 @@ def _config(n: int, partitions: int, services) -> dict:
     }
 
 
-def _single_messages(roster, step: int, pov: np.ndarray, item: np.ndarray) -> list[tuple[bytes, bytes]]:
-    return [(uid.encode(), orjson.dumps({"user": uid, "step": step, "values": {"poverty": int(p), "item": int(i)}}))
-            for uid, p, i in zip(roster.ids, pov.tolist(), item.tolist())]
+_CHUNK = 10_000  # messages built and in flight at a time: the job's memory does not grow with n
 
 
-async def _produce(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]]) -> float:
+def _single_messages(roster, step: int, pov: np.ndarray, item: np.ndarray):
+    """The step's single-report messages, ``_CHUNK`` (key, value) pairs at a time."""
+    for i in range(0, roster.n, _CHUNK):
+        yield [(uid.encode(), orjson.dumps({"user": uid, "step": step, "values": {"poverty": p, "item": v}}))
+               for uid, p, v in zip(roster.ids[i : i + _CHUNK], pov[i : i + _CHUNK].tolist(),
+                                    item[i : i + _CHUNK].tolist())]
+
+
+async def _produce(bootstrap: str, topic: str, chunks) -> float:
+    """Send chunks of (key, value) messages, each chunk acknowledged before the next is built."""
     from aiokafka import AIOKafkaProducer
 
     prod = AIOKafkaProducer(bootstrap_servers=bootstrap, **kafka_security(), linger_ms=20, max_batch_size=1 << 20,
@@ -77,8 +84,8 @@ async def _produce(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes
     await prod.start()
     started = time.perf_counter()
     try:
-        for i in range(0, len(messages), 10_000):
-            batch = [await prod.send(topic, value=v, key=k) for k, v in messages[i : i + 10_000]]
+        for chunk in chunks:
+            batch = [await prod.send(topic, value=v, key=k) for k, v in chunk]
             await asyncio.gather(*batch)
     finally:
         await prod.stop()
@@ -257,8 +264,8 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     result: dict = {"n": n, "partitions": args.partitions}
     rng = np.random.default_rng(0)
-    pov = (rng.random((n, HORIZON)) < 0.12).astype(np.int64)
-    item = rng.integers(0, DOMAIN, size=(n, HORIZON))
+    pov = (rng.random((n, HORIZON)) < 0.12).astype(np.int8)
+    item = rng.integers(0, DOMAIN, size=(n, HORIZON)).astype(np.int32)  # narrow: 60 B per user at n = 10^7
     item[: n // 50] = 12345  # one heavy element held by 2% of users
 
     with EmbeddedServices(broker_log=out / "broker.log") as svc:
@@ -270,7 +277,6 @@ def main(argv=None) -> dict:
         print(f"n={n:,} users, {args.partitions} partitions; producing step 1 as single-report messages ...", flush=True)
         msgs = _single_messages(roster, 1, pov[:, 0], item[:, 0])
         result["produce_single_s"] = asyncio.run(_produce(svc.broker.bootstrap, names["reports"], msgs))
-        del msgs
         raw_s = asyncio.run(_raw_consume(svc.broker.bootstrap, names["reports"], n))
         result["raw_consume_msgs_per_s"] = n / raw_s
         print(f"raw aiokafka consumption: {n / raw_s:,.0f} msgs/s", flush=True)
@@ -301,6 +307,9 @@ def main(argv=None) -> dict:
             result["release_latency_s"] = latencies
             print("release latency, close -> manifests / whole step read back: " +
                   ", ".join(f"t={t}: {m:.2f} / {c:.2f} s" for t, (m, c) in latencies.items()), flush=True)
+            result["latency_breakdown_s"] = latency_breakdown(out / "logs", latencies)
+            for t, row in result["latency_breakdown_s"].items():
+                print(f"  step {t}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()) + " s", flush=True)
             result["worker_rss_mb"] = _rss_mb(cluster.procs["worker-0"].pid)
             from pipeline.serialization import loads_state
             from pipeline.stream.state.store import ReleaseStore
@@ -364,6 +373,47 @@ def _close(drv, step: int, releaser_port: int) -> tuple[float, float]:
             raise TimeoutError(f"the releaser did not report step {step}'s publish latency")
         time.sleep(0.02)
     return _gauge(releaser_port, "dpstream_close_to_publish_seconds"), complete
+
+
+_LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] \[\d+\] \[\w+\] [\w.]+: (.*)$")
+
+
+def latency_breakdown(log_dir: Path, steps) -> dict[int, dict[str, float]]:
+    """Where each step's close -> publish time went, read off the jobs' logs (seconds): close command
+    -> markers written, markers -> the last partition's partial acknowledged by its worker, -> all
+    partials at the releaser, then the releaser's own split (mechanisms, Redis commit, publish)."""
+    from datetime import datetime
+
+    def events(path: Path):
+        if not path.exists():
+            return
+        for line in path.read_text(errors="replace").splitlines():
+            m = _LOG_LINE.match(line)
+            if m:
+                yield datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp(), m.group(2)
+
+    rel = list(events(log_dir / "releaser.log"))
+    workers = [e for path in sorted(log_dir.glob("worker-*.log")) for e in events(path)]
+    out = {}
+    for step in steps:
+        def first(evs, pattern):
+            return next((t for t, msg in evs if re.fullmatch(pattern, msg)), None)
+        cmd = first(rel, rf"close command for step {step}")
+        markers = first(rel, rf"close markers for step {step} written to \d+ partitions")
+        closed = [t for t, msg in workers if re.match(rf"partition \d+ closed step {step}:", msg)]
+        complete = first(rel, rf"partials of step {step} complete")
+        released = next(((t, msg) for t, msg in rel if msg.startswith(f"released step {step} ")), None)
+        if None in (cmd, markers, complete) or released is None:
+            continue
+        row = {"markers": markers - cmd, "partitions_closed": (max(closed) - markers) if closed else float("nan"),
+               "partials_at_releaser": complete - markers}
+        split = re.search(r"mechanisms ([\d.]+) s, Redis commit ([\d.]+) s, publish ([\d.]+) s", released[1])
+        if split:
+            row.update(mechanisms=float(split.group(1)), redis_commit=float(split.group(2)),
+                       publish=float(split.group(3)))
+        row["total_logged"] = released[0] - cmd
+        out[step] = row
+    return out
 
 
 def _arrays(obj):

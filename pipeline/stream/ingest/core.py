@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 import orjson
@@ -26,13 +27,14 @@ import orjson
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.kafka.codecs import CONTROL_HEADER, dead_letter_headers, encode_partial, parse_close_marker
 from pipeline.stream.kafka.limits import DEAD_LETTER_COPY_BYTES, MAX_REPORT_BYTES
-from pipeline.stream.ingest.partition_state import PartitionState
+from pipeline.stream.ingest.partition_state import OwnedRows, PartitionState
 from pipeline.stream.ingest.reports import ReportParser
 from pipeline.stream.ingest.repartition import Forwarder, ForwardMarkers, Inbox, positions_of, source_positions
 
 __all__ = ["IngestCore", "Record", "ApplyResult", "CloseOutput", "is_marker"]
 
 log = logging.getLogger("dpstream.worker")
+_VALUE, _HEADERS = attrgetter("value"), attrgetter("headers")
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,8 @@ class IngestCore:
         self._strays: dict[int, list[Record]] = {}  # repartition records naming no source partition
         self.kept: dict[int, dict[int, list]] = {}  # partition -> step -> its partial messages (checkpointed)
         self.lost: dict[int, dict[str, int]] = {}  # partition -> open step -> reports counted on a log since lost
+        self._owned: OwnedRows | None = None
+        self._feedback_complete: set[int] = set()  # see feedback_checkpoints
 
     # -- assignment ------------------------------------------------------------------------------
     def assign(self, partition: int) -> int:
@@ -110,10 +114,12 @@ class IngestCore:
         were consumed but not yet covered by a checkpoint (they would be lost).
         """
         rows = self.roster.rows_of(partition, self.partitions_total)
-        state = PartitionState(self.deployment, partition, rows, self.roster.n)
+        if self._owned is None:  # one roster-wide map for all the partitions this worker holds
+            self._owned = OwnedRows.of_roster(self.roster.owners(self.partitions_total))
+        state = PartitionState(self.deployment, partition, rows, self.roster.n, self._owned)
         resume = 0
         blob = self.store.load_checkpoint(partition) if self.store is not None else None
-        restored = loads_state(blob, self.store.key("checkpoint", partition)) if blob is not None else {}
+        restored = loads_state(blob, self.store.keys.checkpoint(partition)) if blob is not None else {}
         if restored:
             state.set_state(restored)
             resume = state.offset + 1
@@ -152,7 +158,7 @@ class IngestCore:
         """
         backlog = self.backlog[partition]
         done = backlog[-1].offset if backlog else self.states[partition].offset
-        new = [r for r in records if r.offset > done]
+        new = records if records and records[0].offset > done else [r for r in records if r.offset > done]
         rewind = self._gap(partition, done, new, now)
         if rewind is None:
             backlog.extend(new)
@@ -199,6 +205,10 @@ class IngestCore:
         backlog = self.backlog.get(partition)
         if not backlog:
             return []
+        if not any(map(_HEADERS, backlog)):  # no marker (reports carry no headers): one run, no per-record loop
+            outputs = [self.apply_reports(partition, list(backlog))]
+            del backlog[:]
+            return outputs
         outputs: list[ApplyResult | CloseOutput] = []
         run: list[Record] = []
         done = 0
@@ -262,7 +272,7 @@ class IngestCore:
             if not records:
                 state.offset = last
                 return self._counted(result, 0, [], [])
-        parsed = self.parser.parse([r.value for r in records])
+        parsed = self.parser.parse(list(map(_VALUE, records)))
         # reports of users another partition owns (a producer not partitioning by murmur2 of the user
         # id): forwarded to their owner, which applies them (pipeline.stream.ingest.repartition)
         foreign = state.local[parsed.rows] < 0
@@ -401,9 +411,9 @@ class IngestCore:
         before = set(state.feedback_needed)
         state.apply_feedback(int(msg["step"]), str(msg["release"]), msg)
         changed = before != state.feedback_needed
-        if changed and self.store is not None and not state.feedback_needed:
+        if changed and not state.feedback_needed:
             # checkpoint after the last feedback of the step, so a restart does not wait for it again
-            self.store.save_checkpoint(partition, self.checkpoint(partition))
+            self._feedback_complete.add(partition)
         return changed
 
     def note_lost_log(self, partition: int, previous: dict | None, log_end: int | None) -> dict[str, int]:
@@ -438,6 +448,12 @@ class IngestCore:
         short = self._short(partition)
         return {**self.states[partition].intake_summary(), "forwarded_offset": self.inboxes[partition].consumed,
                 **({"lost": short} if short else {})}
+
+    def feedback_checkpoints(self) -> dict[int, bytes]:
+        """The checkpoints due since the last call: partitions whose step got its last feedback (the
+        caller stores them; the store only reads)."""
+        due, self._feedback_complete = self._feedback_complete, set()
+        return {p: self.checkpoint(p) for p in sorted(due) if p in self.states}
 
     def checkpoint(self, partition: int) -> bytes:
         """The partition's state with its ``repartition`` position (what was forwarded to it and applied)."""

@@ -39,7 +39,10 @@ def _hash(ids: np.ndarray) -> np.ndarray:
 
 
 def _no_trailing_nul(ids: list[str], array: np.ndarray) -> bool:
-    """Numpy kept every character: the total length survived the conversion."""
+    """Numpy kept every character: no NUL at all (one C-level scan), else the total length survived
+    the conversion."""
+    if "\0" not in "".join(ids):
+        return True
     return int(np.strings.str_len(array).sum()) == sum(map(len, ids))
 
 

@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from pipeline.releases import kind_of
+from pipeline.stream.ingest.aggregators import narrow_int
 from pipeline.stream.ingest.reports import ParsedReports
 
-__all__ = ["PartitionState", "FeedbackPending", "Intake"]
+__all__ = ["PartitionState", "FeedbackPending", "Intake", "OwnedRows"]
 
 
 class FeedbackPending(RuntimeError):
@@ -28,26 +29,34 @@ class FeedbackPending(RuntimeError):
 
 
 class PartitionState:
-    def __init__(self, deployment, partition: int, rows: np.ndarray, n_total: int):
+    """Per-user state in the narrowest integer types that hold it (:func:`narrow_int`): 32 bytes
+    per user in memory with the benchmark's releases, 37 in the checkpoint (docs/streaming.md,
+    "Worker memory")."""
+
+    def __init__(self, deployment, partition: int, rows: np.ndarray, n_total: int, owned: "OwnedRows | None" = None):
+        """``owned``: the roster-wide row -> (owner, position) map shared by a worker's partitions
+        (:class:`OwnedRows`); built from ``rows`` alone when not given."""
         self.deployment = deployment
         self.partition = int(partition)
         self.rows = np.asarray(rows, dtype=np.int64)  # global roster rows owned, ascending
-        self.local = np.full(n_total, -1, dtype=np.int64)
-        self.local[self.rows] = np.arange(self.rows.size)
+        self.local = _LocalRows(owned if owned is not None else OwnedRows.of_partition(self.rows, n_total,
+                                                                                    self.partition), self.partition)
         self.max_ahead = deployment.steps.max_ahead
         self.horizon = deployment.horizon
         size = self.rows.size
         slots = self.max_ahead + 1
         self.attributes = list(deployment.attributes)
+        self._codes = {a: narrow_int(deployment.attributes[a].size - 1) for a in self.attributes}
         # pending[a][j, i] = code reported by local user i for step closed+1+j, or -1
-        self.pending = {a: np.full((slots, size), -1, dtype=np.int64) for a in self.attributes}
+        self.pending = {a: np.full((slots, size), -1, dtype=self._codes[a]) for a in self.attributes}
         # precedence of the accepted report of each (user, open step), -1 for none; see apply
         self.origins = deployment.topics.partitions + 1
-        self.rank = np.full((slots, size), -1, dtype=np.int64)
-        self.last = {a: np.full(size, -1, dtype=np.int64) for a in self.attributes}
+        self._rank_type = narrow_int((self.horizon + 1) * self.origins)  # rank < (T + 1)(P + 1)
+        self.rank = np.full((slots, size), -1, dtype=self._rank_type)
+        # every user's value at the last closed step (carry-forward imputation, heavy-hitter feedback)
+        self.last = {a: np.full(size, -1, dtype=self._codes[a]) for a in self.attributes}
         self.closed = 0  # last closed step
         self.feedback_needed: set[str] = set()  # releases whose feedback for `closed` is outstanding
-        self.last_x: dict[str, np.ndarray] = {}  # attribute values of the last closed step (for feedback)
         self.aggregators = {
             rel.name: kind_of(rel).aggregator(rel, deployment.attributes[rel.attribute], size, self.horizon)
             for rel in deployment.releases
@@ -55,6 +64,11 @@ class PartitionState:
         self._feedback_releases = {rel.name for rel in deployment.releases if kind_of(rel).needs_feedback(rel)}
         self.offset = -1  # offset of the last consumed message of this partition (checkpointing)
         self.intake = Intake(slots)
+
+    @property
+    def last_x(self) -> dict[str, np.ndarray]:
+        """Attribute values of the last closed step (for feedback): ``last``, once a step closed."""
+        return self.last if self.closed else {}
 
     # -- reports -----------------------------------------------------------------------------
     def apply(self, parsed: ParsedReports, origin: int = 0, displaced: list | None = None) -> ParsedReports:
@@ -88,12 +102,13 @@ class PartitionState:
         ok = ~(late | future)
         # Duplicates: a report of smaller rank already accepted for (user, step), or one of smaller
         # (rank, position) for the same (user, step) in this batch.
-        rank = self.closed * self.origins + np.broadcast_to(np.asarray(origin, dtype=np.int64), ok.shape)
+        # one origin per call, so one rank: the first report of a (user, step) in the run is its best
+        rank = np.full(ok.shape, self.closed * self.origins + int(origin), dtype=np.int64)
         key = local * (self.max_ahead + 1) + np.where(ok, slot, 0)
         best = np.zeros(ok.size, dtype=bool)
         idx = np.flatnonzero(ok)
         if idx.size:
-            order = np.lexsort((idx, rank[idx], key[idx]))  # by key, then rank, then position
+            order = np.argsort(key[idx], kind="stable")  # by key, then position
             sorted_keys = key[idx][order]
             best[idx[order[np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]]]] = True
         held = np.full(ok.size, -1, dtype=np.int64)
@@ -137,10 +152,10 @@ class PartitionState:
         reported = self.coverage()
         x = {}
         for a in self.attributes:
-            cur = self.pending[a][0]
+            cur = self.pending[a][0].astype(np.int64)
             missing = cur < 0
             x[a] = self._impute(a, cur, missing)
-            self.last[a] = x[a]
+            self.last[a] = x[a].astype(self._codes[a])
         partials = {}
         for rel in self.deployment.releases:
             partials[rel.name] = self.aggregators[rel.name].partial(step, x[rel.attribute])
@@ -149,7 +164,6 @@ class PartitionState:
             buf[-1] = -1
         self.closed = step
         self.intake.close(step, int(self.rows.size), reported)
-        self.last_x = x
         self.feedback_needed = set(self._feedback_releases)
         return {
             "step": step,
@@ -166,7 +180,7 @@ class PartitionState:
         out = cur.copy()
         if imp.rule == "carry_forward":
             prev = self.last[attribute]
-            out[missing] = np.where(prev[missing] >= 0, prev[missing], default)
+            out[missing] = np.where(prev[missing] >= 0, prev[missing].astype(np.int64), default)
         else:
             out[missing] = default
         return out
@@ -174,7 +188,8 @@ class PartitionState:
     def apply_feedback(self, step: int, release: str, feedback: dict[str, Any]) -> None:
         if step != self.closed or release not in self.feedback_needed:
             return  # a replayed or duplicate feedback message: applying it twice would double-charge
-        self.aggregators[release].apply_feedback(step, self.last_x[self.deployment.release(release).attribute], feedback)
+        x = self.last[self.deployment.release(release).attribute].astype(np.int64)
+        self.aggregators[release].apply_feedback(step, x, feedback)
         self.feedback_needed.discard(release)
 
     # -- checkpoint ----------------------------------------------------------------------------
@@ -186,6 +201,8 @@ class PartitionState:
             "pending": {a: v.copy() for a, v in self.pending.items()},
             "rank": self.rank.copy(),
             "last": {a: v.copy() for a, v in self.last.items()},
+            # the previous version's readers need it (a rollback); ``last_x`` is ``last`` now, and
+            # set_state ignores it: drop it with the next state format version
             "last_x": {a: v.copy() for a, v in self.last_x.items()},
             "feedback_needed": sorted(self.feedback_needed),
             "aggregators": {name: agg.get_state() for name, agg in self.aggregators.items()},
@@ -197,14 +214,15 @@ class PartitionState:
             raise ValueError(f"checkpoint of partition {state['partition']} restored into partition {self.partition}")
         self.closed = int(state["closed"])
         self.offset = int(state["offset"])
-        self.pending = {a: np.array(v, dtype=np.int64) for a, v in state["pending"].items()}
+        # Checkpoints written before the narrow types hold int64: the values fit the narrow types,
+        # so they restore exactly (``last_x`` is a copy of ``last``, ignored).
+        self.pending = {a: np.array(v, dtype=self._codes[a]) for a, v in state["pending"].items()}
         if "rank" in state:
-            self.rank = np.array(state["rank"], dtype=np.int64)
+            self.rank = np.array(state["rank"], dtype=self._rank_type)
         else:  # a checkpoint from before ranks: what it holds was accepted first and stays
             held = np.any([v >= 0 for v in self.pending.values()], axis=0)
-            self.rank = np.where(held, 0, -1).astype(np.int64)
-        self.last = {a: np.array(v, dtype=np.int64) for a, v in state["last"].items()}
-        self.last_x = {a: np.array(v, dtype=np.int64) for a, v in state["last_x"].items()}
+            self.rank = np.where(held, 0, -1).astype(self._rank_type)
+        self.last = {a: np.array(v, dtype=self._codes[a]) for a, v in state["last"].items()}
         self.feedback_needed = set(state["feedback_needed"])
         for name, agg_state in state["aggregators"].items():
             self.aggregators[name].set_state(agg_state)
@@ -217,6 +235,49 @@ class PartitionState:
         summary = self.intake.summary(self.partition, self.closed, self.offset, int(self.rows.size))
         summary["open"] = {t: r for t, r in summary["open"].items() if int(t) <= self.horizon}
         return summary
+
+
+class OwnedRows:
+    """Roster row -> (owning reports partition, position among that partition's rows), one map shared
+    by all the partitions a worker holds (8 bytes per roster user, not 8 per user per partition)."""
+
+    def __init__(self, owners: np.ndarray, positions: np.ndarray):
+        self.owners = owners
+        self.positions = positions
+
+    @classmethod
+    def of_roster(cls, owners: np.ndarray) -> "OwnedRows":
+        """From every row's owner (``Roster.owners``): positions count up within each partition."""
+        owners = np.asarray(owners)
+        positions = np.zeros(owners.size, dtype=np.int32)
+        for p in np.unique(owners):
+            sel = np.flatnonzero(owners == p)
+            positions[sel] = np.arange(sel.size, dtype=np.int32)
+        return cls(owners, positions)
+
+    @classmethod
+    def of_partition(cls, rows: np.ndarray, n_total: int, partition: int) -> "OwnedRows":
+        """Only ``rows`` known, as owned by ``partition`` (every other row as owned by none, -1)."""
+        owners = np.full(n_total, -1, dtype=np.int32)
+        positions = np.zeros(n_total, dtype=np.int32)
+        owners[rows] = partition
+        positions[rows] = np.arange(rows.size, dtype=np.int32)
+        return cls(owners, positions)
+
+
+class _LocalRows:
+    """``local[rows]``: each row's position in one partition's state, -1 where another partition owns it."""
+
+    __slots__ = ("owned", "partition")
+
+    def __init__(self, owned: OwnedRows, partition: int):
+        self.owned = owned
+        self.partition = partition
+
+    def __getitem__(self, rows) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        mine = self.owned.owners[rows] == self.partition
+        return np.where(mine, self.owned.positions[rows], -1).astype(np.int64)
 
 
 class Intake:

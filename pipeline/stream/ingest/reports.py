@@ -127,10 +127,12 @@ class ReportParser:
         string; no null). Anything else raises, and the message goes through the reference path.
         """
         value_type = bool | int | float | str | msgspec.UnsetType
+        # gc=False: the structs hold only scalars, and a fetch makes millions of them, which would
+        # otherwise trigger and lengthen the cyclic collector's passes
         values = msgspec.defstruct("Values", [(name, value_type, msgspec.UNSET) for name in names],
-                                   forbid_unknown_fields=True)
+                                   forbid_unknown_fields=True, gc=False)
         report = msgspec.defstruct("Report", [("user", str), ("step", int), ("values", values)],
-                                   forbid_unknown_fields=True)
+                                   forbid_unknown_fields=True, gc=False)
         return msgspec.json.Decoder(report).decode
 
     def parse(self, messages: list[bytes]) -> ParsedReports:
@@ -260,11 +262,14 @@ class ReportParser:
             size = len(reps)
             rows = self.roster.rows_of_ids(list(map(_USER, reps)))
             steps = np.fromiter(map(_STEP, reps), dtype=np.int64, count=size)
-            values = [r.values for r in reps]
+            values = list(map(_VALUES, reps))
             codes = {}
             present = np.zeros(size, dtype=bool)
             for name in self._names:
-                c = self._column_codes(name, [None if v is msgspec.UNSET else v for v in map(attrgetter(name), values)])
+                col = list(map(attrgetter(name), values))
+                if msgspec.UNSET in col:  # a C-level scan; the values are builtin scalars
+                    col = [None if v is msgspec.UNSET else v for v in col]
+                c = self._column_codes(name, col)
                 if (c == OUT_OF_DOMAIN).any():
                     return None
                 present |= c >= 0
@@ -371,7 +376,7 @@ def _only(values: list, kind: type) -> bool:
     return set(map(type, values)) == {kind}
 
 
-_USER, _STEP = attrgetter("user"), attrgetter("step")
+_USER, _STEP, _VALUES = attrgetter("user"), attrgetter("step"), attrgetter("values")
 
 
 class _Columns:

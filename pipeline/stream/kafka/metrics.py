@@ -26,7 +26,7 @@ import threading
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from pipeline.stream.kafka.topics import consumer_groups
+from pipeline.stream.kafka.topics import LAG_ROLE, TOPICS, consumer_groups
 from pipeline.connections import kafka_security
 
 __all__ = ["METRICS", "ALLOWED_LABELS", "PUBLIC_SERIES", "OPERATIONAL_SERIES", "serve_metrics", "metric_names",
@@ -140,18 +140,25 @@ def forget_partition(partition: int) -> None:
 # -- consumer lag ------------------------------------------------------------------------------------
 class ConsumerLagMonitor(threading.Thread):
     """Sets ``dpstream_consumer_lag{topic, partition}`` = log end offset − the group's committed
-    offset (the whole log while nothing is committed), every ``interval`` seconds. The log end is
-    the true one (:class:`pipeline.stream.kafka.log_end.LogEnds`): the embedded broker's ListOffsets answer
-    is short by the rest of the last record batch.
+    offset (the whole log while nothing is committed), every ``interval`` seconds.
+
+    The log end of a topic in ``readable`` (one this process may fetch) is the true one
+    (:class:`pipeline.stream.kafka.log_end.LogEnds`: the embedded broker's ListOffsets answer is short by the
+    rest of the last record batch). Every other topic's end comes from offset requests only (ListOffsets,
+    which needs Describe, never Read): the releaser measures the workers' lag on ``reports`` without being
+    able to fetch a raw report. On the embedded broker that end, and so the lag, can read short by the
+    rest of the last batch; on Kafka it is exact.
 
     Run it in one process per deployment (the releaser), or every process exports the same series.
     The jobs commit their handled positions every 2 s, so the lag reads up to 2 s' worth high under load.
     """
 
-    def __init__(self, bootstrap: str, groups: dict[str, list[str]], interval: float = 5.0):
+    def __init__(self, bootstrap: str, groups: dict[str, list[str]], interval: float = 5.0,
+                 readable: frozenset[str] | set[str] = frozenset()):
         super().__init__(name="dpstream-consumer-lag", daemon=True)
         self.bootstrap = bootstrap
         self.groups = groups
+        self.readable = frozenset(readable)
         self.interval = interval
         self._stop = threading.Event()
         self._admin = self._consumer = self._ends = None
@@ -176,7 +183,10 @@ class ConsumerLagMonitor(threading.Thread):
         for group, topics in self.groups.items():
             committed = _committed_offsets(admin, group)
             tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
-            for tp, end in self._ends(tps).items():
+            fetched = [tp for tp in tps if tp.topic in self.readable]
+            listed = [tp for tp in tps if tp.topic not in self.readable]
+            ends = {**(self._ends(fetched) if fetched else {}), **(consumer.end_offsets(listed) if listed else {})}
+            for tp, end in ends.items():
                 meta = committed.get(tp)
                 done = meta.offset if meta is not None and meta.offset >= 0 else 0
                 lags[(tp.topic, tp.partition)] = max(0, end - done)
@@ -218,7 +228,10 @@ def start_lag_monitor(runtime, interval: float = 5.0) -> ConsumerLagMonitor | No
     """Start the lag monitor for a ``Runtime`` (both consumer groups), if metrics are served."""
     if not runtime.metrics_port:
         return None
-    monitor = ConsumerLagMonitor(runtime.broker, consumer_groups(runtime.deployment, runtime.names), interval)
+    # the releaser's process: it fetches its own topics, and only lists the offsets of the workers' ones
+    readable = {runtime.names[name] for name, t in TOPICS.items() if LAG_ROLE in t.readers}
+    monitor = ConsumerLagMonitor(runtime.broker, consumer_groups(runtime.deployment, runtime.names), interval,
+                                 readable=readable)
     monitor.start()
     return monitor
 

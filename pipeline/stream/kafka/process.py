@@ -58,9 +58,12 @@ def make_producer(bootstrap: str, linger_ms: int) -> AIOKafkaProducer:
                             max_request_size=MAX_MESSAGE_BYTES, max_batch_size=1 << 20)
 
 
-async def supervise(tasks: list[asyncio.Task], name: str) -> None:
-    """Wait until SIGTERM/SIGINT or until a task ends; re-raise a task's exception. Every task is
-    cancelled on the way out (mid-fetch is safe: nothing past the last checkpoint is kept)."""
+async def supervise(tasks: list[asyncio.Task], name: str, drain: Callable[[], Awaitable[None]] | None = None,
+                    drain_timeout: float = 10.0) -> None:
+    """Wait until SIGTERM/SIGINT or until a task ends; re-raise a task's exception. On a signal, ``drain()``
+    first finishes the work in hand (a worker's fetch: its partials, checkpoints and intake counts), at
+    most ``drain_timeout`` seconds. Every task is then cancelled (mid-fetch is safe: nothing past the
+    last checkpoint is kept)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -73,6 +76,11 @@ async def supervise(tasks: list[asyncio.Task], name: str) -> None:
                 log.error("%s failing: %r", name, task.exception())
                 raise task.exception()
         log.info("%s stopping", name)
+        if drain is not None:
+            try:
+                await asyncio.wait_for(drain(), drain_timeout)
+            except asyncio.TimeoutError:
+                log.warning("%s: the work in hand did not finish within %g s; stopping anyway", name, drain_timeout)
     finally:
         for task in (*tasks, stopper):
             task.cancel()

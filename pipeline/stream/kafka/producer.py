@@ -29,7 +29,12 @@ class ReportProducer:
         self.partitions = deployment.topics.partitions
         self._owners = roster.owners(self.partitions)
         self._producer = KafkaProducer(bootstrap_servers=bootstrap, **kafka_security(), linger_ms=5, batch_size=1 << 20,
-                                       max_request_size=MAX_MESSAGE_BYTES, acks="all")
+                                       max_request_size=MAX_MESSAGE_BYTES, acks="all",
+                                       # not idempotent: after a kill -9 mid-produce the embedded broker (Tansu
+                                       # 0.6) acknowledges the retried batch as a duplicate although it never
+                                       # stored it (its sequence bookkeeping precedes the write). Plain retries
+                                       # may duplicate a report instead, which the workers count once.
+                                       enable_idempotence=False)
 
     def _labels(self, attribute: str, codes: np.ndarray) -> list:
         return self.deployment.attributes[attribute].wire_values(codes)
@@ -41,19 +46,18 @@ class ReportProducer:
         """
         n = self.roster.n
         rows = np.arange(n) if present is None else np.flatnonzero(present)
-        labels = {a: self._labels(a, np.asarray(v)[rows]) for a, v in values.items()}
         ids = self.roster.ids
         owners = self._owners[rows]
         sent = 0
         for p in range(self.partitions):
-            sel = np.flatnonzero(owners == p)
-            for start in range(0, sel.size, self.batch_size):
-                chunk = sel[start : start + self.batch_size].tolist()
-                columns = {"user": [ids[rows[i]] for i in chunk], "step": int(step)}
-                for a, lab in labels.items():
-                    columns[a] = [lab[i] for i in chunk]
+            sel = rows[owners == p]
+            for start in range(0, sel.size, self.batch_size):  # labels a batch at a time: memory stays bounded
+                chunk = sel[start : start + self.batch_size]
+                columns = {"user": [ids[i] for i in chunk.tolist()], "step": int(step)}
+                for a, v in values.items():
+                    columns[a] = self._labels(a, np.asarray(v)[chunk])
                 self._producer.send(self.names["reports"], value=orjson.dumps({"columns": columns}), partition=p)
-                sent += len(chunk)
+                sent += chunk.size
         self._producer.flush()
         return sent
 

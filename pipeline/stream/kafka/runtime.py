@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pipeline.config import Deployment, load_config
 from pipeline.connections import use_security
+from pipeline.security import check_no_password_in_url
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.kafka.topics import topic_names
 
@@ -70,6 +71,11 @@ class Runtime:
         deployment = load_config(args.config)
         use_security(deployment.security)  # every client of this process connects as configured
         broker, redis_url = args.broker or deployment.broker, args.redis or deployment.redis
+        if args.redis:
+            try:
+                check_no_password_in_url(args.redis, "--redis/DPSTREAM_REDIS")
+            except ValueError as err:
+                ap.error(str(err))
         if not broker or not redis_url:
             ap.error("no broker/Redis configured: pass --broker and --redis, or start the job through `dpstream`")
         return cls(deployment, broker, redis_url, args.config, args.metrics_port), args.loglevel
@@ -83,7 +89,7 @@ class Runtime:
         return topic_names(self.deployment)
 
     def store(self):
-        """The synchronous store (identity checks at start)."""
+        """The synchronous store: the identity claim at start and reads (a worker's checkpoints when assigned)."""
         from pipeline.stream.state.store import ReleaseStore
 
         return ReleaseStore.from_url(self.redis_url, self.deployment.name)

@@ -1,10 +1,17 @@
 """The deployment's topics, declared once: name, partitions, key and value format, whether the topic
-is public, and which consumer group reads it (kafka-python admin client for creation).
+is public, which consumer group reads it, and which role reads, writes or only asks for the offsets of
+it (kafka-python admin client for creation).
 
 Every user of a topic takes it from here: the jobs (what they subscribe to, their group ids),
 :func:`ensure_topics` and ``deploy/create_topics.py`` (partitions, retention), the lag metric
-(:func:`consumer_groups`), the demo driver and the downstream consumer (the public topics). The
-message formats themselves are described in :mod:`pipeline.stream.kafka.codecs`.
+(:func:`consumer_groups`, :func:`offsets_only`), the broker ACLs (:mod:`pipeline.acl`, which grants a
+role exactly the operations declared here), the demo driver and the downstream consumer (the public
+topics). The message formats themselves are described in :mod:`pipeline.stream.kafka.codecs`.
+
+Roles (docs/security.md): ``worker`` and ``releaser`` are the stream jobs; ``operator`` is ``dpstream
+produce|close|status`` (the intake view reads the true ends of ``reports`` and ``repartition``, which on
+the embedded broker takes a Fetch: :mod:`pipeline.stream.kafka.log_end`); ``producer`` is a
+data-collection service; ``analyst`` is ``dpstream export|query`` and any downstream consumer.
 """
 
 from __future__ import annotations
@@ -13,12 +20,16 @@ from dataclasses import dataclass
 
 from pipeline.connections import kafka_security
 
-__all__ = ["Topic", "TOPICS", "PUBLIC_TOPICS", "INGEST", "RELEASER", "topic_names", "topic_partitions",
-           "group_id", "read_by", "consumer_groups", "new_topics", "ensure_topics"]
+__all__ = ["Topic", "TOPICS", "PUBLIC_TOPICS", "INGEST", "RELEASER", "KAFKA_ROLES", "GROUP_ROLES", "LAG_ROLE", "topic_names",
+           "topic_partitions", "group_id", "downstream_group_prefix", "read_by", "consumer_groups", "offsets_only",
+           "new_topics", "ensure_topics"]
 
 # Consumer groups (roles): the ingest workers and the single releaser. Public topics are read by
 # downstream consumers with their own groups (or none).
 INGEST, RELEASER = "ingest", "releaser"
+KAFKA_ROLES = ("worker", "releaser", "operator", "producer", "analyst")
+GROUP_ROLES = {INGEST: "worker", RELEASER: "releaser"}  # consumer group -> the role whose job is in it
+LAG_ROLE = "releaser"  # runs the consumer-lag gauge (describes every group: pipeline.stream.kafka.metrics)
 
 # The public topics are the product and the fence's evidence (pipeline.stream.release.fence): Kafka's default
 # retention (7 days) would delete old manifests, and with them what a wiped state is checked against.
@@ -30,27 +41,43 @@ class Topic:
     name: str  # logical name; the broker's is ``<prefix>.<deployment>.<name>``
     partitions: int | None  # None: the deployment's ``topics.partitions``
     key: str  # what the key is (see pipeline.stream.kafka.codecs)
-    value: str  # the value's encoding: "json" or "binary" (pipeline.serialization state format)
+    value: str  # the value's codec: "json" or "binary" (pipeline.serialization state format)
     public: bool  # part of the product (kept forever, read by analysts); else curator-side
     reader: str | None  # the dpstream consumer group (role) that reads it; None: downstream only
+    writers: tuple[str, ...] = ()  # roles that produce to it (Kafka Write)
+    readers: tuple[str, ...] = ()  # roles that fetch it (Kafka Read): every byte of it reaches them
+    offsets: tuple[str, ...] = ()  # roles that only list its offsets (Kafka Describe: lag, never its records)
 
     def config(self) -> dict[str, str]:
         """Topic configuration at creation."""
         return KEEP_FOREVER if self.public else {}
 
+    def access(self, role: str) -> set[str]:
+        """What ``role`` does with this topic: a subset of {"read", "write", "offsets"}."""
+        return ({"read"} if role in self.readers else set()) | ({"write"} if role in self.writers else set()) \
+            | ({"offsets"} if role in self.offsets else set())
 
+
+_ANALYSTS = ("analyst",)
 TOPICS: dict[str, Topic] = {t.name: t for t in (
-    Topic("reports", None, "user id; none for close markers", "json", public=False, reader=INGEST),
-    Topic("feedback", None, "<release>:<step>", "json", public=False, reader=INGEST),  # co-partitioned with reports
+    # close markers are written by the releaser; the operator's intake view reads the log ends
+    Topic("reports", None, "user id; none for close markers", "json", public=False, reader=INGEST,
+          writers=("producer", "operator", "releaser"), readers=("worker", "operator"), offsets=("releaser",)),
+    Topic("feedback", None, "<release>:<step>", "json", public=False, reader=INGEST,  # co-partitioned with reports
+          writers=("releaser",), readers=("worker",), offsets=("releaser",)),
     # reports routed to their user's owner partition (pipeline.stream.ingest.repartition), co-partitioned too
     Topic("repartition", None, "none (source partition and positions in headers)", "json", public=False,
-          reader=INGEST),
-    Topic("control", 1, "none", "json", public=False, reader=RELEASER),
-    Topic("step-partials", 1, "<step>:<partition>:<chunk>", "binary", public=False, reader=RELEASER),  # in order
-    Topic("releases", 1, "<release>:<step>", "json", public=True, reader=None),
-    Topic("synthetic", 1, "<release>:<step>:<chunk>", "json", public=True, reader=None),
-    Topic("alerts", 1, "<release>:<step>", "json", public=True, reader=None),
-    Topic("dead-letter", 1, "the original key", "binary", public=False, reader=None),
+          reader=INGEST, writers=("worker",), readers=("worker", "operator"), offsets=("releaser",)),
+    Topic("control", 1, "none", "json", public=False, reader=RELEASER, writers=("operator",), readers=("releaser",)),
+    Topic("step-partials", 1, "<step>:<partition>:<chunk>", "binary", public=False, reader=RELEASER,  # in order
+          writers=("worker",), readers=("releaser",)),
+    # the releaser reads its own manifests back: the fence (pipeline.stream.release.fence)
+    Topic("releases", 1, "<release>:<step>", "json", public=True, reader=None, writers=("releaser",),
+          readers=("releaser", *_ANALYSTS)),
+    Topic("synthetic", 1, "<release>:<step>:<chunk>", "json", public=True, reader=None, writers=("releaser",),
+          readers=_ANALYSTS),
+    Topic("alerts", 1, "<release>:<step>", "json", public=True, reader=None, writers=("releaser",), readers=_ANALYSTS),
+    Topic("dead-letter", 1, "the original key", "binary", public=False, reader=None, writers=("worker",)),
 )}
 PUBLIC_TOPICS = tuple(name for name, t in TOPICS.items() if t.public)
 
@@ -70,6 +97,16 @@ def group_id(deployment, role: str) -> str:
     if role not in (INGEST, RELEASER):
         raise ValueError(f"role must be {INGEST!r} or {RELEASER!r}, got {role!r}")
     return f"dpstream-{deployment.name}-{role}"
+
+
+def downstream_group_prefix(deployment) -> str:
+    """Consumer groups of downstream consumers of the public topics start with this (the analysts' grant)."""
+    return f"dpstream-{deployment.name}-downstream"
+
+
+def offsets_only(role: str) -> list[str]:
+    """The logical topics whose offsets ``role`` may list but whose records it may not fetch."""
+    return [name for name, t in TOPICS.items() if role in t.offsets and role not in t.readers]
 
 
 def read_by(role: str) -> list[str]:

@@ -3,26 +3,82 @@
 Used by ``dpstream up``, ``dpstream demo`` and the stream tests. The workers and the releaser are
 separate operating-system processes running the jobs, exactly as in production; only the
 broker and Redis may be the embedded ones.
+
+:meth:`LocalCluster.supervise` is the local supervisor (what Kubernetes does in ``deploy/k8s``): it
+restarts a worker or the releaser that exits unexpectedly, with backoff and a bounded number of
+restarts, and the embedded broker or its object store if one dies; a process that refuses to run
+(exit code 2, 3 or 4: the configuration, the budget, the state) is never retried, since a restart
+would refuse again: :class:`ProcessFailed` carries its code and its own last error line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
+from collections import deque
 from pathlib import Path
 
 from pipeline.stream.kafka.runtime import job_command
 from pipeline.stream.kafka.topics import ensure_topics, topic_names
-from pipeline.stream.local.embedded import EmbeddedServices, free_port
+from pipeline.stream.local.embedded import (LOCAL_SECRETS_ENV, EmbeddedServices, free_port, open_private_log, private_dir,
+                                             private_file)
 
-__all__ = ["LocalCluster", "endpoints_file", "state_dir", "dpstream_home", "process_cmdline"]
+__all__ = ["LocalCluster", "ProcessFailed", "endpoints_file", "state_dir", "dpstream_home", "private_home",
+           "process_cmdline", "last_error_line"]
+
+REFUSALS = (2, 3, 4)  # configuration, budget, state: a restart would refuse again (pipeline.cli's exit codes)
+MAX_RESTARTS = 5  # per process within RESTART_WINDOW seconds; one more failure stops the deployment
+RESTART_WINDOW = 300.0
+BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0)  # seconds before the 1st, 2nd, ... restart within the window
+
+
+class ProcessFailed(RuntimeError):
+    """A stream process refused to run or kept failing: the deployment stops with ``exit_code``."""
+
+    def __init__(self, name: str, returncode: int, line: str | None, exit_code: int, why: str):
+        self.name, self.returncode, self.line, self.exit_code = name, returncode, line, exit_code
+        super().__init__(f"{name} {why} (exit code {returncode})" + (f": {line.rstrip('.')}" if line else ""))
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Refused|Lost|Changed)\b")
+
+
+def last_error_line(path: Path | None, start: int = 0) -> str | None:
+    """The line a process left to explain its exit in its log after offset ``start`` (where this run of it
+    began): its last ``dpstream: ...`` line (a refusal), else the exception line ending its last
+    traceback, else its last ``[ERROR]`` log line (None without one)."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(start, fh.tell() - 65536))
+            lines = [line.strip() for line in fh.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return None
+    for pick in (lambda ln: ln[len("dpstream: "):] if ln.startswith("dpstream: ") else None,
+                 lambda ln: ln if _EXCEPTION_LINE.match(ln) else None,
+                 lambda ln: ln if "[ERROR]" in ln else None):
+        for line in reversed(lines):
+            found = pick(line)
+            if found:
+                return found
+    return None
 
 
 def dpstream_home() -> Path:
     return Path(os.environ.get("DPSTREAM_HOME", Path.home() / ".dpstream"))
+
+
+def private_home() -> Path:
+    """``dpstream_home()`` created owner-only (the default ``~/.dpstream`` narrowed to 0700 if it exists; a
+    ``DPSTREAM_HOME`` the user named is left as it is, its dpstream contents being owner-only)."""
+    home = dpstream_home()
+    return private_dir(home, narrow=home == Path.home() / ".dpstream")
 
 
 def endpoints_file(deployment_name: str) -> Path:
@@ -40,23 +96,26 @@ def process_cmdline(pid: int) -> str | None:
 
 
 def state_dir(deployment_name: str) -> Path:
-    """The persistent data directory of a deployment's embedded services (its Redis in ``redis/``), mode
-    0700: the release records, the ledger and the mechanism state outlive ``dpstream up``."""
-    path = dpstream_home() / deployment_name
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o700)
-    return path
+    """The persistent data directory of a deployment's embedded services, mode 0700: its Redis in
+    ``redis/`` (release records, ledger, mechanism state), the broker's log in ``log/`` and the
+    deployment marker ``deployment.json`` (:mod:`pipeline.stream.local.marker`) outlive ``dpstream up``."""
+    return private_dir(private_home() / deployment_name)  # no other local user reads a deployment's state
 
 
 class LocalCluster:
     def __init__(self, config_path: str | Path, deployment, workers: int = 1, log_dir: str | Path | None = None,
-                 data_dir: str | Path | None = None, metrics: bool = False):
+                 data_dir: str | Path | None = None, metrics: bool = False, durable_log: bool = False):
         self.config_path = str(Path(config_path).resolve())
         self.deployment = deployment
         self.workers = int(workers)
         self.log_dir = Path(log_dir) if log_dir else None
         self.data_dir = data_dir
         self.metrics = metrics
+        self.durable_log = durable_log
+        self.roles: dict[str, tuple[str, dict[str, str] | None]] = {}  # name -> (role, extra env), for restarts
+        self.restarts: dict[str, deque[float]] = {}  # name -> times of its recent restarts
+        self.pending: dict[str, float] = {}  # name -> when to restart it (backing off)
+        self.log_starts: dict[str, int] = {}  # name -> size of its log when its current run started
         self.services: EmbeddedServices | None = None
         self.broker = deployment.broker
         self.redis_url = deployment.redis
@@ -66,11 +125,11 @@ class LocalCluster:
 
     # -- services ------------------------------------------------------------------------------
     def start_services(self) -> None:
-        if self.broker and self.redis_url:
+        if (self.broker and self.redis_url) or self.services is not None:
             return
         if self.log_dir:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.services = EmbeddedServices(data_dir=self.data_dir,
+            private_dir(self.log_dir, narrow=False)
+        self.services = EmbeddedServices(data_dir=self.data_dir, durable_log=self.durable_log,
                                          broker_log=(self.log_dir / "broker.log") if self.log_dir else None)
         self.services.start()
         self.broker = self.broker or self.services.broker.bootstrap
@@ -91,13 +150,19 @@ class LocalCluster:
             self.metrics_ports[name] = port
         out = subprocess.DEVNULL
         if self.log_dir:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            out = open(self.log_dir / f"{name}.log", "ab")
-        proc = subprocess.Popen(
-            job_command(role, self.config_path, self.broker, self.redis_url, metrics_port=port),
-            env={**self.env(), **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+            private_dir(self.log_dir, narrow=False)
+            out = open_private_log(self.log_dir / f"{name}.log")
+            self.log_starts[name] = out.tell()
+        try:
+            proc = subprocess.Popen(
+                job_command(role, self.config_path, self.broker, self.redis_url, metrics_port=port),
+                env={**self.env(), **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()  # the child has its own descriptor; a restarted process must not leak one here
         self.procs[name] = proc
+        self.roles[name] = (role, extra_env)
         return proc
 
     def start(self, releaser_env: dict[str, str] | None = None) -> "LocalCluster":
@@ -106,19 +171,26 @@ class LocalCluster:
         self.spawn("releaser", "releaser", releaser_env)
         for i in range(self.workers):
             self.spawn("worker", f"worker-{i}")
-        path = endpoints_file(self.deployment.name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".json.partial")  # readers never see half a file
-        partial.write_text(json.dumps({"broker": self.broker, "redis": self.redis_url, "pid": os.getpid(),
-                                       "processes": self.process_record()}))
-        os.replace(partial, path)
+        self.write_endpoints()
         return self
+
+    def write_endpoints(self) -> None:
+        """The endpoints and every process's pid for the other commands (rewritten after a restart)."""
+        path = endpoints_file(self.deployment.name)
+        private_home()
+        record = {"broker": self.broker, "redis": self.redis_url, "pid": os.getpid(),
+                  "processes": self.process_record(), "logs": str(self.log_dir or "")}
+        if os.environ.get(LOCAL_SECRETS_ENV):  # where the embedded Redis's password is (never the password)
+            record["local_secrets"] = os.environ[LOCAL_SECRETS_ENV]
+        private_file(path, json.dumps(record))  # owner-only, atomically: readers never see half a file
 
     def process_record(self) -> dict[str, dict]:
         """Pid and command line of every process this cluster started (services included)."""
         pids = {name: proc.pid for name, proc in self.procs.items()}
         if self.services is not None:
             pids.update(broker=self.services.broker.pid, redis=self.services.redis.pid)
+            if self.services.storage is not None:
+                pids["object-store"] = self.services.storage.pid
         return {name: {"pid": pid, "cmdline": process_cmdline(pid)} for name, pid in pids.items() if pid}
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
@@ -135,6 +207,57 @@ class LocalCluster:
         dead = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
         if dead:
             raise RuntimeError(f"stream processes exited: {dead}" + (f" (logs in {self.log_dir})" if self.log_dir else ""))
+
+    def log_path(self, name: str) -> Path | None:
+        return self.log_dir / f"{name}.log" if self.log_dir else None
+
+    def supervise(self, now: float | None = None) -> list[str]:
+        """One round of supervision: restart what died (services first), raise :class:`ProcessFailed` on a
+        refusal or on the restart that exceeds the bound. Returns what it did, one line each (also logged)."""
+        now = time.monotonic() if now is None else now
+        done = []
+        if self.services is not None:
+            svc = self.services
+            for name, service in (("object-store", svc.storage), ("broker", svc.broker)):
+                if service is not None and not service.alive():
+                    self._count_restart(name, service.returncode, now)
+                    service.stop()
+                    service.start()
+                    done.append(f"restarted the embedded {name} (pid {service.pid}) on its port and data")
+            if not svc.redis.alive():
+                raise ProcessFailed("redis", -1, None, 1, "(the embedded Redis) stopped answering")
+        for name, proc in list(self.procs.items()):
+            rc = proc.poll()
+            if rc is None or name in self.pending:
+                continue
+            line = (last_error_line(self.log_path(name), self.log_starts.get(name, 0)) if rc > 0
+                    else f"killed by signal {-rc}")
+            if rc in REFUSALS:
+                raise ProcessFailed(name, rc, line, rc, "refused to run")
+            delay = self._count_restart(name, rc, now)
+            self.pending[name] = now + delay
+            done.append(f"{name} exited with code {rc}" + (f" ({line})" if line else "")
+                        + f"; restarting it in {delay:g} s")
+        for name, due in list(self.pending.items()):
+            if due <= now:
+                del self.pending[name]
+                role, extra = self.roles[name]
+                proc = self.spawn(role, name, extra)
+                done.append(f"restarted {name} (pid {proc.pid})")
+        if done:
+            self.write_endpoints()
+        return done
+
+    def _count_restart(self, name: str, returncode, now: float) -> float:
+        """Record one restart of ``name``; its backoff delay, or ProcessFailed past the bound."""
+        recent = self.restarts.setdefault(name, deque())
+        while recent and now - recent[0] > RESTART_WINDOW:
+            recent.popleft()
+        if len(recent) >= MAX_RESTARTS:
+            raise ProcessFailed(name, -1 if returncode is None else returncode, last_error_line(self.log_path(name)),
+                                1, f"failed {MAX_RESTARTS + 1} times within {RESTART_WINDOW:g} s")
+        recent.append(now)
+        return BACKOFF[min(len(recent), len(BACKOFF)) - 1]
 
     def stop(self) -> None:
         for name, proc in list(self.procs.items()):

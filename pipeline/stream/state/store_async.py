@@ -1,14 +1,17 @@
-"""The Redis state as the stream jobs reach it from their event loop (``redis.asyncio``): a Redis
-round trip in the commit path must not block the loop that also feeds the consumer and the producer.
+"""The one writer of a deployment's Redis state, as the stream jobs reach it from their event loop
+(``redis.asyncio``): a Redis round trip in the commit path must not block the loop that also feeds the
+consumer and the producer.
 
-Same keys and encodings as :class:`pipeline.stream.state.store.ReleaseStore` (they share
-:class:`~pipeline.stream.state.store.StoreLayout`), and the same guarantees: :meth:`commit_step` stores a
-step's record, ledger entries and pointer in one WATCH/MULTI/EXEC transaction and refuses any step
-but the next one. Only what the jobs call at run time is here; identity checks at start and the
-command-line tools use the synchronous store.
+Same keys and encodings as the synchronous reader :class:`pipeline.stream.state.store.ReleaseStore`
+(they share :class:`~pipeline.stream.state.store.StoreLayout`). :meth:`AsyncReleaseStore.commit_step`
+stores a step's record, ledger entries and pointer in one WATCH/MULTI/EXEC transaction and refuses any
+step but the next one; the pointers, checkpoints and intake counts are written here too, and only here
+(the identity claim at start is the synchronous store's).
 """
 
 from __future__ import annotations
+
+import json
 
 from typing import Any
 
@@ -32,24 +35,26 @@ class AsyncReleaseStore(StoreLayout):
     async def close(self) -> None:
         await self.r.aclose()
 
-    async def _int(self, name: str) -> int:
-        return self._as_int(await self.r.get(self._k(name)))
+    async def _int(self, key: str) -> int:
+        return self._as_int(await self.r.get(key))
 
     # -- releases (the releaser) -------------------------------------------------------------------
     async def last_released(self) -> int:
-        return await self._int("released")
+        return await self._int(self.keys.pointer("released"))
 
     async def load_step(self, step: int) -> StepRecord | None:
-        return self._decode_step(step, await self.r.hgetall(self._k("step", step)))
+        return self._decode_step(step, await self.r.hgetall(self.keys.step(step)))
 
     async def latest_state(self) -> tuple[int, bytes | None]:
         """(last released step, mechanism state after it)."""
         last = await self.last_released()
-        return (0, None) if last == 0 else (last, await self.r.hget(self._k("step", last), "__state__"))
+        return (0, None) if last == 0 else (last, await self.r.hget(self.keys.step(last), "__state__"))
 
     async def commit_step(self, record: StepRecord, ledger: dict[str, dict[str, Any]]) -> None:
-        """Atomically store step ``record.step`` and its ledger entries (see ``ReleaseStore.commit_step``)."""
-        released_key, step_key, ledger_key = self._k("released"), self._k("step", record.step), self._k("ledger")
+        """Atomically store step ``record.step`` and its ledger entries (``"<release>:<t>"`` -> entry);
+        :class:`~pipeline.stream.state.store.StepAlreadyReleased` / ``StepOutOfOrder`` unless it is the next."""
+        released_key, step_key = self.keys.pointer("released"), self.keys.step(record.step)
+        ledger_key = self.keys.ledger
         async with self.r.pipeline(transaction=True) as pipe:
             while True:
                 try:
@@ -67,36 +72,57 @@ class AsyncReleaseStore(StoreLayout):
                 except redis.WatchError:
                     continue  # someone else wrote meanwhile: re-check (we will then refuse)
 
+    async def ledger(self) -> dict[str, dict[str, Any]]:
+        return self._decode_ledger(await self.r.hgetall(self.keys.ledger))
+
     async def last_published(self) -> int:
-        return await self._int("published")
+        return await self._int(self.keys.pointer("published"))
 
     async def mark_published(self, step: int) -> None:
-        await self.r.set(self._k("published"), step)
+        """Everything of ``step`` reached the broker (acknowledged); a restart republishes the rest."""
+        await self.r.set(self.keys.pointer("published"), step)
 
     async def partials_resume(self) -> int:
-        return await self._int("partials-resume")
+        return await self._int(self.keys.partials_resume)
 
     async def set_partials_resume(self, offset: int) -> None:
-        await self.r.set(self._k("partials-resume"), offset)
+        """Where a restarted releaser re-reads ``step-partials`` from (no unreleased partial before it)."""
+        await self.r.set(self.keys.partials_resume, offset)
 
     async def last_closing(self) -> int:
-        return await self._int("closing")
+        return await self._int(self.keys.pointer("closing"))
 
     async def mark_closing(self, step: int, closed_at: int | None = None) -> None:
+        """Close markers of ``step`` (public close time ``closed_at``, ms) are written to every reports partition."""
         async with self.r.pipeline(transaction=True) as tx:
             if closed_at is not None:
-                tx.hset(self._k("close-times"), str(step), int(closed_at))
-            tx.set(self._k("closing"), step)
+                tx.hset(self.keys.close_times, str(step), int(closed_at))
+            tx.set(self.keys.pointer("closing"), step)
             await tx.execute()
 
     async def close_time(self, step: int) -> int | None:
-        raw = await self.r.hget(self._k("close-times"), str(step))
+        """The public close time (ms) recorded for ``step``'s markers (None: not recorded)."""
+        raw = await self.r.hget(self.keys.close_times, str(step))
         return None if raw is None else int(raw)
 
     # -- worker checkpoints ------------------------------------------------------------------------
+    async def load_checkpoint(self, partition: int) -> bytes | None:
+        return await self.r.get(self.keys.checkpoint(partition))
+
     async def save_checkpoint(self, partition: int, blob: bytes) -> None:
-        await self.r.set(self._k("checkpoint", partition), blob)
+        await self.r.set(self.keys.checkpoint(partition), blob)
+
+    async def intake_of(self, partitions) -> dict[int, dict[str, Any]]:
+        """The last intake counts written for ``partitions`` (absent: none yet); a worker compares them with
+        the log it resumes on (``IngestCore.note_lost_log``)."""
+        out = {}
+        for p in partitions:
+            raw = await self.r.hget(self.keys.intake, str(p))
+            if raw is not None:
+                out[int(p)] = json.loads(raw)
+        return out
 
     async def save_intake(self, summaries: dict[int, dict[str, Any]]) -> None:
+        """Store the partitions' intake counts (a snapshot each, replacing the previous one)."""
         if summaries:
-            await self.r.hset(self._k("intake"), mapping=self._intake_mapping(summaries))
+            await self.r.hset(self.keys.intake, mapping=self._intake_mapping(summaries))
