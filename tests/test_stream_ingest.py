@@ -15,6 +15,7 @@ from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import ReleaseStore
 from support.stores import WritableStore
 from pipeline.stream.kafka.topics import topic_names
+from pipeline.stream.state.keys import Keys
 
 PARTS = 3
 MARK = ((CONTROL_HEADER, b"close"),)
@@ -188,8 +189,6 @@ def test_replayed_records_are_skipped():
 
 
 def test_duplicate_marker_resends_the_kept_partial_and_writes_no_checkpoint():
-    from pipeline.stream.state.keys import Keys
-
     """A marker of a step already closed (the releaser re-drives closes it has not released: the broker
     may have lost the partials) re-sends the partial byte for byte, also from a restored checkpoint, and
     never checkpoints or recomputes; only the last KEEP_PARTIALS closed steps are kept."""
