@@ -206,7 +206,7 @@ def test_never_release_silently_on_lost_data(deployment, tmp_path):
 
 
 def test_views_tell_the_truth_after_the_broker_lost_the_open_step(deployment, tmp_path):
-    """`produce` step 1, `down`, `up` (the memory-only broker forgets the reports): the workers' restored
+    """`produce` step 1, `down`, the broker's log deleted, `up`: the workers' restored
     state holds none of them. `status` says so (human text by default, --json for machines) — also with
     `up` stopped, from the Redis data on disk — and `close` refuses the step without --force instead of
     printing "800 of 800 users reported". Sent again, the step closes normally. (Before: status showed
@@ -216,6 +216,9 @@ def test_views_tell_the_truth_after_the_broker_lost_the_open_step(deployment, tm
     with running(path, env, tmp_path):
         assert "sent 800 reports for step 1" in dpstream("produce", *cfg, env=env).stdout
         assert json.loads(dpstream("status", *cfg, "--json", env=env).stdout)["intake"]["open"]["1"]["reported"] == N
+    import shutil  # the broker loses its log (as the memory-only broker did on every stop)
+
+    shutil.rmtree(tmp_path / "home" / "cli-test" / "log")
     with running(path, env, tmp_path):
         proc = dpstream("close", *cfg, "--step", "1", env=env, check=False)
         assert proc.returncode == 3, (proc.stdout, proc.stderr)
