@@ -109,6 +109,7 @@ class Releaser:
         try:
             await self._fence()
             await self.coordinator.release_ready_steps()  # republishes first, under the same lock as releasing
+            await self.coordinator.redrive_closes()  # before any new close command: markers go out in step order
             # any task failing (e.g. Redis gone) ends the process with an error
             await supervise([asyncio.create_task(self._consume(consumer)),
                              asyncio.create_task(_every(0.5, self.coordinator.tick)),

@@ -76,6 +76,8 @@ class IngestWorker:
         # True log ends (the embedded broker's ListOffsets answer is short by the rest of the last
         # batch, which would look like a lost log when the checkpoint's marker is in that batch).
         ends = await log_ends_async(self.rt.broker, reports + forwarded, "resuming at the checkpoints")
+        previous = await self.redis.intake_of(tp.partition for tp in reports)  # the counts before this assignment
+        snapshots = {}
         for tp in sorted(tps, key=lambda tp: tp.topic == self.names["repartition"]):  # reports partitions first
             if tp.topic == self.names["repartition"]:
                 positions[tp] = self._forwarded_position(tp, ends.get(tp))
@@ -101,8 +103,17 @@ class IngestWorker:
                 resume = 0
                 self.core.inboxes[tp.partition].reset(state.closed)  # the broker lost `repartition` too
             positions[tp] = resume
+            lost = self.core.note_lost_log(tp.partition, previous.get(tp.partition), end)
+            if lost:
+                log.error("reports partition %d: the broker lost reports this worker had counted (users reported per "
+                          "open step before the loss: %s; the log ends at %s, the last count was at offset %d): they "
+                          "are not in the state and must be sent again; `dpstream close` refuses those steps until "
+                          "then (or --force)",
+                          tp.partition, lost, end, previous[tp.partition].get("offset", -1))
+            snapshots[tp.partition] = self.core.intake_snapshot(tp.partition)
             observe_partition(tp.partition, state)
             log.info("partition %d at step %d, consuming from offset %d", tp.partition, state.closed, resume)
+        await self.redis.save_intake(snapshots)  # status/close show what the restored state holds, from now on
         return positions
 
     def _forwarded_position(self, tp: TopicPartition, end: int | None) -> int:
@@ -198,8 +209,7 @@ class IngestWorker:
         # then the checkpoints, and the intake counts for `dpstream status` / `close` (a replay restores
         # and recounts them exactly)
         await sends.commit(*[lambda out=out: save(out) for out in checkpoints.values()],
-                           lambda: self.redis.save_intake({p: {**self.core.states[p].intake_summary(),
-                                                               "forwarded_offset": self.core.inboxes[p].consumed}
+                           lambda: self.redis.save_intake({p: self.core.intake_snapshot(p)
                                                            for p in partitions if p in self.core.states}))
 
     async def _apply(self, result: ApplyResult, sends) -> None:

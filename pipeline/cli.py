@@ -10,6 +10,7 @@ the state cannot be verified — releasing would redraw noise for steps already 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -470,7 +471,9 @@ def _send_file(dep, found, dry_run: bool) -> int:
 
 
 def cmd_close(args) -> int:
-    """Close steps through --step: say what it spends, warn about (or refuse) steps built from lost data."""
+    """Close steps through --step: say what the workers hold and what it spends; refuse a step whose
+    reports were lost with the broker's log (without --force). The close guard only warns: a refusal
+    on coverage would make the close time a function of an un-noised count (docs/privacy.md)."""
     from pipeline.plan import spend_of_steps
     from pipeline.stream.ingest.intake_view import close_assessment
 
@@ -480,7 +483,14 @@ def cmd_close(args) -> int:
     store, view = _intake(dep, wait=args.wait)
     steps = range(view.closing + 1, args.step + 1)
     if not len(steps):
-        print(f"steps through {view.closing} are already closed; nothing to do")
+        released = store.last_released()
+        which = (f"step {view.closing} is" if released + 1 == view.closing
+                 else f"steps {released + 1}..{view.closing} are")
+        pending = (f"; {which} closed but not released yet: the releaser is "
+                   "gathering their partials, or they were lost with the broker's log — it writes their close "
+                   "markers again when it starts (docs/streaming.md, 'A lost close'): if they are not released "
+                   "soon, restart it (`dpstream down`, then `dpstream up`)" if released < view.closing else "")
+        print(f"steps through {view.closing} are already closed; nothing to do{pending}")
         return EXIT_OK
     for p, count in view.unhandled.items():
         if count:
@@ -488,24 +498,26 @@ def cmd_close(args) -> int:
                   "the counts below miss them", file=sys.stderr)
     checks = close_assessment(dep, view, steps)
     for c in checks:
-        print(f"step {c.step}: {c.reported:,} of {c.users:,} users reported ({c.imputed_share:.1%} imputed); "
-              f"rejected while open: {sum(c.rejected.values()):,} {c.rejected or ''}".rstrip())
+        print(f"step {c.step}: {c.reported:,} of {c.users:,} users reported ({c.imputed_share:.1%} imputed, as the "
+              f"workers' state holds it); rejected while open: {sum(c.rejected.values()):,} {c.rejected or ''}".rstrip())
         for w in c.warnings:
             print(f"WARNING: {w}", file=sys.stderr)
+    for line in view.log_lost_warnings():
+        print(f"LOST: {line}", file=sys.stderr)
     spend = spend_of_steps(dep, steps)
     label = f"steps {steps.start}..{steps.stop - 1}" if len(steps) > 1 else f"step {steps.start}"
     print(f"closing {label} releases {'them' if len(steps) > 1 else 'it'} and spends: "
           + (", ".join(f"{name} {next(iter(v))}={v[next(iter(v))]:.6g} ({v['share_of_release']:.1%} of its budget)"
                        for name, v in spend.items()) or "nothing"))
     if not args.force:
-        refused = [c.step for c in checks if c.refuse]
         if len(steps) > 1:
             return _fail(EXIT_BUDGET, f"refusing to close {len(steps)} steps at once without --force "
                                       f"(steps {steps.start}..{steps.stop - 1})")
-        if refused:
-            return _fail(EXIT_BUDGET, f"refusing to close step(s) {refused}: imputed or rejected share is more than "
-                                      f"close_guard.refuse_above = {dep.close_guard.refuse_above} above the closed "
-                                      "steps' median; check the producers and the dead-letter topic, or pass --force")
+        lost = [t for t in steps if t in view.lost()]
+        if lost or any(view.stale.values()):
+            return _fail(EXIT_BUDGET, f"refusing to close step(s) {lost or list(steps)}: reports the workers had "
+                                      "counted were lost with the broker's log (LOST above); send them again, or "
+                                      "pass --force to close with those users imputed")
     prod = _producer(dep)
     try:
         prod.close_step(args.step)
@@ -526,35 +538,51 @@ def cmd_close(args) -> int:
 
 
 def cmd_status(args) -> int:
+    """The deployment's state: from the running `dpstream up` (or the configured services), or, when
+    nothing runs, from the embedded Redis's data directory (started briefly, read, stopped)."""
+    from pipeline.status_view import format_status, status_document
+    from pipeline.stream.ingest.intake_view import IntakeView
     from pipeline.stream.state.store import ReleaseStore
 
     dep = _load(args.config)
-    _, redis_url = _endpoints(dep)
-    store = ReleaseStore.from_url(redis_url, dep.name)
-    try:
-        intake = _intake(dep, wait=0)[1].as_json()  # curator-side counts: the operator's terminal only
-    except Exception as err:  # noqa: BLE001 - e.g. the broker is down: the rest of the status still shows
-        intake = {"unavailable": f"{type(err).__name__}: {err}"}
-    ledger = store.ledger()
-    identity = store.identity() or {}
-    from pipeline.error_bounds import spend_as_approx_dp
-    from pipeline.privacy.accounting import LedgerEntry
-
-    spent = spend_as_approx_dp(dep, [LedgerEntry.from_state(e).cost for e in ledger.values()])
-    status = {
-        "deployment": dep.name,
-        "instance": identity.get("instance"),
-        "fingerprint": identity.get("fingerprint"),
-        "released_step": store.last_released(),
-        "published_step": store.last_published(),
-        "horizon": dep.horizon,
-        "plan": {k: v.__dict__ for k, v in dep.budget_plan().allotments().items()},
-        "ledger": ledger,
-        "spent_as_approx_dp": {"epsilon": spent.epsilon, "delta": spent.delta},  # as the manifests report it
-        "intake": intake,
-    }
-    print(json.dumps(status, indent=2, sort_keys=True))
+    rec = _up_record(dep.name)
+    running = dep.redis or os.environ.get("DPSTREAM_REDIS") or (rec and rec["alive"])
+    if running:
+        _, redis_url = _endpoints(dep)
+        store = ReleaseStore.from_url(redis_url, dep.name)
+        try:
+            intake = _intake(dep, wait=args.wait)[1].as_json()  # curator-side counts: the operator's terminal only
+        except Exception as err:  # noqa: BLE001 - e.g. the broker is down: the rest of the status still shows
+            intake = {"unavailable": f"{type(err).__name__}: {err}"}
+        status = status_document(dep, store, intake, f"Redis at {redis_url}")
+    else:
+        if rec:  # a killed `up` may have left its Redis running on the data directory
+            raise SystemExit(_fail(EXIT_CONFIG, _stale(rec)))
+        with _redis_at_rest(dep) as (redis_url, where):
+            store = ReleaseStore.from_url(redis_url, dep.name)
+            view = IntakeView(store.last_closing(), dep.topics.partitions, store.intake())
+            status = status_document(dep, store, view.as_json(), f"{where} (`dpstream up` is not running: the "
+                                     "workers' counts are as they last wrote them; the broker's log is not checked)")
+    print(json.dumps(status, indent=2, sort_keys=True) if args.json else format_status(status))
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def _redis_at_rest(dep):
+    """The embedded Redis of a stopped deployment, started on its data directory for one read."""
+    from pipeline.stream.local.cluster import dpstream_home, endpoints_file
+    from pipeline.stream.local.embedded import EmbeddedRedis
+
+    data = dpstream_home() / dep.name / "redis"
+    if not data.is_dir():
+        raise SystemExit(_fail(EXIT_CONFIG, f"deployment {dep.name!r} names no broker/Redis, no `dpstream up` is "
+                                            f"running for it (no {endpoints_file(dep.name)}) and it has no state in "
+                                            f"{data}"))
+    redis = EmbeddedRedis(data).start()
+    try:
+        yield redis.url, f"the embedded Redis's data in {data}"
+    finally:
+        redis.stop()
 
 
 # -- consuming: the analysts' commands (pipeline.analyst), public topics only, never Redis ------------------
@@ -686,8 +714,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = with_config(sub.add_parser("close", help="close a step (and every earlier open step); shows the intake "
                                    "counts and what closing spends"))
     c.add_argument("--step", type=int, required=True)
-    c.add_argument("--force", action="store_true", help="close several steps at once, or a step whose imputed or "
-                   "rejected share is far above the closed steps' (close_guard in the configuration)")
+    c.add_argument("--force", action="store_true", help="close several steps at once, or a step whose reports were "
+                   "lost with the broker's log (their users are then imputed)")
     c.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the workers' counts and the "
                    "releaser's close markers (default 30)")
     c.set_defaults(func=cmd_close)
@@ -697,7 +725,12 @@ def build_parser() -> argparse.ArgumentParser:
     dn.add_argument("--wait", type=float, default=60.0, help="seconds to wait for it to stop (default 60)")
     dn.set_defaults(func=cmd_down)
 
-    with_config(sub.add_parser("status", help="released steps and the budget ledger")).set_defaults(func=cmd_status)
+    st = with_config(sub.add_parser("status", help="released and closed steps, the budget spent, and what the workers "
+                                    "hold per step (flags reports lost with the broker's log); works without `up`"))
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--wait", type=float, default=5.0, help="seconds to wait for the workers to count what was sent "
+                    "(default 5)")
+    st.set_defaults(func=cmd_status)
     pl = with_config(sub.add_parser("plan", help="check the budget plan; per release the padding, error bounds "
                                     "and per-step schedule; the total spend as (ε, δ)"))
     pl.add_argument("--json", action="store_true", help="machine-readable output")
@@ -771,6 +804,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except SecretUnavailable as err:
         return _fail(EXIT_CONFIG, f"configuration refused: {err}")
+    except OverflowError as err:  # e.g. budget.epsilon: 1e9 under allow_large: e^ε overflows a calibration
+        return _fail(EXIT_CONFIG, f"configuration refused: a budget too large to calibrate ({err}); check budget.rho "
+                                  "and budget.epsilon")
     except Exception as err:  # noqa: BLE001 - expected connection failures become one line; the rest a traceback
         why = _unreachable(err)
         if why is None:

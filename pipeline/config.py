@@ -45,6 +45,13 @@ Release = Annotated[Union[tuple(kind.config for kind in kinds().values())], Fiel
 
 # --- the rest ---------------------------------------------------------------------------------
 
+# The largest total ε (ρ converted at report_delta, plus the monitors' ε) accepted without
+# ``budget.allow_large: true``. At ε = 10 an adversary's odds about any one user may move by a factor
+# e^10 ≈ 22,000: past that a release protects next to nothing, and a larger value is far more often a
+# typo (rho: 500000 for 0.5) than a decision (docs/privacy.md, "Budget ceiling").
+EPSILON_CEILING = 10.0
+
+
 class Budget(_Strict):
     """The deployment's whole budget: ρ for zCDP releases, (ε, δ) for monitor releases."""
 
@@ -52,6 +59,7 @@ class Budget(_Strict):
     epsilon: float | None = Field(default=None, gt=0)
     delta: float | None = Field(default=None, gt=0, lt=1)
     report_delta: float = Field(default=1e-6, gt=0, lt=1, description="δ at which ρ is also reported as (ε, δ)")
+    allow_large: bool = Field(default=False, description=f"accept a total ε above {EPSILON_CEILING:g} (at report_delta)")
 
     @model_validator(mode="after")
     def _pairs(self) -> "Budget":
@@ -59,7 +67,19 @@ class Budget(_Strict):
             raise ValueError("epsilon and delta are set together")
         if self.rho is None and self.epsilon is None:
             raise ValueError("set rho and/or epsilon+delta")
+        total = self.total_epsilon()
+        if total > EPSILON_CEILING and not self.allow_large:
+            raise ValueError(f"total ε = {total:.6g} at report_delta = {self.report_delta:g} (ρ = {self.rho or 0:g} "
+                             f"converted, plus ε = {self.epsilon or 0:g}) is above the ceiling ε = {EPSILON_CEILING:g}: "
+                             "such a release protects next to nothing (docs/privacy.md, 'Budget ceiling'); fix the "
+                             "value, or set budget.allow_large: true to acknowledge it")
         return self
+
+    def total_epsilon(self) -> float:
+        """The whole budget as one ε at ``report_delta``: ρ converted (CKS 2020) plus the monitors' ε."""
+        from pipeline.privacy.accounting import zcdp_to_approx_dp
+
+        return (zcdp_to_approx_dp(self.rho, self.report_delta) if self.rho else 0.0) + (self.epsilon or 0.0)
 
 
 class Topics(_Strict):
@@ -122,11 +142,23 @@ class Imputation(_Strict):
 class CloseGuard(_Strict):
     """``dpstream close`` compares each step it is about to close with the steps already closed: the
     share of users imputed (no accepted report) and the share of reports rejected while the step was
-    open. Above the closed steps' median by more than ``warn_above`` it warns; by more than
-    ``refuse_above`` it refuses unless ``--force`` (null: never refuses). Curator-side counts only."""
+    open, and warns above the closed steps' median by more than ``warn_above``. Advisory only: it
+    prints the counts and never refuses, because a refusal (or an operator waiting until the counts
+    look better) makes whether a step closes now a threshold on an un-noised count of who reported
+    (docs/privacy.md, "Closing rules and timing"). Curator-side counts only."""
 
     warn_above: float = Field(default=0.05, ge=0, le=1)
-    refuse_above: float | None = Field(default=0.25, ge=0, le=1)
+    refuse_above: float | None = Field(default=None, description="refused unless null: the guard never refuses")
+
+    @field_validator("refuse_above")
+    @classmethod
+    def _advisory(cls, v: float | None) -> None:
+        if v is not None:
+            raise ValueError("a close guard that refuses is no longer supported: whether a step closes would be a "
+                             "hard threshold on an un-noised count of who reported (docs/privacy.md, 'Closing rules "
+                             "and timing'); the guard only warns (warn_above). Remove the key; close on the "
+                             "deadline schedule (steps.close: deadline)")
+        return None
 
 
 class RandomSourceConfig(_Strict):

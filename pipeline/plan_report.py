@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.config import EPSILON_CEILING
 from pipeline.error_bounds import planned_spend, release_bounds, warnings
 from pipeline.plan import planned_schedule
 from pipeline.privacy.accounting import ZCDP
@@ -55,7 +56,8 @@ def plan_report(deployment) -> dict[str, Any]:
         "deployment": dep.name, "n": n, "horizon": dep.horizon, "neighbours": str(dep.neighbours),
         "releases": releases,
         "total_as_approx_dp": {"epsilon": total.epsilon, "delta": total.delta, "rho": dep.budget_plan().totals()[0].rho,
-                               "report_delta": dep.budget.report_delta},
+                               "report_delta": dep.budget.report_delta, "ceiling": EPSILON_CEILING,
+                               "allow_large": dep.budget.allow_large},
         "warnings": warnings(bounds, n),
     }
 
@@ -77,4 +79,7 @@ def format_plan(report: dict[str, Any]) -> str:
     how = (f" (ρ = {t['rho']:.6g} converted at report_delta = {t['report_delta']:.3g}, plus the monitors' (ε, δ))"
            if t["rho"] else " (the monitors' (ε, δ) by basic composition)")
     lines.append(f"\ntotal planned spend over the horizon: (ε, δ) = ({t['epsilon']:.6g}, {t['delta']:.3g}){how}")
+    if t.get("allow_large"):
+        lines.append(f"budget.allow_large: true — a total ε above the ceiling {t['ceiling']:g} is accepted "
+                     f"({'it is' if t['epsilon'] > t['ceiling'] else 'it is not'} above it)")
     return "\n".join(lines)

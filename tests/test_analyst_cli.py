@@ -94,7 +94,7 @@ def test_producer_and_analyst_ends(deployment, tmp_path, capsys, monkeypatch):
             assert f"sent {N} reports for step {t} (all acknowledged)" in out
             dpstream("close", *c, "--step", str(t), env=env)
         deadline = time.monotonic() + 90
-        while json.loads(dpstream("status", *c, env=env).stdout)["published_step"] < T:
+        while json.loads(dpstream("status", *c, "--json", env=env).stdout)["published_step"] < T:
             assert time.monotonic() < deadline
             time.sleep(0.5)
 

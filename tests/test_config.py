@@ -616,3 +616,33 @@ def test_plan_does_not_import_the_configuration_module():
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
     code = "import sys, pipeline.config; sys.exit('pipeline.plan' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_budget_above_the_epsilon_ceiling_needs_allow_large():
+    """ρ = 500000 (ε ≈ 505,000 at report_delta) or ε = 1e9 is refused with the key named, unless
+    budget.allow_large acknowledges it; allow_large is an acknowledgement, not calibration (not in the
+    fingerprint), and `plan` shows it. (Before: both planned with exit 0.)"""
+    from pipeline.config import EPSILON_CEILING
+    from pipeline.plan_report import format_plan, plan_report
+    from pipeline.stream.state.fingerprint import privacy_config
+
+    for budget in ({"rho": 500000.0, "epsilon": 2.0, "delta": 1e-6}, {"rho": 1.0, "epsilon": 1e9, "delta": 1e-6}):
+        cfg = base()
+        cfg["budget"] = budget
+        msg = refused(cfg)
+        assert names_key(msg, "budget") and f"above the ceiling ε = {EPSILON_CEILING:g}" in msg
+        assert "budget.allow_large: true" in msg
+    cfg = base()
+    cfg["budget"] = {"rho": 1.0, "epsilon": 2.5, "delta": 1e-6}  # 7.77 + 2.5 = 10.27 > 10: just above
+    assert "above the ceiling" in refused(cfg)
+    cfg["budget"]["allow_large"] = True
+    dep = parse_config(cfg)
+    assert dep.budget.total_epsilon() > EPSILON_CEILING
+    cfg["releases"] = cfg["releases"][:2]  # plan the zCDP pair only (fast)
+    cfg["budget"] = {"rho": 50.0, "allow_large": True}
+    text = format_plan(plan_report(parse_config(cfg)))
+    assert "budget.allow_large: true" in text and "it is above it" in text
+    ids = [f"u{i}" for i in range(50)]
+    plain = dict(cfg, budget={"rho": 0.5})
+    flagged = dict(cfg, budget={"rho": 0.5, "allow_large": True})
+    assert privacy_config(parse_config(plain), ids) == privacy_config(parse_config(flagged), ids)

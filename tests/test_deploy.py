@@ -500,3 +500,15 @@ def test_metrics_bind_address_follows_the_environment():
 
     assert listening(None) == "0100007F"        # 127.0.0.1
     assert listening("0.0.0.0") == "00000000"
+
+
+def test_brokers_accept_what_the_clients_may_send(compose, k8s):
+    """The deployed broker's message.max.bytes is the clients' limit (producers' max_request_size,
+    consumers' fetch size): before, the producers allowed 8 MB and the broker 2 MB."""
+    from pipeline.stream.kafka.limits import DEAD_LETTER_COPY_BYTES, MAX_MESSAGE_BYTES, MAX_REPORT_BYTES
+
+    kafka = _objects(k8s, "StatefulSet")["kafka"]
+    (c,) = kafka["spec"]["template"]["spec"]["containers"]
+    for env in (compose["services"]["kafka"]["environment"], {e["name"]: e["value"] for e in c["env"]}):
+        assert int(env["KAFKA_MESSAGE_MAX_BYTES"]) == MAX_MESSAGE_BYTES
+    assert DEAD_LETTER_COPY_BYTES < MAX_REPORT_BYTES <= MAX_MESSAGE_BYTES

@@ -47,7 +47,7 @@ def _one_line(proc) -> str:
 
 def _wait_released(path, env, step: int) -> None:
     deadline = time.monotonic() + 60
-    while json.loads(dpstream("status", "--config", str(path), env=env).stdout)["released_step"] < step:
+    while json.loads(dpstream("status", "--config", str(path), "--json", env=env).stdout)["released_step"] < step:
         assert time.monotonic() < deadline, f"step {step} not released within 60 s"
         time.sleep(0.3)
 
@@ -84,7 +84,7 @@ def test_down_stops_a_running_up_and_the_state_survives(deployment, tmp_path):
     assert not (tmp_path / "home" / "cli-test.json").exists()
     assert "nothing to stop" in dpstream("down", *cfg, env=env).stdout
     with running(path, env, tmp_path):  # the persistent Redis kept the release records and the ledger
-        status = json.loads(dpstream("status", *cfg, env=env).stdout)
+        status = json.loads(dpstream("status", *cfg, "--json", env=env).stdout)
         assert status["released_step"] == 1 and len(status["ledger"]) == 1  # cumulative step 1 only
 
 

@@ -53,7 +53,7 @@ CP_ALPHA = 1e-6  # Clopper–Pearson two-sided level per probability of the even
 def deployment(attributes: dict, release: dict, budget: dict, n: int, horizon: int, rule="default", defaults=None):
     return parse_config({
         "name": "audit", "roster": {"size": n}, "horizon": horizon, "attributes": attributes,
-        "budget": budget, "random": {"kind": "seeded", "seed": 0}, "steps": {"max_ahead": 0},
+        "budget": {**budget, "allow_large": True}, "random": {"kind": "seeded", "seed": 0}, "steps": {"max_ahead": 0},
         "imputation": {"rule": rule, "default": defaults or {}}, "releases": [dict(release, name="r", share=1.0)],
     })
 

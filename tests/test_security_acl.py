@@ -104,7 +104,7 @@ def test_each_role_runs_with_its_own_redis_user_and_no_more(acl_redis, tmp_path,
 
     operator_env = dict(os.environ, DPSTREAM_REDIS_USER="dpstream-operator",
                         DPSTREAM_REDIS_PASSWORD=PASSWORDS["operator"])
-    status = subprocess.run([sys.executable, "-m", "pipeline.cli", "status", "--config", str(path)],
+    status = subprocess.run([sys.executable, "-m", "pipeline.cli", "status", "--config", str(path), "--json"],
                             capture_output=True, text=True, env=operator_env, timeout=90)
     assert status.returncode == 0 and '"released_step": 3' in status.stdout, status.stderr
 

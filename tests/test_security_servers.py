@@ -96,7 +96,7 @@ def test_acl_login_from_the_cli_and_the_jobs(acl_services, tmp_path):
     path = deployment_yaml(tmp_path / "acl.yaml", "acl-login", broker.bootstrap, redis_server.url, security)
     env = dict(os.environ, DPSTREAM_HOME=str(tmp_path / "home"), DPSTREAM_REDIS_PASSWORD=PASSWORD)
 
-    ok = dpstream("status", "--config", str(path), env=env)
+    ok = dpstream("status", "--config", str(path), "--json", env=env)
     assert ok.returncode == 0, ok.stderr
     assert '"deployment": "acl-login"' in ok.stdout
 
@@ -148,7 +148,7 @@ def test_a_stream_runs_end_to_end_over_tls_with_client_certificates_and_an_acl_l
             for t in range(1, T + 1):
                 drv.producer.send_step(t, {"pov": X[:, t - 1]})
                 drv.close(t)
-            status = dpstream("status", "--config", str(path), env=dict(os.environ))
+            status = dpstream("status", "--config", str(path), "--json", env=dict(os.environ))
             drv.shutdown()
             cluster.check_alive()
         ref = batch_reference(dep, {"pov": X})

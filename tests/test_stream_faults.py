@@ -318,3 +318,139 @@ def test_broker_restart_memory_only(tmp_path):
             store = ReleaseStore.from_url(svc.redis.url, dep.name)
             check_outputs(dep, X, drv.panels, store, drv.manifests_seen)
     assert time.monotonic() - started < 90
+
+
+# -- a lost close --------------------------------------------------------------------------------------
+def _restart_everything(svc, cluster: LocalCluster, dep, fault: dict[str, str] | None = None) -> None:
+    """kill -9 every stream process, restart the memory-only broker (every log gone), start them again."""
+    for name in list(cluster.procs):
+        cluster.kill(name)
+    svc.broker.stop()
+    svc.broker.start()
+    ensure_topics(cluster.broker, dep)
+    cluster.spawn("releaser", "releaser", fault)
+    for i in range(cluster.workers):
+        cluster.spawn("worker", f"worker-{i}")
+
+
+def _wait(predicate, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.2)
+
+
+def test_lost_close_is_redriven_from_redis_and_checkpoints(tmp_path):
+    """Two ways a close is lost with the broker's log (issue: Redis says closing > released, nothing on
+    the log), each followed by a restart of every process and of the memory-only broker:
+
+    * step 2: worker-1 paused, `close` — the markers are written (``closing`` = 2), then worker-1 is
+      killed -9 before any partition closed the step;
+    * step 3: both partitions close it (partials published, checkpoints at step 3), the releaser dies
+      before committing it, then the broker loses the partials.
+
+    After each restart the releaser writes the markers of the closed, unreleased step again with the
+    recorded close time: step 2 is closed now (from what survived: nothing, so imputed) and step 3's
+    partials are re-sent from the workers' checkpoints. Each step is released once (one ledger entry
+    per release, one manifest on the new log, the close time of the original command); step 4 then
+    closes normally — no marker is dead-lettered as malformed. Before the re-drive, step 2 stayed
+    unreleased forever and `close --step 3` wrote markers the workers dead-lettered."""
+    with EmbeddedServices(data_dir=tmp_path / "svc") as svc:
+        path, dep, X, roster = scenario(tmp_path, svc, "faults-lost-close", seed=25, horizon=4)
+        store = ReleaseStore.from_url(svc.redis.url, dep.name)
+        with LocalCluster(path, dep, workers=2, log_dir=tmp_path / "logs") as cluster:
+            drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
+            run_steps(drv, X, (1,), cluster)
+            assert re.search(r"partition \d+ closed step 1", log_text(tmp_path, "worker-1")), "worker-1 owns nothing"
+
+            # step 2: markers written, worker-1 paused then killed, every log lost
+            drv.producer.send_step(2, {"pov": X[:, 1]})
+            cluster.procs["worker-1"].send_signal(signal.SIGSTOP)
+            drv.close(2, wait=False)
+            close2 = drv.close_timestamp[2]
+            _wait(lambda: store.last_closing() == 2, "the releaser did not write step 2's markers")
+            assert store.close_time(2) == close2
+            drv.shutdown()
+            _restart_everything(svc, cluster, dep, {"DPSTREAM_FAULT": "releaser.before_commit@3"})
+            drv = StepDriver(cluster.broker, dep, roster, cluster.names)
+            drv.wait_released(2, timeout=60)
+            assert store.last_released() == 2 and "steps 2..2 are closed but not released" in log_text(tmp_path,
+                                                                                                      "releaser")
+            manifest = drv.panels.panels["cu"].manifests[2]
+            assert manifest["released_at"] * 1000 == pytest.approx(close2, abs=1)  # the original close time
+
+            # step 3: both partitions close it, the releaser dies before the commit, the partials are lost
+            drv.producer.send_step(3, {"pov": X[:, 2]})
+            drv.close(3, wait=False)
+            assert cluster.wait_exit("releaser", timeout=60) == FAULT_EXIT_CODE
+            assert store.last_released() == 2 and store.last_closing() == 3
+            for i in range(2):
+                _wait(lambda: re.search(r"partition \d+ closed step 3", log_text(tmp_path, f"worker-{i}")),
+                      f"worker-{i} did not close step 3")
+            checkpoints = {p: store.load_checkpoint(p) for p in range(2)}
+            drv.shutdown()
+            _restart_everything(svc, cluster, dep)
+            drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
+            drv.wait_released(3, timeout=60)
+            assert {p: store.load_checkpoint(p) for p in range(2)} == checkpoints  # re-sent, not closed again
+            resent = "".join(log_text(tmp_path, f"worker-{i}") for i in range(2))
+            assert len(re.findall(r"close marker for step 3, closed here already: re-sending its partial",
+                                  resent)) >= 2
+
+            run_steps(drv, X, (4,), cluster, timeout=60)
+            drv.shutdown()
+            assert "dead-lettering a close marker" not in resent + "".join(
+                log_text(tmp_path, f"worker-{i}") for i in range(2))
+            assert sorted(store.ledger()) == expected_ledger(4)  # one entry per (release, spending step)
+            assert store.last_released() == 4
+            assert all(count == 1 for count in drv.manifests_seen.values()), drv.manifests_seen
+            assert sorted(drv.manifests_seen) == sorted((r, t) for r in ("fw", "cu") for t in range(1, 5))
+
+
+# -- a poison message -----------------------------------------------------------------------------------
+def test_ten_megabyte_message_is_dead_lettered_as_a_bounded_copy(services, tmp_path):
+    """A 10 MB message on `reports`, sent by confluent-kafka with its limit raised, between the good reports
+    of step 1 (half before, half after, on the same partition): the worker dead-letters a bounded copy
+    with reason too_large and the full size in a header, stays up, and step 1 is released from every
+    good report (equal to the batch run). Before: dead-lettering the original bytes raised
+    MessageSizeTooLargeError in the worker's producer and the deployment stopped."""
+    from confluent_kafka import Producer
+
+    from pipeline.stream.kafka.limits import DEAD_LETTER_COPY_BYTES
+
+    path, dep, X, roster = scenario(tmp_path, services, "faults-poison", seed=26, horizon=3)
+    with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs") as cluster:
+        drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
+        first = np.zeros(N, dtype=bool)
+        first[: N // 2] = True
+        drv.producer.send_step(1, {"pov": X[:, 0]}, present=first)
+        drv.producer._producer.flush()
+        poison = b'{"user": "u1", "step": 1, "values": {"pov": 1}, "pad": "' + b"x" * (10 << 20) + b'"}'
+        producer = Producer({"bootstrap.servers": cluster.broker, "message.max.bytes": 16 << 20})
+        for p in range(dep.topics.partitions):
+            producer.produce(cluster.names["reports"], value=poison, partition=p)
+        assert producer.flush(30) == 0
+        del producer  # librdkafka would keep reconnecting after the cluster stops
+        drv.producer.send_step(1, {"pov": X[:, 0]}, present=~first)
+        drv.close(1, timeout=90)
+        run_steps(drv, X, (2, 3), cluster)
+        drv.shutdown()
+        cluster.check_alive()  # the worker never stopped
+        store = ReleaseStore.from_url(services.redis.url, dep.name)
+        check_outputs(dep, X, drv.panels, store, drv.manifests_seen)
+
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=cluster.broker, auto_offset_reset="earliest",
+                                 enable_auto_commit=False, consumer_timeout_ms=3000)
+        tp = TopicPartition(cluster.names["dead-letter"], 0)
+        consumer.assign([tp])
+        letters = list(consumer)
+        consumer.close()
+        big = [m for m in letters if dict(m.headers).get("dpstream-reason") == b"too_large"]
+        assert len(big) == dep.topics.partitions, [dict(m.headers) for m in letters]
+        for m in big:
+            assert len(m.value) == DEAD_LETTER_COPY_BYTES and poison.startswith(m.value)
+            assert dict(m.headers)["dpstream-original-size"] == str(len(poison)).encode()
+        assert len(letters) == len(big)  # nothing else was rejected

@@ -118,8 +118,10 @@ def test_fingerprint_names_each_privacy_relevant_change_and_ignores_the_rest():
     # same size, other ids: the rows the state is indexed by are other people
     other = changes(cfg, [f"x{i}" for i in range(N)])
     assert len(other) == 1 and other[0].startswith("roster.sha256: ")
-    # not privacy-relevant: partitions, step closing, seed value, descriptions
-    unchanged = edited(cfg, topics={"partitions": 4}, steps={"close": "deadline", "deadline_seconds": 60}, random={"kind": "seeded", "seed": 9})
+    # the checkpoints are per partition (rows by murmur2 modulo the count): another count is refused
+    assert changes(edited(cfg, topics={"partitions": 3})) == ["topics.partitions: 2 -> 3"]
+    # not privacy-relevant: topic names, step closing, seed value, descriptions
+    unchanged = edited(cfg, topics={"partitions": 2, "prefix": "other"}, steps={"close": "deadline", "deadline_seconds": 60}, random={"kind": "seeded", "seed": 9})
     unchanged["attributes"]["occ"]["description"] = "occupation"
     assert changes(unchanged) == []
     # a rename keeps the portable fingerprint (the cross-deployment registry recognises it)
@@ -241,6 +243,8 @@ def test_edited_configuration_is_refused_by_releaser_and_worker(services, tmp_pa
         "k": (edited(cfg, "hh", k=20), ["releases.hh.k: 3 -> 20"]),
         "method": (edited(cfg, "hh", method="naive"), ['releases.hh.method: "tct" -> "naive"']),
         "window": (edited(cfg, "fw", window=2), ["releases.fw.window: 3 -> 2"]),
+        # the checkpoints hold each partition's rows: restored under 3 partitions they would be other users'
+        "partitions": (edited(cfg, topics={"partitions": 3}), ["topics.partitions: 2 -> 3"]),
     }
     for label, (new_cfg, named) in cases.items():
         new_path = write(tmp_path, new_cfg, f"-{label}")
@@ -301,7 +305,7 @@ def _up_release_and_stop(path: Path, env: dict, tmp_path, flags: tuple[str, ...]
             _dpstream("close", "--config", str(path), "--step", str(step), env=env)
         deadline = time.monotonic() + 60
         while True:
-            status = json.loads(_dpstream("status", "--config", str(path), env=env))
+            status = json.loads(_dpstream("status", "--config", str(path), "--json", env=env))
             if step is None or status["published_step"] >= step or time.monotonic() > deadline:
                 break
             time.sleep(0.5)

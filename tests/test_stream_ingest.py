@@ -15,6 +15,7 @@ from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import ReleaseStore
 from support.stores import WritableStore
 from pipeline.stream.kafka.topics import topic_names
+from pipeline.stream.state.keys import Keys
 
 PARTS = 3
 MARK = ((CONTROL_HEADER, b"close"),)
@@ -187,7 +188,10 @@ def test_replayed_records_are_skipped():
     assert not any(a.dead_letters for a in applies(again))  # no spurious duplicates
 
 
-def test_duplicate_marker_publishes_nothing():
+def test_duplicate_marker_resends_the_kept_partial_and_writes_no_checkpoint():
+    """A marker of a step already closed (the releaser re-drives closes it has not released: the broker
+    may have lost the partials) re-sends the partial byte for byte, also from a restored checkpoint, and
+    never checkpoints or recomputes; only the last KEEP_PARTIALS closed steps are kept."""
     dep = deployment(monitors=False)
     core, roster = core_for(dep)
     core.assign(0)
@@ -197,8 +201,21 @@ def test_duplicate_marker_publishes_nothing():
     core.enqueue(0, log.records)
     out = closes(core.drain(0))
     assert out[0].messages and out[0].checkpoint
-    assert out[1].messages == [] and out[1].checkpoint == b"" and out[1].summary.get("duplicate")
+    assert out[1].messages == out[0].messages and out[1].checkpoint == b"" and out[1].summary.get("duplicate")
     assert core.states[0].closed == 1 and core.states[0].offset == 1
+
+    class Checkpoints:  # what the worker reads back on assignment
+        keys = Keys(dep.name)
+
+        def load_checkpoint(self, partition):
+            return out[0].checkpoint
+
+    restored = IngestCore(dep, roster, topic_names(dep), store=Checkpoints(), isolated=True)
+    assert restored.assign(0) == 1
+    assert restored.enqueue(0, [Record(1, orjson.dumps({"step": 1}), MARK)]) is None
+    resent = closes(restored.drain(0))
+    assert [o.messages for o in resent] == [out[0].messages] and resent[0].checkpoint == b""
+    assert restored.states[0].closed == 1
 
 
 def test_foreign_reports_are_forwarded_to_their_owner_not_rejected():

@@ -7,10 +7,16 @@ step t closes the step: imputation, partial aggregates, a checkpoint holding the
 marker's offset. After a crash the partition is replayed from the checkpoint's offset; since the
 state is restored to exactly that point and the cut is a log position, the replay reproduces the
 same partials (the releaser deduplicates them) and every accepted report counts exactly once.
+
+The checkpoint also keeps the partial messages of the last ``KEEP_PARTIALS`` closed steps. A marker
+for a step the partition has already closed (the releaser re-drives the closes it has not released:
+the broker may have lost the partials) re-sends the kept partial, byte for byte, and the
+forwarded-through markers of that step; nothing is recomputed (docs/streaming.md, "A lost close").
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -20,12 +26,14 @@ import orjson
 
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.kafka.codecs import CONTROL_HEADER, dead_letter_headers, encode_partial, parse_close_marker
+from pipeline.stream.kafka.limits import DEAD_LETTER_COPY_BYTES, MAX_REPORT_BYTES
 from pipeline.stream.ingest.partition_state import OwnedRows, PartitionState
 from pipeline.stream.ingest.reports import ReportParser
 from pipeline.stream.ingest.repartition import Forwarder, ForwardMarkers, Inbox, positions_of, source_positions
 
 __all__ = ["IngestCore", "Record", "ApplyResult", "CloseOutput", "is_marker"]
 
+log = logging.getLogger("dpstream.worker")
 _VALUE, _HEADERS = attrgetter("value"), attrgetter("headers")
 
 
@@ -66,6 +74,9 @@ class ApplyResult:
 
 class IngestCore:
     REWIND_GRACE_SECONDS = 10.0  # see enqueue
+    # Partials kept in the checkpoint to re-send on a re-driven close: more than the releaser ever
+    # lags behind the closes in practice (a step is released as soon as its partials are in).
+    KEEP_PARTIALS = 8
 
     def __init__(self, deployment, roster, topic_names: dict[str, str], store=None, isolated: bool = False):
         """``isolated``: neither send nor wait for forwarded-through markers — only for driving
@@ -89,6 +100,8 @@ class IngestCore:
         self.inboxes: dict[int, Inbox] = {}
         self.emitted: dict[int, int] = {}  # partition -> last step whose forwarded-through markers it sent
         self._strays: dict[int, list[Record]] = {}  # repartition records naming no source partition
+        self.kept: dict[int, dict[int, list]] = {}  # partition -> step -> its partial messages (checkpointed)
+        self.lost: dict[int, dict[str, int]] = {}  # partition -> open step -> reports counted on a log since lost
         self._owned: OwnedRows | None = None
         self._feedback_complete: set[int] = set()  # see feedback_checkpoints
 
@@ -115,6 +128,8 @@ class IngestCore:
             inbox.set_state(restored["repartition"])
         self.states[partition] = state
         self.inboxes[partition] = inbox
+        self.kept[partition] = {int(t): [(k.encode(), np.asarray(v, dtype=np.uint8).tobytes()) for k, v in msgs]
+                                for t, msgs in restored.get("partials", {}).items()}
         self.emitted[partition] = state.closed
         self.backlog[partition] = []
         return resume
@@ -127,6 +142,8 @@ class IngestCore:
         self.inboxes.pop(partition, None)
         self.emitted.pop(partition, None)
         self._strays.pop(partition, None)
+        self.kept.pop(partition, None)
+        self.lost.pop(partition, None)
 
     def enqueue(self, partition: int, records: list[Record], now: float | None = None) -> int | None:
         """Queue records of an assigned partition, skipping any the state or the backlog already holds.
@@ -205,9 +222,18 @@ class IngestCore:
                 if step is None or step > next_step:
                     # Not a close of the next step (the releaser writes markers in order): a garbled
                     # or forged marker. Dead-letter it; raising would crash the worker on every replay.
-                    detail = (f"close marker for step {step} but the next step to close is {next_step}"
+                    detail = (f"close marker for step {step} but the next step to close is {next_step}: the "
+                              f"markers of step(s) {next_step}..{step - 1} never reached this partition (a broker "
+                              "that lost its log?); restarting the releaser writes the markers of every closed, "
+                              "unreleased step again (docs/streaming.md, 'A lost close')"
                               if step is not None else "close marker without a valid step")
+                    log.error("partition %d: dead-lettering a close marker at offset %d: %s", partition, rec.offset,
+                              detail)
                     outputs.append(self._reject_record(partition, rec, "malformed", detail))
+                    done += 1
+                    continue
+                if step < next_step:  # a repeated marker: re-send what the checkpoint keeps, wait for nothing
+                    outputs.extend(self._resend(partition, step, rec.offset))
                     done += 1
                     continue
                 if step > self.emitted[partition] and not self.isolated:
@@ -234,6 +260,18 @@ class IngestCore:
         result = ApplyResult(partition=partition)
         if not records:
             return result
+        last = records[-1].offset
+        big = [r for r in records if len(r.value or b"") > MAX_REPORT_BYTES]
+        if big:  # never parsed: dead-lettered as a bounded copy, the reports around them are used
+            records = [r for r in records if len(r.value or b"") <= MAX_REPORT_BYTES]
+            for r in big:
+                result.dead_letters.append(self._letter(
+                    "too_large", f"message of {len(r.value):,} bytes, above the {MAX_REPORT_BYTES:,} bytes a report "
+                    "(or a batch of reports) may have", r.value, partition, r.offset, None))
+            result.reasons["too_large"] = len(big)
+            if not records:
+                state.offset = last
+                return self._counted(result, 0, [], [])
         parsed = self.parser.parse(list(map(_VALUE, records)))
         # reports of users another partition owns (a producer not partitioning by murmur2 of the user
         # id): forwarded to their owner, which applies them (pipeline.stream.ingest.repartition)
@@ -245,7 +283,7 @@ class IngestCore:
             parsed = parsed.take(~foreign)
         displaced: list = []
         applied = state.apply(parsed, 0, displaced)
-        state.offset = records[-1].offset
+        state.offset = last
         for rej in parsed.rejections:
             result.dead_letters.append(self._letter(rej.reason, rej.detail, rej.original, partition,
                                                     records[rej.message].offset, rej.batch_index))
@@ -317,7 +355,8 @@ class IngestCore:
         """A dead letter keyed by the report's position in reports partition ``source``: stable under
         replay, whatever the run split or the path it took."""
         key = f"{source}:{offset}:{'-' if item is None else item}".encode()
-        return key, original, dead_letter_headers(reason, detail, self.names["reports"], source, offset, item)
+        return key, *bounded_copy(original, dead_letter_headers(reason, detail, self.names["reports"], source, offset,
+                                                                item))
 
     # -- close -----------------------------------------------------------------------------------
     def close(self, partition: int, step: int, marker_offset: int,
@@ -333,14 +372,32 @@ class IngestCore:
         state = self.states[partition]
         if step <= state.closed:
             state.offset = max(state.offset, marker_offset)
-            return [], b"", {"step": step, "duplicate": True}
+            return self.kept.get(partition, {}).get(step, []), b"", {"step": step, "duplicate": True}
         partial = state.close(step)
         partial["closed_at"] = closed_at
         state.offset = marker_offset
         messages = encode_partial(partial)
+        kept = self.kept.setdefault(partition, {})
+        kept[step] = messages
+        for old in sorted(kept)[:-self.KEEP_PARTIALS]:
+            del kept[old]
         blob = self.checkpoint(partition)
         summary = {"step": step, "users": partial["users"], "reported": partial["reported"]}
         return messages, blob, summary
+
+    def _resend(self, partition: int, step: int, offset: int) -> list:
+        """A marker of a step this partition closed already: its forwarded-through markers (a partition
+        that lost its ``repartition`` log waits for them) and the kept partial, to publish again."""
+        messages, _, summary = self.close(partition, step, offset)
+        if not messages:
+            log.warning("partition %d: close marker for step %d, closed here already, but its partial is no longer "
+                        "kept (only the last %d closed steps are): if the releaser still waits for it, the step can "
+                        "not be released (docs/streaming.md, 'A lost close')", partition, step, self.KEEP_PARTIALS)
+        else:
+            log.info("partition %d: close marker for step %d, closed here already: re-sending its partial", partition,
+                     step)
+        out = [] if self.isolated else [self.forwarder.markers(partition, step)]
+        return out + [CloseOutput(partition, step, messages, b"", summary)]
 
     def feedback_outstanding(self, partition: int) -> bool:
         return bool(self.states[partition].feedback_needed)
@@ -359,6 +416,39 @@ class IngestCore:
             self._feedback_complete.add(partition)
         return changed
 
+    def note_lost_log(self, partition: int, previous: dict | None, log_end: int | None) -> dict[str, int]:
+        """Compare the partition's last intake snapshot (``previous``, from Redis) with the log it resumes on.
+
+        A snapshot that counted more records than the log now holds (``log_end``) describes a log the
+        broker lost: the reports it counted for steps still open are gone (the state restored from the
+        checkpoint does not hold them). Those counts are remembered — carried over from ``previous`` on
+        a later restart — until the state holds as many again (sent again) or the step closes, so
+        ``dpstream status`` and ``close`` can say so rather than show counts of reports that no longer
+        exist. Returns open step -> users reported before the loss, for the steps short of it."""
+        state = self.states[partition]
+        before: dict[str, int] = {}
+        if previous:
+            before = {t: int(n) for t, n in previous.get("lost", {}).items()}
+            if log_end is not None and int(previous.get("offset", -1)) + 1 > log_end:
+                for t, n in previous.get("open", {}).items():
+                    before[t] = max(before.get(t, 0), int(n))
+        self.lost[partition] = before
+        return self._short(partition)
+
+    def _short(self, partition: int) -> dict[str, int]:
+        """Open steps whose state holds fewer users than were counted before a lost log: that count."""
+        state = self.states[partition]
+        now = state.intake_summary()["open"]
+        return {t: n for t, n in self.lost.get(partition, {}).items()
+                if int(t) > state.closed and n > int(now.get(t, 0))}
+
+    def intake_snapshot(self, partition: int) -> dict:
+        """The partition's intake counts for Redis (``dpstream status`` / ``close``): what its state holds,
+        the ``repartition`` position, and per open step short of it the count before a lost log."""
+        short = self._short(partition)
+        return {**self.states[partition].intake_summary(), "forwarded_offset": self.inboxes[partition].consumed,
+                **({"lost": short} if short else {})}
+
     def feedback_checkpoints(self) -> dict[int, bytes]:
         """The checkpoints due since the last call: partitions whose step got its last feedback (the
         caller stores them; the store only reads)."""
@@ -367,8 +457,10 @@ class IngestCore:
 
     def checkpoint(self, partition: int) -> bytes:
         """The partition's state with its ``repartition`` position (what was forwarded to it and applied)."""
+        kept = {str(t): [[k.decode(), np.frombuffer(v, dtype=np.uint8)] for k, v in msgs]
+                for t, msgs in self.kept.get(partition, {}).items()}
         return dumps_state({**self.states[partition].get_state(),
-                            "repartition": self.inboxes[partition].get_state()})
+                            "repartition": self.inboxes[partition].get_state(), "partials": kept})
 
     def _reject_record(self, partition: int, rec: Record, reason: str, detail: str,
                        topic: str = "reports") -> ApplyResult:
@@ -380,4 +472,13 @@ class IngestCore:
         state.intake.count(0, {reason: 1})
         key = f"{partition}:{rec.offset}:-" if topic == "reports" else f"{topic}:{partition}:{rec.offset}:-"
         return ApplyResult(partition=partition, reasons={reason: 1},
-                           dead_letters=[(key.encode(), bytes(rec.value or b""), headers)])
+                           dead_letters=[(key.encode(), *bounded_copy(bytes(rec.value or b""), headers))])
+
+
+def bounded_copy(original: bytes, headers: list) -> tuple[bytes, list]:
+    """A dead letter's value and headers: the original bytes, cut to ``DEAD_LETTER_COPY_BYTES`` (header
+    ``dpstream-original-size`` then gives the full size), so a dead letter always fits the producer's limit."""
+    original = bytes(original or b"")
+    if len(original) <= DEAD_LETTER_COPY_BYTES:
+        return original, headers
+    return original[:DEAD_LETTER_COPY_BYTES], [*headers, ("dpstream-original-size", str(len(original)).encode())]

@@ -8,7 +8,8 @@ and are shown on the operator's terminal, never published to a public topic.
   has handled its reports partition up to the true log end, so reports just sent are counted.
 * :func:`close_assessment` compares each step about to close with the closed steps (imputed share
   and rejected share against their median; ``close_guard`` in the configuration); what closing
-  will spend is the plan's (:func:`pipeline.plan.spend_of_steps`).
+  will spend is the plan's (:func:`pipeline.plan.spend_of_steps`). Advisory: it warns, never refuses
+  (a refusal would tie the public close time to an un-noised count).
 * :func:`open_window` is the range of steps the workers accept now (the next step to close and
   ``steps.max_ahead`` after it): producing outside it would only fill the dead-letter topic.
 """
@@ -29,6 +30,9 @@ class IntakeView:
     partitions: int
     snapshots: dict[int, dict[str, Any]]
     unhandled: dict[int, int] = field(default_factory=dict)  # partition -> records not yet handled
+    # partition -> records its counts cover beyond the log's end: counted on a log the broker lost,
+    # and no worker has restored the partition's checkpoint since (its counts are not what it holds)
+    stale: dict[int, int] = field(default_factory=dict)
 
     @property
     def missing(self) -> list[int]:
@@ -41,6 +45,27 @@ class IntakeView:
             closed = snap["history"].get(str(step))
             total += closed["reported"] if closed is not None else snap["open"].get(str(step), 0)
         return total
+
+    def lost(self) -> dict[int, int]:
+        """Per open step, the reports the workers had counted on a log the broker has since lost (the
+        state restored from their checkpoints does not hold them: see ``IngestCore.note_lost_log``)."""
+        out: dict[int, int] = {}
+        for snap in self.snapshots.values():
+            for t, before in snap.get("lost", {}).items():  # users counted before the loss
+                missing = int(before) - int(snap["open"].get(t, 0))
+                if int(t) > snap["closed"] and missing > 0:
+                    out[int(t)] = out.get(int(t), 0) + missing
+        return dict(sorted(out.items()))
+
+    def log_lost_warnings(self) -> list[str]:
+        """One line per sign of a lost log, for the operator's terminal (empty: none)."""
+        lines = [f"step {t}: {n:,} reports the workers had counted are gone: the broker lost its log (a memory-only "
+                 f"broker restarted?) and the workers' checkpoints hold {self.reported(t):,}; send them again "
+                 f"(dpstream produce --step {t}) before closing it" for t, n in self.lost().items()]
+        lines += [f"reports partition {p}: the workers counted {n:,} records past the end of its log: the broker lost "
+                  "it, and no worker has restored its checkpoint since (are the workers running?): its counts are "
+                  "not what the workers hold" for p, n in self.stale.items() if n]
+        return lines
 
     def closed_steps(self) -> dict[int, dict[str, Any]]:
         """Per step closed in every partition: users, reported, imputed, accepted, rejected by reason."""
@@ -66,7 +91,9 @@ class IntakeView:
         return {"closing_step": self.closing, "closed": {str(t): v for t, v in self.closed_steps().items()},
                 "open": {str(t): {"reported": self.reported(t)} for t in steps if t > self.closing},
                 "since_last_close": self.open_interval(), "partitions_without_worker_counts": self.missing,
-                "unhandled_records": {str(p): n for p, n in self.unhandled.items() if n}}
+                "unhandled_records": {str(p): n for p, n in self.unhandled.items() if n},
+                "lost_reports": {str(t): n for t, n in self.lost().items()},
+                "counted_past_log_end": {str(p): n for p, n in self.stale.items() if n}}
 
 
 def _sum_reasons(dicts) -> dict[str, int]:
@@ -100,12 +127,14 @@ def intake_view(store, broker: str, reports_topic: str, partitions: int, wait: f
             snap = snaps.get(tp.partition, {})
             if "forwarded_offset" in snap:
                 unhandled[tp.partition] += max(0, ends[tp] - (snap["forwarded_offset"] + 1))
+        stale = {tp.partition: snaps[tp.partition]["offset"] + 1 - ends[tp] for tp in tps
+                 if tp.partition in snaps and snaps[tp.partition]["offset"] + 1 > ends[tp]}
         remaining = sum(unhandled.values())
         first = remaining if first is None else first
         if progress is not None and first:
             progress(first - remaining, first)
-        if not remaining or time.monotonic() > deadline:
-            return IntakeView(store.last_closing(), partitions, snaps, unhandled)
+        if not remaining and not stale or time.monotonic() > deadline:
+            return IntakeView(store.last_closing(), partitions, snaps, unhandled, stale)
         time.sleep(0.2)
 
 
@@ -124,7 +153,6 @@ class StepCheck:
     rejected: dict[str, int]
     rejected_share: float
     warnings: list[str]
-    refuse: bool
 
 
 def close_assessment(deployment, view: IntakeView, steps: range) -> list[StepCheck]:
@@ -143,14 +171,13 @@ def close_assessment(deployment, view: IntakeView, steps: range) -> list[StepChe
         rejected = interval["rejected"] if t == interval["since_closed"] + 1 else {}
         accepted = interval["accepted"] if t == interval["since_closed"] + 1 else 0
         rej_share = _rejected_share(accepted, rejected)
-        warnings, refuse = [], False
+        warnings = []
         for what, share, base in (("imputed", imputed, base_imputed), ("rejected", rej_share, base_rejected)):
             if share > base + guard.warn_above:
                 detail = (f"{n - reported:,} of {n:,} users have no report and will be imputed" if what == "imputed"
                           else f"{sum(rejected.values()):,} reports rejected {rejected}")
                 warnings.append(f"step {t}: {what} share {share:.1%} vs {base:.1%} (median of the closed steps): {detail}")
-                refuse |= guard.refuse_above is not None and share > base + guard.refuse_above
-        checks.append(StepCheck(t, n, reported, imputed, rejected, rej_share, warnings, refuse))
+        checks.append(StepCheck(t, n, reported, imputed, rejected, rej_share, warnings))
     return checks
 
 

@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from pipeline.connections import kafka_security
+from pipeline.stream.kafka.limits import MAX_MESSAGE_BYTES
 
 __all__ = ["BulkConsumer"]
 
@@ -65,7 +66,7 @@ class BulkConsumer:
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap, **kafka_security(), group_id=group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", partition_assignment_strategy=(RangePartitionAssignor,),
-            max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20, fetch_max_wait_ms=50,
+            max_partition_fetch_bytes=MAX_MESSAGE_BYTES, fetch_max_bytes=64 << 20, fetch_max_wait_ms=50,
             session_timeout_ms=session_timeout_ms, rebalance_timeout_ms=rebalance_timeout_ms,
             heartbeat_interval_ms=1_000, max_poll_interval_ms=300_000,
         )

@@ -13,6 +13,7 @@ from typing import Awaitable, Callable
 from aiokafka import AIOKafkaProducer
 
 from pipeline.connections import kafka_security
+from pipeline.stream.kafka.limits import MAX_MESSAGE_BYTES
 
 __all__ = ["run_job", "make_producer", "supervise"]
 
@@ -54,7 +55,7 @@ def run_job(job: Callable[[], Awaitable[None]], loglevel: str = "info") -> None:
 def make_producer(bootstrap: str, linger_ms: int) -> AIOKafkaProducer:
     """Acknowledged by every in-sync replica: a checkpoint or a ledger entry follows some sends."""
     return AIOKafkaProducer(bootstrap_servers=bootstrap, **kafka_security(), acks="all", linger_ms=linger_ms,
-                            max_request_size=8 << 20, max_batch_size=1 << 20)
+                            max_request_size=MAX_MESSAGE_BYTES, max_batch_size=1 << 20)
 
 
 async def supervise(tasks: list[asyncio.Task], name: str, drain: Callable[[], Awaitable[None]] | None = None,

@@ -13,6 +13,7 @@ import numpy as np
 import orjson
 
 from pipeline.connections import kafka_security
+from pipeline.stream.kafka.limits import MAX_MESSAGE_BYTES
 
 __all__ = ["ReportProducer"]
 
@@ -28,7 +29,7 @@ class ReportProducer:
         self.partitions = deployment.topics.partitions
         self._owners = roster.owners(self.partitions)
         self._producer = KafkaProducer(bootstrap_servers=bootstrap, **kafka_security(), linger_ms=5, batch_size=1 << 20,
-                                       max_request_size=8 * 1024 * 1024, acks="all",
+                                       max_request_size=MAX_MESSAGE_BYTES, acks="all",
                                        # not idempotent: after a kill -9 mid-produce the embedded broker (Tansu
                                        # 0.6) acknowledges the retried batch as a duplicate although it never
                                        # stored it (its sequence bookkeeping precedes the write). Plain retries

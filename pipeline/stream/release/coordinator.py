@@ -25,8 +25,16 @@ The protocol, per step t once every partition's partial of t is in:
    ``published`` from their records: the same bytes.
 
 Closing: a close command for step t writes close markers for every step not yet closed up to t to
-every reports partition, then (acknowledged) moves ``closing``; with ``steps.close: deadline`` a
-step also closes ``deadline_seconds`` after the previous close (:mod:`pipeline.stream.release.closing`).
+every reports partition, then (acknowledged) moves ``closing`` and records the step's public close
+time; with ``steps.close: deadline`` a step also closes ``deadline_seconds`` after the previous close
+(:mod:`pipeline.stream.release.closing`).
+
+Re-driving a close (:meth:`ReleaseCoordinator.redrive_closes`): steps closed but not released
+(``closing`` > ``released``) may have lost their markers or partials (a broker that lost its log
+between the close and the release). At start, and whenever the partials log turns out lost, the
+releaser writes their markers again, with the recorded close times. A partition that had closed the
+step re-sends the partial its checkpoint keeps (the same bytes); one that had not closes it now. The
+step is then released once (the commit is guarded in Redis); no noise was drawn for it before.
 """
 
 from __future__ import annotations
@@ -78,6 +86,7 @@ class ReleaseCoordinator:
         self.stopped_reason: str | None = None  # set when the budget is exhausted: nothing more is released
         self.last_partial_offset = -1  # highest step-partials offset taken
         self._republished = False  # the public log was checked (and filled in) since the last assignment
+        self._redrive = True  # closes not released yet are re-driven at start and after a lost partials log
         self._lock = asyncio.Lock()  # one release (or republication) at a time
         # The first step's deadline counts from the releaser's start (a public event), later ones from
         # the previous close; no report is ever looked at.
@@ -107,6 +116,7 @@ class ReleaseCoordinator:
                         "broker restarted?); reading the new log from its start", self.names["step-partials"], end,
                         resume)
             resume, self.last_partial_offset = 0, -1
+            self._redrive = True
         log.info("reading %s from offset %d", self.names["step-partials"], resume)
         return resume
 
@@ -142,6 +152,8 @@ class ReleaseCoordinator:
             await self.close_through(step, due)
         if not self._republished:
             await self.release_ready_steps()
+        if self._redrive:
+            await self.redrive_closes()
 
     async def check_fence(self, stamps) -> int:
         """Before the first release: refuse (StateLost) when the ``releases`` topic, read as ``stamps``,
@@ -280,15 +292,43 @@ class ReleaseCoordinator:
         if not 1 <= step <= self.dep.horizon:
             log.error("refusing to close step %s: steps are 1..%d", step, self.dep.horizon)
             return
+        if self._redrive:  # the markers of earlier unreleased closes go first: workers close steps in order
+            await self.redrive_closes()
         first = await self.store.last_closing() + 1
         for t in range(first, step + 1):
-            body, batch = close_marker(t, closed_at), self.checkpoint.begin()
-            for p in range(self.partitions):
-                await batch.send(self.names["reports"], body, partition=p, headers=[(CONTROL_HEADER, b"close")])
-            await batch.commit(lambda: self.store.mark_closing(t))
+            batch = await self._send_markers(t, closed_at)
+            await batch.commit(lambda: self.store.mark_closing(t, closed_at))
             log.info("close markers for step %d written to %d partitions", t, self.partitions)
         if first <= step:
             self._deadline.closed(closed_at)
+
+    async def redrive_closes(self) -> list[int]:
+        """Write the close markers of every step closed but not released again (see the module docstring);
+        the steps re-driven. Harmless when nothing was lost: workers take a repeated marker as a
+        request to re-send the partial they keep, and the releaser ignores partials it already has."""
+        self._redrive = False
+        released, closing = await self.store.last_released(), await self.store.last_closing()
+        steps = list(range(released + 1, closing + 1))
+        if not steps:
+            return []
+        log.warning("steps %d..%d are closed but not released: writing their close markers again, so partitions "
+                    "whose partial or marker was lost (a broker that lost its log) re-send or close them",
+                    steps[0], steps[-1])
+        for t in steps:
+            closed_at = await self.store.close_time(t)
+            if closed_at is None:  # a close recorded before close times were kept
+                closed_at = self.clock()
+                log.warning("step %d has no recorded close time: its re-driven markers carry now (%d)", t, closed_at)
+            await (await self._send_markers(t, closed_at)).acknowledged()
+        log.info("close markers of step(s) %s written again to %d partitions", steps, self.partitions)
+        return steps
+
+    async def _send_markers(self, step: int, closed_at: int):
+        """Send the close marker of ``step`` to every reports partition; the batch (not yet acknowledged)."""
+        body, batch = close_marker(step, closed_at), self.checkpoint.begin()
+        for p in range(self.partitions):
+            await batch.send(self.names["reports"], body, partition=p, headers=[(CONTROL_HEADER, b"close")])
+        return batch
 
 
 def _closed_at(outputs: list[ReleaseOutput]) -> float | None:

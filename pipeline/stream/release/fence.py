@@ -27,6 +27,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from pipeline.connections import kafka_security
+from pipeline.stream.kafka.limits import MAX_MESSAGE_BYTES
 from pipeline.stream.state.identity import StateLost
 
 __all__ = ["ReleaseStamp", "read_release_stamps", "unknown_releases", "check_fence"]
@@ -57,7 +58,7 @@ async def read_release_stamps(bootstrap: str, topic: str, idle: float = 0.5,
     without a record after the reported end; raises TimeoutError after ``timeout`` seconds."""
     tp = TopicPartition(topic, 0)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), group_id=None, enable_auto_commit=False,
-                                max_partition_fetch_bytes=8 << 20, fetch_max_wait_ms=100)
+                                max_partition_fetch_bytes=MAX_MESSAGE_BYTES, fetch_max_wait_ms=100)
     await consumer.start()
     try:
         consumer.assign([tp])

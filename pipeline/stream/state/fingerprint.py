@@ -10,10 +10,13 @@ calibration, the sensitivity or the accounting depends on is in the document:
 * ``attributes``: every attribute's type and domain (declared values or hashed size);
 * ``releases``: every release's full parameters, keyed by release name (type, attribute, share,
   window, method, k, beta, band, ...);
-* ``random``: the kind of random source (``secure`` or ``seeded``).
+* ``random``: the kind of random source (``secure`` or ``seeded``);
+* ``topics.partitions``: the workers' checkpoints are per reports partition, each holding the rows of
+  the users that partition owns (murmur2 of the user id modulo the count); restored under another
+  count they would be applied to other users' rows, so a change is refused like a calibration change.
 
-Left out on purpose, because changing them changes no calibration: topic names and partition
-counts, step closing, imputation, descriptions, binary attributes' ``label`` and the public dictionary of hashed
+Left out on purpose, because changing them changes no calibration or state layout: topic names, step
+closing, imputation, descriptions, binary attributes' ``label`` and the public dictionary of hashed
 attributes (labels only), the seed value of a seeded source. The deployment ``name`` is in the document but
 not in :func:`portable_fingerprint`, which recognises the same configuration under another name.
 """
@@ -49,8 +52,9 @@ def privacy_config(deployment, roster_ids: list[str]) -> dict[str, Any]:
         "roster": {"size": len(roster_ids), "sha256": roster_digest(roster_ids)},
         "horizon": dep.horizon,
         "neighbours": dep.neighbours,
-        "budget": dep.budget.model_dump(),
+        "budget": dep.budget.model_dump(exclude={"allow_large"}),  # an acknowledgement, no calibration
         "random": {"kind": dep.random.kind},
+        "topics": {"partitions": dep.topics.partitions},
         "attributes": {name: attr.model_dump(exclude=set(_ATTRIBUTE_NOISE) & set(type(attr).model_fields))
                        for name, attr in dep.attributes.items()},
         "releases": {rel.name: rel.model_dump(exclude={"name"}) for rel in dep.releases},

@@ -10,6 +10,8 @@ key                             what it holds                                   
                                 alerts, feedback); ``__state__`` -> mechanism state after t:
                                 the drawn noise and the true per-node sums
 ``{p}:release:partials-resume`` step-partials offset a restarted releaser re-reads from        releaser rw
+``{p}:release:close-times``     hash: step -> its public close time (ms), as its markers       releaser rw
+                                carry it (a close re-driven after a lost log writes it again)
 ``{p}:ledger``                  hash: ``<release>:<t>`` -> ledger entry (the privacy spent)    releaser rw, operator r
 ``{p}:pointer:released``        last released step                                             releaser rw, operator r
 ``{p}:pointer:published``       last step whose messages the broker acknowledged               releaser rw, operator r
@@ -69,7 +71,7 @@ KEY_CLASSES: tuple[KeyClass, ...] = (
 # Redis started with these rules). Redis 6.2 grants commands per user, not per key: a role with a write
 # command may write every key its patterns name, which is why the classes above hold one role's keys each.
 REDIS_COMMANDS: dict[str, list[str]] = {  # besides logging in (+@connection -@dangerous)
-    "worker": ["get", "set", "hset", "exists", "scan"],
+    "worker": ["get", "set", "hget", "hset", "exists", "scan"],  # hget: its partitions' last intake counts
     "releaser": ["get", "set", "hget", "hset", "hgetall", "exists", "hexists", "watch", "unwatch", "multi",
                  "exec", "discard", "scan"],
     "operator": ["get", "hgetall"],
@@ -91,6 +93,10 @@ class Keys:
     @property
     def partials_resume(self) -> str:
         return self._k("release", "partials-resume")
+
+    @property
+    def close_times(self) -> str:
+        return self._k("release", "close-times")
 
     @property
     def ledger(self) -> str:

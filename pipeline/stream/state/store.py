@@ -127,6 +127,11 @@ class ReleaseStore(StoreLayout):
     def last_closing(self) -> int:
         return self._int(self.keys.pointer("closing"))
 
+    def close_time(self, step: int) -> int | None:
+        """The public close time (ms) recorded for ``step``'s markers (the releaser's key: tests, recovery)."""
+        raw = self.r.hget(self.keys.close_times, str(step))
+        return None if raw is None else int(raw)
+
     def ledger(self) -> dict[str, dict[str, Any]]:
         return self._decode_ledger(self.r.hgetall(self.keys.ledger))
 

@@ -11,6 +11,8 @@ step but the next one; the pointers, checkpoints and intake counts are written h
 
 from __future__ import annotations
 
+import json
+
 from typing import Any
 
 import redis
@@ -90,9 +92,18 @@ class AsyncReleaseStore(StoreLayout):
     async def last_closing(self) -> int:
         return await self._int(self.keys.pointer("closing"))
 
-    async def mark_closing(self, step: int) -> None:
-        """Close markers of ``step`` are written to every reports partition."""
-        await self.r.set(self.keys.pointer("closing"), step)
+    async def mark_closing(self, step: int, closed_at: int | None = None) -> None:
+        """Close markers of ``step`` (public close time ``closed_at``, ms) are written to every reports partition."""
+        async with self.r.pipeline(transaction=True) as tx:
+            if closed_at is not None:
+                tx.hset(self.keys.close_times, str(step), int(closed_at))
+            tx.set(self.keys.pointer("closing"), step)
+            await tx.execute()
+
+    async def close_time(self, step: int) -> int | None:
+        """The public close time (ms) recorded for ``step``'s markers (None: not recorded)."""
+        raw = await self.r.hget(self.keys.close_times, str(step))
+        return None if raw is None else int(raw)
 
     # -- worker checkpoints ------------------------------------------------------------------------
     async def load_checkpoint(self, partition: int) -> bytes | None:
@@ -100,6 +111,16 @@ class AsyncReleaseStore(StoreLayout):
 
     async def save_checkpoint(self, partition: int, blob: bytes) -> None:
         await self.r.set(self.keys.checkpoint(partition), blob)
+
+    async def intake_of(self, partitions) -> dict[int, dict[str, Any]]:
+        """The last intake counts written for ``partitions`` (absent: none yet); a worker compares them with
+        the log it resumes on (``IngestCore.note_lost_log``)."""
+        out = {}
+        for p in partitions:
+            raw = await self.r.hget(self.keys.intake, str(p))
+            if raw is not None:
+                out[int(p)] = json.loads(raw)
+        return out
 
     async def save_intake(self, summaries: dict[int, dict[str, Any]]) -> None:
         """Store the partitions' intake counts (a snapshot each, replacing the previous one)."""
