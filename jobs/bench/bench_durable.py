@@ -36,6 +36,7 @@ import yaml
 
 from jobs.bench.bench_stream import HORIZON, _burst_rate, _close, _config, _ingest_rate, _produce, _raw_consume, \
     _single_messages
+from jobs.bench import write_json
 
 
 def one_storage(durable: bool, n: int, partitions: int, out: Path, pov: np.ndarray, item: np.ndarray) -> dict:
@@ -113,9 +114,7 @@ def main(argv=None) -> dict:
     for k, v in result["median_ratio_durable_over_memory"].items():
         print(f"  {k}: {v:.2f}  (memory {statistics.median(p['memory'][k] for p in rounds):,.3g}, "
               f"durable {statistics.median(p['durable'][k] for p in rounds):,.3g})")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2, default=float))
+    write_json(args.json, result)
     return result
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import signal
 import time
 import zlib
@@ -34,6 +33,7 @@ import orjson
 import yaml
 
 from jobs.bench.bench_stream import _accepted, _gauge, _ingest_rate
+from jobs.bench import write_json
 
 HORIZON = 6
 
@@ -133,9 +133,7 @@ def main(argv=None) -> dict:
                                   if r["producer"] != "matched"}
     print("reports/s against the matched producer (mean of its two steps): " +
           ", ".join(f"{k} {v:.2f}x" for k, v in result["ratio_to_matched"].items()))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2, default=float))
+    write_json(args.json, result)
     return result
 
 

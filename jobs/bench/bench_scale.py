@@ -24,6 +24,7 @@ import numpy as np
 import yaml
 
 from jobs.bench.bench_stream import _accepted, _close, _config
+from jobs.bench import write_json
 
 
 def _accepted_sum(ports: list[int]) -> float:
@@ -161,9 +162,7 @@ def main(argv=None) -> list[dict]:
     rows = []
     for n in args.n:
         rows.append(run_n(n, args.steps, args.workers, Path(args.out) / f"n{n}"))
-        if args.json:  # after every n: a later, larger n may not finish
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(rows, indent=2))
+        write_json(args.json, rows)  # after every n: a later, larger n may not finish
     if args.plot:
         plot(rows, Path(args.plot))
     return rows

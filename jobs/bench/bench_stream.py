@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
 import signal
 import time
@@ -44,6 +43,7 @@ import orjson
 import yaml
 
 from pipeline.connections import kafka_security
+from jobs.bench import write_json
 
 HORIZON = 12
 DOMAIN = 1_000_000
@@ -331,9 +331,7 @@ def main(argv=None) -> dict:
     result["releaser_cost"] = releaser_cost(args.quick)
     for row in result["releaser_cost"]:
         print("releaser step:", {k: v for k, v in row.items() if k != "seconds"}, f"{row['seconds'] * 1000:.1f} ms")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2, default=float))
+    write_json(args.json, result)
     return result
 
 

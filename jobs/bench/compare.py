@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from jobs.bench import write_json
+
 # figure -> (label, unit, True if higher is better)
 FIGURES: dict[str, tuple[str, str, bool]] = {
     "raw_consume_msgs_per_s": ("raw aiokafka consumption (broker-side ceiling)", "msgs/s", True),
@@ -220,9 +222,7 @@ def main(argv=None) -> dict:
         result = {"n": args.n, "partitions": args.partitions, "reps": args.reps,
                   "sides": {side: labels.get(side, args.head or str(repo)) for side in sides},
                   "runs": runs, "medians": medians}
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(result, indent=2))
+        write_json(args.json, result)
         if args.markdown:
             Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
             Path(args.markdown).write_text("\n".join(lines) + "\n")

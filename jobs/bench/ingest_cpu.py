@@ -26,6 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from jobs.bench import write_json
 from jobs.bench.compare import add_worktree, resolve
 
 # Runs in the measured tree's own process (PYTHONPATH = that tree).
@@ -142,9 +143,7 @@ def main(argv=None) -> dict:
             print(f"| {label} | " + " | ".join(f"{med[s][k]:.3f}" for s in sides) + " | "
                   + " | ".join(f"{med[head][k] / med[b][k]:.2f}×" for b in bases) + " |")
         result = {"n": args.n, "reps": args.reps, "runs": runs, "medians": med}
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(result, indent=2))
+        write_json(args.json, result)
         return result
     finally:
         for tree in trees.values():
