@@ -76,7 +76,7 @@ def test_up_leaves_nothing_another_local_user_can_read(deployment, tmp_path):
         # the operator's commands find it through the endpoints file (another process, not a child of `up`)
         deadline = time.monotonic() + 30
         while True:
-            status = dpstream("status", "--config", str(path), env=env, check=False)
+            status = dpstream("status", "--config", str(path), "--json", env=env, check=False)
             if status.returncode == 0 or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
