@@ -388,7 +388,7 @@ def _step_refused(dep, step: int, window: range) -> str | None:
 def cmd_produce(args) -> int:
     """Send one step's reports, never more than the deployment accepts now (see docs/streaming.md)."""
     from pipeline.stream.ingest.intake_view import open_window
-    from pipeline.stream.ingest.report_files import ReportFileError, read_report_file
+    from pipeline.stream.ingest.report_files import ReportFileError, check_report_file
     from pipeline.stream.ingest.roster import Roster
 
     dep = _load(args.config)
@@ -396,9 +396,9 @@ def cmd_produce(args) -> int:
         return _fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {args.step}")
     path = args.jsonl or args.csv
     found = None
-    if path:  # the whole file is checked before anything is sent
+    if path:  # the whole file is checked (a chunk at a time) before anything is sent
         try:
-            found = read_report_file(path, dep, Roster.from_config(dep.roster))
+            found = check_report_file(path, dep, Roster.from_config(dep.roster))
         except ReportFileError as err:
             return _fail(EXIT_CONFIG, f"nothing sent: {err}")
     _, view = _intake(dep, wait=args.wait)
@@ -408,10 +408,10 @@ def cmd_produce(args) -> int:
     if found is not None:
         if args.step is not None:
             found = found.only_step(args.step)
-            if not found.reports:
+            if not len(found):
                 return _fail(EXIT_CONFIG, f"nothing sent: {path} has no report for step {args.step}")
-        for rep, line in zip(found.reports, found.lines):
-            why = _step_refused(dep, rep["step"], window)
+        for step, line in sorted(found.first_lines.items(), key=lambda kv: kv[1]):  # the first refused line
+            why = _step_refused(dep, step, window)
             if why:
                 return _fail(EXIT_BUDGET, f"nothing sent: {path}:{line}: {why}")
     else:
@@ -449,11 +449,12 @@ def _send_file(dep, found, dry_run: bool) -> int:
     """A checked report file through the producer helper (pipeline.producer): the topic must exist, every
     report is keyed by its user id, and what the broker acknowledged is what is reported."""
     from pipeline.producer import ReportSender, TopicMissing, progress_printer
+    from pipeline.stream.ingest.report_files import ReportFileError
 
     steps = ", ".join(map(str, sorted(found.steps())))
     plural = "s" if len(found.steps()) > 1 else ""
     if dry_run:
-        print(f"dry run: {len(found.reports):,} reports for step{plural} {steps} pass the workers' checks; nothing sent")
+        print(f"dry run: {len(found):,} reports for step{plural} {steps} pass the workers' checks; nothing sent")
         return EXIT_OK
     broker, _ = _endpoints(dep)
     with ReportSender(dep, broker) as sender:
@@ -461,11 +462,14 @@ def _send_file(dep, found, dry_run: bool) -> int:
             sender.check_topic()
         except TopicMissing as err:
             return _fail(EXIT_RUNTIME, str(err))
-        result = sender.send(found.reports, progress=progress_printer("acknowledged", " reports"))
+        try:  # the file read again, a chunk at a time
+            result = sender.send(found.reports(), total=len(found), progress=progress_printer("acknowledged", " reports"))
+        except ReportFileError as err:
+            return _fail(EXIT_RUNTIME, str(err))
     if result.failed:
         i, why = result.failed[0]
         return _fail(EXIT_RUNTIME, f"sent {result.sent:,} reports, {result.acknowledged:,} acknowledged; "
-                                   f"{len(result.failed):,} not (first: line {found.lines[i]}: {why}); resend those")
+                                   f"{len(result.failed):,} not (first: line {found.line_of(i)}: {why}); resend those")
     print(f"sent {result.acknowledged} reports for step{plural} {steps} (all acknowledged)")
     return EXIT_OK
 

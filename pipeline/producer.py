@@ -23,13 +23,16 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from itertools import islice
+from typing import Callable, Iterable, Sized
 
 import orjson
 
 from pipeline.connections import kafka_security
 
-__all__ = ["ReportSender", "ReportRejected", "TopicMissing", "SendResult", "progress_printer"]
+__all__ = ["ReportSender", "ReportRejected", "TopicMissing", "SendResult", "progress_printer", "SEND_WINDOW"]
+
+SEND_WINDOW = 10_000  # reports in flight at a time: send() holds one window of reports and futures
 
 
 class ReportRejected(ValueError):
@@ -54,7 +57,7 @@ class SendResult:
 
 def progress_printer(label: str, unit: str = "", every: float = 2.0, stream=None) -> Callable[[int, int], None]:
     """A callback ``(done, total)`` printing one progress line at most every ``every`` seconds (stderr),
-    once the operation has taken longer than that."""
+    once the operation has taken longer than that; ``total`` 0: not known, only ``done`` is shown."""
     stream = stream or sys.stderr
     start, last = time.monotonic(), [0.0]
 
@@ -62,7 +65,8 @@ def progress_printer(label: str, unit: str = "", every: float = 2.0, stream=None
         now = time.monotonic()
         if now - last[0] >= every or done == total:
             if now - start >= every:  # quick operations print nothing
-                print(f"{label}: {done:,} of {total:,}{unit}", file=stream, flush=True)
+                of = f" of {total:,}" if total else ""
+                print(f"{label}: {done:,}{of}{unit}", file=stream, flush=True)
             last[0] = now
     return show
 
@@ -112,29 +116,40 @@ class ReportSender:
             raise ReportRejected(*first[:3])
 
     def send(self, reports: Iterable[dict], progress: Callable[[int, int], None] | None = None,
-             timeout: float = 60.0) -> SendResult:
-        """Send every report keyed by its user id and wait for the acknowledgements (acks=all)."""
+             timeout: float = 60.0, total: int | None = None, window: int = SEND_WINDOW) -> SendResult:
+        """Send every report keyed by its user id and wait for the acknowledgements (acks=all).
+
+        ``reports`` may be any iterable (a generator reading a file): they are sent ``window`` at a time,
+        each window flushed and its acknowledgements collected before the next is read, so memory is
+        bounded by the window however many reports are sent. ``timeout`` applies per window; ``total``
+        is the count shown by ``progress`` (default: ``len(reports)`` when it has one, else unknown)."""
         from kafka import KafkaProducer
 
-        reports = list(reports)
+        if total is None and isinstance(reports, Sized):
+            total = len(reports)
         if self._producer is None:
             # not idempotent, as pipeline.stream.kafka.producer: the embedded broker acknowledges a batch retried
             # after a kill -9 as a duplicate it never stored (docs/streaming.md, "What is durable where")
             self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, **kafka_security(), linger_ms=5,
                                            batch_size=1 << 20, acks="all", enable_idempotence=False)
         start = time.monotonic()
-        result = SendResult(sent=len(reports))
-        futures = [self._producer.send(self.topic, key=str(rep["user"]).encode(), value=orjson.dumps(rep))
-                   for rep in reports]
-        self._producer.flush(timeout=timeout)
-        for i, future in enumerate(futures):
-            try:
-                future.get(timeout=max(0.1, timeout - (time.monotonic() - start)))
-                result.acknowledged += 1
-            except Exception as err:  # noqa: BLE001 - each failure is reported with its report's index
-                result.failed.append((i, f"{type(err).__name__}: {err}"))
-            if progress is not None:
-                progress(i + 1, len(futures))
+        result = SendResult()
+        it = iter(reports)
+        while batch := list(islice(it, window)):
+            window_start = time.monotonic()
+            futures = [self._producer.send(self.topic, key=str(rep["user"]).encode(), value=orjson.dumps(rep))
+                       for rep in batch]
+            del batch
+            self._producer.flush(timeout=timeout)
+            for future in futures:
+                try:
+                    future.get(timeout=max(0.1, timeout - (time.monotonic() - window_start)))
+                    result.acknowledged += 1
+                except Exception as err:  # noqa: BLE001 - each failure is reported with its report's index
+                    result.failed.append((result.sent, f"{type(err).__name__}: {err}"))
+                result.sent += 1
+                if progress is not None:
+                    progress(result.sent, total if total is not None else 0)
         result.seconds = time.monotonic() - start
         return result
 

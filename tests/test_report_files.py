@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from pipeline.config import parse_config
-from pipeline.stream.ingest.report_files import ReportFileError, read_report_file
+from pipeline.stream.ingest.report_files import ReportFileError, check_report_file, read_report_file
 from pipeline.stream.ingest.roster import Roster
 
 N = 6
@@ -83,3 +83,53 @@ def test_jsonl_bad_line_names_line_and_column(dep, tmp_path):
     path.write_text('{"reports": []}\n')
     assert "each line must be one report" in _error(dep, path)
 
+
+
+def test_a_large_file_is_checked_and_read_in_bounded_memory(tmp_path):
+    """200,000 reports: checking them, then reading them again for the send, holds one chunk, not the file.
+
+    The bound, from tracemalloc peaks measured on this file: the reader before (whole file, then the
+    parser over all of it) peaked at ~990 MB (orjson's bytes keep a ~4 kB buffer each); merely holding
+    the 200,000 report dicts takes ~94 MB (``holding`` below). The chunked check peaks at ~14 MB (one
+    chunk of 10,000 reports, the parser's arrays for it, a byte per roster row for the step) and the
+    second read at ~13 MB. 25 MB leaves room for allocator noise and is under a third of ``holding``:
+    any reader keeping the file's reports fails it."""
+    import tracemalloc
+
+    n = 200_000
+    big = parse_config({
+        "name": "big", "roster": {"size": n}, "horizon": 2, "attributes": {"poverty": {"type": "binary"}},
+        "budget": {"rho": 1.0}, "releases": [{"name": "cu", "type": "cumulative", "attribute": "poverty",
+                                              "share": 1.0}],
+    })
+    roster = Roster.from_range(n)
+    roster.index()  # the roster's own lookup index is the deployment's, built once, not the file's
+    path = tmp_path / "big.jsonl"
+    with path.open("wb") as fh:
+        for i in range(n):
+            fh.write(b'{"user": "u%d", "step": 1, "values": {"poverty": %d}}\n' % (i, i % 2))
+    bound = 25 * 2**20
+
+    tracemalloc.start()
+    try:
+        checked = check_report_file(path, big, roster)
+        _, checking = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        sent = sum(1 for _ in checked.reports())
+        _, reading = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        whole = read_report_file(path, big, roster)  # the in-memory reader, for the bound's comparison
+        _, holding = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(checked) == sent == len(whole.reports) == n and checked.first_lines == {1: 1}
+    assert checking < bound and reading < bound, (checking, reading)
+    assert holding > 2 * bound, holding  # what holding the file's reports costs: the bound would catch it
+    del whole
+
+    # a repeat far apart (different chunks) is still found, naming both lines
+    with path.open("ab") as fh:
+        fh.write(b'{"user": "u7", "step": 1, "values": {"poverty": 1}}\n')
+    with pytest.raises(ReportFileError, match=rf"{path}:{n + 1}: column 2: a second report for user 'u7' at step 1 "
+                                              r"\(first on line 8\)"):
+        check_report_file(path, big, roster)
