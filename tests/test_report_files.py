@@ -133,3 +133,28 @@ def test_a_large_file_is_checked_and_read_in_bounded_memory(tmp_path):
     with pytest.raises(ReportFileError, match=rf"{path}:{n + 1}: column 2: a second report for user 'u7' at step 1 "
                                               r"\(first on line 8\)"):
         check_report_file(path, big, roster)
+
+
+def test_checked_file_is_read_again_by_step_and_refused_once_changed(dep, tmp_path):
+    """Chunks of 2 reports: repeats and bad lines across chunks, per-step counts and first lines, the second read."""
+    path = tmp_path / "steps.csv"
+    path.write_text("user,step,poverty\nu0,2,1\nu1,1,0\nu2,2,1\nu3,1,1\nu4,2,0\n")
+    checked = check_report_file(path, dep, Roster.from_range(N), chunk=2)
+    assert (checked.counts, checked.first_lines, len(checked)) == ({2: 3, 1: 2}, {2: 2, 1: 3}, 5)
+    two = checked.only_step(2)
+    assert [lines for _, lines in two.chunks(size=2)] == [[2], [4], [6]] and len(two) == 3
+    assert [r["user"] for r in two.reports()] == ["u0", "u2", "u4"] and two.line_of(2) == 6
+    assert len(checked.only_step(3)) == 0 and list(checked.only_step(3).reports()) == []
+    # a bad line in a later chunk than a repeat: the earlier line is named; the repeat's first line across chunks
+    path.write_text("user,step,poverty\nu0,1,1\nu1,1,0\nu2,1,1\nu0,1,1\nu4,1,2\n")
+    with pytest.raises(ReportFileError, match=rf"{path}:5: column 1 \('user'\): .*first on line 2"):
+        check_report_file(path, dep, Roster.from_range(N), chunk=2)
+    path.write_text("user,step,poverty\nu0,1,1\nu1,1,0\nu2,1,3\nu0,1,1\n")
+    with pytest.raises(ReportFileError, match=rf"{path}:4: column 3 \('poverty'\): out_of_domain"):
+        check_report_file(path, dep, Roster.from_range(N), chunk=3)
+    # changed after the check: the send's read refuses it
+    path.write_text("user,step,poverty\nu0,1,1\n")
+    checked = check_report_file(path, dep, Roster.from_range(N))
+    path.write_text("user,step,poverty\nu0,1,1\nu1,1,1\n")
+    with pytest.raises(ReportFileError, match="changed after it was checked"):
+        list(checked.reports())
