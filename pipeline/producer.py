@@ -32,7 +32,7 @@ from pipeline.connections import kafka_security
 
 __all__ = ["ReportSender", "ReportRejected", "TopicMissing", "SendResult", "progress_printer", "SEND_WINDOW"]
 
-SEND_WINDOW = 10_000  # reports in flight at a time: send() holds one window of reports and futures
+SEND_WINDOW = 10_000  # reports per window: send() has at most two windows of futures in flight
 
 
 class ReportRejected(ValueError):
@@ -120,8 +120,9 @@ class ReportSender:
         """Send every report keyed by its user id and wait for the acknowledgements (acks=all).
 
         ``reports`` may be any iterable (a generator reading a file): they are sent ``window`` at a time,
-        each window flushed and its acknowledgements collected before the next is read, so memory is
-        bounded by the window however many reports are sent. ``timeout`` applies per window; ``total``
+        and a window's acknowledgements are collected while the next one is on its way, so at most two
+        windows are in flight and memory is bounded however many reports are sent (flushing each window
+        before reading the next halved the rate). ``timeout`` applies per window; ``total``
         is the count shown by ``progress`` (default: ``len(reports)`` when it has one, else unknown)."""
         from kafka import KafkaProducer
 
@@ -135,23 +136,33 @@ class ReportSender:
         start = time.monotonic()
         result = SendResult()
         it = iter(reports)
-        while batch := list(islice(it, window)):
-            window_start = time.monotonic()
+        waiting: list = []  # the previous window's futures: collected while this window is on its way
+        while True:
+            batch = list(islice(it, window))
             futures = [self._producer.send(self.topic, key=str(rep["user"]).encode(), value=orjson.dumps(rep))
                        for rep in batch]
             del batch
-            self._producer.flush(timeout=timeout)
-            for future in futures:
-                try:
-                    future.get(timeout=max(0.1, timeout - (time.monotonic() - window_start)))
-                    result.acknowledged += 1
-                except Exception as err:  # noqa: BLE001 - each failure is reported with its report's index
-                    result.failed.append((result.sent, f"{type(err).__name__}: {err}"))
-                result.sent += 1
-                if progress is not None:
-                    progress(result.sent, total if total is not None else 0)
+            if not futures:
+                self._producer.flush(timeout=timeout)
+            self._collect(waiting, result, timeout, progress, total)
+            if not futures:
+                break
+            waiting = futures
         result.seconds = time.monotonic() - start
         return result
+
+    def _collect(self, futures: list, result: SendResult, timeout: float, progress, total: int | None) -> None:
+        """Wait for a window's acknowledgements (at most ``timeout`` for the window), counting each."""
+        start = time.monotonic()
+        for future in futures:
+            try:
+                future.get(timeout=max(0.1, timeout - (time.monotonic() - start)))
+                result.acknowledged += 1
+            except Exception as err:  # noqa: BLE001 - each failure is reported with its report's index
+                result.failed.append((result.sent, f"{type(err).__name__}: {err}"))
+            result.sent += 1
+            if progress is not None:
+                progress(result.sent, total if total is not None else 0)
 
     def close(self) -> None:
         if self._producer is not None:
