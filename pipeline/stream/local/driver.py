@@ -14,6 +14,7 @@ import orjson
 
 from pipeline.connections import kafka_security
 from pipeline.consumer import PanelStore
+from pipeline.releases import kind_of
 from pipeline.stream.kafka.producer import ReportProducer
 
 __all__ = ["StepDriver"]
@@ -50,8 +51,11 @@ class StepDriver:
                 self._handlers[tp.topic](msg.value)
 
     def step_complete(self, step: int) -> bool:
+        """Every release's step read back: its manifest and synthetic chunks, and for a kind whose output
+        is alerts also its alert record (published beside the manifest, so it may arrive after it)."""
         return all(
             rel.name in self.panels.panels and step in self.panels.panels[rel.name].complete_steps
+            and (kind_of(rel).output != "alerts" or (rel.name, step) in self.panels.alerts)
             for rel in self.deployment.releases
         )
 
