@@ -139,3 +139,14 @@ def test_the_configuration_does_not_import_the_plan():
     """The budget check belongs to the deployment model (Deployment.budget_plan)."""
     graph = import_graph()
     assert "pipeline.plan" not in graph["pipeline.config"]
+
+
+def test_the_command_line_is_split_by_audience_over_a_common_base():
+    """pipeline.cli's audience modules share pipeline.cli.common, which imports none of them (nor the
+    package: its __init__ holds the parser and imports every audience)."""
+    graph = import_graph()
+    audiences = {f"pipeline.cli.{name}" for name in ("lifecycle", "operator", "analyst")}
+    assert audiences | {"pipeline.cli.common"} <= set(graph)
+    assert all("pipeline.cli.common" in graph[m] for m in audiences)
+    assert not {t for t in graph["pipeline.cli.common"] if t.startswith("pipeline.cli")}
+    assert not {t for m in audiences for t in graph[m] if t in audiences or t == "pipeline.cli"}

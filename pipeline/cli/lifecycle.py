@@ -1,0 +1,228 @@
+"""The lifecycle commands: `up` (services, workers and releaser, supervised), `down`, the stream processes
+(`worker`, `releaser`), `demo` and `batch`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from pipeline.cli.common import (EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME, EXIT_STATE_LOST, _endpoints, _fail, _load,
+                                 _stale, _up_record)
+
+
+# -- stream processes ---------------------------------------------------------------------------
+def _run_job(role: str, args) -> int:
+    """Check the configuration, resolve the endpoints, then become the job's process (exec: the same pid,
+    signals and exit code; the job loads the configuration at its own entry point, and refuses a changed
+    one with exit code 2 or a lost state with exit code 4)."""
+    from pipeline.stream.kafka.runtime import job_command
+
+    dep = _load(args.config)
+    broker, redis_url = _endpoints(dep, check=False)  # the jobs retry while services start
+    cmd = job_command(role, args.config, broker, redis_url, args.loglevel)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(cmd[0], cmd)
+    return EXIT_RUNTIME  # not reached
+
+
+def cmd_worker(args) -> int:
+    return _run_job("worker", args)
+
+
+def cmd_releaser(args) -> int:
+    return _run_job("releaser", args)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM takes the same shutdown path as Ctrl-C
+
+
+def _claim(name: str) -> bool:
+    """Create the endpoints file with only this process's pid, atomically (two `up` starting at once: one
+    wins); LocalCluster.start completes it with the endpoints, LocalCluster.stop removes it."""
+    from pipeline.stream.local.cluster import endpoints_file, private_home
+
+    private_home()
+    path = endpoints_file(name)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps({"pid": os.getpid()}))
+    return True
+
+
+def cmd_up(args) -> int:
+    """Start the deployment and supervise it: a worker or the releaser that exits unexpectedly is restarted
+    (bounded, with backoff), as are the embedded broker and its storage; a refusal (exit code 2, 3, 4) or
+    repeated failure stops everything with the failing process's own line and code. On Ctrl-C or SIGTERM
+    (`kill`, `dpstream down`) the stream processes stop first, then the broker, its storage and Redis."""
+    from pipeline.stream.local.cluster import LocalCluster, ProcessFailed, state_dir
+    from pipeline.stream.state.store import ReleaseStore
+
+    dep = _load(args.config)
+    rec = _up_record(dep.name)
+    if rec and rec["alive"]:  # two would share one Redis data directory
+        return _fail(EXIT_CONFIG, f"`dpstream up` is already running for deployment {dep.name!r} (pid {rec['pid']}); "
+                                  f"`dpstream down --config {args.config}` stops it")
+    if rec:
+        print(f"dpstream up: replacing {_stale(rec).split(';')[0]}", file=sys.stderr)
+        _stop_leftovers(rec)
+        rec["path"].unlink(missing_ok=True)
+    # The embedded Redis (release records, ledger) and the embedded broker's log live in
+    # DPSTREAM_HOME/<deployment>/{redis,log} unless --ephemeral: losing them would leave the deployment
+    # unable to continue (the fence refuses) or lose reports the broker acknowledged.
+    embedded = not (dep.redis and dep.broker)
+    data_dir = None if args.ephemeral or not embedded else state_dir(dep.name)
+    log_dir = Path(args.log_dir).resolve()
+    cluster = LocalCluster(args.config, dep, workers=args.workers, log_dir=log_dir, metrics=True,
+                           data_dir=data_dir, durable_log=data_dir is not None and not dep.broker)
+    if not _claim(dep.name):
+        return _fail(EXIT_CONFIG, f"another `dpstream up` of deployment {dep.name!r} is starting")
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    code = EXIT_OK
+    try:
+        cluster.start_services()
+        marker_dir = data_dir if data_dir is not None and not dep.redis else None
+        refused = _check_marker(dep, cluster.redis_url, marker_dir)
+        if refused:
+            code = _fail(EXIT_STATE_LOST, f"up: state lost: {refused}. Restore {marker_dir / 'redis'} from a backup "
+                                          "(docs/streaming.md, Backup and restore), or start a new deployment under a "
+                                          "new name with a new budget; nothing was started")
+            return code
+        cluster.start()
+        redis_where = ("configured" if dep.redis else f"data in {data_dir / 'redis'}" if data_dir
+                       else "ephemeral: deleted on stop")
+        log_where = ("configured" if dep.broker else f"log in {data_dir / 'log'}" if cluster.durable_log
+                     else "memory-only: its log is lost on stop")
+        print(f"dpstream up: broker {cluster.broker}, redis {cluster.redis_url} ({redis_where}), "
+              f"{args.workers} worker(s) + releaser; broker {log_where}; process logs in {log_dir}; "
+              f"metrics ports {cluster.metrics_ports}. Ctrl-C or `dpstream down` stops.", flush=True)
+        last_mark, store = None, ReleaseStore.from_url(cluster.redis_url, dep.name)
+        while True:
+            for line in cluster.supervise():
+                print(f"dpstream up: {time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
+            if marker_dir is not None:
+                last_mark = _update_marker(store, marker_dir, last_mark)
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        code = EXIT_OK
+    except ProcessFailed as err:
+        code = _fail(err.exit_code, f"up: {err}; stopping (logs in {log_dir})")
+    except (RuntimeError, TimeoutError, OSError) as err:  # a service did not start
+        code = _fail(EXIT_RUNTIME, f"up: {err}; stopping (logs in {log_dir})")
+    finally:
+        for sig in previous:  # a second signal must not cut the shutdown short
+            signal.signal(sig, signal.SIG_IGN)
+        cluster.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code
+
+
+def _check_marker(dep, redis_url: str, marker_dir: Path | None) -> str | None:
+    """Why this `up` would be a state-less start over a deployment that has released (None: it is not)."""
+    from pipeline.stream.local.marker import read_marker, stateless_start
+    from pipeline.stream.state.store import ReleaseStore
+
+    if marker_dir is None:
+        return None
+    try:
+        marker = read_marker(marker_dir)
+    except ValueError as err:
+        return str(err)
+    if marker is None:
+        return None
+    store = ReleaseStore.from_url(redis_url, dep.name)
+    return stateless_start(marker, store.identity(), store.last_released())
+
+
+def _update_marker(store, marker_dir: Path, last):
+    """Record the instance and last released step outside the Redis directory when they change."""
+    import redis
+
+    from pipeline.stream.local.marker import DeploymentMarker, write_marker
+
+    try:
+        identity, released = store.identity(), store.last_released()
+    except redis.RedisError:
+        return last  # the supervisor reports a dead Redis
+    if identity is None or released < 1:
+        return last
+    mark = DeploymentMarker(identity["instance"], released)
+    if mark != last:
+        write_marker(marker_dir, mark)
+    return mark
+
+
+def _stop_leftovers(rec: dict) -> list[str]:
+    """Stop the processes a killed `up` recorded and left running (pid and command line must both match)."""
+    from pipeline.stream.local.cluster import process_cmdline
+    from pipeline.stream.local.embedded import pid_alive
+
+    stopped = []
+    for name, proc in (rec.get("processes") or {}).items():
+        pid, cmdline = proc.get("pid"), proc.get("cmdline")
+        if not pid or not cmdline or process_cmdline(pid) != cmdline:
+            continue  # gone, or the pid now belongs to another process
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                if os.getpgid(pid) == pid:  # the stream processes lead their own groups
+                    os.killpg(pid, sig)
+                else:
+                    os.kill(pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + 10
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not pid_alive(pid):
+                break
+        stopped.append(f"{name} (pid {pid})")
+    return stopped
+
+
+def cmd_down(args) -> int:
+    """Stop the `dpstream up` of a deployment (SIGTERM, then wait for its shutdown); clean a stale file."""
+    from pipeline.stream.local.embedded import pid_alive
+
+    dep = _load(args.config)
+    rec = _up_record(dep.name)
+    if rec is None:
+        print(f"no `dpstream up` is running for deployment {dep.name!r}; nothing to stop")
+        return EXIT_OK
+    if rec["alive"]:
+        os.kill(rec["pid"], signal.SIGTERM)
+        deadline = time.monotonic() + args.wait
+        while pid_alive(rec["pid"]):
+            if time.monotonic() > deadline:
+                return _fail(EXIT_RUNTIME, f"`dpstream up` (pid {rec['pid']}) did not stop within {args.wait:g} s")
+            time.sleep(0.2)
+        print(f"stopped `dpstream up` (pid {rec['pid']}) of deployment {dep.name!r}")
+    else:
+        print(f"removed {_stale(rec).split(';')[0]}")
+    left = _stop_leftovers(rec)  # nothing after a clean shutdown; a killed `up`'s orphans otherwise
+    if left:
+        print(f"stopped processes it had left running: {', '.join(left)}")
+    rec["path"].unlink(missing_ok=True)
+    return EXIT_OK
+
+
+# -- batch and demo ------------------------------------------------------------------------------
+def cmd_batch(args) -> int:
+    cmd = [sys.executable, "-m", "jobs.eval.sipp_batch", *args.rest]  # a job: started, never imported by the library
+    sys.stdout.flush()
+    os.execv(cmd[0], cmd)
+    return EXIT_RUNTIME  # not reached
+
+
+def cmd_demo(args) -> int:
+    from pipeline.demo import run_demo
+
+    return run_demo(args)

@@ -1,0 +1,279 @@
+"""The operator's commands (curator side): `produce`, `close`, `status`, `plan`, `dead-letters`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+
+from pipeline.cli.common import (EXIT_BUDGET, EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME, _endpoints, _fail, _load, _stale,
+                                 _up_record)
+
+
+# -- producing and controlling ------------------------------------------------------------------
+def _producer(dep):
+    from pipeline.stream.kafka.producer import ReportProducer
+    from pipeline.stream.ingest.roster import Roster
+    from pipeline.stream.kafka.topics import topic_names
+
+    broker, _ = _endpoints(dep)
+    return ReportProducer(broker, dep, Roster.from_config(dep.roster), topic_names(dep))
+
+
+def _intake(dep, wait: float):
+    """(store, view): the workers' intake counts once they have handled the reports sent so far."""
+    from pipeline.stream.ingest.intake_view import intake_view
+    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.kafka.topics import topic_names
+
+    broker, redis_url = _endpoints(dep)
+    store = ReleaseStore.from_url(redis_url, dep.name)
+    names = topic_names(dep)
+    from pipeline.producer import progress_printer
+
+    return store, intake_view(store, broker, names["reports"], dep.topics.partitions, wait=wait,
+                              repartition_topic=names["repartition"],
+                              progress=progress_printer("waiting for the workers: handled", " records sent before"))
+
+
+def _step_refused(dep, step: int, window: range) -> str | None:
+    """Why the workers would dead-letter reports of ``step`` now (None: they accept them)."""
+    if step < window.start:
+        return f"step {step} is closed (steps up to {window.start - 1} are): the workers would dead-letter it as late"
+    if step > window.stop - 1:
+        return (f"step {step} is more than steps.max_ahead = {dep.steps.max_ahead} step(s) past the open step "
+                f"{window.start}: the workers would dead-letter every report as future_step. Close step "
+                f"{step - dep.steps.max_ahead - 1} first (dpstream close), then send it")
+    return None
+
+
+def cmd_produce(args) -> int:
+    """Send one step's reports, never more than the deployment accepts now (see docs/streaming.md)."""
+    from pipeline.stream.ingest.intake_view import open_window
+    from pipeline.stream.ingest.report_files import ReportFileError, read_report_file
+    from pipeline.stream.ingest.roster import Roster
+
+    dep = _load(args.config)
+    if args.step is not None and not 1 <= args.step <= dep.horizon:
+        return _fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {args.step}")
+    path = args.jsonl or args.csv
+    found = None
+    if path:  # the whole file is checked before anything is sent
+        try:
+            found = read_report_file(path, dep, Roster.from_config(dep.roster))
+        except ReportFileError as err:
+            return _fail(EXIT_CONFIG, f"nothing sent: {err}")
+    _, view = _intake(dep, wait=args.wait)
+    window = open_window(dep, view.closing)
+    if not len(window):
+        return _fail(EXIT_BUDGET, f"nothing sent: every step (1..{dep.horizon}) is closed")
+    if found is not None:
+        if args.step is not None:
+            found = found.only_step(args.step)
+            if not found.reports:
+                return _fail(EXIT_CONFIG, f"nothing sent: {path} has no report for step {args.step}")
+        for rep, line in zip(found.reports, found.lines):
+            why = _step_refused(dep, rep["step"], window)
+            if why:
+                return _fail(EXIT_BUDGET, f"nothing sent: {path}:{line}: {why}")
+    else:
+        step = args.step
+        if step is None:  # the next open step without reports yet
+            step = next((t for t in window if view.reported(t) == 0), None)
+            if step is None:
+                return _fail(EXIT_BUDGET, f"nothing sent: the steps the workers accept now ({window.start}.."
+                                          f"{window.stop - 1}) already have reports; close step {window.start} first")
+        why = _step_refused(dep, step, window)
+        if why is None and view.reported(step):
+            why = (f"step {step} already has {view.reported(step):,} accepted reports: sending it again would only "
+                   f"be dead-lettered as duplicate")
+        if why:
+            return _fail(EXIT_BUDGET, f"nothing sent: {why}")
+    if found is not None:
+        return _send_file(dep, found, args.dry_run)
+    if args.dry_run:
+        print(f"dry run: would send {dep.n:,} simulated reports for step {step}; nothing sent")
+        return EXIT_OK
+    prod = _producer(dep)
+    try:
+        from pipeline.sim.panel import simulate_poverty_panel
+
+        panel = simulate_poverty_panel(n=prod.roster.n, horizon=dep.horizon, seed=args.seed)
+        attr = args.attribute or next(a for a, v in dep.attributes.items() if v.type == "binary")
+        n = prod.send_step(step, {attr: panel[:, step - 1]})
+    finally:
+        prod.close()
+    print(f"sent {n} reports for step {step}")
+    return EXIT_OK
+
+
+def _send_file(dep, found, dry_run: bool) -> int:
+    """A checked report file through the producer helper (pipeline.producer): the topic must exist, every
+    report is keyed by its user id, and what the broker acknowledged is what is reported."""
+    from pipeline.producer import ReportSender, TopicMissing, progress_printer
+
+    steps = ", ".join(map(str, sorted(found.steps())))
+    plural = "s" if len(found.steps()) > 1 else ""
+    if dry_run:
+        print(f"dry run: {len(found.reports):,} reports for step{plural} {steps} pass the workers' checks; nothing sent")
+        return EXIT_OK
+    broker, _ = _endpoints(dep)
+    with ReportSender(dep, broker) as sender:
+        try:
+            sender.check_topic()
+        except TopicMissing as err:
+            return _fail(EXIT_RUNTIME, str(err))
+        result = sender.send(found.reports, progress=progress_printer("acknowledged", " reports"))
+    if result.failed:
+        i, why = result.failed[0]
+        return _fail(EXIT_RUNTIME, f"sent {result.sent:,} reports, {result.acknowledged:,} acknowledged; "
+                                   f"{len(result.failed):,} not (first: line {found.lines[i]}: {why}); resend those")
+    print(f"sent {result.acknowledged} reports for step{plural} {steps} (all acknowledged)")
+    return EXIT_OK
+
+
+def cmd_close(args) -> int:
+    """Close steps through --step: say what the workers hold and what it spends; refuse a step whose
+    reports were lost with the broker's log (without --force). The close guard only warns: a refusal
+    on coverage would make the close time a function of an un-noised count (docs/privacy.md)."""
+    from pipeline.plan import spend_of_steps
+    from pipeline.stream.ingest.intake_view import close_assessment
+
+    dep = _load(args.config)
+    if not 1 <= args.step <= dep.horizon:
+        return _fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {args.step}")
+    store, view = _intake(dep, wait=args.wait)
+    steps = range(view.closing + 1, args.step + 1)
+    if not len(steps):
+        released = store.last_released()
+        which = (f"step {view.closing} is" if released + 1 == view.closing
+                 else f"steps {released + 1}..{view.closing} are")
+        pending = (f"; {which} closed but not released yet: the releaser is "
+                   "gathering their partials, or they were lost with the broker's log — it writes their close "
+                   "markers again when it starts (docs/streaming.md, 'A lost close'): if they are not released "
+                   "soon, restart it (`dpstream down`, then `dpstream up`)" if released < view.closing else "")
+        print(f"steps through {view.closing} are already closed; nothing to do{pending}")
+        return EXIT_OK
+    for p, count in view.unhandled.items():
+        if count:
+            print(f"WARNING: reports partition {p} has {count:,} records no worker has handled yet; "
+                  "the counts below miss them", file=sys.stderr)
+    checks = close_assessment(dep, view, steps)
+    for c in checks:
+        print(f"step {c.step}: {c.reported:,} of {c.users:,} users reported ({c.imputed_share:.1%} imputed, as the "
+              f"workers' state holds it); rejected while open: {sum(c.rejected.values()):,} {c.rejected or ''}".rstrip())
+        for w in c.warnings:
+            print(f"WARNING: {w}", file=sys.stderr)
+    for line in view.log_lost_warnings():
+        print(f"LOST: {line}", file=sys.stderr)
+    spend = spend_of_steps(dep, steps)
+    label = f"steps {steps.start}..{steps.stop - 1}" if len(steps) > 1 else f"step {steps.start}"
+    print(f"closing {label} releases {'them' if len(steps) > 1 else 'it'} and spends: "
+          + (", ".join(f"{name} {next(iter(v))}={v[next(iter(v))]:.6g} ({v['share_of_release']:.1%} of its budget)"
+                       for name, v in spend.items()) or "nothing"))
+    if not args.force:
+        if len(steps) > 1:
+            return _fail(EXIT_BUDGET, f"refusing to close {len(steps)} steps at once without --force "
+                                      f"(steps {steps.start}..{steps.stop - 1})")
+        lost = [t for t in steps if t in view.lost()]
+        if lost or any(view.stale.values()):
+            return _fail(EXIT_BUDGET, f"refusing to close step(s) {lost or list(steps)}: reports the workers had "
+                                      "counted were lost with the broker's log (LOST above); send them again, or "
+                                      "pass --force to close with those users imputed")
+    prod = _producer(dep)
+    try:
+        prod.close_step(args.step)
+    finally:
+        prod.close()
+    from pipeline.producer import progress_printer
+
+    deadline, started = time.monotonic() + args.wait, time.monotonic()
+    waiting = progress_printer(f"waiting for the releaser's close markers of step {args.step}", " s")
+    while store.last_closing() < args.step:
+        waiting(int(time.monotonic() - started), int(args.wait))
+        if time.monotonic() > deadline:
+            return _fail(EXIT_RUNTIME, f"close of step {args.step} requested, but the releaser has not written its "
+                                       f"close markers within {args.wait:g} s (is it running?)")
+        time.sleep(0.1)
+    print(f"closed through step {args.step} (close markers written)")
+    return EXIT_OK
+
+
+def cmd_status(args) -> int:
+    """The deployment's state: from the running `dpstream up` (or the configured services), or, when
+    nothing runs, from the embedded Redis's data directory (started briefly, read, stopped)."""
+    from pipeline.status_view import format_status, status_document
+    from pipeline.stream.ingest.intake_view import IntakeView
+    from pipeline.stream.state.store import ReleaseStore
+
+    dep = _load(args.config)
+    rec = _up_record(dep.name)
+    running = dep.redis or os.environ.get("DPSTREAM_REDIS") or (rec and rec["alive"])
+    if running:
+        _, redis_url = _endpoints(dep)
+        store = ReleaseStore.from_url(redis_url, dep.name)
+        try:
+            intake = _intake(dep, wait=args.wait)[1].as_json()  # curator-side counts: the operator's terminal only
+        except Exception as err:  # noqa: BLE001 - e.g. the broker is down: the rest of the status still shows
+            intake = {"unavailable": f"{type(err).__name__}: {err}"}
+        status = status_document(dep, store, intake, f"Redis at {redis_url}")
+    else:
+        if rec:  # a killed `up` may have left its Redis running on the data directory
+            raise SystemExit(_fail(EXIT_CONFIG, _stale(rec)))
+        with _redis_at_rest(dep) as (redis_url, where):
+            store = ReleaseStore.from_url(redis_url, dep.name)
+            view = IntakeView(store.last_closing(), dep.topics.partitions, store.intake())
+            status = status_document(dep, store, view.as_json(), f"{where} (`dpstream up` is not running: the "
+                                     "workers' counts are as they last wrote them; the broker's log is not checked)")
+    print(json.dumps(status, indent=2, sort_keys=True) if args.json else format_status(status))
+    return EXIT_OK
+
+
+@contextlib.contextmanager
+def _redis_at_rest(dep):
+    """The embedded Redis of a stopped deployment, started on its data directory for one read."""
+    from pipeline.stream.local.cluster import dpstream_home, endpoints_file
+    from pipeline.stream.local.embedded import EmbeddedRedis
+
+    data = dpstream_home() / dep.name / "redis"
+    if not data.is_dir():
+        raise SystemExit(_fail(EXIT_CONFIG, f"deployment {dep.name!r} names no broker/Redis, no `dpstream up` is "
+                                            f"running for it (no {endpoints_file(dep.name)}) and it has no state in "
+                                            f"{data}"))
+    redis = EmbeddedRedis(data).start()
+    try:
+        yield redis.url, f"the embedded Redis's data in {data}"
+    finally:
+        redis.stop()
+
+
+def cmd_dead_letters(args) -> int:
+    """Rejected reports by reason (curator side: the dead-letter topic holds the original reports)."""
+    from pipeline.consumer import read_to_end
+    from pipeline.dead_letters import format_summary, summarise
+    from pipeline.stream.kafka.topics import topic_names
+
+    dep = _load(args.config)
+    broker, _ = _endpoints(dep, redis=False)
+    topic = topic_names(dep)["dead-letter"]
+    messages = []
+    read_to_end(broker, [topic], messages.append)
+    summary = summarise(messages, examples=args.examples)
+    if args.json:
+        print(json.dumps({reason: s.__dict__ for reason, s in summary.items()}))
+    else:
+        print(format_summary(summary, topic))
+    return EXIT_OK
+
+
+def cmd_plan(args) -> int:
+    """Per release: allotment, padding, error bounds at its β, schedule; the total as (ε, δ); warnings."""
+    from pipeline.plan_report import format_plan, plan_report
+
+    report = plan_report(_load(args.config))
+    print(json.dumps(report, indent=2) if args.json else format_plan(report))
+    for line in report["warnings"]:
+        print(f"WARNING: {line}", file=sys.stderr)
+    return EXIT_OK
