@@ -13,6 +13,11 @@ Run through the command line (``pipeline.stream.kafka.runtime`` lists the job's 
   (:mod:`pipeline.stream.ingest.repartition`). Reports of other partitions' users are forwarded there.
 * rejected reports -> ``dead-letter`` with the original bytes and a reason.
 
+The ingest protocol — resume positions from the Redis checkpoints, a lost log noticed and recorded,
+the order of a fetch (publish partials, forwards and dead letters; await the acknowledgements; then
+write the checkpoints) — is :class:`pipeline.stream.ingest.coordinator.IngestCoordinator`. This module
+is its Kafka side: it feeds the coordinator the fetches and gives it a producer and the asyncio Redis store.
+
 Transport: a plain aiokafka group consumer reading whole fetches (:mod:`pipeline.stream.kafka.consumer`) and
 an aiokafka producer; the hot path is vectorised per fetch (docs/streaming.md, "Processes").
 Positions come only from the Redis checkpoints (read in the assignment callback); the offsets this
@@ -24,16 +29,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import time
 
 from aiokafka import TopicPartition
 
-from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore
-from pipeline.stream.ingest.repartition import ForwardMarkers
+from pipeline.stream.ingest.coordinator import IngestCoordinator
+from pipeline.stream.ingest.core import IngestCore
 from pipeline.stream.kafka.consumer import BulkConsumer
-from pipeline.stream.kafka.faults import crash_point
 from pipeline.stream.kafka.log_end import log_ends_async
-from pipeline.stream.kafka.metrics import METRICS, forget_partition, observe_partition, serve_metrics
+from pipeline.stream.kafka.metrics import serve_metrics
 from pipeline.stream.kafka.process import make_producer, run_job, supervise
 from pipeline.stream.kafka.runtime import Runtime
 from pipeline.stream.kafka.topics import INGEST, group_id, read_by
@@ -44,7 +47,7 @@ log = logging.getLogger("dpstream.worker")
 
 
 class IngestWorker:
-    """One ingest process: the consumer, the producer, and the transport-free :class:`IngestCore`."""
+    """One ingest process: the consumer, the producer and Redis around one :class:`IngestCoordinator`."""
 
     def __init__(self, rt: Runtime):
         self.rt = rt
@@ -58,184 +61,27 @@ class IngestWorker:
                                      [self.names[t] for t in read_by(INGEST)],
                                      on_assign=self._on_assign, on_revoke=self._on_revoke)
         self.producer = make_producer(rt.broker, linger_ms=5)
-        self.checkpoint = Checkpoint(self.producer)  # partials and dead letters acknowledged, then Redis
         self.redis = rt.async_store()  # checkpoint writes from the event loop
-        # Held while a fetch is handled: a revocation waits for it, so a partition's old owner has
-        # written its last checkpoint before the new owner reads it.
-        self._busy = asyncio.Lock()
-        self._feedback_done: dict[int, int] = {}  # feedback partition -> next offset (lag metric only)
+        # partials and dead letters acknowledged, then Redis
+        self.coordinator = IngestCoordinator(self.core, self.redis, Checkpoint(self.producer), self._log_ends,
+                                             seek=lambda tp, offset: self.consumer.consumer.seek(tp, offset))
         # The roster, its id index and the loaded modules live as long as the process: frozen out of
         # the cyclic collector's sight, so the full passes the fetches' allocations trigger skip them.
         gc.freeze()
 
-    # -- assignment ------------------------------------------------------------------------------
-    async def _on_assign(self, tps: set[TopicPartition]) -> dict[TopicPartition, int]:
-        positions = {}
-        reports = [tp for tp in tps if tp.topic == self.names["reports"]]
-        forwarded = [tp for tp in tps if tp.topic == self.names["repartition"]]
+    async def _log_ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         # True log ends (the embedded broker's ListOffsets answer is short by the rest of the last
         # batch, which would look like a lost log when the checkpoint's marker is in that batch).
-        ends = await log_ends_async(self.rt.broker, reports + forwarded, "resuming at the checkpoints")
-        previous = await self.redis.intake_of(tp.partition for tp in reports)  # the counts before this assignment
-        snapshots = {}
-        for tp in sorted(tps, key=lambda tp: tp.topic == self.names["repartition"]):  # reports partitions first
-            if tp.topic == self.names["repartition"]:
-                positions[tp] = self._forwarded_position(tp, ends.get(tp))
-                continue
-            if tp.topic == self.names["feedback"]:
-                # Re-read feedback from the start (one small message per release and step): the last
-                # closed step's feedback may have been consumed by a previous owner after its checkpoint.
-                # apply_feedback ignores messages of other steps and repeats.
-                positions[tp] = 0
-                continue
-            resume = self.core.assign(tp.partition)
-            state = self.core.states[tp.partition]
-            end = ends.get(tp)
-            if end is not None and resume > end:
-                # The checkpoint's close marker was read from this log, so the log ends after it; one
-                # that ends before it was lost (a memory-only broker restarted; durable Kafka never
-                # shrinks a log). Keep the checkpointed state and read the new log from its start.
-                log.warning("reports partition %d ends at offset %d, before its checkpoint's close marker (offset "
-                            "%d): the broker lost the log (memory-only broker restarted?). Keeping the checkpointed "
-                            "state (step %d closed) and reading the new log from its start; reports in flight at "
-                            "the loss must be sent again.", tp.partition, end, resume - 1, state.closed)
-                state.offset = -1
-                resume = 0
-                self.core.inboxes[tp.partition].reset(state.closed)  # the broker lost `repartition` too
-            positions[tp] = resume
-            lost = self.core.note_lost_log(tp.partition, previous.get(tp.partition), end)
-            if lost:
-                log.error("reports partition %d: the broker lost reports this worker had counted (users reported per "
-                          "open step before the loss: %s; the log ends at %s, the last count was at offset %d): they "
-                          "are not in the state and must be sent again; `dpstream close` refuses those steps until "
-                          "then (or --force)",
-                          tp.partition, lost, end, previous[tp.partition].get("offset", -1))
-            snapshots[tp.partition] = self.core.intake_snapshot(tp.partition)
-            observe_partition(tp.partition, state)
-            log.info("partition %d at step %d, consuming from offset %d", tp.partition, state.closed, resume)
-        await self.redis.save_intake(snapshots)  # status/close show what the restored state holds, from now on
-        return positions
+        return await log_ends_async(self.rt.broker, tps, "resuming at the checkpoints")
 
-    def _forwarded_position(self, tp: TopicPartition, end: int | None) -> int:
-        """Where to read the partition's `repartition` log from: its checkpoint's resume offset."""
-        inbox = self.core.inboxes.get(tp.partition)
-        if inbox is None:
-            return 0
-        resume = inbox.resume()
-        if end is not None and resume > end:  # lost with a memory-only broker, as for reports
-            log.warning("repartition partition %d ends at offset %d, before its checkpoint (%d): reading the new log "
-                        "from its start", tp.partition, end, resume)
-            inbox.reset(self.core.states[tp.partition].closed)
-            resume = 0
-        return resume
+    async def _on_assign(self, tps: set[TopicPartition]) -> dict[TopicPartition, int]:
+        return await self.coordinator.on_assign(tps)
 
     async def _on_revoke(self, tps: set[TopicPartition]) -> None:
-        async with self._busy:
-            for tp in tps:
-                if tp.topic == self.names["reports"]:
-                    self.core.revoke(tp.partition)
-                    forget_partition(tp.partition)
-
-    # -- one fetch ---------------------------------------------------------------------------------
-    async def handle(self, batch: dict[TopicPartition, list]) -> None:
-        """Feedback first (a close in the same fetch may wait for it), then reports, partition by partition."""
-        async with self._busy:
-            touched = set()
-            for tp, messages in batch.items():
-                if tp.topic == self.names["feedback"] and tp.partition in self.core.states:
-                    self._feedback_done[tp.partition] = messages[-1].offset + 1
-                    if any([self.core.apply_feedback(tp.partition, m.value) for m in messages]):
-                        observe_partition(tp.partition, self.core.states[tp.partition])
-                        touched.add(tp.partition)
-            for partition, blob in self.core.feedback_checkpoints().items():
-                await self.redis.save_checkpoint(partition, blob)
-            for tp, messages in batch.items():
-                if tp.topic not in (self.names["reports"], self.names["repartition"]) \
-                        or tp.partition not in self.core.states:
-                    continue  # revoked meanwhile: its new owner replays it
-                # aiokafka's records carry .offset, .value and .headers, which is all a Record is
-                enqueue = self.core.enqueue if tp.topic == self.names["reports"] else self.core.enqueue_forwarded
-                rewind = enqueue(tp.partition, messages)
-                if rewind is not None:
-                    log.warning("partition %d: fetched from offset %d, past the next offset to handle (%d): seeking "
-                                "back", tp.partition, messages[0].offset, rewind)
-                    self.consumer.consumer.seek(tp, rewind)
-                    continue
-                touched.add(tp.partition)
-            await self._drain(sorted(touched))
-
-    async def _drain(self, partitions: list[int]) -> None:
-        """Handle the partitions' backlogs; publish everything, then write the checkpoints.
-
-        A checkpoint says "step closed, records up to its marker handled", so it is written only
-        once the broker has acknowledged the partials and dead letters before it, or a crash in
-        between would lose them (the replay starts after the marker): :class:`Checkpoint` keeps that
-        order. The partials of every partition go out before any checkpoint, which keeps checkpoint
-        writes off the release's critical path; only a partition's last checkpoint of the fetch is written.
-        """
-        started = time.perf_counter()
-        sends, checkpoints, forwarding = self.checkpoint.begin(), {}, set()
-        for partition in partitions:
-            for out in self.core.drain_all(partition):
-                if isinstance(out, ForwardMarkers):
-                    # everything forwarded before the close marker is acknowledged before the markers go
-                    await sends.acknowledged()
-                    for p, value, headers in out.messages:
-                        await sends.send(self.names["repartition"], value, headers=headers, partition=p)
-                elif isinstance(out, CloseOutput):
-                    if out.checkpoint:
-                        crash_point("worker.before_partial", out.step)
-                    for key, value in out.messages:
-                        await sends.send(self.names["step-partials"], value, key=key)
-                    if out.checkpoint:  # empty for a replayed close of a step already closed
-                        checkpoints[partition] = out
-                        log.info("partition %d closed step %d: %s", out.partition, out.step, out.summary)
-                else:
-                    await self._apply(out, sends)
-                    if out.forwards:
-                        forwarding.add(self.core.states[partition].closed + 1)
-
-        async def save(out: CloseOutput) -> None:
-            crash_point("worker.before_checkpoint", out.step)
-            await self.redis.save_checkpoint(out.partition, out.checkpoint)
-            METRICS.step_close_seconds.observe(time.perf_counter() - started)
-            METRICS.open_step.labels(str(out.partition)).set(out.step + 1)
-
-        await sends.acknowledged()
-        for step in sorted(forwarding):
-            crash_point("worker.after_forward", step)
-        if checkpoints:
-            log.info("partials acknowledged: %s", {p: out.step for p, out in checkpoints.items()})
-        # then the checkpoints, and the intake counts for `dpstream status` / `close` (a replay restores
-        # and recounts them exactly)
-        await sends.commit(*[lambda out=out: save(out) for out in checkpoints.values()],
-                           lambda: self.redis.save_intake({p: self.core.intake_snapshot(p)
-                                                           for p in partitions if p in self.core.states}))
-
-    async def _apply(self, result: ApplyResult, sends) -> None:
-        METRICS.reports.labels("accepted").inc(result.accepted)
-        if result.forwarded:
-            METRICS.reports.labels("forwarded").inc(result.forwarded)
-        for reason, count in result.reasons.items():
-            METRICS.reports.labels("rejected").inc(count)
-            METRICS.dead_letters.labels(reason).inc(count)
-        for key, value, headers in result.dead_letters:
-            await sends.send(self.names["dead-letter"], value, key=key, headers=headers)
-        for p, value, headers in result.forwards:
-            await sends.send(self.names["repartition"], value, headers=headers, partition=p)
+        await self.coordinator.on_revoke(tps)
 
     def _handled(self) -> dict[TopicPartition, int]:
-        """Next offset to handle per assigned partition (committed for the lag gauge only)."""
-        out = {}
-        for tp in self.consumer.consumer.assignment():
-            state = self.core.states.get(tp.partition)
-            if tp.topic == self.names["reports"] and state is not None:
-                out[tp] = state.offset + 1
-            elif tp.topic == self.names["feedback"]:
-                out[tp] = self._feedback_done.get(tp.partition, 0)
-            elif tp.topic == self.names["repartition"] and tp.partition in self.core.inboxes:
-                out[tp] = self.core.inboxes[tp.partition].resume()
-        return out
+        return self.coordinator.handled(self.consumer.consumer.assignment())
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -260,12 +106,13 @@ class IngestWorker:
 
     async def _finish_fetch(self) -> None:
         """On SIGTERM: let the fetch in hand finish (its partials, checkpoints and intake counts written)."""
-        async with self._busy:
+        async with self.coordinator.busy:
             pass
 
     async def _consume(self) -> None:
+        # aiokafka's records carry .offset, .value and .headers, which is all a Record is
         async for batch in self.consumer.batches():
-            await self.handle(batch)
+            await self.coordinator.handle(batch)
 
 
 def serve(rt: Runtime, loglevel: str = "info") -> None:

@@ -1,4 +1,4 @@
-"""Ingest logic of a worker, independent of the transport (jobs/worker.py drives it).
+"""Ingest logic of a worker, independent of the transport (pipeline/stream/ingest/coordinator.py drives it).
 
 A worker owns some partitions of ``reports``. For each it keeps a :class:`PartitionState`
 (restored from the partition's Redis checkpoint when assigned). Records of a partition are handled

