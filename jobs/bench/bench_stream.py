@@ -21,7 +21,10 @@ Measured in one run on the embedded broker and Redis:
 5. **Ingest, single-report messages, two worker processes** (next step, produced while the workers
    are stopped): scale-out on this one machine, the two workers sharing its two cores with the
    broker; the rate is the sum of both workers' counters between 10% and 90% of the reports.
-6. **Memory per user** of worker state (exact array bytes of the partition states) and the worker's
+6. **Memory per user** of worker state: the exact array bytes of the partitions' checkpoints after
+   step 4, with step 4's partial messages (read off ``step-partials``) in place of whatever partials
+   the checkpoints keep at that moment — the most a checkpoint holds in steady state: the last closed
+   step's partial, kept until its heavy-hitter feedback proves the step released; and the worker's
    resident set size after ingest.
 7. **Releaser cost** (in process, no Kafka): one release step against m, T, 2^k and |X|.
 8. **Parser throughput** (in process, one core): single-report messages, row batches and columnar
@@ -315,12 +318,18 @@ def main(argv=None) -> dict:
             from pipeline.stream.state.store import ReleaseStore
 
             store = ReleaseStore.from_url(svc.redis.url, dep.name)
-            state_bytes = 0
+            state_bytes, kept = 0, set()
             for p in range(args.partitions):
                 st = loads_state(store.load_checkpoint(p))
+                kept |= {int(t) for t in st.pop("partials", {})}
                 state_bytes += sum(a.nbytes for a in _arrays(st))
-            result["state_bytes_per_user"] = state_bytes / n
-            print(f"worker state: {state_bytes / n:.1f} bytes/user; worker RSS {result['worker_rss_mb']:.0f} MB", flush=True)
+            partial = asyncio.run(_partial_bytes(svc.broker.bootstrap, names["step-partials"], 4))
+            result.update(state_bytes_per_user=(state_bytes + partial) / n, state_arrays_bytes_per_user=state_bytes / n,
+                          partial_bytes_per_user_per_step=partial / n)
+            print(f"worker state: {(state_bytes + partial) / n:.1f} bytes/user in the checkpoint right after a close "
+                  f"(per-user arrays {state_bytes / n:.1f}, the closed step's partial {partial / n:.1f} until its "
+                  f"feedback; steps kept now: {sorted(kept)}; without a feedback release at most "
+                  f"{(state_bytes + 8 * partial) / n:.1f}); worker RSS {result['worker_rss_mb']:.0f} MB", flush=True)
             rate_2 = _two_worker_rate(cluster, svc.broker.bootstrap, names["reports"], roster, pov[:, 4], item[:, 4], n)
             result["ingest_single_two_workers_reports_per_s"] = rate_2
             print(f"ingest, single-report messages, two workers: {rate_2:,.0f} reports/s "
@@ -333,6 +342,28 @@ def main(argv=None) -> dict:
         print("releaser step:", {k: v for k, v in row.items() if k != "seconds"}, f"{row['seconds'] * 1000:.1f} ms")
     write_json(args.json, result)
     return result
+
+
+async def _partial_bytes(bootstrap: str, topic: str, step: int) -> int:
+    """Bytes of ``step``'s partial messages, every partition's (each chunk once): what a worker keeps of
+    the step in its checkpoint until the step's feedback proves it released."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False,
+                                auto_offset_reset="earliest", max_partition_fetch_bytes=8 << 20)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        chunks: dict[bytes, int] = {}
+        while await consumer.position(tp) < end:
+            for msgs in (await consumer.getmany(timeout_ms=500)).values():
+                chunks.update((m.key, len(m.value)) for m in msgs if m.key.startswith(f"{step}:".encode()))
+        return sum(chunks.values())
+    finally:
+        await consumer.stop()
 
 
 def _two_worker_rate(cluster, bootstrap: str, topic: str, roster, pov: np.ndarray, item: np.ndarray, n: int) -> float:

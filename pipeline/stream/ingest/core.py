@@ -8,10 +8,14 @@ marker's offset. After a crash the partition is replayed from the checkpoint's o
 state is restored to exactly that point and the cut is a log position, the replay reproduces the
 same partials (the releaser deduplicates them) and every accepted report counts exactly once.
 
-The checkpoint also keeps the partial messages of the last ``KEEP_PARTIALS`` closed steps. A marker
-for a step the partition has already closed (the releaser re-drives the closes it has not released:
-the broker may have lost the partials) re-sends the kept partial, byte for byte, and the
-forwarded-through markers of that step; nothing is recomputed (docs/streaming.md, "A lost close").
+The checkpoint also keeps the partial messages of the closed steps not known to be released (at most
+the last ``KEEP_PARTIALS``). A marker for a step the partition has already closed (the releaser
+re-drives the closes it has not released: the broker may have lost the partials) re-sends the kept
+partial, byte for byte, and the forwarded-through markers of that step; nothing is recomputed
+(docs/streaming.md, "A lost close"). A feedback message of step s proves step s released: the
+releaser publishes it only after committing the step to Redis, and re-drives only the steps after
+the last one committed, so the partials of steps up to s are dropped (with a heavy-hitter release,
+the worker keeps one step's partial at most: the last closed step's, until its feedback).
 """
 
 from __future__ import annotations
@@ -74,8 +78,9 @@ class ApplyResult:
 
 class IngestCore:
     REWIND_GRACE_SECONDS = 10.0  # see enqueue
-    # Partials kept in the checkpoint to re-send on a re-driven close: more than the releaser ever
-    # lags behind the closes in practice (a step is released as soon as its partials are in).
+    # Partials kept in the checkpoint to re-send on a re-driven close, when no feedback says which steps
+    # are released: more than the releaser ever lags behind the closes in practice (a step is released
+    # as soon as its partials are in).
     KEEP_PARTIALS = 8
 
     def __init__(self, deployment, roster, topic_names: dict[str, str], store=None, isolated: bool = False):
@@ -101,6 +106,7 @@ class IngestCore:
         self.emitted: dict[int, int] = {}  # partition -> last step whose forwarded-through markers it sent
         self._strays: dict[int, list[Record]] = {}  # repartition records naming no source partition
         self.kept: dict[int, dict[int, list]] = {}  # partition -> step -> its partial messages (checkpointed)
+        self.released: dict[int, int] = {}  # partition -> last step a feedback message proved released
         self.lost: dict[int, dict[str, int]] = {}  # partition -> open step -> reports counted on a log since lost
         self._owned: OwnedRows | None = None
         self._feedback_complete: set[int] = set()  # see feedback_checkpoints
@@ -143,6 +149,7 @@ class IngestCore:
         self.emitted.pop(partition, None)
         self._strays.pop(partition, None)
         self.kept.pop(partition, None)
+        self.released.pop(partition, None)
         self.lost.pop(partition, None)
 
     def enqueue(self, partition: int, records: list[Record], now: float | None = None) -> int | None:
@@ -389,7 +396,10 @@ class IngestCore:
         """A marker of a step this partition closed already: its forwarded-through markers (a partition
         that lost its ``repartition`` log waits for them) and the kept partial, to publish again."""
         messages, _, summary = self.close(partition, step, offset)
-        if not messages:
+        if step <= self.released.get(partition, 0):
+            log.info("partition %d: close marker for step %d, released already: its partial is not needed",
+                     partition, step)
+        elif not messages:
             log.warning("partition %d: close marker for step %d, closed here already, but its partial is no longer "
                         "kept (only the last %d closed steps are): if the releaser still waits for it, the step can "
                         "not be released (docs/streaming.md, 'A lost close')", partition, step, self.KEEP_PARTIALS)
@@ -408,6 +418,8 @@ class IngestCore:
         if state is None:
             return False
         msg = orjson.loads(value)
+        if int(msg["step"]) <= state.closed:  # released implies closed here: anything else proves nothing
+            self._released(partition, int(msg["step"]))
         before = set(state.feedback_needed)
         state.apply_feedback(int(msg["step"]), str(msg["release"]), msg)
         changed = before != state.feedback_needed
@@ -415,6 +427,17 @@ class IngestCore:
             # checkpoint after the last feedback of the step, so a restart does not wait for it again
             self._feedback_complete.add(partition)
         return changed
+
+    def _released(self, partition: int, step: int) -> None:
+        """Step ``step`` is committed in Redis (a feedback message of it exists: the releaser publishes
+        feedback only after the commit, ``pipeline.stream.release.coordinator``), so no re-driven close
+        asks for its partial, nor for an earlier one's: drop them from the checkpoint."""
+        if step <= self.released.get(partition, 0):
+            return
+        self.released[partition] = step
+        kept = self.kept.get(partition, {})
+        for t in [t for t in kept if t <= step]:
+            del kept[t]
 
     def note_lost_log(self, partition: int, previous: dict | None, log_end: int | None) -> dict[str, int]:
         """Compare the partition's last intake snapshot (``previous``, from Redis) with the log it resumes on.
