@@ -66,3 +66,11 @@ def test_roster_batches_use_the_index():
     queries = [f"u{i}" for i in range(999, -1, -1)] + ["u1000"]
     assert roster.rows_of_ids(queries).tolist() == list(range(999, -1, -1)) + [-1]
     assert roster.index() is not None
+
+
+def test_a_longer_id_whose_cut_to_the_width_ends_in_nuls_is_not_a_shorter_one():
+    # ids are NUL-padded to whole 8-byte words; a query longer than the width is cut to it, and its
+    # cut must not equal a shorter roster id when the cut ends in NULs of the query itself
+    ids = ["ab", "abcdefg", "é"]
+    queries = ["ab" + "\x00" * 6 + "x", "ab\x00\x00\x00\x00\x00\x00\x00\x00y", "abcdefg\x00z", "é\x00x", "ab"]
+    assert IdIndex(ids).rows(queries).tolist() == _dict_rows(ids, queries)

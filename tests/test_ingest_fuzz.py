@@ -471,6 +471,38 @@ def test_fast_path_takes_clean_chunks_and_refuses_any_doubt(deployment):
     assert parser._fast_singles(good + [b"\xff"], 0) is None and parser._fast_singles(good + [None], 0) is None
 
 
+def test_fast_columnar_path_takes_clean_batches_and_refuses_any_doubt(deployment):
+    """The typed path for columnar batches is not vacuous either: a clean batch goes through it, and
+    each kind of doubt (a rejected row, null, a bool, a float, a string code, a short or unknown
+    column, a big integer, a step out of range) sends the batch to the reference path, whose
+    decision it is. A row accepted on the typed path and rejected later (a duplicate) carries the
+    bytes the reference path would give it."""
+    parser = ReportParser(Roster.from_range(N_USERS), deployment.attributes, deployment.horizon)
+    reference = ReportParser(Roster.from_range(N_USERS), deployment.attributes, deployment.horizon, fast_chunk=0)
+    cols = {"user": [f"u{i}" for i in range(N_USERS)], "step": 2, "item": [i % ITEM_SIZE for i in range(N_USERS)],
+            "pov": [i % 2 for i in range(N_USERS)]}
+    sources = [None]
+    seg = parser._fast_columnar(orjson.dumps({"columns": cols}), 0, sources)
+    assert seg is not None and seg[0].tolist() == list(range(N_USERS)) and seg[2]["status"].tolist() == [-1] * N_USERS
+    assert sources[0].item(3) == {"user": "u3", "step": 2, "values": {"item": 3, "pov": 1}}  # the message's order
+    for change in ({"user": cols["user"][:-1] + ["nobody"]}, {"step": 0}, {"step": HORIZON + 1},
+                   {"step": [1] * (N_USERS - 1)}, {"step": [1.0] * N_USERS}, {"pov": [None] * N_USERS},
+                   {"pov": [True] * N_USERS}, {"pov": [1.0] * N_USERS}, {"pov": [2] * N_USERS},
+                   {"status": ["a"] * N_USERS}, {"pov": [1] * (N_USERS - 1)}, {"other": [1] * N_USERS},
+                   {"user": [1] * N_USERS}):
+        assert parser._fast_columnar(orjson.dumps({"columns": {**cols, **change}}), 0, [None]) is None, change
+    without = {k: v for k, v in cols.items() if k not in ("pov", "item")}
+    assert parser._fast_columnar(orjson.dumps({"columns": without}), 0, [None]) is None  # no value at all
+    assert parser._fast_columnar(orjson.dumps({"columns": cols, "x": 1}), 0, [None]) is None
+    big = b'{"columns":{"user":["u0"],"step":1,"pov":[18446744073709551616]}}'
+    assert parser._fast_columnar(big, 0, [None]) is None
+    twice = [orjson.dumps({"columns": cols})] * 2
+    fast, slow = parser.parse(twice), reference.parse(twice)
+    for parsed in (fast, slow):
+        parsed.reject(np.arange(len(parsed)) >= N_USERS, "duplicate", "again")
+    assert _parsed(fast) == _parsed(slow)
+
+
 @pytest.mark.parametrize("fast_chunk", [0, 4])
 def test_pandas_values_are_accepted_where_unambiguous(deployment, fast_chunk):
     """1.0, True, "1", "True" for a binary attribute and integral floats for codes are accepted with

@@ -282,14 +282,15 @@ class IngestCore:
         parsed = self.parser.parse(list(map(_VALUE, records)))
         # reports of users another partition owns (a producer not partitioning by murmur2 of the user
         # id): forwarded to their owner, which applies them (pipeline.stream.ingest.repartition)
-        foreign = state.local[parsed.rows] < 0
+        local = state.local[parsed.rows]
+        foreign = local < 0
         if foreign.any():
             offsets = np.fromiter((r.offset for r in records), dtype=np.int64, count=len(records))
             result.forwards = self.forwarder.forward(partition, offsets, parsed.take(foreign))
             result.forwarded = int(foreign.sum())
-            parsed = parsed.take(~foreign)
+            parsed, local = parsed.take(~foreign), local[~foreign]
         displaced: list = []
-        applied = state.apply(parsed, 0, displaced)
+        applied = state.apply(parsed, 0, displaced, local=local)
         state.offset = last
         for rej in parsed.rejections:
             result.dead_letters.append(self._letter(rej.reason, rej.detail, rej.original, partition,

@@ -71,7 +71,8 @@ class PartitionState:
         return self.last if self.closed else {}
 
     # -- reports -----------------------------------------------------------------------------
-    def apply(self, parsed: ParsedReports, origin: int = 0, displaced: list | None = None) -> ParsedReports:
+    def apply(self, parsed: ParsedReports, origin: int = 0, displaced: list | None = None,
+              local: np.ndarray | None = None) -> ParsedReports:
         """Apply accepted reports of this partition; stateful rejections are added to ``parsed``.
 
         ``origin`` says where the reports came from: 0 for this partition's own reports log, 1 + q
@@ -85,12 +86,14 @@ class PartitionState:
         is appended to ``displaced`` as (local row, step, {attribute: code}, rank) for the caller to
         dead-letter as a duplicate (with one log, origin 0, nothing is ever displaced).
 
+        ``local``: ``self.local[parsed.rows]`` when the caller has it already.
+
         Returns the reports that were applied (for counting).
         """
         if len(parsed) == 0:
             return parsed
         slots = self.max_ahead + 1
-        local = self.local[parsed.rows]
+        local = self.local[parsed.rows] if local is None else local
         foreign = local < 0
         if foreign.any():
             raise ValueError(f"partition {self.partition}: {int(foreign.sum())} reports of rows it does not own")
