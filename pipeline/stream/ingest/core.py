@@ -268,7 +268,12 @@ class IngestCore:
         if not records:
             return result
         last = records[-1].offset
-        big = [r for r in records if len(r.value or b"") > MAX_REPORT_BYTES]
+        values = list(map(_VALUE, records))
+        try:  # one C-level scan; a record without a value (None) takes the loop
+            fits = max(map(len, values)) <= MAX_REPORT_BYTES
+        except TypeError:
+            fits = False
+        big = [] if fits else [r for r in records if len(r.value or b"") > MAX_REPORT_BYTES]
         if big:  # never parsed: dead-lettered as a bounded copy, the reports around them are used
             records = [r for r in records if len(r.value or b"") <= MAX_REPORT_BYTES]
             for r in big:
@@ -279,7 +284,8 @@ class IngestCore:
             if not records:
                 state.offset = last
                 return self._counted(result, 0, [], [])
-        parsed = self.parser.parse(list(map(_VALUE, records)))
+            values = list(map(_VALUE, records))
+        parsed = self.parser.parse(values)
         # reports of users another partition owns (a producer not partitioning by murmur2 of the user
         # id): forwarded to their owner, which applies them (pipeline.stream.ingest.repartition)
         local = state.local[parsed.rows]
