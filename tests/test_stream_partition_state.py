@@ -6,11 +6,13 @@ from __future__ import annotations
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.config import parse_config
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.releases.aggregators import ActiveSetAggregator, CumulativeAggregator, FixedWindowAggregator
-from pipeline.stream.ingest.partition_state import FeedbackPending, PartitionState
+from pipeline.stream.ingest.partition_state import FeedbackPending, PartitionState, stable_argsort
 from pipeline.stream.ingest.reports import ReportParser, public_hash
 from pipeline.stream.ingest.roster import Roster
 
@@ -565,3 +567,13 @@ def test_previous_version_reads_a_new_checkpoint():
     for a in h.state.attributes:
         assert np.array_equal(old["last_x"][a], old["last"][a])
         assert np.array_equal(old["pending"][a], h.state.pending[a])
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.one_of(st.integers(0, 40), st.integers(0, 2**32 + 5), st.integers(-3, 3)), max_size=300))
+def test_stable_argsort_is_numpys_stable_argsort(keys):
+    """Duplicates in a run are found by sorting (user, step) keys stably: the two 16-bit radix passes
+    give numpy's stable order exactly, ties included (and fall back to it outside [0, 2^32))."""
+    arr = np.array(keys, dtype=np.int64)
+    assert stable_argsort(arr).tolist() == np.argsort(arr, kind="stable").tolist()
+    assert stable_argsort(arr * 65537 % 2**32).tolist() == np.argsort(arr * 65537 % 2**32, kind="stable").tolist()

@@ -106,7 +106,9 @@ class IdIndex:
         while pos.size:
             cand = self._table[slot]
             occupied = cand >= 0
-            hit = occupied & (self._words[cand] == words[pos]).all(axis=1)
+            hit = occupied & (self._words[cand, 0] == words[pos, 0])
+            for j in range(1, words.shape[1]):  # ids of 8 bytes and more
+                hit &= self._words[cand, j] == words[pos, j]
             out[todo[pos[hit]]] = cand[hit]
             probe_on = occupied & ~hit
             pos, slot = pos[probe_on], (slot[probe_on] + 1) & self._mask

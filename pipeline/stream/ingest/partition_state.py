@@ -21,7 +21,7 @@ from pipeline.releases import kind_of
 from pipeline.releases.aggregators import narrow_int
 from pipeline.stream.ingest.reports import ParsedReports
 
-__all__ = ["PartitionState", "FeedbackPending", "Intake", "OwnedRows"]
+__all__ = ["PartitionState", "FeedbackPending", "Intake", "OwnedRows", "stable_argsort"]
 
 
 class FeedbackPending(RuntimeError):
@@ -111,7 +111,7 @@ class PartitionState:
         best = np.zeros(ok.size, dtype=bool)
         idx = np.flatnonzero(ok)
         if idx.size:
-            order = np.argsort(key[idx], kind="stable")  # by key, then position
+            order = stable_argsort(key[idx])  # by key, then position
             sorted_keys = key[idx][order]
             best[idx[order[np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]]]] = True
         held = np.full(ok.size, -1, dtype=np.int64)
@@ -238,6 +238,16 @@ class PartitionState:
         summary = self.intake.summary(self.partition, self.closed, self.offset, int(self.rows.size))
         summary["open"] = {t: r for t, r in summary["open"].items() if int(t) <= self.horizon}
         return summary
+
+
+def stable_argsort(keys: np.ndarray) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")``, for keys in [0, 2^32) as two stable 16-bit passes (least
+    significant first): numpy sorts 16-bit types stably by radix, wider ones by timsort (~5x slower
+    on a run of 10^4 keys)."""
+    if keys.size == 0 or keys.min() < 0 or keys.max() >= 2**32:
+        return np.argsort(keys, kind="stable")
+    order = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
+    return order[np.argsort((keys[order] >> 16).astype(np.uint16), kind="stable")]
 
 
 class OwnedRows:

@@ -5,7 +5,7 @@ Wire format (JSON):
 * a single report  ``{"user": "<id>", "step": <int ≥ 1>, "values": {"<attribute>": <value>}}``
 * a batch          ``{"reports": [<report>, ...]}`` (bulk ingestion: one Kafka message, many reports)
 * a columnar batch ``{"columns": {"user": [...], "step": t or [...], "<attribute>": [...]}}`` — the
-  fastest form (decoded with list comprehensions and numpy, no per-report dicts); ``null`` in an
+  fastest form (a typed decode and numpy, no per-report dicts); ``null`` in an
   attribute column means "not reported"; a rejected row is dead-lettered as the single report it
   stands for, with its row number as the batch index.
 
