@@ -503,6 +503,32 @@ def test_fast_columnar_path_takes_clean_batches_and_refuses_any_doubt(deployment
     assert _parsed(fast) == _parsed(slow)
 
 
+def test_user_column_cut_on_its_bytes_only_when_compact_printable_ascii(deployment, monkeypatch):
+    """The typed columnar path cuts the user column into ids on the message's bytes only in its
+    compact printable-ASCII form (what orjson, json.dumps with separators, pandas write); spaces,
+    escapes, non-ASCII ids and odd elements are decoded as strings — with the same result as the
+    reference parser either way."""
+    from pipeline.stream.ingest.id_index import IdIndex
+
+    spans = []
+    real = IdIndex.rows_of_spans
+    monkeypatch.setattr(IdIndex, "rows_of_spans", lambda self, *a: spans.append(1) or real(self, *a))
+    roster = Roster([f"u{i}" for i in range(N_USERS)] + ["é1", 'q"1', "x" * 20])
+    parser = ReportParser(roster, deployment.attributes, deployment.horizon)
+    reference = ReportParser(roster, deployment.attributes, deployment.horizon, fast_chunk=0)
+    tail = b'],"step":1,"pov":[1,0]}}'
+    compact = b'{"columns":{"user":["u1","u22"' + tail
+    others = [b'{"columns":{"user":[ "u1","u22"' + tail, b'{"columns":{"user":["u1", "u22"' + tail,
+              b'{"columns":{"user":["\\u0075\\u0031","u22"' + tail, '{"columns":{"user":["é1","u22"'.encode() + tail,
+              b'{"columns":{"user":["q\\"1","u22"' + tail, b'{"columns":{"user":["u1",22' + tail,
+              b'{"columns":{"user":["u1","nobody"' + tail, b'{"columns":{"user":["u1","' + b"x" * 20 + b'"' + tail,
+              b'{"columns":{"user":["u1","' + b"x" * 21 + b'"' + tail, b'{"columns":{"user":["u1","u\x7f"' + tail]
+    for raw in [compact, *others]:
+        before = len(spans)
+        assert _parsed(parser.parse([raw])) == _parsed(reference.parse([raw])), raw
+        assert (len(spans) > before) == (raw == compact or b"x" * 20 in raw or b"nobody" in raw), raw
+
+
 @pytest.mark.parametrize("fast_chunk", [0, 4])
 def test_pandas_values_are_accepted_where_unambiguous(deployment, fast_chunk):
     """1.0, True, "1", "True" for a binary attribute and integral floats for codes are accepted with

@@ -17,6 +17,8 @@ built over a roster with such ids.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 __all__ = ["IdIndex"]
@@ -24,6 +26,8 @@ __all__ = ["IdIndex"]
 _U64 = np.uint64
 _SEED = _U64(0xCBF29CE484222325)
 _MIX1, _MIX2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
+_KEEP = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=_U64)  # a word's first k bytes
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def _hash(ids: np.ndarray) -> np.ndarray:
@@ -65,7 +69,8 @@ class IdIndex:
         bits = max(4, int(padded.size * 4 - 1).bit_length())  # load factor at most 1/4
         self._mask = (1 << bits) - 1
         table = np.full(1 << bits, -1, dtype=np.int64)
-        slot = (_hash(padded) & _U64(self._mask)).astype(np.int64)
+        home = (_hash(padded) & _U64(self._mask)).astype(np.int64)
+        slot = home.copy()
         pending = np.arange(padded.size)
         while pending.size:  # insert in rounds: the first id per free slot wins, the rest probe on
             free = table[slot[pending]] < 0
@@ -77,6 +82,8 @@ class IdIndex:
             pending = pending[~placed[pending]]
             slot[pending] = (slot[pending] + 1) & self._mask
         self._table = table.astype(np.int32) if padded.size < 2**31 else table
+        # every slot from an id's home to its own is taken (no deletions): an id is at most this far on
+        self._reach = int(((slot - home) & self._mask).max(initial=0))
 
     @property
     def nbytes(self) -> int:
@@ -100,16 +107,46 @@ class IdIndex:
         if nul:  # ... unless the cut ends in NULs of the id itself: compare lengths first
             todo = todo[np.fromiter(map(len, data), dtype=np.int64, count=size) < self.ids.dtype.itemsize]
             query = query[todo]
+        out[todo] = self._lookup(query)
+        return out
+
+    def rows_of_spans(self, text: bytes, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
+        """Row of every id given as UTF-8 bytes ``text[start:start + length]`` holding no NUL (-1 when
+        absent): a batch's ids straight from its message bytes, no string objects made. Each 8-byte
+        word of an id is one unaligned read from ``text``, its bytes past the id masked off. None on
+        a big-endian machine (the caller decodes the strings)."""
+        if not _LITTLE_ENDIAN:
+            return None
+        width = self.ids.dtype.itemsize
+        data = np.frombuffer(text + bytes(width), dtype=np.uint8)
+        at = np.ndarray((data.size - 7,), dtype=_U64, buffer=data, strides=(1,))  # 8 bytes from each offset
+        out = np.full(starts.size, -1, dtype=np.int64)
+        fits = np.flatnonzero(lengths < width)  # longer than every roster id: absent
+        starts, lengths = starts[fits], lengths[fits]
+        words = np.empty((fits.size, width // 8), dtype=_U64)
+        for j in range(width // 8):
+            words[:, j] = at[starts + 8 * j] & _KEEP[np.clip(lengths - 8 * j, 0, 8)]
+        out[fits] = self._lookup(words.view(self.ids.dtype).ravel())
+        return out
+
+    def _lookup(self, query: np.ndarray) -> np.ndarray:
+        """Rows of padded ids of the table's width (-1 when absent): the home slot of every id, then
+        for those whose home another id holds, every slot up to the build's longest displacement at
+        once — two rounds of gathers, whatever the probe lengths."""
         words = query.view(_U64).reshape(query.size, self._words.shape[1])
         slot = (_hash(query) & _U64(self._mask)).astype(np.int64)
-        pos = np.arange(todo.size)
-        while pos.size:
-            cand = self._table[slot]
-            occupied = cand >= 0
-            hit = occupied & (self._words[cand, 0] == words[pos, 0])
-            for j in range(1, words.shape[1]):  # ids of 8 bytes and more
-                hit &= self._words[cand, j] == words[pos, j]
-            out[todo[pos[hit]]] = cand[hit]
-            probe_on = occupied & ~hit
-            pos, slot = pos[probe_on], (slot[probe_on] + 1) & self._mask
+        cand = self._table[slot].astype(np.int64)
+        out = np.where(self._equal(cand, words), cand, -1)
+        on = np.flatnonzero((out < 0) & (cand >= 0))
+        if on.size and self._reach:
+            cand = self._table[(slot[on, None] + np.arange(1, self._reach + 1)) & self._mask].astype(np.int64)
+            hit = self._equal(cand, words[on, None, :])
+            out[on] = np.where(hit.any(axis=1), cand[np.arange(on.size), hit.argmax(axis=1)], -1)
         return out
+
+    def _equal(self, cand: np.ndarray, words: np.ndarray) -> np.ndarray:
+        """Where the roster id in slot content ``cand`` (-1: empty) is the query id of ``words``."""
+        same = cand >= 0
+        for j in range(words.shape[-1]):
+            same &= self._words[cand, j] == words[..., j]
+        return same

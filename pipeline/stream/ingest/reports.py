@@ -138,12 +138,13 @@ class ReportParser:
 
     @staticmethod
     def _columnar_decoder(names: list[str]):
-        """A typed msgspec decoder of one columnar batch (its fast path): a user column of strings,
-        a step or a step column of integers, attribute columns of integers only (no null), nothing
-        else. msgspec checks the types while decoding, so no column is scanned for them; anything
-        else raises and the message goes through the reference path."""
+        """A typed msgspec decoder of one columnar batch (its fast path): a step or a step column of
+        integers, attribute columns of integers only (no null), nothing else; the user column is
+        kept as its JSON text (:func:`_user_column`). msgspec checks the types while decoding, so no
+        column is scanned for them; anything else raises and the message goes through the reference
+        path."""
         columns = msgspec.defstruct(
-            "Columns", [("user", list[str]), ("step", int | list[int]),
+            "Columns", [("user", msgspec.Raw), ("step", int | list[int]),
                         *[(name, list[int] | msgspec.UnsetType, msgspec.UNSET) for name in names]],
             forbid_unknown_fields=True, gc=False)
         batch = msgspec.defstruct("ColumnarBatch", [("columns", columns)], forbid_unknown_fields=True, gc=False)
@@ -309,13 +310,12 @@ class ReportParser:
             return None
         try:
             cols = self._fast_columns_decode(raw).columns
+            rows = _user_column(self.roster, bytes(cols.user))
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeError):
             return None
-        users, step = cols.user, cols.step
-        size = len(users)
+        step, size = cols.step, rows.size
         if type(step) is list and len(step) != size:
             return None
-        rows = self.roster.rows_of_ids(users)
         if type(step) is int:
             steps = np.full(size, min(max(step, 0), 2**62), dtype=np.int64)
         else:
@@ -428,6 +428,24 @@ _COL_REASONS = {
     4: ("out_of_domain", "a value is outside its attribute's domain"),
     5: ("malformed", "no attribute reported"),
 }
+
+
+def _user_column(roster, text: bytes) -> np.ndarray:
+    """Rows of a user column given as its JSON text. The common form — compact (``["u1","u2"]``),
+    printable ASCII, no escapes — is cut into ids on the bytes themselves and looked up with no
+    string objects made (:meth:`IdIndex.rows_of_spans`); any other text is decoded as a list of
+    strings (raising if it is not one)."""
+    buf = np.frombuffer(text, dtype=np.uint8)
+    quotes = np.flatnonzero(buf == 34)
+    index = roster.index()
+    opens, closes = quotes[0::2], quotes[1::2]
+    compact = (index is not None and b"\\" not in text and not quotes.size % 2 and text[:1] == b"[" and
+               text[-1:] == b"]" and not ((buf < 0x20) | (buf > 0x7E)).any()) and (
+        (quotes.size == 0 and buf.size == 2) or (
+            quotes.size > 0 and opens[0] == 1 and closes[-1] == buf.size - 2
+            and (opens[1:] - closes[:-1] == 2).all() and (buf[closes[:-1] + 1] == 44).all()))
+    rows = index.rows_of_spans(text, opens + 1, closes - opens - 1) if compact else None
+    return rows if rows is not None else roster.rows_of_ids(msgspec.json.decode(text, type=list[str]))
 
 
 def _only(values: list, kind: type) -> bool:
