@@ -328,8 +328,8 @@ def main(argv=None) -> dict:
                           partial_bytes_per_user_per_step=partial / n)
             print(f"worker state: {(state_bytes + partial) / n:.1f} bytes/user in the checkpoint right after a close "
                   f"(per-user arrays {state_bytes / n:.1f}, the closed step's partial {partial / n:.1f} until its "
-                  f"feedback; steps kept now: {sorted(kept)}; without a feedback release at most "
-                  f"{(state_bytes + 8 * partial) / n:.1f}); worker RSS {result['worker_rss_mb']:.0f} MB", flush=True)
+                  f"feedback; steps kept now: {sorted(kept)}; with 8 steps' partials kept, as without a feedback "
+                  f"release: {(state_bytes + 8 * partial) / n:.1f}); worker RSS {result['worker_rss_mb']:.0f} MB", flush=True)
             rate_2 = _two_worker_rate(cluster, svc.broker.bootstrap, names["reports"], roster, pov[:, 4], item[:, 4], n)
             result["ingest_single_two_workers_reports_per_s"] = rate_2
             print(f"ingest, single-report messages, two workers: {rate_2:,.0f} reports/s "

@@ -139,13 +139,12 @@ class ReportParser:
     @staticmethod
     def _columnar_decoder(names: list[str]):
         """A typed msgspec decoder of one columnar batch (its fast path): a step or a step column of
-        integers, attribute columns of integers only (no null), nothing else; the user column is
-        kept as its JSON text (:func:`_user_column`). msgspec checks the types while decoding, so no
-        column is scanned for them; anything else raises and the message goes through the reference
-        path."""
+        integers and the known columns, nothing else, as valid JSON; the user and attribute columns
+        are kept as their JSON text (:func:`_user_column`, :func:`_int_column`). Anything else raises
+        and the message goes through the reference path."""
         columns = msgspec.defstruct(
             "Columns", [("user", msgspec.Raw), ("step", int | list[int]),
-                        *[(name, list[int] | msgspec.UnsetType, msgspec.UNSET) for name in names]],
+                        *[(name, msgspec.Raw | msgspec.UnsetType, msgspec.UNSET) for name in names]],
             forbid_unknown_fields=True, gc=False)
         batch = msgspec.defstruct("ColumnarBatch", [("columns", columns)], forbid_unknown_fields=True, gc=False)
         return msgspec.json.Decoder(batch).decode
@@ -311,7 +310,9 @@ class ReportParser:
         try:
             cols = self._fast_columns_decode(raw).columns
             rows = _user_column(self.roster, bytes(cols.user))
-        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeError):
+            values = {name: _int_column(bytes(getattr(cols, name))) for name in self._names
+                      if getattr(cols, name) is not msgspec.UNSET}
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeError, OverflowError):
             return None
         step, size = cols.step, rows.size
         if type(step) is list and len(step) != size:
@@ -324,12 +325,11 @@ class ReportParser:
             return None
         codes, present = {}, np.zeros(size, dtype=bool)
         for name in self._names:
-            col = getattr(cols, name)
-            if col is msgspec.UNSET:
+            if name not in values:
                 codes[name] = np.full(size, MISSING, dtype=np.int64)
                 continue
-            c = self._int_codes(name, col, typed=True) if len(col) == size else None
-            if c is None or (c == OUT_OF_DOMAIN).any():
+            c = self._in_domain(name, values[name])
+            if values[name].size != size or size == 0 or (c == OUT_OF_DOMAIN).any():
                 return None
             present |= c >= 0
             codes[name] = c
@@ -347,16 +347,17 @@ class ReportParser:
             codes = np.fromiter(self._column_decoders[name](col), dtype=np.int64, count=len(col))
         return codes
 
-    def _int_codes(self, name: str, col: list, typed: bool = False) -> np.ndarray | None:
+    def _int_codes(self, name: str, col: list) -> np.ndarray | None:
         """Codes of a column holding only integers, vectorised (same codes as the column decoder:
-        in-domain ints are their own code, others -2); None for any other column. ``typed``: the
-        decoder already made sure it holds only integers."""
-        if not col or not (typed or _only(col, int)):
+        in-domain ints are their own code, others -2); None for any other column."""
+        if not col or not _only(col, int):
             return None
         try:
-            values = np.array(col, dtype=np.int64)
+            return self._in_domain(name, np.array(col, dtype=np.int64))
         except OverflowError:
             return None
+
+    def _in_domain(self, name: str, values: np.ndarray) -> np.ndarray:
         size = int(self.attributes[name].size)
         return np.where((values >= 0) & (values < size), values, OUT_OF_DOMAIN)
 
@@ -446,6 +447,19 @@ def _user_column(roster, text: bytes) -> np.ndarray:
             and (opens[1:] - closes[:-1] == 2).all() and (buf[closes[:-1] + 1] == 44).all()))
     rows = index.rows_of_spans(text, opens + 1, closes - opens - 1) if compact else None
     return rows if rows is not None else roster.rows_of_ids(msgspec.json.decode(text, type=list[str]))
+
+
+def _int_column(text: bytes) -> np.ndarray:
+    """Values of an integer column given as its JSON text (valid JSON: msgspec checked it). The
+    common form — compact, non-negative integers of at most 18 digits — is read by numpy's C text
+    parser; any other text is decoded as a list of integers (raising if it is not one, or
+    OverflowError beyond int64)."""
+    body = np.frombuffer(text, dtype=np.uint8)[1:-1]
+    if text[:1] == b"[" and body.size and body[0] != 44:
+        commas = np.flatnonzero(body == 44)
+        if (((body - 48) <= 9) | (body == 44)).all() and np.diff(commas, prepend=-1, append=body.size).max() <= 19:
+            return np.fromstring(text[1:-1], dtype=np.int64, sep=",")
+    return np.array(msgspec.json.decode(text, type=list[int]), dtype=np.int64)
 
 
 def _only(values: list, kind: type) -> bool:
