@@ -107,15 +107,17 @@ class PartitionState:
         # (rank, position) for the same (user, step) in this batch.
         # one origin per call, so one rank: the first report of a (user, step) in the run is its best
         rank = np.full(ok.shape, self.closed * self.origins + int(origin), dtype=np.int64)
-        key = local * (self.max_ahead + 1) + np.where(ok, slot, 0)
+        # (open step, user) -> its place in the (slots, users) arrays: one 1-D index for them all
+        flat = np.where(ok, slot, 0) * self.rows.size + local
+        pending, ranks = {a: _flat(v) for a, v in self.pending.items()}, _flat(self.rank)
         best = np.zeros(ok.size, dtype=bool)
         idx = np.flatnonzero(ok)
         if idx.size:
-            order = stable_argsort(key[idx])  # by key, then position
-            sorted_keys = key[idx][order]
+            order = stable_argsort(flat[idx])  # by (step, user), then position
+            sorted_keys = flat[idx][order]
             best[idx[order[np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]]]] = True
         held = np.full(ok.size, -1, dtype=np.int64)
-        held[idx] = self.rank[slot[idx], local[idx]]
+        held[idx] = ranks[flat[idx]]
         wins = best & ((held < 0) | (rank < held))
         dup = ok & ~wins
         parsed.reject(dup, "duplicate", "a report for this user and step was already accepted")
@@ -128,12 +130,12 @@ class PartitionState:
                     displaced.append((int(l_), int(self.closed + 1 + s_),
                                       {a: int(self.pending[a][s_, l_]) for a in self.attributes}, int(held[i])))
             for a in self.attributes:
-                self.pending[a][slot[evict], local[evict]] = -1
+                pending[a][flat[evict]] = -1
         for a in self.attributes:
             code = parsed.codes[a]
             sel = ok & (code >= 0)
-            self.pending[a][slot[sel], local[sel]] = code[sel]
-        self.rank[slot[ok], local[ok]] = rank[ok]
+            pending[a][flat[sel]] = code[sel]
+        ranks[flat[ok]] = rank[ok]
         new = ok & (held < 0)
         self.intake.reported += np.bincount(slot[new], minlength=slots).astype(np.int64)  # one per new (user, step)
         return parsed.take(ok)
@@ -238,6 +240,13 @@ class PartitionState:
         summary = self.intake.summary(self.partition, self.closed, self.offset, int(self.rows.size))
         summary["open"] = {t: r for t, r in summary["open"].items() if int(t) <= self.horizon}
         return summary
+
+
+def _flat(arr: np.ndarray) -> np.ndarray:
+    """A 1-D view of a C-contiguous array (writes through it reach ``arr``)."""
+    if not arr.flags.c_contiguous:
+        raise ValueError("per-user state arrays are C-contiguous")
+    return arr.reshape(-1)
 
 
 def stable_argsort(keys: np.ndarray) -> np.ndarray:
