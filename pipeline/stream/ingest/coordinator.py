@@ -164,11 +164,15 @@ class IngestCoordinator:
         """
         started = time.perf_counter()
         sends, checkpoints, forwarding = self.checkpoint.begin(), {}, set()
+        unacked_forwards = False  # reports sent to `repartition` since the last wait for acknowledgements
         for partition in partitions:
             for out in self.core.drain_all(partition):
                 if isinstance(out, ForwardMarkers):
-                    # everything forwarded before the close marker is acknowledged before the markers go
-                    await sends.acknowledged()
+                    # everything forwarded before the close marker is acknowledged before the markers go;
+                    # with nothing forwarded since the last wait (murmur2 producers) the markers go at once
+                    if unacked_forwards:
+                        await sends.acknowledged()
+                        unacked_forwards = False
                     for p, value, headers in out.messages:
                         await sends.send(self.names["repartition"], value, headers=headers, partition=p)
                 elif isinstance(out, CloseOutput):
@@ -183,6 +187,7 @@ class IngestCoordinator:
                     await self._apply(out, sends)
                     if out.forwards:
                         forwarding.add(self.core.states[partition].closed + 1)
+                        unacked_forwards = True
 
         async def save(out: CloseOutput) -> None:
             crash_point("worker.before_checkpoint", out.step)
