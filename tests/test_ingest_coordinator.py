@@ -138,7 +138,7 @@ def test_a_crash_between_publish_and_checkpoint_replays_the_step_exactly_once(re
             with pytest.raises(RuntimeError, match="broker gone"):
                 await handling
         else:
-            async def dies(partition, blob):
+            async def dies(partition, blob, *kept):
                 raise RuntimeError("killed before the checkpoint")
             saved = store.save_checkpoint
             store.save_checkpoint = dies
@@ -269,5 +269,35 @@ def test_forwarded_through_markers_wait_only_for_forwarded_reports(redis_client,
         assert len(markers) == 4  # both sources' markers to both partitions, none waiting for the other's
         log.ack()
         await handling
+
+    run(main(), store_of)
+
+
+def test_kept_partials_are_written_once_beside_the_checkpoint(redis_client, store_of, monkeypatch):
+    """Each close writes its partial beside the checkpoint once (the checkpoint does not grow with the
+    closed steps: it is on every close's Redis write) and drops the one no longer kept; a restarted
+    worker keeps the same partials to re-send for a re-driven close."""
+    dep = one_partition()
+    monkeypatch.setattr(IngestCore, "KEEP_PARTIALS", 2)
+
+    async def main():
+        store = store_of(dep)
+        log = MemoryLog()
+        worker = Worker(dep, redis_client, store, log)
+        await worker.start()
+        sizes = []  # of the checkpoint after each close
+        for t in (1, 2, 3):
+            start = len(log.logs[(worker.reports.topic, 0)])
+            send_reports(worker, t, range(0, 40))
+            send_close(worker, t)
+            await worker.coordinator.handle(worker.fetch(start))
+            sizes.append(len(await store.r.get(store.keys.checkpoint(0))))
+        kept = await store.r.hget(store.keys.kept_partials(0), "2")
+        assert sizes[1] - sizes[0] < len(kept) // 2  # (the state grows a little with the steps: its horizon arrays)
+        assert sorted(await store.r.hkeys(store.keys.kept_partials(0))) == [b"2", b"3"]
+        again = Worker(dep, redis_client, store, log)
+        await again.start()
+        assert again.coordinator.core.kept[0] == worker.coordinator.core.kept[0]
+        assert sorted(again.coordinator.core.kept[0]) == [2, 3]
 
     run(main(), store_of)

@@ -181,6 +181,11 @@ class IngestCoordinator:
                     for key, value in out.messages:
                         await sends.send(self.names["step-partials"], value, key=key)
                     if out.checkpoint:  # empty for a replayed close of a step already closed
+                        earlier = checkpoints.get(partition)  # only the last checkpoint is written: with
+                        if earlier is not None:  # the kept partials of every close of the fetch
+                            out.kept = {**{t: b for t, b in earlier.kept.items() if t not in out.dropped},
+                                        **out.kept}
+                            out.dropped = sorted(set(earlier.dropped) | set(out.dropped))
                         checkpoints[partition] = out
                         log.info("partition %d closed step %d: %s", out.partition, out.step, out.summary)
                 else:
@@ -191,7 +196,7 @@ class IngestCoordinator:
 
         async def save(out: CloseOutput) -> None:
             crash_point("worker.before_checkpoint", out.step)
-            await self.store.save_checkpoint(out.partition, out.checkpoint)
+            await self.store.save_checkpoint(out.partition, out.checkpoint, out.kept, out.dropped)
             METRICS.step_close_seconds.observe(time.perf_counter() - started)
             METRICS.open_step.labels(str(out.partition)).set(out.step + 1)
 

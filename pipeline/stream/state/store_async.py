@@ -109,8 +109,20 @@ class AsyncReleaseStore(StoreLayout):
     async def load_checkpoint(self, partition: int) -> bytes | None:
         return await self.r.get(self.keys.checkpoint(partition))
 
-    async def save_checkpoint(self, partition: int, blob: bytes) -> None:
-        await self.r.set(self.keys.checkpoint(partition), blob)
+    async def save_checkpoint(self, partition: int, blob: bytes, kept: dict[int, bytes] | None = None,
+                              dropped=()) -> None:
+        """The partition's checkpoint, and in the same transaction its kept partials: ``kept`` (step ->
+        blob) written, ``dropped`` steps deleted."""
+        if not kept and not dropped:
+            await self.r.set(self.keys.checkpoint(partition), blob)
+            return
+        async with self.r.pipeline(transaction=True) as tx:
+            if kept:
+                tx.hset(self.keys.kept_partials(partition), mapping={str(t): v for t, v in kept.items()})
+            if dropped:
+                tx.hdel(self.keys.kept_partials(partition), *[str(t) for t in dropped])
+            tx.set(self.keys.checkpoint(partition), blob)
+            await tx.execute()
 
     async def intake_of(self, partitions) -> dict[int, dict[str, Any]]:
         """The last intake counts written for ``partitions`` (absent: none yet); a worker compares them with
