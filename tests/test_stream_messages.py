@@ -435,3 +435,23 @@ def test_panel_store_refuses_values_that_would_wrap():
     store.add_manifest(man)
     with pytest.raises(IncompleteStep, match="malformed"):
         store.add_chunk(orjson.dumps(bad))
+
+
+def test_reader_decodes_digit_chunks_as_the_json_decoder_does():
+    """The reader's numpy path for single-digit value lists gives exactly the JSON decoder's values, and
+    leaves anything else (wider codes, other spacing, invalid JSON) to the decoder."""
+    from pipeline.consumer import _digit_chunk
+
+    rng = np.random.default_rng(4)
+    for top in (1, 9, 10):
+        cols = rng.integers(0, top + 1, size=(50, 3)).astype(np.int8)
+        for _, value in synthetic_chunks("fw", 3, [1, 2, 3], cols, chunk_records=20):
+            fast, slow = _digit_chunk(value), orjson.loads(value)
+            if fast is None:
+                assert top >= 10 and cols.max() >= 10
+                continue
+            assert {k: v for k, v in fast.items() if k != "values"} == {k: v for k, v in slow.items() if k != "values"}
+            assert {s: v.tolist() for s, v in fast["values"].items()} == slow["values"]
+    for other in (b'{"a":1,"values":{"1":[0,1],}}', b'{"a":1,"values":{"1":[0, 1]}}', b'{"a":1,"values":{"1":[01]}}',
+                  b'{"a":1,"values":{"1":[-1,1]}}', b'{"a":1,"values":{"1":[0,1]}} ', b'{"values":1,"values":{"1":[0]}}'):
+        assert _digit_chunk(other) is None
