@@ -435,3 +435,35 @@ def test_a_restarted_releaser_rebuilds_the_released_records_from_the_step_record
 
     mechanisms = run(main(), store_of)
     assert mechanisms["fw"].synthetic.shape == (mechanisms["fw"].m, T)  # history there, and checked above
+
+
+def test_a_releaser_that_finds_its_step_committed_takes_the_committed_state_whole(store_of):
+    """Two releasers with the same partials: the second finds the step committed by the first and takes its
+    record — the engine state, the synthesizers' released records rebuilt from the step records, is the
+    committing releaser's bit for bit, and its messages are the same bytes."""
+    from pipeline.serialization import dumps_state
+
+    dep, X = deployment("coord-second"), panel()
+
+    async def main():
+        stream = Stream(dep, store_of(dep), MemoryLog(), X)
+        await stream.start()
+        for t in (1, 2):
+            assert await stream.close(t)
+            await stream.coordinator.release_ready_steps()
+        second = await ReleaseCoordinator.create(dep, N, "instance-a", stream.store, Checkpoint(MemoryLog()),
+                                                 stream.names, stream.log_end)
+        first_public = len(stream.log.logs[(stream.names["synthetic"], 0)])
+        assert await stream.close(3)
+        partials = stream.log.logs[(stream.names["step-partials"], 0)]
+        start = len(partials) - sum(1 for m in partials if m.key.startswith(b"3:"))
+        await stream.coordinator.release_ready_steps()  # the first commits step 3
+        for offset in range(start, len(partials)):
+            second.take_partial(offset, partials[offset].key, partials[offset].value)
+        await second.release_ready_steps()  # finds step 3 committed: takes the record
+        assert dumps_state(second.engine.get_state()) == dumps_state(stream.coordinator.engine.get_state())
+        mine = stream.log.logs[(stream.names["synthetic"], 0)][first_public:]
+        theirs = second.checkpoint.publisher.logs[(stream.names["synthetic"], 0)]
+        assert [(m.key, m.value) for m in theirs] == [(m.key, m.value) for m in mine]
+
+    run(main(), store_of)
