@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import orjson
@@ -36,18 +37,11 @@ def run(n: int, steps: int) -> list[dict]:
     from pipeline.stream.kafka.codecs import PartialAssembler, synthetic_chunks
     from pipeline.stream.kafka.topics import topic_names
     from pipeline.stream.release.engine import ReleaseEngine, stored_state
-    from jobs.bench.bench_stream import DOMAIN, HORIZON
+    from jobs.bench.bench_stream import DOMAIN, HORIZON, _config
 
     P = 4
-    dep = parse_config({
-        "name": "bench", "roster": {"size": n}, "horizon": HORIZON, "topics": {"partitions": P},
-        "attributes": {"poverty": {"type": "binary"}, "item": {"type": "hashed", "size": DOMAIN}},
-        "budget": {"rho": 0.01, "epsilon": 1.0, "delta": 1e-6}, "random": {"kind": "seeded", "seed": 1},
-        "steps": {"max_ahead": 3},
-        "releases": [{"name": "fw", "type": "fixed_window", "attribute": "poverty", "window": 3, "share": 0.5},
-                     {"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 0.5},
-                     {"name": "hh", "type": "heavy_hitters", "attribute": "item", "method": "tct", "k": 3,
-                      "share": 1.0}]})
+    nowhere = SimpleNamespace(broker=SimpleNamespace(bootstrap="unused:0"), redis=SimpleNamespace(url="unused"))
+    dep = parse_config(_config(n, P, nowhere))  # the stream benchmark's deployment
     roster = Roster.from_config(dep.roster)
     core = IngestCore(dep, roster, topic_names(dep), isolated=True)
     rng = np.random.default_rng(0)  # the stream benchmark's panel
