@@ -210,6 +210,9 @@ def test_duplicate_marker_resends_the_kept_partial_and_writes_no_checkpoint():
         def load_checkpoint(self, partition):
             return out[0].checkpoint
 
+        def load_kept_partials(self, partition, steps):  # written beside the checkpoint, in one transaction
+            return {t: out[0].kept[t] for t in steps if t in out[0].kept}
+
     restored = IngestCore(dep, roster, topic_names(dep), store=Checkpoints(), isolated=True)
     assert restored.assign(0) == 1
     assert restored.enqueue(0, [Record(1, orjson.dumps({"step": 1}), MARK)]) is None
@@ -227,16 +230,17 @@ def test_without_feedback_only_the_last_keep_partials_closed_steps_are_kept():
         log.marker(t)
     core.KEEP_PARTIALS = 3
     core.enqueue(0, log.records)
-    last = closes(core.drain(0))[-1]
+    outs = closes(core.drain(0))
     assert sorted(core.kept[0]) == [3, 4, 5]
-    assert sorted(loads_state(last.checkpoint)["partials"]) == ["3", "4", "5"]
+    assert [sorted(o.kept) for o in outs] == [[1], [2], [3], [4], [5]]  # each written once, at its close
+    assert [o.dropped for o in outs] == [[], [], [], [1], [2]]
 
 
 def test_feedback_proves_a_step_released_and_drops_its_kept_partial(caplog):
     """The releaser publishes a step's feedback only after committing the step to Redis, and re-drives
     only closes after the last committed step: a feedback message of step s drops the kept partials of
-    steps up to s, from memory and from the checkpoint written once the step's feedback is complete
-    (with a heavy-hitter release a worker keeps one step's partial at most). A repeated marker of a
+    steps up to s, from memory and from Redis with the checkpoint written once the step's feedback is
+    complete (with a heavy-hitter release a worker keeps one step's partial at most). A repeated marker of a
     released step re-sends nothing and raises no alarm; feedback of a step not closed here is not
     taken as proof of anything."""
     dep = deployment(monitors=True)
@@ -246,13 +250,13 @@ def test_feedback_proves_a_step_released_and_drops_its_kept_partial(caplog):
     log.marker(1)
     core.enqueue(0, log.records)
     (first,) = closes(core.drain(0))
-    assert sorted(core.kept[0]) == [1] and sorted(loads_state(first.checkpoint)["partials"]) == ["1"]
+    assert sorted(core.kept[0]) == [1] and sorted(first.kept) == [1]
     core.apply_feedback(0, feedback("hh", 7, []))  # not closed here: proves nothing
     assert sorted(core.kept[0]) == [1]
     assert core.apply_feedback(0, feedback("hh", 1, [])) is True
     assert core.kept[0] == {}
-    (blob,) = core.feedback_checkpoints().values()
-    assert loads_state(blob)["partials"] == {}
+    assert list(core.feedback_checkpoints()) == [0] and core.take_dropped(0) == [1]  # deleted from Redis with it
+    assert core.take_dropped(0) == []
     log.marker(1)  # a re-driven close of the released step
     log.marker(2)
     core.enqueue(0, log.records[1:])
@@ -261,7 +265,7 @@ def test_feedback_proves_a_step_released_and_drops_its_kept_partial(caplog):
     assert again.step == 1 and again.messages == [] and again.checkpoint == b""
     assert "released already" in caplog.text and "no longer kept" not in caplog.text
     assert second.step == 2 and sorted(core.kept[0]) == [2]
-    assert sorted(loads_state(second.checkpoint)["partials"]) == ["2"]
+    assert sorted(second.kept) == [2] and second.dropped == []
 
 
 def test_foreign_reports_are_forwarded_to_their_owner_not_rejected():

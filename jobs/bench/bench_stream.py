@@ -22,10 +22,10 @@ Measured in one run on the embedded broker and Redis:
    are stopped): scale-out on this one machine, the two workers sharing its two cores with the
    broker; the rate is the sum of both workers' counters between 10% and 90% of the reports.
 6. **Memory per user** of worker state: the exact array bytes of the partitions' checkpoints after
-   step 4, with step 4's partial messages (read off ``step-partials``) in place of whatever partials
-   the checkpoints keep at that moment — the most a checkpoint holds in steady state: the last closed
-   step's partial, kept until its heavy-hitter feedback proves the step released; and the worker's
-   resident set size after ingest.
+   step 4, the kept partials beside them at that moment, and the state right after a close in
+   steady state: the arrays and the last closed step's partial (step 4's, read off
+   ``step-partials``), kept until its heavy-hitter feedback proves the step released; and the
+   worker's resident set size after ingest.
 7. **Releaser cost** (in process, no Kafka): one release step against m, T, 2^k and |X|.
 8. **Parser throughput** (in process, one core): single-report messages, row batches and columnar
    batches of the same reports.
@@ -311,6 +311,8 @@ def main(argv=None) -> dict:
             print("release latency, close -> manifests / whole step read back: " +
                   ", ".join(f"t={t}: {m:.2f} / {c:.2f} s" for t, (m, c) in latencies.items()), flush=True)
             result["latency_breakdown_s"] = latency_breakdown(out / "logs", latencies)
+            for t, row in result["latency_breakdown_s"].items():  # the reading side's own share
+                row["read_back"] = latencies[t][1] - latencies[t][0]
             for t, row in result["latency_breakdown_s"].items():
                 print(f"  step {t}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()) + " s", flush=True)
             result["worker_rss_mb"] = _rss_mb(cluster.procs["worker-0"].pid)
@@ -318,18 +320,20 @@ def main(argv=None) -> dict:
             from pipeline.stream.state.store import ReleaseStore
 
             store = ReleaseStore.from_url(svc.redis.url, dep.name)
-            state_bytes, kept = 0, set()
+            state_bytes = kept_bytes = 0
             for p in range(args.partitions):
                 st = loads_state(store.load_checkpoint(p))
-                kept |= {int(t) for t in st.pop("partials", {})}
                 state_bytes += sum(a.nbytes for a in _arrays(st))
+                kept_bytes += sum(map(len, store.load_kept_partials(p, range(1, HORIZON + 1)).values())) \
+                    if hasattr(store, "load_kept_partials") else 0  # an earlier tree keeps them in the state
             partial = asyncio.run(_partial_bytes(svc.broker.bootstrap, names["step-partials"], 4))
-            result.update(state_bytes_per_user=(state_bytes + partial) / n, state_arrays_bytes_per_user=state_bytes / n,
+            result.update(state_bytes_per_user=state_bytes / n, kept_partials_bytes_per_user=kept_bytes / n,
+                          state_after_close_bytes_per_user=(state_bytes + partial) / n,
                           partial_bytes_per_user_per_step=partial / n)
-            print(f"worker state: {(state_bytes + partial) / n:.1f} bytes/user in the checkpoint right after a close "
-                  f"(per-user arrays {state_bytes / n:.1f}, the closed step's partial {partial / n:.1f} until its "
-                  f"feedback; steps kept now: {sorted(kept)}; with 8 steps' partials kept, as without a feedback "
-                  f"release: {(state_bytes + 8 * partial) / n:.1f}); worker RSS {result['worker_rss_mb']:.0f} MB", flush=True)
+            print(f"worker state: {state_bytes / n:.1f} bytes/user (kept partials beside it now: {kept_bytes / n:.1f} "
+                  f"bytes/user; right after a close, with the closed step's partial kept until its feedback: "
+                  f"{(state_bytes + partial) / n:.1f}; with 8 steps' partials kept, as without a feedback release: "
+                  f"{(state_bytes + 8 * partial) / n:.1f}); worker RSS {result['worker_rss_mb']:.0f} MB", flush=True)
             rate_2 = _two_worker_rate(cluster, svc.broker.bootstrap, names["reports"], roster, pov[:, 4], item[:, 4], n)
             result["ingest_single_two_workers_reports_per_s"] = rate_2
             print(f"ingest, single-report messages, two workers: {rate_2:,.0f} reports/s "

@@ -139,7 +139,7 @@ class IngestCoordinator:
                         observe_partition(tp.partition, self.core.states[tp.partition])
                         touched.add(tp.partition)
             for partition, blob in self.core.feedback_checkpoints().items():
-                await self.store.save_checkpoint(partition, blob)
+                await self.store.save_checkpoint(partition, blob, None, self.core.take_dropped(partition))
             for tp, messages in batch.items():
                 if tp.topic not in (self.names["reports"], self.names["repartition"]) \
                         or tp.partition not in self.core.states:
@@ -164,11 +164,15 @@ class IngestCoordinator:
         """
         started = time.perf_counter()
         sends, checkpoints, forwarding = self.checkpoint.begin(), {}, set()
+        unacked_forwards = False  # reports sent to `repartition` since the last wait for acknowledgements
         for partition in partitions:
             for out in self.core.drain_all(partition):
                 if isinstance(out, ForwardMarkers):
-                    # everything forwarded before the close marker is acknowledged before the markers go
-                    await sends.acknowledged()
+                    # everything forwarded before the close marker is acknowledged before the markers go;
+                    # with nothing forwarded since the last wait (murmur2 producers) the markers go at once
+                    if unacked_forwards:
+                        await sends.acknowledged()
+                        unacked_forwards = False
                     for p, value, headers in out.messages:
                         await sends.send(self.names["repartition"], value, headers=headers, partition=p)
                 elif isinstance(out, CloseOutput):
@@ -177,16 +181,22 @@ class IngestCoordinator:
                     for key, value in out.messages:
                         await sends.send(self.names["step-partials"], value, key=key)
                     if out.checkpoint:  # empty for a replayed close of a step already closed
+                        earlier = checkpoints.get(partition)  # only the last checkpoint is written: with
+                        if earlier is not None:  # the kept partials of every close of the fetch
+                            out.kept = {**{t: b for t, b in earlier.kept.items() if t not in out.dropped},
+                                        **out.kept}
+                            out.dropped = sorted(set(earlier.dropped) | set(out.dropped))
                         checkpoints[partition] = out
                         log.info("partition %d closed step %d: %s", out.partition, out.step, out.summary)
                 else:
                     await self._apply(out, sends)
                     if out.forwards:
                         forwarding.add(self.core.states[partition].closed + 1)
+                        unacked_forwards = True
 
         async def save(out: CloseOutput) -> None:
             crash_point("worker.before_checkpoint", out.step)
-            await self.store.save_checkpoint(out.partition, out.checkpoint)
+            await self.store.save_checkpoint(out.partition, out.checkpoint, out.kept, out.dropped)
             METRICS.step_close_seconds.observe(time.perf_counter() - started)
             METRICS.open_step.labels(str(out.partition)).set(out.step + 1)
 

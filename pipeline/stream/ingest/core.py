@@ -8,14 +8,15 @@ marker's offset. After a crash the partition is replayed from the checkpoint's o
 state is restored to exactly that point and the cut is a log position, the replay reproduces the
 same partials (the releaser deduplicates them) and every accepted report counts exactly once.
 
-The checkpoint also keeps the partial messages of the closed steps not known to be released (at most
-the last ``KEEP_PARTIALS``). A marker for a step the partition has already closed (the releaser
-re-drives the closes it has not released: the broker may have lost the partials) re-sends the kept
-partial, byte for byte, and the forwarded-through markers of that step; nothing is recomputed
-(docs/streaming.md, "A lost close"). A feedback message of step s proves step s released: the
-releaser publishes it only after committing the step to Redis, and re-drives only the steps after
-the last one committed, so the partials of steps up to s are dropped (with a heavy-hitter release,
-the worker keeps one step's partial at most: the last closed step's, until its feedback).
+The partial messages of the closed steps not known to be released (at most the last
+``KEEP_PARTIALS``) are kept beside the checkpoint (each written once, with the checkpoint of its
+close, not again with every later checkpoint). A marker for a step the partition has already closed
+(the releaser re-drives the closes it has not released: the broker may have lost the partials)
+re-sends the kept partial, byte for byte, and the forwarded-through markers of that step; nothing is
+recomputed (docs/streaming.md, "A lost close"). A feedback message of step s proves step s released:
+the releaser publishes it only after committing the step to Redis, and re-drives only the steps
+after the last one committed, so the partials of steps up to s are dropped (with a heavy-hitter
+release a worker keeps one step's partial at most: the last closed step's, until its feedback).
 """
 
 from __future__ import annotations
@@ -57,13 +58,16 @@ def is_marker(headers) -> bool:
 
 @dataclass
 class CloseOutput:
-    """A closed step: publish ``messages`` (and wait for the broker's ack), then store ``checkpoint``."""
+    """A closed step: publish ``messages`` (and wait for the broker's ack), then store ``checkpoint``
+    with the kept partials to write (``kept``: step -> blob) and to delete (``dropped``: steps)."""
 
     partition: int
     step: int
     messages: list[tuple[bytes, bytes]]
     checkpoint: bytes
     summary: dict
+    kept: dict[int, bytes] = field(default_factory=dict)
+    dropped: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -105,7 +109,8 @@ class IngestCore:
         self.inboxes: dict[int, Inbox] = {}
         self.emitted: dict[int, int] = {}  # partition -> last step whose forwarded-through markers it sent
         self._strays: dict[int, list[Record]] = {}  # repartition records naming no source partition
-        self.kept: dict[int, dict[int, list]] = {}  # partition -> step -> its partial messages (checkpointed)
+        self.kept: dict[int, dict[int, list]] = {}  # partition -> step -> its partial messages (kept in Redis)
+        self._kept_changes: dict[int, tuple[set, set]] = {}  # partition -> (steps to write, steps to delete)
         self.released: dict[int, int] = {}  # partition -> last step a feedback message proved released
         self.lost: dict[int, dict[str, int]] = {}  # partition -> open step -> reports counted on a log since lost
         self._owned: OwnedRows | None = None
@@ -134,8 +139,11 @@ class IngestCore:
             inbox.set_state(restored["repartition"])
         self.states[partition] = state
         self.inboxes[partition] = inbox
-        self.kept[partition] = {int(t): [(k.encode(), np.asarray(v, dtype=np.uint8).tobytes()) for k, v in msgs]
-                                for t, msgs in restored.get("partials", {}).items()}
+        old = restored.get("partials")  # a checkpoint of the previous version kept them inside
+        last = range(state.closed - self.KEEP_PARTIALS + 1, state.closed + 1)
+        stored = old if old is not None else (self.store.load_kept_partials(partition, last) if restored else {})
+        self.kept[partition] = {int(t): kept_messages(v) for t, v in stored.items()}
+        self._kept_changes[partition] = (set(self.kept[partition]) if old else set(), set())
         self.emitted[partition] = state.closed
         self.backlog[partition] = []
         return resume
@@ -149,6 +157,7 @@ class IngestCore:
         self.emitted.pop(partition, None)
         self._strays.pop(partition, None)
         self.kept.pop(partition, None)
+        self._kept_changes.pop(partition, None)
         self.released.pop(partition, None)
         self.lost.pop(partition, None)
 
@@ -251,7 +260,11 @@ class IngestCore:
                 if self.feedback_outstanding(partition) or not (self.isolated or self.inboxes[partition].ready(step)):
                     break  # resume when the feedback of the last closed step / the forwarded reports arrive
                 messages, blob, summary = self.close(partition, step, rec.offset, closed_at)
-                outputs.append(CloseOutput(partition, step, messages, blob, summary))
+                write, drop = self._kept_changes.get(partition, (set(), set()))
+                kept = self.kept.get(partition, {})
+                outputs.append(CloseOutput(partition, step, messages, blob, summary,
+                                           {t: kept_blob(kept[t]) for t in sorted(write) if t in kept}, sorted(drop)))
+                self._kept_changes[partition] = (set(), set())
             else:
                 run.append(rec)
             done += 1
@@ -393,8 +406,12 @@ class IngestCore:
         messages = encode_partial(partial)
         kept = self.kept.setdefault(partition, {})
         kept[step] = messages
+        write, drop = self._kept_changes.setdefault(partition, (set(), set()))
+        write.add(step)
         for old in sorted(kept)[:-self.KEEP_PARTIALS]:
             del kept[old]
+            write.discard(old)
+            drop.add(old)
         blob = self.checkpoint(partition)
         summary = {"step": step, "users": partial["users"], "reported": partial["reported"]}
         return messages, blob, summary
@@ -438,13 +455,16 @@ class IngestCore:
     def _released(self, partition: int, step: int) -> None:
         """Step ``step`` is committed in Redis (a feedback message of it exists: the releaser publishes
         feedback only after the commit, ``pipeline.stream.release.coordinator``), so no re-driven close
-        asks for its partial, nor for an earlier one's: drop them from the checkpoint."""
+        asks for its partial, nor for an earlier one's: drop them (from Redis with the next checkpoint)."""
         if step <= self.released.get(partition, 0):
             return
         self.released[partition] = step
         kept = self.kept.get(partition, {})
+        write, drop = self._kept_changes.setdefault(partition, (set(), set()))
         for t in [t for t in kept if t <= step]:
             del kept[t]
+            write.discard(t)
+            drop.add(t)
 
     def note_lost_log(self, partition: int, previous: dict | None, log_end: int | None) -> dict[str, int]:
         """Compare the partition's last intake snapshot (``previous``, from Redis) with the log it resumes on.
@@ -481,16 +501,23 @@ class IngestCore:
 
     def feedback_checkpoints(self) -> dict[int, bytes]:
         """The checkpoints due since the last call: partitions whose step got its last feedback (the
-        caller stores them; the store only reads)."""
+        caller stores them, with :meth:`take_dropped`; the store only reads)."""
         due, self._feedback_complete = self._feedback_complete, set()
         return {p: self.checkpoint(p) for p in sorted(due) if p in self.states}
 
+    def take_dropped(self, partition: int) -> list[int]:
+        """The kept partials to delete from Redis that no close has deleted yet (a feedback proved
+        their steps released); the caller deletes them with the partition's next checkpoint."""
+        drop = self._kept_changes.get(partition, (set(), set()))[1]
+        out = sorted(drop)
+        drop.clear()
+        return out
+
     def checkpoint(self, partition: int) -> bytes:
-        """The partition's state with its ``repartition`` position (what was forwarded to it and applied)."""
-        kept = {str(t): [[k.decode(), np.frombuffer(v, dtype=np.uint8)] for k, v in msgs]
-                for t, msgs in self.kept.get(partition, {}).items()}
-        return dumps_state({**self.states[partition].get_state(),
-                            "repartition": self.inboxes[partition].get_state(), "partials": kept})
+        """The partition's state with its ``repartition`` position (what was forwarded to it and applied);
+        the kept partials are stored beside it (:class:`CloseOutput`), not in it: rewriting them with every
+        checkpoint made its size, and every close's Redis write, grow with the steps."""
+        return dumps_state({**self.states[partition].get_state(), "repartition": self.inboxes[partition].get_state()})
 
     def _reject_record(self, partition: int, rec: Record, reason: str, detail: str,
                        topic: str = "reports") -> ApplyResult:
@@ -503,6 +530,17 @@ class IngestCore:
         key = f"{partition}:{rec.offset}:-" if topic == "reports" else f"{topic}:{partition}:{rec.offset}:-"
         return ApplyResult(partition=partition, reasons={reason: 1},
                            dead_letters=[(key.encode(), *bounded_copy(bytes(rec.value or b""), headers))])
+
+
+def kept_blob(messages: list[tuple[bytes, bytes]]) -> bytes:
+    """A closed step's partial messages as Redis keeps them (:func:`kept_messages` reverses it)."""
+    return dumps_state({"messages": [[k.decode(), np.frombuffer(v, dtype=np.uint8)] for k, v in messages]})
+
+
+def kept_messages(stored) -> list[tuple[bytes, bytes]]:
+    """The partial messages of a :func:`kept_blob` (or of a checkpoint of the previous version's list)."""
+    msgs = loads_state(stored)["messages"] if isinstance(stored, bytes) else stored
+    return [(k.encode(), np.asarray(v, dtype=np.uint8).tobytes()) for k, v in msgs]
 
 
 def bounded_copy(original: bytes, headers: list) -> tuple[bytes, list]:
