@@ -301,3 +301,37 @@ def test_kept_partials_are_written_once_beside_the_checkpoint(redis_client, stor
         assert sorted(again.coordinator.core.kept[0]) == [2, 3]
 
     run(main(), store_of)
+
+
+def test_a_steps_feedback_deletes_its_kept_partial_from_redis(redis_client, store_of):
+    """A step's feedback is published after its Redis commit, so it proves the step released: the
+    worker drops the step's kept partial from memory and, with the checkpoint written when the
+    step's feedback is complete, from Redis; a restarted worker keeps none (issue 24: one step's
+    partial at most, whatever the step)."""
+    dep = parse_config({
+        "name": "ingest", "roster": {"size": 40}, "horizon": 4, "topics": {"partitions": 1},
+        "attributes": {"pov": {"type": "binary"}, "item": {"type": "hashed", "size": 20}},
+        "budget": {"rho": 0.5, "epsilon": 1.0, "delta": 1e-6}, "random": {"kind": "seeded", "seed": 3},
+        "releases": [{"name": "cu", "type": "cumulative", "attribute": "pov", "share": 1.0},
+                     {"name": "hh", "type": "heavy_hitters", "attribute": "item", "k": 2, "share": 1.0}],
+    })
+
+    async def main():
+        store = store_of(dep)
+        log = MemoryLog()
+        worker = Worker(dep, redis_client, store, log)
+        await worker.start()
+        send_reports(worker, 1, range(0, 40))
+        send_close(worker, 1)
+        await worker.coordinator.handle(worker.fetch(0))
+        assert await store.r.hkeys(store.keys.kept_partials(0)) == [b"1"]
+        feedback = TP(worker.names["feedback"], 0)
+        message = orjson.dumps({"release": "hh", "step": 1, "flagged": []})
+        await worker.coordinator.handle({feedback: [Record(0, message)]})
+        assert worker.coordinator.core.kept[0] == {}
+        assert await store.r.hkeys(store.keys.kept_partials(0)) == []
+        again = Worker(dep, redis_client, store, log)
+        await again.start()
+        assert again.coordinator.core.kept[0] == {}
+
+    run(main(), store_of)
