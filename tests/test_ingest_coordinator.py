@@ -222,3 +222,47 @@ def test_a_fetch_past_the_next_record_is_sought_back_not_skipped(redis_client, s
         assert worker.coordinator.handled([worker.reports]) == {worker.reports: 2}
 
     run(main(), store_of)
+
+
+def test_forwards_are_awaited_by_the_next_fetch_and_before_any_marker_or_checkpoint(redis_client, store_of):
+    """A fetch that forwards reports returns before the broker acknowledged them (the next fetch is
+    handled meanwhile), but no forwarded-through marker is sent and no checkpoint written before they
+    are: a marker or checkpoint ahead of a forward the broker then refuses would lose its reports."""
+    dep = parse_config({
+        "name": "ingest-fwd", "roster": {"size": 40}, "horizon": 4, "topics": {"partitions": 2},
+        "attributes": {"pov": {"type": "binary"}}, "budget": {"rho": 0.5}, "random": {"kind": "seeded", "seed": 3},
+        "releases": [{"name": "cu", "type": "cumulative", "attribute": "pov", "share": 1.0}],
+    })
+    names = topic_names(dep)
+    roster = Roster.from_config(dep.roster)
+    theirs = [roster.ids[i] for i in range(40) if roster.owners(2)[i] == 0]  # sent to partition 1: forwarded
+
+    async def main():
+        store, log = store_of(dep), MemoryLog(auto_ack=False)
+        core = IngestCore(dep, roster, names, store=ReleaseStore(redis_client, dep.name))
+        coordinator = IngestCoordinator(core, store, Checkpoint(log), lambda tps: _no_ends())
+        tps = [TP(names[t], p) for t in ("reports", "repartition") for p in (0, 1)]
+        await coordinator.on_assign(set(tps))
+        reports = [Record(i, orjson.dumps({"user": u, "step": 1, "values": {"pov": 1}})) for i, u in enumerate(theirs)]
+        await asyncio.wait_for(coordinator.handle({tps[1]: reports}), 5)  # returns with its forwards unacknowledged
+        assert log.logs[(names["repartition"], 0)] and log.unacked
+        marker = Record(len(theirs), close_marker(1, CLOSE_MS), ((CONTROL_HEADER, b"close"),))
+        handling = asyncio.create_task(coordinator.handle({tps[1]: [marker]}))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not handling.done()  # the forwarded-through markers wait for the forwards' acknowledgement
+        assert len(log.logs[(names["repartition"], 0)]) == 1 and not log.logs[(names["repartition"], 1)]
+        log.ack()
+        for _ in range(20):
+            await asyncio.sleep(0)
+            log.ack()
+        await asyncio.wait_for(handling, 5)
+        assert [dict(m.headers).get(CONTROL_HEADER) for m in log.logs[(names["repartition"], 1)]] == \
+            [b"forwarded-through"]
+        assert await store.r.get(store.keys.checkpoint(1)) is None  # partition 1 waits for partition 0's marker
+
+    run(main(), store_of)
+
+
+async def _no_ends():
+    return {}
