@@ -1,7 +1,7 @@
 """Ingest throughput when the producer does not partition by murmur2 (reports forwarded to their
 owner through ``repartition``) against a matched producer, in the same run.
 
-    python -m jobs.bench.bench_repartition [--n 200000] [--partitions 2] [--json out/bench_repartition.json]
+    python -m jobs.bench.bench_repartition [--n 200000] [--partitions 2] [--rounds 2] [--json out/bench_repartition.json]
 
 On the embedded broker and Redis, one worker process (the production job) owning every partition.
 Each step's single-report messages (keyed by user id) are produced while the worker is stopped, with
@@ -17,6 +17,10 @@ The worker is then started (restoring its checkpoint) and the rate is taken betw
 the step's n reports *applied by their owner* (the worker's ``accepted`` counter, which counts a
 forwarded report when its owner applies it), so start-up and group join are excluded. Each step is
 then closed and released, and checked: n reports accepted, none dead-lettered.
+
+The steps go matched, crc32, random, matched, crc32, random, ..., matched (``--rounds`` rounds): each
+mismatched step is compared with the matched steps just before and after it (the machine's speed
+drifts between steps when it is shared), and a producer's ratio is the mean over rounds.
 """
 
 from __future__ import annotations
@@ -35,13 +39,13 @@ import yaml
 from jobs.bench.bench_stream import _accepted, _gauge, _ingest_rate
 from jobs.bench import write_json
 
-HORIZON = 6
+PRODUCERS = ("crc32", "random")
 
 
-def _config(n: int, partitions: int, services) -> dict:
+def _config(n: int, partitions: int, horizon: int, services) -> dict:
     return {
         "name": "bench-repartition", "broker": services.broker.bootstrap, "redis": services.redis.url,
-        "roster": {"size": n}, "horizon": HORIZON, "topics": {"partitions": partitions},
+        "roster": {"size": n}, "horizon": horizon, "topics": {"partitions": partitions},
         "attributes": {"poverty": {"type": "binary"}},
         "budget": {"rho": 0.5}, "random": {"kind": "seeded", "seed": 1},
         "releases": [{"name": "fw", "type": "fixed_window", "attribute": "poverty", "window": 3, "share": 0.5},
@@ -88,18 +92,20 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of matched, crc32, random (then matched)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--out", default="out/bench_repartition")
     args = ap.parse_args(argv)
     n, P = args.n, args.partitions
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pov = (np.random.default_rng(0).random((n, HORIZON)) < 0.12).astype(np.int64)
-    order = ["matched", "crc32", "random", "matched"]
-    result: dict = {"n": n, "partitions": P, "steps": []}
+    order = [p for _ in range(args.rounds) for p in ("matched", *PRODUCERS)] + ["matched"]
+    horizon = len(order)
+    pov = (np.random.default_rng(0).random((n, horizon)) < 0.12).astype(np.int64)
+    result: dict = {"n": n, "partitions": P, "rounds": args.rounds, "steps": []}
     with EmbeddedServices(broker_log=out / "broker.log") as svc:
         cfg_path = out / "bench.yaml"
-        cfg_path.write_text(yaml.safe_dump(_config(n, P, svc)))
+        cfg_path.write_text(yaml.safe_dump(_config(n, P, horizon, svc)))
         dep = load_config(cfg_path)
         roster = Roster.from_config(dep.roster)
         where = placements(roster, P, seed=1)
@@ -128,17 +134,18 @@ def main(argv=None) -> dict:
                 print(f"step {step} {producer:>8}: {misplaced:.1%} on the wrong partition, {forwarded:,.0f} forwarded, "
                       f"{rate:,.0f} reports/s", flush=True)
             drv.shutdown()
-    matched = [r["reports_per_s"] for r in result["steps"] if r["producer"] == "matched"]
-    result["matched_before_after"] = matched
-    result["ratio_to_matched"] = {r["producer"]: r["reports_per_s"] / np.mean(matched) for r in result["steps"]
-                                  if r["producer"] != "matched"}
-    print(f"matched producer: {matched[0]:,.0f} reports/s before, {matched[-1]:,.0f} after "
-          f"({matched[-1] / matched[0]:.2f}x: how much the machine's speed moved during the run)")
-    for r in result["steps"]:
-        if r["producer"] != "matched":
-            print(f"{r['producer']:>8}: {result['ratio_to_matched'][r['producer']]:.2f}x the matched rate (mean of before "
-                  f"and after; {r['reports_per_s'] / matched[0]:.2f}x before, {r['reports_per_s'] / matched[-1]:.2f}x "
-                  "after); target >= 0.9x", flush=True)
+    rates = [r["reports_per_s"] for r in result["steps"]]
+    result["ratio_to_matched"], result["rounds_detail"] = {}, []
+    for k in range(args.rounds):  # round k: matched at 3k, the producers after it, matched again at 3k + 3
+        before, after = rates[3 * k], rates[3 * k + 3]
+        ratios = {p: rates[3 * k + 1 + j] / ((before + after) / 2) for j, p in enumerate(PRODUCERS)}
+        result["rounds_detail"].append({"matched_before": before, "matched_after": after, "ratio": ratios})
+        print(f"round {k + 1}: matched {before:,.0f} reports/s before, {after:,.0f} after; "
+              + ", ".join(f"{p} {r:.2f}x" for p, r in ratios.items()) + " of their mean", flush=True)
+    for p in PRODUCERS:
+        result["ratio_to_matched"][p] = float(np.mean([d["ratio"][p] for d in result["rounds_detail"]]))
+    print("ratio to the matched producer (mean over rounds; target >= 0.9x): "
+          + ", ".join(f"{p} {r:.2f}x" for p, r in result["ratio_to_matched"].items()), flush=True)
     write_json(args.json, result)
     return result
 

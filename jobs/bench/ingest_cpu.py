@@ -11,9 +11,10 @@ them over (enqueue, drain: parse, id lookup, checks, apply), then closes the ste
 checkpoint). Three forms of the same reports: single-report messages, columnar batches of 5,000,
 and the close; and the single-report messages sent to another partition (as a CRC32 or random
 partitioner does), forwarded through an in-memory ``repartition`` log and applied by their owner
-(source and owner in the one process: the whole extra CPU a forwarded report costs). Each commit is checked out into a temporary git worktree (as
-:mod:`jobs.bench.compare` does) and measured in its own process, the commits taking turns; a
-figure is the median over repetitions of the best of 3 passes, and its ratio is working tree / base.
+(source and owner in the one process: the whole extra CPU a forwarded report costs). Each commit
+is checked out into a temporary git worktree (as :mod:`jobs.bench.compare` does) and measured in
+its own process, the commits taking turns; a figure is the median over repetitions of the best of
+3 passes, and its ratio is working tree / base.
 """
 
 from __future__ import annotations
