@@ -283,7 +283,7 @@ class IngestCore:
         parsed = self.parser.parse(values)
         # reports of users another partition owns (a producer not partitioning by murmur2 of the user
         # id): forwarded to their owner, which applies them (pipeline.stream.ingest.repartition)
-        foreign = state.local[parsed.rows] < 0
+        foreign = state.local.foreign(parsed.rows)
         if foreign.any():
             offsets = np.fromiter(map(_OFFSET, records), dtype=np.int64, count=len(records))
             result.forwards = self.forwarder.forward(partition, offsets, parsed.take(foreign))

@@ -279,6 +279,10 @@ class _LocalRows:
         mine = self.owned.owners[rows] == self.partition
         return np.where(mine, self.owned.positions[rows], -1).astype(np.int64)
 
+    def foreign(self, rows: np.ndarray) -> np.ndarray:
+        """Rows another partition owns (one gather: what a matched producer's run pays to be checked)."""
+        return self.owned.owners[rows] != self.partition
+
 
 class Intake:
     """How many reports a partition accepted and rejected (by reason), per step — curator-side only.
