@@ -1,7 +1,7 @@
 """Ingest throughput when the producer does not partition by murmur2 (reports forwarded to their
 owner through ``repartition``) against a matched producer, in the same run.
 
-    python -m jobs.bench.bench_repartition [--n 200000] [--partitions 2] [--rounds 2] [--json out/bench_repartition.json]
+    python -m jobs.bench.bench_repartition [--n 200000] [--partitions 2] [--rounds 2] [--json out/bench.json]
 
 On the embedded broker and Redis, one worker process (the production job) owning every partition.
 Each step's single-report messages (keyed by user id) are produced while the worker is stopped, with

@@ -47,8 +47,8 @@ from pipeline.releases.aggregators import narrow_int
 from pipeline.stream.ingest.reports import ParsedReports
 from pipeline.stream.kafka.codecs import CONTROL_HEADER
 
-__all__ = ["SOURCE_HEADER", "POSITIONS_HEADER", "FORMAT_HEADER", "ROWS", "FORWARDED", "FORWARD_CHUNK", "Forwarder", "ForwardMarkers",
-           "Inbox", "source_of", "positions_of", "source_positions"]
+__all__ = ["SOURCE_HEADER", "POSITIONS_HEADER", "FORMAT_HEADER", "ROWS", "FORWARDED", "FORWARD_CHUNK", "Forwarder",
+           "ForwardMarkers", "Inbox", "is_rows", "source_of", "positions_of", "source_positions"]
 
 SOURCE_HEADER = "dpstream-from"  # the reports partition a forwarded record comes from
 POSITIONS_HEADER = "dpstream-positions"  # per row: its offset in the source partition, then its row there
