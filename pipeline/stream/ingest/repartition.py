@@ -99,21 +99,27 @@ class Forwarder:
     def forward(self, source: int, offsets: np.ndarray, parsed) -> list[tuple[int, bytes, list]]:
         """(owner partition, value, headers) for the parsed reports ``parsed`` (users of other
         partitions); ``offsets[i]`` is the source offset of parsed message i."""
+        size, width = len(parsed), self.dtype.itemsize
         owner = self.owners[parsed.rows]
-        packed = np.empty(len(parsed), dtype=self.dtype)
+        packed = np.empty(size, dtype=self.dtype)
         packed["row"], packed["step"] = parsed.rows, parsed.steps
         for i, name in enumerate(self.names):
             packed[f"a{i}"] = parsed.codes[name]
-        positions = np.stack([offsets[parsed.message], parsed.batch_index]).astype("<i8")
-        order = np.argsort(owner, kind="stable")  # grouped by owner, log order within each
-        bounds = np.flatnonzero(np.diff(owner[order])) + 1
+        positions = np.empty((2, size), dtype="<i8")
+        np.take(offsets, parsed.message, out=positions[0])
+        positions[1] = parsed.batch_index
+        # grouped by owner, log order within each; rows gathered as raw bytes (a structured gather is 10x slower)
+        order = np.argsort(owner, kind="stable")
+        raw = np.take(packed.view(np.uint8).reshape(size, width), order, axis=0)
+        positions, owner = np.take(positions, order, axis=1), owner[order]
+        bounds = [0, *(np.flatnonzero(np.diff(owner)) + 1).tolist(), size]
         out = []
-        for sel in np.split(order, bounds):
-            for start in range(0, sel.size, FORWARD_CHUNK):
-                rows = sel[start: start + FORWARD_CHUNK]
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            for start in range(lo, hi, FORWARD_CHUNK):
+                stop = min(start + FORWARD_CHUNK, hi)
                 headers = [(SOURCE_HEADER, str(source).encode()), (FORMAT_HEADER, ROWS),
-                           (POSITIONS_HEADER, np.ascontiguousarray(positions[:, rows]).tobytes())]
-                out.append((int(owner[rows[0]]), packed[rows].tobytes(), headers))
+                           (POSITIONS_HEADER, positions[:, start:stop].tobytes())]
+                out.append((int(owner[start]), raw[start:stop].tobytes(), headers))
         return out
 
     def decode(self, records: list, partition: int) -> tuple[ParsedReports, list[int]]:
