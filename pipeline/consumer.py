@@ -130,7 +130,7 @@ class PanelStore:
         self._try_complete(m["release"], int(m["step"]))
 
     def add_chunk(self, value: bytes) -> None:
-        c = orjson.loads(value)
+        c = _digit_chunk(value) or orjson.loads(value)
         key = (c["release"], int(c["step"]))
         bucket = self._chunks.setdefault(key, {})
         if int(c["chunk"]) in bucket:
@@ -181,6 +181,47 @@ class PanelStore:
             panel.values[:, s - 1] = new[:, j]
         panel.complete_steps.add(step)
         self._chunks.pop((release, step), None)
+
+
+_VALUES = b',"values":{'
+
+
+def _digit_chunk(value: bytes) -> dict[str, Any] | None:
+    """A synthetic chunk whose value lists hold single digits only, as the releaser writes them
+    (``{..., "values": {"<step>": [0,1,...], ...}}``, no spaces), decoded with numpy instead of one
+    Python int per value (most of a reader's time on a 10⁶-record step); None for anything else,
+    which the caller decodes as JSON. The values are exactly what the JSON decoder would give."""
+    at = value.find(_VALUES)
+    if at < 0 or not value.endswith(b"}}"):
+        return None
+    try:
+        head = orjson.loads(value[:at] + b"}")
+    except orjson.JSONDecodeError:
+        return None
+    if type(head) is not dict or "values" in head:
+        return None
+    raw = np.frombuffer(value, dtype=np.uint8)
+    values, pos, end = {}, at + len(_VALUES), len(value) - 2
+    while True:  # "<step>":[d,d,...] then "," and the next, or the end
+        close = value.find(b'":[', pos + 1)
+        stop = value.find(b"]", close)
+        if value[pos:pos + 1] != b'"' or close < 0 or stop < 0:
+            return None
+        key, text = value[pos + 1:close], raw[close + 3:stop]
+        if not key.isdigit() or text.size % 2 == 0 and text.size:
+            return None
+        digits = text[0::2]
+        if not ((text[1::2] == ord(",")).all() and (digits >= ord("0")).all() and (digits <= ord("9")).all()):
+            return None
+        values[key.decode()] = (digits - ord("0")).astype(np.int8)
+        pos = stop + 1
+        if pos == end:
+            break
+        if value[pos:pos + 1] != b"," or stop > end:
+            return None
+        pos += 1
+    head["values"] = values
+    return head
 
 
 def _output_of(manifest: dict) -> str:

@@ -45,3 +45,13 @@ def test_a_named_commit_is_checked_out_and_its_benchmark_found(tmp_path):
             compare.bench_module(tmp_path)
     finally:
         subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], capture_output=True)
+
+
+def test_release_cpu_job_runs_every_part_of_a_step():
+    """The in-process split of a step's close and release (jobs/bench/release_cpu.py) on a small roster."""
+    from jobs.bench import release_cpu
+
+    rows = release_cpu.run(4000, 3)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(set(release_cpu.PARTS) <= set(r) for r in rows)
+    assert rows[2]["public_mb"] > rows[1]["public_mb"]  # step 3: the fixed window's first three columns

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections import namedtuple
 
+import numpy as np
 import orjson
 import pytest
 
@@ -137,7 +138,7 @@ def test_a_crash_between_publish_and_checkpoint_replays_the_step_exactly_once(re
             with pytest.raises(RuntimeError, match="broker gone"):
                 await handling
         else:
-            async def dies(partition, blob):
+            async def dies(partition, blob, *kept):
                 raise RuntimeError("killed before the checkpoint")
             saved = store.save_checkpoint
             store.save_checkpoint = dies
@@ -224,15 +225,59 @@ def test_a_fetch_past_the_next_record_is_sought_back_not_skipped(redis_client, s
     run(main(), store_of)
 
 
+def two_partitions():
+    return parse_config({
+        "name": "ingest2", "roster": {"size": 40}, "horizon": 4, "topics": {"partitions": 2},
+        "attributes": {"pov": {"type": "binary"}}, "budget": {"rho": 0.5}, "random": {"kind": "seeded", "seed": 3},
+        "releases": [{"name": "cu", "type": "cumulative", "attribute": "pov", "share": 1.0}],
+    })
+
+
+@pytest.mark.parametrize("forwarded", [False, True])
+def test_forwarded_through_markers_wait_only_for_forwarded_reports(redis_client, store_of, forwarded):
+    """A close marker's forwarded-through markers go out once the reports forwarded before it are
+    acknowledged; with none forwarded (murmur2 producers) every partition's markers go out at once,
+    not one partition after the other's acknowledgements."""
+    dep = two_partitions()
+
+    async def main():
+        log, names = MemoryLog(auto_ack=False), topic_names(dep)
+        roster = Roster.from_config(dep.roster)
+        core = IngestCore(dep, roster, names, store=ReleaseStore(redis_client, dep.name))
+        coordinator = IngestCoordinator(core, store_of(dep), Checkpoint(log), lambda tps: asyncio.sleep(0, {}))
+        tps = [TP(names["reports"], p) for p in (0, 1)]
+        await coordinator.on_assign(set(tps))
+        owners = roster.owners(2)
+        fetch = {tp: [] for tp in tps}
+        if forwarded:  # a report of a partition-1 user on partition 0
+            user = roster.ids[int(np.flatnonzero(owners == 1)[0])]
+            fetch[tps[0]].append(Record(0, orjson.dumps({"user": user, "step": 1, "values": {"pov": 1}})))
+        for tp in tps:
+            fetch[tp].append(Record(len(fetch[tp]), close_marker(1, CLOSE_MS), ((CONTROL_HEADER, b"close"),)))
+        handling = asyncio.create_task(coordinator.handle(fetch))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        sent = [m for p in (0, 1) for m in log.logs[(names["repartition"], p)]]
+        markers = [m for m in sent if dict(m.headers).get(CONTROL_HEADER) == b"forwarded-through"]
+        if forwarded:
+            assert len(sent) == 1 and not markers  # the forwarded batch, unacknowledged: no marker yet
+            log.ack()
+            for _ in range(20):
+                await asyncio.sleep(0)
+            markers = [m for p in (0, 1) for m in log.logs[(names["repartition"], p)]
+                       if dict(m.headers).get(CONTROL_HEADER) == b"forwarded-through"]
+        assert len(markers) == 4  # both sources' markers to both partitions, none waiting for the other's
+        log.ack()
+        await handling
+
+    run(main(), store_of)
+
+
 def test_forwards_are_awaited_by_the_next_fetch_and_before_any_marker_or_checkpoint(redis_client, store_of):
     """A fetch that forwards reports returns before the broker acknowledged them (the next fetch is
     handled meanwhile), but no forwarded-through marker is sent and no checkpoint written before they
     are: a marker or checkpoint ahead of a forward the broker then refuses would lose its reports."""
-    dep = parse_config({
-        "name": "ingest-fwd", "roster": {"size": 40}, "horizon": 4, "topics": {"partitions": 2},
-        "attributes": {"pov": {"type": "binary"}}, "budget": {"rho": 0.5}, "random": {"kind": "seeded", "seed": 3},
-        "releases": [{"name": "cu", "type": "cumulative", "attribute": "pov", "share": 1.0}],
-    })
+    dep = two_partitions()
     names = topic_names(dep)
     roster = Roster.from_config(dep.roster)
     theirs = [roster.ids[i] for i in range(40) if roster.owners(2)[i] == 0]  # sent to partition 1: forwarded
@@ -240,7 +285,7 @@ def test_forwards_are_awaited_by_the_next_fetch_and_before_any_marker_or_checkpo
     async def main():
         store, log = store_of(dep), MemoryLog(auto_ack=False)
         core = IngestCore(dep, roster, names, store=ReleaseStore(redis_client, dep.name))
-        coordinator = IngestCoordinator(core, store, Checkpoint(log), lambda tps: _no_ends())
+        coordinator = IngestCoordinator(core, store, Checkpoint(log), lambda tps: asyncio.sleep(0, {}))
         tps = [TP(names[t], p) for t in ("reports", "repartition") for p in (0, 1)]
         await coordinator.on_assign(set(tps))
         reports = [Record(i, orjson.dumps({"user": u, "step": 1, "values": {"pov": 1}})) for i, u in enumerate(theirs)]
@@ -264,5 +309,31 @@ def test_forwards_are_awaited_by_the_next_fetch_and_before_any_marker_or_checkpo
     run(main(), store_of)
 
 
-async def _no_ends():
-    return {}
+def test_kept_partials_are_written_once_beside_the_checkpoint(redis_client, store_of, monkeypatch):
+    """Each close writes its partial beside the checkpoint once (the checkpoint does not grow with the
+    closed steps: it is on every close's Redis write) and drops the one no longer kept; a restarted
+    worker keeps the same partials to re-send for a re-driven close."""
+    dep = one_partition()
+    monkeypatch.setattr(IngestCore, "KEEP_PARTIALS", 2)
+
+    async def main():
+        store = store_of(dep)
+        log = MemoryLog()
+        worker = Worker(dep, redis_client, store, log)
+        await worker.start()
+        sizes = []  # of the checkpoint after each close
+        for t in (1, 2, 3):
+            start = len(log.logs[(worker.reports.topic, 0)])
+            send_reports(worker, t, range(0, 40))
+            send_close(worker, t)
+            await worker.coordinator.handle(worker.fetch(start))
+            sizes.append(len(await store.r.get(store.keys.checkpoint(0))))
+        kept = await store.r.hget(store.keys.kept_partials(0), "2")
+        assert sizes[1] - sizes[0] < len(kept) // 2  # (the state grows a little with the steps: its horizon arrays)
+        assert sorted(await store.r.hkeys(store.keys.kept_partials(0))) == [b"2", b"3"]
+        again = Worker(dep, redis_client, store, log)
+        await again.start()
+        assert again.coordinator.core.kept[0] == worker.coordinator.core.kept[0]
+        assert sorted(again.coordinator.core.kept[0]) == [2, 3]
+
+    run(main(), store_of)

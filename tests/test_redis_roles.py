@@ -13,7 +13,7 @@ from pipeline.acl import redis_acl_rules
 from pipeline.config import parse_config
 from pipeline.connections import redis_client
 from pipeline.security import Security
-from pipeline.stream.ingest.core import IngestCore
+from pipeline.stream.ingest.core import IngestCore, kept_blob
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.kafka.topics import topic_names
 from pipeline.stream.local.embedded import EmbeddedRedis
@@ -101,12 +101,14 @@ def test_the_worker_runs_its_calls_and_reaches_nothing_else(server, admin, monke
         try:
             core.assign(0)
             await store.save_checkpoint(0, core.checkpoint(0))
+            await store.save_checkpoint(0, core.checkpoint(0), {1: kept_blob([(b"1:0:0", b"partial")])}, [0])
             await store.save_intake({0: {"accepted": 1}})
         finally:
             await store.close()
 
     asyncio.run(job_writes())
     assert core.assign(0) == core.states[0].offset + 1 and sync.load_checkpoint(0) is not None  # restored
+    assert sync.load_kept_partials(0, [1, 2]) == {1: kept_blob([(b"1:0:0", b"partial")])}  # for a re-driven close
     assert admin.hget(keys.intake, "0") == b'{"accepted": 1}'
 
     worker = login(server, "worker", monkeypatch)

@@ -410,3 +410,60 @@ def test_the_releaser_writes_only_topics_its_role_is_granted(store_of):
     granted = {stream.names[n] for n, t in TOPICS.items() if "releaser" in t.writers}
     assert sent_to and sent_to <= granted, sent_to - granted
     assert {stream.names[t] for t in ("releases", "synthetic", "reports")} <= sent_to  # close markers too
+
+
+def test_a_restarted_releaser_rebuilds_the_released_records_from_the_step_records(store_of):
+    """A step record stores the engine state without the synthesizers' released records (the columns of
+    the records before it: storing them again made every commit grow by m bytes per release and step);
+    a releaser restarted after any step rebuilds them, so its state is the uninterrupted one bit for bit."""
+    from pipeline.serialization import dumps_state, loads_state
+
+    dep, X = deployment("coord-history"), panel()
+
+    async def main():
+        stream = Stream(dep, store_of(dep), MemoryLog(), X)
+        await stream.start()
+        for t in range(1, T + 1):
+            assert await stream.close(t)
+            await stream.coordinator.release_ready_steps()
+            restarted = await ReleaseCoordinator.create(dep, N, "instance-a", stream.store, Checkpoint(stream.log),
+                                                        stream.names, stream.log_end)
+            assert dumps_state(restarted.engine.get_state()) == dumps_state(stream.coordinator.engine.get_state()), t
+            stored = loads_state((await stream.store.latest_state())[1])["mechanisms"]
+            assert all(mech.get("synthetic") is None for mech in stored.values())
+        return stream.coordinator.engine.mechanisms
+
+    mechanisms = run(main(), store_of)
+    assert mechanisms["fw"].synthetic.shape == (mechanisms["fw"].m, T)  # history there, and checked above
+
+
+def test_a_releaser_that_finds_its_step_committed_takes_the_committed_state_whole(store_of):
+    """Two releasers with the same partials: the second finds the step committed by the first and takes its
+    record — the engine state, the synthesizers' released records rebuilt from the step records, is the
+    committing releaser's bit for bit, and its messages are the same bytes."""
+    from pipeline.serialization import dumps_state
+
+    dep, X = deployment("coord-second"), panel()
+
+    async def main():
+        stream = Stream(dep, store_of(dep), MemoryLog(), X)
+        await stream.start()
+        for t in (1, 2):
+            assert await stream.close(t)
+            await stream.coordinator.release_ready_steps()
+        second = await ReleaseCoordinator.create(dep, N, "instance-a", stream.store, Checkpoint(MemoryLog()),
+                                                 stream.names, stream.log_end)
+        first_public = len(stream.log.logs[(stream.names["synthetic"], 0)])
+        assert await stream.close(3)
+        partials = stream.log.logs[(stream.names["step-partials"], 0)]
+        start = len(partials) - sum(1 for m in partials if m.key.startswith(b"3:"))
+        await stream.coordinator.release_ready_steps()  # the first commits step 3
+        for offset in range(start, len(partials)):
+            second.take_partial(offset, partials[offset].key, partials[offset].value)
+        await second.release_ready_steps()  # finds step 3 committed: takes the record
+        assert dumps_state(second.engine.get_state()) == dumps_state(stream.coordinator.engine.get_state())
+        mine = stream.log.logs[(stream.names["synthetic"], 0)][first_public:]
+        theirs = second.checkpoint.publisher.logs[(stream.names["synthetic"], 0)]
+        assert [(m.key, m.value) for m in theirs] == [(m.key, m.value) for m in mine]
+
+    run(main(), store_of)

@@ -89,3 +89,21 @@ def test_large_integer_arrays_are_stored_narrow_and_restored_exactly(dtype, valu
 def test_small_integer_arrays_are_stored_as_they_are():
     blob = dumps_state({"a": np.array([-1, 0, 1], dtype=np.int64)})
     assert b'"as"' not in blob and loads_state(blob)["a"].dtype == np.int64
+
+
+@pytest.mark.parametrize("dtype, value", [("<i8", -1), ("<i1", -1), ("<i4", 7), ("<u8", 2**64 - 1), (">i8", 3)])
+def test_constant_integer_arrays_are_stored_as_their_value(dtype, value):
+    """A worker's open steps hold -1 for every user until reports arrive: stored as the value, not as
+    its n bytes (half a close's Redis write), and restored exactly, writable."""
+    arr = np.full((4, 5000), value, dtype=dtype)
+    blob = dumps_state({"a": arr, "b": np.arange(3)})
+    back = loads_state(blob)["a"]
+    assert len(blob) < 400
+    assert back.dtype == arr.dtype.newbyteorder("<") and back.shape == arr.shape
+    assert np.array_equal(back, arr) and back.flags.writeable
+
+
+def test_version_2_blobs_are_still_read():
+    """Version 3 only adds constant arrays: a blob of version 2 (no such entry) reads as it did."""
+    blob = dumps_state({"x": np.arange(5000) % 7, "f": 0.5})
+    assert loads_state(b"DPST2" + blob[5:])["f"] == 0.5

@@ -210,6 +210,9 @@ def test_duplicate_marker_resends_the_kept_partial_and_writes_no_checkpoint():
         def load_checkpoint(self, partition):
             return out[0].checkpoint
 
+        def load_kept_partials(self, partition, steps):  # written beside the checkpoint, in one transaction
+            return {t: out[0].kept[t] for t in steps if t in out[0].kept}
+
     restored = IngestCore(dep, roster, topic_names(dep), store=Checkpoints(), isolated=True)
     assert restored.assign(0) == 1
     assert restored.enqueue(0, [Record(1, orjson.dumps({"step": 1}), MARK)]) is None

@@ -308,6 +308,8 @@ def main(argv=None) -> dict:
             print("release latency, close -> manifests / whole step read back: " +
                   ", ".join(f"t={t}: {m:.2f} / {c:.2f} s" for t, (m, c) in latencies.items()), flush=True)
             result["latency_breakdown_s"] = latency_breakdown(out / "logs", latencies)
+            for t, row in result["latency_breakdown_s"].items():  # the reading side's own share
+                row["read_back"] = latencies[t][1] - latencies[t][0]
             for t, row in result["latency_breakdown_s"].items():
                 print(f"  step {t}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()) + " s", flush=True)
             result["worker_rss_mb"] = _rss_mb(cluster.procs["worker-0"].pid)
@@ -315,12 +317,16 @@ def main(argv=None) -> dict:
             from pipeline.stream.state.store import ReleaseStore
 
             store = ReleaseStore.from_url(svc.redis.url, dep.name)
-            state_bytes = 0
+            state_bytes = kept_bytes = 0
             for p in range(args.partitions):
                 st = loads_state(store.load_checkpoint(p))
                 state_bytes += sum(a.nbytes for a in _arrays(st))
+                kept_bytes += sum(map(len, store.load_kept_partials(p, range(1, HORIZON + 1)).values())) \
+                    if hasattr(store, "load_kept_partials") else 0  # an earlier tree keeps them in the state
             result["state_bytes_per_user"] = state_bytes / n
-            print(f"worker state: {state_bytes / n:.1f} bytes/user; worker RSS {result['worker_rss_mb']:.0f} MB", flush=True)
+            result["kept_partials_bytes_per_user"] = kept_bytes / n
+            print(f"worker state: {state_bytes / n:.1f} bytes/user (kept partials of {len(latencies)} closed steps "
+                  f"beside it: {kept_bytes / n:.1f} bytes/user); worker RSS {result['worker_rss_mb']:.0f} MB", flush=True)
             rate_2 = _two_worker_rate(cluster, svc.broker.bootstrap, names["reports"], roster, pov[:, 4], item[:, 4], n)
             result["ingest_single_two_workers_reports_per_s"] = rate_2
             print(f"ingest, single-report messages, two workers: {rate_2:,.0f} reports/s "

@@ -46,7 +46,9 @@ FIGURES: dict[str, tuple[str, str, bool]] = {
     "latency_mechanisms_s": ("  releaser: mechanisms", "s", False),
     "latency_redis_commit_s": ("  releaser: Redis commit", "s", False),
     "latency_publish_s": ("  releaser: publish", "s", False),
+    "latency_read_back_s": ("  reading side: manifests published → whole step read back", "s", False),
     "state_bytes_per_user": ("worker state per user", "B", False),
+    "kept_partials_bytes_per_user": ("  kept partials beside it (written once per close)", "B", False),
     "worker_rss_mb": ("worker RSS after ingest", "MB", False),
     "parser_single": ("parser, single-report messages (one core)", "reports/s", True),
     "parser_row_batch": ("parser, row batches (one core)", "reports/s", True),
@@ -81,7 +83,8 @@ def flatten(result: dict) -> dict[str, float]:
         out["latency_manifests_s"] = statistics.median(float(v[0]) for v in lat.values())
         out["latency_whole_step_s"] = statistics.median(float(v[1]) for v in lat.values())
     breakdown = result.get("latency_breakdown_s") or {}
-    for part in ("markers", "partitions_closed", "partials_at_releaser", "mechanisms", "redis_commit", "publish"):
+    for part in ("markers", "partitions_closed", "partials_at_releaser", "mechanisms", "redis_commit", "publish",
+                 "read_back"):
         values = [float(row[part]) for row in breakdown.values() if part in row]
         if values:
             out[f"latency_{part}_s"] = statistics.median(values)

@@ -42,8 +42,8 @@ class WritableStore(ReleaseStore):
     def set_partials_resume(self, offset):
         return self._write("set_partials_resume", offset)
 
-    def save_checkpoint(self, partition, blob):
-        return self._write("save_checkpoint", partition, blob)
+    def save_checkpoint(self, partition, blob, kept=None, dropped=()):
+        return self._write("save_checkpoint", partition, blob, kept, dropped)
 
     def save_intake(self, summaries):
         return self._write("save_intake", summaries)

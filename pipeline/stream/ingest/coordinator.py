@@ -183,9 +183,10 @@ class IngestCoordinator:
         for partition in partitions:
             for out in self.core.drain_all(partition):
                 if isinstance(out, ForwardMarkers):
-                    # everything forwarded before the close marker is acknowledged before the markers go
+                    # everything forwarded before the close marker is acknowledged before the markers go;
+                    # nothing else is waited for (with no forwards in flight, as for murmur2 producers,
+                    # the markers go at once)
                     await self._forwards_acknowledged(forwards, forwarded)
-                    await sends.acknowledged()
                     for p, value, headers in out.messages:
                         await sends.send(self.names["repartition"], value, headers=headers, partition=p)
                 elif isinstance(out, CloseOutput):
@@ -194,6 +195,11 @@ class IngestCoordinator:
                     for key, value in out.messages:
                         await sends.send(self.names["step-partials"], value, key=key)
                     if out.checkpoint:  # empty for a replayed close of a step already closed
+                        earlier = checkpoints.get(partition)  # only the last checkpoint is written: with
+                        if earlier is not None:  # the kept partials of every close of the fetch
+                            out.kept = {**{t: b for t, b in earlier.kept.items() if t not in out.dropped},
+                                        **out.kept}
+                            out.dropped = sorted(set(earlier.dropped) | set(out.dropped))
                         checkpoints[partition] = out
                         log.info("partition %d closed step %d: %s", out.partition, out.step, out.summary)
                 else:
@@ -203,7 +209,7 @@ class IngestCoordinator:
 
         async def save(out: CloseOutput) -> None:
             crash_point("worker.before_checkpoint", out.step)
-            await self.store.save_checkpoint(out.partition, out.checkpoint)
+            await self.store.save_checkpoint(out.partition, out.checkpoint, out.kept, out.dropped)
             METRICS.step_close_seconds.observe(time.perf_counter() - started)
             METRICS.open_step.labels(str(out.partition)).set(out.step + 1)
 

@@ -8,7 +8,8 @@ marker's offset. After a crash the partition is replayed from the checkpoint's o
 state is restored to exactly that point and the cut is a log position, the replay reproduces the
 same partials (the releaser deduplicates them) and every accepted report counts exactly once.
 
-The checkpoint also keeps the partial messages of the last ``KEEP_PARTIALS`` closed steps. A marker
+The partial messages of the last ``KEEP_PARTIALS`` closed steps are kept beside the checkpoint (each
+written once, with the checkpoint of its close, not again with every later checkpoint). A marker
 for a step the partition has already closed (the releaser re-drives the closes it has not released:
 the broker may have lost the partials) re-sends the kept partial, byte for byte, and the
 forwarded-through markers of that step; nothing is recomputed (docs/streaming.md, "A lost close").
@@ -55,13 +56,16 @@ def is_marker(headers) -> bool:
 
 @dataclass
 class CloseOutput:
-    """A closed step: publish ``messages`` (and wait for the broker's ack), then store ``checkpoint``."""
+    """A closed step: publish ``messages`` (and wait for the broker's ack), then store ``checkpoint``
+    with the kept partials to write (``kept``: step -> blob) and to delete (``dropped``: steps)."""
 
     partition: int
     step: int
     messages: list[tuple[bytes, bytes]]
     checkpoint: bytes
     summary: dict
+    kept: dict[int, bytes] = field(default_factory=dict)
+    dropped: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -102,7 +106,8 @@ class IngestCore:
         self.inboxes: dict[int, Inbox] = {}
         self.emitted: dict[int, int] = {}  # partition -> last step whose forwarded-through markers it sent
         self._strays: dict[int, list[Record]] = {}  # repartition records naming no source partition
-        self.kept: dict[int, dict[int, list]] = {}  # partition -> step -> its partial messages (checkpointed)
+        self.kept: dict[int, dict[int, list]] = {}  # partition -> step -> its partial messages (kept in Redis)
+        self._kept_changes: dict[int, tuple[set, set]] = {}  # partition -> (steps to write, steps to delete)
         self.lost: dict[int, dict[str, int]] = {}  # partition -> open step -> reports counted on a log since lost
         self._owned: OwnedRows | None = None
         self._feedback_complete: set[int] = set()  # see feedback_checkpoints
@@ -130,8 +135,11 @@ class IngestCore:
             inbox.set_state(restored["repartition"])
         self.states[partition] = state
         self.inboxes[partition] = inbox
-        self.kept[partition] = {int(t): [(k.encode(), np.asarray(v, dtype=np.uint8).tobytes()) for k, v in msgs]
-                                for t, msgs in restored.get("partials", {}).items()}
+        old = restored.get("partials")  # a checkpoint of the previous version kept them inside
+        last = range(state.closed - self.KEEP_PARTIALS + 1, state.closed + 1)
+        stored = old if old is not None else (self.store.load_kept_partials(partition, last) if restored else {})
+        self.kept[partition] = {int(t): kept_messages(v) for t, v in stored.items()}
+        self._kept_changes[partition] = (set(self.kept[partition]) if old else set(), set())
         self.emitted[partition] = state.closed
         self.backlog[partition] = []
         return resume
@@ -145,6 +153,7 @@ class IngestCore:
         self.emitted.pop(partition, None)
         self._strays.pop(partition, None)
         self.kept.pop(partition, None)
+        self._kept_changes.pop(partition, None)
         self.lost.pop(partition, None)
 
     def enqueue(self, partition: int, records: list[Record], now: float | None = None) -> int | None:
@@ -246,7 +255,11 @@ class IngestCore:
                 if self.feedback_outstanding(partition) or not (self.isolated or self.inboxes[partition].ready(step)):
                     break  # resume when the feedback of the last closed step / the forwarded reports arrive
                 messages, blob, summary = self.close(partition, step, rec.offset, closed_at)
-                outputs.append(CloseOutput(partition, step, messages, blob, summary))
+                write, drop = self._kept_changes.get(partition, (set(), set()))
+                kept = self.kept.get(partition, {})
+                outputs.append(CloseOutput(partition, step, messages, blob, summary,
+                                           {t: kept_blob(kept[t]) for t in sorted(write) if t in kept}, sorted(drop)))
+                self._kept_changes[partition] = (set(), set())
             else:
                 run.append(rec)
             done += 1
@@ -394,8 +407,12 @@ class IngestCore:
         messages = encode_partial(partial)
         kept = self.kept.setdefault(partition, {})
         kept[step] = messages
+        write, drop = self._kept_changes.setdefault(partition, (set(), set()))
+        write.add(step)
         for old in sorted(kept)[:-self.KEEP_PARTIALS]:
             del kept[old]
+            write.discard(old)
+            drop.add(old)
         blob = self.checkpoint(partition)
         summary = {"step": step, "users": partial["users"], "reported": partial["reported"]}
         return messages, blob, summary
@@ -471,11 +488,10 @@ class IngestCore:
         return {p: self.checkpoint(p) for p in sorted(due) if p in self.states}
 
     def checkpoint(self, partition: int) -> bytes:
-        """The partition's state with its ``repartition`` position (what was forwarded to it and applied)."""
-        kept = {str(t): [[k.decode(), np.frombuffer(v, dtype=np.uint8)] for k, v in msgs]
-                for t, msgs in self.kept.get(partition, {}).items()}
-        return dumps_state({**self.states[partition].get_state(),
-                            "repartition": self.inboxes[partition].get_state(), "partials": kept})
+        """The partition's state with its ``repartition`` position (what was forwarded to it and applied);
+        the kept partials are stored beside it (:class:`CloseOutput`), not in it: rewriting them with every
+        checkpoint made its size, and every close's Redis write, grow with the steps."""
+        return dumps_state({**self.states[partition].get_state(), "repartition": self.inboxes[partition].get_state()})
 
     def _reject_record(self, partition: int, rec: Record, reason: str, detail: str,
                        topic: str = "reports") -> ApplyResult:
@@ -488,6 +504,17 @@ class IngestCore:
         key = f"{partition}:{rec.offset}:-" if topic == "reports" else f"{topic}:{partition}:{rec.offset}:-"
         return ApplyResult(partition=partition, reasons={reason: 1},
                            dead_letters=[(key.encode(), *bounded_copy(bytes(rec.value or b""), headers))])
+
+
+def kept_blob(messages: list[tuple[bytes, bytes]]) -> bytes:
+    """A closed step's partial messages as Redis keeps them (:func:`kept_messages` reverses it)."""
+    return dumps_state({"messages": [[k.decode(), np.frombuffer(v, dtype=np.uint8)] for k, v in messages]})
+
+
+def kept_messages(stored) -> list[tuple[bytes, bytes]]:
+    """The partial messages of a :func:`kept_blob` (or of a checkpoint of the previous version's list)."""
+    msgs = loads_state(stored)["messages"] if isinstance(stored, bytes) else stored
+    return [(k.encode(), np.asarray(v, dtype=np.uint8).tobytes()) for k, v in msgs]
 
 
 def bounded_copy(original: bytes, headers: list) -> tuple[bytes, list]:

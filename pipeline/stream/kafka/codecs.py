@@ -55,21 +55,33 @@ PARTIAL_CHUNK_BYTES = 512 * 1024  # below Kafka's default 1 MB message limit
 
 def synthetic_chunks(release: str, step: int, column_steps: list[int], columns: np.ndarray,
                      chunk_records: int = SYNTHETIC_CHUNK_RECORDS) -> Iterator[tuple[bytes, bytes]]:
-    """(key, value) messages for the new columns (shape (m, len(column_steps))) of one step."""
+    """(key, value) messages for the new columns (shape (m, len(column_steps))) of one step.
+
+    The JSON of each chunk is ``orjson.dumps`` of ``{"release", "step", "chunk", "chunks", "start",
+    "stop", "values": {"<column step>": [...]}}``. Codes of an alphabet of at most 10 values (binary
+    attributes: most synthetic records) have their lists written by :func:`_digit_lists`, byte for
+    byte what orjson writes, without building a Python int per value (~10⁶ per column per step)."""
     m = columns.shape[0]
     chunks = max(1, -(-m // chunk_records))
+    digits = columns.dtype.kind in "iu" and columns.size and 0 <= columns.min() and columns.max() <= 9
+    lists = [_digit_lists(columns[:, j]) for j in range(len(column_steps))] if digits else None
     for c in range(chunks):
         start, stop = c * chunk_records, min(m, (c + 1) * chunk_records)
-        body = {
-            "release": release,
-            "step": step,
-            "chunk": c,
-            "chunks": chunks,
-            "start": start,
-            "stop": stop,
-            "values": {str(s): columns[start:stop, j].tolist() for j, s in enumerate(column_steps)},
-        }
-        yield f"{release}:{step}:{c}".encode(), orjson.dumps(body)
+        head = {"release": release, "step": step, "chunk": c, "chunks": chunks, "start": start, "stop": stop}
+        if lists is None:
+            head["values"] = {str(s): columns[start:stop, j].tolist() for j, s in enumerate(column_steps)}
+            body = orjson.dumps(head)
+        else:
+            values = b",".join(b'"%d":[%s]' % (s, text[2 * start: 2 * stop - 1]) for s, text in zip(column_steps, lists))
+            body = orjson.dumps(head)[:-1] + b',"values":{' + values + b"}}"
+        yield f"{release}:{step}:{c}".encode(), body
+
+
+def _digit_lists(values: np.ndarray) -> bytes:
+    """Single-digit values 0..9 as ``b"0,1,1,...,"``: value i is byte 2i, a comma after each."""
+    text = np.full(2 * values.size, ord(","), dtype=np.uint8)
+    text[0::2] = values.astype(np.uint8) + ord("0")
+    return text.tobytes()
 
 
 def encode_partial(partial: dict[str, Any], chunk_bytes: int = PARTIAL_CHUNK_BYTES) -> list[tuple[bytes, bytes]]:

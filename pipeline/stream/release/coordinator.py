@@ -53,7 +53,7 @@ from pipeline.stream.kafka.codecs import CONTROL_HEADER, PartialAssembler, close
 from pipeline.stream.kafka.faults import crash_point
 from pipeline.stream.kafka.metrics import METRICS
 from pipeline.stream.release.closing import DeadlineClock, now_ms
-from pipeline.stream.release.engine import ReleaseEngine, ReleaseOutput
+from pipeline.stream.release.engine import ReleaseEngine, ReleaseOutput, needs_records, restore_records, stored_state
 from pipeline.stream.release.fence import check_fence
 from pipeline.stream.state.checkpoint import Checkpoint
 from pipeline.stream.state.store import StepAlreadyReleased, StepRecord
@@ -99,8 +99,7 @@ class ReleaseCoordinator:
         """The engine restored from the last committed step (a fresh one before the first), stamping
         ``instance`` (the deployment's public instance id, read back by the fence) into every manifest."""
         last, blob = await store.latest_state()
-        engine = (ReleaseEngine.from_state(deployment, loads_state(blob, f"{store.keys.step(last)} __state__"))
-                  if blob else ReleaseEngine(deployment, n))
+        engine = await _engine_from(deployment, store, last, blob) if blob else ReleaseEngine(deployment, n)
         engine.instance = instance
         return cls(deployment, engine, store, checkpoint, names, log_end, clock)
 
@@ -181,7 +180,8 @@ class ReleaseCoordinator:
             log.error("budget exhausted, releases stopped: %s", err)
             return
         ledger = {f"{e.release}:{e.step}": e.get_state() for e in self.engine.ledger.entries if e.step == step}
-        record = StepRecord(step, {o.release: o.to_bytes() for o in outputs}, dumps_state(self.engine.get_state()))
+        record = StepRecord(step, {o.release: o.to_bytes() for o in outputs},
+                            dumps_state(stored_state(self.engine.get_state())))
         computed = time.perf_counter()
         crash_point("releaser.before_commit", step)
         try:
@@ -189,8 +189,7 @@ class ReleaseCoordinator:
         except StepAlreadyReleased:
             # Someone (an earlier incarnation) committed it: the stored record is the release.
             record = await self.store.load_step(step)
-            self.engine = ReleaseEngine.from_state(
-                self.dep, loads_state(record.state, f"{self.store.keys.step(step)} __state__"))
+            self.engine = await _engine_from(self.dep, self.store, step, record.state)
             outputs = self._outputs(record)
             METRICS.republished.inc()
         resume = self.assembler.min_offset()
@@ -329,6 +328,21 @@ class ReleaseCoordinator:
         for p in range(self.partitions):
             await batch.send(self.names["reports"], body, partition=p, headers=[(CONTROL_HEADER, b"close")])
         return batch
+
+
+async def _engine_from(deployment, store, step: int, blob: bytes) -> ReleaseEngine:
+    """The engine as step ``step``'s record stored it, its synthesizers' released records read back
+    from the records of steps 1..``step`` (:func:`pipeline.stream.release.engine.stored_state`)."""
+    state = loads_state(blob, f"{store.keys.step(step)} __state__")
+    names = needs_records(state)
+    if names:
+        outputs = {}
+        for t in range(1, step + 1):
+            record = await store.load_step(t)
+            outputs[t] = {name: ReleaseOutput.from_bytes(record.releases[name], f"{store.keys.step(t)} {name}")
+                          for name in names}
+        restore_records(state, outputs)
+    return ReleaseEngine.from_state(deployment, state)
 
 
 def _closed_at(outputs: list[ReleaseOutput]) -> float | None:

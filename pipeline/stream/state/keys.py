@@ -17,6 +17,8 @@ key                             what it holds                                   
 ``{p}:pointer:published``       last step whose messages the broker acknowledged               releaser rw, operator r
 ``{p}:pointer:closing``         last step whose close markers were written                     releaser rw, operator r
 ``{p}:ingest:checkpoint:<i>``   a reports partition's worker state (per-user values, charges)  worker rw
+                                and, under ``...:<i>:partials``, a hash: closed step -> its
+                                partial (true sums), the last 8 (a re-driven close re-sends it)
 ``{p}:ingest:intake``           hash: reports partition -> intake counts (accepted, rejected   worker rw, operator r
                                 by reason, reported/imputed per step)
 ``{p}:identity``                JSON written once (SET NX): instance id, the privacy-relevant  worker, releaser: read and
@@ -71,7 +73,8 @@ KEY_CLASSES: tuple[KeyClass, ...] = (
 # Redis started with these rules). Redis 6.2 grants commands per user, not per key: a role with a write
 # command may write every key its patterns name, which is why the classes above hold one role's keys each.
 REDIS_COMMANDS: dict[str, list[str]] = {  # besides logging in (+@connection -@dangerous)
-    "worker": ["get", "set", "hget", "hset", "exists", "scan"],  # hget: its partitions' last intake counts
+    # hget: its partitions' last intake counts and kept partials; hdel, multi/exec: a checkpoint with its partials
+    "worker": ["get", "set", "hget", "hset", "hdel", "exists", "scan", "multi", "exec", "discard"],
     "releaser": ["get", "set", "hget", "hset", "hgetall", "exists", "hexists", "watch", "unwatch", "multi",
                  "exec", "discard", "scan"],
     "operator": ["get", "hgetall"],
@@ -109,6 +112,9 @@ class Keys:
 
     def checkpoint(self, partition: int) -> str:
         return self._k("ingest", "checkpoint", partition)
+
+    def kept_partials(self, partition: int) -> str:
+        return self._k("ingest", "checkpoint", partition, "partials")
 
     @property
     def intake(self) -> str:

@@ -159,6 +159,15 @@ class ReleaseStore(StoreLayout):
     def load_checkpoint(self, partition: int) -> bytes | None:
         return self.r.get(self.keys.checkpoint(partition))
 
+    def load_kept_partials(self, partition: int, steps) -> dict[int, bytes]:
+        """Closed step -> its partial messages as the partition's worker keeps them (``kept_blob``), for
+        those of ``steps`` that are kept (field by field: the worker's login reads no whole hash)."""
+        pipe = self.r.pipeline(transaction=False)
+        steps = [int(t) for t in steps]
+        for t in steps:
+            pipe.hget(self.keys.kept_partials(partition), str(t))
+        return {t: v for t, v in zip(steps, pipe.execute()) if v is not None}
+
     def holds_ingest_state(self) -> bool:
         """Whether workers wrote intake counts (written with every checkpoint)."""
         return bool(self.r.exists(self.keys.intake))
