@@ -273,6 +273,42 @@ def test_forwarded_through_markers_wait_only_for_forwarded_reports(redis_client,
     run(main(), store_of)
 
 
+def test_forwards_are_awaited_by_the_next_fetch_and_before_any_marker_or_checkpoint(redis_client, store_of):
+    """A fetch that forwards reports returns before the broker acknowledged them (the next fetch is
+    handled meanwhile), but no forwarded-through marker is sent and no checkpoint written before they
+    are: a marker or checkpoint ahead of a forward the broker then refuses would lose its reports."""
+    dep = two_partitions()
+    names = topic_names(dep)
+    roster = Roster.from_config(dep.roster)
+    theirs = [roster.ids[i] for i in range(40) if roster.owners(2)[i] == 0]  # sent to partition 1: forwarded
+
+    async def main():
+        store, log = store_of(dep), MemoryLog(auto_ack=False)
+        core = IngestCore(dep, roster, names, store=ReleaseStore(redis_client, dep.name))
+        coordinator = IngestCoordinator(core, store, Checkpoint(log), lambda tps: asyncio.sleep(0, {}))
+        tps = [TP(names[t], p) for t in ("reports", "repartition") for p in (0, 1)]
+        await coordinator.on_assign(set(tps))
+        reports = [Record(i, orjson.dumps({"user": u, "step": 1, "values": {"pov": 1}})) for i, u in enumerate(theirs)]
+        await asyncio.wait_for(coordinator.handle({tps[1]: reports}), 5)  # returns with its forwards unacknowledged
+        assert log.logs[(names["repartition"], 0)] and log.unacked
+        marker = Record(len(theirs), close_marker(1, CLOSE_MS), ((CONTROL_HEADER, b"close"),))
+        handling = asyncio.create_task(coordinator.handle({tps[1]: [marker]}))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not handling.done()  # the forwarded-through markers wait for the forwards' acknowledgement
+        assert len(log.logs[(names["repartition"], 0)]) == 1 and not log.logs[(names["repartition"], 1)]
+        log.ack()
+        for _ in range(20):
+            await asyncio.sleep(0)
+            log.ack()
+        await asyncio.wait_for(handling, 5)
+        assert [dict(m.headers).get(CONTROL_HEADER) for m in log.logs[(names["repartition"], 1)]] == \
+            [b"forwarded-through"]
+        assert await store.r.get(store.keys.checkpoint(1)) is None  # partition 1 waits for partition 0's marker
+
+    run(main(), store_of)
+
+
 def test_kept_partials_are_written_once_beside_the_checkpoint(redis_client, store_of, monkeypatch):
     """Each close writes its partial beside the checkpoint once (the checkpoint does not grow with the
     closed steps: it is on every close's Redis write) and drops the one no longer kept; a restarted

@@ -18,7 +18,8 @@ from pipeline.config import parse_config
 from pipeline.serialization import loads_state
 from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore, Record
 from pipeline.stream.kafka.codecs import CONTROL_HEADER
-from pipeline.stream.ingest.repartition import ForwardMarkers
+from pipeline.stream.ingest.repartition import (FORMAT_HEADER, POSITIONS_HEADER, ROWS, SOURCE_HEADER,
+                                                ForwardMarkers)
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import ReleaseStore
 from support.stores import WritableStore
@@ -249,3 +250,71 @@ def test_direct_report_wins_over_a_forwarded_one_whatever_the_interleaving():
         assert workers[0].accepted == 1
         assert workers[0].core.states[0].intake_summary()["history"]["1"]["rejected"] == {"duplicate": 1}
     assert results == [1, 1]
+
+
+def _old_format_batch(roster, source, users, step, pov, status, offsets):
+    """A forwarded batch as the previous version wrote it: a JSON columnar batch, no format header."""
+    value = orjson.dumps({"columns": {"user": [roster.ids[u] for u in users], "step": step, "pov": pov,
+                                      "status": status}})
+    positions = np.stack([np.asarray(offsets), np.full(len(users), -1)]).astype("<i8")
+    return value, [(SOURCE_HEADER, str(source).encode()), (POSITIONS_HEADER, positions.tobytes())]
+
+
+def test_forwarded_batches_carry_the_owners_rows_and_batches_of_the_previous_format_still_count():
+    """A forward is packed rows (the owner neither parses JSON nor looks ids up); a JSON columnar batch
+    left in ``repartition`` by the previous version (a checkpoint of it resumes before it) is applied
+    too, and its copies skipped by the same source positions."""
+    dep, roster = deployment(), Roster.from_range(N)
+    owners = owner_of(roster)
+    mine = np.flatnonzero(owners == 0)
+    logs = Logs()
+    workers = [Worker(dep, roster, p) for p in range(P)]
+    for u in mine[:3]:
+        logs.report(1, roster.ids[u], 1, pov=1, status="c")  # forwarded by this version
+    workers[1].pump(logs)
+    (rec,) = logs.repartition[0]
+    assert dict(rec.headers)[FORMAT_HEADER] == ROWS
+    packed = np.frombuffer(rec.value, dtype=workers[1].core.forwarder.dtype)
+    assert packed["row"].tolist() == mine[:3].tolist() and packed["step"].tolist() == [1, 1, 1]
+    assert packed["a1"].tolist() == [2, 2, 2]  # status "c": its code, not its label
+    old = _old_format_batch(roster, 1, mine[3:6], 1, [0, 1, 0], ["a", "b", "a"], [10, 11, 12])
+    logs._append(logs.repartition[0], *old)
+    logs._append(logs.repartition[0], *old)  # a copy (the old source replayed): skipped
+    workers[0].pump(logs)
+    assert workers[0].dead == [] and workers[0].accepted == 6
+    state = workers[0].core.states[0]
+    local = state.local[mine[:6]]
+    assert state.pending["pov"][0, local].tolist() == [1, 1, 1, 0, 1, 0]
+    assert state.pending["status"][0, local].tolist() == [2, 2, 2, 0, 1, 0]
+
+
+def test_a_forged_or_garbled_forwarded_batch_is_dead_lettered_whole_and_changes_nothing():
+    dep, roster = deployment(), Roster.from_range(N)
+    owners = owner_of(roster)
+    mine, theirs = np.flatnonzero(owners == 0), np.flatnonzero(owners == 1)
+    core = Worker(dep, roster, 0).core
+    dtype = core.forwarder.dtype
+
+    def batch(rows, step=1, pov=1, status=0):
+        packed = np.zeros(len(rows), dtype=dtype)
+        packed["row"], packed["step"], packed["a0"], packed["a1"] = rows, step, pov, status
+        return packed.tobytes()
+
+    headers = [(SOURCE_HEADER, b"1"), (FORMAT_HEADER, ROWS)]
+    bad = [batch(theirs[:2]),  # users another partition owns
+           batch([N + 5]),  # not a roster row
+           batch(mine[:1], step=5),  # beyond the horizon
+           batch(mine[:1], pov=2),  # out of domain
+           batch(mine[:1], pov=-1, status=-1),  # nothing reported
+           batch(mine[:2])[:-1],  # not a whole number of rows
+           b""]
+    records = [Record(i, value, tuple(headers)) for i, value in enumerate(bad)]
+    records.append(Record(len(bad), batch(mine[:1]), tuple(headers)))  # a good one after them
+    assert core.enqueue_forwarded(0, records) is None
+    outs = core.drain_forwarded(0)
+    letters = [letter for out in outs for letter in out.dead_letters]
+    assert [key for key, _, _ in letters] == [f"repartition:0:{i}:-".encode() for i in range(len(bad))]
+    assert all(dict(h)["dpstream-reason"] == b"malformed" and value == bad[i]
+               for i, (_, value, h) in enumerate(letters))
+    assert sum(out.accepted for out in outs) == 1
+    assert (core.states[0].pending["pov"] >= 0).sum() == 1

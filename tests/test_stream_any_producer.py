@@ -30,6 +30,7 @@ from pipeline.stream.local.embedded import EmbeddedServices
 from pipeline.stream.kafka.faults import FAULT_EXIT_CODE
 from pipeline.stream.kafka.log_end import log_ends
 from pipeline.stream.kafka.codecs import CONTROL_HEADER
+from pipeline.stream.ingest.repartition import FORMAT_HEADER, ROWS, Forwarder
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import ReleaseStore
 from jobs.eval.testbed import binary_panel, write_panel_deployment
@@ -86,16 +87,20 @@ def read_all(broker, topic, partitions):
     return out
 
 
-def forwarded_steps(broker, names) -> tuple[set[int], set]:
-    """Steps of the reports forwarded through ``repartition``, and its markers as (partition, source, step)."""
+def forwarded_steps(broker, names, dep, roster) -> tuple[set[int], set]:
+    """Steps of the reports forwarded through ``repartition`` (batches of packed rows, each of a user
+    of the partition it is on), and its markers as (partition, source, step)."""
     steps, markers = set(), set()
+    forwarder = Forwarder(roster, dep.attributes, P, dep.horizon)
     for partition, headers, value in read_all(broker, names["repartition"], P):
         if headers.get(CONTROL_HEADER) == b"forwarded-through":
             marker = orjson.loads(value)
             markers.add((partition, marker["from"], marker["step"]))
             continue
-        step = orjson.loads(value)["columns"]["step"]
-        steps.update([step] if isinstance(step, int) else step)
+        assert headers.get(FORMAT_HEADER) == ROWS
+        rows = np.frombuffer(value, dtype=forwarder.dtype)
+        assert (roster.owners(P)[rows["row"]] == partition).all()
+        steps.update(rows["step"].tolist())
     return steps, markers
 
 
@@ -122,7 +127,7 @@ def test_every_producer_counts_the_same(services, tmp_path):
         store = ReleaseStore.from_url(services.redis.url, dep.name)
         check_outputs(dep, X, drv.panels, store)
         assert read_all(cluster.broker, cluster.names["dead-letter"], 1) == []
-        steps, markers = forwarded_steps(cluster.broker, cluster.names)
+        steps, markers = forwarded_steps(cluster.broker, cluster.names, dep, roster)
         # the mismatched producers' steps were forwarded; the matched ones added markers only
         assert steps == {1, 2, 3}
         assert markers == {(p, q, t) for p in range(P) for q in range(P) for t in range(1, 6)}
@@ -162,7 +167,7 @@ def test_worker_crash_after_forwarding_loses_and_duplicates_nothing(services, tm
         check_outputs(dep, X, drv.panels, store)
         assert all(count == 1 for count in drv.manifests_seen.values())
         assert read_all(cluster.broker, cluster.names["dead-letter"], 1) == []
-        steps, _ = forwarded_steps(cluster.broker, cluster.names)
+        steps, _ = forwarded_steps(cluster.broker, cluster.names, dep, roster)
         assert 2 in steps  # step 2 was forwarded (and, after the crash, forwarded again: copies skipped)
         intake = store.intake()
         assert sum(intake[p]["history"]["2"]["accepted"] for p in range(P)) == N

@@ -294,8 +294,13 @@ def test_foreign_reports_are_forwarded_to_their_owner_not_rejected():
     assert h["dpstream-from"] == b"0"
     positions = np.frombuffer(h["dpstream-positions"], dtype="<i8").reshape(2, -1)
     assert positions.tolist() == [[0, 2], [-1, 1]]  # (offset, row in its message): a single report, a batch row
-    assert orjson.loads(value) == {"columns": {"user": [foreign_user] * 2, "step": [1, 2], "poverty": [1, 1],
-                                               "query": [1, None]}}
+    # packed rows: the owner's roster row, step and codes (-1: not reported), no JSON to parse again
+    assert h["dpstream-format"] == b"rows"
+    packed = np.frombuffer(value, dtype=core.forwarder.dtype)
+    assert [roster.ids[r] for r in packed["row"].tolist()] == [foreign_user] * 2
+    assert packed["step"].tolist() == [1, 2]
+    column = {name: packed[f"a{i}"].tolist() for i, name in enumerate(core.forwarder.names)}
+    assert column == {"poverty": [1, 1], "query": [1, -1]}
     assert batch.offset == 2 and core.states[0].offset == 2
     assert core.states[0].intake_summary()["forwarded"] == 2
     # state untouched by the foreign reports: nothing pending for the foreign row

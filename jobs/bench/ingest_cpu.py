@@ -9,9 +9,12 @@ an :class:`IngestCore` owning one of 4 partitions of an n-user roster (the bench
 is fed that partition's step-1 reports as records, 12,500 per fetch, as the worker's consumer hands
 them over (enqueue, drain: parse, id lookup, checks, apply), then closes the step (partials and
 checkpoint). Three forms of the same reports: single-report messages, columnar batches of 5,000,
-and the close. Each commit is checked out into a temporary git worktree (as
-:mod:`jobs.bench.compare` does) and measured in its own process, the commits taking turns; a
-figure is the median over repetitions of the best of 3 passes, and its ratio is working tree / base.
+and the close; and the single-report messages sent to another partition (as a CRC32 or random
+partitioner does), forwarded through an in-memory ``repartition`` log and applied by their owner
+(source and owner in the one process: the whole extra CPU a forwarded report costs). Each commit
+is checked out into a temporary git worktree (as :mod:`jobs.bench.compare` does) and measured in
+its own process, the commits taking turns; a figure is the median over repetitions of the best of
+3 passes, and its ratio is working tree / base.
 """
 
 from __future__ import annotations
@@ -56,8 +59,8 @@ item[: rows.size // 50] = 12345
 
 class Rec:  # what the worker's consumer hands over: offset, value, headers
     __slots__ = ("offset", "value", "headers")
-    def __init__(self, offset, value):
-        self.offset, self.value, self.headers = offset, value, ()
+    def __init__(self, offset, value, headers=()):
+        self.offset, self.value, self.headers = offset, value, headers
 
 single = [orjson.dumps({"user": u, "step": 1, "values": {"poverty": int(r % 2), "item": int(i)}})
           for u, r, i in zip(ids, rows.tolist(), item.tolist())]
@@ -77,13 +80,36 @@ def ingest(values, per_fetch):
     assert core.states[0].intake.accepted == len(ids), core.states[0].intake.accepted
     return spent
 
+fcore = IngestCore(dep, roster, topic_names(dep))  # not isolated: forwards to the owner and waits for markers
+
+def forwarded(values, per_fetch):
+    # the same reports arriving on partition 1 (a producer not partitioning by murmur2): forwarded
+    # through an in-memory `repartition` log to partition 0, which applies them
+    for p in (0, 1):
+        fcore.revoke(p)
+        fcore.assign(p)
+    records = [Rec(i, v) for i, v in enumerate(values)]
+    log = []
+    started = time.process_time()
+    for i in range(0, len(records), per_fetch):
+        fcore.enqueue(1, records[i:i + per_fetch])
+        for out in fcore.drain_all(1):
+            for q, value, headers in getattr(out, "forwards", ()):
+                log.append(Rec(len(log), value, tuple(headers)))
+                fcore.enqueue_forwarded(q, [log[-1]])
+        fcore.drain_all(0)
+    spent = time.process_time() - started
+    assert fcore.states[0].intake.accepted == len(ids), fcore.states[0].intake.accepted
+    return spent
+
 def close():
     started = time.process_time()
     core.close(0, 1, len(single), None)
     return time.process_time() - started
 
 out = {"single_us_per_report": min(ingest(single, FETCH) for _ in range(3)) / len(ids) * 1e6,
-       "columnar_us_per_report": min(ingest(columnar, max(1, FETCH // 5000)) for _ in range(3)) / len(ids) * 1e6}
+       "columnar_us_per_report": min(ingest(columnar, max(1, FETCH // 5000)) for _ in range(3)) / len(ids) * 1e6,
+       "forwarded_us_per_report": min(forwarded(single, FETCH) for _ in range(3)) / len(ids) * 1e6}
 closes = []
 for _ in range(3):
     ingest(columnar, 3)
@@ -95,6 +121,7 @@ print("RESULT " + json.dumps(out), flush=True)
 
 FIGURES = {"single_us_per_report": "ingest, single-report messages (CPU µs per report)",
            "columnar_us_per_report": "ingest, columnar batches (CPU µs per report)",
+           "forwarded_us_per_report": "ingest, single-report messages on the wrong partition, forwarded (CPU µs)",
            "close_ms_per_partition": "close of a partition: partials + checkpoint (CPU ms)"}
 
 

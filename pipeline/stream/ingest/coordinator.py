@@ -18,7 +18,9 @@ a fetch maps each to records with ``.offset``, ``.value`` and ``.headers``.
 
 The order of a fetch: feedback first (a close in the same fetch may wait for it), then the
 partitions' backlogs; every partial, forwarded report and dead letter is handed to the producer,
-and only once the broker acknowledged all of them are the checkpoints and intake counts written. A
+and only once the broker acknowledged all of them are the checkpoints and intake counts written
+(forwarded reports are awaited by the next fetch unless a checkpoint or a forwarded-through marker
+needs them sooner: :meth:`IngestCoordinator.drain`). A
 checkpoint says "step closed, records up to its marker handled": written before the
 acknowledgement, a crash in between would lose the partials (the replay starts after the marker);
 sent again after a crash before the checkpoint, they are the same bytes under the same keys.
@@ -58,6 +60,9 @@ class IngestCoordinator:
         # written its last checkpoint before the new owner reads it.
         self.busy = asyncio.Lock()
         self.feedback_done: dict[int, int] = {}  # feedback partition -> next offset (lag metric only)
+        # Forwards of the last fetch, not yet awaited: the next fetch is parsed while the broker
+        # acknowledges them (see drain).
+        self.forwarding: tuple[Batch, set[int]] | None = None
 
     # -- assignment ------------------------------------------------------------------------------
     async def on_assign(self, tps) -> dict[Any, int]:
@@ -138,7 +143,10 @@ class IngestCoordinator:
                     if any([self.core.apply_feedback(tp.partition, m.value) for m in messages]):
                         observe_partition(tp.partition, self.core.states[tp.partition])
                         touched.add(tp.partition)
-            for partition, blob in self.core.feedback_checkpoints().items():
+            due = self.core.feedback_checkpoints()
+            if due:
+                await self._forwards_acknowledged()  # a checkpoint covers the reports forwarded so far
+            for partition, blob in due.items():
                 await self.store.save_checkpoint(partition, blob, None, self.core.take_dropped(partition))
             for tp, messages in batch.items():
                 if tp.topic not in (self.names["reports"], self.names["repartition"]) \
@@ -161,18 +169,24 @@ class IngestCoordinator:
         before it (:class:`Checkpoint` keeps that order). The partials of every partition go out before
         any checkpoint, which keeps checkpoint writes off the release's critical path; only a
         partition's last checkpoint of the fetch is written.
+
+        Forwarded reports are the exception to waiting at the end of the fetch: their
+        acknowledgements are awaited at the end of the next fetch, or before anything that depends
+        on them — forwarded-through markers and any checkpoint (a checkpoint must not cover a
+        report whose forward the broker may still refuse) — so a worker forwarding most of its
+        reports never idles on a round trip per fetch. The intake counts (curator-side, for
+        ``dpstream status``) are written without waiting for them: a crash before the
+        acknowledgement replays the source from its checkpoint, which restores and recounts them.
         """
         started = time.perf_counter()
-        sends, checkpoints, forwarding = self.checkpoint.begin(), {}, set()
-        unacked_forwards = False  # reports sent to `repartition` since the last wait for acknowledgements
+        sends, checkpoints, forwards, forwarded = self.checkpoint.begin(), {}, self.checkpoint.begin(), set()
         for partition in partitions:
             for out in self.core.drain_all(partition):
                 if isinstance(out, ForwardMarkers):
                     # everything forwarded before the close marker is acknowledged before the markers go;
-                    # with nothing forwarded since the last wait (murmur2 producers) the markers go at once
-                    if unacked_forwards:
-                        await sends.acknowledged()
-                        unacked_forwards = False
+                    # nothing else is waited for (with no forwards in flight, as for murmur2 producers,
+                    # the markers go at once)
+                    await self._forwards_acknowledged(forwards, forwarded)
                     for p, value, headers in out.messages:
                         await sends.send(self.names["repartition"], value, headers=headers, partition=p)
                 elif isinstance(out, CloseOutput):
@@ -189,10 +203,9 @@ class IngestCoordinator:
                         checkpoints[partition] = out
                         log.info("partition %d closed step %d: %s", out.partition, out.step, out.summary)
                 else:
-                    await self._apply(out, sends)
+                    await self._apply(out, sends, forwards)
                     if out.forwards:
-                        forwarding.add(self.core.states[partition].closed + 1)
-                        unacked_forwards = True
+                        forwarded.add(self.core.states[partition].closed + 1)
 
         async def save(out: CloseOutput) -> None:
             crash_point("worker.before_checkpoint", out.step)
@@ -201,8 +214,7 @@ class IngestCoordinator:
             METRICS.open_step.labels(str(out.partition)).set(out.step + 1)
 
         await sends.acknowledged()
-        for step in sorted(forwarding):
-            crash_point("worker.after_forward", step)
+        await self._forwards_acknowledged(forwards, forwarded, keep=not checkpoints)
         if checkpoints:
             log.info("partials acknowledged: %s", {p: out.step for p, out in checkpoints.items()})
         # then the checkpoints, and the intake counts for `dpstream status` / `close` (a replay restores
@@ -211,7 +223,20 @@ class IngestCoordinator:
                            lambda: self.store.save_intake({p: self.core.intake_snapshot(p)
                                                            for p in partitions if p in self.core.states}))
 
-    async def _apply(self, result: ApplyResult, sends: Batch) -> None:
+    async def _forwards_acknowledged(self, current: Batch | None = None, steps: set[int] = frozenset(),
+                                     keep: bool = False) -> None:
+        """Wait for the forwards in flight since the previous fetch, then for ``current`` (this fetch's,
+        of reports of the open ``steps``) — or, with ``keep``, leave those in flight until the next fetch."""
+        previous, self.forwarding = self.forwarding, None
+        for batch, batch_steps in [*([previous] if previous else []), *([(current, steps)] if current else [])]:
+            if keep and batch is current:
+                self.forwarding = (current, set(steps)) if steps else None
+                continue
+            await batch.acknowledged()
+            for step in sorted(batch_steps):
+                crash_point("worker.after_forward", step)
+
+    async def _apply(self, result: ApplyResult, sends: Batch, forwards: Batch) -> None:
         METRICS.reports.labels("accepted").inc(result.accepted)
         if result.forwarded:
             METRICS.reports.labels("forwarded").inc(result.forwarded)
@@ -221,7 +246,7 @@ class IngestCoordinator:
         for key, value, headers in result.dead_letters:
             await sends.send(self.names["dead-letter"], value, key=key, headers=headers)
         for p, value, headers in result.forwards:
-            await sends.send(self.names["repartition"], value, headers=headers, partition=p)
+            await forwards.send(self.names["repartition"], value, headers=headers, partition=p)
 
     def handled(self, assignment) -> dict[Any, int]:
         """Next offset to handle per assigned partition (committed for the lag gauge only)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from itertools import groupby
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -34,12 +35,13 @@ from pipeline.stream.kafka.codecs import CONTROL_HEADER, dead_letter_headers, en
 from pipeline.stream.kafka.limits import DEAD_LETTER_COPY_BYTES, MAX_REPORT_BYTES
 from pipeline.stream.ingest.partition_state import OwnedRows, PartitionState
 from pipeline.stream.ingest.reports import ReportParser
-from pipeline.stream.ingest.repartition import Forwarder, ForwardMarkers, Inbox, positions_of, source_positions
+from pipeline.stream.ingest.repartition import (Forwarder, ForwardMarkers, Inbox, is_rows, positions_of,
+                                                source_positions)
 
 __all__ = ["IngestCore", "Record", "ApplyResult", "CloseOutput", "is_marker"]
 
 log = logging.getLogger("dpstream.worker")
-_VALUE, _HEADERS = attrgetter("value"), attrgetter("headers")
+_VALUE, _HEADERS, _OFFSET = attrgetter("value"), attrgetter("headers"), attrgetter("offset")
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ class IngestCore:
         self.backlog: dict[int, list[Record]] = {}
         self._rewinds: dict = {}  # partition (or ("repartition", p)) -> (offset sought back to, since when)
         # Reports of users owned elsewhere go to their owner through `repartition` (pipeline.stream.ingest.repartition).
-        self.forwarder = Forwarder(roster, deployment.attributes, self.partitions_total)
+        self.forwarder = Forwarder(roster, deployment.attributes, self.partitions_total, deployment.horizon)
         self.inboxes: dict[int, Inbox] = {}
         self.emitted: dict[int, int] = {}  # partition -> last step whose forwarded-through markers it sent
         self._strays: dict[int, list[Record]] = {}  # repartition records naming no source partition
@@ -282,13 +284,14 @@ class IngestCore:
             return result
         last = records[-1].offset
         values = list(map(_VALUE, records))
-        try:  # one C-level scan; a record without a value (None) takes the loop
-            fits = max(map(len, values)) <= MAX_REPORT_BYTES
-        except TypeError:
-            fits = False
-        big = [] if fits else [r for r in records if len(r.value or b"") > MAX_REPORT_BYTES]
-        if big:  # never parsed: dead-lettered as a bounded copy, the reports around them are used
+        try:
+            largest = max(map(len, values))  # C-level: no per-record Python on the hot path
+        except TypeError:  # a record without a value
+            largest = max(len(v or b"") for v in values)
+        if largest > MAX_REPORT_BYTES:  # never parsed: dead-lettered as a bounded copy, the others are used
+            big = [r for r in records if len(r.value or b"") > MAX_REPORT_BYTES]
             records = [r for r in records if len(r.value or b"") <= MAX_REPORT_BYTES]
+            values = list(map(_VALUE, records))
             for r in big:
                 result.dead_letters.append(self._letter(
                     "too_large", f"message of {len(r.value):,} bytes, above the {MAX_REPORT_BYTES:,} bytes a report "
@@ -297,19 +300,17 @@ class IngestCore:
             if not records:
                 state.offset = last
                 return self._counted(result, 0, [], [])
-            values = list(map(_VALUE, records))
         parsed = self.parser.parse(values)
         # reports of users another partition owns (a producer not partitioning by murmur2 of the user
         # id): forwarded to their owner, which applies them (pipeline.stream.ingest.repartition)
-        local = state.local[parsed.rows]
-        foreign = local < 0
+        foreign = state.local.foreign(parsed.rows)
         if foreign.any():
-            offsets = np.fromiter((r.offset for r in records), dtype=np.int64, count=len(records))
+            offsets = np.fromiter(map(_OFFSET, records), dtype=np.int64, count=len(records))
             result.forwards = self.forwarder.forward(partition, offsets, parsed.take(foreign))
             result.forwarded = int(foreign.sum())
-            parsed, local = parsed.take(~foreign), local[~foreign]
+            parsed = parsed.take(~foreign)
         displaced: list = []
-        applied = state.apply(parsed, 0, displaced, local=local)
+        applied = state.apply(parsed, 0, displaced)
         state.offset = last
         for rej in parsed.rejections:
             result.dead_letters.append(self._letter(rej.reason, rej.detail, rej.original, partition,
@@ -321,15 +322,24 @@ class IngestCore:
         outputs = [self._reject_record(partition, rec, "malformed", "repartition record without a source partition",
                                        topic="repartition") for rec in self._strays.pop(partition, [])]
         for source, records in self.inboxes[partition].take(self.states[partition].closed):
-            outputs.append(self.apply_forwarded(partition, source, records))
+            for _, run in groupby(records, key=lambda r: is_rows(r.headers)):  # JSON: forwarded before the rows format
+                outputs.extend(self.apply_forwarded(partition, source, list(run)))
         return outputs
 
-    def apply_forwarded(self, partition: int, source: int, records: list[Record]) -> ApplyResult:
-        """Apply a run of batches forwarded from reports partition ``source``. Rows at or below the
-        largest source position already applied from ``source`` are copies (a replay of the source):
-        skipped. Rejections are dead-lettered under their source position, as on the source."""
+    def apply_forwarded(self, partition: int, source: int, records: list[Record]) -> list[ApplyResult]:
+        """Apply a run of batches (all in one format) forwarded from reports partition ``source``. Rows
+        at or below the largest source position already applied from ``source`` are copies (a replay
+        of the source): skipped. Rejections are dead-lettered under their source position, as on the
+        source; a batch in the rows format that fails its checks is dead-lettered whole."""
         state, inbox = self.states[partition], self.inboxes[partition]
-        parsed = self.parser.parse([r.value for r in records])
+        refused = []
+        if is_rows(records[0].headers):
+            parsed, bad = self.forwarder.decode(records, partition)
+            refused = [self._reject_record(partition, records[i], "malformed", "forwarded batch with a row not of "
+                                           "this partition's users, or out of domain", topic="repartition")
+                       for i in bad]
+        else:
+            parsed = self.parser.parse([r.value for r in records])
         table = [positions_of(r.headers) for r in records]
         sizes = np.array([0 if t is None else t.shape[1] for t in table], dtype=np.int64)
         base = np.concatenate([[0], np.cumsum(sizes)])
@@ -355,20 +365,18 @@ class IngestCore:
         for rej in parsed.rejections:
             off, row = position(rej.message, rej.batch_index)
             result.dead_letters.append(self._letter(rej.reason, rej.detail, rej.original, source, off, row))
-        return self._counted(result, len(applied), parsed.rejections, displaced)
+        return [*refused, self._counted(result, len(applied), parsed.rejections, displaced)]
 
     def _counted(self, result: ApplyResult, applied: int, rejections: list, displaced: list) -> ApplyResult:
         """Count a run's outcome (reports displaced by one of higher precedence become duplicates)."""
         state = self.states[result.partition]
         for local, step, codes, rank in displaced:
-            user = self.roster.ids[state.rows[local]]
-            values = {a: (c if self.forwarder.labels[a] is None else self.forwarder.labels[a][c])
-                      for a, c in codes.items() if c >= 0}
+            report = self.forwarder.report(state.rows[local], step, codes)
             detail = ("displaced by a report for the same user and step that arrived while the same step was open, "
                       "directly or from a lower reports partition (which takes precedence)")
             headers = dead_letter_headers("duplicate", detail, self.names["reports"], result.partition, -1, None)
-            result.dead_letters.append((f"{result.partition}:displaced:{user}:{step}:{rank}".encode(),
-                                        orjson.dumps({"user": user, "step": step, "values": values}), headers))
+            result.dead_letters.append((f"{result.partition}:displaced:{report['user']}:{step}:{rank}".encode(),
+                                        orjson.dumps(report), headers))
         result.accepted = applied - len(displaced)
         for rej in rejections:
             result.reasons[rej.reason] = result.reasons.get(rej.reason, 0) + 1

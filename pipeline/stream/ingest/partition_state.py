@@ -71,8 +71,7 @@ class PartitionState:
         return self.last if self.closed else {}
 
     # -- reports -----------------------------------------------------------------------------
-    def apply(self, parsed: ParsedReports, origin: int = 0, displaced: list | None = None,
-              local: np.ndarray | None = None) -> ParsedReports:
+    def apply(self, parsed: ParsedReports, origin: int = 0, displaced: list | None = None) -> ParsedReports:
         """Apply accepted reports of this partition; stateful rejections are added to ``parsed``.
 
         ``origin`` says where the reports came from: 0 for this partition's own reports log, 1 + q
@@ -86,14 +85,12 @@ class PartitionState:
         is appended to ``displaced`` as (local row, step, {attribute: code}, rank) for the caller to
         dead-letter as a duplicate (with one log, origin 0, nothing is ever displaced).
 
-        ``local``: ``self.local[parsed.rows]`` when the caller has it already.
-
         Returns the reports that were applied (for counting).
         """
         if len(parsed) == 0:
             return parsed
         slots = self.max_ahead + 1
-        local = self.local[parsed.rows] if local is None else local
+        local = self.local[parsed.rows]
         foreign = local < 0
         if foreign.any():
             raise ValueError(f"partition {self.partition}: {int(foreign.sum())} reports of rows it does not own")
@@ -300,6 +297,10 @@ class _LocalRows:
         rows = np.asarray(rows, dtype=np.int64)
         mine = self.owned.owners[rows] == self.partition
         return np.where(mine, self.owned.positions[rows], -1).astype(np.int64)
+
+    def foreign(self, rows: np.ndarray) -> np.ndarray:
+        """Rows another partition owns (one gather: what a matched producer's run pays to be checked)."""
+        return self.owned.owners[rows] != self.partition
 
 
 class Intake:

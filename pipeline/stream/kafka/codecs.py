@@ -22,8 +22,9 @@ Internal topics (curator-side, never exposed):
 * ``control``   operator commands (``{"command": "close", "step": t}``), turned into markers.
 * ``step-partials`` binary partial aggregates (true counts), chunked, key ``<step>:<partition>:<chunk>``.
 * ``feedback``  ``{"release", "step", "flagged": [...]}`` to every partition (heavy-hitter charging).
-* ``repartition`` reports that arrived on a partition not owning their user, as columnar batches
-  for the owner's partition, and per-step forwarded-through markers (:mod:`pipeline.stream.ingest.repartition`).
+* ``repartition`` reports that arrived on a partition not owning their user, as batches of packed
+  rows (roster row, step, codes) for the owner's partition, and per-step forwarded-through markers
+  (:mod:`pipeline.stream.ingest.repartition`).
 * ``dead-letter`` the original bytes as value; reason, detail and source position in headers.
 """
 

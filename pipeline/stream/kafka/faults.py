@@ -10,6 +10,8 @@
   worker.before_partial    the step's forwarded-through markers sent, its partial not published
   worker.after_forward     reports of other partitions' users forwarded to ``repartition`` and
                            acknowledged (``step``: the open step), no checkpoint covering them
+                           (reached when the worker awaits them: the next fetch, or before a
+                           forwarded-through marker or checkpoint)
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ class Topic:
     name: str  # logical name; the broker's is ``<prefix>.<deployment>.<name>``
     partitions: int | None  # None: the deployment's ``topics.partitions``
     key: str  # what the key is (see pipeline.stream.kafka.codecs)
-    value: str  # the value's codec: "json" or "binary" (pipeline.serialization state format)
+    value: str  # the value's codec: "json", or "binary" (a state blob, packed rows, a dead letter's bytes)
     public: bool  # part of the product (kept forever, read by analysts); else curator-side
     reader: str | None  # the dpstream consumer group (role) that reads it; None: downstream only
     writers: tuple[str, ...] = ()  # roles that produce to it (Kafka Write)
@@ -66,7 +66,7 @@ TOPICS: dict[str, Topic] = {t.name: t for t in (
     Topic("feedback", None, "<release>:<step>", "json", public=False, reader=INGEST,  # co-partitioned with reports
           writers=("releaser",), readers=("worker",), offsets=("releaser",)),
     # reports routed to their user's owner partition (pipeline.stream.ingest.repartition), co-partitioned too
-    Topic("repartition", None, "none (source partition and positions in headers)", "json", public=False,
+    Topic("repartition", None, "none (source partition and positions in headers)", "binary", public=False,
           reader=INGEST, writers=("worker",), readers=("worker", "operator"), offsets=("releaser",)),
     Topic("control", 1, "none", "json", public=False, reader=RELEASER, writers=("operator",), readers=("releaser",)),
     Topic("step-partials", 1, "<step>:<partition>:<chunk>", "binary", public=False, reader=RELEASER,  # in order
