@@ -353,12 +353,11 @@ def test_a_steps_feedback_deletes_its_kept_partial_from_redis(redis_client, stor
     })
 
     async def main():
-        store = store_of(dep)
-        log = MemoryLog()
+        store, log = store_of(dep), MemoryLog()
         worker = Worker(dep, redis_client, store, log)
         await worker.start()
         send_reports(worker, 1, range(0, 40))
-        send_close(worker, 1)
+        send_close(worker, 1)  # step 1 closed: its partial kept beside the checkpoint
         await worker.coordinator.handle(worker.fetch(0))
         assert await store.r.hkeys(store.keys.kept_partials(0)) == [b"1"]
         feedback = TP(worker.names["feedback"], 0)
