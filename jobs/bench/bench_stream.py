@@ -12,7 +12,9 @@ Measured in one run on the embedded broker and Redis:
    Prometheus counter), so start-up and group join are excluded.
 3. **Ingest, batch messages** (columnar, 5,000 reports per message), next step: produced while the
    worker is stopped, then the worker is restarted (restoring its checkpoints) and the rate is taken
-   from its first accepted reports to the last (a whole step can arrive in a few fetches).
+   from its first accepted reports to the last (a whole step can arrive in a few fetches). Before
+   the worker starts, a raw aiokafka consumer reads the same batch messages (their offset range)
+   with no processing: the broker-side ceiling for batch messages, as (1) is for single ones.
 4. **Release latency** per step, for a fixed-window (k = 3), a cumulative (T = 12) and a
    heavy-hitter (tct, |X| = 10^6) release together: close command -> every record of the step
    acknowledged by the broker (the releaser's curator-side ``dpstream_close_to_publish_seconds``;
@@ -93,6 +95,42 @@ async def _produce(bootstrap: str, topic: str, chunks) -> float:
     finally:
         await prod.stop()
     return time.perf_counter() - started
+
+
+async def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or {0})]
+        return {tp.partition: off for tp, off in (await consumer.end_offsets(tps)).items()}
+    finally:
+        await consumer.stop()
+
+
+async def _raw_consume_range(bootstrap: str, topic: str, start: dict[int, int], end: dict[int, int]) -> float:
+    """Seconds an aiokafka consumer takes to read each partition's records from ``start`` to ``end``
+    with ``getmany``, no processing: the broker-side ceiling for whatever messages lie there."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False,
+                                max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
+    await consumer.start()
+    try:
+        todo = {TopicPartition(topic, p): end[p] for p in end if end[p] > start.get(p, 0)}
+        consumer.assign(list(todo))
+        for tp in todo:
+            consumer.seek(tp, start.get(tp.partition, 0))
+        started = time.perf_counter()
+        while todo:
+            batch = await consumer.getmany(*todo, timeout_ms=500, max_records=100_000)
+            for tp, msgs in batch.items():
+                if msgs and msgs[-1].offset + 1 >= todo.get(tp, 0):
+                    todo.pop(tp, None)
+        return time.perf_counter() - started
+    finally:
+        await consumer.stop()
 
 
 async def _raw_consume(bootstrap: str, topic: str, expected: int) -> float:
@@ -294,12 +332,19 @@ def main(argv=None) -> dict:
             rport = cluster.metrics_ports["releaser"]
             latencies = {1: _close(drv, 1, rport)}
             cluster.kill("worker-0", signal.SIGTERM)  # step 1 is checkpointed; step 2 waits in the log
+            before_step = asyncio.run(_end_offsets(svc.broker.bootstrap, names["reports"]))
             drv.producer.send_step(2, {"poverty": pov[:, 1], "item": item[:, 1]})
+            after_step = asyncio.run(_end_offsets(svc.broker.bootstrap, names["reports"]))
+            raw_b = n / asyncio.run(_raw_consume_range(svc.broker.bootstrap, names["reports"], before_step, after_step))
+            result["raw_consume_batch_reports_per_s"] = raw_b
+            print(f"raw aiokafka consumption of the batch messages: {raw_b:,.0f} reports/s", flush=True)
             cluster.spawn("worker", "worker-0")
             port = cluster.metrics_ports["worker-0"]
             rate_b = _burst_rate(port, n)
             result["ingest_batch_reports_per_s"] = rate_b
-            print(f"ingest, batch messages: {rate_b:,.0f} reports/s", flush=True)
+            result["batch_vs_raw"] = rate_b / raw_b
+            print(f"ingest, batch messages: {rate_b:,.0f} reports/s ({rate_b / raw_b:.1%} of their raw consumption)",
+                  flush=True)
             latencies[2] = _close(drv, 2, rport)
             for t in (3, 4):
                 before = _accepted(port)
