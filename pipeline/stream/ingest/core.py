@@ -414,12 +414,8 @@ class IngestCore:
         messages = encode_partial(partial)
         kept = self.kept.setdefault(partition, {})
         kept[step] = messages
-        write, drop = self._kept_changes.setdefault(partition, (set(), set()))
-        write.add(step)
-        for old in sorted(kept)[:-self.KEEP_PARTIALS]:
-            del kept[old]
-            write.discard(old)
-            drop.add(old)
+        self._kept_changes.setdefault(partition, (set(), set()))[0].add(step)
+        self._drop_kept(partition, sorted(kept)[:-self.KEEP_PARTIALS])
         blob = self.checkpoint(partition)
         summary = {"step": step, "users": partial["users"], "reported": partial["reported"]}
         return messages, blob, summary
@@ -467,9 +463,14 @@ class IngestCore:
         if step <= self.released.get(partition, 0):
             return
         self.released[partition] = step
+        self._drop_kept(partition, [t for t in self.kept.get(partition, {}) if t <= step])
+
+    def _drop_kept(self, partition: int, steps: list[int]) -> None:
+        """Forget the kept partials of ``steps``: not written to Redis if still pending, else deleted
+        from it with the partition's next checkpoint."""
         kept = self.kept.get(partition, {})
         write, drop = self._kept_changes.setdefault(partition, (set(), set()))
-        for t in [t for t in kept if t <= step]:
+        for t in steps:
             del kept[t]
             write.discard(t)
             drop.add(t)
