@@ -23,6 +23,8 @@ from pipeline.privacy.exact import Interval, exact_probability
 from pipeline.privacy.accounting import zcdp_to_approx_dp
 from pipeline.privacy.rng import RandomSource, as_random_source
 
+from composition_support import direct_epsilon
+
 # ---------------------------------------------------------------------------------------------
 # notes/tct.md §3 test vectors
 # ---------------------------------------------------------------------------------------------
@@ -78,8 +80,9 @@ def test_delta_star_is_the_probability_of_more_than_r_calls(eps0, tau):
 
 
 def _independent_tct_epsilon(eps0: float, hits: int, delta: float) -> float:
-    """Smallest ε over every whole cap m of data-holder calls: basic m·ε₀, or advanced
-    ½mε₀² + ε₀√(2m ln(1/δ_adv)) with δ_adv = δ − P[X > m] (Theorem B.4 with r = m), written
+    """Smallest ε over every whole cap m of data-holder calls: basic m·ε₀, or the m pure calls
+    composed at δ_c = δ − P[X > m] (Theorem B.4 with r = m) — advanced ½mε₀² + ε₀√(2m ln(1/δ_c)) and
+    the optimal composition by a direct hockey-stick sum (tests/composition_support.py) — written
     independently of the accountant (negative binomial tails, exhaustive over m)."""
     q = 1.0 / (math.exp(eps0) + 1.0)
     ms = np.arange(hits, int(60 * hits / q) + 2)
@@ -88,7 +91,12 @@ def _independent_tct_epsilon(eps0: float, hits: int, delta: float) -> float:
     ms, fail = ms[ok], fail[ok]
     basic = ms * eps0
     adv = 0.5 * ms * eps0**2 + eps0 * np.sqrt(2.0 * ms * np.log(1.0 / (delta - fail)))
-    return float(min(basic.min(), adv.min()))
+    best = float(min(basic.min(), adv.min()))
+    for m, f in zip(ms.tolist(), fail.tolist()):
+        if direct_epsilon(eps0, m, delta) >= best:  # a lower bound that grows with m
+            break
+        best = min(best, direct_epsilon(eps0, m, delta - f))
+    return best
 
 
 @pytest.mark.parametrize("eps,delta,k,neighbours", [(1.0, 1e-6, 3, "replace"), (1.0, 1e-6, 3, "add_remove"),
@@ -99,18 +107,18 @@ def test_individual_charging_calibration_against_independent_tails(eps, delta, k
     eps0 = cal.calibrate_individual_charging(eps, delta, k, neighbours)
     hits = cal.tct_hits_per_user(k, neighbours)
     independent = _independent_tct_epsilon(eps0, hits, delta)
-    assert independent <= eps * (1 + 1e-9)
+    assert independent <= eps * (1 + 1e-6)
     bound = cal.individual_charging_privacy(eps0, k, delta, neighbours)
-    assert bound.r == math.floor(bound.r)  # a whole cap of calls, charged m·ε₀
+    assert bound.r == math.floor(bound.r)  # a whole cap of calls
     assert bound.delta_star == pytest.approx(_calls_beyond(bound.r, hits, cal.not_prior_q(eps0)), rel=1e-9)
-    assert bound.epsilon >= independent * (1 - 1e-9)  # never claims less than the exhaustive search
-    assert bound.epsilon <= independent * 1.01       # and the α grid loses at most 1%
+    assert bound.epsilon >= independent * (1 - 1e-6)  # never claims less than the exhaustive search
+    assert bound.epsilon <= independent * 1.01       # and the search over caps loses at most 1%
 
 
 def test_outside_interval_calibration_against_independent_tails():
     """The band monitor (2 hits under replace): 1.0395 at ε = 1 under the 1 + ⌊r⌋ rule."""
     a = cal.calibrate_outside_interval(1.0, 1e-6, "replace")
-    assert _independent_tct_epsilon(a, 2, 1e-6) <= 1.0 * (1 + 1e-9)
+    assert _independent_tct_epsilon(a, 2, 1e-6) <= 1.0 * (1 + 1e-6)
 
 
 def test_best_is_no_worse_than_any_fixed_alpha():

@@ -24,6 +24,9 @@ import numpy as np
 from scipy import stats
 
 from pipeline.privacy.accounting import ApproxDP, Neighbours, check_neighbours, sensitivity_factor, zcdp_to_approx_dp
+from pipeline.privacy.pure_composition import FORMS as COMPOSED_FORMS, optimal_epsilon, tightest_epsilon
+
+TCT_FORMS = ("basic",) + COMPOSED_FORMS
 
 __all__ = [
     "theorem_3_2_xi",
@@ -165,11 +168,11 @@ class TCTBound:
 
     epsilon: float
     delta: float
-    form: str  # "basic" or "advanced"
+    form: str  # one of TCT_FORMS: the composition theorem that gave ε
     alpha: float
     r: float
     delta_star: float
-    delta_composition: float  # the δ of Lemma A.4 (0 for basic)
+    delta_composition: float  # the δ given to the composition of the m calls (0 for basic)
 
     def as_approx_dp(self) -> ApproxDP:
         return ApproxDP(self.epsilon, min(1.0, self.delta))
@@ -184,6 +187,11 @@ class TargetChargingAccountant:
     * advanced, any δ > 0: (½·r·ε² + ε·√(2·r·ln(1/δ)), δ + C_δ + δ*(τ, α)) — with the 2 under the
       root as in Lemma A.4 (the printed theorem lacks it; notes/tct.md §4).
 
+    The proof composes the (at most r) data-holder calls with Lemma A.4; any valid adaptive
+    composition theorem for r ε-DP calls may take its place (docs/monitors.md §2): :meth:`best`
+    also tries the zCDP route (CKS conversion) and the optimal homogeneous composition
+    (Kairouz–Oh–Viswanath), which is exact for pure calls.
+
     δ*(τ, α) = P[X > r] with X the number of data-holder calls until τ hits, dominated by the number
     of Bernoulli(q) trials until τ successes, so δ* = P[Y < τ] with Y ~ Binomial(⌊r⌋, q): more than r
     calls means fewer than τ successes in the first ⌊r⌋. (The proof of Theorem B.4 writes
@@ -192,7 +200,7 @@ class TargetChargingAccountant:
     integrality slack of "< τ" covers ⌊r⌋q ≥ (1+α)τ − q). ``exact=True`` uses the Binomial tail,
     ``False`` the Chernoff bound. C_δ = Σ δ_i of the calls (``c_delta``; 0 for pure calls). α appears
     only in the analysis and is optimised after the fact by :meth:`best`, which caps the charged calls
-    at a whole m and pays m·ε (r = m).
+    at a whole m (r = m).
     """
 
     def __init__(self, epsilon: float, tau: int, q: float | None = None, c_delta: float = 0.0):
@@ -225,43 +233,65 @@ class TargetChargingAccountant:
         eps = 0.5 * r * self.epsilon**2 + self.epsilon * math.sqrt(2.0 * r * math.log(1.0 / delta))
         return TCTBound(eps, delta + self.c_delta + ds, "advanced", alpha, r, ds, delta)
 
-    def best(self, delta: float, exact: bool = True, forms: tuple[str, ...] = ("basic", "advanced")) -> TCTBound:
-        """Smallest ε over α (and over the split of ``delta`` between δ* and advanced composition)
-        such that the total δ ≤ ``delta``. Raises ValueError if no α achieves it."""
+    def best(self, delta: float, exact: bool = True, forms: tuple[str, ...] = TCT_FORMS) -> TCTBound:
+        """Smallest ε over whole caps m of data-holder calls (α = mq/τ − 1) and over the
+        composition theorems in ``forms`` for the m ε-DP calls, such that the total δ ≤ ``delta``.
+
+        A cap of m calls fails (is cut off before the τ-th hit) with δ* = P[Bin(m, q) < τ]; the
+        rest of the δ budget goes to the composition of the m pure calls: ``basic`` m·ε (δ 0),
+        ``advanced`` (Lemma A.4), ``zcdp`` (CKS conversion of m·ε²/2-zCDP) or ``optimal``
+        (Kairouz–Oh–Viswanath, exact for m ε-DP calls; :mod:`pipeline.privacy.pure_composition`).
+        Raises ValueError if no cap achieves it."""
         delta = _pos(delta, "delta", high=1.0, high_open=True)
+        unknown = [f for f in forms if f not in TCT_FORMS]
+        if unknown or not forms:
+            raise ValueError(f"forms must be a non-empty subset of {TCT_FORMS}, got {forms!r}")
         budget = delta - self.c_delta
         if budget <= 0:
             raise ValueError(f"delta must exceed c_delta={self.c_delta}, got {delta!r}")
-        # A cap of m calls (an integer) costs m·ε and fails w.p. P[Bin(m, q) < τ]; any r in [m, m+1)
-        # has the same failure probability and a larger charge, so only whole caps are tried: the
-        # α grid (log-spaced 1e−3…1e4) rounded down to integers, α re-read as mq/τ − 1.
+        # Whole caps only: any r in [m, m+1) fails with the probability of m and charges more. The
+        # α grid (log-spaced 1e−3…1e4) rounded down to integers, ascending; then every integer
+        # between the best cap's grid neighbours.
         grid = np.exp(np.linspace(math.log(1e-3), math.log(1e4), 1400))
-        rs = np.unique(np.floor((1.0 + grid) * self.tau / self.q))
-        rs = rs[rs > self.tau / self.q]  # α > 0
-        alphas = rs * self.q / self.tau - 1.0
-        if exact:
-            dstars = stats.binom.cdf(self.tau - 1, rs, self.q)
-        else:
-            dstars = np.exp(-(alphas**2) * self.tau / (2.0 * (1.0 + alphas)))
-        best: TCTBound | None = None
-        eps0 = self.epsilon
-        for alpha, r, ds in zip(alphas, rs, dstars):
-            if ds >= budget:
-                continue
-            cands = []
-            if "basic" in forms:
-                cands.append(TCTBound(r * eps0, self.c_delta + ds, "basic", float(alpha), float(r), float(ds), 0.0))
-            if "advanced" in forms:
-                # split the remaining δ between δ* (fixed by α) and advanced composition
-                d_adv = budget - ds
-                eps = 0.5 * r * eps0**2 + eps0 * math.sqrt(2.0 * r * math.log(1.0 / d_adv))
-                cands.append(TCTBound(eps, self.c_delta + ds + d_adv, "advanced", float(alpha), float(r), float(ds), d_adv))
-            for c in cands:
-                if best is None or c.epsilon < best.epsilon:
-                    best = TCTBound(float(c.epsilon), float(c.delta), c.form, c.alpha, c.r, c.delta_star,
-                                    float(c.delta_composition))
+        caps = np.unique(np.floor((1.0 + grid) * self.tau / self.q)).astype(np.int64)
+        caps = caps[caps > self.tau / self.q]  # α > 0
+        best = self._best_over(caps, budget, exact, forms, None)
         if best is None:
             raise ValueError(f"no alpha reaches delta={delta!r} with tau={self.tau}")
+        i = int(np.searchsorted(caps, int(best.r)))
+        lo, hi = int(caps[max(i - 1, 0)]), int(caps[min(i + 1, caps.size - 1)])
+        between = np.arange(lo + 1, hi, dtype=np.int64)
+        if between.size > 256:
+            between = np.unique(np.linspace(lo + 1, hi - 1, 256).astype(np.int64))
+        return self._best_over(between, budget, exact, forms, best)
+
+    def _best_over(self, caps: np.ndarray, budget: float, exact: bool, forms: tuple[str, ...],
+                   best: TCTBound | None) -> TCTBound | None:
+        """Scan ascending ``caps``; stop once the optimal composition at the whole ``budget`` (a
+        lower bound for every form at every larger cap: it grows with m) reaches the best ε."""
+        eps0 = self.epsilon
+        composed_forms = tuple(f for f in forms if f != "basic")
+        alphas = caps * self.q / self.tau - 1.0
+        if exact:
+            dstars = stats.binom.cdf(self.tau - 1, caps, self.q)
+        else:
+            dstars = np.exp(-(alphas**2) * self.tau / (2.0 * (1.0 + alphas)))
+        for m, alpha, ds in zip(caps.tolist(), alphas.tolist(), dstars.tolist()):
+            if ds >= budget:
+                continue
+            if best is not None and optimal_epsilon(eps0, m, budget) >= best.epsilon:
+                break
+            cands = []
+            if "basic" in forms:
+                cands.append(TCTBound(m * eps0, self.c_delta + ds, "basic", alpha, float(m), ds, 0.0))
+            if composed_forms:
+                d_comp = budget - ds
+                c = tightest_epsilon(eps0, m, d_comp, composed_forms)
+                cands.append(TCTBound(c.epsilon, self.c_delta + ds + d_comp, c.form, alpha, float(m),
+                                      ds, d_comp))
+            for c in cands:
+                if best is None or c.epsilon < best.epsilon:
+                    best = c
         return best
 
 
@@ -288,7 +318,8 @@ def individual_charging_privacy(epsilon0: float, tau: int, delta: float, neighbo
                                 exact: bool = True) -> TCTBound:
     """(ε, δ) of SVT with individual charging (Cohen–Lyu Algorithm 5) with noise Lap(1/ε₀) and removal
     after τ hits, at total δ: Theorem B.4 per user with NotPrior q = 1/(e^{ε₀}+1) and
-    :func:`tct_hits_per_user` hits, α optimised (basic or advanced form, whichever is smaller)."""
+    :func:`tct_hits_per_user` hits, the cap and the composition theorem optimised
+    (:meth:`TargetChargingAccountant.best`)."""
     hits = tct_hits_per_user(tau, neighbours)
     return TargetChargingAccountant(epsilon0, hits).best(delta, exact=exact)
 
