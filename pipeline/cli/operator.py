@@ -273,9 +273,14 @@ def cmd_dead_letters(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    """Per release: allotment, padding, error bounds at its β, schedule; the total as (ε, δ); warnings."""
+    """Per release: allotment, padding, error bounds at its β, schedule; the total as (ε, δ); warnings.
+    With --sweep or --target: the bounds over values of one key (pipeline.plan_sweep)."""
     from pipeline.plan_report import format_plan, plan_report
 
+    if getattr(args, "sweep", None) or getattr(args, "target", None):
+        from pipeline.cli.plan_search import cmd_plan_search
+
+        return cmd_plan_search(args, _load(args.config))
     report = plan_report(_load(args.config))
     print(json.dumps(report, indent=2) if args.json else format_plan(report))
     for line in report["warnings"]:
