@@ -12,7 +12,7 @@ from pipeline.plan import planned_schedule
 from pipeline.privacy.accounting import ZCDP
 from pipeline.releases import kind_of
 
-__all__ = ["plan_report", "format_plan"]
+__all__ = ["plan_report", "format_plan", "deployment_warnings"]
 
 _LABEL = {"lambda": "λ", "error": "error bound", "tau": "τ", "margin": "margin", "alpha": "α"}
 
@@ -58,8 +58,18 @@ def plan_report(deployment) -> dict[str, Any]:
         "total_as_approx_dp": {"epsilon": total.epsilon, "delta": total.delta, "rho": dep.budget_plan().totals()[0].rho,
                                "report_delta": dep.budget.report_delta, "ceiling": EPSILON_CEILING,
                                "allow_large": dep.budget.allow_large},
-        "warnings": warnings(bounds, n),
+        "warnings": deployment_warnings(dep) + warnings(bounds, n),
     }
+
+
+def deployment_warnings(dep) -> list[str]:
+    """Warnings about the deployment itself rather than a release's accuracy."""
+    steps = dep.steps
+    if dep.production and steps.close == "deadline" and not steps.publish_delay_seconds:
+        return ["production deployment closing on a deadline without steps.publish_delay_seconds: when a step's "
+                "records appear then depends on how long its release took, which depends on the data; set it "
+                "above the worst release time (docs/privacy.md, 'When records appear')"]
+    return []
 
 
 def format_plan(report: dict[str, Any]) -> str:
