@@ -129,49 +129,54 @@ def _meets(point: SweepPoint, release: str, share: float) -> bool:
     return point.refused is None and point.shares[release] <= share
 
 
+def _log_bisect(evaluate_at, lo: float, hi: float, good, good_high: bool):
+    """Bisect [lo, hi] on log(value) until hi/lo ≤ 1 + 10⁻³ for the boundary of the monotone
+    predicate ``good`` (true at hi if ``good_high``, else at lo). Returns (lo, hi, the last point
+    evaluated on the good side or None, evaluations)."""
+    kept, steps = None, 0
+    while hi / lo > 1.0 + _RELATIVE_PRECISION and steps < _MAX_STEPS:
+        mid = math.sqrt(lo * hi)
+        point = evaluate_at(mid)
+        steps += 1
+        if good(point) == good_high:
+            hi = mid
+        else:
+            lo = mid
+        if good(point):
+            kept = point
+    return lo, hi, kept, steps
+
+
 def find_target(data: dict, key: str, release: str, share: float, low: float, high: float,
                 source: str = "<config>") -> TargetResult:
     """Smallest value of ``key`` in [low, high] (to a relative 10⁻³) at which ``release``'s largest
-    bound is ≤ ``share``·n, by bisection on log(value)."""
+    bound is ≤ ``share``·n, by bisection on log(value). If the configuration refuses ``high`` (e.g.
+    above the budget ceiling) the search first finds the largest accepted value, refusal being
+    monotone in the budget too."""
     if not (0 < share < 1):
         raise ValueError(f"--target share must be in (0, 1), got {share!r}")
     if not (0 < low < high) or not math.isfinite(high):
         raise ValueError(f"--within must be two positive numbers LOW,HIGH with LOW < HIGH, got {low!r},{high!r}")
-    top, steps = evaluate(data, key, high, source), 1
-    if top.refused is not None:  # e.g. above the budget ceiling: find the largest accepted value
-        bottom = evaluate(data, key, low, source)
-        steps += 1
-        if bottom.refused is not None:
-            return TargetResult(release, share, key, None, bottom, low, high, steps)
-        lo, hi = low, high
-        top = bottom
-        while hi / lo > 1.0 + _RELATIVE_PRECISION and steps < _MAX_STEPS:
-            mid = math.sqrt(lo * hi)
-            point = evaluate(data, key, mid, source)
-            steps += 1
-            if point.refused is None:
-                lo, top = mid, point
-            else:
-                hi = mid
-        high = lo
+
+    def at(value: float) -> SweepPoint:
+        return evaluate(data, key, value, source)
+
+    top, bottom, steps = at(high), at(low), 2
+    if bottom.refused is not None:
+        return TargetResult(release, share, key, None, bottom, low, high, steps)
+    if top.refused is not None:
+        accepted = lambda p: p.refused is None  # noqa: E731
+        high, _, kept, more = _log_bisect(at, low, high, accepted, good_high=False)
+        top, steps = kept or bottom, steps + more
     if release not in top.shares:
         raise ValueError(f"--target: no release named {release!r} (releases: {', '.join(sorted(top.shares))})")
     if not _meets(top, release, share):
         return TargetResult(release, share, key, None, top, low, high, steps)
-    bottom = evaluate(data, key, low, source)
-    steps += 1
     if _meets(bottom, release, share):
         return TargetResult(release, share, key, low, bottom, low, high, steps)
-    lo, hi, best = low, high, top
-    while hi / lo > 1.0 + _RELATIVE_PRECISION and steps < _MAX_STEPS:
-        mid = math.sqrt(lo * hi)
-        point = evaluate(data, key, mid, source)
-        steps += 1
-        if _meets(point, release, share):
-            hi, best = mid, point
-        else:
-            lo = mid
-    return TargetResult(release, share, key, hi, best, low, high, steps)
+    meets = lambda p: _meets(p, release, share)  # noqa: E731
+    _, value, kept, more = _log_bisect(at, low, high, meets, good_high=True)
+    return TargetResult(release, share, key, value, kept or top, low, high, steps + more)
 
 
 def format_target(result: TargetResult, n: int) -> str:
