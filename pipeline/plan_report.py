@@ -66,9 +66,10 @@ def deployment_warnings(dep) -> list[str]:
     """Warnings about the deployment itself rather than a release's accuracy."""
     steps = dep.steps
     if dep.production and steps.close == "deadline" and not steps.publish_delay_seconds:
-        return ["production deployment closing on a deadline without steps.publish_delay_seconds: when a step's "
-                "records appear then depends on how long its release took, which depends on the data; set it "
-                "above the worst release time (docs/privacy.md, 'When records appear')"]
+        return ["production deployment closing on a deadline without steps.publish_delay_seconds: "
+                "when a step's records appear then depends on how long its release took, which "
+                "depends on the data; set it above the worst release time (docs/privacy.md, "
+                "'When records appear')"]
     return []
 
 

@@ -1,6 +1,6 @@
-"""``dpstream plan --sweep`` and ``--target``: the a-priori bounds of a deployment over several values
-of one configuration key, and the smallest budget at which a named release's bound is within a
-stated share of n.
+"""``dpstream plan --sweep`` and ``--target``: the a-priori bounds of a deployment over several
+values of one configuration key, and the smallest budget at which a named release's bound is
+within a stated share of n.
 
 Every point is the configuration file with one key replaced, validated and planned exactly as
 ``dpstream plan`` would (``parse_config`` and the budget plan): nothing is drawn and nothing runs. A
@@ -50,7 +50,8 @@ def parse_sweep(text: str) -> tuple[str, list[float]]:
     try:
         nums = [float(v) for v in values.split(",")]
     except ValueError:
-        raise ValueError(f"--sweep values must be numbers separated by commas, got {values!r}") from None
+        raise ValueError(f"--sweep values must be numbers separated by commas, got {values!r}") \
+            from None
     if any(not (v > 0) or not math.isfinite(v) for v in nums):
         raise ValueError(f"--sweep values must be positive and finite, got {values!r}")
     return key.strip(), nums
@@ -62,7 +63,8 @@ def _with_value(data: dict, key: str, value: float) -> dict:
     parts = key.split(".")
     for part in parts[:-1]:
         if not isinstance(node.get(part), dict):
-            raise ValueError(f"--sweep/--vary key {key!r}: {part!r} is not a section of the configuration")
+            raise ValueError(f"--sweep/--vary key {key!r}: {part!r} is not a section of the "
+                             "configuration")
         node = node[part]
     node[parts[-1]] = value
     return out
@@ -78,7 +80,8 @@ def evaluate(data: dict, key: str, value: float, source: str = "<config>") -> Sw
     bounds = release_bounds(dep, allot, dep.n)
     largest = {name: b.bounds[b.largest] for name, b in bounds.items()}
     total = planned_spend(dep, allot)
-    return SweepPoint(value, {k: v / dep.n for k, v in largest.items()}, largest, total.epsilon, total.delta)
+    shares = {k: v / dep.n for k, v in largest.items()}
+    return SweepPoint(value, shares, largest, total.epsilon, total.delta)
 
 
 def sweep(data: dict, key: str, values: list[float], source: str = "<config>") -> list[SweepPoint]:
@@ -94,14 +97,15 @@ def format_sweep(key: str, points: list[SweepPoint], n: int) -> str:
         if p.refused:
             lines.append(f"| {p.value:g} | refused: {p.refused} |")
             continue
-        cells = [f"{p.value:g}"] + [f"{p.bounds[name]:,.1f} ({p.shares[name]:.2%})" for name in names]
+        cells = [f"{p.value:g}"]
+        cells += [f"{p.bounds[name]:,.1f} ({p.shares[name]:.2%})" for name in names]
         cells.append(f"({p.total_epsilon:.4g}, {p.total_delta:.2g})")
         lines.append("| " + " | ".join(cells) + " |")
     ok = [p for p in points if not p.refused]
     lines.append("")
-    lines.append(f"Each row plans the deployment (n = {n:,}) with {key} set to the row's value; a bound is "
-                 "the release's largest a-priori error (it holds with probability ≥ 1 − β), in users and as "
-                 "a share of n. Nothing is drawn.")
+    lines.append(f"Each row plans the deployment (n = {n:,}) with {key} set to the row's value; "
+                 "a bound is the release's largest a-priori error (it holds with probability "
+                 "≥ 1 − β), in users and as a share of n. Nothing is drawn.")
     if len(ok) >= 2:
         first, last = ok[0], ok[-1]
         for name in names:
@@ -156,7 +160,8 @@ def find_target(data: dict, key: str, release: str, share: float, low: float, hi
     if not (0 < share < 1):
         raise ValueError(f"--target share must be in (0, 1), got {share!r}")
     if not (0 < low < high) or not math.isfinite(high):
-        raise ValueError(f"--within must be two positive numbers LOW,HIGH with LOW < HIGH, got {low!r},{high!r}")
+        raise ValueError("--within must be two positive numbers LOW,HIGH with LOW < HIGH, "
+                         f"got {low!r},{high!r}")
 
     def at(value: float) -> SweepPoint:
         return evaluate(data, key, value, source)
@@ -169,7 +174,8 @@ def find_target(data: dict, key: str, release: str, share: float, low: float, hi
         high, _, kept, more = _log_bisect(at, low, high, accepted, good_high=False)
         top, steps = kept or bottom, steps + more
     if release not in top.shares:
-        raise ValueError(f"--target: no release named {release!r} (releases: {', '.join(sorted(top.shares))})")
+        names = ", ".join(sorted(top.shares))
+        raise ValueError(f"--target: no release named {release!r} (releases: {names})")
     if not _meets(top, release, share):
         return TargetResult(release, share, key, None, top, low, high, steps)
     if _meets(bottom, release, share):
@@ -184,11 +190,12 @@ def format_target(result: TargetResult, n: int) -> str:
     if r.value is None:
         why = f" ({r.point.refused})" if r.point and r.point.refused else (
             f": its bound is {r.point.shares[r.release]:.2%} of n there" if r.point else "")
-        return (f"{r.release}: no {r.key} up to {r.high:.4g} (the largest accepted in the range) brings its "
-                f"bound within {r.share:.2%} of n "
+        return (f"{r.release}: no {r.key} up to {r.high:.4g} (the largest accepted in the range) "
+                f"brings its bound within {r.share:.2%} of n "
                 f"(n = {n:,}){why}. Raise --within's upper end, or accept a larger share.")
     p = r.point
-    return (f"{r.release}: the smallest {r.key} at which its a-priori bound is within {r.share:.2%} of n "
-            f"(n = {n:,}) is {r.value:.4g} (searched {r.low:g}..{r.high:g}, {r.steps} plans, to a relative "
-            f"{_RELATIVE_PRECISION:g}): bound {p.bounds[r.release]:,.1f} users = {p.shares[r.release]:.2%} of n; "
-            f"the whole deployment then plans (ε, δ) = ({p.total_epsilon:.4g}, {p.total_delta:.2g}).")
+    return (f"{r.release}: the smallest {r.key} at which its a-priori bound is within "
+            f"{r.share:.2%} of n (n = {n:,}) is {r.value:.4g} (searched {r.low:g}..{r.high:g}, "
+            f"{r.steps} plans, to a relative {_RELATIVE_PRECISION:g}): bound "
+            f"{p.bounds[r.release]:,.1f} users = {p.shares[r.release]:.2%} of n; the whole "
+            f"deployment then plans (ε, δ) = ({p.total_epsilon:.4g}, {p.total_delta:.2g}).")

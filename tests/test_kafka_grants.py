@@ -60,7 +60,8 @@ REQUESTS: dict[str, list[tuple[str, str]]] = {
     # (pipeline.stream.ingest.intake_view: the true ends of reports and repartition), and dpstream
     # dead-letters (pipeline.consumer.read_to_end of dead-letter: its log end, then every record)
     "operator": [("Metadata", "reports"), ("Produce", "reports"), ("Metadata", "control"), ("Produce", "control"),
-                 *[(r, t) for t in ("reports", "repartition", "dead-letter") for r in ("Metadata", "ListOffsets", "Fetch")]],
+                 *[(r, t) for t in ("reports", "repartition", "dead-letter")
+                   for r in ("Metadata", "ListOffsets", "Fetch")]],
     "producer": [("Metadata", "reports"), ("Produce", "reports")],
     # dpstream export/query (pipeline.consumer.read_topics: no group), and a downstream consumer in a group
     "analyst": [*[(r, t) for t in PUBLIC_TOPICS for r in ("Metadata", "ListOffsets", "Fetch", "OffsetCommit")],

@@ -110,14 +110,16 @@ def build_parser() -> argparse.ArgumentParser:
     pl = with_config(sub.add_parser("plan", help="check the budget plan; per release the padding, error bounds "
                                     "and per-step schedule; the total spend as (ε, δ)"))
     pl.add_argument("--json", action="store_true", help="machine-readable output")
-    pl.add_argument("--sweep", metavar="KEY=V1,V2,...", help="plan once per value of one configuration key "
+    pl.add_argument("--sweep", metavar="KEY=V1,V2,...",
+                    help="plan once per value of one configuration key "
                     "(e.g. budget.rho=0.005,0.01,0.02) and print the releases' bounds as a table")
-    pl.add_argument("--target", metavar="RELEASE=SHARE", help="the smallest value of --vary at which RELEASE's "
-                    "a-priori bound is within SHARE of n (e.g. poverty-quarterly=0.02), by bisection")
-    pl.add_argument("--vary", metavar="KEY", help="the key --target searches over (default budget.rho, or "
-                    "budget.epsilon for a monitor release)")
-    pl.add_argument("--within", metavar="LOW,HIGH", help="the range --target searches (default: the configured "
-                    "value /1000 .. ×1000)")
+    pl.add_argument("--target", metavar="RELEASE=SHARE",
+                    help="the smallest value of --vary at which RELEASE's a-priori bound is within "
+                    "SHARE of n (e.g. poverty-quarterly=0.02), by bisection")
+    pl.add_argument("--vary", metavar="KEY", help="the key --target searches over "
+                    "(default budget.rho, or budget.epsilon for a monitor release)")
+    pl.add_argument("--within", metavar="LOW,HIGH", help="the range --target searches "
+                    "(default: the configured value /1000 .. ×1000)")
     pl.set_defaults(func=cmd_plan)
 
     e = with_config(sub.add_parser("export", help="a release's synthetic records to CSV or Parquet, with their data "

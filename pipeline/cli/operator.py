@@ -273,8 +273,8 @@ def cmd_dead_letters(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    """Per release: allotment, padding, error bounds at its β, schedule; the total as (ε, δ); warnings.
-    With --sweep or --target: the bounds over values of one key (pipeline.plan_sweep)."""
+    """Per release: allotment, padding, error bounds at its β, schedule; the total as (ε, δ);
+    warnings. With --sweep or --target: the bounds over values of one key (pipeline.plan_sweep)."""
     from pipeline.plan_report import format_plan, plan_report
 
     if getattr(args, "sweep", None) or getattr(args, "target", None):

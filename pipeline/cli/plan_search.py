@@ -25,7 +25,8 @@ def _current(data: dict, key: str) -> float:
     for part in key.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     if not isinstance(node, (int, float)) or isinstance(node, bool) or node <= 0:
-        raise ValueError(f"--vary {key!r} is not a positive number in the configuration; give --within LOW,HIGH")
+        raise ValueError(f"--vary {key!r} is not a positive number in the configuration; "
+                         "give --within LOW,HIGH")
     return float(node)
 
 
@@ -40,13 +41,15 @@ def cmd_plan_search(args, dep) -> int:
             key, values = parse_sweep(args.sweep)
             points = sweep(data, key, values, source=args.config)
             if args.json:
-                print(json.dumps({"key": key, "n": dep.n, "points": [dataclasses.asdict(p) for p in points]}))
+                rows = [dataclasses.asdict(p) for p in points]
+                print(json.dumps({"key": key, "n": dep.n, "points": rows}))
             else:
                 print(format_sweep(key, points, dep.n))
             return EXIT_OK
         release, sep, share_text = args.target.partition("=")
         if not sep:
-            raise ValueError(f"--target must look like RELEASE=SHARE (e.g. poverty-quarterly=0.02), got {args.target!r}")
+            raise ValueError("--target must look like RELEASE=SHARE (e.g. poverty-quarterly=0.02), "
+                             f"got {args.target!r}")
         try:
             share = float(share_text)
         except ValueError:

@@ -24,7 +24,8 @@ import numpy as np
 from scipy import stats
 
 from pipeline.privacy.accounting import ApproxDP, Neighbours, check_neighbours, sensitivity_factor, zcdp_to_approx_dp
-from pipeline.privacy.pure_composition import FORMS as COMPOSED_FORMS, optimal_epsilon, tightest_epsilon
+from pipeline.privacy.pure_composition import FORMS as COMPOSED_FORMS
+from pipeline.privacy.pure_composition import optimal_epsilon, tightest_epsilon
 
 TCT_FORMS = ("basic",) + COMPOSED_FORMS
 
@@ -233,14 +234,17 @@ class TargetChargingAccountant:
         eps = 0.5 * r * self.epsilon**2 + self.epsilon * math.sqrt(2.0 * r * math.log(1.0 / delta))
         return TCTBound(eps, delta + self.c_delta + ds, "advanced", alpha, r, ds, delta)
 
-    def best(self, delta: float, exact: bool = True, forms: tuple[str, ...] = TCT_FORMS) -> TCTBound:
+    def best(self, delta: float, exact: bool = True,
+             forms: tuple[str, ...] = TCT_FORMS) -> TCTBound:
         """Smallest ε over whole caps m of data-holder calls (α = mq/τ − 1) and over the
-        composition theorems in ``forms`` for the m ε-DP calls, such that the total δ ≤ ``delta``.
+        composition theorems in ``forms`` for the m ε-DP calls, such that the total δ ≤
+        ``delta``.
 
         A cap of m calls fails (is cut off before the τ-th hit) with δ* = P[Bin(m, q) < τ]; the
         rest of the δ budget goes to the composition of the m pure calls: ``basic`` m·ε (δ 0),
         ``advanced`` (Lemma A.4), ``zcdp`` (CKS conversion of m·ε²/2-zCDP) or ``optimal``
-        (Kairouz–Oh–Viswanath, exact for m ε-DP calls; :mod:`pipeline.privacy.pure_composition`).
+        (Kairouz–Oh–Viswanath, exact for pure calls;
+        :mod:`pipeline.privacy.pure_composition`).
         Raises ValueError if no cap achieves it."""
         delta = _pos(delta, "delta", high=1.0, high_open=True)
         unknown = [f for f in forms if f not in TCT_FORMS]
@@ -283,12 +287,13 @@ class TargetChargingAccountant:
                 break
             cands = []
             if "basic" in forms:
-                cands.append(TCTBound(m * eps0, self.c_delta + ds, "basic", alpha, float(m), ds, 0.0))
+                cands.append(TCTBound(m * eps0, self.c_delta + ds, "basic", alpha, float(m), ds,
+                                      0.0))
             if composed_forms:
                 d_comp = budget - ds
                 c = tightest_epsilon(eps0, m, d_comp, composed_forms)
-                cands.append(TCTBound(c.epsilon, self.c_delta + ds + d_comp, c.form, alpha, float(m),
-                                      ds, d_comp))
+                cands.append(TCTBound(c.epsilon, self.c_delta + ds + d_comp, c.form, alpha,
+                                      float(m), ds, d_comp))
             for c in cands:
                 if best is None or c.epsilon < best.epsilon:
                     best = c

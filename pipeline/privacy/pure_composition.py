@@ -5,10 +5,11 @@ tightest of them.
   Bun–Steinke 2016 Prop. 1.4, composed, Lemma 2.3, then their classic conversion, Prop. 1.3).
 * ``zcdp``: the same m·ε₀²/2-zCDP converted with the tight Canonne–Kamath–Steinke conversion
   (:func:`pipeline.privacy.accounting.zcdp_to_approx_dp`), never larger than ``advanced``.
-* ``optimal``: Kairouz, Oh, Viswanath, "The Composition Theorem for Differential Privacy" (ICML 2015;
-  IEEE Trans. Inf. Theory 63(6), 2017), Theorem 3.3: the m-fold adaptive composition of ε₀-DP
-  mechanisms has exactly the privacy region of m independent binary randomized responses with
-  parameter ε₀. Its δ at any ε is therefore the hockey-stick divergence of that pair,
+* ``optimal``: Kairouz, Oh, Viswanath, "The Composition Theorem for Differential Privacy"
+  (ICML 2015; IEEE Trans. Inf. Theory 63(6), 2017), Theorem 3.3: the m-fold adaptive
+  composition of ε₀-DP mechanisms has exactly the privacy region of m independent binary
+  randomized responses with parameter ε₀. Its δ at any ε is therefore the hockey-stick
+  divergence of that pair,
 
       δ(ε) = Σ_{l=0}^{m} C(m, l) e^{(m−l)ε₀} / (1 + e^{ε₀})^m · [1 − e^{ε − (m−2l)ε₀}]₊ ,
 
@@ -91,8 +92,9 @@ def optimal_epsilon(eps0: float, m: int, delta: float) -> float:
     """Smallest ε ≥ 0 with :func:`optimal_delta` (ε₀, m, ε) ≤ δ (solved at δ·(1 − 10⁻⁹)).
 
     δ(ε) is continuous and decreasing; on [loss_j, loss_{j−1}] only l < j are active, so
-    δ(ε) = A_j − e^ε·B_j with A_j = Σ_{l<j} P_l, B_j = Σ_{l<j} P_l e^{−loss_l}: the crossing interval
-    is found from δ at the loss values (prefix sums) and ε = ln(A_j − δ) − ln B_j inside it."""
+    δ(ε) = A_j − e^ε·B_j with A_j = Σ_{l<j} P_l, B_j = Σ_{l<j} P_l e^{−loss_l}: the crossing
+    interval is found from δ at the loss values (prefix sums) and ε = ln(A_j − δ) − ln B_j
+    inside it."""
     eps0, m = _check(eps0, m)
     if not (0.0 < delta < 1.0):
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
@@ -102,7 +104,8 @@ def optimal_epsilon(eps0: float, m: int, delta: float) -> float:
     log_p, loss = _randomized_response_terms(eps0, m)
     log_a = np.logaddexp.accumulate(log_p)            # log_a[i] = ln Σ_{l≤i} P_l
     log_b = np.logaddexp.accumulate(log_p - loss)     # log_b[i] = ln Σ_{l≤i} P_l e^{−loss_l}
-    # δ at ε = loss_j for j = 1..m: A − e^{loss_j}·B over l ≤ j − 1 (each term P_l(1 − e^{loss_j−loss_l}))
+    # δ at ε = loss_j for j = 1..m: A − e^{loss_j}·B over l ≤ j − 1
+    # (each term P_l·(1 − e^{loss_j − loss_l}) > 0, so no cancellation)
     with np.errstate(divide="ignore"):
         log_delta_at = log_a[:-1] + np.log(-np.expm1(loss[1:] + log_b[:-1] - log_a[:-1]))
     # δ(0) > target and δ grows as ε falls, so some loss_j ≤ 0 has δ > target: the first such j
@@ -112,7 +115,8 @@ def optimal_epsilon(eps0: float, m: int, delta: float) -> float:
     return max(0.0, float(log_rest - log_b[j - 1]))
 
 
-def tightest_epsilon(eps0: float, m: int, delta: float, forms: tuple[str, ...] = FORMS) -> ComposedBound:
+def tightest_epsilon(eps0: float, m: int, delta: float,
+                     forms: tuple[str, ...] = FORMS) -> ComposedBound:
     """The smallest ε of the named composition theorems for m ε₀-DP calls at ``delta``."""
     funcs = {"advanced": advanced_epsilon, "zcdp": zcdp_epsilon, "optimal": optimal_epsilon}
     unknown = [f for f in forms if f not in funcs]

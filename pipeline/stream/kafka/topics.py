@@ -9,9 +9,10 @@ role exactly the operations declared here), the demo driver and the downstream c
 topics). The message formats themselves are described in :mod:`pipeline.stream.kafka.codecs`.
 
 Roles (docs/security.md): ``worker`` and ``releaser`` are the stream jobs; ``operator`` is ``dpstream
-produce|close|status|dead-letters`` (the intake view reads the true ends of ``reports`` and ``repartition``, which on
-the embedded broker takes a Fetch: :mod:`pipeline.stream.kafka.log_end`); ``producer`` is a
-data-collection service; ``analyst`` is ``dpstream export|query`` and any downstream consumer.
+produce|close|status|dead-letters`` (the intake view reads the true ends of ``reports`` and
+``repartition``, which on the embedded broker takes a Fetch: :mod:`pipeline.stream.kafka.log_end`;
+``dead-letters`` reads ``dead-letter``); ``producer`` is a data-collection service; ``analyst`` is
+``dpstream export|query`` and any downstream consumer.
 """
 
 from __future__ import annotations
@@ -77,9 +78,10 @@ TOPICS: dict[str, Topic] = {t.name: t for t in (
     Topic("synthetic", 1, "<release>:<step>:<chunk>", "json", public=True, reader=None, writers=("releaser",),
           readers=_ANALYSTS),
     Topic("alerts", 1, "<release>:<step>", "json", public=True, reader=None, writers=("releaser",), readers=_ANALYSTS),
-    # rejected reports with their reasons: `dpstream dead-letters` (the operator, who reads raw reports anyway)
-    Topic("dead-letter", 1, "the original key", "binary", public=False, reader=None, writers=("worker",),
-          readers=("operator",)),
+    # rejected reports with their reasons: `dpstream dead-letters` (the operator, who reads raw
+    # reports anyway)
+    Topic("dead-letter", 1, "the original key", "binary", public=False, reader=None,
+          writers=("worker",), readers=("operator",)),
 )}
 PUBLIC_TOPICS = tuple(name for name, t in TOPICS.items() if t.public)
 
