@@ -1,5 +1,5 @@
-"""`dpstream plan --sweep` and `--target` through the command line, each point checked against a plain
-`dpstream plan --json` of a configuration file written with that value."""
+"""`dpstream plan --sweep` and `--target` through the command line, each point checked against a
+plain `dpstream plan --json` of a configuration file written with that value."""
 
 from __future__ import annotations
 
@@ -12,18 +12,21 @@ import pytest
 import yaml
 
 CFG = {
-    "name": "plan-search", "roster": {"size": 5000}, "horizon": 6, "attributes": {"poverty": {"type": "binary"}},
+    "name": "plan-search", "roster": {"size": 5000}, "horizon": 6,
+    "attributes": {"poverty": {"type": "binary"}},
     "budget": {"rho": 0.05}, "random": {"kind": "seeded", "seed": 1},
-    "releases": [{"name": "quarterly", "type": "fixed_window", "attribute": "poverty", "window": 2, "share": 0.5},
-                 {"name": "cumulative", "type": "cumulative", "attribute": "poverty", "share": 0.5}],
+    "releases": [
+        {"name": "quarterly", "type": "fixed_window", "attribute": "poverty", "window": 2, "share": 0.5},
+        {"name": "cumulative", "type": "cumulative", "attribute": "poverty", "share": 0.5}],
 }
 
 
 def dpstream(*args, env, check=True):
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=300)
     if check and proc.returncode != 0:
-        raise AssertionError(f"dpstream {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+        raise AssertionError(f"dpstream {' '.join(args)} exited {proc.returncode}: "
+                             f"{proc.stderr[-2000:]}")
     return proc
 
 
@@ -44,10 +47,10 @@ def plain_shares(tmp_path, env, rho: float) -> dict[str, float]:
 
 def test_sweep_table_matches_one_plan_per_value(setup, tmp_path):
     path, env = setup
-    text = dpstream("plan", "--config", str(path), "--sweep", "budget.rho=0.005,0.01,0.02", env=env).stdout
+    sweep = ("plan", "--config", str(path), "--sweep", "budget.rho=0.005,0.01,0.02")
+    text = dpstream(*sweep, env=env).stdout
     assert text.count("\n| 0.0") == 3 and "In words: quarterly's bound goes from" in text
-    out = json.loads(dpstream("plan", "--config", str(path), "--sweep", "budget.rho=0.005,0.01,0.02", "--json",
-                              env=env).stdout)
+    out = json.loads(dpstream(*sweep, "--json", env=env).stdout)
     assert [p["value"] for p in out["points"]] == [0.005, 0.01, 0.02]
     for p in out["points"]:
         assert p["shares"] == pytest.approx(plain_shares(tmp_path, env, p["value"]), rel=1e-12)
@@ -63,12 +66,14 @@ def test_sweep_row_for_a_refused_value_says_why(setup):
 
 def test_target_is_the_smallest_budget_meeting_the_share(setup, tmp_path):
     path, env = setup
-    out = json.loads(dpstream("plan", "--config", str(path), "--target", "quarterly=0.03", "--json", env=env).stdout)
+    target = ("plan", "--config", str(path), "--target", "quarterly=0.03")
+    out = json.loads(dpstream(*target, "--json", env=env).stdout)
     rho = out["value"]
     assert out["key"] == "budget.rho" and rho is not None
     assert plain_shares(tmp_path, env, rho)["quarterly"] <= 0.03
-    assert plain_shares(tmp_path, env, rho / 1.002)["quarterly"] > 0.03  # a little less budget misses it
-    text = dpstream("plan", "--config", str(path), "--target", "quarterly=0.03", env=env).stdout
+    # a little less budget misses it
+    assert plain_shares(tmp_path, env, rho / 1.002)["quarterly"] > 0.03
+    text = dpstream(*target, env=env).stdout
     assert "the smallest budget.rho at which its a-priori bound is within 3.00% of n" in text
 
 

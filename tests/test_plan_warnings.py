@@ -1,5 +1,5 @@
-"""`dpstream plan` warns about a production deployment that closes on a deadline without a publish delay,
-and the production template sets one."""
+"""`dpstream plan` warns about a production deployment that closes on a deadline without a publish
+delay, and the production template sets one."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ from pipeline.plan_report import deployment_warnings
 TEMPLATE = Path(__file__).resolve().parents[1] / "deploy" / "config" / "dpstream.yaml"
 CFG = {
     "name": "plan-warn", "production": True, "roster": {"size": 2000}, "horizon": 4,
-    "attributes": {"poverty": {"type": "binary"}}, "budget": {"rho": 0.1}, "random": {"kind": "secure"},
+    "attributes": {"poverty": {"type": "binary"}}, "budget": {"rho": 0.1},
+    "random": {"kind": "secure"},
     "steps": {"close": "deadline", "deadline_seconds": 3600},
-    "releases": [{"name": "quarterly", "type": "fixed_window", "attribute": "poverty", "window": 2, "share": 1.0}],
+    "releases": [{"name": "quarterly", "type": "fixed_window", "attribute": "poverty", "window": 2,
+                  "share": 1.0}],
 }
 WORDS = "without steps.publish_delay_seconds"
 
@@ -27,14 +29,16 @@ WORDS = "without steps.publish_delay_seconds"
 def plan_stderr(tmp_path, cfg) -> str:
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "plan", "--config", str(path)], capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, DPSTREAM_HOME=str(tmp_path / "home")))
+    env = dict(os.environ, DPSTREAM_HOME=str(tmp_path / "home"))
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "plan", "--config", str(path)],
+                          capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stderr
 
 
 def test_plan_warns_for_a_production_deadline_without_a_delay(tmp_path):
-    assert f"WARNING: production deployment closing on a deadline {WORDS}" in plan_stderr(tmp_path, CFG)
+    expected = f"WARNING: production deployment closing on a deadline {WORDS}"
+    assert expected in plan_stderr(tmp_path, CFG)
 
 
 @pytest.mark.parametrize("change", [{"steps": {"close": "deadline", "deadline_seconds": 3600,

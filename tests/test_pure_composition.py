@@ -14,7 +14,8 @@ from pipeline.synth.prem_privacy import charged_plan
 
 from composition_support import PLD_GRID, direct_delta, direct_epsilon, pld_epsilon
 
-CASES = [(0.028418, 42, 6.5e-7), (0.1, 200, 1e-6), (0.5, 10, 1e-5), (1.0, 3, 1e-3), (0.05, 26, 1e-8)]
+CASES = [(0.028418, 42, 6.5e-7), (0.1, 200, 1e-6), (0.5, 10, 1e-5), (1.0, 3, 1e-3),
+         (0.05, 26, 1e-8)]
 
 
 @pytest.mark.parametrize("eps0,m,delta", CASES)
@@ -31,12 +32,14 @@ def test_optimal_composition_against_a_direct_sum(eps0, m, delta):
     assert direct_delta(eps0, m, ours) <= delta
     assert ours == pytest.approx(direct_epsilon(eps0, m, delta), rel=1e-6, abs=1e-9)
     for e in (0.0, 0.3 * m * eps0, ours):
-        assert optimal_delta(eps0, m, e) == pytest.approx(direct_delta(eps0, m, e), rel=1e-9, abs=1e-300)
+        expected = direct_delta(eps0, m, e)
+        assert optimal_delta(eps0, m, e) == pytest.approx(expected, rel=1e-9, abs=1e-300)
 
 
 @pytest.mark.parametrize("eps0,m,delta", CASES)
 def test_the_tightest_is_the_optimal_and_never_above_the_others(eps0, m, delta):
-    adv, z, opt = advanced_epsilon(eps0, m, delta), zcdp_epsilon(eps0, m, delta), optimal_epsilon(eps0, m, delta)
+    adv, z = advanced_epsilon(eps0, m, delta), zcdp_epsilon(eps0, m, delta)
+    opt = optimal_epsilon(eps0, m, delta)
     assert opt <= z * (1 + 1e-12) and z <= adv * (1 + 1e-12) and opt <= m * eps0
     assert tightest_epsilon(eps0, m, delta).form == "optimal"
 
@@ -63,7 +66,7 @@ def _recomputed(eps0: float, hits: int, bound: cal.TCTBound, delta: float) -> fl
 
 
 def test_tct_heavy_hitter_example_reaches_the_goal_and_is_recomputed():
-    """τ ≤ 1,560 at |X| = 10⁶, k = 3, horizon 10⁴, (ε, δ) = (1, 10⁻⁶) (advanced only gave 1,833), and
+    """τ ≤ 1,560 at |X| = 10⁶, k = 3, horizon 10⁴, (ε, δ) = (1, 10⁻⁶) (advanced only: 1,833), and
     the calibrated ε₀'s privacy recomputed by dp_accounting is within the target."""
     plan = heavy_hitter_plan("tct", 10**6, 1, 1e-6, 3, 10**4, 0.05)
     assert plan["tau"] <= 1560
@@ -102,7 +105,8 @@ def test_prem_charged_monitor_part_is_recalibrated():
     hits = 2 * plan.max_calls
     bound = cal.TargetChargingAccountant(plan.a, hits).best(1e-6 / 2)
     assert _recomputed(plan.a, hits, bound, 1e-6 / 2) <= 0.7 + m_slack(bound)
-    only_basic_adv = cal.TargetChargingAccountant(plan.a, hits).best(1e-6 / 2, forms=("basic", "advanced"))
+    accountant = cal.TargetChargingAccountant(plan.a, hits)
+    only_basic_adv = accountant.best(1e-6 / 2, forms=("basic", "advanced"))
     assert only_basic_adv.epsilon > 0.7
 
 
