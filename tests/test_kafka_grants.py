@@ -57,9 +57,11 @@ REQUESTS: dict[str, list[tuple[str, str]]] = {
                    for r in ("Metadata", "ListOffsets", "OffsetFetch")],
                  ("Fetch", "control")],
     # dpstream produce (reports), close (control), and the intake view of produce/close/status
-    # (pipeline.stream.ingest.intake_view: the true ends of reports and repartition)
+    # (pipeline.stream.ingest.intake_view: the true ends of reports and repartition); produce's verdict
+    # on its own reports and `dead-letters` (pipeline.fates: the dead letters since the send began)
     "operator": [("Metadata", "reports"), ("Produce", "reports"), ("Metadata", "control"), ("Produce", "control"),
-                 *[(r, t) for t in ("reports", "repartition") for r in ("Metadata", "ListOffsets", "Fetch")]],
+                 *[(r, t) for t in ("reports", "repartition", "dead-letter")
+                   for r in ("Metadata", "ListOffsets", "Fetch")]],
     "producer": [("Metadata", "reports"), ("Produce", "reports")],
     # dpstream export/query (pipeline.consumer.read_topics: no group), and a downstream consumer in a group
     "analyst": [*[(r, t) for t in PUBLIC_TOPICS for r in ("Metadata", "ListOffsets", "Fetch", "OffsetCommit")],
