@@ -190,15 +190,15 @@ def test_the_simulator_fills_a_heavy_hitter_deployment(deployment, tmp_path):
     """Before: `produce` crashed with StopIteration on a deployment without a binary attribute, and
     `--attribute item` sent the poverty chain's 0/1 as hashed ids. Now every attribute is filled:
     the hashed one over its domain with planted shifting heavy hitters."""
-    from pipeline.config import load_config
-    from pipeline.sim.step_values import HEAVY_PER_PHASE, HEAVY_SHARE, PHASE, simulated_step
-
     path, env = deployment
     hh = _heavy_hitter_config(path, tmp_path)
     with running(hh, env, tmp_path):
         proc = dpstream("produce", "--config", str(hh), "--simulate", env=env, check=False)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
         assert f"{N} accepted, 0 rejected" in proc.stdout, proc.stdout
+    from pipeline.config import load_config
+    from pipeline.sim.step_values import HEAVY_PER_PHASE, HEAVY_SHARE, PHASE, simulated_step
+
     dep = load_config(hh)
     steps = [simulated_step(dep, N, t, seed=2021) for t in (1, 2, PHASE + 1)]
     items = [s["item"] for s in steps]
