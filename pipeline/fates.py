@@ -98,7 +98,7 @@ class Fates:
         return self.sent - self.unknown - sum(self.rejected.values())
 
     def summary(self) -> str:
-        by_count = sorted(self.rejected.items(), key=lambda kv: -kv[1])
+        by_count = sorted(self.rejected.items(), key=lambda kv: (-kv[1], kv[0]))
         reasons = ", ".join(f"{r} {n:,}" for r, n in by_count)
         rejected = sum(self.rejected.values())
         text = (f"workers' verdict on the {self.sent:,} reports sent: {self.accepted:,} accepted, "
@@ -108,10 +108,6 @@ class Fates:
         elif self.unapplied_forwards:
             text += " (some forwarded between partitions not applied yet)"
         return text
-
-    def as_json(self) -> dict:
-        return {"sent": self.sent, "accepted": self.accepted, "rejected": dict(self.rejected),
-                "unknown": self.unknown, "waited_seconds": round(self.waited, 3)}
 
 
 def dead_letter_mark(broker: str, topic: str, partitions: int) -> dict:

@@ -86,18 +86,24 @@ def test_produce_reports_what_the_workers_rejected(deployment, tmp_path):
         assert "not waiting for the workers' verdict" in nowait.stdout and "accepted" not in nowait.stdout
 
 
-def test_late_reports_are_counted_as_late(deployment, tmp_path, capsys):
+def test_late_reports_and_batch_rows_are_judged_per_report(deployment, tmp_path, capsys, monkeypatch):
     """A step that a close overtakes mid-send: the close markers precede the reports on the log, the
-    workers dead-letter them as late, and the verdict says so (before: "all acknowledged", exit 0)."""
+    workers dead-letter them as late, and the verdict says so (before: "all acknowledged", exit 0).
+    Batch messages (as a columnar upload sends them) are judged per report, whatever partition they
+    went to: a rejected row counts once, a batch rejected whole counts all its rows, and another
+    producer's rejected message is not counted."""
+    from kafka import KafkaProducer
+
     from pipeline.cli.verdict import report_fates
     from pipeline.config import load_config
-    from pipeline.fates import dead_letter_mark
+    from pipeline.fates import Receipt, dead_letter_mark
     from pipeline.producer import ReportSender
     from pipeline.stream.ingest.roster import Roster
     from pipeline.stream.kafka.producer import ReportProducer
     from pipeline.stream.kafka.topics import topic_names
 
     path, env = deployment
+    monkeypatch.setenv("DPSTREAM_HOME", env["DPSTREAM_HOME"])  # report_fates finds the running `up`
     with running(path, env, tmp_path) as broker:
         workers = [pid for name, pid in _stream_pids(tmp_path).items() if name.startswith("worker")]
         for pid in workers:
@@ -120,13 +126,24 @@ def test_late_reports_are_counted_as_late(deployment, tmp_path, capsys):
         finally:
             for pid in workers:
                 os.kill(pid, signal.SIGCONT)
-        os.environ["DPSTREAM_HOME"] = env["DPSTREAM_HOME"]
-        try:
-            code = report_fates(dep, result.receipt, mark, timeout=60)
-        finally:
-            del os.environ["DPSTREAM_HOME"]
-        assert code == 5
+        assert report_fates(dep, result.receipt, mark, timeout=60) == 5
         assert f"0 accepted, {N} rejected (late {N})" in capsys.readouterr().out
+
+        names = topic_names(dep)
+        mark = dead_letter_mark(broker, names["dead-letter"], 1)
+        receipt = Receipt(names["reports"])
+        rows = {"columns": {"user": ["u1", "u2", "nobody", "u3"], "step": 2, "poverty": [1, 0, 1, 7]}}
+        ragged = {"columns": {"user": ["u4", "u5"], "step": 2, "poverty": [1]}}  # rejected whole
+        producer = KafkaProducer(bootstrap_servers=broker)  # no key: any partition, rows forwarded
+        for batch, size in ((rows, 4), (ragged, 2)):
+            stored = producer.send(names["reports"], json.dumps(batch).encode()).get(timeout=30)
+            receipt.add(stored.partition, stored.offset, size)
+        producer.send(names["reports"], b"{not json").get(timeout=30)  # another producer's
+        producer.close()
+        assert report_fates(dep, receipt, mark, timeout=60) == 5
+        out = capsys.readouterr().out
+        assert ("6 reports sent: 2 accepted, 4 rejected (malformed 2, out_of_domain 1, unknown_user 1)"
+                in out), out
 
 
 def test_ctrl_c_is_one_line_and_exit_130(deployment, tmp_path):

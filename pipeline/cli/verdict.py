@@ -6,8 +6,6 @@ Curator side: the counts are the workers' (true counts, for the operator's termi
 
 from __future__ import annotations
 
-import json
-
 from pipeline.cli.common import EXIT_OK, EXIT_REJECTED, EXIT_RUNTIME, _endpoints, _fail
 
 __all__ = ["held_conflicts", "mark_dead_letters", "report_fates", "DEFAULT_FATE_TIMEOUT"]
@@ -44,7 +42,7 @@ def mark_dead_letters(dep, broker: str) -> dict:
                             topic_partitions(dep)["dead-letter"])
 
 
-def report_fates(dep, receipt, mark, timeout: float, as_json: bool = False) -> int:
+def report_fates(dep, receipt, mark, timeout: float) -> int:
     """Wait (at most ``timeout`` s) for the workers' verdict on ``receipt``'s reports and print
     it. Exit code: 0 all accepted, EXIT_REJECTED some dead-lettered, EXIT_RUNTIME some not
     handled within the timeout."""
@@ -58,7 +56,7 @@ def report_fates(dep, receipt, mark, timeout: float, as_json: bool = False) -> i
     waiting = progress_printer("waiting for the workers' verdict: handled", " reports")
     fates = await_fates(store, broker, topic_names(dep), dep.topics.partitions, receipt, mark,
                         timeout, progress=waiting)
-    print(json.dumps(fates.as_json()) if as_json else fates.summary())
+    print(fates.summary())
     rejected = sum(fates.rejected.values())
     if rejected:
         return _fail(EXIT_REJECTED, f"{rejected:,} of the {fates.sent:,} reports sent were "
