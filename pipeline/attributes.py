@@ -39,6 +39,7 @@ __all__ = ["MISSING", "OUT_OF_DOMAIN", "public_hash", "BinaryAttribute", "Catego
 
 MISSING = -1  # the report did not carry the attribute (imputed at step close)
 OUT_OF_DOMAIN = -2  # the value is outside the attribute's public domain (rejected)
+HINT_LABELS = 12  # labels an out_of_domain detail lists (a long list is cut: dead-letter details are bounded)
 
 
 def public_hash(value: str, size: int) -> int:
@@ -102,6 +103,10 @@ class _AttributeMethods:
     def wire_values(self, codes: np.ndarray) -> list:
         return np.asarray(codes).astype(np.int64).tolist()
 
+    def domain_hint(self) -> str:
+        """What a report may carry for this attribute, for an ``out_of_domain`` dead letter's detail."""
+        return f"allowed: an integer code in 0..{self.size - 1}"
+
     def csv_value(self, text: str) -> str | int:
         """Numbers become integers; other text stays a string (and is decoded as such)."""
         try:
@@ -138,6 +143,9 @@ class BinaryAttribute(StrictModel, _AttributeMethods):
 
     def code(self, value):
         return self.labels().index(value) if isinstance(value, str) else int(value)
+
+    def domain_hint(self) -> str:
+        return "allowed: 0 or 1 (also true/false, \"0\"/\"1\", 0.0/1.0)"
 
 
 class CategoricalAttribute(StrictModel, _AttributeMethods):
@@ -186,6 +194,13 @@ class CategoricalAttribute(StrictModel, _AttributeMethods):
 
     def public_labels(self, ids):
         return {str(i): self.values[int(i)] for i in ids}
+
+    def domain_hint(self) -> str:
+        """The declared labels (the first ``HINT_LABELS`` of a long list), matched case-sensitively."""
+        shown = ", ".join(repr(v) for v in self.values[:HINT_LABELS])
+        more = f", … ({len(self.values):,} labels in all: see the configuration)" if self.size > HINT_LABELS else ""
+        return (f"allowed: {shown}{more}, or a code in 0..{self.size - 1}; labels match exactly "
+                "(case-sensitive, no surrounding spaces)")
 
     def wire_values(self, codes):
         return np.asarray(self.values, dtype=object)[np.asarray(codes)].tolist()
@@ -244,6 +259,9 @@ class HashedAttribute(StrictModel, _AttributeMethods):
 
     def public_labels(self, ids):
         return {str(i): self.dictionary[int(i)] for i in ids if int(i) in self.dictionary}
+
+    def domain_hint(self) -> str:
+        return f"allowed: any string (hashed to an id) or an integer id in 0..{self.size - 1}"
 
 
 Attribute = Annotated[Union[BinaryAttribute, CategoricalAttribute, HashedAttribute], Field(discriminator="type")]

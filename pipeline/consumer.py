@@ -254,9 +254,11 @@ def _complete_histogram(panel: SyntheticPanel, manifest: dict, chunks: dict[int,
 BOOTSTRAP_TIMEOUT_MS = 8000  # a live broker answers its first request in well under this
 
 
-def read_to_end(bootstrap: str, topics: list[str], handle, timeout: float = 30.0, until=None) -> None:
-    """Call ``handle(message)`` for every record of ``topics`` from the beginning up to their current
-    end (or until ``until()`` is true). The end is each partition's true log end
+def read_to_end(bootstrap: str, topics: list[str], handle, timeout: float = 30.0, until=None,
+                start: dict | None = None) -> None:
+    """Call ``handle(message)`` for every record of ``topics`` from the beginning (or from ``start``,
+    TopicPartition -> offset) up to their current end (or until ``until()`` is true). The end is
+    each partition's true log end
     (:func:`pipeline.stream.kafka.log_end.log_ends`), not the ListOffsets answer, which the embedded
     broker gives short (the last batch's base offset + 1)."""
     from kafka import KafkaConsumer, TopicPartition
@@ -274,6 +276,9 @@ def read_to_end(bootstrap: str, topics: list[str], handle, timeout: float = 30.0
             tps += [TopicPartition(topic, p) for p in sorted(parts)]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
+        for tp in tps:
+            if start and tp in start:
+                consumer.seek(tp, start[tp])
         end = log_ends(bootstrap, tps)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

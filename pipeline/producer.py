@@ -11,6 +11,7 @@
         sender.validate(reports)                   # the workers' own parser: ReportRejected if they would reject one
         result = sender.send(reports)              # keyed by user id, acks=all
         print(result.acknowledged, result.failed)  # what the broker acknowledged; (index, error) of the rest
+        # result.receipt: where they were stored, for pipeline.fates.await_fates (accepted or dead-lettered)
 
 A report is ``{"user": "<roster id>", "step": t, "values": {"<attribute>": value, ...}}`` (the
 JSON Schema ``pipeline/schemas/reports.value.json``). Each is sent keyed by its user id, so the
@@ -29,6 +30,7 @@ from typing import Callable, Iterable, Sized
 import orjson
 
 from pipeline.connections import kafka_security
+from pipeline.fates import Receipt
 
 __all__ = ["ReportSender", "ReportRejected", "TopicMissing", "SendResult", "progress_printer", "SEND_WINDOW"]
 
@@ -53,6 +55,7 @@ class SendResult:
     acknowledged: int = 0
     failed: list[tuple[int, str]] = field(default_factory=list)  # (index, error) of reports not acknowledged
     seconds: float = 0.0
+    receipt: Receipt | None = None  # where the broker stored the acknowledged ones (pipeline.fates)
 
 
 def progress_printer(label: str, unit: str = "", every: float = 2.0, stream=None) -> Callable[[int, int], None]:
@@ -87,8 +90,8 @@ class ReportSender:
     def __enter__(self) -> "ReportSender":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, kind, *exc) -> None:
+        self.close(timeout=0 if kind is KeyboardInterrupt else None)  # an interrupt waits for nothing more
 
     def check_topic(self) -> None:
         """TopicMissing unless the reports topic exists. Lists the broker's topics (a metadata request for
@@ -134,7 +137,7 @@ class ReportSender:
             self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, **kafka_security(), linger_ms=5,
                                            batch_size=1 << 20, acks="all", enable_idempotence=False)
         start = time.monotonic()
-        result = SendResult()
+        result = SendResult(receipt=Receipt(self.topic))
         it = iter(reports)
         waiting: list = []  # the previous window's futures: collected while this window is on its way
         while True:
@@ -156,7 +159,8 @@ class ReportSender:
         start = time.monotonic()
         for future in futures:
             try:
-                future.get(timeout=max(0.1, timeout - (time.monotonic() - start)))
+                stored = future.get(timeout=max(0.1, timeout - (time.monotonic() - start)))
+                result.receipt.add(stored.partition, stored.offset)
                 result.acknowledged += 1
             except Exception as err:  # noqa: BLE001 - each failure is reported with its report's index
                 result.failed.append((result.sent, f"{type(err).__name__}: {err}"))
@@ -164,7 +168,8 @@ class ReportSender:
             if progress is not None:
                 progress(result.sent, total if total is not None else 0)
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """``timeout``: seconds to wait for what is still in flight (None: all of it; 0 after an interrupt)."""
         if self._producer is not None:
-            self._producer.close()
+            self._producer.close(timeout=timeout)
             self._producer = None

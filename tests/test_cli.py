@@ -77,7 +77,7 @@ def test_operator_workflow(deployment, tmp_path):
                                               env=env).stdout
         dpstream("close", "--config", str(path), "--step", "1", env=env)
         for t in range(2, T + 1):
-            dpstream("produce", "--config", str(path), "--step", str(t), env=env)
+            dpstream("produce", "--simulate", "--config", str(path), "--step", str(t), env=env)
             dpstream("close", "--config", str(path), "--step", str(t), env=env)
         deadline = time.monotonic() + 90
         while True:
@@ -154,7 +154,7 @@ def test_never_release_silently_on_lost_data(deployment, tmp_path):
     path, env = deployment
     cfg = ["--config", str(path)]
     with running(path, env, tmp_path) as broker:
-        assert "sent 800 reports for step 1" in dpstream("produce", *cfg, env=env).stdout  # the next open step
+        assert "sent 800 simulated reports for step 1" in dpstream("produce", "--simulate", *cfg, env=env).stdout  # the next open step
         # a file with a misspelt attribute, then one with a bad line: nothing of either is sent
         bad = tmp_path / "bad.csv"
         bad.write_text("user,step,povrety\nu0,2,1\n")
@@ -165,7 +165,7 @@ def test_never_release_silently_on_lost_data(deployment, tmp_path):
         assert proc.returncode == 2 and f"b.jsonl:{N // 2 + 1}: column 1" in proc.stderr, proc.stderr
         assert "sent 400 reports for step 2" in dpstream("produce", *cfg, "--jsonl",
                                                          _jsonl(tmp_path / "half.jsonl", half), env=env).stdout
-        proc = dpstream("produce", *cfg, "--step", "4", env=env, check=False)  # window 1..3 (max_ahead 2)
+        proc = dpstream("produce", "--simulate", *cfg, "--step", "4", env=env, check=False)  # window 1..3 (max_ahead 2)
         assert proc.returncode == 3 and "future_step" in proc.stderr and "nothing sent" in proc.stderr
         status = json.loads(dpstream("status", *cfg, "--json", env=env).stdout)["intake"]
         assert status["open"]["1"]["reported"] == N and status["open"]["2"]["reported"] == N // 2
@@ -186,7 +186,7 @@ def test_never_release_silently_on_lost_data(deployment, tmp_path):
         assert closed["1"]["imputed"] == 0 and closed["2"]["imputed"] == N // 2 and closed["2"]["reported"] == N // 2
 
         # step 3: every user reports, but as many garbled messages arrive: rejected share 50%
-        assert "sent 800 reports for step 3" in dpstream("produce", *cfg, env=env).stdout
+        assert "sent 800 simulated reports for step 3" in dpstream("produce", "--simulate", *cfg, env=env).stdout
         from kafka import KafkaProducer
 
         producer = KafkaProducer(bootstrap_servers=broker)
@@ -194,8 +194,8 @@ def test_never_release_silently_on_lost_data(deployment, tmp_path):
             producer.send("dpstream.cli-test.reports", key=f"u{i}".encode(), value=b"{not json")
         producer.flush()
         producer.close()
-        assert "sent 800 reports for step 4" in dpstream("produce", *cfg, env=env).stdout
-        proc = dpstream("produce", *cfg, env=env, check=False)
+        assert "sent 800 simulated reports for step 4" in dpstream("produce", "--simulate", *cfg, env=env).stdout
+        proc = dpstream("produce", "--simulate", *cfg, env=env, check=False)
         assert proc.returncode == 3 and "already have reports" in proc.stderr
         proc = dpstream("close", *cfg, "--step", "3", env=env, check=False)
         assert proc.returncode == 0 and "rejected share 33.3%" in proc.stderr, proc.stderr  # 800 of 2,400 handled
@@ -214,7 +214,7 @@ def test_views_tell_the_truth_after_the_broker_lost_the_open_step(deployment, tm
     path, env = deployment
     cfg = ["--config", str(path)]
     with running(path, env, tmp_path):
-        assert "sent 800 reports for step 1" in dpstream("produce", *cfg, env=env).stdout
+        assert "sent 800 simulated reports for step 1" in dpstream("produce", "--simulate", *cfg, env=env).stdout
         assert json.loads(dpstream("status", *cfg, "--json", env=env).stdout)["intake"]["open"]["1"]["reported"] == N
     import shutil  # the broker loses its log (as the memory-only broker did on every stop)
 
@@ -233,7 +233,7 @@ def test_views_tell_the_truth_after_the_broker_lost_the_open_step(deployment, tm
     assert doc["intake"]["open"]["1"]["reported"] == 0 and doc["intake"]["lost_reports"] == {"1": N}
     assert "is not running" in doc["source"] and doc["released_step"] == 0
     with running(path, env, tmp_path):
-        assert "sent 800 reports for step 1" in dpstream("produce", *cfg, "--step", "1", env=env).stdout
+        assert "sent 800 simulated reports for step 1" in dpstream("produce", "--simulate", *cfg, "--step", "1", env=env).stdout
         out = dpstream("close", *cfg, "--step", "1", env=env).stdout
         assert "step 1: 800 of 800 users reported (0.0% imputed" in out and "closed through step 1" in out
         text = dpstream("status", *cfg, env=env).stdout

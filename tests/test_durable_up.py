@@ -103,7 +103,7 @@ def test_stop_start_keeps_the_open_steps_reports_and_killed_processes_are_restar
     cfg = ["--config", str(path)]
     with up(path, env, tmp_path) as run:
         assert f"process logs in {run.logs}" in run.text() and "broker log in" in run.text()
-        dpstream("produce", *cfg, "--step", "1", env=env)
+        dpstream("produce", "--simulate", *cfg, "--step", "1", env=env)
         dpstream("close", *cfg, "--step", "1", env=env)
         _released(path, env, 1)
         pids = run.started()
@@ -114,7 +114,7 @@ def test_stop_start_keeps_the_open_steps_reports_and_killed_processes_are_restar
         for service in ("broker", "object-store"):  # the embedded services are restarted on their port and data
             os.kill(pids[service], signal.SIGKILL)
             run.wait_for(rf"restarted the embedded {service} \(pid \d+\)")
-        dpstream("produce", *cfg, "--step", "2", env=env)
+        dpstream("produce", "--simulate", *cfg, "--step", "2", env=env)
     assert run.proc.returncode == 0
     assert (run.home / "cli-test" / "log" / "dpstream").is_dir()  # the broker's log, kept
 
@@ -132,7 +132,7 @@ def test_a_lost_redis_directory_is_refused_not_republished(deployment, tmp_path)
     path, env = deployment
     cfg = ["--config", str(path)]
     with up(path, env, tmp_path, workers=1):
-        dpstream("produce", *cfg, "--step", "1", env=env)
+        dpstream("produce", "--simulate", *cfg, "--step", "1", env=env)
         dpstream("close", *cfg, "--step", "1", env=env)
         _released(path, env, 1)
         time.sleep(1.0)  # the marker follows the released step within the supervisor's tick
@@ -164,7 +164,7 @@ def test_a_refused_configuration_stops_up_with_exit_2_and_the_reason(deployment,
     path, env = deployment
     cfg = ["--config", str(path)]
     with up(path, env, tmp_path, workers=1):
-        dpstream("produce", *cfg, "--step", "1", env=env)
+        dpstream("produce", "--simulate", *cfg, "--step", "1", env=env)
     changed = yaml.safe_load(path.read_text())
     changed["releases"][1]["share"], changed["releases"][0]["share"] = 0.6, 0.4
     path.write_text(yaml.safe_dump(changed))

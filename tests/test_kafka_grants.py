@@ -57,8 +57,9 @@ REQUESTS: dict[str, list[tuple[str, str]]] = {
                    for r in ("Metadata", "ListOffsets", "OffsetFetch")],
                  ("Fetch", "control")],
     # dpstream produce (reports), close (control), the intake view of produce/close/status
-    # (pipeline.stream.ingest.intake_view: the true ends of reports and repartition), and dpstream
-    # dead-letters (pipeline.consumer.read_to_end of dead-letter: its log end, then every record)
+    # (pipeline.stream.ingest.intake_view: the true ends of reports and repartition), dpstream
+    # dead-letters and produce's verdict on its own reports (pipeline.consumer.read_to_end and
+    # pipeline.fates on dead-letter)
     "operator": [("Metadata", "reports"), ("Produce", "reports"), ("Metadata", "control"), ("Produce", "control"),
                  *[(r, t) for t in ("reports", "repartition", "dead-letter")
                    for r in ("Metadata", "ListOffsets", "Fetch")]],

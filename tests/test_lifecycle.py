@@ -71,7 +71,7 @@ def test_down_stops_a_running_up_and_the_state_survives(deployment, tmp_path):
     try:
         second = dpstream("up", *cfg, env=env, check=False)  # would share the Redis data directory
         assert second.returncode == 2 and "already running" in _one_line(second) and str(up.pid) in second.stderr
-        dpstream("produce", *cfg, env=env)
+        dpstream("produce", "--simulate", *cfg, env=env)
         dpstream("close", *cfg, "--step", "1", env=env)
         _wait_released(path, env, 1)
         down = dpstream("down", *cfg, env=env, timeout=90)
@@ -103,7 +103,7 @@ def test_stale_endpoints_file_is_reported_and_cleaned_by_down(deployment, tmp_pa
             "broker": f"127.0.0.1:{free_port()}", "redis": f"redis://127.0.0.1:{free_port()}/0", "pid": dead.pid,
             "processes": {"worker-0": {"pid": orphan.pid, "cmdline": "sleep 120"},
                           "releaser": {"pid": reused.pid, "cmdline": "python -m pipeline.cli releaser"}}}))
-        for command in (("status",), ("query", "--release", "cumulative", "--step", "1"), ("produce",)):
+        for command in (("status",), ("query", "--release", "cumulative", "--step", "1"), ("produce", "--simulate")):
             proc = dpstream(*command, "--config", str(path), env=env, check=False, timeout=30)
             assert proc.returncode == 2, proc.stderr
             assert f"stale endpoints file {home / 'cli-test.json'}" in _one_line(proc)
@@ -124,7 +124,7 @@ def test_query_errors_are_one_line_with_the_right_exit_code(deployment, tmp_path
     path, env = deployment
     cfg = ["--config", str(path)]
     with running(path, env, tmp_path):
-        dpstream("produce", *cfg, env=env)
+        dpstream("produce", "--simulate", *cfg, env=env)
         dpstream("close", *cfg, "--step", "1", env=env)
         _wait_released(path, env, 1)
         ok = json.loads(dpstream("query", *cfg, "--release", "cumulative", "--step", "1", "--json",
@@ -158,7 +158,7 @@ def test_unreachable_broker_or_redis_is_one_line_and_exit_1_within_the_bound(dep
         for broker, redis_url, what in ((f"127.0.0.1:{free_port()}", f"redis://{busy}/0", "broker unreachable"),
                                         (busy, f"redis://127.0.0.1:{free_port()}/0", "Redis unreachable")):
             for command in (("status",), ("query", "--release", "cumulative", "--step", "1"),
-                            ("close", "--step", "1"), ("produce",)):
+                            ("close", "--step", "1"), ("produce", "--simulate")):
                 start = time.monotonic()
                 proc = dpstream(*command, "--config", str(path), env=dict(env, DPSTREAM_BROKER=broker,
                                                                           DPSTREAM_REDIS=redis_url),

@@ -301,7 +301,7 @@ def _up_release_and_stop(path: Path, env: dict, tmp_path, flags: tuple[str, ...]
         banner = up.stdout.readline()
         assert "dpstream up: broker" in banner, banner
         if step is not None:
-            _dpstream("produce", "--config", str(path), "--step", str(step), env=env)
+            _dpstream("produce", "--simulate", "--config", str(path), "--step", str(step), env=env)
             _dpstream("close", "--config", str(path), "--step", str(step), env=env)
         deadline = time.monotonic() + 60
         while True:

@@ -4,7 +4,9 @@ Exit codes: 0 success; 1 runtime failure (a process died, a timeout); 2 usage or
 error (including a budget plan that exceeds the budget, and a privacy-relevant configuration that
 differs from the one the deployment's state was created under); 3 budget exhausted / refused at run
 time; 4 state lost: the public topics hold releases the Redis state does not know (the fence), or
-the state cannot be verified — releasing would redraw noise for steps already public.
+the state cannot be verified — releasing would redraw noise for steps already public; 5 ``produce``:
+the workers rejected (dead-lettered) some of the reports it sent, counted by reason (``--dry-run``:
+would reject); 130 interrupted (Ctrl-C).
 
 The commands live by audience: ``lifecycle`` (up, down, worker, releaser, demo, batch), ``operator``
 (produce, close, status, plan, dead-letters), ``analyst`` (query, export, alerts, report); what they
@@ -23,6 +25,7 @@ from pipeline.cli.common import (_CONFIG_ARG, _REACH_TIMEOUT, EXIT_BUDGET, EXIT_
                                  _stale, _unreachable, _up_record)
 from pipeline.cli.lifecycle import (_check_marker, _claim, _interrupt, _run_job, _stop_leftovers, _update_marker,
                                     cmd_batch, cmd_demo, cmd_down, cmd_releaser, cmd_up, cmd_worker)
+from pipeline.cli.verdict import DEFAULT_FATE_TIMEOUT
 from pipeline.cli.operator import (_intake, _producer, _redis_at_rest, _send_file, _step_refused, cmd_close,
                                    cmd_dead_letters, cmd_plan, cmd_produce, cmd_status)
 from pipeline.connections import SecretUnavailable
@@ -73,18 +76,27 @@ def build_parser() -> argparse.ArgumentParser:
                    "DPSTREAM_HOME/<deployment>/redis and .../log, kept")
     u.set_defaults(func=cmd_up)
 
-    pr = with_config(sub.add_parser("produce", help="send reports from a CSV/JSONL file or the simulator"))
+    pr = with_config(sub.add_parser("produce", help="send reports from a CSV/JSONL file (or, --simulate, simulated "
+                                    "ones) and wait for the workers' verdict on them"))
     g = pr.add_mutually_exclusive_group()
-    g.add_argument("--csv", help="columns user,step,<attribute>...")
+    g.add_argument("--csv", help="columns user,step,<attribute>... (docs/own-data.md)")
     g.add_argument("--jsonl", help="one report object per line")
+    g.add_argument("--simulate", action="store_true", help="simulated reports of every attribute (refused when the "
+                   "configuration says production: true)")
     pr.add_argument("--step", type=int, help="send only this step (default, simulator: the next open step "
                     "without reports; files: every row, all within the steps the workers accept now)")
-    pr.add_argument("--attribute", help="simulator: the binary attribute to fill")
-    pr.add_argument("--seed", type=int, default=2021)
+    pr.add_argument("--attribute", help="simulator: fill only this attribute (default: every attribute)")
+    pr.add_argument("--seed", type=int, default=2021, help="simulator: the panel's seed (the same seed continues "
+                    "the same panel step after step)")
     pr.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the workers to count what was "
                     "sent before (default 10)")
-    pr.add_argument("--dry-run", action="store_true", help="check everything (file, steps the workers accept now) "
-                    "and say what would be sent; send nothing")
+    pr.add_argument("--timeout", type=float, default=DEFAULT_FATE_TIMEOUT, help="seconds to wait for the workers' "
+                    f"verdict on the reports sent (default {DEFAULT_FATE_TIMEOUT:g}); exit 1 if not all handled by "
+                    "then, 5 if any was rejected")
+    pr.add_argument("--no-wait", action="store_true", help="do not wait for the workers' verdict (exit 0 once the "
+                    "broker acknowledged everything)")
+    pr.add_argument("--dry-run", action="store_true", help="check everything (file, steps the workers accept now, "
+                    "reports the workers already hold for those steps) and say what would be sent; send nothing")
     pr.set_defaults(func=cmd_produce)
 
     c = with_config(sub.add_parser("close", help="close a step (and every earlier open step); shows the intake "

@@ -17,6 +17,8 @@ from pipeline.security import check_no_password_in_url, redact_url
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_BUDGET = 0, 1, 2, 3
 EXIT_STATE_LOST = 4
+EXIT_REJECTED = 5  # produce: the workers dead-lettered some of the reports it sent (or a dry run: would)
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), the shells' convention
 _CONFIG_ARG: list[str] = []  # the --config as typed, for the hints in messages
 
 

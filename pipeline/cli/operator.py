@@ -8,8 +8,8 @@ import os
 import sys
 import time
 
-from pipeline.cli.common import (EXIT_BUDGET, EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME, _endpoints, _fail, _load, _stale,
-                                 _up_record)
+from pipeline.cli.common import (EXIT_BUDGET, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_OK, EXIT_REJECTED, EXIT_RUNTIME,
+                                 _endpoints, _fail, _load, _stale, _up_record)
 
 
 # -- producing and controlling ------------------------------------------------------------------
@@ -50,21 +50,46 @@ def _step_refused(dep, step: int, window: range) -> str | None:
 
 
 def cmd_produce(args) -> int:
-    """Send one step's reports, never more than the deployment accepts now (see docs/streaming.md)."""
+    """Send one step's reports, never more than the deployment accepts now (see docs/streaming.md), then
+    wait for the workers' verdict on them (docs/own-data.md). Ctrl-C: one line, exit 130."""
+    stage = ["starting"]  # what produce was doing, for the line an interrupt prints
+    try:
+        return _produce(args, stage)
+    except KeyboardInterrupt:
+        return _fail(EXIT_INTERRUPTED, f"interrupted (Ctrl-C) while {stage[0]}: whatever the "
+                                       "broker acknowledged before stays on the log and the "
+                                       "workers take or reject it; `dpstream status` and "
+                                       "`dpstream dead-letters` show what they hold")
+
+
+def _produce(args, stage: list[str]) -> int:
     from pipeline.stream.ingest.intake_view import open_window
     from pipeline.stream.ingest.report_files import ReportFileError, check_report_file
     from pipeline.stream.ingest.roster import Roster
 
     dep = _load(args.config)
+    path = args.jsonl or args.csv
+    if args.simulate and dep.production:
+        return _fail(EXIT_CONFIG, f"--simulate is refused: deployment {dep.name!r} has production: "
+                                  "true and takes only the curator's data (--csv FILE or --jsonl "
+                                  "FILE; docs/own-data.md)")
+    if not path and not args.simulate:
+        return _fail(EXIT_CONFIG, "produce needs the reports to send: --csv FILE or --jsonl FILE "
+                                  "(your data; docs/own-data.md), or --simulate for simulated "
+                                  "reports (not on a production deployment)")
     if args.step is not None and not 1 <= args.step <= dep.horizon:
         return _fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {args.step}")
-    path = args.jsonl or args.csv
+    if args.attribute is not None and args.attribute not in dep.attributes:
+        return _fail(EXIT_CONFIG, f"--attribute {args.attribute!r} is not an attribute of "
+                                  f"deployment {dep.name!r} ({', '.join(dep.attributes)})")
     found = None
     if path:  # the whole file is checked (a chunk at a time) before anything is sent
+        stage[0] = f"checking {path}"
         try:
             found = check_report_file(path, dep, Roster.from_config(dep.roster))
         except ReportFileError as err:
             return _fail(EXIT_CONFIG, f"nothing sent: {err}")
+    stage[0] = "waiting for the workers' counts"
     _, view = _intake(dep, wait=args.wait)
     window = open_window(dep, view.closing)
     if not len(window):
@@ -78,54 +103,93 @@ def cmd_produce(args) -> int:
             why = _step_refused(dep, step, window)
             if why:
                 return _fail(EXIT_BUDGET, f"nothing sent: {path}:{line}: {why}")
-    else:
-        step = args.step
-        if step is None:  # the next open step without reports yet
-            step = next((t for t in window if view.reported(t) == 0), None)
-            if step is None:
-                return _fail(EXIT_BUDGET, f"nothing sent: the steps the workers accept now ({window.start}.."
-                                          f"{window.stop - 1}) already have reports; close step {window.start} first")
-        why = _step_refused(dep, step, window)
-        if why is None and view.reported(step):
-            why = (f"step {step} already has {view.reported(step):,} accepted reports: sending it again would only "
-                   f"be dead-lettered as duplicate")
-        if why:
-            return _fail(EXIT_BUDGET, f"nothing sent: {why}")
-    if found is not None:
-        return _send_file(dep, found, args.dry_run)
+        return _send_file(dep, found, args, view, stage)
+    step = args.step
+    if step is None:  # the next open step without reports yet
+        step = next((t for t in window if view.reported(t) == 0), None)
+        if step is None:
+            return _fail(EXIT_BUDGET, f"nothing sent: the steps the workers accept now ({window.start}.."
+                                      f"{window.stop - 1}) already have reports; close step {window.start} first")
+    why = _step_refused(dep, step, window)
+    if why is None and view.reported(step):
+        why = (f"step {step} already has {view.reported(step):,} accepted reports: sending it again would only "
+               f"be dead-lettered as duplicate")
+    if why:
+        return _fail(EXIT_BUDGET, f"nothing sent: {why}")
     if args.dry_run:
         print(f"dry run: would send {dep.n:,} simulated reports for step {step}; nothing sent")
         return EXIT_OK
+    return _send_simulated(dep, step, args, stage)
+
+
+def _send_simulated(dep, step: int, args, stage: list[str]) -> int:
+    """Simulated reports of every attribute (or ``--attribute``) for ``step``
+    (:mod:`pipeline.sim.step_values`)."""
+    from pipeline.cli.verdict import mark_dead_letters
+    from pipeline.fates import Receipt
+    from pipeline.sim.step_values import simulated_step
+    from pipeline.stream.kafka.topics import topic_names
+
+    broker, _ = _endpoints(dep)
+    mark = mark_dead_letters(dep, broker)
+    receipt = Receipt(topic_names(dep)["reports"])
+    values = simulated_step(dep, dep.n, step, args.seed)
+    if args.attribute is not None:
+        values = {args.attribute: values[args.attribute]}
+    stage[0] = f"sending simulated reports for step {step}"
     prod = _producer(dep)
+    interrupted = True
     try:
-        from pipeline.sim.panel import simulate_poverty_panel
-
-        panel = simulate_poverty_panel(n=prod.roster.n, horizon=dep.horizon, seed=args.seed)
-        attr = args.attribute or next(a for a, v in dep.attributes.items() if v.type == "binary")
-        n = prod.send_step(step, {attr: panel[:, step - 1]})
+        n = prod.send_step(step, values, receipt=receipt)
+        interrupted = False
     finally:
-        prod.close()
-    print(f"sent {n} reports for step {step}")
-    return EXIT_OK
+        prod.close(timeout=0 if interrupted else None)
+    print(f"sent {n} simulated reports for step {step} (all acknowledged)")
+    return _verdict(dep, receipt, mark, args, stage)
 
 
-def _send_file(dep, found, dry_run: bool) -> int:
+def _verdict(dep, receipt, mark, args, stage: list[str]) -> int:
+    """The workers' verdict on what was sent (skipped with --no-wait)."""
+    from pipeline.cli.verdict import report_fates
+
+    if args.no_wait:
+        print("not waiting for the workers' verdict (--no-wait): `dpstream dead-letters` lists "
+              "rejections")
+        return EXIT_OK
+    stage[0] = "waiting for the workers' verdict on the reports sent (on the broker's log)"
+    return report_fates(dep, receipt, mark, args.timeout)
+
+
+def _send_file(dep, found, args, view, stage: list[str]) -> int:
     """A checked report file through the producer helper (pipeline.producer): the topic must exist, every
-    report is keyed by its user id, and what the broker acknowledged is what is reported."""
+    report is keyed by its user id, and what the broker acknowledged is what is reported; then the
+    workers' verdict on those reports."""
+    from pipeline.cli.verdict import held_conflicts, mark_dead_letters
     from pipeline.producer import ReportSender, TopicMissing, progress_printer
     from pipeline.stream.ingest.report_files import ReportFileError
 
     steps = ", ".join(map(str, sorted(found.steps())))
     plural = "s" if len(found.steps()) > 1 else ""
-    if dry_run:
-        print(f"dry run: {len(found):,} reports for step{plural} {steps} pass the workers' checks; nothing sent")
+    held, certain = held_conflicts(dep, view, found.counts)
+    if args.dry_run:
+        for line in held:
+            print(f"dry run: {line}")
+        if certain:
+            return _fail(EXIT_REJECTED, f"dry run: at least {certain:,} of the {len(found):,} "
+                                        "reports would be rejected as duplicate; nothing sent")
+        print(f"dry run: {len(found):,} reports for step{plural} {steps} pass the workers' "
+              "checks" + (" (see above: some may be duplicates)" if held else "") + "; nothing sent")
         return EXIT_OK
+    for line in held:
+        print(f"WARNING: {line}", file=sys.stderr)
     broker, _ = _endpoints(dep)
     with ReportSender(dep, broker) as sender:
         try:
             sender.check_topic()
         except TopicMissing as err:
             return _fail(EXIT_RUNTIME, str(err))
+        mark = mark_dead_letters(dep, broker)
+        stage[0] = f"sending {found.path}"
         try:  # the file read again, a chunk at a time
             result = sender.send(found.reports(), total=len(found), progress=progress_printer("acknowledged", " reports"))
         except ReportFileError as err:
@@ -135,7 +199,7 @@ def _send_file(dep, found, dry_run: bool) -> int:
         return _fail(EXIT_RUNTIME, f"sent {result.sent:,} reports, {result.acknowledged:,} acknowledged; "
                                    f"{len(result.failed):,} not (first: line {found.line_of(i)}: {why}); resend those")
     print(f"sent {result.acknowledged} reports for step{plural} {steps} (all acknowledged)")
-    return EXIT_OK
+    return _verdict(dep, result.receipt, mark, args, stage)
 
 
 def cmd_close(args) -> int:

@@ -116,8 +116,13 @@ class ReportParser:
         # value -> code (None: out of domain); column -> codes (MISSING, OUT_OF_DOMAIN): pipeline.attributes
         self._decoders = {name: attr.decoder() for name, attr in self.attributes.items()}
         self._column_decoders = {name: attr.column_decoder() for name, attr in self.attributes.items()}
+        self._hints = {name: attr.domain_hint() for name, attr in self.attributes.items()}
         self._fast_decode = self._single_report_decoder(self._names)
         self._fast_columns_decode = self._columnar_decoder(self._names)
+
+    def outside(self, name: str, value) -> str:
+        """An ``out_of_domain`` detail: the value, the attribute and what it allows."""
+        return f"value {value!r} is outside the domain of {name!r}; {self._hints[name]}"
 
     @staticmethod
     def _single_report_decoder(names: list[str]):
@@ -193,7 +198,7 @@ class ReportParser:
                     return
                 code = dec(value)
                 if code is None:
-                    reject("out_of_domain", f"value {value!r} is outside the domain of {name!r}", raw, index)
+                    reject("out_of_domain", self.outside(name, value), raw, index)
                     return
                 decoded[name] = code
             if not decoded:
@@ -405,18 +410,23 @@ class ReportParser:
         reason[(reason == 0) & (rows < 0)] = 3
         codes = {}
         present = np.zeros(size, dtype=bool)
+        blamed = {}  # row -> the attribute whose value is out of domain (rejected rows only)
         for name in self._names:
             col = cols.get(name)
             if col is None:
                 codes[name] = np.full(size, MISSING, dtype=np.int64)
                 continue
             c = self._column_codes(name, col)
-            reason[(reason == 0) & (c == OUT_OF_DOMAIN)] = 4
+            outside = (reason == 0) & (c == OUT_OF_DOMAIN)
+            reason[outside] = 4
+            blamed.update(dict.fromkeys(np.flatnonzero(outside).tolist(), name))
             present |= c >= 0
             codes[name] = c
         reason[(reason == 0) & ~present] = 5
         for j in np.flatnonzero(reason):
             why, detail = _COL_REASONS[int(reason[j])]
+            if int(j) in blamed:
+                detail = self.outside(blamed[int(j)], cols[blamed[int(j)]][j])
             rejections.append(Rejection(why, detail, orjson.dumps(table.item(int(j))), int(j), msg_no))
         idx = np.flatnonzero(reason == 0)
         return (rows[idx], steps[idx], {a: c[idx] for a, c in codes.items()}, np.full(idx.size, msg_no), idx)

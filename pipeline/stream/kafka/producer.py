@@ -39,11 +39,15 @@ class ReportProducer:
     def _labels(self, attribute: str, codes: np.ndarray) -> list:
         return self.deployment.attributes[attribute].wire_values(codes)
 
-    def send_step(self, step: int, values: dict[str, np.ndarray], present: np.ndarray | None = None) -> int:
+    def send_step(self, step: int, values: dict[str, np.ndarray], present: np.ndarray | None = None,
+                  receipt=None) -> int:
         """Send one step's reports for every roster row (or the rows where ``present``); returns the count.
 
         ``values[attribute]`` holds one code per roster row (categorical: index into the declared values).
+        With a ``receipt`` (:class:`pipeline.fates.Receipt`) every message's acknowledgement is awaited and
+        its position recorded (an unacknowledged message raises).
         """
+        futures = []
         n = self.roster.n
         rows = np.arange(n) if present is None else np.flatnonzero(present)
         ids = self.roster.ids
@@ -56,9 +60,15 @@ class ReportProducer:
                 columns = {"user": [ids[i] for i in chunk.tolist()], "step": int(step)}
                 for a, v in values.items():
                     columns[a] = self._labels(a, np.asarray(v)[chunk])
-                self._producer.send(self.names["reports"], value=orjson.dumps({"columns": columns}), partition=p)
+                future = self._producer.send(self.names["reports"], value=orjson.dumps({"columns": columns}),
+                                             partition=p)
+                futures.append((future, chunk.size))
                 sent += chunk.size
         self._producer.flush()
+        if receipt is not None:
+            for future, size in futures:
+                stored = future.get(timeout=60)
+                receipt.add(stored.partition, stored.offset, size)
         return sent
 
     def send_raw(self, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
@@ -70,6 +80,6 @@ class ReportProducer:
         self._producer.flush()
         return int(future.get(timeout=30).timestamp)
 
-    def close(self) -> None:
-        self._producer.close()
+    def close(self, timeout: float | None = None) -> None:
+        self._producer.close(timeout=timeout)
 

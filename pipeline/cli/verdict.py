@@ -1,0 +1,74 @@
+"""What ``dpstream produce`` says after (and, with ``--dry-run``, before) sending: the workers'
+verdict on its own reports (:mod:`pipeline.fates`) and what they already hold for the steps sent.
+
+Curator side: the counts are the workers' (true counts, for the operator's terminal only).
+"""
+
+from __future__ import annotations
+
+from pipeline.cli.common import EXIT_OK, EXIT_REJECTED, EXIT_RUNTIME, _endpoints, _fail
+
+__all__ = ["held_conflicts", "mark_dead_letters", "report_fates", "DEFAULT_FATE_TIMEOUT"]
+
+# seconds: the workers take ~10^5 reports/s and more (README, Performance), so 10^6 reports fit
+DEFAULT_FATE_TIMEOUT = 120.0
+
+
+def held_conflicts(dep, view, counts: dict[int, int]) -> tuple[list[str], int]:
+    """For the steps of ``counts`` (step -> reports about to be sent) that the workers already
+    hold accepted reports for: one line each, and how many reports are sure to be rejected as
+    ``duplicate`` — a step's reports beyond its users without an accepted report yet
+    (pigeonhole: the workers' counts do not say which users they are)."""
+    lines, certain = [], 0
+    for step, sending in sorted(counts.items()):
+        held = view.reported(step)
+        if not held:
+            continue
+        sure = max(0, sending + held - dep.n)
+        certain += sure
+        lines.append(f"step {step}: the workers already hold accepted reports of {held:,} of "
+                     f"{dep.n:,} users; a report of one of them is rejected as duplicate (the "
+                     f"first report of a (user, step) wins): at least {sure:,} of the "
+                     f"{sending:,} to send" + (", all of them" if sure == sending else ""))
+    return lines, certain
+
+
+def mark_dead_letters(dep, broker: str) -> dict:
+    """Where the dead-letter log ends before a send: its dead letters come after."""
+    from pipeline.fates import dead_letter_mark
+    from pipeline.stream.kafka.topics import topic_names, topic_partitions
+
+    return dead_letter_mark(broker, topic_names(dep)["dead-letter"],
+                            topic_partitions(dep)["dead-letter"])
+
+
+def report_fates(dep, receipt, mark, timeout: float) -> int:
+    """Wait (at most ``timeout`` s) for the workers' verdict on ``receipt``'s reports and print
+    it. Exit code: 0 all accepted, EXIT_REJECTED some dead-lettered, EXIT_RUNTIME some not
+    handled within the timeout."""
+    from pipeline.fates import await_fates
+    from pipeline.producer import progress_printer
+    from pipeline.stream.kafka.topics import topic_names
+    from pipeline.stream.state.store import ReleaseStore
+
+    broker, redis_url = _endpoints(dep)
+    store = ReleaseStore.from_url(redis_url, dep.name)
+    waiting = progress_printer("waiting for the workers' verdict: handled", " reports")
+    fates = await_fates(store, broker, topic_names(dep), dep.topics.partitions, receipt, mark,
+                        timeout, progress=waiting)
+    print(fates.summary())
+    rejected = sum(fates.rejected.values())
+    if rejected:
+        return _fail(EXIT_REJECTED, f"{rejected:,} of the {fates.sent:,} reports sent were "
+                                    "rejected by the workers (dead-lettered); `dpstream "
+                                    "dead-letters --examples 3` shows why")
+    if fates.unknown:
+        return _fail(EXIT_RUNTIME, f"{fates.unknown:,} reports sent and acknowledged were not "
+                                   f"handled by the workers within {timeout:g} s (are they "
+                                   "running? `dpstream status`); their fate is not known: "
+                                   "`dpstream dead-letters` lists rejections later")
+    if fates.unapplied_forwards:
+        return _fail(EXIT_RUNTIME, "reports forwarded between partitions were not all applied "
+                                   f"within {timeout:g} s: some counted as accepted may still be "
+                                   "rejected; `dpstream dead-letters` lists rejections later")
+    return EXIT_OK

@@ -1,0 +1,212 @@
+"""What became of the reports one ``dpstream produce`` sent: accepted by the workers, or
+dead-lettered and why (curator side: docs/own-data.md, "What produce tells you").
+
+The broker's acknowledgement says a report is stored, not that the workers took it: a report
+for a step that closed meanwhile is ``late``, a second report of a (user, step) a ``duplicate``.
+Whatever sends the reports (one JSON message per report, or batch messages of many) hands a
+:class:`Receipt`: the (partition, offset) of every acknowledged message of the ``reports`` topic
+and how many reports it carries. The workers file every rejection under its source position:
+a dead letter's ``dpstream-source`` header names (topic, partition, offset) and
+``dpstream-batch-index`` the item of a batch message, also for a report forwarded to the partition
+that owns its user (:mod:`pipeline.stream.ingest.core`). So the reports of this producer are
+told apart from everyone else's by position alone, and nothing is matched on the private values.
+
+:func:`await_fates` waits (bounded) until the workers have handled those positions — each
+partition's intake snapshot, written only after its dead letters were acknowledged
+(:mod:`pipeline.stream.ingest.coordinator`), covers the last offset sent there, then the
+``repartition`` log is handled to the end it had then — and reads the dead letters written since
+:func:`dead_letter_mark`. A report is *accepted* when its message was handled and no dead letter
+names it; *unknown* when no worker had handled its message when the wait ended.
+
+Not attributed: a report accepted, then displaced by a report of the same (user, step) forwarded
+from a lower partition (its dead letter names the displacing partition, not a source position).
+Reports sent to the partition that owns their user, as ``produce`` sends them, are never displaced.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["Receipt", "Fates", "dead_letter_mark", "await_fates"]
+
+# the dead-letter headers (pipeline.stream.kafka.codecs.dead_letter_headers)
+SOURCE_HEADER, ITEM_HEADER = "dpstream-source", "dpstream-batch-index"
+REASON_HEADER = "dpstream-reason"
+
+
+class Receipt:
+    """The acknowledged messages of one send: per partition of ``topic``, offsets and report
+    counts (8 bytes each, so a 10^6-message send keeps ~16 MB)."""
+
+    def __init__(self, topic: str):
+        self.topic = topic
+        self._offsets: dict[int, array] = {}
+        self._counts: dict[int, array] = {}
+
+    def add(self, partition: int, offset: int, reports: int = 1) -> None:
+        self._offsets.setdefault(partition, array("q")).append(int(offset))
+        self._counts.setdefault(partition, array("q")).append(int(reports))
+
+    @property
+    def reports(self) -> int:
+        return int(sum(sum(c) for c in self._counts.values()))
+
+    def last_offsets(self) -> dict[int, int]:
+        return {p: max(offs) for p, offs in self._offsets.items() if offs}
+
+    def table(self, partition: int) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets ascending, report counts) of the partition's messages."""
+        offs = np.frombuffer(self._offsets.get(partition, array("q")), dtype=np.int64)
+        counts = np.frombuffer(self._counts.get(partition, array("q")), dtype=np.int64)
+        order = np.argsort(offs, kind="stable")
+        return offs[order], counts[order]
+
+    def reports_after(self, handled: dict[int, int]) -> int:
+        """Reports in messages past ``handled`` (partition -> last offset a worker handled)."""
+        total = 0
+        for p in self._offsets:
+            offs, counts = self.table(p)
+            total += int(counts[offs > handled.get(p, -1)].sum())
+        return total
+
+    def counts_at(self, partition: int, offsets: np.ndarray) -> np.ndarray:
+        """Reports of the messages at ``offsets`` of ``partition`` (0 where this send has none)."""
+        sent, counts = self.table(partition)
+        if not sent.size:
+            return np.zeros(offsets.size, dtype=np.int64)
+        at = np.minimum(np.searchsorted(sent, offsets), sent.size - 1)
+        return np.where(sent[at] == offsets, counts[at], 0)
+
+
+@dataclass
+class Fates:
+    """The workers' verdict on one send's reports."""
+
+    sent: int
+    rejected: dict[str, int] = field(default_factory=dict)
+    unknown: int = 0  # reports in messages no worker had handled when the wait ended
+    waited: float = 0.0
+    unapplied_forwards: bool = False  # the repartition log was not handled to its end in time
+
+    @property
+    def accepted(self) -> int:
+        return self.sent - self.unknown - sum(self.rejected.values())
+
+    def summary(self) -> str:
+        by_count = sorted(self.rejected.items(), key=lambda kv: (-kv[1], kv[0]))
+        reasons = ", ".join(f"{r} {n:,}" for r, n in by_count)
+        rejected = sum(self.rejected.values())
+        text = (f"workers' verdict on the {self.sent:,} reports sent: {self.accepted:,} accepted, "
+                f"{rejected:,} rejected" + (f" ({reasons})" if reasons else ""))
+        if self.unknown:
+            text += f", {self.unknown:,} not handled yet"
+        elif self.unapplied_forwards:
+            text += " (some forwarded between partitions not applied yet)"
+        return text
+
+
+def dead_letter_mark(broker: str, topic: str, partitions: int) -> dict:
+    """The dead-letter log's true ends now: what a send's dead letters will come after."""
+    from kafka import TopicPartition
+
+    from pipeline.stream.kafka.log_end import log_ends
+
+    return log_ends(broker, [TopicPartition(topic, p) for p in range(partitions)])
+
+
+def await_fates(store, broker: str, names: dict[str, str], partitions: int, receipt: Receipt,
+                mark: dict, timeout: float,
+                progress: Callable[[int, int], None] | None = None) -> Fates:
+    """Wait up to ``timeout`` seconds for the workers to handle ``receipt``'s messages, then
+    count its reports' dead letters (written after ``mark``) by reason."""
+    start = time.monotonic()
+    deadline = start + timeout
+    last = receipt.last_offsets()
+    total = receipt.reports
+    while True:
+        snaps = store.intake()
+        handled = {p: int(snaps[p]["offset"]) if p in snaps else -1 for p in last}
+        left = receipt.reports_after(handled)
+        if progress is not None:
+            progress(total - left, total)
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    applied = not left and _forwards_applied(store, broker, names["repartition"], partitions,
+                                             deadline)
+    fates = Fates(sent=total, unknown=left, unapplied_forwards=not left and not applied)
+    fates.rejected = _rejections(broker, names["dead-letter"], names["reports"], receipt, mark,
+                                 handled)
+    fates.waited = time.monotonic() - start
+    return fates
+
+
+def _forwards_applied(store, broker: str, topic: str, partitions: int, deadline: float) -> bool:
+    """Wait until every owner has handled the ``repartition`` log to its end now (the reports
+    other partitions forwarded to it); False if not by ``deadline``."""
+    from kafka import TopicPartition
+
+    from pipeline.stream.kafka.log_end import log_ends
+
+    ends = log_ends(broker, [TopicPartition(topic, p) for p in range(partitions)])
+    while True:
+        snaps = store.intake()
+        behind = [tp for tp, end in ends.items()
+                  if "forwarded_offset" in snaps.get(tp.partition, {})
+                  and int(snaps[tp.partition]["forwarded_offset"]) + 1 < end]
+        if not behind:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+
+
+def _rejections(broker: str, dead_letter_topic: str, reports_topic: str, receipt: Receipt,
+                mark: dict, handled: dict[int, int]) -> dict[str, int]:
+    """Reason -> reports of ``receipt`` in the dead letters past ``mark``. A dead letter replayed
+    (a worker's restart repeats it: same position) counts once; one of a whole batch message
+    counts all its reports."""
+    from pipeline.consumer import read_to_end
+
+    whole: dict[tuple[int, int], str] = {}  # (partition, offset) -> reason of a whole message
+    items: dict[tuple[int, int, int], str] = {}  # (partition, offset, item) -> reason
+    prefix = f"{reports_topic}/"
+
+    def handle(msg) -> None:
+        headers = dict(msg.headers or ())
+        source = headers.get(SOURCE_HEADER, b"").decode(errors="replace")
+        try:
+            partition, offset = map(int, source[len(prefix):].split("/"))
+        except ValueError:
+            return
+        # positions past what was handled count as unknown; offset -1: a displaced report
+        if not source.startswith(prefix) or not 0 <= offset <= handled.get(partition, -1):
+            return
+        reason = headers.get(REASON_HEADER, b"?").decode(errors="replace")
+        item = headers.get(ITEM_HEADER)
+        if item is None:
+            whole[(partition, offset)] = reason
+        else:
+            items[(partition, offset, int(item))] = reason
+
+    read_to_end(broker, [dead_letter_topic], handle, timeout=120.0, start=mark)
+    for key in [k for k in items if k[:2] in whole]:  # the whole message is counted already
+        del items[key]
+    letters = [(p, off, 0, reason) for (p, off), reason in whole.items()]
+    letters += [(p, off, 1, reason) for (p, off, _), reason in items.items()]
+    out: dict[str, int] = {}
+    for p in {letter[0] for letter in letters}:
+        mine = [letter for letter in letters if letter[0] == p]
+        offsets = np.array([letter[1] for letter in mine], dtype=np.int64)
+        counts = receipt.counts_at(p, offsets)
+        one = np.array([letter[2] for letter in mine], dtype=bool)
+        counted = np.where(one, np.minimum(counts, 1), counts)  # an item: one report of its message
+        for (_, _, _, reason), n in zip(mine, counted.tolist()):
+            if n:
+                out[reason] = out.get(reason, 0) + n
+    return out
