@@ -15,6 +15,7 @@ import numpy as np
 from kafka.partitioner.default import murmur2
 
 from pipeline.stream.ingest.id_index import IdIndex
+from pipeline.stream.ingest.murmur import partitions_of
 
 __all__ = ["Roster", "murmur2_partition"]
 
@@ -89,12 +90,10 @@ class Roster:
         return self._index or None
 
     def owners(self, partitions: int) -> np.ndarray:
-        """Owning partition of every row (cached: murmur2 over n keys is a one-off cost)."""
+        """Owning partition of every row (cached; murmur2 vectorised, :mod:`pipeline.stream.ingest.murmur`)."""
         cached = self._owner_cache.get(partitions)
         if cached is None:
-            cached = np.fromiter(
-                (murmur2_partition(uid.encode(), partitions) for uid in self.ids), dtype=np.int32, count=self.n
-            )
+            cached = partitions_of(self.ids, partitions)
             self._owner_cache[partitions] = cached
         return cached
 
