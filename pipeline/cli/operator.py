@@ -52,17 +52,20 @@ def _step_refused(dep, step: int, window: range) -> str | None:
 def cmd_produce(args) -> int:
     """Send one step's reports, never more than the deployment accepts now (see docs/streaming.md)."""
     from pipeline.stream.ingest.intake_view import open_window
-    from pipeline.stream.ingest.report_files import ReportFileError, check_report_file
+    from pipeline.stream.ingest.report_files import ReportFileError
     from pipeline.stream.ingest.roster import Roster
+    from pipeline.upload import read_upload
 
     dep = _load(args.config)
     if args.step is not None and not 1 <= args.step <= dep.horizon:
         return _fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {args.step}")
-    path = args.jsonl or args.csv
+    path = args.jsonl or args.csv or args.parquet
+    if args.replace and not path:
+        return _fail(EXIT_CONFIG, "--replace needs a file (--csv, --jsonl or --parquet) of the corrected reports")
     found = None
-    if path:  # the whole file is checked (a chunk at a time) before anything is sent
+    if path:  # the whole file is checked before anything is sent (pipeline.upload)
         try:
-            found = check_report_file(path, dep, Roster.from_config(dep.roster))
+            found = read_upload(path, dep, Roster.from_config(dep.roster))
         except ReportFileError as err:
             return _fail(EXIT_CONFIG, f"nothing sent: {err}")
     _, view = _intake(dep, wait=args.wait)
@@ -92,7 +95,7 @@ def cmd_produce(args) -> int:
         if why:
             return _fail(EXIT_BUDGET, f"nothing sent: {why}")
     if found is not None:
-        return _send_file(dep, found, args.dry_run)
+        return _send_file(dep, found, args.dry_run, args.replace)
     if args.dry_run:
         print(f"dry run: would send {dep.n:,} simulated reports for step {step}; nothing sent")
         return EXIT_OK
@@ -109,11 +112,11 @@ def cmd_produce(args) -> int:
     return EXIT_OK
 
 
-def _send_file(dep, found, dry_run: bool) -> int:
+def _send_file(dep, found, dry_run: bool, replace: bool = False) -> int:
     """A checked report file through the producer helper (pipeline.producer): the topic must exist, every
     report is keyed by its user id, and what the broker acknowledged is what is reported."""
     from pipeline.producer import ReportSender, TopicMissing, progress_printer
-    from pipeline.stream.ingest.report_files import ReportFileError
+    from pipeline.upload import send_upload
 
     steps = ", ".join(map(str, sorted(found.steps())))
     plural = "s" if len(found.steps()) > 1 else ""
@@ -126,15 +129,13 @@ def _send_file(dep, found, dry_run: bool) -> int:
             sender.check_topic()
         except TopicMissing as err:
             return _fail(EXIT_RUNTIME, str(err))
-        try:  # the file read again, a chunk at a time
-            result = sender.send(found.reports(), total=len(found), progress=progress_printer("acknowledged", " reports"))
-        except ReportFileError as err:
-            return _fail(EXIT_RUNTIME, str(err))
+        result = send_upload(found, broker, sender.topic, replace, progress_printer("acknowledged", " reports"))
     if result.failed:
         i, why = result.failed[0]
         return _fail(EXIT_RUNTIME, f"sent {result.sent:,} reports, {result.acknowledged:,} acknowledged; "
                                    f"{len(result.failed):,} not (first: line {found.line_of(i)}: {why}); resend those")
-    print(f"sent {result.acknowledged} reports for step{plural} {steps} (all acknowledged)")
+    what = "corrections" if replace else "reports"
+    print(f"sent {result.acknowledged} {what} for step{plural} {steps} (all acknowledged)")
     return EXIT_OK
 
 
