@@ -359,10 +359,8 @@ def _batches(users, steps, codes, deployment) -> list[Batch]:
     within, at most ``MAX_REPORT_BYTES`` each (planned from the widest user id and code)."""
     import pyarrow.compute as pc
 
-    from pipeline.stream.ingest.murmur import partitions_of
-
     partitions = deployment.topics.partitions
-    owners = partitions_of(users, partitions)
+    owners = _owners(users, partitions)
     key = steps * partitions + owners
     order = np.argsort(key, kind="stable")
     widest = (pc.max(pc.binary_length(users)).as_py() or 0) + 3 + sum(len(orjson.dumps(name)) + 1 + max(
@@ -378,6 +376,19 @@ def _batches(users, steps, codes, deployment) -> list[Batch]:
             index = order[start:stop]
             out += _messages(int(steps[index[0]]), int(owners[index[0]]), index, quoted, start, codes)
     return out
+
+
+def _owners(users, partitions: int) -> np.ndarray:
+    """Owning reports partition of every user id of a pyarrow string array (murmur2 on its buffers)."""
+    import pyarrow as pa
+
+    from pipeline.stream.ingest.murmur import murmur2_of_bytes, partition_of_hashes
+
+    users = users.cast(pa.large_string())
+    offsets = np.frombuffer(users.buffers()[1], dtype=np.int64)[users.offset: users.offset + len(users) + 1]
+    data = users.buffers()[2]
+    raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
+    return partition_of_hashes(murmur2_of_bytes(raw, offsets), partitions)
 
 
 def _quoted(users):

@@ -10,20 +10,26 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["murmur2_many", "partitions_of"]
+__all__ = ["murmur2_many", "murmur2_of_bytes", "partitions_of", "partition_of_hashes"]
 
 _SEED, _M = np.uint32(0x9747B28C), np.uint32(0x5BD1E995)
 
 
-def murmur2_many(keys) -> np.ndarray:
-    """murmur2 of every key's UTF-8 bytes, as uint32 (``keys``: a list of str, or a pyarrow string array)."""
-    import pyarrow as pa
+def murmur2_many(keys: list[str]) -> np.ndarray:
+    """murmur2 of every key's UTF-8 bytes, as uint32 (no Python hashing per key)."""
+    joined = "".join(keys)
+    if joined.isascii():  # one character, one byte
+        data, lengths = joined.encode("ascii"), np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+    else:
+        encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
+        data, lengths = b"".join(encoded), np.fromiter(map(len, encoded), dtype=np.int64, count=len(keys))
+    return murmur2_of_bytes(np.frombuffer(data, dtype=np.uint8), np.concatenate([[0], np.cumsum(lengths)]))
 
-    arr = keys.cast(pa.large_binary()) if isinstance(keys, pa.Array) else pa.array(keys, type=pa.large_binary())
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset: arr.offset + len(arr) + 1]
-    data = np.frombuffer(arr.buffers()[2], dtype=np.uint8) if len(arr) and arr.buffers()[2] else np.zeros(0, np.uint8)
+
+def murmur2_of_bytes(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """murmur2 of the keys ``data[offsets[i]:offsets[i + 1]]`` (a string array's buffers), as uint32."""
     lengths = np.diff(offsets)
-    out = np.empty(len(arr), dtype=np.uint32)
+    out = np.empty(lengths.size, dtype=np.uint32)
     with np.errstate(over="ignore"):
         for length in np.unique(lengths):
             at = np.flatnonzero(lengths == length)
@@ -60,4 +66,8 @@ def _hash_equal_length(block: np.ndarray, length: int) -> np.ndarray:
 
 def partitions_of(keys: list[str], partitions: int) -> np.ndarray:
     """The partition Kafka's default partitioner picks for each key (positive part, modulo)."""
-    return ((murmur2_many(keys) & np.uint32(0x7FFFFFFF)) % np.uint32(partitions)).astype(np.int32)
+    return partition_of_hashes(murmur2_many(keys), partitions)
+
+
+def partition_of_hashes(hashes: np.ndarray, partitions: int) -> np.ndarray:
+    return ((hashes & np.uint32(0x7FFFFFFF)) % np.uint32(partitions)).astype(np.int32)
