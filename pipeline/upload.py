@@ -133,7 +133,7 @@ def _arrow_table(path: Path, kind: str, deployment):
         if kind == "parquet":
             import pyarrow.parquet as pq
 
-            table = pq.read_table(path)
+            table = pq.ParquetFile(path).read()  # read_table imports pandas (seconds) for its metadata
         elif kind == "csv":
             import pyarrow.csv as pcsv
 
@@ -320,7 +320,7 @@ def _cell(path: Path, kind: str, at: int, column: str | None):
         return None
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path)
+    table = pq.ParquetFile(path).read()
     if column not in table.column_names and "values" in table.column_names:
         return table.column("values")[at].as_py().get(column)
     return table.column(column)[at].as_py() if column in table.column_names else None

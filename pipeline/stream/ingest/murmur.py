@@ -27,36 +27,43 @@ def murmur2_many(keys: list[str]) -> np.ndarray:
 
 
 def murmur2_of_bytes(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """murmur2 of the keys ``data[offsets[i]:offsets[i + 1]]`` (a string array's buffers), as uint32."""
+    """murmur2 of the keys ``data[offsets[i]:offsets[i + 1]]`` (a string array's buffers), as uint32.
+
+    A key's 4-byte words are read as little-endian uint32 from four views of the bytes shifted by
+    0..3 (one gather per word, whatever the key's alignment); its 0-3 tail bytes one by one."""
     lengths = np.diff(offsets)
+    padded = np.concatenate([data, np.zeros(8, dtype=np.uint8)])
+    shifted = [padded[a: a + (padded.size - a) // 4 * 4].view("<u4") for a in range(4)]
     out = np.empty(lengths.size, dtype=np.uint32)
     with np.errstate(over="ignore"):
-        for length in np.unique(lengths):
+        for length in np.unique(lengths).tolist():
             at = np.flatnonzero(lengths == length)
-            out[at] = _hash_equal_length(data[offsets[at][:, None] + np.arange(length)], int(length))
+            out[at] = _hash_equal_length(padded, shifted, offsets[at], length)
     return out
 
 
-def _hash_equal_length(block: np.ndarray, length: int) -> np.ndarray:
-    """murmur2 of each row of a (keys, length) uint8 matrix."""
-    h = np.full(block.shape[0], _SEED ^ np.uint32(length), dtype=np.uint32)
+def _hash_equal_length(padded: np.ndarray, shifted: list, start: np.ndarray, length: int) -> np.ndarray:
+    """murmur2 of the keys of ``length`` bytes starting at ``start`` in ``padded``."""
+    h = np.full(start.size, _SEED ^ np.uint32(length), dtype=np.uint32)
     body = length // 4 * 4
-    words = block[:, :body].astype(np.uint32)
+    align = start & 3
     for i in range(0, body, 4):
-        k = words[:, i] | (words[:, i + 1] << 8) | (words[:, i + 2] << 16) | (words[:, i + 3] << 24)
+        k = np.empty(start.size, dtype=np.uint32)
+        for a in range(4):  # each key's word from the view its alignment falls in
+            sel = align == a
+            k[sel] = shifted[a][(start[sel] + i - a) >> 2]
         k *= _M
         k ^= k >> np.uint32(24)
         k *= _M
         h *= _M
         h ^= k
     extra = length - body
-    tail = block[:, body:].astype(np.uint32)
     if extra >= 3:
-        h ^= tail[:, 2] << 16
+        h ^= padded[start + body + 2].astype(np.uint32) << 16
     if extra >= 2:
-        h ^= tail[:, 1] << 8
+        h ^= padded[start + body + 1].astype(np.uint32) << 8
     if extra >= 1:
-        h ^= tail[:, 0]
+        h ^= padded[start + body].astype(np.uint32)
         h *= _M
     h ^= h >> np.uint32(13)
     h *= _M

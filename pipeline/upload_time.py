@@ -1,0 +1,36 @@
+"""How long a step's upload takes, to plan ``steps.deadline_seconds`` with (docs/streaming.md,
+"How long an upload takes").
+
+``UPLOAD_SECONDS_PER_MILLION`` is a planning figure, not a promise: the upload benchmark
+(``python -m jobs.bench.bench_upload``) measured the whole ``dpstream produce`` upload of one step of
+10^6 users (file read, checks, send, every message acknowledged) on the embedded broker of a
+2-core machine; the figure here is that measurement rounded up and doubled, so a deadline that
+passes this check still leaves room for a slower machine or a busier broker. A report counts for a
+step when it is in the log before the step's close marker; a deadline shorter than the upload
+closes the step with part of it still on its way (dead-lettered ``late``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["UPLOAD_SECONDS_PER_MILLION", "expected_upload_seconds", "deadline_warning"]
+
+UPLOAD_SECONDS_PER_MILLION = 20.0  # measured (docs/streaming.md), rounded up and doubled: conservative
+
+
+def expected_upload_seconds(users: int) -> float:
+    """Planned seconds to upload one step's reports of ``users`` users (at least one second)."""
+    return max(1.0, UPLOAD_SECONDS_PER_MILLION * users / 1e6)
+
+
+def deadline_warning(deployment) -> str | None:
+    """A warning when steps close on a deadline shorter than one step's planned upload, else None."""
+    steps = deployment.steps
+    if steps.close != "deadline" or steps.deadline_seconds is None:
+        return None
+    need = expected_upload_seconds(deployment.n)
+    if steps.deadline_seconds >= need:
+        return None
+    return (f"steps.deadline_seconds = {steps.deadline_seconds:g} is shorter than the planned upload of one step of "
+            f"{deployment.n:,} users (~{need:.0f} s at {UPLOAD_SECONDS_PER_MILLION:g} s per million, a conservative "
+            "figure: docs/streaming.md, 'How long an upload takes'): reports still on their way at the deadline are "
+            "dead-lettered as late; raise it, or upload each step right after the previous close")
