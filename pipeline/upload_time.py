@@ -2,7 +2,8 @@
 "How long an upload takes").
 
 ``UPLOAD_SECONDS_PER_MILLION`` is a planning figure, not a promise: the upload benchmark
-(``python -m jobs.bench.bench_upload``) measured the whole ``dpstream produce`` upload of one step of
+(``python -m jobs.bench.bench_upload``) measured the whole ``dpstream produce`` upload of one
+step of
 10^6 users (file read, checks, send, every message acknowledged) on the embedded broker of a
 2-core machine; the figure here is that measurement rounded up and doubled, so a deadline that
 passes this check still leaves room for a slower machine or a busier broker. A report counts for a
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 __all__ = ["UPLOAD_SECONDS_PER_MILLION", "expected_upload_seconds", "deadline_warning"]
 
-UPLOAD_SECONDS_PER_MILLION = 20.0  # measured (docs/streaming.md), rounded up and doubled: conservative
+UPLOAD_SECONDS_PER_MILLION = (
+    20.0  # measured (docs/streaming.md), rounded up and doubled: conservative
+)
 
 
 def expected_upload_seconds(users: int) -> float:
@@ -23,14 +26,20 @@ def expected_upload_seconds(users: int) -> float:
 
 
 def deadline_warning(deployment) -> str | None:
-    """A warning when steps close on a deadline shorter than one step's planned upload, else None."""
+    """A warning when steps close on a deadline shorter than one step's planned upload, else
+    None."""
     steps = deployment.steps
     if steps.close != "deadline" or steps.deadline_seconds is None:
         return None
     need = expected_upload_seconds(deployment.n)
     if steps.deadline_seconds >= need:
         return None
-    return (f"steps.deadline_seconds = {steps.deadline_seconds:g} is shorter than the planned upload of one step of "
-            f"{deployment.n:,} users (~{need:.0f} s at {UPLOAD_SECONDS_PER_MILLION:g} s per million, a conservative "
-            "figure: docs/streaming.md, 'How long an upload takes'): reports still on their way at the deadline are "
-            "dead-lettered as late; raise it, or upload each step right after the previous close")
+    return (
+        f"steps.deadline_seconds = {steps.deadline_seconds:g} is shorter than the planned upload "
+        f"of one step of "
+        f"{deployment.n:,} users (~{need:.0f} s at {UPLOAD_SECONDS_PER_MILLION:g} s per million, "
+        "a conservative "
+        "figure: docs/streaming.md, 'How long an upload takes'): reports still on their way at the "
+        "deadline are "
+        "dead-lettered as late; raise it, or upload each step right after the previous close"
+    )

@@ -1,4 +1,5 @@
-"""Uploads of report files as batch messages, and corrections of an open step, through the real stream.
+"""Uploads of report files as batch messages, and corrections of an open step, through the real
+stream.
 
 Real embedded broker and Redis, real worker and releaser processes, ``dpstream produce`` as a
 subprocess. The reference is the library run in batch on the panel the workers should hold: a row
@@ -29,7 +30,7 @@ from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
 from pipeline.stream.state.store import ReleaseStore
 from test_stream_e2e import read_dead_letters
-from test_stream_faults import check_outputs, panel_data, wait_accepted, write_config
+from test_stream_faults import check_outputs, panel_data, run_steps, wait_accepted, write_config
 
 N, T = 1200, 6
 
@@ -42,25 +43,42 @@ def services():
 
 def dpstream(*args, home, check=True):
     env = dict(os.environ, DPSTREAM_HOME=str(home), PYTHONUNBUFFERED="1")
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"dpstream {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+        raise AssertionError(
+            f"dpstream {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}"
+        )
     return proc
 
 
 def write_reports(path, users: list[str], step: int, values: np.ndarray):
-    """``users``' reports of ``step`` in the file's format (by suffix), as a producer would write them."""
+    """``users``' reports of ``step`` in the file's format (by suffix), as a producer would write
+    them."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     if path.suffix == ".csv":
-        path.write_text("user,step,pov\n" + "".join(f"{u},{step},{int(v)}\n" for u, v in zip(users, values)))
+        path.write_text(
+            "user,step,pov\n" + "".join(f"{u},{step},{int(v)}\n" for u, v in zip(users, values))
+        )
     elif path.suffix == ".jsonl":  # booleans, as a JSON export of a boolean column writes them
-        path.write_bytes(b"".join(orjson.dumps({"user": u, "step": step, "values": {"pov": bool(v)}}) + b"\n"
-                                  for u, v in zip(users, values)))
+        path.write_bytes(
+            b"".join(
+                orjson.dumps({"user": u, "step": step, "values": {"pov": bool(v)}}) + b"\n"
+                for u, v in zip(users, values)
+            )
+        )
     else:
-        pq.write_table(pa.table({"user": users, "step": [step] * len(users), "pov": values.astype(np.int8)}), path)
+        pq.write_table(
+            pa.table({"user": users, "step": [step] * len(users), "pov": values.astype(np.int8)}),
+            path,
+        )
     return str(path)
 
 
@@ -81,17 +99,41 @@ def reports_log(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, 
     return out
 
 
-def send_correction(bootstrap: str, topic: str, user: str, step: int, value: int, partition: int) -> None:
-    """One correction as any producer may send it: a single report with the header, to ``partition``."""
+def send_correction(
+    bootstrap: str, topic: str, user: str, step: int, value: int, partition: int
+) -> None:
+    """One correction as any producer may send it: a single report with the header, to
+    ``partition``."""
     from kafka import KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=bootstrap)
-    producer.send(topic, value=orjson.dumps({"user": user, "step": step, "values": {"pov": value}}),
-                  partition=partition, headers=[(REPLACE_HEADER, b"1")]).get(timeout=30)
+    producer.send(
+        topic,
+        value=orjson.dumps({"user": user, "step": step, "values": {"pov": value}}),
+        partition=partition,
+        headers=[(REPLACE_HEADER, b"1")],
+    ).get(timeout=30)
     producer.close()
 
 
-def test_csv_jsonl_and_parquet_files_go_as_batches_to_the_owners_and_every_row_counts_once(services, tmp_path):
+def finish(drv, cluster, services, dep, X, expected, steps) -> None:
+    """Send and close the remaining ``steps`` of ``X``; the whole release must equal the batch run
+    on
+    ``expected`` (the panel with the corrections)."""
+    run_steps(drv, X, steps, cluster)
+    drv.shutdown()
+    check_outputs(
+        dep,
+        expected,
+        drv.panels,
+        ReleaseStore.from_url(services.redis.url, dep.name),
+        drv.manifests_seen,
+    )
+
+
+def test_csv_jsonl_and_parquet_files_go_as_batches_to_the_owners_and_every_row_counts_once(
+    services, tmp_path
+):
     path = write_config(tmp_path, services, "upload-formats", n=N)
     dep, X = load_config(path), panel_data(seed=5)
     roster = Roster.from_config(dep.roster)
@@ -101,16 +143,27 @@ def test_csv_jsonl_and_parquet_files_go_as_batches_to_the_owners_and_every_row_c
         drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
         for t, kind in zip(range(1, T + 1), ["csv", "jsonl", "parquet", "csv", "jsonl", "parquet"]):
             file = write_reports(tmp_path / f"step{t}.{kind}", users, t, X[order, t - 1])
-            out = dpstream("produce", "--config", path, f"--{kind}", file, home=tmp_path / "home").stdout
+            out = dpstream(
+                "produce", "--config", path, f"--{kind}", file, home=tmp_path / "home"
+            ).stdout
             assert f"sent {N} reports for step {t} (all acknowledged)" in out
             drv.close(t)
         drv.shutdown()
         cluster.check_alive()
         # every row once: the release equals the batch run on the panel
-        check_outputs(dep, X, drv.panels, ReleaseStore.from_url(services.redis.url, dep.name), drv.manifests_seen)
+        check_outputs(
+            dep,
+            X,
+            drv.panels,
+            ReleaseStore.from_url(services.redis.url, dep.name),
+            drv.manifests_seen,
+        )
         owners = roster.owners(dep.topics.partitions)
-        batches = [(p, orjson.loads(v)) for p, h, v in reports_log(cluster.broker, cluster.names["reports"], 2)
-                   if "dpstream-control" not in h]
+        batches = [
+            (p, orjson.loads(v))
+            for p, h, v in reports_log(cluster.broker, cluster.names["reports"], 2)
+            if "dpstream-control" not in h
+        ]
     # one columnar message per partition and step (1,200 reports fit one), each to its users' owner
     assert len(batches) == dep.topics.partitions * T
     for p, msg in batches:
@@ -119,7 +172,9 @@ def test_csv_jsonl_and_parquet_files_go_as_batches_to_the_owners_and_every_row_c
     assert sum(len(msg["columns"]["user"]) for _, msg in batches) == N * T
 
 
-def test_a_correction_replaces_the_report_of_an_open_step_and_is_late_after_the_close(services, tmp_path):
+def test_a_correction_replaces_the_report_of_an_open_step_and_is_late_after_the_close(
+    services, tmp_path
+):
     path = write_config(tmp_path, services, "upload-corrections", n=N)
     dep, X = load_config(path), panel_data(seed=6)
     roster = Roster.from_config(dep.roster)
@@ -131,29 +186,56 @@ def test_a_correction_replaces_the_report_of_an_open_step_and_is_late_after_the_
     with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs") as cluster:
         drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
         topic = cluster.names["reports"]
-        dpstream("produce", "--config", path, "--csv", write_reports(tmp_path / "s1.csv", roster.ids, 1, X[:, 0]),
-                 home=home)
-        out = dpstream("produce", "--config", path, "--replace", "--parquet",
-                       write_reports(tmp_path / "fix.parquet", [roster.ids[i] for i in fixed[:-1]], 1,
-                                     corrected[fixed[:-1], 0]), home=home).stdout
+        dpstream(
+            "produce",
+            "--config",
+            path,
+            "--csv",
+            write_reports(tmp_path / "s1.csv", roster.ids, 1, X[:, 0]),
+            home=home,
+        )
+        out = dpstream(
+            "produce",
+            "--config",
+            path,
+            "--replace",
+            "--parquet",
+            write_reports(
+                tmp_path / "fix.parquet",
+                [roster.ids[i] for i in fixed[:-1]],
+                1,
+                corrected[fixed[:-1], 0],
+            ),
+            home=home,
+        ).stdout
         assert f"sent {len(fixed) - 1} corrections for step 1 (all acknowledged)" in out
         # the last one by another producer, to the partition that does not own the user (forwarded)
         last = int(fixed[-1])
-        send_correction(cluster.broker, topic, roster.ids[last], 1, int(corrected[last, 0]), 1 - int(owners[last]))
+        send_correction(
+            cluster.broker,
+            topic,
+            roster.ids[last],
+            1,
+            int(corrected[last, 0]),
+            1 - int(owners[last]),
+        )
         # a report without the header after a correction stays a duplicate: the correction holds
-        drv.producer.send_raw(orjson.dumps({"user": roster.ids[last], "step": 1, "values": {"pov": int(X[last, 0])}}),
-                              partition=int(owners[last]))
+        drv.producer.send_raw(
+            orjson.dumps({"user": roster.ids[last], "step": 1, "values": {"pov": int(X[last, 0])}}),
+            partition=int(owners[last]),
+        )
         time.sleep(2.0)  # the forwarded correction reaches the owner before the close marker
         drv.close(1)
         late_user = int(fixed[0])
-        send_correction(cluster.broker, topic, roster.ids[late_user], 1, int(X[late_user, 0]), int(owners[late_user]))
-        for t in range(2, T + 1):
-            drv.producer.send_step(t, {"pov": X[:, t - 1]})
-            drv.close(t)
-        drv.shutdown()
-        cluster.check_alive()
-        check_outputs(dep, corrected, drv.panels, ReleaseStore.from_url(services.redis.url, dep.name),
-                      drv.manifests_seen)
+        send_correction(
+            cluster.broker,
+            topic,
+            roster.ids[late_user],
+            1,
+            int(X[late_user, 0]),
+            int(owners[late_user]),
+        )
+        finish(drv, cluster, services, dep, X, corrected, range(2, T + 1))
         letters = read_dead_letters(cluster.broker, cluster.names["dead-letter"], expect=2)
     reasons = sorted(h["dpstream-reason"].decode() for h, _ in letters)
     assert reasons == ["duplicate", "late"], reasons
@@ -164,14 +246,18 @@ def test_a_correction_replaces_the_report_of_an_open_step_and_is_late_after_the_
 def test_replay_after_a_worker_kill9_ends_in_the_same_corrected_state(services, tmp_path):
     """Step 2's reports and a first round of corrections are applied, then the worker is killed -9
     (its checkpoint is step 1's close); a second round corrects some of the same users again. The
-    restarted worker replays step 2's log from the checkpoint: the release holds the last corrections."""
+    restarted worker replays step 2's log from the checkpoint: the release holds the last
+    corrections.
+    """
     path = write_config(tmp_path, services, "upload-corrections-kill", n=N)
     dep, X = load_config(path), panel_data(seed=7)
     roster = Roster.from_config(dep.roster)
     home = tmp_path / "home"
     rng = np.random.default_rng(4)
     first = rng.choice(N, size=200, replace=False)
-    second = np.concatenate([first[:60], rng.choice(np.setdiff1d(np.arange(N), first), size=40, replace=False)])
+    second = np.concatenate(
+        [first[:60], rng.choice(np.setdiff1d(np.arange(N), first), size=40, replace=False)]
+    )
     final = X.copy()
     final[first, 1] = 1 - X[first, 1]
     final[second, 1] = rng.integers(0, 2, second.size)
@@ -182,19 +268,33 @@ def test_replay_after_a_worker_kill9_ends_in_the_same_corrected_state(services, 
         drv.producer.send_step(1, {"pov": X[:, 0]})
         drv.close(1)
         drv.producer.send_step(2, {"pov": X[:, 1]})
-        dpstream("produce", "--config", path, "--replace", "--jsonl",
-                 write_reports(tmp_path / "fix1.jsonl", [roster.ids[i] for i in first], 2, once[first, 1]), home=home)
+        dpstream(
+            "produce",
+            "--config",
+            path,
+            "--replace",
+            "--jsonl",
+            write_reports(
+                tmp_path / "fix1.jsonl", [roster.ids[i] for i in first], 2, once[first, 1]
+            ),
+            home=home,
+        )
         wait_accepted(cluster, "worker-0", 2 * N + first.size)
-        time.sleep(3.5)  # > the commit interval: the group's committed offsets are past the corrections
+        time.sleep(
+            3.5
+        )  # > the commit interval: the group's committed offsets are past the corrections
         cluster.kill("worker-0")
-        dpstream("produce", "--config", path, "--replace", "--csv",
-                 write_reports(tmp_path / "fix2.csv", [roster.ids[i] for i in second], 2, final[second, 1]), home=home)
+        dpstream(
+            "produce",
+            "--config",
+            path,
+            "--replace",
+            "--csv",
+            write_reports(
+                tmp_path / "fix2.csv", [roster.ids[i] for i in second], 2, final[second, 1]
+            ),
+            home=home,
+        )
         cluster.spawn("worker", "worker-0")
         drv.close(2)
-        for t in range(3, T + 1):
-            drv.producer.send_step(t, {"pov": X[:, t - 1]})
-            drv.close(t)
-        drv.shutdown()
-        cluster.check_alive()
-        check_outputs(dep, final, drv.panels, ReleaseStore.from_url(services.redis.url, dep.name),
-                      drv.manifests_seen)
+        finish(drv, cluster, services, dep, X, final, range(3, T + 1))

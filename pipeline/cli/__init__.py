@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "DPSTREAM_HOME/<deployment>/redis and .../log, kept")
     u.set_defaults(func=cmd_up)
 
-    pr = with_config(sub.add_parser("produce", help="send reports from a CSV/JSONL/Parquet file or the simulator"))
+    pr = with_config(sub.add_parser(
+        "produce", help="send reports from a CSV/JSONL/Parquet file or the simulator"))
     g = pr.add_mutually_exclusive_group()
     g.add_argument("--csv", help="columns user,step,<attribute>...")
     g.add_argument("--jsonl", help="one report object per line")
@@ -84,8 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--seed", type=int, default=2021)
     pr.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the workers to count what was "
                     "sent before (default 10)")
-    pr.add_argument("--replace", action="store_true", help="files: corrections — each report replaces the one the "
-                    "workers hold for its user and step while the step is open (docs/streaming.md)")
+    pr.add_argument("--replace", action="store_true",
+                    help="files: corrections — each report replaces the one the workers hold for "
+                    "its user and step while the step is open (docs/streaming.md)")
     pr.add_argument("--dry-run", action="store_true", help="check everything (file, steps the workers accept now) "
                     "and say what would be sent; send nothing")
     pr.set_defaults(func=cmd_produce)

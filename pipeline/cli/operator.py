@@ -61,7 +61,8 @@ def cmd_produce(args) -> int:
         return _fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {args.step}")
     path = args.jsonl or args.csv or args.parquet
     if args.replace and not path:
-        return _fail(EXIT_CONFIG, "--replace needs a file (--csv, --jsonl or --parquet) of the corrected reports")
+        return _fail(EXIT_CONFIG, "--replace needs a file (--csv, --jsonl or --parquet) of the "
+                                  "corrected reports")
     found = None
     if path:  # the whole file is checked before anything is sent (pipeline.upload)
         try:
@@ -129,7 +130,8 @@ def _send_file(dep, found, dry_run: bool, replace: bool = False) -> int:
             sender.check_topic()
         except TopicMissing as err:
             return _fail(EXIT_RUNTIME, str(err))
-        result = send_upload(found, broker, sender.topic, replace, progress_printer("acknowledged", " reports"))
+        result = send_upload(found, broker, sender.topic, replace,
+                             progress_printer("acknowledged", " reports"))
     if result.failed:
         i, why = result.failed[0]
         return _fail(EXIT_RUNTIME, f"sent {result.sent:,} reports, {result.acknowledged:,} acknowledged; "

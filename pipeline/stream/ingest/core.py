@@ -283,9 +283,10 @@ class IngestCore:
         return outputs
 
     # -- reports ---------------------------------------------------------------------------------
-    def apply_reports(self, partition: int, records: list[Record], replacing: bool = False) -> ApplyResult:
-        """Parse and apply a run of report records (no markers) of one partition; ``replacing``: a run
-        of corrections (:meth:`PartitionState.replace`)."""
+    def apply_reports(self, partition: int, records: list[Record],
+                      replacing: bool = False) -> ApplyResult:
+        """Parse and apply a run of report records (no markers) of one partition; ``replacing``:
+        a run of corrections (:meth:`PartitionState.replace`)."""
         state = self.states[partition]
         result = ApplyResult(partition=partition)
         if not records:
@@ -316,7 +317,8 @@ class IngestCore:
             offsets = np.fromiter(map(_OFFSET, records), dtype=np.int64, count=len(records))
             result.forwards = self.forwarder.forward(partition, offsets, parsed.take(foreign))
             if replacing:
-                result.forwards = [(p, v, [*h, (REPLACE_HEADER, b"1")]) for p, v, h in result.forwards]
+                result.forwards = [(p, v, [*h, (REPLACE_HEADER, b"1")])
+                                   for p, v, h in result.forwards]
             result.forwarded = int(foreign.sum())
             parsed = parsed.take(~foreign)
         displaced: list = []
@@ -338,7 +340,8 @@ class IngestCore:
                                        topic="repartition") for rec in self._strays.pop(partition, [])]
         for source, records in self.inboxes[partition].take(self.states[partition].closed):
             # runs of one format (JSON: forwarded before the rows format) and of corrections or not
-            for (_, replacing), run in groupby(records, key=lambda r: (is_rows(r.headers), is_replacement(r.headers))):
+            runs = groupby(records, key=lambda r: (is_rows(r.headers), is_replacement(r.headers)))
+            for (_, replacing), run in runs:
                 outputs.extend(self.apply_forwarded(partition, source, list(run), replacing))
         return outputs
 

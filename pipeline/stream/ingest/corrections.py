@@ -1,4 +1,5 @@
-"""Corrections of an open step (``dpstream produce --replace``): a later report replaces the earlier one.
+"""Corrections of an open step (``dpstream produce --replace``): a later report replaces the
+earlier one.
 
 A message on ``reports`` with the header ``dpstream-replace: 1`` carries *replacements*. Each
 replaces the whole report the worker holds for its (user, step) while that step is open (an
@@ -43,14 +44,16 @@ def is_replacement(headers) -> bool:
 
 
 class Corrections:
-    """Per (open step, local user): the origin and log position of the replacement held, -1 for none."""
+    """Per (open step, local user): the origin and log position of the replacement held, -1 for
+    none."""
 
     def __init__(self, slots: int, users: int):
         self.origin = np.full((slots, users), -1, dtype=np.int32)
         self.position = np.full((slots, users), -1, dtype=np.int64)
 
     def shift(self) -> bool:
-        """Advance the open-step window after a close; False once nothing is held (drop the arrays)."""
+        """Advance the open-step window after a close; False once nothing is held (drop the
+        arrays)."""
         for buf in (self.origin, self.position):
             buf[:-1] = buf[1:]
             buf[-1] = -1

@@ -19,21 +19,28 @@ def murmur2_many(keys: list[str]) -> np.ndarray:
     """murmur2 of every key's UTF-8 bytes, as uint32 (no Python hashing per key)."""
     joined = "".join(keys)
     if joined.isascii():  # one character, one byte
-        data, lengths = joined.encode("ascii"), np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+        data, lengths = joined.encode("ascii"), np.fromiter(
+            map(len, keys), dtype=np.int64, count=len(keys)
+        )
     else:
         encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
-        data, lengths = b"".join(encoded), np.fromiter(map(len, encoded), dtype=np.int64, count=len(keys))
-    return murmur2_of_bytes(np.frombuffer(data, dtype=np.uint8), np.concatenate([[0], np.cumsum(lengths)]))
+        data, lengths = b"".join(encoded), np.fromiter(
+            map(len, encoded), dtype=np.int64, count=len(keys)
+        )
+    return murmur2_of_bytes(
+        np.frombuffer(data, dtype=np.uint8), np.concatenate([[0], np.cumsum(lengths)])
+    )
 
 
 def murmur2_of_bytes(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """murmur2 of the keys ``data[offsets[i]:offsets[i + 1]]`` (a string array's buffers), as uint32.
+    """murmur2 of the keys ``data[offsets[i]:offsets[i + 1]]`` (a string array's buffers), as
+    uint32.
 
     A key's 4-byte words are read as little-endian uint32 from four views of the bytes shifted by
     0..3 (one gather per word, whatever the key's alignment); its 0-3 tail bytes one by one."""
     lengths = np.diff(offsets)
     padded = np.concatenate([data, np.zeros(8, dtype=np.uint8)])
-    shifted = [padded[a: a + (padded.size - a) // 4 * 4].view("<u4") for a in range(4)]
+    shifted = [padded[a : a + (padded.size - a) // 4 * 4].view("<u4") for a in range(4)]
     out = np.empty(lengths.size, dtype=np.uint32)
     with np.errstate(over="ignore"):
         for length in np.unique(lengths).tolist():
@@ -42,7 +49,9 @@ def murmur2_of_bytes(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return out
 
 
-def _hash_equal_length(padded: np.ndarray, shifted: list, start: np.ndarray, length: int) -> np.ndarray:
+def _hash_equal_length(
+    padded: np.ndarray, shifted: list, start: np.ndarray, length: int
+) -> np.ndarray:
     """murmur2 of the keys of ``length`` bytes starting at ``start`` in ``padded``."""
     h = np.full(start.size, _SEED ^ np.uint32(length), dtype=np.uint32)
     body = length // 4 * 4

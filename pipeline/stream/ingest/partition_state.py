@@ -54,7 +54,7 @@ class PartitionState:
         self.origins = deployment.topics.partitions + 1
         self._rank_type = narrow_int((self.horizon + 1) * self.origins)  # rank < (T + 1)(P + 1)
         self.rank = np.full((slots, size), -1, dtype=self._rank_type)
-        self.corrections: Corrections | None = None  # only while a replacement is held (see replace)
+        self.corrections: Corrections | None = None  # only while a correction is held (replace)
         # every user's value at the last closed step (carry-forward imputation, heavy-hitter feedback)
         self.last = {a: np.full(size, -1, dtype=self._codes[a]) for a in self.attributes}
         self.closed = 0  # last closed step
@@ -141,38 +141,45 @@ class PartitionState:
 
     def replace(self, parsed: ParsedReports, origin: int, positions: np.ndarray,
                 displaced: list | None = None) -> ParsedReports:
-        """Apply replacements (:mod:`pipeline.stream.ingest.corrections`): each replaces the report
-        held for its (user, open step). ``positions[i]``: report i's position in its log (offset and
-        row, :func:`~pipeline.stream.ingest.repartition.source_positions`), increasing in ``parsed``'s
-        order. A held replacement from a log of lower precedence (a larger ``origin``) that loses is
-        appended to ``displaced`` (as :meth:`apply`); an arriving one that loses is a duplicate.
+        """Apply replacements (:mod:`pipeline.stream.ingest.corrections`): each replaces the
+        report held for its (user, open step). ``positions[i]``: report i's position in its log
+        (offset and row, :func:`~pipeline.stream.ingest.repartition.source_positions`), increasing
+        in ``parsed``'s order. A held replacement from a log of lower precedence (a larger
+        ``origin``) that loses is appended to ``displaced`` (as :meth:`apply`); an arriving one
+        that loses is a duplicate.
 
-        Returns the replacements applied (each counts as accepted; one superseded by a later one of the
-        same log, in this call or after it, stays counted: the step's state holds the last)."""
+        Returns the replacements applied (each counts as accepted; one superseded by a later one
+        of the same log, in this call or after it, stays counted: the state holds the last)."""
         if len(parsed) == 0:
             return parsed
         local = self.local[parsed.rows]
         if (local < 0).any():
-            raise ValueError(f"partition {self.partition}: {int((local < 0).sum())} reports of rows it does not own")
+            foreign = int((local < 0).sum())
+            raise ValueError(f"partition {self.partition}: {foreign} reports of rows it does not own")
         slot = parsed.steps - (self.closed + 1)
         late, future = slot < 0, slot > self.max_ahead
         parsed.reject(late, "late", f"step already closed (last closed step {self.closed})")
-        parsed.reject(future, "future_step", f"more than {self.max_ahead} steps ahead of open step {self.closed + 1}")
+        parsed.reject(future, "future_step",
+                      f"more than {self.max_ahead} steps ahead of open step {self.closed + 1}")
         ok = ~(late | future)
         if self.corrections is None:
             self.corrections = Corrections(self.max_ahead + 1, self.rows.size)
         flat = np.where(ok, slot, 0) * self.rows.size + local
-        held_origin, held_pos = _flat(self.corrections.origin)[flat], _flat(self.corrections.position)[flat]
-        # one origin per call: a held replacement of another log decides by precedence, of this log by position
-        beats = (held_origin < 0) | (origin < held_origin) | ((origin == held_origin) & (positions > held_pos))
+        held_origin = _flat(self.corrections.origin)[flat]
+        held_pos = _flat(self.corrections.position)[flat]
+        # one origin per call: a held correction of another log decides by precedence, of this
+        # log by position
+        beats = ((held_origin < 0) | (origin < held_origin)
+                 | ((origin == held_origin) & (positions > held_pos)))
         lost = ok & ~beats
-        parsed.reject(lost, "duplicate", "a correction for this user and step from a log that takes precedence "
-                                         "(direct, then the lower source partition) was already applied")
+        parsed.reject(lost, "duplicate", "a correction for this user and step from a log that "
+                      "takes precedence (direct, then the lower source partition) was applied")
         ok &= ~lost
         idx = np.flatnonzero(ok)
         order = stable_argsort(flat[idx])
         keys = flat[idx][order]
-        last = idx[order[np.r_[keys[1:] != keys[:-1], True]]] if idx.size else idx  # per (user, step): the last
+        # per (user, step): the last
+        last = idx[order[np.r_[keys[1:] != keys[:-1], True]]] if idx.size else idx
         at = flat[last]
         pending, ranks = {a: _flat(v) for a, v in self.pending.items()}, _flat(self.rank)
         other = last[(held_origin[last] >= 0) & (held_origin[last] != origin)]
@@ -185,10 +192,11 @@ class PartitionState:
         new = ranks[at] < 0
         for a in self.attributes:
             pending[a][at] = parsed.codes[a][last]
-        ranks[at] = 0  # below any first report's rank: a report without the header is now a duplicate
+        ranks[at] = 0  # below any first report's rank: a report without the header is a duplicate
         _flat(self.corrections.origin)[at] = origin
         _flat(self.corrections.position)[at] = positions[last]
-        self.intake.reported += np.bincount(slot[last[new]], minlength=self.max_ahead + 1).astype(np.int64)
+        self.intake.reported += np.bincount(slot[last[new]],
+                                            minlength=self.max_ahead + 1).astype(np.int64)
         return parsed.take(ok)
 
     # -- close ---------------------------------------------------------------------------------
@@ -265,7 +273,8 @@ class PartitionState:
             "feedback_needed": sorted(self.feedback_needed),
             "aggregators": {name: agg.get_state() for name, agg in self.aggregators.items()},
             "intake": self.intake.get_state(),
-            **({"corrections": self.corrections.get_state()} if self.corrections is not None else {}),
+            **({"corrections": self.corrections.get_state()}
+               if self.corrections is not None else {}),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -283,7 +292,8 @@ class PartitionState:
             self.rank = np.where(held, 0, -1).astype(self._rank_type)
         self.last = {a: np.array(v, dtype=self._codes[a]) for a, v in state["last"].items()}
         self.feedback_needed = set(state["feedback_needed"])
-        self.corrections = Corrections.from_state(state["corrections"]) if "corrections" in state else None
+        self.corrections = (Corrections.from_state(state["corrections"])
+                            if "corrections" in state else None)
         for name, agg_state in state["aggregators"].items():
             self.aggregators[name].set_state(agg_state)
         self.intake = Intake(self.max_ahead + 1)

@@ -98,7 +98,8 @@ class Roster:
         return self._index or None
 
     def owners(self, partitions: int) -> np.ndarray:
-        """Owning partition of every row (cached; murmur2 vectorised, :mod:`pipeline.stream.ingest.murmur`)."""
+        """Owning partition of every row (cached; murmur2 vectorised,
+        :mod:`pipeline.stream.ingest.murmur`)."""
         cached = self._owner_cache.get(partitions)
         if cached is None:
             cached = partitions_of(self.ids, partitions)
