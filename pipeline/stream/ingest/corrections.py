@@ -7,8 +7,11 @@ attribute it does not carry is then not reported, and imputed at close), where a
 header is dead-lettered as a ``duplicate`` (the first report wins). A replacement for a closed step
 is dead-lettered ``late``, as any report. Rules (:meth:`PartitionState.replace`):
 
-* a replacement beats a report without the header, whenever either arrived; a report without the
-  header that arrives after a replacement is a ``duplicate``;
+* a replacement beats a report without the header, whenever either arrived. Reports without the
+  header are ranked among themselves as without corrections (the first accepted wins, the others
+  are ``duplicate``), so which of them are dead-lettered does not depend on when a correction
+  arrived; the one that wins is counted as accepted and superseded by the correction;
+* a replacement superseded by a later one of its own log is counted as accepted, not dead-lettered;
 * between replacements of one log (the partition's own, or those forwarded from one source
   partition), the later one in that log wins: its position (offset, row in the message) is kept;
 * between replacements that reached the owner by different logs — Kafka orders no two logs — the
@@ -18,7 +21,7 @@ is dead-lettered ``late``, as any report. Rules (:meth:`PartitionState.replace`)
 Every rule compares positions in logs, never arrival times, so the state after a replay from a
 checkpoint equals the state before the crash, whatever the interleaving of the logs. Only the state
 at close enters the step's partials: a user still contributes one value per step, so sensitivity and
-the privacy analysis are unchanged (docs/privacy.md, "Corrections").
+the privacy analysis are unchanged (docs/privacy.md, "Corrections of an open step").
 
 The arrays exist only once a replacement has arrived and until the steps it touched have closed, so
 a deployment that never corrects pays nothing: neither memory, nor checkpoint bytes, nor time.
@@ -50,6 +53,10 @@ class Corrections:
     def __init__(self, slots: int, users: int):
         self.origin = np.full((slots, users), -1, dtype=np.int32)
         self.position = np.full((slots, users), -1, dtype=np.int64)
+
+    def held(self, flat: np.ndarray) -> np.ndarray:
+        """Whether a correction is held at each flat (open step, user) index."""
+        return self.origin.reshape(-1)[flat] >= 0
 
     def shift(self) -> bool:
         """Advance the open-step window after a close; False once nothing is held (drop the

@@ -121,21 +121,25 @@ class PartitionState:
         dup = ok & ~wins
         parsed.reject(dup, "duplicate", "a report for this user and step was already accepted")
         ok &= ~dup
+        # where a correction is held, a first report takes its rank (which first report wins is
+        # decided as without corrections) but not the values (pipeline.stream.ingest.corrections)
+        write = ok if self.corrections is None else ok & ~self.corrections.held(flat)
         evict = np.flatnonzero(ok & (held >= 0))
         if evict.size:
             if displaced is not None:
                 for i in evict:
                     s_, l_ = slot[i], local[i]
                     displaced.append((int(l_), int(self.closed + 1 + s_),
-                                      {a: int(self.pending[a][s_, l_]) for a in self.attributes}, int(held[i])))
+                                      {a: int(self.pending[a][s_, l_]) if write[i] else -1
+                                       for a in self.attributes}, int(held[i])))
             for a in self.attributes:
-                pending[a][flat[evict]] = -1
+                pending[a][flat[evict[write[evict]]]] = -1
         for a in self.attributes:
             code = parsed.codes[a]
-            sel = ok & (code >= 0)
+            sel = write & (code >= 0)
             pending[a][flat[sel]] = code[sel]
         ranks[flat[ok]] = rank[ok]
-        new = ok & (held < 0)
+        new = write & (held < 0)
         self.intake.reported += np.bincount(slot[new], minlength=slots).astype(np.int64)  # one per new (user, step)
         return parsed.take(ok)
 
@@ -189,10 +193,9 @@ class PartitionState:
                 displaced.append((int(l_), int(self.closed + 1 + s_),
                                   {a: int(self.pending[a][s_, l_]) for a in self.attributes},
                                   -1 - int(held_pos[i])))  # negative: never a first report's rank
-        new = ranks[at] < 0
+        new = (ranks[at] < 0) & (held_origin[last] < 0)  # no report held before: a new user
         for a in self.attributes:
             pending[a][at] = parsed.codes[a][last]
-        ranks[at] = 0  # below any first report's rank: a report without the header is a duplicate
         _flat(self.corrections.origin)[at] = origin
         _flat(self.corrections.position)[at] = positions[last]
         self.intake.reported += np.bincount(slot[last[new]],
