@@ -10,7 +10,8 @@ disk-backed log):
 1. **Raw producer**: kafka-python sending the upload's own batch messages (built beforehand, not
    timed) to their partitions, acks=all, until every one is acknowledged: the ceiling of sending
    exactly these bytes with this client.
-2. **Upload**: :func:`pipeline.upload.upload_file` from the file on disk: the roster loaded, the
+2. **Upload**: what :func:`pipeline.upload.upload_file` does, from the file on disk (each stage
+   timed): the roster loaded, the
    file read with pyarrow, every value coded, the messages built and checked with the workers'
    parser, sent and acknowledged — what ``dpstream produce`` does after its own checks.
 
@@ -146,7 +147,7 @@ def main(argv=None) -> dict:
     from pipeline.stream.ingest.roster import Roster
     from pipeline.stream.kafka.topics import ensure_topics
     from pipeline.stream.local.embedded import EmbeddedServices
-    from pipeline.upload import read_upload, upload_file
+    from pipeline.upload import read_upload, send_upload
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=1_000_000)
@@ -185,11 +186,18 @@ def main(argv=None) -> dict:
         del roster
         raw = raw_send(svc.broker.bootstrap, topic, prepared.batches)
         del prepared
-        started = time.perf_counter()
-        sent = upload_file(
-            path, dep, svc.broker.bootstrap
-        )  # roster, read, check, send, acknowledged
+        # what upload_file does, stage by stage: roster, read and check, send until acknowledged
+        started, cpu = time.perf_counter(), time.process_time()
+        roster = Roster.from_config(dep.roster)
+        stages = {"roster_s": time.perf_counter() - started}
+        checked = read_upload(path, dep, roster)
+        stages["read_check_s"] = time.perf_counter() - started - stages["roster_s"]
+        sent = send_upload(checked, svc.broker.bootstrap, topic)
         upload = time.perf_counter() - started
+        stages["send_s"] = upload - stages["read_check_s"] - stages["roster_s"]
+        stages["upload_cpu_s"] = time.process_time() - cpu  # this process only, not the broker's
+        result["stages"] = stages
+        print("upload stages: " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()), flush=True)
         if sent.failed or sent.acknowledged != args.n:
             raise RuntimeError(
                 f"upload acknowledged {sent.acknowledged:,} of {args.n:,}: {sent.failed[:3]}"
