@@ -28,6 +28,7 @@ from __future__ import annotations
 import csv
 import time
 from dataclasses import dataclass, replace as dc_replace
+from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
@@ -99,6 +100,12 @@ class Upload:
 
     def line_of_row(self, position: int) -> int:
         return _line_of(self, position)
+
+    @cached_property
+    def one_line_per_report(self) -> bool:
+        """The file (CSV, JSONL) has one line per report (and the CSV header): no blank lines and
+        no quoted line breaks, so a report's line is arithmetic."""
+        return _one_line_per_report(self)
 
     def line_of(self, index: int) -> int | None:
         """Line of the ``index``-th report sent (:func:`send_upload` numbers them message by
@@ -546,22 +553,26 @@ def _messages(
 
 def _line_of(upload: Upload, position: int) -> int:
     """Line of the report at ``position`` (0-based) in the file (Parquet: its row, 1-based).
-    When the
-    file has exactly one line per report (plus the CSV header) that is arithmetic; otherwise (blank
-    lines, quoted line breaks) the per-report reader counts."""
+    When the file has exactly one line per report (plus the CSV header) that is arithmetic;
+    otherwise (blank lines, quoted line breaks) the per-report reader counts."""
     if upload.kind == "parquet":
         return position + 1
     head = 1 if upload.kind == "csv" else 0
-    with upload.path.open("rb") as fh:
-        data = fh.read()
-    lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
-    if lines == upload.reports_in_file + head:
+    if upload.one_line_per_report:
         return position + 1 + head
     from itertools import islice
 
     from pipeline.stream.ingest.report_files import _records
 
     return next(islice(_records(upload.path, upload.deployment), position, None))[0]
+
+
+def _one_line_per_report(upload: Upload) -> bool:
+    head = 1 if upload.kind == "csv" else 0
+    with upload.path.open("rb") as fh:
+        data = fh.read()
+    lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+    return lines == upload.reports_in_file + head
 
 
 # -- sending ------------------------------------------------------------------------------

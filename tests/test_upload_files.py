@@ -205,3 +205,16 @@ def test_plan_warns_when_the_deadline_is_shorter_than_a_steps_upload(tmp_path):
         "WARNING: steps.deadline_seconds" in proc.stderr
         and "shorter than the planned upload" in proc.stderr
     )
+
+
+def test_lines_are_counted_past_blank_lines_and_quoted_line_breaks(dep, tmp_path):
+    path = tmp_path / "gaps.csv"
+    path.write_text('user,step,poverty,item\n\nu0,1,1,"x\ny"\nu1,2,0,z\n')
+    upload = read_upload(path, dep, Roster.from_range(N))
+    # as the per-report checker counts: a record with a line break is named by its last line
+    assert upload.first_lines == {1: 4, 2: 5} and upload.line_of(1) == 5
+    jsonl = tmp_path / "gaps.jsonl"
+    jsonl.write_text('\n{"user":"u0","step":1,"values":{"poverty":1}}\n\n{"user":"u1","step":1,"values":{}}\n')
+    with pytest.raises(ReportFileError) as err:
+        read_upload(jsonl, dep, Roster.from_range(N))
+    assert f"{jsonl}:4:" in str(err.value)
