@@ -1,14 +1,14 @@
 """How long a step's upload takes, to plan ``steps.deadline_seconds`` with (docs/streaming.md,
 "How long an upload takes").
 
-``UPLOAD_SECONDS_PER_MILLION`` is a planning figure, not a promise: the upload benchmark
-(``python -m jobs.bench.bench_upload``) measured the whole ``dpstream produce`` upload of one
-step of
-10^6 users (file read, checks, send, every message acknowledged) on the embedded broker of a
-2-core machine; the figure here is that measurement rounded up and doubled, so a deadline that
-passes this check still leaves room for a slower machine or a busier broker. A report counts for a
-step when it is in the log before the step's close marker; a deadline shorter than the upload
-closes the step with part of it still on its way (dead-lettered ``late``).
+``UPLOAD_SECONDS_PER_MILLION`` is a planning figure, not a promise. The upload benchmark
+(``python -m jobs.bench.bench_upload``) measured the whole upload of one step of 10^6 users (roster,
+file read, checks, send, every message acknowledged) on the embedded broker of a shared 2-core
+machine at 10.4 s in the documented run and up to 16.7 s in earlier runs of the same day (load
+average ~20); the figure here is the slowest run rounded up and nearly doubled, so a deadline that
+passes this check leaves room for a slower or busier machine. A report counts for a step when it is
+in the log before the step's close marker; a deadline shorter than the upload closes the step with
+part of it still on its way (dead-lettered ``late``).
 """
 
 from __future__ import annotations
