@@ -8,6 +8,7 @@ from typing import Any
 
 from pipeline.config import EPSILON_CEILING
 from pipeline.error_bounds import planned_spend, release_bounds, warnings
+from pipeline.upload_time import deadline_warning
 from pipeline.plan import planned_schedule
 from pipeline.privacy.accounting import ZCDP
 from pipeline.releases import kind_of
@@ -58,7 +59,7 @@ def plan_report(deployment) -> dict[str, Any]:
         "total_as_approx_dp": {"epsilon": total.epsilon, "delta": total.delta, "rho": dep.budget_plan().totals()[0].rho,
                                "report_delta": dep.budget.report_delta, "ceiling": EPSILON_CEILING,
                                "allow_large": dep.budget.allow_large},
-        "warnings": deployment_warnings(dep) + warnings(bounds, n),
+        "warnings": deployment_warnings(dep) + warnings(bounds, n) + [w for w in [deadline_warning(dep)] if w],
     }
 
 

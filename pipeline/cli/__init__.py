@@ -76,13 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "DPSTREAM_HOME/<deployment>/redis and .../log, kept")
     u.set_defaults(func=cmd_up)
 
-    pr = with_config(sub.add_parser("produce", help="send reports from a CSV/JSONL file (or, --simulate, simulated "
-                                    "ones) and wait for the workers' verdict on them"))
+    pr = with_config(sub.add_parser("produce", help="send reports from a CSV/JSONL/Parquet file (or, --simulate, "
+                                    "simulated ones) and wait for the workers' verdict on them"))
     g = pr.add_mutually_exclusive_group()
     g.add_argument("--csv", help="columns user,step,<attribute>... (docs/own-data.md)")
     g.add_argument("--jsonl", help="one report object per line")
     g.add_argument("--simulate", action="store_true", help="simulated reports of every attribute (refused when the "
                    "configuration says production: true)")
+    g.add_argument("--parquet", help="columns user, step and the attributes (or a values struct)")
     pr.add_argument("--step", type=int, help="send only this step (default, simulator: the next open step "
                     "without reports; files: every row, all within the steps the workers accept now)")
     pr.add_argument("--attribute", help="simulator: fill only this attribute (default: every attribute)")
@@ -95,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "then, 5 if any was rejected")
     pr.add_argument("--no-wait", action="store_true", help="do not wait for the workers' verdict (exit 0 once the "
                     "broker acknowledged everything)")
+    pr.add_argument("--replace", action="store_true",
+                    help="files: corrections — each report replaces the one the workers hold for "
+                    "its user and step while the step is open (docs/streaming.md)")
     pr.add_argument("--dry-run", action="store_true", help="check everything (file, steps the workers accept now, "
                     "reports the workers already hold for those steps) and say what would be sent; send nothing")
     pr.set_defaults(func=cmd_produce)

@@ -65,6 +65,7 @@ def cmd_up(args) -> int:
     (`kill`, `dpstream down`) the stream processes stop first, then the broker, its storage and Redis."""
     from pipeline.stream.local.cluster import LocalCluster, ProcessFailed, state_dir
     from pipeline.stream.state.store import ReleaseStore
+    from pipeline.upload_time import deadline_warning
 
     dep = _load(args.config)
     rec = _up_record(dep.name)
@@ -104,6 +105,9 @@ def cmd_up(args) -> int:
         print(f"dpstream up: broker {cluster.broker}, redis {cluster.redis_url} ({redis_where}), "
               f"{args.workers} worker(s) + releaser; broker {log_where}; process logs in {log_dir}; "
               f"metrics ports {cluster.metrics_ports}. Ctrl-C or `dpstream down` stops.", flush=True)
+        late = deadline_warning(dep)
+        if late:
+            print(f"WARNING: {late}", file=sys.stderr, flush=True)
         last_mark, store = None, ReleaseStore.from_url(cluster.redis_url, dep.name)
         while True:
             for line in cluster.supervise():

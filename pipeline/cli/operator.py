@@ -64,17 +64,18 @@ def cmd_produce(args) -> int:
 
 def _produce(args, stage: list[str]) -> int:
     from pipeline.stream.ingest.intake_view import open_window
-    from pipeline.stream.ingest.report_files import ReportFileError, check_report_file
+    from pipeline.stream.ingest.report_files import ReportFileError
     from pipeline.stream.ingest.roster import Roster
+    from pipeline.upload import read_upload
 
     dep = _load(args.config)
-    path = args.jsonl or args.csv
+    path = args.jsonl or args.csv or args.parquet
     if args.simulate and dep.production:
         return _fail(EXIT_CONFIG, f"--simulate is refused: deployment {dep.name!r} has production: "
-                                  "true and takes only the curator's data (--csv FILE or --jsonl "
+                                  "true and takes only the curator's data (--csv, --jsonl or --parquet "
                                   "FILE; docs/own-data.md)")
     if not path and not args.simulate:
-        return _fail(EXIT_CONFIG, "produce needs the reports to send: --csv FILE or --jsonl FILE "
+        return _fail(EXIT_CONFIG, "produce needs the reports to send: --csv, --jsonl or --parquet FILE "
                                   "(your data; docs/own-data.md), or --simulate for simulated "
                                   "reports (not on a production deployment)")
     if args.step is not None and not 1 <= args.step <= dep.horizon:
@@ -82,11 +83,14 @@ def _produce(args, stage: list[str]) -> int:
     if args.attribute is not None and args.attribute not in dep.attributes:
         return _fail(EXIT_CONFIG, f"--attribute {args.attribute!r} is not an attribute of "
                                   f"deployment {dep.name!r} ({', '.join(dep.attributes)})")
+    if args.replace and not path:
+        return _fail(EXIT_CONFIG, "--replace needs a file (--csv, --jsonl or --parquet) of the "
+                                  "corrected reports")
     found = None
-    if path:  # the whole file is checked (a chunk at a time) before anything is sent
+    if path:  # the whole file is checked before anything is sent (pipeline.upload)
         stage[0] = f"checking {path}"
         try:
-            found = check_report_file(path, dep, Roster.from_config(dep.roster))
+            found = read_upload(path, dep, Roster.from_config(dep.roster))
         except ReportFileError as err:
             return _fail(EXIT_CONFIG, f"nothing sent: {err}")
     stage[0] = "waiting for the workers' counts"
@@ -166,11 +170,12 @@ def _send_file(dep, found, args, view, stage: list[str]) -> int:
     workers' verdict on those reports."""
     from pipeline.cli.verdict import held_conflicts, mark_dead_letters
     from pipeline.producer import ReportSender, TopicMissing, progress_printer
-    from pipeline.stream.ingest.report_files import ReportFileError
+    from pipeline.upload import send_upload
 
     steps = ", ".join(map(str, sorted(found.steps())))
     plural = "s" if len(found.steps()) > 1 else ""
-    held, certain = held_conflicts(dep, view, found.counts)
+    # corrections (--replace) replace held reports: no duplicate to foresee
+    held, certain = ([], 0) if args.replace else held_conflicts(dep, view, found.counts)
     if args.dry_run:
         for line in held:
             print(f"dry run: {line}")
@@ -190,15 +195,14 @@ def _send_file(dep, found, args, view, stage: list[str]) -> int:
             return _fail(EXIT_RUNTIME, str(err))
         mark = mark_dead_letters(dep, broker)
         stage[0] = f"sending {found.path}"
-        try:  # the file read again, a chunk at a time
-            result = sender.send(found.reports(), total=len(found), progress=progress_printer("acknowledged", " reports"))
-        except ReportFileError as err:
-            return _fail(EXIT_RUNTIME, str(err))
+        result = send_upload(found, broker, sender.topic, args.replace,
+                             progress_printer("acknowledged", " reports"))
     if result.failed:
         i, why = result.failed[0]
         return _fail(EXIT_RUNTIME, f"sent {result.sent:,} reports, {result.acknowledged:,} acknowledged; "
                                    f"{len(result.failed):,} not (first: line {found.line_of(i)}: {why}); resend those")
-    print(f"sent {result.acknowledged} reports for step{plural} {steps} (all acknowledged)")
+    what = "corrections" if args.replace else "reports"
+    print(f"sent {result.acknowledged} {what} for step{plural} {steps} (all acknowledged)")
     return _verdict(dep, result.receipt, mark, args, stage)
 
 

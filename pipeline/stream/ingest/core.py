@@ -33,6 +33,7 @@ import orjson
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.kafka.codecs import CONTROL_HEADER, dead_letter_headers, encode_partial, parse_close_marker
 from pipeline.stream.kafka.limits import DEAD_LETTER_COPY_BYTES, MAX_REPORT_BYTES
+from pipeline.stream.ingest.corrections import REPLACE_HEADER, is_replacement
 from pipeline.stream.ingest.partition_state import OwnedRows, PartitionState
 from pipeline.stream.ingest.reports import ReportParser
 from pipeline.stream.ingest.repartition import (Forwarder, ForwardMarkers, Inbox, is_rows, positions_of,
@@ -229,11 +230,12 @@ class IngestCore:
             return outputs
         outputs: list[ApplyResult | CloseOutput] = []
         run: list[Record] = []
+        replacing = False  # the run holds corrections (pipeline.stream.ingest.corrections)
         done = 0
         for rec in backlog:
             if rec.headers and is_marker(rec.headers):  # reports carry no headers
                 if run:
-                    outputs.append(self.apply_reports(partition, run))
+                    outputs.append(self.apply_reports(partition, run, replacing))
                     run = []
                 step, closed_at = parse_close_marker(rec.value)
                 next_step = self.states[partition].closed + 1
@@ -268,16 +270,23 @@ class IngestCore:
                                            {t: kept_blob(kept[t]) for t in sorted(write) if t in kept}, sorted(drop)))
                 self._kept_changes[partition] = (set(), set())
             else:
+                correction = is_replacement(rec.headers) if rec.headers else False
+                if run and correction != replacing:
+                    outputs.append(self.apply_reports(partition, run, replacing))
+                    run = []
+                replacing = correction
                 run.append(rec)
             done += 1
         if run:
-            outputs.append(self.apply_reports(partition, run))
+            outputs.append(self.apply_reports(partition, run, replacing))
         del backlog[:done]
         return outputs
 
     # -- reports ---------------------------------------------------------------------------------
-    def apply_reports(self, partition: int, records: list[Record]) -> ApplyResult:
-        """Parse and apply a run of report records (no markers) of one partition."""
+    def apply_reports(self, partition: int, records: list[Record],
+                      replacing: bool = False) -> ApplyResult:
+        """Parse and apply a run of report records (no markers) of one partition; ``replacing``:
+        a run of corrections (:meth:`PartitionState.replace`)."""
         state = self.states[partition]
         result = ApplyResult(partition=partition)
         if not records:
@@ -307,10 +316,18 @@ class IngestCore:
         if foreign.any():
             offsets = np.fromiter(map(_OFFSET, records), dtype=np.int64, count=len(records))
             result.forwards = self.forwarder.forward(partition, offsets, parsed.take(foreign))
+            if replacing:
+                result.forwards = [(p, v, [*h, (REPLACE_HEADER, b"1")])
+                                   for p, v, h in result.forwards]
             result.forwarded = int(foreign.sum())
             parsed = parsed.take(~foreign)
         displaced: list = []
-        applied = state.apply(parsed, 0, displaced)
+        if replacing:
+            offsets = np.fromiter(map(_OFFSET, records), dtype=np.int64, count=len(records))
+            positions = source_positions(offsets[parsed.message], parsed.batch_index)
+            applied = state.replace(parsed, 0, positions, displaced)
+        else:
+            applied = state.apply(parsed, 0, displaced)
         state.offset = last
         for rej in parsed.rejections:
             result.dead_letters.append(self._letter(rej.reason, rej.detail, rej.original, partition,
@@ -322,11 +339,14 @@ class IngestCore:
         outputs = [self._reject_record(partition, rec, "malformed", "repartition record without a source partition",
                                        topic="repartition") for rec in self._strays.pop(partition, [])]
         for source, records in self.inboxes[partition].take(self.states[partition].closed):
-            for _, run in groupby(records, key=lambda r: is_rows(r.headers)):  # JSON: forwarded before the rows format
-                outputs.extend(self.apply_forwarded(partition, source, list(run)))
+            # runs of one format (JSON: forwarded before the rows format) and of corrections or not
+            runs = groupby(records, key=lambda r: (is_rows(r.headers), is_replacement(r.headers)))
+            for (_, replacing), run in runs:
+                outputs.extend(self.apply_forwarded(partition, source, list(run), replacing))
         return outputs
 
-    def apply_forwarded(self, partition: int, source: int, records: list[Record]) -> list[ApplyResult]:
+    def apply_forwarded(self, partition: int, source: int, records: list[Record],
+                        replacing: bool = False) -> list[ApplyResult]:
         """Apply a run of batches (all in one format) forwarded from reports partition ``source``. Rows
         at or below the largest source position already applied from ``source`` are copies (a replay
         of the source): skipped. Rejections are dead-lettered under their source position, as on the
@@ -360,7 +380,10 @@ class IngestCore:
         inbox.applied[source] = max(int(inbox.applied[source]), int(ordered.max(initial=-1)))
         parsed = parsed.take(fresh)
         displaced: list = []
-        applied = state.apply(parsed, 1 + source, displaced)
+        if replacing:
+            applied = state.replace(parsed, 1 + source, ordered[fresh], displaced)
+        else:
+            applied = state.apply(parsed, 1 + source, displaced)
         result = ApplyResult(partition=partition)
         for rej in parsed.rejections:
             off, row = position(rej.message, rej.batch_index)

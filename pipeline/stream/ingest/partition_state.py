@@ -19,6 +19,7 @@ import numpy as np
 
 from pipeline.releases import kind_of
 from pipeline.releases.aggregators import narrow_int
+from pipeline.stream.ingest.corrections import Corrections
 from pipeline.stream.ingest.reports import ParsedReports
 
 __all__ = ["PartitionState", "FeedbackPending", "Intake", "OwnedRows", "stable_argsort"]
@@ -53,6 +54,7 @@ class PartitionState:
         self.origins = deployment.topics.partitions + 1
         self._rank_type = narrow_int((self.horizon + 1) * self.origins)  # rank < (T + 1)(P + 1)
         self.rank = np.full((slots, size), -1, dtype=self._rank_type)
+        self.corrections: Corrections | None = None  # only while a correction is held (replace)
         # every user's value at the last closed step (carry-forward imputation, heavy-hitter feedback)
         self.last = {a: np.full(size, -1, dtype=self._codes[a]) for a in self.attributes}
         self.closed = 0  # last closed step
@@ -119,22 +121,85 @@ class PartitionState:
         dup = ok & ~wins
         parsed.reject(dup, "duplicate", "a report for this user and step was already accepted")
         ok &= ~dup
+        # where a correction is held, a first report takes its rank (which first report wins is
+        # decided as without corrections) but not the values (pipeline.stream.ingest.corrections)
+        write = ok if self.corrections is None else ok & ~self.corrections.held(flat)
         evict = np.flatnonzero(ok & (held >= 0))
         if evict.size:
             if displaced is not None:
                 for i in evict:
                     s_, l_ = slot[i], local[i]
                     displaced.append((int(l_), int(self.closed + 1 + s_),
-                                      {a: int(self.pending[a][s_, l_]) for a in self.attributes}, int(held[i])))
+                                      {a: int(self.pending[a][s_, l_]) if write[i] else -1
+                                       for a in self.attributes}, int(held[i])))
             for a in self.attributes:
-                pending[a][flat[evict]] = -1
+                pending[a][flat[evict[write[evict]]]] = -1
         for a in self.attributes:
             code = parsed.codes[a]
-            sel = ok & (code >= 0)
+            sel = write & (code >= 0)
             pending[a][flat[sel]] = code[sel]
         ranks[flat[ok]] = rank[ok]
-        new = ok & (held < 0)
+        new = write & (held < 0)
         self.intake.reported += np.bincount(slot[new], minlength=slots).astype(np.int64)  # one per new (user, step)
+        return parsed.take(ok)
+
+    def replace(self, parsed: ParsedReports, origin: int, positions: np.ndarray,
+                displaced: list | None = None) -> ParsedReports:
+        """Apply replacements (:mod:`pipeline.stream.ingest.corrections`): each replaces the
+        report held for its (user, open step). ``positions[i]``: report i's position in its log
+        (offset and row, :func:`~pipeline.stream.ingest.repartition.source_positions`), increasing
+        in ``parsed``'s order. A held replacement from a log of lower precedence (a larger
+        ``origin``) that loses is appended to ``displaced`` (as :meth:`apply`); an arriving one
+        that loses is a duplicate.
+
+        Returns the replacements applied (each counts as accepted; one superseded by a later one
+        of the same log, in this call or after it, stays counted: the state holds the last)."""
+        if len(parsed) == 0:
+            return parsed
+        local = self.local[parsed.rows]
+        if (local < 0).any():
+            foreign = int((local < 0).sum())
+            raise ValueError(f"partition {self.partition}: {foreign} reports of rows it does not own")
+        slot = parsed.steps - (self.closed + 1)
+        late, future = slot < 0, slot > self.max_ahead
+        parsed.reject(late, "late", f"step already closed (last closed step {self.closed})")
+        parsed.reject(future, "future_step",
+                      f"more than {self.max_ahead} steps ahead of open step {self.closed + 1}")
+        ok = ~(late | future)
+        if self.corrections is None:
+            self.corrections = Corrections(self.max_ahead + 1, self.rows.size)
+        flat = np.where(ok, slot, 0) * self.rows.size + local
+        held_origin = _flat(self.corrections.origin)[flat]
+        held_pos = _flat(self.corrections.position)[flat]
+        # one origin per call: a held correction of another log decides by precedence, of this
+        # log by position
+        beats = ((held_origin < 0) | (origin < held_origin)
+                 | ((origin == held_origin) & (positions > held_pos)))
+        lost = ok & ~beats
+        parsed.reject(lost, "duplicate", "a correction for this user and step from a log that "
+                      "takes precedence (direct, then the lower source partition) was applied")
+        ok &= ~lost
+        idx = np.flatnonzero(ok)
+        order = stable_argsort(flat[idx])
+        keys = flat[idx][order]
+        # per (user, step): the last
+        last = idx[order[np.r_[keys[1:] != keys[:-1], True]]] if idx.size else idx
+        at = flat[last]
+        pending, ranks = {a: _flat(v) for a, v in self.pending.items()}, _flat(self.rank)
+        other = last[(held_origin[last] >= 0) & (held_origin[last] != origin)]
+        if displaced is not None:
+            for i in other:
+                s_, l_ = slot[i], local[i]
+                displaced.append((int(l_), int(self.closed + 1 + s_),
+                                  {a: int(self.pending[a][s_, l_]) for a in self.attributes},
+                                  -1 - int(held_pos[i])))  # negative: never a first report's rank
+        new = (ranks[at] < 0) & (held_origin[last] < 0)  # no report held before: a new user
+        for a in self.attributes:
+            pending[a][at] = parsed.codes[a][last]
+        _flat(self.corrections.origin)[at] = origin
+        _flat(self.corrections.position)[at] = positions[last]
+        self.intake.reported += np.bincount(slot[last[new]],
+                                            minlength=self.max_ahead + 1).astype(np.int64)
         return parsed.take(ok)
 
     # -- close ---------------------------------------------------------------------------------
@@ -164,6 +229,8 @@ class PartitionState:
         for buf in (*self.pending.values(), self.rank):  # shift the open-step window
             buf[:-1] = buf[1:]
             buf[-1] = -1
+        if self.corrections is not None and not self.corrections.shift():
+            self.corrections = None
         self.closed = step
         self.intake.close(step, int(self.rows.size), reported)
         self.feedback_needed = set(self._feedback_releases)
@@ -209,6 +276,8 @@ class PartitionState:
             "feedback_needed": sorted(self.feedback_needed),
             "aggregators": {name: agg.get_state() for name, agg in self.aggregators.items()},
             "intake": self.intake.get_state(),
+            **({"corrections": self.corrections.get_state()}
+               if self.corrections is not None else {}),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -226,6 +295,8 @@ class PartitionState:
             self.rank = np.where(held, 0, -1).astype(self._rank_type)
         self.last = {a: np.array(v, dtype=self._codes[a]) for a, v in state["last"].items()}
         self.feedback_needed = set(state["feedback_needed"])
+        self.corrections = (Corrections.from_state(state["corrections"])
+                            if "corrections" in state else None)
         for name, agg_state in state["aggregators"].items():
             self.aggregators[name].set_state(agg_state)
         self.intake = Intake(self.max_ahead + 1)

@@ -15,6 +15,7 @@ import numpy as np
 from kafka.partitioner.default import murmur2
 
 from pipeline.stream.ingest.id_index import IdIndex
+from pipeline.stream.ingest.murmur import partitions_of
 
 __all__ = ["Roster", "murmur2_partition"]
 
@@ -32,19 +33,27 @@ def murmur2_partition(key: bytes, partitions: int) -> int:
 class Roster:
     """Enrolled user ids in a fixed order; row = position."""
 
-    def __init__(self, ids: list[str]):
+    def __init__(self, ids: list[str], distinct: bool = False):
+        """``distinct``: the ids are unique by construction (a range), so the id -> row dict is
+        built only when a lookup needs it (~0.4 s per 10^6 ids that an upload never uses)."""
         if not ids:
             raise ValueError("roster: at least one user is needed")
         self.ids = list(ids)
-        self._row = {uid: i for i, uid in enumerate(self.ids)}
-        if len(self._row) != len(self.ids):
+        self._rows_by_id: dict[str, int] | None = None
+        if not distinct and len(self._row) != len(self.ids):
             raise ValueError("roster: user ids must be unique")
         self._owner_cache: dict[int, np.ndarray] = {}
         self._index: IdIndex | bool | None = None  # False: this roster cannot be indexed
 
+    @property
+    def _row(self) -> dict[str, int]:
+        if self._rows_by_id is None:
+            self._rows_by_id = {uid: i for i, uid in enumerate(self.ids)}
+        return self._rows_by_id
+
     @classmethod
     def from_range(cls, size: int, prefix: str = "u") -> "Roster":
-        return cls([f"{prefix}{i}" for i in range(size)])
+        return cls([f"{prefix}{i}" for i in range(size)], distinct=True)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Roster":
@@ -89,12 +98,11 @@ class Roster:
         return self._index or None
 
     def owners(self, partitions: int) -> np.ndarray:
-        """Owning partition of every row (cached: murmur2 over n keys is a one-off cost)."""
+        """Owning partition of every row (cached; murmur2 vectorised,
+        :mod:`pipeline.stream.ingest.murmur`)."""
         cached = self._owner_cache.get(partitions)
         if cached is None:
-            cached = np.fromiter(
-                (murmur2_partition(uid.encode(), partitions) for uid in self.ids), dtype=np.int32, count=self.n
-            )
+            cached = partitions_of(self.ids, partitions)
             self._owner_cache[partitions] = cached
         return cached
 

@@ -1,0 +1,230 @@
+"""Upload benchmark: a report file end to end (read, check, send, acknowledged) against a raw
+producer.
+
+    python -m jobs.bench.bench_upload [--n 1000000] [--partitions 4] [--format parquet|csv|jsonl]
+                                      [--durable] [--json out/bench_upload.json]
+
+In one run on the embedded broker (memory log; ``--durable``: the default local deployment's
+disk-backed log):
+
+1. **Raw producer**: kafka-python sending the upload's own batch messages (built beforehand, not
+   timed) to their partitions, acks=all, until every one is acknowledged: the ceiling of sending
+   exactly these bytes with this client.
+2. **Upload**: what :func:`pipeline.upload.upload_file` does, from the file on disk (each stage
+   timed): the roster loaded, the
+   file read with pyarrow, every value coded, the messages built and checked with the workers'
+   parser, sent and acknowledged — what ``dpstream produce`` does after its own checks.
+
+Both send the same step of the same users to the same topic (no worker runs: the broker's work is
+the same). The ratio is raw seconds / upload seconds (≥ 0.5 is the goal). The upload's seconds
+per million reports are what docs/streaming.md ("How long an upload takes") plans deadlines with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from jobs.bench import write_json
+
+
+def _config(n: int, partitions: int, services) -> dict:
+    return {
+        "name": "bench-upload",
+        "broker": services.broker.bootstrap,
+        "redis": services.redis.url,
+        "roster": {"size": n},
+        "horizon": 12,
+        "topics": {"partitions": partitions},
+        "attributes": {
+            "poverty": {"type": "binary"},
+            "employment": {"type": "categorical", "values": ["employed", "unemployed", "inactive"]},
+        },
+        "budget": {"rho": 0.5},
+        "random": {"kind": "seeded", "seed": 1},
+        "releases": [{"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 1.0}],
+    }
+
+
+def write_file(path: Path, ids: list[str], step: int, seed: int = 0) -> Path:
+    """One step's reports of every user: a binary and a categorical (label) column."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    labels = np.array(["employed", "unemployed", "inactive"], dtype=object)
+    table = pa.table(
+        {
+            "user": pa.array(ids),
+            "step": np.full(len(ids), step, dtype=np.int64),
+            "poverty": rng.integers(0, 2, len(ids)),
+            "employment": pa.array(labels[rng.integers(0, 3, len(ids))].tolist()),
+        }
+    )
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, path)
+    elif path.suffix == ".csv":
+        import pyarrow.csv as pcsv
+
+        pcsv.write_csv(table, path)
+    else:
+        import orjson
+
+        with path.open("wb") as fh:
+            for rep in table.to_pylist():
+                fh.write(
+                    orjson.dumps(
+                        {
+                            "user": rep["user"],
+                            "step": rep["step"],
+                            "values": {"poverty": rep["poverty"], "employment": rep["employment"]},
+                        }
+                    )
+                    + b"\n"
+                )
+    return path
+
+
+def raw_send(bootstrap: str, topic: str, batches) -> float:
+    """Seconds for kafka-python to send the messages to their partitions and have all
+    acknowledged."""
+    from kafka import KafkaProducer
+
+    from pipeline.connections import kafka_security
+    from pipeline.stream.kafka.limits import MAX_MESSAGE_BYTES
+
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        **kafka_security(),
+        linger_ms=5,
+        batch_size=1 << 20,
+        max_request_size=MAX_MESSAGE_BYTES,
+        acks="all",
+        enable_idempotence=False,
+    )
+    try:
+        started = time.perf_counter()
+        futures = [producer.send(topic, value=b.value, partition=b.partition) for b in batches]
+        producer.flush()
+        for future in futures:
+            future.get(timeout=60)
+        return time.perf_counter() - started
+    finally:
+        producer.close()
+
+
+def peak_memory_mb(config: Path, path: Path) -> float:
+    """Peak RSS (MB) of a fresh process that loads the roster and reads and checks the file, as
+    ``dpstream produce`` holds it before sending."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, sys\n"
+        "from pipeline.config import load_config\n"
+        "from pipeline.stream.ingest.roster import Roster\n"
+        "from pipeline.upload import read_upload\n"
+        "dep = load_config(sys.argv[1])\n"
+        "read_upload(sys.argv[2], dep, Roster.from_config(dep.roster))\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(config), str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return int(out.split()[-1]) / 1024
+
+
+def main(argv=None) -> dict:
+    from pipeline.config import load_config
+    from pipeline.stream.ingest.roster import Roster
+    from pipeline.stream.kafka.topics import ensure_topics
+    from pipeline.stream.local.embedded import EmbeddedServices
+    from pipeline.upload import read_upload, send_upload
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--format", choices=["parquet", "csv", "jsonl"], default="parquet")
+    ap.add_argument(
+        "--durable", action="store_true", help="the broker's log on disk (as `dpstream up`)"
+    )
+    ap.add_argument("--out", default="out/bench_upload")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict = {
+        "n": args.n,
+        "partitions": args.partitions,
+        "format": args.format,
+        "durable": args.durable,
+    }
+    with EmbeddedServices(broker_log=out / "broker.log", durable_log=args.durable) as svc:
+        cfg_path = out / "bench-upload.yaml"
+        cfg_path.write_text(yaml.safe_dump(_config(args.n, args.partitions, svc)))
+        dep = load_config(cfg_path)
+        topic = ensure_topics(svc.broker.bootstrap, dep)["reports"]
+        roster = Roster.from_config(dep.roster)
+        path = write_file(out / f"step1.{args.format}", roster.ids, 1)
+        prepared = read_upload(path, dep, roster)  # the messages the raw producer sends (not timed)
+        result["messages"] = len(prepared.batches)
+        result["bytes"] = sum(len(b.value) for b in prepared.batches)
+        print(
+            f"n={args.n:,} reports, {args.partitions} partitions, {args.format}: "
+            f"{len(prepared.batches)} batch "
+            f"messages, {result['bytes'] / 1e6:.1f} MB",
+            flush=True,
+        )
+        del roster
+        raw = raw_send(svc.broker.bootstrap, topic, prepared.batches)
+        del prepared
+        # what upload_file does, stage by stage: roster, read and check, send until acknowledged
+        started, cpu = time.perf_counter(), time.process_time()
+        roster = Roster.from_config(dep.roster)
+        stages = {"roster_s": time.perf_counter() - started}
+        checked = read_upload(path, dep, roster)
+        stages["read_check_s"] = time.perf_counter() - started - stages["roster_s"]
+        sent = send_upload(checked, svc.broker.bootstrap, topic)
+        upload = time.perf_counter() - started
+        stages["send_s"] = upload - stages["read_check_s"] - stages["roster_s"]
+        stages["upload_cpu_s"] = time.process_time() - cpu  # this process only, not the broker's
+        result["stages"] = stages
+        print("upload stages: " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()), flush=True)
+        if sent.failed or sent.acknowledged != args.n:
+            raise RuntimeError(
+                f"upload acknowledged {sent.acknowledged:,} of {args.n:,}: {sent.failed[:3]}"
+            )
+        result["peak_rss_mb"] = peak_memory_mb(cfg_path, path)
+        print(
+            f"peak RSS of a process reading and checking the file: {result['peak_rss_mb']:.0f} MB",
+            flush=True,
+        )
+    result.update(
+        raw_s=raw,
+        upload_s=upload,
+        ratio=raw / upload,
+        upload_s_per_million=upload * 1e6 / args.n,
+        raw_reports_per_s=args.n / raw,
+        upload_reports_per_s=args.n / upload,
+    )
+    print(f"raw producer, same messages: {raw:.2f} s ({args.n / raw:,.0f} reports/s)", flush=True)
+    print(
+        f"upload end to end:           {upload:.2f} s ({args.n / upload:,.0f} reports/s, "
+        f"{upload * 1e6 / args.n:.2f} s per million)",
+        flush=True,
+    )
+    print(f"ratio raw / upload: {raw / upload:.2f}", flush=True)
+    write_json(args.json, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""How long a step's upload takes, to plan ``steps.deadline_seconds`` with (docs/streaming.md,
+"How long an upload takes").
+
+``UPLOAD_SECONDS_PER_MILLION`` is a planning figure, not a promise. The upload benchmark
+(``python -m jobs.bench.bench_upload``) measured the whole upload of one step of 10^6 users (roster,
+file read, checks, send, every message acknowledged) on the embedded broker of a shared 2-core
+machine at 10.4 s in the documented run and up to 16.7 s in earlier runs of the same day (load
+average ~20); the figure here is the slowest run rounded up and nearly doubled, so a deadline that
+passes this check leaves room for a slower or busier machine. A report counts for a step when it is
+in the log before the step's close marker; a deadline shorter than the upload closes the step with
+part of it still on its way (dead-lettered ``late``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["UPLOAD_SECONDS_PER_MILLION", "expected_upload_seconds", "deadline_warning"]
+
+UPLOAD_SECONDS_PER_MILLION = (
+    20.0  # measured (docs/streaming.md), rounded up and doubled: conservative
+)
+
+
+def expected_upload_seconds(users: int) -> float:
+    """Planned seconds to upload one step's reports of ``users`` users (at least one second)."""
+    return max(1.0, UPLOAD_SECONDS_PER_MILLION * users / 1e6)
+
+
+def deadline_warning(deployment) -> str | None:
+    """A warning when steps close on a deadline shorter than one step's planned upload, else
+    None."""
+    steps = deployment.steps
+    if steps.close != "deadline" or steps.deadline_seconds is None:
+        return None
+    need = expected_upload_seconds(deployment.n)
+    if steps.deadline_seconds >= need:
+        return None
+    return (
+        f"steps.deadline_seconds = {steps.deadline_seconds:g} is shorter than the planned upload "
+        f"of one step of "
+        f"{deployment.n:,} users (~{need:.0f} s at {UPLOAD_SECONDS_PER_MILLION:g} s per million, "
+        "a conservative "
+        "figure: docs/streaming.md, 'How long an upload takes'): reports still on their way at the "
+        "deadline are "
+        "dead-lettered as late; raise it, or upload each step right after the previous close"
+    )
