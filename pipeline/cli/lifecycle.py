@@ -106,7 +106,7 @@ def cmd_up(args) -> int:
               f"metrics ports {cluster.metrics_ports}. Ctrl-C or `dpstream down` stops.", flush=True)
         last_mark, store = None, ReleaseStore.from_url(cluster.redis_url, dep.name)
         while True:
-            for line in cluster.supervise():
+            for line in cluster.supervise() + cluster.housekeeping():
                 print(f"dpstream up: {time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
             if marker_dir is not None:
                 last_mark = _update_marker(store, marker_dir, last_mark)
