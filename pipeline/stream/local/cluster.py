@@ -179,7 +179,7 @@ class LocalCluster:
             from pipeline.stream.state.store import ReleaseStore
 
             self.retention = LogRetention(self.services.storage, ReleaseStore.from_url(self.redis_url,
-                                          self.deployment.name), self.names, self.deployment.partitions)
+                                          self.deployment.name), self.names, self.deployment.topics.partitions)
         self.spawn("releaser", "releaser", releaser_env)
         for i in range(self.workers):
             self.spawn("worker", f"worker-{i}")
@@ -287,7 +287,7 @@ class LocalCluster:
         from pipeline.stream.state.store import ReleaseStore
 
         store = ReleaseStore.from_url(self.redis_url, self.deployment.name)
-        view = intake_view(store, self.broker, self.names["reports"], self.deployment.partitions, wait=0,
+        view = intake_view(store, self.broker, self.names["reports"], self.deployment.topics.partitions, wait=0,
                            repartition_topic=self.names["repartition"])
         return sum(view.unhandled.values())
 
