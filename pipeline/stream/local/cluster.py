@@ -127,6 +127,7 @@ class LocalCluster:
         self.names = topic_names(deployment)
         self.retention = None  # LogRetention of the embedded durable log (start())
         self.lag_watch = LagWatch()
+        self.falling_behind: str | None = None  # the lag watch's warning while it holds (`dpstream status`)
         self._due = {"retention": 0.0, "lag": 0.0}
 
     # -- services ------------------------------------------------------------------------------
@@ -192,6 +193,8 @@ class LocalCluster:
         private_home()
         record = {"broker": self.broker, "redis": self.redis_url, "pid": os.getpid(),
                   "processes": self.process_record(), "logs": str(self.log_dir or "")}
+        if self.falling_behind:
+            record["falling_behind"] = self.falling_behind
         if os.environ.get(LOCAL_SECRETS_ENV):  # where the embedded Redis's password is (never the password)
             record["local_secrets"] = os.environ[LOCAL_SECRETS_ENV]
         private_file(path, json.dumps(record))  # owner-only, atomically: readers never see half a file
@@ -280,6 +283,11 @@ class LocalCluster:
                 warning = None
             if warning:
                 lines.append(warning)
+                self.falling_behind = f"{time.strftime('%H:%M:%S')} {warning}"
+                self.write_endpoints()
+            elif self.falling_behind and not self.lag_watch.warned:  # the backlog shrank since
+                self.falling_behind = None
+                self.write_endpoints()
         return lines
 
     def _unhandled(self) -> int:
