@@ -119,6 +119,11 @@ class BucketIndex:
                 del self._names[folder]
                 del self._folders[bisect.bisect_left(self._folders, folder)]
 
+    def without_etag(self) -> list[str]:
+        """The keys indexed from disk whose ETag is not known yet."""
+        with self._lock:
+            return [key for key, meta in self._meta.items() if meta.etag is None]
+
     def set_etag(self, key: str, etag: str) -> None:
         with self._lock:
             meta = self._meta.get(key)

@@ -257,6 +257,15 @@ class ConditionalHandler(localbucket.S3Handler):
         pass  # one line per request would dwarf the broker's own log
 
 
+def _warm_etags(data_root: Path) -> None:
+    for bucket, index in list(ConditionalHandler.indexes.items()):
+        for key in index.without_etag():
+            try:
+                index.set_etag(key, localbucket.object_etag(data_root / bucket / key))
+            except OSError:
+                continue  # deleted meanwhile
+
+
 def serve(data_root: Path, port: int, host: str = "127.0.0.1", fsync: bool = True) -> None:
     data_root = data_root.resolve()
     (data_root / BUCKET).mkdir(parents=True, exist_ok=True)
@@ -265,6 +274,9 @@ def serve(data_root: Path, port: int, host: str = "127.0.0.1", fsync: bool = Tru
     ConditionalHandler.fsync = fsync
     ConditionalHandler.indexes = {bucket.name: BucketIndex.from_disk(bucket, localbucket.TEMP_PREFIX)
                                   for bucket in localbucket.bucket_dirs(data_root)}
+    # ETags of the objects found on disk, computed in the background: a listing otherwise reads each
+    # object it names for the first time, and the broker's first fetches after a restart list them all
+    threading.Thread(target=_warm_etags, args=(data_root,), daemon=True, name="etags").start()
     server = ThreadingHTTPServer((host, port), ConditionalHandler)
     server.daemon_threads = True
     logging.getLogger("dpstream.object_store").info("serving %s on http://%s:%d", data_root, host, port)
