@@ -103,7 +103,7 @@ def log_fsync_default() -> bool:
     """Whether the durable log fsyncs each write: yes unless ``DPSTREAM_LOG_FSYNC=off``."""
     value = os.environ.get(FSYNC_ENV, "on").strip().lower()
     if value not in ("on", "off"):
-        raise ValueError(f"{FSYNC_ENV} must be 'on' or 'off', got {value!r}")
+        raise RuntimeError(f"{FSYNC_ENV} must be 'on' or 'off', got {value!r}")  # up: exit 1 with this line
     return value == "on"
 
 
