@@ -116,6 +116,7 @@ class LogRetention:
         self.partitions = partitions
         self.sample: RetentionPoints | None = None
         self.deleted = 0
+        self._cluster_prefixes: list[str] = []
 
     def round(self) -> int:
         """Apply the sample once the released step moved past it, and take a new one; batches deleted."""
@@ -148,5 +149,8 @@ class LogRetention:
         return len(doomed)
 
     def _clusters(self) -> list[str]:
-        body = self.client._request("GET", "?list-type=2&prefix=clusters/&delimiter=/").decode()
-        return re.findall(r"<Prefix>(clusters/[^<]+/)</Prefix>", body)
+        """The broker's cluster folders (one: its cluster id), listed once."""
+        if not self._cluster_prefixes:
+            body = self.client._request("GET", "?list-type=2&prefix=clusters/&delimiter=/").decode()
+            self._cluster_prefixes = re.findall(r"<Prefix>(clusters/[^<]+/)</Prefix>", body)
+        return self._cluster_prefixes
