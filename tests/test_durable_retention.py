@@ -34,12 +34,18 @@ def test_retention_trims_to_the_checkpoints_read_before_the_last_release(tmp_pat
         admin.create_topics([NewTopic(NAMES["reports"], 1, 1), NewTopic(NAMES["repartition"], 1, 1)])
         admin.close()
         producer = KafkaProducer(bootstrap_servers=svc.broker.bootstrap, linger_ms=0, enable_idempotence=False)
-        for b in range(40):  # 40 batches of 3 records: offsets 3b..3b+2
+        for b in range(40):  # 120 records in 40 or more batches (linger 0: how they split is the client's)
             for i in range(3):
                 producer.send(NAMES["reports"], f"{b}:{i}".encode(), partition=0)
             producer.flush()
         producer.close()
-        assert len(_batches(svc, NAMES["reports"])) == 40
+        stored = _batches(svc, NAMES["reports"])
+        assert len(stored) >= 40
+
+        def first_kept_holds(offset: int) -> None:  # the batch holding `offset` is the first one left
+            kept = _batches(svc, NAMES["reports"])
+            assert kept[0] <= offset < kept[1] and kept == [b for b in stored if b >= kept[0]]
+            assert kept[-1] == stored[-1]
         store = ReleaseStore(redis_client, "retention-test")
         retention = LogRetention(svc.storage, store, NAMES, partitions=1)
 
@@ -52,12 +58,11 @@ def test_retention_trims_to_the_checkpoints_read_before_the_last_release(tmp_pat
         checkpoint(61)  # the worker moved on, no step released since the sample: nothing deleted
         assert retention.round() == 0
         redis_client.set(store.keys.pointer("released"), 1)
-        assert retention.round() == 10  # the sample taken before the release: batches 0..27 (not 30..32)
-        assert _batches(svc, NAMES["reports"])[0] == 30
+        assert retention.round() > 0  # the sample taken before the release: resuming at 31
+        first_kept_holds(31)
         redis_client.set(store.keys.pointer("released"), 2)
-        assert retention.round() == 10  # the sample of 61, taken while step 1 was the last released
-        kept = _batches(svc, NAMES["reports"])
-        assert kept[0] == 60 and kept[-1] == 117 and len(kept) == 20
+        assert retention.round() > 0  # the sample of 61, taken while step 1 was the last released
+        first_kept_holds(61)
 
         tp = TopicPartition(NAMES["reports"], 0)
         assert log_ends(svc.broker.bootstrap, [tp])[tp] == 120  # the end did not move
