@@ -34,7 +34,7 @@ from aiokafka import TopicPartition
 
 from pipeline.stream.ingest.coordinator import IngestCoordinator
 from pipeline.stream.ingest.core import IngestCore
-from pipeline.stream.kafka.consumer import BulkConsumer
+from pipeline.stream.kafka.consumer import INGEST_FETCH_MAX_WAIT_MS, BulkConsumer
 from pipeline.stream.kafka.log_end import log_ends_async
 from pipeline.stream.kafka.metrics import serve_metrics
 from pipeline.stream.kafka.process import make_producer, run_job, supervise
@@ -59,7 +59,8 @@ class IngestWorker:
         self.core = IngestCore(rt.deployment, rt.roster, self.names, store=self.store)
         self.consumer = BulkConsumer(rt.broker, group_id(rt.deployment, INGEST),
                                      [self.names[t] for t in read_by(INGEST)],
-                                     on_assign=self._on_assign, on_revoke=self._on_revoke)
+                                     on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                     fetch_max_wait_ms=INGEST_FETCH_MAX_WAIT_MS)
         self.producer = make_producer(rt.broker, linger_ms=5)
         self.redis = rt.async_store()  # checkpoint writes from the event loop
         # partials and dead letters acknowledged, then Redis

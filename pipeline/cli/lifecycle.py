@@ -110,7 +110,7 @@ def cmd_up(args) -> int:
             print(f"WARNING: {late}", file=sys.stderr, flush=True)
         last_mark, store = None, ReleaseStore.from_url(cluster.redis_url, dep.name)
         while True:
-            for line in cluster.supervise():
+            for line in cluster.supervise() + cluster.housekeeping():
                 print(f"dpstream up: {time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
             if marker_dir is not None:
                 last_mark = _update_marker(store, marker_dir, last_mark)

@@ -300,6 +300,8 @@ def cmd_status(args) -> int:
             status = status_document(dep, store, view.as_json(), f"{where} (`dpstream up` is not running: the "
                                      "workers' counts are as they last wrote them; the broker's log is not checked)")
     print(json.dumps(status, indent=2, sort_keys=True) if args.json else format_status(status))
+    if rec and rec.get("alive") and rec.get("falling_behind"):  # `up`'s lag watch (docs/streaming.md)
+        print(f"WARNING: since {rec['falling_behind']}", file=sys.stderr)
     return EXIT_OK
 
 

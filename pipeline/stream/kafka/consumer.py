@@ -23,7 +23,18 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from pipeline.connections import kafka_security
 from pipeline.stream.kafka.limits import MAX_MESSAGE_BYTES
 
-__all__ = ["BulkConsumer"]
+__all__ = ["BulkConsumer", "INGEST_FETCH_MAX_WAIT_MS", "RELEASER_FETCH_MAX_WAIT_MS"]
+
+# How long the broker may take over one fetch. The embedded durable broker (Tansu) spends it listing
+# the partition's stored batches and reading them, and gives up when it runs out: a fetch whose wait
+# is shorter than the listing returns nothing, however long the client tries (docs/streaming.md, "The
+# durable log"). The workers read `reports`, whose partitions hold as many batches as the producers
+# send; 250 ms covers a listing of ~10^4 batches on a loaded machine with room left to read them. On
+# an idle partition a longer wait costs latency on Tansu (it polls at half the remaining wait) and
+# nothing on Kafka (which answers as soon as data arrives). The releaser's topics hold a few batches
+# per step: it keeps the short wait, so a step's partials reach it quickly.
+INGEST_FETCH_MAX_WAIT_MS = 250
+RELEASER_FETCH_MAX_WAIT_MS = 50
 
 log = logging.getLogger("dpstream.bulk")
 
@@ -56,7 +67,8 @@ class BulkConsumer:
     """Consume ``topics`` in group ``group_id``; ``batches()`` yields ``{TopicPartition: [messages]}``."""
 
     def __init__(self, bootstrap: str, group_id: str, topics: list[str], on_assign: OnAssign, on_revoke: OnRevoke,
-                 max_records: int = 50_000, session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 4_000):
+                 max_records: int = 50_000, session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 4_000,
+                 fetch_max_wait_ms: int = RELEASER_FETCH_MAX_WAIT_MS):
         self.topics = list(topics)
         self.group_id = group_id
         self._on_assign = on_assign
@@ -66,7 +78,7 @@ class BulkConsumer:
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap, **kafka_security(), group_id=group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", partition_assignment_strategy=(RangePartitionAssignor,),
-            max_partition_fetch_bytes=MAX_MESSAGE_BYTES, fetch_max_bytes=64 << 20, fetch_max_wait_ms=50,
+            max_partition_fetch_bytes=MAX_MESSAGE_BYTES, fetch_max_bytes=64 << 20, fetch_max_wait_ms=fetch_max_wait_ms,
             session_timeout_ms=session_timeout_ms, rebalance_timeout_ms=rebalance_timeout_ms,
             heartbeat_interval_ms=1_000, max_poll_interval_ms=300_000,
         )

@@ -23,6 +23,8 @@ from collections import deque
 from pathlib import Path
 
 from pipeline.stream.kafka.runtime import job_command
+from pipeline.stream.local import lag_watch
+from pipeline.stream.local.lag_watch import LagWatch
 from pipeline.stream.kafka.topics import ensure_topics, topic_names
 from pipeline.stream.local.embedded import (LOCAL_SECRETS_ENV, EmbeddedServices, free_port, open_private_log, private_dir,
                                              private_file)
@@ -34,6 +36,7 @@ REFUSALS = (2, 3, 4)  # configuration, budget, state: a restart would refuse aga
 MAX_RESTARTS = 5  # per process within RESTART_WINDOW seconds; one more failure stops the deployment
 RESTART_WINDOW = 300.0
 BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0)  # seconds before the 1st, 2nd, ... restart within the window
+RETENTION_INTERVAL = 5.0  # seconds between rounds of the durable log's retention (pipeline.stream.local.retention)
 
 
 class ProcessFailed(RuntimeError):
@@ -122,6 +125,10 @@ class LocalCluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self.metrics_ports: dict[str, int] = {}
         self.names = topic_names(deployment)
+        self.retention = None  # LogRetention of the embedded durable log (start())
+        self.lag_watch = LagWatch()
+        self.falling_behind: str | None = None  # the lag watch's warning while it holds (`dpstream status`)
+        self._due = {"retention": 0.0, "lag": 0.0}
 
     # -- services ------------------------------------------------------------------------------
     def start_services(self) -> None:
@@ -168,6 +175,12 @@ class LocalCluster:
     def start(self, releaser_env: dict[str, str] | None = None) -> "LocalCluster":
         self.start_services()
         ensure_topics(self.broker, self.deployment)
+        if self.services is not None and self.services.storage is not None:
+            from pipeline.stream.local.retention import LogRetention
+            from pipeline.stream.state.store import ReleaseStore
+
+            self.retention = LogRetention(self.services.storage, ReleaseStore.from_url(self.redis_url,
+                                          self.deployment.name), self.names, self.deployment.topics.partitions)
         self.spawn("releaser", "releaser", releaser_env)
         for i in range(self.workers):
             self.spawn("worker", f"worker-{i}")
@@ -180,6 +193,8 @@ class LocalCluster:
         private_home()
         record = {"broker": self.broker, "redis": self.redis_url, "pid": os.getpid(),
                   "processes": self.process_record(), "logs": str(self.log_dir or "")}
+        if self.falling_behind:
+            record["falling_behind"] = self.falling_behind
         if os.environ.get(LOCAL_SECRETS_ENV):  # where the embedded Redis's password is (never the password)
             record["local_secrets"] = os.environ[LOCAL_SECRETS_ENV]
         private_file(path, json.dumps(record))  # owner-only, atomically: readers never see half a file
@@ -247,6 +262,42 @@ class LocalCluster:
         if done:
             self.write_endpoints()
         return done
+
+    def housekeeping(self, now: float | None = None) -> list[str]:
+        """The durable log's retention (every RETENTION_INTERVAL s) and the lag watch (every
+        lag_watch.INTERVAL s); what to tell the operator, one line each. Never raises: a round that
+        fails is retried at the next interval."""
+        now = time.monotonic() if now is None else now
+        lines = []
+        if self.retention is not None and now >= self._due["retention"]:
+            self._due["retention"] = now + RETENTION_INTERVAL
+            try:
+                self.retention.round()
+            except Exception as err:  # noqa: BLE001 - retention only bounds the log's size
+                lines.append(f"log retention skipped this round: {err}")
+        if now >= self._due["lag"]:
+            self._due["lag"] = now + lag_watch.INTERVAL
+            try:
+                warning = self.lag_watch.observe(self._unhandled())
+            except Exception:  # noqa: BLE001 - the broker or Redis restarting: no sample this time
+                warning = None
+            if warning:
+                lines.append(warning)
+                self.falling_behind = f"{time.strftime('%H:%M:%S')} {warning}"
+                self.write_endpoints()
+            elif self.falling_behind and not self.lag_watch.warned:  # the backlog shrank since
+                self.falling_behind = None
+                self.write_endpoints()
+        return lines
+
+    def _unhandled(self) -> int:
+        from pipeline.stream.ingest.intake_view import intake_view
+        from pipeline.stream.state.store import ReleaseStore
+
+        store = ReleaseStore.from_url(self.redis_url, self.deployment.name)
+        view = intake_view(store, self.broker, self.names["reports"], self.deployment.topics.partitions, wait=0,
+                           repartition_topic=self.names["repartition"])
+        return sum(view.unhandled.values())
 
     def _count_restart(self, name: str, returncode, now: float) -> float:
         """Record one restart of ``name``; its backoff delay, or ProcessFailed past the bound."""
