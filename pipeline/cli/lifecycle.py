@@ -105,6 +105,10 @@ def cmd_up(args) -> int:
         print(f"dpstream up: broker {cluster.broker}, redis {cluster.redis_url} ({redis_where}), "
               f"{args.workers} worker(s) + releaser; broker {log_where}; process logs in {log_dir}; "
               f"metrics ports {cluster.metrics_ports}. Ctrl-C or `dpstream down` stops.", flush=True)
+        if not dep.broker:
+            from pipeline.stream.local.broker_access import embedded_broker_notice
+
+            print(embedded_broker_notice(cluster.broker), file=sys.stderr, flush=True)
         late = deadline_warning(dep)
         if late:
             print(f"WARNING: {late}", file=sys.stderr, flush=True)
