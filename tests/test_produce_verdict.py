@@ -48,7 +48,7 @@ def test_the_simulator_runs_only_when_asked_and_never_in_production(deployment, 
     with running(prod, env, tmp_path):
         proc = dpstream("produce", *cfg, env=env, check=False)
         assert proc.returncode == 2, proc.stdout
-        assert "--csv FILE or --jsonl FILE" in proc.stderr and "--simulate" in proc.stderr
+        assert "--csv, --jsonl or --parquet FILE" in proc.stderr and "--simulate" in proc.stderr
         proc = dpstream("produce", *cfg, "--simulate", env=env, check=False)
         assert proc.returncode == 2 and "--simulate is refused" in proc.stderr
         assert "production: true" in proc.stderr
