@@ -22,12 +22,14 @@ one step to another (or appear/disappear), which each counter's calibration cove
 doubles σ², the factorization computes the exact sensitivity). Composition over b gives ρ-zCDP
 for a user's whole sequence. Monotonisation and the synthetic records are post-processing.
 
-Weights (Appendix B and its re-derivation). Let V(h) = ρ·max_t Var(S̃_t − S_t) of a counter of
+Weights (Appendix B, its re-derivation and docs/synthesizers.md §9.6). Let V(h) = ρ·max_t Var(S̃_t − S_t) of a counter of
 horizon h (independent of ρ). Minimising the largest counter variance max_b V(h_b)/ρ_b subject to
 Σ ρ_b = ρ equalises the terms (if one were larger, moving budget to it would lower the max), so
-ρ_b ∝ V(h_b) and every counter's max variance is Σ_b V(h_b)/ρ. For the tree the paper's
-w_b = max(⌈log2 h_b⌉, 1)^3 is kept (unchanged behaviour); for the factorization
-w_b = V(h_b) = Δ²(h_b)·Σ_{k<h_b} β_k²/2 computed from the lattice factor
+ρ_b ∝ V(h_b) and every counter's max variance is Σ_b V(h_b)/ρ. Monotonisation clips the short
+counters' errors but not the long ones', so the shipped lattice split is w_b = V(h_b)·√h_b
+(``SPLIT_EXPONENT``; exponent 0 is the minimax split, states saved before it keep it). For the
+tree the paper's w_b = max(⌈log2 h_b⌉, 1)^3 is kept (unchanged behaviour); for the factorization
+V(h_b) = Δ²(h_b)·Σ_{k<h_b} β_k²/2 is computed from the lattice factor
 (:func:`pipeline.counters.factorization.unit_rho_max_variance`, per relation); the BLT uses the same
 weights (its max variance is within 0.2% of the factorization's; the split only moves error between
 counters, never privacy: each counter is calibrated to its own ρ_b).
@@ -58,7 +60,8 @@ from pipeline.validation import check_beta, check_int, check_rho, coerce_counts,
 
 from .postprocess import assign_groups
 
-__all__ = ["CumulativeSynthesizer", "DEFAULT_COUNTER", "counter_weights"]
+__all__ = ["CumulativeSynthesizer", "DEFAULT_COUNTER", "SPLIT_EXPONENT", "counter_weights", "split_rhos",
+           "union_bound_quantile"]
 
 _STATE_KIND = "CumulativeSynthesizer"
 _STATE_VERSION = 1
@@ -67,12 +70,20 @@ _STATE_VERSION = 1
 DEFAULT_COUNTER = "auto"
 
 
-def counter_weights(horizon: int, counter: str = "tree", neighbours: str = "add_remove") -> np.ndarray:
+# w_b = V(h_b)·h_b^γ for the lattice counters (docs/synthesizers.md §9.6): γ = 0 is the minimax
+# split (every counter the same max variance); γ = 1/2 gives the long counters, whose errors
+# monotonisation cannot clip, more of ρ. Chosen on a development panel, evaluated on others.
+SPLIT_EXPONENT = 0.5
+
+
+def counter_weights(horizon: int, counter: str = "tree", neighbours: str = "add_remove",
+                    exponent: float = SPLIT_EXPONENT) -> np.ndarray:
     """w_b for b = 1..T as float64 (index b − 1); ρ_b = ρ·w_b/Σw (module docstring).
 
     "tree": w_b = max(⌈log2(T − b + 1)⌉, 1)^3 (Appendix B as printed).
-    "factorization": w_b = V(T − b + 1), the counter's max variance at unit ρ, so that every
-    counter ends with the same max variance Σ_b w_b/ρ (the minimax split).
+    "factorization" / "blt": w_b = V(h_b)·h_b^exponent, h_b = T − b + 1, V(h) the counter's max
+    variance at unit ρ; counter b's max variance is then Σ_b' w_b'/(ρ·h_b^exponent)
+    (exponent 0: the minimax split, every counter Σ_b w_b/ρ).
     """
     from pipeline.counters import resolve_counter
     from pipeline.counters.factorization import unit_rho_max_variance
@@ -86,8 +97,42 @@ def counter_weights(horizon: int, counter: str = "tree", neighbours: str = "add_
         if counter == "tree":
             out[b - 1] = max((h - 1).bit_length(), 1) ** 3  # (h−1).bit_length() = ⌈log2 h⌉ exactly
         else:
-            out[b - 1] = unit_rho_max_variance(h, neighbours)
+            out[b - 1] = unit_rho_max_variance(h, neighbours) * float(h) ** exponent
     return out
+
+
+def split_rhos(rho: float, weights: np.ndarray) -> np.ndarray:
+    """ρ_b = ρ·w_b/Σw, the last entry set to ρ − Σ_{b<T} ρ_b so that Σ_b ρ_b = ρ in floating point
+    (rounding only moves < 10⁻¹⁵·ρ to the shortest counter; no ρ_b exceeds its share by more)."""
+    rhos = rho * weights / weights.sum()
+    rhos[-1] = max(rho - float(rhos[:-1].sum()), 0.0)
+    return rhos
+
+
+def union_bound_quantile(variances: np.ndarray, beta: float, offset: float = 0.0) -> float:
+    """Smallest α with Σ_c 2·exp(−(α − offset)²/(2·v_c)) ≤ beta: every cell c of variance-proxy v_c
+    (sub-Gaussian) is within α with probability ≥ 1 − beta (union bound cell by cell, tighter
+    than the largest variance times the number of cells). Bisection to 10⁻⁹ relative, rounded up."""
+    v = np.asarray(variances, dtype=np.float64)
+    v = v[v > 0]
+    if v.size == 0:
+        return offset
+
+    def tail(a: float) -> float:
+        return float(2.0 * np.exp(-(a * a) / (2.0 * v)).sum())
+
+    lo, hi = 0.0, math.sqrt(2.0 * v.max() * math.log(2.0 * v.size / beta))  # hi is feasible
+    while hi - lo > 1e-9 * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if tail(mid) <= beta else (mid, hi)
+    return hi + offset
+
+
+def _check_exponent(exponent: float) -> float:
+    value = float(exponent)
+    if not (math.isfinite(value) and 0.0 <= value <= 2.0):
+        raise ValueError(f"split_exponent must be a number in [0, 2], got {exponent!r}")
+    return value
 
 
 class CumulativeSynthesizer:
@@ -120,6 +165,7 @@ class CumulativeSynthesizer:
         *,
         n: int | None = None,
         counter: str = DEFAULT_COUNTER,
+        split_exponent: float = SPLIT_EXPONENT,
     ):
         self.horizon = check_int(horizon, "horizon", low=1)
         self.rho = check_rho(rho)
@@ -130,8 +176,9 @@ class CumulativeSynthesizer:
 
         self.counter = resolve_counter(counter, self.horizon)
         self._rng = as_random_source(seed)
-        w = counter_weights(self.horizon, self.counter, self.neighbours)
-        self.rhos = self.rho * w / w.sum()  # ρ_b at index b − 1
+        self.split_exponent = _check_exponent(split_exponent)
+        w = counter_weights(self.horizon, self.counter, self.neighbours, self.split_exponent)
+        self.rhos = split_rhos(self.rho, w)  # ρ_b at index b − 1, Σ_b ρ_b = ρ
         self._counters = []
         for b in range(1, self.horizon + 1):  # counter b runs over t = b..T; one shared source
             self._counters.append(make_counter(self.counter, self.horizon - b + 1, float(self.rhos[b - 1]),
@@ -187,21 +234,22 @@ class CumulativeSynthesizer:
         Corollary B.1 recomputed with the counters' exact variances: each S̃_b^t − S_b^t is a
         linear combination of independent discrete Gaussians (N_Z(0, σ²) is σ²-sub-Gaussian,
         Canonne, Kamath & Steinke 2020), so it is Var_b(t)-sub-Gaussian with
-        Var_b(t) = variance_at(t − b + 1); a two-sided union bound over the T(T+1)/2 pairs gives
-        max_{b,t} √(2·Var_b(t)·ln(T(T+1)/beta)), plus 1/2 for the factorization and BLT counters'
-        final rounding to an integer (plus, for the BLT, its deterministic rounding residual,
-        ``BLTCounter.residual_bound``, < 10⁻⁴). With the minimax split every counter's max variance is Σ_b w_b/ρ,
-        so for the factorization this is √(2·Σ_b w_b/ρ·ln(T(T+1)/beta)) + 1/2. Lemma 4.2 carries
-        it to Ŝ.
+        Var_b(t) = variance_at(t − b + 1), and P(|S̃_b^t − S_b^t| > a) ≤ 2·exp(−a²/(2·Var_b(t))).
+        A union bound cell by cell over the T(T+1)/2 pairs gives the smallest α with
+        Σ_{b,t} 2·exp(−α²/(2·Var_b(t))) ≤ beta (:func:`union_bound_quantile`; never above the
+        largest variance's √(2·max Var·ln(T(T+1)/beta))), plus 1/2 for the factorization and BLT
+        counters' final rounding to an integer (plus, for the BLT, its deterministic rounding
+        residual, ``BLTCounter.residual_bound``, < 10⁻⁴). Lemma 4.2 carries it to Ŝ (it is
+        deterministic: max |Ŝ − S| ≤ max |S̃ − S|). The bound is data-independent, so it cannot
+        use the clipping, which helps only where the data leave room (docs/synthesizers.md §9.6).
         """
         beta = self.beta if beta is None else check_beta(beta)
         T = self.horizon
-        pairs = T * (T + 1) // 2
-        worst = max(self.counter_variance(b, t) for b in range(1, T + 1) for t in range(b, T + 1))
+        cells = np.array([self.counter_variance(b, t) for b in range(1, T + 1) for t in range(b, T + 1)])
         rounding = 0.0 if self.counter == "tree" else 0.5
         if self.counter == "blt":
             rounding += max(c.residual_bound() for c in self._counters)
-        return math.sqrt(2.0 * worst * math.log(2.0 * pairs / beta)) + rounding
+        return union_bound_quantile(cells, beta, rounding)
 
     def paper_alpha_star(self, beta: float | None = None) -> float:
         """Corollary B.1 as printed (tree weights), in counts (n·α*): √(Σ_b w_b / ρ · ln(1/β)), β* = Tβ."""
@@ -217,6 +265,7 @@ class CumulativeSynthesizer:
             "beta": self.beta,
             "neighbours": self.neighbours,
             "counter": self.counter,
+            "split_exponent": self.split_exponent,
             "m": self.n,
         }
 
@@ -296,7 +345,7 @@ class CumulativeSynthesizer:
             "kind": _STATE_KIND,
             "version": _STATE_VERSION,
             "params": {"horizon": T, "rho": self.rho, "beta": self.beta, "neighbours": self.neighbours, "n": self.n,
-                       "counter": self.counter},
+                       "counter": self.counter, "split_exponent": self.split_exponent},
             "t": self.t,
             "mode": self._mode,
             "weights": self._weights,
@@ -324,8 +373,10 @@ class CumulativeSynthesizer:
         obj.n = None if p["n"] is None else int(p["n"])
         obj.counter = check_counter(p.get("counter", "tree"))  # states from before the option: tree
         obj._rng = random_source_from_state(state["rng"])
-        w = counter_weights(obj.horizon, obj.counter, obj.neighbours)
-        obj.rhos = obj.rho * w / w.sum()
+        # states from before the weighted split used the minimax split (exponent 0)
+        obj.split_exponent = _check_exponent(p.get("split_exponent", 0.0))
+        w = counter_weights(obj.horizon, obj.counter, obj.neighbours, obj.split_exponent)
+        obj.rhos = split_rhos(obj.rho, w)
         obj._counters = [counter_from_state(s, rng=obj._rng) for s in state["counters"]]
         obj.t = int(state["t"])
         obj._mode = state["mode"]
