@@ -186,9 +186,13 @@ def cmd_close(args) -> int:
             return _fail(EXIT_BUDGET, f"refusing to close step(s) {lost or list(steps)}: reports the workers had "
                                       "counted were lost with the broker's log (LOST above); send them again, or "
                                       "pass --force to close with those users imputed")
+    from pipeline.stream.control.keys import KeyUnavailable
+
     prod = _producer(dep)
-    try:
-        prod.close_step(args.step)
+    try:  # signed for every step not released yet: the releaser may be behind the closes this view saw
+        prod.close_step(args.step, first=min(store.last_released(), view.closing) + 1)
+    except KeyUnavailable as err:
+        return _fail(EXIT_CONFIG, f"nothing closed: {err}")
     finally:
         prod.close()
     from pipeline.producer import progress_printer
