@@ -100,12 +100,15 @@ def _read(path: Path, what: str) -> bytes:
 
 
 def load_private(path: Path, what: str = "control key") -> Ed25519PrivateKey:
-    """A private key from an owner-only file (one another user may read is refused, as ssh does)."""
+    """A private key from an owner-only file: one of this user's that others may read is refused, as ssh
+    does (a key owned by another user is a mounted secret, e.g. a Kubernetes Secret with ``fsGroup``, whose
+    access the platform decides)."""
     try:
-        mode = Path(path).stat().st_mode
+        info = Path(path).stat()
     except OSError as err:
         raise KeyUnavailable(f"{what}: cannot read {path} ({err.strerror})") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+    mode = info.st_mode
+    if info.st_uid == os.getuid() and mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise KeyUnavailable(f"{what}: {path} is readable by other users (mode {oct(mode & 0o777)}); "
                              "`chmod 600` it, and rotate the key if anyone may have copied it (docs/security.md)")
     try:
