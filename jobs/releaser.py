@@ -96,7 +96,8 @@ class Releaser:
         # A restart must find the privacy-relevant configuration (budget plan included) the state was created
         # under; a changed one is refused before anything runs (ConfigurationChanged: exit code 2).
         identity = establish_identity(rt.deployment, rt.roster.ids, rt.store(), "releaser")
-        # Close commands count only with the curator's signature; deadline closes are signed with the
+        # Close commands count only with the curator's signature; deadline closes are signed with
+        # the
         # deadline key (exit code 2 when a key is missing).
         verifier, deadline = job_keys(rt.deployment, identity.fingerprint, "releaser")
         serve_metrics(rt.metrics_port)

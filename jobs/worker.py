@@ -57,7 +57,8 @@ class IngestWorker:
         # Aggregators are rebuilt from this configuration around restored state: it must be the one the
         # state was created under (ConfigurationChanged: exit code 2).
         identity = establish_identity(rt.deployment, rt.roster.ids, self.store, "worker")
-        # Close markers count only with the curator's (or the deadline key's) signature over this deployment
+        # Close markers count only with the curator's (or the deadline key's) signature over this
+        # deployment
         # and configuration: a producer cannot close a step (exit code 2 without the public key).
         verifier, _ = job_keys(rt.deployment, identity.fingerprint, "worker")
         self.core = IngestCore(rt.deployment, rt.roster, self.names, store=self.store, verifier=verifier)

@@ -197,8 +197,10 @@ class Deployment(_Strict):
     @field_validator("name")
     @classmethod
     def _not_a_path_step(cls, value: str) -> str:
-        """The name is a directory under ``$DPSTREAM_HOME`` and part of every Redis key and topic name:
-        ``.`` or ``..`` would put the deployment's state in ``$DPSTREAM_HOME`` itself or its parent."""
+        """The name is a directory under ``$DPSTREAM_HOME`` and part of every Redis key and topic
+        name:
+        ``.`` or ``..`` would put the deployment's state in ``$DPSTREAM_HOME`` itself or its
+        parent."""
         if set(value) == {"."}:
             raise ValueError(f"{value!r} names the current or parent directory, where the deployment's Redis "
                              "data and broker log would land; choose a name with a letter or digit")

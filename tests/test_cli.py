@@ -143,8 +143,10 @@ def test_add_remove_deployment_is_refused_with_exit_code_2(deployment, tmp_path)
 
 @pytest.mark.parametrize("name", [".", ".."])
 def test_dot_deployment_names_are_refused_before_anything_is_created(deployment, tmp_path, name):
-    """The name is a directory under DPSTREAM_HOME: `..` would put the Redis data and the broker log in
-    its parent (and narrow that directory to 0700). `up` refuses it with exit code 2, creating nothing."""
+    """The name is a directory under DPSTREAM_HOME: `..` would put the Redis data and the broker
+    log in
+    its parent (and narrow that directory to 0700). `up` refuses it with exit code 2, creating
+    nothing."""
     path, env = deployment
     bad = tmp_path / "dots.yaml"
     bad.write_text(yaml.safe_dump(dict(yaml.safe_load(path.read_text()), name=name)))

@@ -113,7 +113,8 @@ LINK = '<a href="https://attacker.example/x">poor</a>'
 
 @pytest.fixture(scope="module")
 def linked_page(tmp_path_factory):
-    """The page of a configuration whose labels carry markup: the binary attribute's label, a dictionary
+    """The page of a configuration whose labels carry markup: the binary attribute's label, a
+    dictionary
     entry (the alerts' ticks) and the step unit (axis titles)."""
     cfg = analyst_config()
     cfg["attributes"]["poverty"]["label"] = LINK
@@ -127,8 +128,10 @@ def linked_page(tmp_path_factory):
 
 
 def test_configuration_labels_render_as_text_in_the_plots(linked_page):
-    """Plotly renders a subset of HTML in legend entries, titles and tick labels: a configuration label with
-    ``<a href>`` was a live link there (and ``<b>`` bold). Rendered by chromium, the legends and the alerts'
+    """Plotly renders a subset of HTML in legend entries, titles and tick labels: a configuration
+    label with
+    ``<a href>`` was a live link there (and ``<b>`` bold). Rendered by chromium, the legends and
+    the alerts'
     ticks show the label's characters, and no SVG link or bold span comes from the configuration."""
     dom = rendered_dom(linked_page)
     assert dom.count('class="main-svg"') >= 4, "plotly did not render"

@@ -40,8 +40,10 @@ def _e(text) -> str:
 
 
 def _plot_text(text) -> str:
-    """Configuration text for a plotly label: plotly renders a subset of HTML in legends, titles, ticks and
-    hover labels (``<a href>`` becomes a live link) and decodes entities, so escaping shows the text as typed."""
+    """Configuration text for a plotly label: plotly renders a subset of HTML in legends, titles,
+    ticks and
+    hover labels (``<a href>`` becomes a live link) and decodes entities, so escaping shows the
+    text as typed."""
     return html.escape(str(text), quote=False)
 
 

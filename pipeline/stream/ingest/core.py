@@ -95,7 +95,8 @@ class IngestCore:
         """``isolated``: neither send nor wait for forwarded-through markers — only for driving
         partitions in isolation, as unit tests do (nothing is forwarded to them); a worker never is.
         ``verifier``: a close marker counts only when its signature verifies; one that does not is
-        dead-lettered with its reason (None: unsigned markers, for tests driving the core without keys;
+        dead-lettered with its reason (None: unsigned markers, for tests driving the core without
+        keys;
         the worker job always passes one)."""
         self.isolated = isolated
         self.verifier = verifier
@@ -407,7 +408,8 @@ class IngestCore:
                                                                 item))
 
     def _marker_fields(self, value: bytes) -> tuple[int | None, int | None]:
-        """(step, closed_at) of a close marker: verified (:class:`Unverified` when it does not verify), or
+        """(step, closed_at) of a close marker: verified (:class:`Unverified` when it does not
+        verify), or
         as written when the core has no verifier."""
         if self.verifier is None:
             return parse_close_marker(value)

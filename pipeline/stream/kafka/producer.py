@@ -65,8 +65,10 @@ class ReportProducer:
         self._producer.send(self.names["reports"], value=value, key=key, partition=partition)
 
     def close_step(self, step: int, first: int | None = None, signer=None) -> int:
-        """Send the close command of steps ``first``..``step`` (default: ``step`` alone), signed by the
-        curator (``signer``, default: the deployment's curator key, :func:`curator_signer`); returns its
+        """Send the close command of steps ``first``..``step`` (default: ``step`` alone), signed by
+        the
+        curator (``signer``, default: the deployment's curator key, :func:`curator_signer`);
+        returns its
         public close time (ms), which is also its record timestamp."""
         import time
 

@@ -77,7 +77,8 @@ TOPICS: dict[str, Topic] = {t.name: t for t in (
     Topic("synthetic", 1, "<release>:<step>:<chunk>", "json", public=True, reader=None, writers=("releaser",),
           readers=_ANALYSTS),
     Topic("alerts", 1, "<release>:<step>", "json", public=True, reader=None, writers=("releaser",), readers=_ANALYSTS),
-    # the workers dead-letter reports and unverified markers, the releaser unverified control commands
+    # the workers dead-letter reports and unverified markers, the releaser unverified control
+    # commands
     Topic("dead-letter", 1, "the original key", "binary", public=False, reader=None,
           writers=("worker", "releaser")),
 )}

@@ -87,8 +87,10 @@ def endpoints_file(deployment_name: str) -> Path:
 
 
 def curator_key_path(deployment_name: str) -> Path | None:
-    """The curator's private key for closing steps: ``DPSTREAM_CONTROL_KEY``, else the one the running
-    ``dpstream up`` (or a test's cluster) of the deployment generated (its endpoints file names it)."""
+    """The curator's private key for closing steps: ``DPSTREAM_CONTROL_KEY``, else the one the
+    running
+    ``dpstream up`` (or a test's cluster) of the deployment generated (its endpoints file names
+    it)."""
     from pipeline.stream.control.keys import CONTROL_KEY_ENV, env_path
 
     given = env_path(CONTROL_KEY_ENV)
@@ -152,8 +154,10 @@ class LocalCluster:
         self.redis_url = self.redis_url or self.services.redis.url
 
     def env(self, role: str = "worker") -> dict[str, str]:
-        """The stream processes' environment (the configuration and endpoints go on their command line): the
-        control plane's public keys, never the curator's private key; the deadline key to the releaser of a
+        """The stream processes' environment (the configuration and endpoints go on their command
+        line): the
+        control plane's public keys, never the curator's private key; the deadline key to the
+        releaser of a
         deployment that closes on a deadline (:mod:`pipeline.stream.control.keys`)."""
         from pipeline.stream.control.keys import DEADLINE_KEY_ENV, PRIVATE_ENVS
 
@@ -165,8 +169,10 @@ class LocalCluster:
         return env
 
     def control_keys(self):
-        """The deployment's control key pairs, generated on first use: beside its state when it has a data
-        directory (markers kept for a re-drive must verify after a restart), else in this process tree's
+        """The deployment's control key pairs, generated on first use: beside its state when it has
+        a data
+        directory (markers kept for a re-drive must verify after a restart), else in this process
+        tree's
         owner-only secrets directory."""
         from pipeline.stream.control.keys import ensure_keys
         from pipeline.stream.local.embedded import local_secrets_dir

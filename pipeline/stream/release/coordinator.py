@@ -27,7 +27,8 @@ The protocol, per step t once every partition's partial of t is in:
 Closing: a close command for step t writes close markers for every step not yet closed up to t to
 every reports partition, then (acknowledged) moves ``closing`` and records the step's public close
 time and marker; with ``steps.close: deadline`` a step also closes ``deadline_seconds`` after the
-previous close (:mod:`pipeline.stream.release.closing`). With a ``verifier`` (the job always has one)
+previous close (:mod:`pipeline.stream.release.closing`). With a ``verifier`` (the job always has
+one)
 a close command counts only when it carries the curator's signature for every step it closes, and
 the markers are those signed statements (:mod:`pipeline.stream.control.signatures`); an unverified
 command is dead-lettered with its reason and closes nothing. Deadline closes are signed with the
@@ -36,7 +37,8 @@ deadline key (``deadline_signer``).
 Re-driving a close (:meth:`ReleaseCoordinator.redrive_closes`): steps closed but not released
 (``closing`` > ``released``) may have lost their markers or partials (a broker that lost its log
 between the close and the release). At start, and whenever the partials log turns out lost, the
-releaser writes their markers again: the recorded marker bytes, verbatim (no signing needed). A partition that had closed the
+releaser writes their markers again: the recorded marker bytes, verbatim (no signing needed). A
+partition that had closed the
 step re-sends the partial its checkpoint keeps (the same bytes); one that had not closes it now. The
 step is then released once (the commit is guarded in Redis); no noise was drawn for it before.
 """
@@ -82,7 +84,8 @@ class ReleaseCoordinator:
     def __init__(self, deployment, engine: ReleaseEngine, store, checkpoint: Checkpoint, names: dict[str, str],
                  log_end: Callable[[str], Awaitable[int | None]], clock: Callable[[], int] = now_ms,
                  verifier: CloseVerifier | None = None, deadline_signer: CloseSigner | None = None):
-        """``verifier``: close commands must carry the curator's signatures (None: unsigned commands and
+        """``verifier``: close commands must carry the curator's signatures (None: unsigned
+        commands and
         markers, for tests driving the protocol without keys; the job always passes one)."""
         self.dep = deployment
         self.verifier = verifier
@@ -146,8 +149,10 @@ class ReleaseCoordinator:
         return True
 
     async def on_control(self, value: bytes, timestamp_ms: int, offset: int = -1) -> None:
-        """A close command. Signed (with a verifier): its signed ``closed_at`` is the public close time, and a
-        command without a valid signature for every step it would close is dead-lettered. Unsigned (no
+        """A close command. Signed (with a verifier): its signed ``closed_at`` is the public close
+        time, and a
+        command without a valid signature for every step it would close is dead-lettered. Unsigned
+        (no
         verifier): its record timestamp (set by the operator's client) is."""
         if self.verifier is not None:
             await self._on_signed_control(value, offset)
@@ -176,8 +181,10 @@ class ReleaseCoordinator:
         await self.close_through(cmd.step, cmd.closed_at, signed)
 
     async def _dead_letter(self, value: bytes, err: Unverified, offset: int) -> None:
-        """An unverified control message to ``dead-letter`` (key ``control:0:<offset>``: stable when the
-        control log is re-read), its reason and detail in the headers, as the workers write theirs."""
+        """An unverified control message to ``dead-letter`` (key ``control:0:<offset>``: stable
+        when the
+        control log is re-read), its reason and detail in the headers, as the workers write
+        theirs."""
         headers = dead_letter_headers(err.reason, str(err), self.names["control"], 0, offset, None)
         batch = self.checkpoint.begin()
         await batch.send(self.names["dead-letter"], bytes(value or b"")[:DEAD_LETTER_COPY_BYTES],
@@ -329,8 +336,10 @@ class ReleaseCoordinator:
     # -- closing steps -----------------------------------------------------------------------------
     async def close_through(self, step: int, closed_at: int, signed: dict[int, SignedClose] | None = None) -> None:
         """Write close markers for every step after the last one closed, up to ``step``, in order, each
-        carrying the public close time ``closed_at`` (ms); ``closing`` moves once they are acknowledged.
-        ``signed``: the curator's verified closes (a close command); without, a deadline close, signed
+        carrying the public close time ``closed_at`` (ms); ``closing`` moves once they are
+        acknowledged.
+        ``signed``: the curator's verified closes (a close command); without, a deadline close,
+        signed
         with the deadline key (unsigned only when the coordinator has no verifier)."""
         if not 1 <= step <= self.dep.horizon:
             log.error("refusing to close step %s: steps are 1..%d", step, self.dep.horizon)

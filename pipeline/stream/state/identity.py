@@ -8,11 +8,15 @@ state is calibrated for the stored parameters (a heavy-hitter mechanism for k = 
 aggregators rebuilt for k = 20).
 
 ``{p}:identity`` is readable and writable by the workers' Redis login too (Redis 6.2 grants commands
-per user, not per key, and a worker claims the identity at its first start). So the releaser keeps its
-own copy under ``{p}:release:identity``, a key only its login reaches, written at its first start; at
+per user, not per key, and a worker claims the identity at its first start). So the releaser keeps
+its
+own copy under ``{p}:release:identity``, a key only its login reaches, written at its first start;
+at
 every later start it checks its configuration against that copy as well. A worker credential that
-rewrites ``{p}:identity`` to the fingerprint of a changed configuration therefore gets nothing released
-under it: the releaser refuses (exit code 2) naming the changed keys, and ``dpstream up`` stops with it.
+rewrites ``{p}:identity`` to the fingerprint of a changed configuration therefore gets nothing
+released
+under it: the releaser refuses (exit code 2) naming the changed keys, and ``dpstream up`` stops
+with it.
 
 The instance id is random (``uuid4``), independent of the data, and public: the releaser stamps it
 into every manifest, and the fence (:mod:`pipeline.stream.release.fence`) uses it to recognise releases
@@ -112,8 +116,10 @@ def _changed(role: str, deployment, stored: dict[str, Any], current: dict[str, A
 
 
 def _check_release_copy(deployment, store, identity: DeploymentIdentity, current: dict[str, Any]) -> None:
-    """The releaser's own copy of the identity (see the module docstring): kept at its first start, then
-    compared; ``{p}:identity`` agreeing with a changed configuration while the copy does not means it was
+    """The releaser's own copy of the identity (see the module docstring): kept at its first start,
+    then
+    compared; ``{p}:identity`` agreeing with a changed configuration while the copy does not means
+    it was
     rewritten by another login."""
     own = store.release_identity()
     if own is None:

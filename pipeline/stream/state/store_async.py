@@ -101,8 +101,10 @@ class AsyncReleaseStore(StoreLayout):
         return await self._int(self.keys.pointer("closing"))
 
     async def mark_closing(self, step: int, closed_at: int | None = None, marker: bytes | None = None) -> None:
-        """Close markers of ``step`` (public close time ``closed_at``, ms) are written to every reports partition;
-        ``marker``: their value, kept so that a re-driven close re-sends the signed marker verbatim."""
+        """Close markers of ``step`` (public close time ``closed_at``, ms) are written to every
+        reports partition;
+        ``marker``: their value, kept so that a re-driven close re-sends the signed marker
+        verbatim."""
         async with self.r.pipeline(transaction=True) as tx:
             if closed_at is not None:
                 tx.hset(self.keys.close_times, str(step), int(closed_at))
