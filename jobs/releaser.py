@@ -104,9 +104,9 @@ class Releaser:
         start_lag_monitor(rt)  # one process exports the lag, so each series exists once
         store = rt.async_store()
         producer = make_producer(rt.broker, linger_ms=2)
-        self.coordinator = await ReleaseCoordinator.create(rt.deployment, rt.roster.n, identity.instance, store,
-                                                           Checkpoint(producer), self.names, self._log_end,
-                                                           verifier=verifier, deadline_signer=deadline)
+        self.coordinator = await ReleaseCoordinator.create(
+            rt.deployment, rt.roster.n, identity.instance, store, Checkpoint(producer), self.names,
+            self._log_end, verifier=verifier, deadline_signer=deadline)
         consumer = BulkConsumer(rt.broker, self.group, [self.names[t] for t in read_by(RELEASER)],
                                 on_assign=self._on_assign, on_revoke=self._on_revoke)
         await producer.start()

@@ -61,7 +61,8 @@ class IngestWorker:
         # deployment
         # and configuration: a producer cannot close a step (exit code 2 without the public key).
         verifier, _ = job_keys(rt.deployment, identity.fingerprint, "worker")
-        self.core = IngestCore(rt.deployment, rt.roster, self.names, store=self.store, verifier=verifier)
+        self.core = IngestCore(rt.deployment, rt.roster, self.names, store=self.store,
+                               verifier=verifier)
         self.consumer = BulkConsumer(rt.broker, group_id(rt.deployment, INGEST),
                                      [self.names[t] for t in read_by(INGEST)],
                                      on_assign=self._on_assign, on_revoke=self._on_revoke)

@@ -202,8 +202,9 @@ class Deployment(_Strict):
         ``.`` or ``..`` would put the deployment's state in ``$DPSTREAM_HOME`` itself or its
         parent."""
         if set(value) == {"."}:
-            raise ValueError(f"{value!r} names the current or parent directory, where the deployment's Redis "
-                             "data and broker log would land; choose a name with a letter or digit")
+            raise ValueError(f"{value!r} names the current or parent directory, where the "
+                             "deployment's Redis data and broker log would land; choose a name "
+                             "with a letter or digit")
         return value
 
     @field_validator("neighbours", mode="before")

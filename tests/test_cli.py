@@ -151,7 +151,8 @@ def test_dot_deployment_names_are_refused_before_anything_is_created(deployment,
     bad = tmp_path / "dots.yaml"
     bad.write_text(yaml.safe_dump(dict(yaml.safe_load(path.read_text()), name=name)))
     before = sorted(p.name for p in tmp_path.iterdir())
-    proc = dpstream("up", "--config", str(bad), "--log-dir", str(tmp_path / "logs"), env=env, check=False)
+    proc = dpstream("up", "--config", str(bad), "--log-dir", str(tmp_path / "logs"), env=env,
+                    check=False)
     assert proc.returncode == 2, proc.stderr
     assert "name:" in proc.stderr and "parent directory" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no redis/, log/ or home beside it

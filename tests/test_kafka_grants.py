@@ -51,7 +51,9 @@ REQUESTS: dict[str, list[tuple[str, str]]] = {
                  *[(r, "group:releaser") for r in ("FindCoordinator", "JoinGroup", "OffsetCommit", "OffsetFetch")],
                  *[(r, "releases") for r in ("Metadata", "ListOffsets", "Fetch")],
                  ("ListOffsets", "step-partials"),
-                 *[(r, t) for t in ("releases", "synthetic", "alerts", "feedback", "reports", "dead-letter")
+                 *[(r, t)
+                   for t in ("releases", "synthetic", "alerts", "feedback", "reports",
+                             "dead-letter")
                    for r in ("Metadata", "Produce")],
                  *[(r, "group:ingest") for r in ("FindCoordinator", "OffsetFetch")],
                  *[(r, t) for t in ("reports", "feedback", "repartition", "step-partials", "control")

@@ -114,7 +114,8 @@ def test_worker_resumes_at_its_checkpoint_inside_the_last_batch(tmp_path, monkey
 
     from pipeline.stream.control.keys import ensure_keys
 
-    for variable, path in ensure_keys(tmp_path / "control").public_env().items():  # what `up` gives a worker
+    # the public keys, as `up` gives a worker
+    for variable, path in ensure_keys(tmp_path / "control").public_env().items():
         monkeypatch.setenv(variable, path)
     with EmbeddedServices() as svc:
         dep = load_config(write_panel_deployment(tmp_path, svc, "resume", n=10, horizon=3, partitions=1))

@@ -135,8 +135,8 @@ def test_configuration_labels_render_as_text_in_the_plots(linked_page):
     ticks show the label's characters, and no SVG link or bold span comes from the configuration."""
     dom = rendered_dom(linked_page)
     assert dom.count('class="main-svg"') >= 4, "plotly did not render"
-    assert not re.search(r"<a\b[^>]*attacker\.example", dom), "a configuration label became a live link"
-    assert '<tspan style="font-weight:bold">' not in dom, "a configuration label's <b> was rendered as markup"
+    assert not re.search(r"<a\b[^>]*attacker\.example", dom), "a label became a live link"
+    assert '<tspan style="font-weight:bold">' not in dom, "a label's <b> was rendered as markup"
     legends = re.findall(r'<text class="legendtext"[^>]*>(.*?)</text>', dom)
     poor = '&lt;a href="https://attacker.example/x"&gt;poor&lt;/a&gt;'
     assert legends and all(t.startswith(poor) for t in legends if "attacker" in t), legends

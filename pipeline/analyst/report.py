@@ -88,7 +88,8 @@ def _series_figure(answers, title: str, unit: str, hidden=None):
         fig.add_trace(go.Scatter(x=xs, y=est, mode="lines+markers", name=label, legendgroup=label, visible=visible,
                                  line={"color": colour},
                                  hovertemplate="%{y:.2f}% at " + _plot_text(unit) + " %{x}"))
-    fig.update_layout(title=_plot_text(title), height=420, margin={"l": 60, "r": 20, "t": 50, "b": 50},
+    fig.update_layout(title=_plot_text(title), height=420,
+                      margin={"l": 60, "r": 20, "t": 50, "b": 50},
                       template="plotly_white", legend={"font": {"size": 11}})
     fig.update_xaxes(title=_plot_text(unit), dtick=1)
     fig.update_yaxes(title="share of n (%), band: interval", ticksuffix="%")
@@ -186,7 +187,8 @@ def _alerts_section(reader) -> str:
         parts.append(f"<p class=\"bound\">What a flag means: {_e(reader.explain(rel))}.</p>")
         if kind.flag_limit(rel):
             parts.append(f"<p class=\"note\">Why flags run out: {_e(kind.flag_limit(rel))}.</p>")
-        points = [(a["step"], _plot_text(name), a) for a in alerts for name in _alert_items(kind, rel, reader, a)]
+        points = [(a["step"], _plot_text(name), a) for a in alerts
+                  for name in _alert_items(kind, rel, reader, a)]
         unit = _plot_text(reader.dep.steps.unit)
         if points:
             fig = go.Figure(go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="markers",

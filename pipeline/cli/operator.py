@@ -189,7 +189,8 @@ def cmd_close(args) -> int:
     from pipeline.stream.control.keys import KeyUnavailable
 
     prod = _producer(dep)
-    try:  # signed for every step not released yet: the releaser may be behind the closes this view saw
+    # signed for every step not released yet: the releaser may be behind the closes this view saw
+    try:
         prod.close_step(args.step, first=min(store.last_released(), view.closing) + 1)
     except KeyUnavailable as err:
         return _fail(EXIT_CONFIG, f"nothing closed: {err}")

@@ -90,8 +90,8 @@ class IngestCore:
     # as soon as its partials are in).
     KEEP_PARTIALS = 8
 
-    def __init__(self, deployment, roster, topic_names: dict[str, str], store=None, isolated: bool = False,
-                 verifier: CloseVerifier | None = None):
+    def __init__(self, deployment, roster, topic_names: dict[str, str], store=None,
+                 isolated: bool = False, verifier: CloseVerifier | None = None):
         """``isolated``: neither send nor wait for forwarded-through markers — only for driving
         partitions in isolation, as unit tests do (nothing is forwarded to them); a worker never is.
         ``verifier``: a close marker counts only when its signature verifies; one that does not is
@@ -245,8 +245,8 @@ class IngestCore:
                 try:
                     step, closed_at = self._marker_fields(rec.value)
                 except Unverified as err:  # never closes anything: dead-lettered with why
-                    log.error("partition %d: dead-lettering a close marker at offset %d (%s): %s", partition,
-                              rec.offset, err.reason, err)
+                    log.error("partition %d: dead-lettering a close marker at offset %d (%s): %s",
+                              partition, rec.offset, err.reason, err)
                     outputs.append(self._reject_record(partition, rec, err.reason, str(err)))
                     done += 1
                     continue

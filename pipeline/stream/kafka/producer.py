@@ -76,8 +76,10 @@ class ReportProducer:
 
         signer = signer or curator_signer(self.deployment, self.roster.ids)
         closed_at = int(time.time() * 1000)
-        command = CloseCommand.signed(signer, range(step if first is None else first, step + 1), closed_at)
-        future = self._producer.send(self.names["control"], value=command.value(), timestamp_ms=closed_at)
+        steps = range(step if first is None else first, step + 1)
+        command = CloseCommand.signed(signer, steps, closed_at)
+        future = self._producer.send(self.names["control"], value=command.value(),
+                                     timestamp_ms=closed_at)
         self._producer.flush()
         future.get(timeout=30)
         return closed_at

@@ -199,7 +199,8 @@ class LocalCluster:
         try:
             proc = subprocess.Popen(
                 job_command(role, self.config_path, self.broker, self.redis_url, metrics_port=port),
-                env={**self.env(role), **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**self.env(role), **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         finally:
             if out is not subprocess.DEVNULL:
@@ -225,7 +226,8 @@ class LocalCluster:
                   "processes": self.process_record(), "logs": str(self.log_dir or "")}
         if os.environ.get(LOCAL_SECRETS_ENV):  # where the embedded Redis's password is (never the password)
             record["local_secrets"] = os.environ[LOCAL_SECRETS_ENV]
-        record["control_key"] = str(self.control_keys().curator.private)  # for `dpstream close` (a path)
+        # for `dpstream close`: the path of the curator's key, never the key
+        record["control_key"] = str(self.control_keys().curator.private)
         private_file(path, json.dumps(record))  # owner-only, atomically: readers never see half a file
 
     def process_record(self) -> dict[str, dict]:

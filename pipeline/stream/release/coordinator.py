@@ -55,9 +55,10 @@ import orjson
 from pipeline.privacy.accounting import BudgetExhaustedError
 from pipeline.releases import get_kind
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.stream.control.signatures import CloseCommand, CloseSigner, CloseVerifier, SignedClose, Unverified
-from pipeline.stream.kafka.codecs import (CONTROL_HEADER, PartialAssembler, close_marker, dead_letter_headers,
-                                          synthetic_chunks)
+from pipeline.stream.control.signatures import (CloseCommand, CloseSigner, CloseVerifier,
+                                                SignedClose, Unverified)
+from pipeline.stream.kafka.codecs import (CONTROL_HEADER, PartialAssembler, close_marker,
+                                          dead_letter_headers, synthetic_chunks)
 from pipeline.stream.kafka.limits import DEAD_LETTER_COPY_BYTES
 from pipeline.stream.kafka.faults import crash_point
 from pipeline.stream.kafka.metrics import METRICS
@@ -110,14 +111,16 @@ class ReleaseCoordinator:
 
     @classmethod
     async def create(cls, deployment, n: int, instance: str, store, checkpoint: Checkpoint, names: dict[str, str],
-                     log_end: Callable[[str], Awaitable[int | None]], clock: Callable[[], int] = now_ms,
-                     verifier: CloseVerifier | None = None, deadline_signer: CloseSigner | None = None):
+                     log_end: Callable[[str], Awaitable[int | None]],
+                     clock: Callable[[], int] = now_ms, verifier: CloseVerifier | None = None,
+                     deadline_signer: CloseSigner | None = None):
         """The engine restored from the last committed step (a fresh one before the first), stamping
         ``instance`` (the deployment's public instance id, read back by the fence) into every manifest."""
         last, blob = await store.latest_state()
         engine = await _engine_from(deployment, store, last, blob) if blob else ReleaseEngine(deployment, n)
         engine.instance = instance
-        return cls(deployment, engine, store, checkpoint, names, log_end, clock, verifier, deadline_signer)
+        return cls(deployment, engine, store, checkpoint, names, log_end, clock, verifier,
+                   deadline_signer)
 
     # -- events ------------------------------------------------------------------------------------
     async def on_assign_partials(self) -> int:
@@ -174,7 +177,8 @@ class ReleaseCoordinator:
                 return  # closes nothing (the control log is re-read from its start at every start)
             signed = cmd.verified(self.verifier, first)
         except Unverified as err:
-            log.error("dead-lettering control message at offset %d (%s): %s", offset, err.reason, err)
+            log.error("dead-lettering control message at offset %d (%s): %s", offset, err.reason,
+                      err)
             await self._dead_letter(value, err, offset)
             return
         log.info("close command for step %d (signed by the curator)", cmd.step)
@@ -334,7 +338,8 @@ class ReleaseCoordinator:
                 metric.set(value) if hasattr(metric, "set") else metric.inc(value)
 
     # -- closing steps -----------------------------------------------------------------------------
-    async def close_through(self, step: int, closed_at: int, signed: dict[int, SignedClose] | None = None) -> None:
+    async def close_through(self, step: int, closed_at: int,
+                            signed: dict[int, SignedClose] | None = None) -> None:
         """Write close markers for every step after the last one closed, up to ``step``, in order, each
         carrying the public close time ``closed_at`` (ms); ``closing`` moves once they are
         acknowledged.
@@ -350,8 +355,9 @@ class ReleaseCoordinator:
         for t in range(first, step + 1):
             marker = self._marker(t, closed_at, signed)
             if marker is None:
-                log.error("no signed close marker for step %d: not closing it (a close command signs every step "
-                          "from the first not released; a deadline close needs the deadline key)", t)
+                log.error("no signed close marker for step %d: not closing it (a close command "
+                          "signs every step from the first not released; a deadline close needs "
+                          "the deadline key)", t)
                 return
             batch = await self._send_markers(t, marker)
             await batch.commit(lambda: self.store.mark_closing(t, closed_at, marker))
@@ -374,23 +380,25 @@ class ReleaseCoordinator:
         for t in steps:
             marker = await self.store.close_marker(t)
             if marker is None and self.verifier is not None:
-                log.error("step %d has no kept close marker (closed by a dpstream that kept none): its close cannot "
-                          "be re-driven without the curator; if it stays unreleased, see docs/streaming.md, "
-                          "'A lost close'", t)
+                log.error("step %d has no kept close marker (closed by a dpstream that kept none): "
+                          "its close cannot be re-driven without the curator; if it stays "
+                          "unreleased, see docs/streaming.md, 'A lost close'", t)
                 continue
-            if marker is None:  # unsigned markers (no verifier): rebuilt from the recorded close time
+            if marker is None:  # unsigned (no verifier): rebuilt from the recorded close time
                 closed_at = await self.store.close_time(t)
                 if closed_at is None:  # a close recorded before close times were kept
                     closed_at = self.clock()
-                    log.warning("step %d has no recorded close time: its re-driven markers carry now (%d)", t,
-                                closed_at)
+                    log.warning("step %d has no recorded close time: its re-driven markers carry "
+                                "now (%d)", t, closed_at)
                 marker = close_marker(t, closed_at)
             await (await self._send_markers(t, marker)).acknowledged()
         log.info("close markers of step(s) %s written again to %d partitions", steps, self.partitions)
         return steps
 
-    def _marker(self, step: int, closed_at: int, signed: dict[int, SignedClose] | None) -> bytes | None:
-        """The marker value of a new close of ``step`` (None: this coordinator cannot make a valid one)."""
+    def _marker(self, step: int, closed_at: int,
+                signed: dict[int, SignedClose] | None) -> bytes | None:
+        """The marker value of a new close of ``step`` (None: this coordinator cannot make a valid
+        one)."""
         if signed is not None:
             return signed[step].marker() if step in signed else None
         if self.deadline_signer is not None:
@@ -398,7 +406,8 @@ class ReleaseCoordinator:
         return close_marker(step, closed_at) if self.verifier is None else None
 
     async def _send_markers(self, step: int, body: bytes):
-        """Send the close marker ``body`` of ``step`` to every reports partition; the batch (not yet acknowledged)."""
+        """Send the close marker ``body`` of ``step`` to every reports partition; the batch (not yet
+        acknowledged)."""
         batch = self.checkpoint.begin()
         for p in range(self.partitions):
             await batch.send(self.names["reports"], body, partition=p, headers=[(CONTROL_HEADER, b"close")])

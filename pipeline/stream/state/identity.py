@@ -109,13 +109,15 @@ def establish_identity(deployment, roster_ids: list[str], store, role: str) -> D
 
 def _changed(role: str, deployment, stored: dict[str, Any], current: dict[str, Any], where: str):
     return ConfigurationChanged(
-        f"{role}: the privacy-relevant configuration differs from the one deployment {deployment.name!r} was "
-        f"started with{where}: {'; '.join(config_changes(stored, current))}. Refusing to start: the stored state "
-        "is calibrated for the old values. Revert the configuration, or start a new deployment (new name, new "
-        "budget).")
+        f"{role}: the privacy-relevant configuration differs from the one deployment "
+        f"{deployment.name!r} was started with{where}: "
+        f"{'; '.join(config_changes(stored, current))}. "
+        "Refusing to start: the stored state is calibrated for the old values. Revert the "
+        "configuration, or start a new deployment (new name, new budget).")
 
 
-def _check_release_copy(deployment, store, identity: DeploymentIdentity, current: dict[str, Any]) -> None:
+def _check_release_copy(deployment, store, identity: DeploymentIdentity,
+                        current: dict[str, Any]) -> None:
     """The releaser's own copy of the identity (see the module docstring): kept at its first start,
     then
     compared; ``{p}:identity`` agreeing with a changed configuration while the copy does not means
@@ -123,7 +125,8 @@ def _check_release_copy(deployment, store, identity: DeploymentIdentity, current
     rewritten by another login."""
     own = store.release_identity()
     if own is None:
-        own = store.keep_release_identity({"instance": identity.instance, "fingerprint": identity.fingerprint,
+        own = store.keep_release_identity({"instance": identity.instance,
+                                           "fingerprint": identity.fingerprint,
                                            "config": identity.config})
     if own["fingerprint"] != identity.fingerprint:
         raise _changed("releaser", deployment, own["config"], current,

@@ -180,7 +180,8 @@ class ReleaseStore(StoreLayout):
         return json.loads(self.r.get(key)), won
 
     def release_identity(self) -> dict[str, Any] | None:
-        """The releaser's own copy of the identity (under ``release:``, which no other role reaches)."""
+        """The releaser's own copy of the identity (under ``release:``, which no other role
+        reaches)."""
         raw = self.r.get(self.keys.release_identity)
         return None if raw is None else json.loads(raw)
 

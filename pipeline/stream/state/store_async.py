@@ -100,7 +100,8 @@ class AsyncReleaseStore(StoreLayout):
     async def last_closing(self) -> int:
         return await self._int(self.keys.pointer("closing"))
 
-    async def mark_closing(self, step: int, closed_at: int | None = None, marker: bytes | None = None) -> None:
+    async def mark_closing(self, step: int, closed_at: int | None = None,
+                           marker: bytes | None = None) -> None:
         """Close markers of ``step`` (public close time ``closed_at``, ms) are written to every
         reports partition;
         ``marker``: their value, kept so that a re-driven close re-sends the signed marker
