@@ -55,6 +55,7 @@ from pipeline.stream.state.identity import StateRefused
 
 __all__ = [
     "ACTIONS",
+    "MAX_COMMAND_STEPS",
     "Unverified",
     "SignedClose",
     "CloseSigner",
@@ -69,6 +70,8 @@ __all__ = [
 ]
 
 ACTIONS = ("close", "deadline")
+# ~97 bytes a step: a command stays below Kafka's default 1 MB message limit
+MAX_COMMAND_STEPS = 8_000
 _PREFIX = b"dpstream-close-v1\n"
 
 
@@ -252,6 +255,9 @@ class CloseCommand:
 
     @classmethod
     def signed(cls, signer: CloseSigner, steps: range, closed_at: int) -> "CloseCommand":
+        if len(steps) > MAX_COMMAND_STEPS:
+            raise ValueError(f"steps: {len(steps):,} signatures in one command, at most "
+                             f"{MAX_COMMAND_STEPS:,}")
         return cls(
             steps.stop - 1, closed_at, {t: signer.sign(t, closed_at).signature for t in steps}
         )
