@@ -57,4 +57,13 @@ password > grafana-admin  # Grafana's admin login (GF_SECURITY_ADMIN_PASSWORD__F
 DPSTREAM_REDIS_PASSWORD_WORKER="$(cat redis-worker)" DPSTREAM_REDIS_PASSWORD_RELEASER="$(cat redis-releaser)" \
 DPSTREAM_REDIS_PASSWORD_OPERATOR="$(cat redis-operator)" \
 PYTHONPATH="$REPO" "$PYTHON" -m pipeline.acl --config "$CONFIG" redis > users.acl
+# The control plane's Ed25519 pairs (docs/security.md, "The control plane"): the curator's signs close
+# commands and stays on the curator's machine (mounted in no container); the deadline pair's private
+# half goes to the releaser only (0644 like the passwords above, for the container's user); the
+# curator's private key 0600.
+for pair in curator deadline; do
+  openssl genpkey -algorithm ed25519 -out "control-$pair.key"
+  openssl pkey -in "control-$pair.key" -pubout -out "control-$pair.pub"
+done
+chmod 0600 control-curator.key
 echo "secrets written to $DIR (directory mode 0700)"

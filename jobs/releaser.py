@@ -23,6 +23,7 @@ import logging
 
 from aiokafka import TopicPartition
 
+from pipeline.stream.control.signatures import job_keys
 from pipeline.stream.kafka.consumer import BulkConsumer
 from pipeline.stream.kafka.log_end import log_ends_async
 from pipeline.stream.kafka.metrics import serve_metrics, start_lag_monitor
@@ -79,7 +80,7 @@ class Releaser:
                         await coordinator.release_ready_steps()
                 elif tp.topic == self.names["control"]:
                     for m in messages:
-                        await coordinator.on_control(m.value, m.timestamp)
+                        await coordinator.on_control(m.value, m.timestamp, m.offset)
                     self._control_done = messages[-1].offset + 1
 
     async def _fence(self) -> None:
@@ -95,12 +96,17 @@ class Releaser:
         # A restart must find the privacy-relevant configuration (budget plan included) the state was created
         # under; a changed one is refused before anything runs (ConfigurationChanged: exit code 2).
         identity = establish_identity(rt.deployment, rt.roster.ids, rt.store(), "releaser")
+        # Close commands count only with the curator's signature; deadline closes are signed with
+        # the
+        # deadline key (exit code 2 when a key is missing).
+        verifier, deadline = job_keys(rt.deployment, identity.fingerprint, "releaser")
         serve_metrics(rt.metrics_port)
         start_lag_monitor(rt)  # one process exports the lag, so each series exists once
         store = rt.async_store()
         producer = make_producer(rt.broker, linger_ms=2)
-        self.coordinator = await ReleaseCoordinator.create(rt.deployment, rt.roster.n, identity.instance, store,
-                                                           Checkpoint(producer), self.names, self._log_end)
+        self.coordinator = await ReleaseCoordinator.create(
+            rt.deployment, rt.roster.n, identity.instance, store, Checkpoint(producer), self.names,
+            self._log_end, verifier=verifier, deadline_signer=deadline)
         consumer = BulkConsumer(rt.broker, self.group, [self.names[t] for t in read_by(RELEASER)],
                                 on_assign=self._on_assign, on_revoke=self._on_revoke)
         await producer.start()

@@ -32,6 +32,7 @@ import logging
 
 from aiokafka import TopicPartition
 
+from pipeline.stream.control.signatures import job_keys
 from pipeline.stream.ingest.coordinator import IngestCoordinator
 from pipeline.stream.ingest.core import IngestCore
 from pipeline.stream.kafka.consumer import INGEST_FETCH_MAX_WAIT_MS, BulkConsumer
@@ -55,8 +56,13 @@ class IngestWorker:
         self.store = rt.store()
         # Aggregators are rebuilt from this configuration around restored state: it must be the one the
         # state was created under (ConfigurationChanged: exit code 2).
-        establish_identity(rt.deployment, rt.roster.ids, self.store, "worker")
-        self.core = IngestCore(rt.deployment, rt.roster, self.names, store=self.store)
+        identity = establish_identity(rt.deployment, rt.roster.ids, self.store, "worker")
+        # Close markers count only with the curator's (or the deadline key's) signature over this
+        # deployment
+        # and configuration: a producer cannot close a step (exit code 2 without the public key).
+        verifier, _ = job_keys(rt.deployment, identity.fingerprint, "worker")
+        self.core = IngestCore(rt.deployment, rt.roster, self.names, store=self.store,
+                               verifier=verifier)
         self.consumer = BulkConsumer(rt.broker, group_id(rt.deployment, INGEST),
                                      [self.names[t] for t in read_by(INGEST)],
                                      on_assign=self._on_assign, on_revoke=self._on_revoke,

@@ -194,6 +194,19 @@ class Deployment(_Strict):
     close_guard: CloseGuard = CloseGuard()
     releases: list[Release] = Field(min_length=1)
 
+    @field_validator("name")
+    @classmethod
+    def _not_a_path_step(cls, value: str) -> str:
+        """The name is a directory under ``$DPSTREAM_HOME`` and part of every Redis key and topic
+        name:
+        ``.`` or ``..`` would put the deployment's state in ``$DPSTREAM_HOME`` itself or its
+        parent."""
+        if set(value) == {"."}:
+            raise ValueError(f"{value!r} names the current or parent directory, where the "
+                             "deployment's Redis data and broker log would land; choose a name "
+                             "with a letter or digit")
+        return value
+
     @field_validator("neighbours", mode="before")
     @classmethod
     def _replace_only(cls, value: Any) -> Neighbours:

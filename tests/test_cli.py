@@ -141,6 +141,23 @@ def test_add_remove_deployment_is_refused_with_exit_code_2(deployment, tmp_path)
     assert dpstream("plan", "--config", str(path), env=env).returncode == 0  # the same file with replace runs
 
 
+@pytest.mark.parametrize("name", [".", ".."])
+def test_dot_deployment_names_are_refused_before_anything_is_created(deployment, tmp_path, name):
+    """The name is a directory under DPSTREAM_HOME: `..` would put the Redis data and the broker
+    log in
+    its parent (and narrow that directory to 0700). `up` refuses it with exit code 2, creating
+    nothing."""
+    path, env = deployment
+    bad = tmp_path / "dots.yaml"
+    bad.write_text(yaml.safe_dump(dict(yaml.safe_load(path.read_text()), name=name)))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = dpstream("up", "--config", str(bad), "--log-dir", str(tmp_path / "logs"), env=env,
+                    check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "name:" in proc.stderr and "parent directory" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no redis/, log/ or home beside it
+
+
 def _jsonl(path, reports) -> str:
     path.write_text("".join(json.dumps(r) + "\n" for r in reports))
     return str(path)

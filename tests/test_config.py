@@ -171,6 +171,20 @@ def test_release_name_pattern():
     assert names_key(refused(cfg), "releases", "0", "name")
 
 
+@pytest.mark.parametrize("name", [".", "..", "..."])
+def test_deployment_name_of_dots_refused(name):
+    cfg = base()
+    cfg["name"] = name
+    msg = refused(cfg)
+    assert names_key(msg, "name") and "parent directory" in msg
+
+
+def test_deployment_name_with_dots_and_letters_allowed():
+    cfg = base()
+    cfg["name"] = "survey.2026..q1"
+    assert parse_config(cfg).name == "survey.2026..q1"
+
+
 def test_horizon_bounds():
     cfg = base()
     cfg["horizon"] = 0

@@ -94,7 +94,7 @@ def test_consumer_lag_counts_the_whole_last_batch(broker):
         monitor._close_clients()
 
 
-def test_worker_resumes_at_its_checkpoint_inside_the_last_batch(tmp_path):
+def test_worker_resumes_at_its_checkpoint_inside_the_last_batch(tmp_path, monkeypatch):
     """A checkpoint whose offset lies inside the last record batch (a checkpoint written after feedback
     records the last handled report) is past the short ListOffsets end. The worker must resume there,
     not take the log for lost and re-read it from offset 0 (which would dead-letter every report again)."""
@@ -112,6 +112,11 @@ def test_worker_resumes_at_its_checkpoint_inside_the_last_batch(tmp_path):
     from jobs.eval.testbed import write_panel_deployment
     from pipeline.stream.kafka.topics import ensure_topics
 
+    from pipeline.stream.control.keys import ensure_keys
+
+    # the public keys, as `up` gives a worker
+    for variable, path in ensure_keys(tmp_path / "control").public_env().items():
+        monkeypatch.setenv(variable, path)
     with EmbeddedServices() as svc:
         dep = load_config(write_panel_deployment(tmp_path, svc, "resume", n=10, horizon=3, partitions=1))
         names = ensure_topics(svc.broker.bootstrap, dep)

@@ -106,3 +106,40 @@ def test_report_renders_and_reads_back_labels_and_numbers(page):
     for text in ("Padding removed", "Bun, Gaboardi, Neunhoeffer, Zhang", "Why flags run out", "What a flag means",
                  "Does not answer"):
         assert text in dom, text
+
+
+LINK = '<a href="https://attacker.example/x">poor</a>'
+
+
+@pytest.fixture(scope="module")
+def linked_page(tmp_path_factory):
+    """The page of a configuration whose labels carry markup: the binary attribute's label, a
+    dictionary
+    entry (the alerts' ticks) and the step unit (axis titles)."""
+    cfg = analyst_config()
+    cfg["attributes"]["poverty"]["label"] = LINK
+    cfg["attributes"]["occupation"]["dictionary"][7] = LINK.replace("poor", "nurse")
+    cfg["steps"]["unit"] = "<b>month</b>"
+    dep = parse_config(cfg)
+    poverty, occupation = panels()
+    reader = PublicReader(dep, released_store(dep, {"poverty": poverty, "occupation": occupation}))
+    return write_report(reader, tmp_path_factory.mktemp("linked"))
+
+
+
+def test_configuration_labels_render_as_text_in_the_plots(linked_page):
+    """Plotly renders a subset of HTML in legend entries, titles and tick labels: a configuration
+    label with
+    ``<a href>`` was a live link there (and ``<b>`` bold). Rendered by chromium, the legends and
+    the alerts'
+    ticks show the label's characters, and no SVG link or bold span comes from the configuration."""
+    dom = rendered_dom(linked_page)
+    assert dom.count('class="main-svg"') >= 4, "plotly did not render"
+    assert not re.search(r"<a\b[^>]*attacker\.example", dom), "a label became a live link"
+    assert '<tspan style="font-weight:bold">' not in dom, "a label's <b> was rendered as markup"
+    legends = re.findall(r'<text class="legendtext"[^>]*>(.*?)</text>', dom)
+    poor = '&lt;a href="https://attacker.example/x"&gt;poor&lt;/a&gt;'
+    assert legends and all(t.startswith(poor) for t in legends if "attacker" in t), legends
+    assert any(t.startswith(poor) and "&lt;b&gt;month&lt;/b&gt;" in t for t in legends), legends
+    ticks = [t for t in re.findall(r'<g class="ytick">.*?>([^<>]*)</text>', dom) if "nurse" in t]
+    assert ticks == ['&lt;a href="https://attacker.example/x"&gt;nurse&lt;/a&gt;'], ticks

@@ -39,6 +39,14 @@ def _e(text) -> str:
     return html.escape(str(text))
 
 
+def _plot_text(text) -> str:
+    """Configuration text for a plotly label: plotly renders a subset of HTML in legends, titles,
+    ticks and
+    hover labels (``<a href>`` becomes a live link) and decodes entities, so escaping shows the
+    text as typed."""
+    return html.escape(str(text), quote=False)
+
+
 def _num(x: float) -> str:
     return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.1f}"
 
@@ -62,7 +70,7 @@ def _series_figure(answers, title: str, unit: str, hidden=None):
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    keys = [(r.key, r.series or r.label) for r in answers[-1].rows]
+    keys = [(r.key, _plot_text(r.series or r.label)) for r in answers[-1].rows]
     steps = [a.step for a in answers]
     for i, (key, label) in enumerate(keys):
         colour = _COLOURS[i % len(_COLOURS)]
@@ -78,10 +86,12 @@ def _series_figure(answers, title: str, unit: str, hidden=None):
                                      line={"width": 0}, hoverinfo="skip", showlegend=False, legendgroup=label,
                                      visible=visible))
         fig.add_trace(go.Scatter(x=xs, y=est, mode="lines+markers", name=label, legendgroup=label, visible=visible,
-                                 line={"color": colour}, hovertemplate="%{y:.2f}% at " + unit + " %{x}"))
-    fig.update_layout(title=title, height=420, margin={"l": 60, "r": 20, "t": 50, "b": 50}, template="plotly_white",
-                      legend={"font": {"size": 11}})
-    fig.update_xaxes(title=unit, dtick=1)
+                                 line={"color": colour},
+                                 hovertemplate="%{y:.2f}% at " + _plot_text(unit) + " %{x}"))
+    fig.update_layout(title=_plot_text(title), height=420,
+                      margin={"l": 60, "r": 20, "t": 50, "b": 50},
+                      template="plotly_white", legend={"font": {"size": 11}})
+    fig.update_xaxes(title=_plot_text(unit), dtick=1)
     fig.update_yaxes(title="share of n (%), band: interval", ticksuffix="%")
     return fig
 
@@ -153,7 +163,7 @@ def _spend_section(reader) -> str:
                   annotation_text=f"planned total ε = {planned.epsilon:.3g}", annotation_position="bottom right")
     fig.update_layout(title=f"ε spent at δ = {delta:g}", height=340, template="plotly_white", showlegend=False,
                       margin={"l": 60, "r": 20, "t": 50, "b": 50})
-    fig.update_xaxes(title=dep.steps.unit, dtick=1, range=[0.5, dep.horizon + 0.5])
+    fig.update_xaxes(title=_plot_text(dep.steps.unit), dtick=1, range=[0.5, dep.horizon + 0.5])
     fig.update_yaxes(title="ε", rangemode="tozero")
     parts.append(_figure_html(fig))
     rows = "".join(f"<tr><td>{s['step']}</td><td>{s['epsilon']:.4f}</td><td>{s['delta']:.3g}</td>"
@@ -177,15 +187,17 @@ def _alerts_section(reader) -> str:
         parts.append(f"<p class=\"bound\">What a flag means: {_e(reader.explain(rel))}.</p>")
         if kind.flag_limit(rel):
             parts.append(f"<p class=\"note\">Why flags run out: {_e(kind.flag_limit(rel))}.</p>")
-        points = [(a["step"], name, a) for a in alerts for name in _alert_items(kind, rel, reader, a)]
+        points = [(a["step"], _plot_text(name), a) for a in alerts
+                  for name in _alert_items(kind, rel, reader, a)]
+        unit = _plot_text(reader.dep.steps.unit)
         if points:
             fig = go.Figure(go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="markers",
                                        marker={"size": 12, "color": _COLOURS[1]}, name="flagged",
-                                       hovertemplate="%{y} at " + reader.dep.steps.unit + " %{x}<extra></extra>"))
-            fig.update_layout(title=f"{rel.name}: what was flagged at each {reader.dep.steps.unit}",
+                                       hovertemplate="%{y} at " + unit + " %{x}<extra></extra>"))
+            fig.update_layout(title=f"{_plot_text(rel.name)}: what was flagged at each {unit}",
                               height=200 + 28 * len({p[1] for p in points}), template="plotly_white",
                               margin={"l": 160, "r": 20, "t": 50, "b": 50})
-            fig.update_xaxes(title=reader.dep.steps.unit, dtick=1, range=[0.5, reader.dep.horizon + 0.5])
+            fig.update_xaxes(title=unit, dtick=1, range=[0.5, reader.dep.horizon + 0.5])
             parts.append(_figure_html(fig))
         rows = "".join(f"<tr><td>{a['step']}</td><td>{_e(a['text'])}</td></tr>" for a in alerts)
         parts.append("<table class=\"alerts\"><tr><th>" + _e(reader.dep.steps.unit) + "</th><th>alert</th></tr>"

@@ -254,9 +254,20 @@ def cmd_close(args) -> int:
             return _fail(EXIT_BUDGET, f"refusing to close step(s) {lost or list(steps)}: reports the workers had "
                                       "counted were lost with the broker's log (LOST above); send them again, or "
                                       "pass --force to close with those users imputed")
+    from pipeline.stream.control.keys import KeyUnavailable
+    from pipeline.stream.control.signatures import MAX_COMMAND_STEPS
+
+    # signed for every step not released yet: the releaser may be behind the closes this view saw
+    first = min(store.last_released(), view.closing) + 1
+    if args.step - first + 1 > MAX_COMMAND_STEPS:
+        return _fail(EXIT_CONFIG, "nothing closed: a close command carries one signature per "
+                                  f"step, at most {MAX_COMMAND_STEPS:,}; close through step "
+                                  f"{first + MAX_COMMAND_STEPS - 1} first")
     prod = _producer(dep)
     try:
-        prod.close_step(args.step)
+        prod.close_step(args.step, first=first)
+    except KeyUnavailable as err:
+        return _fail(EXIT_CONFIG, f"nothing closed: {err}")
     finally:
         prod.close()
     from pipeline.producer import progress_printer

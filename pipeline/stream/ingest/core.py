@@ -31,6 +31,7 @@ import numpy as np
 import orjson
 
 from pipeline.serialization import dumps_state, loads_state
+from pipeline.stream.control.signatures import CloseVerifier, Unverified
 from pipeline.stream.kafka.codecs import CONTROL_HEADER, dead_letter_headers, encode_partial, parse_close_marker
 from pipeline.stream.kafka.limits import DEAD_LETTER_COPY_BYTES, MAX_REPORT_BYTES
 from pipeline.stream.ingest.corrections import REPLACE_HEADER, is_replacement
@@ -90,10 +91,16 @@ class IngestCore:
     # as soon as its partials are in).
     KEEP_PARTIALS = 8
 
-    def __init__(self, deployment, roster, topic_names: dict[str, str], store=None, isolated: bool = False):
+    def __init__(self, deployment, roster, topic_names: dict[str, str], store=None,
+                 isolated: bool = False, verifier: CloseVerifier | None = None):
         """``isolated``: neither send nor wait for forwarded-through markers — only for driving
-        partitions in isolation, as unit tests do (nothing is forwarded to them); a worker never is."""
+        partitions in isolation, as unit tests do (nothing is forwarded to them); a worker never is.
+        ``verifier``: a close marker counts only when its signature verifies; one that does not is
+        dead-lettered with its reason (None: unsigned markers, for tests driving the core without
+        keys;
+        the worker job always passes one)."""
         self.isolated = isolated
+        self.verifier = verifier
         self.deployment = deployment
         self.roster = roster
         self.names = topic_names
@@ -237,7 +244,14 @@ class IngestCore:
                 if run:
                     outputs.append(self.apply_reports(partition, run, replacing))
                     run = []
-                step, closed_at = parse_close_marker(rec.value)
+                try:
+                    step, closed_at = self._marker_fields(rec.value)
+                except Unverified as err:  # never closes anything: dead-lettered with why
+                    log.error("partition %d: dead-lettering a close marker at offset %d (%s): %s",
+                              partition, rec.offset, err.reason, err)
+                    outputs.append(self._reject_record(partition, rec, err.reason, str(err)))
+                    done += 1
+                    continue
                 next_step = self.states[partition].closed + 1
                 if step is None or step > next_step:
                     # Not a close of the next step (the releaser writes markers in order): a garbled
@@ -415,6 +429,15 @@ class IngestCore:
         key = f"{source}:{offset}:{'-' if item is None else item}".encode()
         return key, *bounded_copy(original, dead_letter_headers(reason, detail, self.names["reports"], source, offset,
                                                                 item))
+
+    def _marker_fields(self, value: bytes) -> tuple[int | None, int | None]:
+        """(step, closed_at) of a close marker: verified (:class:`Unverified` when it does not
+        verify), or
+        as written when the core has no verifier."""
+        if self.verifier is None:
+            return parse_close_marker(value)
+        signed = self.verifier.marker(value)
+        return signed.step, signed.closed_at
 
     # -- close -----------------------------------------------------------------------------------
     def close(self, partition: int, step: int, marker_offset: int,

@@ -74,11 +74,25 @@ class ReportProducer:
     def send_raw(self, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
         self._producer.send(self.names["reports"], value=value, key=key, partition=partition)
 
-    def close_step(self, step: int) -> int:
-        """Send the close command; returns its record timestamp (ms, the broker's log)."""
-        future = self._producer.send(self.names["control"], value=orjson.dumps({"command": "close", "step": int(step)}))
+    def close_step(self, step: int, first: int | None = None, signer=None) -> int:
+        """Send the close command of steps ``first``..``step`` (default: ``step`` alone), signed by
+        the
+        curator (``signer``, default: the deployment's curator key, :func:`curator_signer`);
+        returns its
+        public close time (ms), which is also its record timestamp."""
+        import time
+
+        from pipeline.stream.control.signatures import CloseCommand, curator_signer
+
+        signer = signer or curator_signer(self.deployment, self.roster.ids)
+        closed_at = int(time.time() * 1000)
+        steps = range(step if first is None else first, step + 1)
+        command = CloseCommand.signed(signer, steps, closed_at)
+        future = self._producer.send(self.names["control"], value=command.value(),
+                                     timestamp_ms=closed_at)
         self._producer.flush()
-        return int(future.get(timeout=30).timestamp)
+        future.get(timeout=30)
+        return closed_at
 
     def close(self, timeout: float | None = None) -> None:
         self._producer.close(timeout=timeout)

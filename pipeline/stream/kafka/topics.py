@@ -78,10 +78,11 @@ TOPICS: dict[str, Topic] = {t.name: t for t in (
     Topic("synthetic", 1, "<release>:<step>:<chunk>", "json", public=True, reader=None, writers=("releaser",),
           readers=_ANALYSTS),
     Topic("alerts", 1, "<release>:<step>", "json", public=True, reader=None, writers=("releaser",), readers=_ANALYSTS),
-    # rejected reports with their reasons: `dpstream dead-letters` and `produce`'s verdict on its own
-    # reports (pipeline.fates); the operator reads raw reports anyway
+    # rejected reports with their reasons, written by the workers (reports, unverified markers) and
+    # the releaser (unverified control commands); read by `dpstream dead-letters` and `produce`'s
+    # verdict on its own reports (pipeline.fates): the operator reads raw reports anyway
     Topic("dead-letter", 1, "the original key", "binary", public=False, reader=None,
-          writers=("worker",), readers=("operator",)),
+          writers=("worker", "releaser"), readers=("operator",)),
 )}
 PUBLIC_TOPICS = tuple(name for name, t in TOPICS.items() if t.public)
 

@@ -30,7 +30,7 @@ from pipeline.stream.local.embedded import (LOCAL_SECRETS_ENV, EmbeddedServices,
                                              private_file)
 
 __all__ = ["LocalCluster", "ProcessFailed", "endpoints_file", "state_dir", "dpstream_home", "private_home",
-           "process_cmdline", "last_error_line"]
+           "process_cmdline", "last_error_line", "curator_key_path"]
 
 REFUSALS = (2, 3, 4)  # configuration, budget, state: a restart would refuse again (pipeline.cli's exit codes)
 MAX_RESTARTS = 5  # per process within RESTART_WINDOW seconds; one more failure stops the deployment
@@ -89,6 +89,23 @@ def endpoints_file(deployment_name: str) -> Path:
     return dpstream_home() / f"{deployment_name}.json"
 
 
+def curator_key_path(deployment_name: str) -> Path | None:
+    """The curator's private key for closing steps: ``DPSTREAM_CONTROL_KEY``, else the one the
+    running
+    ``dpstream up`` (or a test's cluster) of the deployment generated (its endpoints file names
+    it)."""
+    from pipeline.stream.control.keys import CONTROL_KEY_ENV, env_path
+
+    given = env_path(CONTROL_KEY_ENV)
+    if given is not None:
+        return given
+    try:
+        recorded = json.loads(endpoints_file(deployment_name).read_text()).get("control_key")
+    except (OSError, ValueError):
+        return None
+    return Path(recorded) if recorded else None
+
+
 def process_cmdline(pid: int) -> str | None:
     """The command line of process ``pid`` (Linux /proc), None if unknown: recorded with each pid in the
     endpoints file so that ``dpstream down`` never signals an unrelated process that reused the pid."""
@@ -129,6 +146,7 @@ class LocalCluster:
         self.lag_watch = LagWatch()
         self.falling_behind: str | None = None  # the lag watch's warning while it holds (`dpstream status`)
         self._due = {"retention": 0.0, "lag": 0.0}
+        self._keys = None  # ControlKeys, see control_keys
 
     # -- services ------------------------------------------------------------------------------
     def start_services(self) -> None:
@@ -142,9 +160,34 @@ class LocalCluster:
         self.broker = self.broker or self.services.broker.bootstrap
         self.redis_url = self.redis_url or self.services.redis.url
 
-    def env(self) -> dict[str, str]:
-        """The stream processes' environment (the configuration and endpoints go on their command line)."""
-        return dict(os.environ, PYTHONUNBUFFERED="1")
+    def env(self, role: str = "worker") -> dict[str, str]:
+        """The stream processes' environment (the configuration and endpoints go on their command
+        line): the
+        control plane's public keys, never the curator's private key; the deadline key to the
+        releaser of a
+        deployment that closes on a deadline (:mod:`pipeline.stream.control.keys`)."""
+        from pipeline.stream.control.keys import DEADLINE_KEY_ENV, PRIVATE_ENVS
+
+        env = {k: v for k, v in os.environ.items() if k not in PRIVATE_ENVS}
+        keys = self.control_keys()
+        env.update(keys.public_env(), PYTHONUNBUFFERED="1")
+        if role == "releaser" and self.deployment.steps.close == "deadline":
+            env[DEADLINE_KEY_ENV] = str(keys.deadline.private)
+        return env
+
+    def control_keys(self):
+        """The deployment's control key pairs, generated on first use: beside its state when it has
+        a data
+        directory (markers kept for a re-drive must verify after a restart), else in this process
+        tree's
+        owner-only secrets directory."""
+        from pipeline.stream.control.keys import ensure_keys
+        from pipeline.stream.local.embedded import local_secrets_dir
+
+        if self._keys is None:
+            self._keys = ensure_keys(Path(self.data_dir) / "control" if self.data_dir is not None
+                                     else local_secrets_dir() / f"control-{self.deployment.name}")
+        return self._keys
 
     # -- processes -----------------------------------------------------------------------------
     def spawn(self, role: str, name: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -163,7 +206,8 @@ class LocalCluster:
         try:
             proc = subprocess.Popen(
                 job_command(role, self.config_path, self.broker, self.redis_url, metrics_port=port),
-                env={**self.env(), **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**self.env(role), **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         finally:
             if out is not subprocess.DEVNULL:
@@ -197,6 +241,8 @@ class LocalCluster:
             record["falling_behind"] = self.falling_behind
         if os.environ.get(LOCAL_SECRETS_ENV):  # where the embedded Redis's password is (never the password)
             record["local_secrets"] = os.environ[LOCAL_SECRETS_ENV]
+        # for `dpstream close`: the path of the curator's key, never the key
+        record["control_key"] = str(self.control_keys().curator.private)
         private_file(path, json.dumps(record))  # owner-only, atomically: readers never see half a file
 
     def process_record(self) -> dict[str, dict]:

@@ -26,13 +26,19 @@ The protocol, per step t once every partition's partial of t is in:
 
 Closing: a close command for step t writes close markers for every step not yet closed up to t to
 every reports partition, then (acknowledged) moves ``closing`` and records the step's public close
-time; with ``steps.close: deadline`` a step also closes ``deadline_seconds`` after the previous close
-(:mod:`pipeline.stream.release.closing`).
+time and marker; with ``steps.close: deadline`` a step also closes ``deadline_seconds`` after the
+previous close (:mod:`pipeline.stream.release.closing`). With a ``verifier`` (the job always has
+one)
+a close command counts only when it carries the curator's signature for every step it closes, and
+the markers are those signed statements (:mod:`pipeline.stream.control.signatures`); an unverified
+command is dead-lettered with its reason and closes nothing. Deadline closes are signed with the
+deadline key (``deadline_signer``).
 
 Re-driving a close (:meth:`ReleaseCoordinator.redrive_closes`): steps closed but not released
 (``closing`` > ``released``) may have lost their markers or partials (a broker that lost its log
 between the close and the release). At start, and whenever the partials log turns out lost, the
-releaser writes their markers again, with the recorded close times. A partition that had closed the
+releaser writes their markers again: the recorded marker bytes, verbatim (no signing needed). A
+partition that had closed the
 step re-sends the partial its checkpoint keeps (the same bytes); one that had not closes it now. The
 step is then released once (the commit is guarded in Redis); no noise was drawn for it before.
 """
@@ -49,7 +55,11 @@ import orjson
 from pipeline.privacy.accounting import BudgetExhaustedError
 from pipeline.releases import get_kind
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.stream.kafka.codecs import CONTROL_HEADER, PartialAssembler, close_marker, synthetic_chunks
+from pipeline.stream.control.signatures import (CloseCommand, CloseSigner, CloseVerifier,
+                                                SignedClose, Unverified)
+from pipeline.stream.kafka.codecs import (CONTROL_HEADER, PartialAssembler, close_marker,
+                                          dead_letter_headers, synthetic_chunks)
+from pipeline.stream.kafka.limits import DEAD_LETTER_COPY_BYTES
 from pipeline.stream.kafka.faults import crash_point
 from pipeline.stream.kafka.metrics import METRICS
 from pipeline.stream.release.closing import DeadlineClock, now_ms
@@ -73,8 +83,14 @@ class ReleaseCoordinator:
     """One releaser's protocol state; build it with :meth:`create` (it reads Redis)."""
 
     def __init__(self, deployment, engine: ReleaseEngine, store, checkpoint: Checkpoint, names: dict[str, str],
-                 log_end: Callable[[str], Awaitable[int | None]], clock: Callable[[], int] = now_ms):
+                 log_end: Callable[[str], Awaitable[int | None]], clock: Callable[[], int] = now_ms,
+                 verifier: CloseVerifier | None = None, deadline_signer: CloseSigner | None = None):
+        """``verifier``: close commands must carry the curator's signatures (None: unsigned
+        commands and
+        markers, for tests driving the protocol without keys; the job always passes one)."""
         self.dep = deployment
+        self.verifier = verifier
+        self.deadline_signer = deadline_signer
         self.engine = engine
         self.store = store
         self.checkpoint = checkpoint
@@ -95,13 +111,16 @@ class ReleaseCoordinator:
 
     @classmethod
     async def create(cls, deployment, n: int, instance: str, store, checkpoint: Checkpoint, names: dict[str, str],
-                     log_end: Callable[[str], Awaitable[int | None]], clock: Callable[[], int] = now_ms):
+                     log_end: Callable[[str], Awaitable[int | None]],
+                     clock: Callable[[], int] = now_ms, verifier: CloseVerifier | None = None,
+                     deadline_signer: CloseSigner | None = None):
         """The engine restored from the last committed step (a fresh one before the first), stamping
         ``instance`` (the deployment's public instance id, read back by the fence) into every manifest."""
         last, blob = await store.latest_state()
         engine = await _engine_from(deployment, store, last, blob) if blob else ReleaseEngine(deployment, n)
         engine.instance = instance
-        return cls(deployment, engine, store, checkpoint, names, log_end, clock)
+        return cls(deployment, engine, store, checkpoint, names, log_end, clock, verifier,
+                   deadline_signer)
 
     # -- events ------------------------------------------------------------------------------------
     async def on_assign_partials(self) -> int:
@@ -132,8 +151,15 @@ class ReleaseCoordinator:
             log.info("partials of step %d complete", step)
         return True
 
-    async def on_control(self, value: bytes, timestamp_ms: int) -> None:
-        """A close command: its record timestamp (set by the operator's client) is the public close time."""
+    async def on_control(self, value: bytes, timestamp_ms: int, offset: int = -1) -> None:
+        """A close command. Signed (with a verifier): its signed ``closed_at`` is the public close
+        time, and a
+        command without a valid signature for every step it would close is dead-lettered. Unsigned
+        (no
+        verifier): its record timestamp (set by the operator's client) is."""
+        if self.verifier is not None:
+            await self._on_signed_control(value, offset)
+            return
         try:
             cmd = orjson.loads(value)
             if cmd.get("command") != "close":
@@ -142,6 +168,33 @@ class ReleaseCoordinator:
             await self.close_through(int(cmd["step"]), timestamp_ms if timestamp_ms >= 0 else self.clock())
         except (ValueError, KeyError, TypeError, AttributeError, orjson.JSONDecodeError) as err:
             log.error("ignoring control message %r: %s", value[:200], err)
+
+    async def _on_signed_control(self, value: bytes, offset: int) -> None:
+        try:
+            cmd = CloseCommand.parse(value)
+            first = await self.store.last_closing() + 1
+            if cmd.step < first:
+                return  # closes nothing (the control log is re-read from its start at every start)
+            signed = cmd.verified(self.verifier, first)
+        except Unverified as err:
+            log.error("dead-lettering control message at offset %d (%s): %s", offset, err.reason,
+                      err)
+            await self._dead_letter(value, err, offset)
+            return
+        log.info("close command for step %d (signed by the curator)", cmd.step)
+        await self.close_through(cmd.step, cmd.closed_at, signed)
+
+    async def _dead_letter(self, value: bytes, err: Unverified, offset: int) -> None:
+        """An unverified control message to ``dead-letter`` (key ``control:0:<offset>``: stable
+        when the
+        control log is re-read), its reason and detail in the headers, as the workers write
+        theirs."""
+        headers = dead_letter_headers(err.reason, str(err), self.names["control"], 0, offset, None)
+        batch = self.checkpoint.begin()
+        await batch.send(self.names["dead-letter"], bytes(value or b"")[:DEAD_LETTER_COPY_BYTES],
+                         key=f"control:0:{offset}".encode(), headers=headers)
+        await batch.acknowledged()
+        METRICS.dead_letters.labels(err.reason).inc()
 
     async def tick(self) -> None:
         """Time passed: close the open step if its deadline is due; republish after a reassignment."""
@@ -285,9 +338,14 @@ class ReleaseCoordinator:
                 metric.set(value) if hasattr(metric, "set") else metric.inc(value)
 
     # -- closing steps -----------------------------------------------------------------------------
-    async def close_through(self, step: int, closed_at: int) -> None:
+    async def close_through(self, step: int, closed_at: int,
+                            signed: dict[int, SignedClose] | None = None) -> None:
         """Write close markers for every step after the last one closed, up to ``step``, in order, each
-        carrying the public close time ``closed_at`` (ms); ``closing`` moves once they are acknowledged."""
+        carrying the public close time ``closed_at`` (ms); ``closing`` moves once they are
+        acknowledged.
+        ``signed``: the curator's verified closes (a close command); without, a deadline close,
+        signed
+        with the deadline key (unsigned only when the coordinator has no verifier)."""
         if not 1 <= step <= self.dep.horizon:
             log.error("refusing to close step %s: steps are 1..%d", step, self.dep.horizon)
             return
@@ -295,8 +353,14 @@ class ReleaseCoordinator:
             await self.redrive_closes()
         first = await self.store.last_closing() + 1
         for t in range(first, step + 1):
-            batch = await self._send_markers(t, closed_at)
-            await batch.commit(lambda: self.store.mark_closing(t, closed_at))
+            marker = self._marker(t, closed_at, signed)
+            if marker is None:
+                log.error("no signed close marker for step %d: not closing it (a close command "
+                          "signs every step from the first not released; a deadline close needs "
+                          "the deadline key)", t)
+                return
+            batch = await self._send_markers(t, marker)
+            await batch.commit(lambda: self.store.mark_closing(t, closed_at, marker))
             log.info("close markers for step %d written to %d partitions", t, self.partitions)
         if first <= step:
             self._deadline.closed(closed_at)
@@ -314,17 +378,37 @@ class ReleaseCoordinator:
                     "whose partial or marker was lost (a broker that lost its log) re-send or close them",
                     steps[0], steps[-1])
         for t in steps:
-            closed_at = await self.store.close_time(t)
-            if closed_at is None:  # a close recorded before close times were kept
-                closed_at = self.clock()
-                log.warning("step %d has no recorded close time: its re-driven markers carry now (%d)", t, closed_at)
-            await (await self._send_markers(t, closed_at)).acknowledged()
+            marker = await self.store.close_marker(t)
+            if marker is None and self.verifier is not None:
+                log.error("step %d has no kept close marker (closed by a dpstream that kept none): "
+                          "its close cannot be re-driven without the curator; if it stays "
+                          "unreleased, see docs/streaming.md, 'A lost close'", t)
+                continue
+            if marker is None:  # unsigned (no verifier): rebuilt from the recorded close time
+                closed_at = await self.store.close_time(t)
+                if closed_at is None:  # a close recorded before close times were kept
+                    closed_at = self.clock()
+                    log.warning("step %d has no recorded close time: its re-driven markers carry "
+                                "now (%d)", t, closed_at)
+                marker = close_marker(t, closed_at)
+            await (await self._send_markers(t, marker)).acknowledged()
         log.info("close markers of step(s) %s written again to %d partitions", steps, self.partitions)
         return steps
 
-    async def _send_markers(self, step: int, closed_at: int):
-        """Send the close marker of ``step`` to every reports partition; the batch (not yet acknowledged)."""
-        body, batch = close_marker(step, closed_at), self.checkpoint.begin()
+    def _marker(self, step: int, closed_at: int,
+                signed: dict[int, SignedClose] | None) -> bytes | None:
+        """The marker value of a new close of ``step`` (None: this coordinator cannot make a valid
+        one)."""
+        if signed is not None:
+            return signed[step].marker() if step in signed else None
+        if self.deadline_signer is not None:
+            return self.deadline_signer.sign(step, closed_at).marker()
+        return close_marker(step, closed_at) if self.verifier is None else None
+
+    async def _send_markers(self, step: int, body: bytes):
+        """Send the close marker ``body`` of ``step`` to every reports partition; the batch (not yet
+        acknowledged)."""
+        batch = self.checkpoint.begin()
         for p in range(self.partitions):
             await batch.send(self.names["reports"], body, partition=p, headers=[(CONTROL_HEADER, b"close")])
         return batch

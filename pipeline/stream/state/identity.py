@@ -7,6 +7,17 @@ own configuration and refuses to start when the hash differs, naming each change
 state is calibrated for the stored parameters (a heavy-hitter mechanism for k = 3 must not meet
 aggregators rebuilt for k = 20).
 
+``{p}:identity`` is readable and writable by the workers' Redis login too (Redis 6.2 grants commands
+per user, not per key, and a worker claims the identity at its first start). So the releaser keeps
+its
+own copy under ``{p}:release:identity``, a key only its login reaches, written at its first start;
+at
+every later start it checks its configuration against that copy as well. A worker credential that
+rewrites ``{p}:identity`` to the fingerprint of a changed configuration therefore gets nothing
+released
+under it: the releaser refuses (exit code 2) naming the changed keys, and ``dpstream up`` stops
+with it.
+
 The instance id is random (``uuid4``), independent of the data, and public: the releaser stamps it
 into every manifest, and the fence (:mod:`pipeline.stream.release.fence`) uses it to recognise releases
 of this deployment that the state in Redis does not know.
@@ -90,12 +101,37 @@ def establish_identity(deployment, roster_ids: list[str], store, role: str) -> D
             "(non-secure) random source; production: true refuses to continue it: start a new deployment "
             "with random.kind: secure")
     if identity.fingerprint != digest:
-        changes = config_changes(identity.config, current)
-        raise ConfigurationChanged(
-            f"{role}: the privacy-relevant configuration differs from the one deployment {deployment.name!r} was "
-            f"started with: {'; '.join(changes)}. Refusing to start: the stored state is calibrated for the old "
-            "values. Revert the configuration, or start a new deployment (new name, new budget).")
+        raise _changed(role, deployment, identity.config, current, "")
+    if role == "releaser":
+        _check_release_copy(deployment, store, identity, current)
     return identity
+
+
+def _changed(role: str, deployment, stored: dict[str, Any], current: dict[str, Any], where: str):
+    return ConfigurationChanged(
+        f"{role}: the privacy-relevant configuration differs from the one deployment "
+        f"{deployment.name!r} was started with{where}: "
+        f"{'; '.join(config_changes(stored, current))}. "
+        "Refusing to start: the stored state is calibrated for the old values. Revert the "
+        "configuration, or start a new deployment (new name, new budget).")
+
+
+def _check_release_copy(deployment, store, identity: DeploymentIdentity,
+                        current: dict[str, Any]) -> None:
+    """The releaser's own copy of the identity (see the module docstring): kept at its first start,
+    then
+    compared; ``{p}:identity`` agreeing with a changed configuration while the copy does not means
+    it was
+    rewritten by another login."""
+    own = store.release_identity()
+    if own is None:
+        own = store.keep_release_identity({"instance": identity.instance,
+                                           "fingerprint": identity.fingerprint,
+                                           "config": identity.config})
+    if own["fingerprint"] != identity.fingerprint:
+        raise _changed("releaser", deployment, own["config"], current,
+                       f" (as the releaser's own copy {store.keys.release_identity} records it; "
+                       f"{store.keys.identity} was rewritten to agree with the new one)")
 
 
 def _check_no_orphaned_state(deployment, store, role: str) -> None:

@@ -12,6 +12,13 @@ key                             what it holds                                   
 ``{p}:release:partials-resume`` step-partials offset a restarted releaser re-reads from        releaser rw
 ``{p}:release:close-times``     hash: step -> its public close time (ms), as its markers       releaser rw
                                 carry it (a close re-driven after a lost log writes it again)
+``{p}:release:close-markers``  hash: step -> its close marker as written (signed by the       
+releaser rw
+                                curator or the deadline key): a re-driven close re-sends it
+``{p}:release:identity``        the releaser's own copy of the identity record (fingerprint    
+releaser rw
+                                and configuration), written at its first start: the workers
+                                may rewrite ``{p}:identity``, never this (docs/security.md)
 ``{p}:ledger``                  hash: ``<release>:<t>`` -> ledger entry (the privacy spent)    releaser rw, operator r
 ``{p}:pointer:released``        last released step                                             releaser rw, operator r
 ``{p}:pointer:published``       last step whose messages the broker acknowledged               releaser rw, operator r
@@ -100,6 +107,14 @@ class Keys:
     @property
     def close_times(self) -> str:
         return self._k("release", "close-times")
+
+    @property
+    def close_markers(self) -> str:
+        return self._k("release", "close-markers")
+
+    @property
+    def release_identity(self) -> str:
+        return self._k("release", "identity")
 
     @property
     def ledger(self) -> str:

@@ -179,6 +179,18 @@ class ReleaseStore(StoreLayout):
         won = bool(self.r.set(key, json.dumps(identity, sort_keys=True), nx=True))
         return json.loads(self.r.get(key)), won
 
+    def release_identity(self) -> dict[str, Any] | None:
+        """The releaser's own copy of the identity (under ``release:``, which no other role
+        reaches)."""
+        raw = self.r.get(self.keys.release_identity)
+        return None if raw is None else json.loads(raw)
+
+    def keep_release_identity(self, identity: dict[str, Any]) -> dict[str, Any]:
+        """Store the releaser's copy unless one exists (SET NX); the stored one."""
+        key = self.keys.release_identity
+        self.r.set(key, json.dumps(identity, sort_keys=True), nx=True)
+        return json.loads(self.r.get(key))
+
     def register_fingerprint(self, portable: str) -> None:
         """Mark this deployment's name-free fingerprint under its own prefix."""
         self.r.set(self.keys.fingerprint(portable), b"")

@@ -100,11 +100,17 @@ class AsyncReleaseStore(StoreLayout):
     async def last_closing(self) -> int:
         return await self._int(self.keys.pointer("closing"))
 
-    async def mark_closing(self, step: int, closed_at: int | None = None) -> None:
-        """Close markers of ``step`` (public close time ``closed_at``, ms) are written to every reports partition."""
+    async def mark_closing(self, step: int, closed_at: int | None = None,
+                           marker: bytes | None = None) -> None:
+        """Close markers of ``step`` (public close time ``closed_at``, ms) are written to every
+        reports partition;
+        ``marker``: their value, kept so that a re-driven close re-sends the signed marker
+        verbatim."""
         async with self.r.pipeline(transaction=True) as tx:
             if closed_at is not None:
                 tx.hset(self.keys.close_times, str(step), int(closed_at))
+            if marker is not None:
+                tx.hset(self.keys.close_markers, str(step), marker)
             tx.set(self.keys.pointer("closing"), step)
             await tx.execute()
 
@@ -112,6 +118,10 @@ class AsyncReleaseStore(StoreLayout):
         """The public close time (ms) recorded for ``step``'s markers (None: not recorded)."""
         raw = await self.r.hget(self.keys.close_times, str(step))
         return None if raw is None else int(raw)
+
+    async def close_marker(self, step: int) -> bytes | None:
+        """The marker value written for ``step`` (None: closed without a kept marker)."""
+        return await self.r.hget(self.keys.close_markers, str(step))
 
     # -- worker checkpoints ------------------------------------------------------------------------
     async def load_checkpoint(self, partition: int) -> bytes | None:
