@@ -77,6 +77,9 @@ TOPICS: dict[str, Topic] = {t.name: t for t in (
     Topic("synthetic", 1, "<release>:<step>:<chunk>", "json", public=True, reader=None, writers=("releaser",),
           readers=_ANALYSTS),
     Topic("alerts", 1, "<release>:<step>", "json", public=True, reader=None, writers=("releaser",), readers=_ANALYSTS),
+    # the public deployment descriptor (pipeline.descriptor): n, labels and parameters for the analysts
+    Topic("deployment", 1, "descriptor", "json", public=True, reader=None, writers=("releaser",),
+          readers=_ANALYSTS),
     Topic("dead-letter", 1, "the original key", "binary", public=False, reader=None, writers=("worker",)),
 )}
 PUBLIC_TOPICS = tuple(name for name, t in TOPICS.items() if t.public)
