@@ -291,6 +291,33 @@ def test_alerts_into_a_closed_pipe_end_quietly(deployment):
     assert proc.returncode == 0 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
 
 
+def test_up_lists_its_metrics_ports_for_prometheus_and_only_the_releaser_exports_the_released_step(deployment,
+                                                                                                     tmp_path):
+    """A real Prometheus finds every process through the file_sd file `up` writes (the ports are random),
+    and the released step it scrapes is the releaser's alone (a worker exported 0)."""
+    from test_metrics import Prometheus
+
+    d = deployment
+    targets = Path(d.env["DPSTREAM_HOME"]) / f"{NAME}.prometheus.json"
+    groups = json.loads(targets.read_text())
+    assert sorted(g["labels"]["process"] for g in groups) == ["releaser", "worker-0"]
+    prom = Prometheus(tmp_path / "prometheus", {})
+    try:
+        assert prom.wait("vector(1)", lambda r: r is not None) is not None  # serving: SIGHUP now reloads
+        (prom.dir / "prometheus.yml").write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": "dpstream",
+                                "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}]}))
+        prom.proc.send_signal(signal.SIGHUP)
+        released = _published(d.config)
+        prom.wait("up == 1", lambda r: r is not None and len(r) == len(groups))
+        prom.wait("dpstream_released_step", lambda r: bool(r) and all(float(x["value"][1]) == released for x in r))
+        assert prom.by("up", "process") == {"releaser": 1.0, "worker-0": 1.0}
+        assert prom.by("dpstream_released_step", "process") == {"releaser": float(released)}
+    finally:
+        prom.stop()
+
+
 def test_version():
     from importlib.metadata import version
 
@@ -309,5 +336,5 @@ def test_waiting_for_the_workers_says_a_finished_count_once():
                                           stream=out))
     for done in (50, 50, 114, *[114] * 16):
         show(done, 114)
-    assert out.getvalue().splitlines() == ["waiting for the workers: handled 50 of 114 records sent before",
-                                           "waiting for the workers: handled 114 of 114 records sent before"]
+    assert out.getvalue().splitlines() == ["waiting for the workers: handled: 50 of 114 records sent before",
+                                           "waiting for the workers: handled: 114 of 114 records sent before"]
