@@ -284,7 +284,7 @@ def test_alerts_into_a_closed_pipe_end_quietly(deployment):
     read, write = os.pipe()
     os.close(read)  # the reader is gone before anything is written, as `| head` after its lines
     try:
-        proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "alerts", *d.public], stdout=write,
+        proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "alerts", "--config", str(d.config)], stdout=write,
                               stderr=subprocess.PIPE, text=True, env=d.env, timeout=120)
     finally:
         os.close(write)

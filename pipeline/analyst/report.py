@@ -229,7 +229,7 @@ def render_report(reader) -> str:
     toc = " · ".join(f"<a href=\"#{_e(r.name)}\">{_e(r.name)}</a>" for r in counts)
     body = [f"<h1>dpstream report: {_e(dep.name)}</h1>",
             f"<p class=\"meta\">n = {dep.n:,} users, horizon {dep.horizon} {_e(dep.steps.unit)}s, released through "
-            f"{_e(dep.steps.unit)} {through}. Built from the public topics only (releases, synthetic, alerts): every "
+            f"{_e(dep.steps.unit)} {through}. Built from the public topics only (releases, synthetic, alerts, deployment): every "
             "number here is differentially private output or public configuration.</p>",
             f"<p>{toc} · <a href=\"#privacy\">privacy spend</a>"
             + (" · <a href=\"#alerts\">alerts</a>" if len(counts) < len(dep.releases) else "") + "</p>"]
