@@ -36,8 +36,9 @@ def build(deployment, roster_ids: list[str], instance: str) -> dict[str, Any]:
     public = deployment.model_dump(mode="json", exclude=_CURATOR_KEYS)
     public["roster"] = {"source": "range", "size": len(roster_ids)}
     public["random"] = {"kind": deployment.random.kind}
-    return {"format": FORMAT, "deployment": deployment.name, "instance": instance, "n": len(roster_ids),
-            "fingerprint": fingerprint(doc), "privacy_config": doc, "config": public}
+    return {"format": FORMAT, "deployment": deployment.name, "instance": instance,
+            "n": len(roster_ids), "fingerprint": fingerprint(doc), "privacy_config": doc,
+            "config": public}
 
 
 def encode(descriptor: dict[str, Any]) -> bytes:
@@ -46,7 +47,7 @@ def encode(descriptor: dict[str, Any]) -> bytes:
 
 
 def deployment_from(descriptor: dict[str, Any]):
-    """A :class:`pipeline.config.Deployment` for reading the public topics, from the descriptor alone.
+    """A :class:`pipeline.config.Deployment` to read the public topics with, from the descriptor.
 
     Its roster is a range of the published size n (the ids are not published and reading needs only
     n); its random source reads as ``secure`` whatever the deployment drew with, because a reader
@@ -55,8 +56,8 @@ def deployment_from(descriptor: dict[str, Any]):
     from pipeline.config import parse_config
 
     if descriptor.get("format") != FORMAT:
-        raise ValueError(f"deployment descriptor format {descriptor.get('format')!r}; this dpstream reads "
-                         f"format {FORMAT}")
+        raise ValueError(f"deployment descriptor format {descriptor.get('format')!r}; this "
+                         f"dpstream reads format {FORMAT}")
     data = dict(descriptor["config"], random={"kind": "secure"})
     return parse_config(data, source=f"the published descriptor of {descriptor['deployment']!r}")
 

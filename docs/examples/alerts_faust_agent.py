@@ -36,8 +36,10 @@ OUT = os.environ.get("DPSTREAM_ALERTS_OUT")
 app = faust.App(f"dpstream-{DEPLOYMENT}-downstream-faust-alerts", broker=f"kafka://{BOOTSTRAP}",
                 web_enabled=False, consumer_auto_offset_reset="earliest", topic_partitions=1,
                 datadir=os.environ.get("DPSTREAM_ALERTS_DATADIR", "faust-alerts-data"))
-alerts_topic = app.topic(f"{PREFIX}.{DEPLOYMENT}.alerts", key_serializer="raw", value_serializer="raw")
-descriptor_topic = app.topic(f"{PREFIX}.{DEPLOYMENT}.deployment", key_serializer="raw", value_serializer="raw")
+alerts_topic = app.topic(f"{PREFIX}.{DEPLOYMENT}.alerts", key_serializer="raw",
+                         value_serializer="raw")
+descriptor_topic = app.topic(f"{PREFIX}.{DEPLOYMENT}.deployment", key_serializer="raw",
+                             value_serializer="raw")
 
 seen: set[str] = set()  # alert keys already shown (a republished alert repeats its key and bytes)
 flags: dict[tuple[str, int], int] = {}  # (release, id) -> times flagged so far
@@ -45,7 +47,7 @@ k_of: dict[str, int] = {}  # release -> k, from the descriptor
 
 
 def describe(alert: dict) -> str:
-    """One line: the flagged ids with their public labels, noisy counts and flag number; or the band answer."""
+    """The flagged ids with their labels, noisy counts and flag numbers; or the band answer."""
     if alert["type"] != "heavy_hitters":
         return f"{alert['value']!r} is {alert['answer']} ({alert['low']}, {alert['high']})"
     counts = alert.get("noisy_counts") or [None] * len(alert["flagged"])

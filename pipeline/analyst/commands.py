@@ -1,4 +1,5 @@
-"""The analysts' commands (``query``, ``export``, ``alerts``, ``report``, ``hash``): public topics only.
+"""The analysts' commands (``query``, ``export``, ``alerts``, ``report``, ``hash``): public topics
+only.
 
 Each takes the :class:`~pipeline.analyst.source.PublicSource` (broker, topic names, an optional
 configuration checked against the published descriptor) and the parsed arguments, prints its output

@@ -2,8 +2,9 @@
 
 Parquet files carry the dictionary (:meth:`pipeline.analyst.reader.PublicReader.dictionary`) as JSON
 in the schema metadata under the key ``dpstream``; a CSV file gets it as a JSON sidecar
-``<file>.dictionary.json``. Releases with padding add a boolean column ``padding_step_<t>`` per released
-window (the kind's ``padding_flags`` at t): no one set of the exchangeable records is every window's padding. Only ``.csv`` and ``.parquet`` are written: any other suffix, or a directory that
+``<file>.dictionary.json``. Releases with padding add a boolean column ``padding_step_<t>`` per
+released window (the kind's ``padding_flags`` at t): no one set of the exchangeable records is every
+window's padding. Only ``.csv`` and ``.parquet`` are written: any other suffix, or a directory that
 does not exist or cannot be written, is refused before anything is read.
 """
 
@@ -20,7 +21,8 @@ from pipeline.releases import kind_of
 from .reader import AnalystError
 from .tables import METADATA_KEY, write_csv, write_parquet
 
-__all__ = ["FORMATS", "METADATA_KEY", "check_destination", "export_release", "padding_columns", "sidecar"]
+__all__ = ["FORMATS", "METADATA_KEY", "check_destination", "export_release", "padding_columns",
+           "sidecar"]
 
 FORMATS = (".csv", ".parquet")
 
@@ -51,8 +53,9 @@ def export_release(reader, name: str, out: str | Path) -> tuple[Path, dict]:
     dictionary = reader.dictionary(name)
     flags = padding_columns(rel, panel)
     for column, f in flags.items():
-        dictionary["columns"][column] = (f"true for a choice of the records the padding stands for in the window "
-                                         f"ending at step {column.rsplit('_', 1)[1]} (see padding)")
+        step = column.rsplit("_", 1)[1]
+        dictionary["columns"][column] = ("true for a choice of the records the padding stands for "
+                                         f"in the window ending at step {step} (see padding)")
     if flags:
         dictionary["padding_records"] = {column: int(f.sum()) for column, f in flags.items()}
     arr = panel.as_array()
@@ -68,7 +71,7 @@ def export_release(reader, name: str, out: str | Path) -> tuple[Path, dict]:
 
 
 def padding_columns(rel, panel) -> dict[str, np.ndarray]:
-    """``padding_step_<t>`` -> flags, for every released window (none for releases without padding)."""
+    """``padding_step_<t>`` -> flags, for every released window (none without padding)."""
     kind = kind_of(rel)
     flags = {}
     for t in range(kind.first_step(rel), panel.released_through + 1):

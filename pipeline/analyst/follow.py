@@ -14,9 +14,10 @@ from typing import Callable
 __all__ = ["follow_alerts"]
 
 
-def follow_alerts(reader, broker: str, topic: str, shown: set[tuple[str, int]], show: Callable[[dict], None],
-                  release: str | None = None, poll_ms: int = 500) -> None:
-    """Call ``show(alert)`` for every alert of ``topic`` not in ``shown`` (of ``release``), forever."""
+def follow_alerts(reader, broker: str, topic: str, shown: set[tuple[str, int]],
+                  show: Callable[[dict], None], release: str | None = None,
+                  poll_ms: int = 500) -> None:
+    """``show(alert)`` for each alert of ``topic`` (of ``release``) not in ``shown``, forever."""
     import orjson
     from kafka import KafkaConsumer, TopicPartition
 

@@ -2,9 +2,9 @@
 
 A hashed attribute maps an open-domain string to ``public_hash(value, size)`` (BLAKE2b-64 read
 little-endian, modulo ``size``: :func:`pipeline.attributes.public_hash`). The alerts publish codes;
-an analyst who has a list of candidate names (a product catalogue, a public word list) hashes it the
-same way to read the codes back (``dpstream alerts --names FILE``, ``dpstream hash``). The names come
-from the analyst's file, never from the reports; two names with one code are both shown.
+an analyst who has a list of candidate names (a product catalogue, a public word list) hashes it
+the same way to read the codes back (``dpstream alerts --names FILE``, ``dpstream hash``). The
+names come from the analyst's file, never from the reports; two names with one code are both shown.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ def read_names(path: str | Path) -> list[str]:
     except OSError as err:
         raise AnalystError(f"--names {path}: {err.strerror or err}") from None
     except UnicodeDecodeError as err:
-        raise AnalystError(f"--names {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise AnalystError(f"--names {path}: not UTF-8 text ({err.reason} at byte "
+                           f"{err.start})") from None
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
@@ -43,21 +44,22 @@ def dictionary_of(names: list[str], size: int) -> dict[int, str]:
 
 
 def hashed_attribute(deployment, attribute: str | None):
-    """(name, attribute) of the hashed attribute asked for (the only one when ``attribute`` is None)."""
+    """(name, attribute) of the hashed attribute asked for (without one: the only one)."""
     hashed = {name: a for name, a in deployment.attributes.items() if a.type == "hashed"}
     if attribute is None:
         if len(hashed) != 1:
-            raise AnalystError(f"--attribute: say which hashed attribute ({', '.join(hashed) or 'there is none'})")
+            which = ", ".join(hashed) or "there is none"
+            raise AnalystError(f"--attribute: say which hashed attribute ({which})")
         attribute = next(iter(hashed))
     if attribute not in hashed:
-        raise AnalystError(f"--attribute {attribute}: not a hashed attribute of deployment {deployment.name!r} "
-                           f"(hashed: {', '.join(hashed) or 'none'})")
+        raise AnalystError(f"--attribute {attribute}: not a hashed attribute of deployment "
+                           f"{deployment.name!r} (hashed: {', '.join(hashed) or 'none'})")
     return attribute, hashed[attribute]
 
 
 def with_names(deployment, names: list[str]):
-    """The deployment with every hashed attribute's dictionary completed from ``names`` (the published
-    dictionary wins where both name a code)."""
+    """The deployment with every hashed attribute's dictionary completed from ``names`` (the
+    published dictionary wins where both name a code)."""
     attributes = dict(deployment.attributes)
     for name, attr in deployment.attributes.items():
         if attr.type == "hashed":

@@ -33,7 +33,7 @@ class PublicSource:
     broker: str
     names: dict[str, str]
     deployment_name: str
-    config: object | None = None  # an analyst's pipeline.config.Deployment, checked against the descriptor
+    config: object | None = None  # an analyst's Deployment, checked against the descriptor
 
     def read(self, timeout: float = 30.0, store=None) -> PublicReader:
         """Every public topic to its end (into ``store``), then a reader over them."""
@@ -43,7 +43,7 @@ class PublicSource:
         return PublicReader(self.deployment(store.descriptor), store)
 
     def deployment(self, published: dict | None):
-        """The deployment to read with: the descriptor's, after checking a given configuration against it."""
+        """The deployment to read with: the descriptor's, once a given configuration matches it."""
         from pipeline import descriptor
 
         if published is None:
@@ -52,28 +52,29 @@ class PublicSource:
             changes = descriptor.differences(self.config, published, _roster_ids(self.config))
             if changes:
                 raise ConfigurationDiffers(
-                    f"the configuration is not deployment {self.deployment_name!r}'s: its privacy-relevant keys "
-                    f"differ from the published descriptor ({self.names['deployment']}): {'; '.join(changes)}. "
-                    "Its answers would be read with the wrong n, bounds or spend; drop --config (the descriptor "
-                    "says everything the commands need) or fix it")
+                    f"the configuration is not deployment {self.deployment_name!r}'s: its "
+                    "privacy-relevant keys differ from the published descriptor "
+                    f"({self.names['deployment']}): {'; '.join(changes)}. Its answers would be "
+                    "read with the wrong n, bounds or spend; drop --config (the descriptor says "
+                    "everything the commands need) or fix it")
         try:
             return descriptor.deployment_from(published)
         except ValueError as err:
             raise AnalystError(f"{self.names['deployment']}: {err}") from None
 
     def _without_descriptor(self):
-        """A deployment whose releaser has not published a descriptor: the configuration, if it is usable."""
-        where = self.names["deployment"]
+        """No descriptor published yet: the configuration, if it is usable."""
+        where, name = self.names["deployment"], self.deployment_name
         if self.config is None:
-            raise NotReleased(f"deployment {self.deployment_name!r} has published no descriptor on {where} yet "
-                              "(its releaser has not started, or is of a version before the descriptor): pass "
-                              "the deployment's --config")
+            raise NotReleased(f"deployment {name!r} has published no descriptor on {where} yet "
+                              "(its releaser has not started, or is of a version before the "
+                              "descriptor): pass the deployment's --config")
         try:
             self.config.n  # noqa: B018 - a roster file is read here
         except OSError as err:
-            raise AnalystError(f"deployment {self.deployment_name!r} has published no descriptor on {where}, and "
-                               f"n cannot be read from the configuration: roster file {err.filename}: "
-                               f"{err.strerror}") from None
+            raise AnalystError(f"deployment {name!r} has published no descriptor on {where}, and n "
+                               "cannot be read from the configuration: roster file "
+                               f"{err.filename}: {err.strerror}") from None
         return self.config
 
 

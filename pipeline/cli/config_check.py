@@ -15,8 +15,8 @@ __all__ = ["refuse_other_configuration"]
 
 
 def refuse_other_configuration(dep, store) -> None:
-    """SystemExit(2) naming the differing keys when ``dep`` is not the configuration ``store``'s state was
-    created under; nothing when it is, or when no process has started yet (no identity to compare)."""
+    """SystemExit(2) naming the differing keys when ``dep`` is not the configuration ``store``'s
+    state was created under; nothing when it is, or when no process has started yet."""
     from pipeline.stream.ingest.roster import Roster
     from pipeline.stream.state.fingerprint import config_changes, fingerprint, privacy_config
 
@@ -26,13 +26,14 @@ def refuse_other_configuration(dep, store) -> None:
     try:
         ids = Roster.from_config(dep.roster).ids
     except OSError as err:
-        raise SystemExit(_fail(EXIT_CONFIG, f"roster.path: {err.filename}: {err.strerror} (the operator's commands "
-                                            "check the roster against the deployment's)")) from None
+        raise SystemExit(_fail(EXIT_CONFIG, f"roster.path: {err.filename}: {err.strerror} (the "
+                                            "operator's commands check the roster against the "
+                                            "deployment's)")) from None
     current = privacy_config(dep, ids)
     if fingerprint(current) == identity.get("fingerprint"):
         return
-    changes = config_changes(identity.get("config", {}), current)
-    raise SystemExit(_fail(EXIT_CONFIG, f"configuration refused: the privacy-relevant configuration differs from "
-                                        f"the one deployment {dep.name!r} was started with: {'; '.join(changes)}. "
-                                        "Use the deployment's own configuration file (the processes refuse this "
-                                        "one too)"))
+    changes = "; ".join(config_changes(identity.get("config", {}), current))
+    raise SystemExit(_fail(EXIT_CONFIG, "configuration refused: the privacy-relevant configuration "
+                                        f"differs from the one deployment {dep.name!r} was started "
+                                        f"with: {changes}. Use the deployment's own configuration "
+                                        "file (the processes refuse this one too)"))

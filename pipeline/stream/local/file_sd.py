@@ -1,16 +1,16 @@
 """A Prometheus ``file_sd`` targets file for a local `dpstream up`.
 
-`up` gives each worker and the releaser a free metrics port, and a restarted process gets a new one,
-so a fixed scrape configuration cannot name them. `up` writes them to
+`up` gives each worker and the releaser a free metrics port, and a restarted process gets a new
+one, so a fixed scrape configuration cannot name them. `up` writes them to
 ``DPSTREAM_HOME/<deployment>.prometheus.json`` in Prometheus's file-based service discovery format
-(one target group per process: ``targets`` ``["<addr>:<port>"]``, ``labels`` ``job``, ``deployment``,
-``process``) whenever they change, and removes it when it stops. Point a scrape job at it:
+(one target group per process: ``targets`` ``["<addr>:<port>"]``, ``labels`` ``job``,
+``deployment``, ``process``) whenever they change, and removes it when it stops. Point a scrape job at it:
 
     scrape_configs:
       - job_name: dpstream
         file_sd_configs: [{files: ["/home/me/.dpstream/sipp-poverty.prometheus.json"]}]
 
-The file is replaced atomically (written beside it, then renamed), as Prometheus re-reads it on change.
+The file is replaced atomically (written beside it, then renamed): Prometheus re-reads it on change.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def write_targets(path: Path, deployment_name: str, ports: dict[str, int]) -> No
     """Write one target group per process of ``ports`` (process name -> metrics port)."""
     addr = os.environ.get("DPSTREAM_METRICS_ADDR") or "127.0.0.1"  # where serve_metrics listens
     groups = [{"targets": [f"{addr}:{port}"],
-               "labels": {"job": f"dpstream-{name.split('-')[0]}", "deployment": deployment_name, "process": name}}
+               "labels": {"job": f"dpstream-{name.split('-')[0]}", "deployment": deployment_name,
+                          "process": name}}
               for name, port in sorted(ports.items())]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(groups, indent=2) + "\n")
