@@ -110,10 +110,10 @@ class PanelStore:
         self.duplicates = 0
 
     def handlers(self, topic_names: dict[str, str]) -> dict[str, Any]:
-        """Broker topic name -> the method applying its messages, for every public topic."""
+        """Broker topic name -> the method applying its messages, for every public topic named."""
         by_topic = {"releases": self.add_manifest, "synthetic": self.add_chunk, "alerts": self.add_alert,
                     "deployment": self.add_descriptor}
-        return {topic_names[t]: by_topic[t] for t in PUBLIC_TOPICS}
+        return {topic_names[t]: by_topic[t] for t in PUBLIC_TOPICS if t in topic_names}
 
     def _panel(self, release: str, type_: str = "") -> SyntheticPanel:
         panel = self.panels.get(release)
