@@ -42,6 +42,8 @@ unset password
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-releaser --operation Read --topic dpstream.sipp-poverty.control
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-releaser --operation Describe --topic dpstream.sipp-poverty.dead-letter
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-releaser --operation Write --topic dpstream.sipp-poverty.dead-letter
+"$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-releaser --operation Describe --topic dpstream.sipp-poverty.deployment
+"$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-releaser --operation Write --topic dpstream.sipp-poverty.deployment
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-releaser --operation Describe --topic dpstream.sipp-poverty.feedback
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-releaser --operation Write --topic dpstream.sipp-poverty.feedback
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-releaser --operation Describe --topic dpstream.sipp-poverty.releases
@@ -68,6 +70,8 @@ unset password
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-analyst --operation Read --group dpstream-sipp-poverty-downstream --resource-pattern-type prefixed
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-analyst --operation Describe --topic dpstream.sipp-poverty.alerts
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-analyst --operation Read --topic dpstream.sipp-poverty.alerts
+"$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-analyst --operation Describe --topic dpstream.sipp-poverty.deployment
+"$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-analyst --operation Read --topic dpstream.sipp-poverty.deployment
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-analyst --operation Describe --topic dpstream.sipp-poverty.releases
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-analyst --operation Read --topic dpstream.sipp-poverty.releases
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-analyst --operation Describe --topic dpstream.sipp-poverty.synthetic

@@ -23,6 +23,7 @@ import logging
 
 from aiokafka import TopicPartition
 
+from pipeline import descriptor
 from pipeline.stream.control.signatures import job_keys
 from pipeline.stream.kafka.consumer import BulkConsumer
 from pipeline.stream.kafka.log_end import log_ends_async
@@ -91,6 +92,13 @@ class Releaser:
         log.info("fence passed: %d manifest(s) on %s, none unknown to this state (instance %s, released through "
                  "step %d)", len(stamps), self.names["releases"], self.coordinator.engine.instance, released)
 
+    async def _publish_descriptor(self, producer, instance: str) -> None:
+        """The public deployment descriptor (pipeline.descriptor): n, labels and parameters for the
+        analysts' commands; the same bytes on every start under the same configuration."""
+        record = descriptor.build(self.rt.deployment, self.rt.roster.ids, instance)
+        await producer.send_and_wait(self.names["deployment"], descriptor.encode(record),
+                                     key=descriptor.KEY.encode(), partition=0)
+
     async def run(self) -> None:
         rt = self.rt
         # A restart must find the privacy-relevant configuration (budget plan included) the state was created
@@ -113,6 +121,7 @@ class Releaser:
         await consumer.start()
         log.info("releaser started: group %s, engine at step %d", self.group, self.coordinator.engine.step)
         try:
+            await self._publish_descriptor(producer, identity.instance)
             await self._fence()
             await self.coordinator.release_ready_steps()  # republishes first, under the same lock as releasing
             await self.coordinator.redrive_closes()  # before any new close command: markers go out in step order

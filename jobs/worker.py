@@ -37,7 +37,7 @@ from pipeline.stream.ingest.coordinator import IngestCoordinator
 from pipeline.stream.ingest.core import IngestCore
 from pipeline.stream.kafka.consumer import INGEST_FETCH_MAX_WAIT_MS, BulkConsumer
 from pipeline.stream.kafka.log_end import log_ends_async
-from pipeline.stream.kafka.metrics import serve_metrics
+from pipeline.stream.kafka.metrics import serve_metrics, unexport_releaser_series
 from pipeline.stream.kafka.process import make_producer, run_job, supervise
 from pipeline.stream.kafka.runtime import Runtime
 from pipeline.stream.kafka.topics import INGEST, group_id, read_by
@@ -93,6 +93,7 @@ class IngestWorker:
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
         if self.rt.metrics_port:
+            unexport_releaser_series()
             serve_metrics(self.rt.metrics_port)
         await self.producer.start()
         await self.consumer.start()

@@ -100,18 +100,20 @@ class SyntheticPanel:
 
 
 class PanelStore:
-    """Applies messages from the three public topics; idempotent and order-tolerant."""
+    """Applies messages from the public topics; idempotent and order-tolerant."""
 
     def __init__(self) -> None:
         self.panels: dict[str, SyntheticPanel] = {}
         self.alerts: dict[tuple[str, int], dict[str, Any]] = {}
+        self.descriptor: dict[str, Any] | None = None  # the last deployment descriptor (pipeline.descriptor)
         self._chunks: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
         self.duplicates = 0
 
     def handlers(self, topic_names: dict[str, str]) -> dict[str, Any]:
-        """Broker topic name -> the method applying its messages, for every public topic."""
-        by_topic = {"releases": self.add_manifest, "synthetic": self.add_chunk, "alerts": self.add_alert}
-        return {topic_names[t]: by_topic[t] for t in PUBLIC_TOPICS}
+        """Broker topic name -> the method applying its messages, for every public topic named."""
+        by_topic = {"releases": self.add_manifest, "synthetic": self.add_chunk, "alerts": self.add_alert,
+                    "deployment": self.add_descriptor}
+        return {topic_names[t]: by_topic[t] for t in PUBLIC_TOPICS if t in topic_names}
 
     def _panel(self, release: str, type_: str = "") -> SyntheticPanel:
         panel = self.panels.get(release)
@@ -141,6 +143,9 @@ class PanelStore:
     def add_alert(self, value: bytes) -> None:
         a = orjson.loads(value)
         self.alerts[(a["release"], int(a["step"]))] = a
+
+    def add_descriptor(self, value: bytes) -> None:
+        self.descriptor = orjson.loads(value)
 
     def _try_complete(self, release: str, step: int) -> None:
         panel = self._panel(release)

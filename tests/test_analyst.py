@@ -128,15 +128,17 @@ def test_export_carries_its_data_dictionary_and_flags_the_padding(released, tmp_
     assert meta["error_bound"]["name"] == "lambda" and meta["error_bound"]["share_of_n"] == pytest.approx(
         meta["error_bound"]["value"] / N)
     assert "cumulative release answers those" in meta["does_not_answer"][0]
-    # padding: n_pad records per pattern of the last window; dropping them debiases that window exactly
+    # padding: per window, n_pad records per pattern of it; dropping them debiases that window exactly
     arr = np.column_stack([table[f"step_{t}"].to_numpy() for t in range(1, T + 1)])
-    flags = table["padding"].to_numpy()
     n_pad = meta["n_pad_per_pattern"]
-    raw = window_histogram(arr, T, 3, 2)
-    assert flags.sum() == meta["padding_records"] == sum(min(n_pad, c) for c in raw)
-    kept = window_histogram(arr[~flags], T, 3, 2)
-    np.testing.assert_array_equal(kept, np.maximum(raw - n_pad, 0))
-    assert np.all(np.bincount(window_codes(arr[flags], T, 3, 2), minlength=8) == np.minimum(raw, n_pad))
+    assert "padding" not in table.column_names  # one column cannot be every window's padding
+    for t in range(3, T + 1):
+        flags = table[f"padding_step_{t}"].to_numpy()
+        raw = window_histogram(arr, t, 3, 2)
+        assert flags.sum() == meta["padding_records"][f"padding_step_{t}"] == sum(min(n_pad, c) for c in raw)
+        kept = window_histogram(arr[~flags], t, 3, 2)
+        np.testing.assert_array_equal(kept, np.maximum(raw - n_pad, 0))
+        assert np.all(np.bincount(window_codes(arr[flags], t, 3, 2), minlength=8) == np.minimum(raw, n_pad))
 
     csv_path, _ = export_release(reader, "poverty-cumulative", tmp_path / "c.csv")
     side = json.loads(sidecar(csv_path).read_text())

@@ -44,15 +44,15 @@ REQUESTS: dict[str, list[tuple[str, str]]] = {
                *[(r, t) for t in ("reports", "repartition") for r in ("ListOffsets", "Fetch")],
                *[(r, t) for t in ("step-partials", "dead-letter", "repartition") for r in ("Metadata", "Produce")]],
     # jobs/releaser.py: its group's consumer, the fence's reader of `releases`, the log-end probe of
-    # step-partials and releases, the producer of releases, close markers and the dead letters of
-    # unverified control commands, and the lag gauge
+    # step-partials and releases, the producer of releases, the descriptor, close markers and the
+    # dead letters of unverified control commands, and the lag gauge
     # (pipeline.stream.kafka.metrics: offsets of every group topic, fetching only its own)
     "releaser": [*[(r, t) for t in ("step-partials", "control") for r in ("Metadata", "Fetch", "OffsetCommit")],
                  *[(r, "group:releaser") for r in ("FindCoordinator", "JoinGroup", "OffsetCommit", "OffsetFetch")],
                  *[(r, "releases") for r in ("Metadata", "ListOffsets", "Fetch")],
                  ("ListOffsets", "step-partials"),
                  *[(r, t)
-                   for t in ("releases", "synthetic", "alerts", "feedback", "reports",
+                   for t in ("releases", "synthetic", "alerts", "deployment", "feedback", "reports",
                              "dead-letter")
                    for r in ("Metadata", "Produce")],
                  *[(r, "group:ingest") for r in ("FindCoordinator", "OffsetFetch")],

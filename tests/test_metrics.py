@@ -223,6 +223,8 @@ def test_steps_latencies_and_privacy(scraped):
     # Unlabelled series are exported by every process (0 where unused): aggregate across targets.
     assert prom.value("max(dpstream_released_step)") == T
     assert prom.value('dpstream_released_step{job="dpstream-releaser"}') == T
+    # only the releaser knows the released step: a worker exporting it would say 0
+    assert prom.by("dpstream_released_step", "job") == {"dpstream-releaser": T}
     # Workers set the open step per partition; a partition moved in a rebalance keeps a stale series
     # on its former owner until it is forgotten, so take the furthest one.
     assert prom.by("max by (partition) (dpstream_open_step)", "partition") == {str(p): T + 1 for p in range(P)}

@@ -122,6 +122,12 @@ def test_every_record_the_releaser_writes_validates_against_its_topic_schema(run
             keys.validate(key)
             value = orjson.loads(raw)
             values.validate(value)
+            if topic == "deployment":  # the descriptor: its fingerprint is the hash of its privacy document
+                from pipeline.stream.state.fingerprint import fingerprint
+
+                assert value["deployment"] == run["dep"].name and value["n"] == N
+                assert value["fingerprint"] == fingerprint(value["privacy_config"])
+                continue
             assert key.split(":")[:2] == [value["release"], str(value["step"])], (topic, key)
 
 

@@ -2,8 +2,9 @@
 
 Parquet files carry the dictionary (:meth:`pipeline.analyst.reader.PublicReader.dictionary`) as JSON
 in the schema metadata under the key ``dpstream``; a CSV file gets it as a JSON sidecar
-``<file>.dictionary.json``. Releases with padding add a boolean ``padding`` column (the kind's
-``padding_flags``). Only ``.csv`` and ``.parquet`` are written: any other suffix, or a directory that
+``<file>.dictionary.json``. Releases with padding add a boolean column ``padding_step_<t>`` per
+released window (the kind's ``padding_flags`` at t): no one set of the exchangeable records is every
+window's padding. Only ``.csv`` and ``.parquet`` are written: any other suffix, or a directory that
 does not exist or cannot be written, is refused before anything is read.
 """
 
@@ -13,12 +14,15 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
+
 from pipeline.releases import kind_of
 
 from .reader import AnalystError
 from .tables import METADATA_KEY, write_csv, write_parquet
 
-__all__ = ["FORMATS", "METADATA_KEY", "check_destination", "export_release", "sidecar"]
+__all__ = ["FORMATS", "METADATA_KEY", "check_destination", "export_release", "padding_columns",
+           "sidecar"]
 
 FORMATS = (".csv", ".parquet")
 
@@ -47,10 +51,13 @@ def export_release(reader, name: str, out: str | Path) -> tuple[Path, dict]:
     rel = reader.release(name, "counts")
     panel = reader.panel(rel)
     dictionary = reader.dictionary(name)
-    flags = kind_of(rel).padding_flags(rel, panel)
-    if flags is not None:
-        dictionary["columns"]["padding"] = "true for the records the padding stands for (see padding)"
-        dictionary["padding_records"] = int(flags.sum())
+    flags = padding_columns(rel, panel)
+    for column, f in flags.items():
+        step = column.rsplit("_", 1)[1]
+        dictionary["columns"][column] = ("true for a choice of the records the padding stands for "
+                                         f"in the window ending at step {step} (see padding)")
+    if flags:
+        dictionary["padding_records"] = {column: int(f.sum()) for column, f in flags.items()}
     arr = panel.as_array()
     try:
         if path.suffix.lower() == ".parquet":
@@ -61,3 +68,14 @@ def export_release(reader, name: str, out: str | Path) -> tuple[Path, dict]:
     except OSError as err:
         raise AnalystError(f"--out {out}: {err.strerror or err}") from None
     return path, dictionary
+
+
+def padding_columns(rel, panel) -> dict[str, np.ndarray]:
+    """``padding_step_<t>`` -> flags, for every released window (none without padding)."""
+    kind = kind_of(rel)
+    flags = {}
+    for t in range(kind.first_step(rel), panel.released_through + 1):
+        f = kind.padding_flags(rel, panel, t)
+        if f is not None:
+            flags[f"padding_step_{t}"] = f
+    return flags

@@ -1,5 +1,6 @@
-"""A deployment's public outputs as an analyst reads them: the three public topics (``releases``,
-``synthetic``, ``alerts``) and the public configuration, nothing else — no Redis, no curator state.
+"""A deployment's public outputs as an analyst reads them: the public topics (``releases``,
+``synthetic``, ``alerts``, and the ``deployment`` descriptor that gives the public configuration),
+nothing else — no Redis, no curator state.
 
 Every answer goes through the release's kind (``pipeline.releases``: ``answer``, ``questions``,
 ``explain``, ``dictionary``); nothing here branches on a release's type. The error bounds are the

@@ -2,9 +2,9 @@
 
 Built from the public topics alone (:class:`~pipeline.analyst.reader.PublicReader`): per release its
 series over the released steps with public labels, as shares of n with the interval the mechanism's
-own bound gives at the release's β (debiased: the padding removed), the privacy spend over time as
-ε at the report δ against the planned total, and the alerts as a timeline with what a flag means
-and why flags run out.
+own bound gives at the release's β (debiased: the padding removed), and a table of every released
+step; the privacy spend over time as ε at the report δ against the planned total; and the alerts as
+a timeline with what a flag means and why flags run out.
 
 Plots are plotly figures (plotly.js inlined once in the page, so it opens with no network; docs
 explain the choice). Every plotted number is also in a table beside its plot, so the page reads
@@ -96,15 +96,32 @@ def _series_figure(answers, title: str, unit: str, hidden=None):
     return fig
 
 
+_NEGATIVE = ("A negative estimate (red) is noise around a small true count. The count itself cannot be negative, so "
+             "its interval is clipped at 0 and does not contain the estimate; the estimate is left unclipped because "
+             "clipping every estimate at 0 would bias every sum of them upward.")
+
+
 def _answer_table(answer) -> str:
     rows = []
     for r in answer.rows:
         neg = ' class="neg"' if r.estimate < 0 else ""
+        clipped = " (clipped at 0, see below)" if r.low is not None and r.estimate < r.low else ""
         rows.append(f"<tr><td>{_e(r.label)}</td><td{neg}>{_num(r.estimate)}</td>"
-                    f"<td>[{_num(r.low)}, {_num(r.high)}]</td><td>{100 * r.share(r.estimate):.2f}%</td>"
+                    f"<td>[{_num(r.low)}, {_num(r.high)}]{clipped}</td><td>{100 * r.share(r.estimate):.2f}%</td>"
                     f"<td>[{100 * r.share(r.low):.2f}%, {100 * r.share(r.high):.2f}%]</td></tr>")
+    note = f"<p class=\"note\">{_e(_NEGATIVE)}</p>" if any(r.estimate < 0 for r in answer.rows) else ""
     return ("<table class=\"answer\"><tr><th>label</th><th>estimate (users)</th><th>interval</th><th>share of n</th>"
-            "<th>share interval</th></tr>" + "".join(rows) + "</table>")
+            "<th>share interval</th></tr>" + "".join(rows) + "</table>" + note)
+
+
+def _answer_tables(answers, unit: str) -> str:
+    """The latest step's table, then every earlier step's (folded: one click opens them)."""
+    last, earlier = answers[-1], answers[-2::-1]
+    html_ = f"<h3>{_e(unit)} {last.step} (latest)</h3>" + _answer_table(last)
+    if earlier:
+        html_ += (f"<details class=\"earlier\"><summary>earlier {_e(unit)}s ({len(earlier)})</summary>"
+                  + "".join(f"<h3>{_e(unit)} {a.step}</h3>" + _answer_table(a) for a in earlier) + "</details>")
+    return html_
 
 
 def _release_section(reader, rel) -> str:
@@ -136,7 +153,7 @@ def _release_section(reader, rel) -> str:
     parts.append(f"<p class=\"note\">Interval: {_e(last.bound)}.</p>")
     parts += [f"<p class=\"note\">{_e(n[0].upper() + n[1:])}.</p>" for n in last.notes
               if not n.startswith("this release does not answer")]  # said above, with what it answers
-    parts.append(f"<h3>{_e(unit)} {last.step} (latest)</h3>" + _answer_table(last))
+    parts.append(_answer_tables(answers, unit))
     return "".join(parts)
 
 
@@ -224,7 +241,7 @@ def render_report(reader) -> str:
     toc = " · ".join(f"<a href=\"#{_e(r.name)}\">{_e(r.name)}</a>" for r in counts)
     body = [f"<h1>dpstream report: {_e(dep.name)}</h1>",
             f"<p class=\"meta\">n = {dep.n:,} users, horizon {dep.horizon} {_e(dep.steps.unit)}s, released through "
-            f"{_e(dep.steps.unit)} {through}. Built from the public topics only (releases, synthetic, alerts): every "
+            f"{_e(dep.steps.unit)} {through}. Built from the public topics only (releases, synthetic, alerts, deployment): every "
             "number here is differentially private output or public configuration.</p>",
             f"<p>{toc} · <a href=\"#privacy\">privacy spend</a>"
             + (" · <a href=\"#alerts\">alerts</a>" if len(counts) < len(dep.releases) else "") + "</p>"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["format_answer", "format_alerts"]
+__all__ = ["format_answer", "format_alerts", "alert_line"]
 
 
 def _num(x: float) -> str:
@@ -30,11 +30,13 @@ def format_answer(answer) -> str:
     return "\n".join(lines)
 
 
+def alert_line(alert: dict) -> str:
+    return f"step {alert['step']:>3}  {alert['release']}: {alert['text']}"
+
+
 def format_alerts(alerts: list[dict], explain: dict[str, list[str]]) -> str:
     """The alerts by step, then per release what a flag means and when flags run out."""
-    lines = []
-    for a in alerts:
-        lines.append(f"step {a['step']:>3}  {a['release']}: {a['text']}")
+    lines = [alert_line(a) for a in alerts]
     if not alerts:
         lines.append("no alerts published yet")
     for release, text in explain.items():

@@ -1,12 +1,15 @@
 """``dpstream`` command line.
 
-Exit codes: 0 success; 1 runtime failure (a process died, a timeout); 2 usage or configuration
-error (including a budget plan that exceeds the budget, and a privacy-relevant configuration that
-differs from the one the deployment's state was created under); 3 budget exhausted / refused at run
-time; 4 state lost: the public topics hold releases the Redis state does not know (the fence), or
-the state cannot be verified — releasing would redraw noise for steps already public; 5 ``produce``:
-the workers rejected (dead-lettered) some of the reports it sent, counted by reason (``--dry-run``:
-would reject); 130 interrupted (Ctrl-C).
+Exit codes: 0 success; 1 runtime failure (a process died, a timeout, nothing published yet); 2 usage
+or configuration error (including a budget plan that exceeds the budget, and a privacy-relevant
+configuration that differs from the one the deployment's state was created under or from its
+published descriptor, each differing key named); 3 refused by the deployment's state now, nothing
+done (a step already closed or too far ahead, every step closed, a close that needs ``--force``: several
+steps, lost reports, a ``close: deadline`` deployment) — never a budget: the whole spend is planned and
+checked at load (2), so no budget runs out at run time; 4 state lost: the public topics hold releases
+the Redis state does not know (the fence), or the state cannot be verified — releasing would redraw
+noise for steps already public. 5 ``produce``: the workers rejected (dead-lettered) some of the reports it
+sent, counted by reason (``--dry-run``: would reject); 130 interrupted (Ctrl-C).
 
 The commands live by audience: ``lifecycle`` (up, down, worker, releaser, demo, batch), ``operator``
 (produce, close, status, plan, dead-letters), ``analyst`` (query, export, alerts, report); what they
@@ -19,7 +22,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.cli.analyst import _analyst, cmd_alerts, cmd_export, cmd_query, cmd_report
+from pipeline.cli.analyst import (_analyst, add_alerts_args, add_hash_parser, add_source_args, cmd_alerts,
+                                   cmd_export, cmd_query, cmd_report)
 from pipeline.cli.common import (_CONFIG_ARG, _REACH_TIMEOUT, EXIT_BUDGET, EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME,
                                  EXIT_STATE_LOST, _check_reachable, _endpoints, _fail, _load, _reached, _redacted,
                                  _stale, _unreachable, _up_record)
@@ -39,9 +43,19 @@ __all__ = ["EXIT_BUDGET", "EXIT_CONFIG", "EXIT_OK", "EXIT_RUNTIME", "EXIT_STATE_
            "_update_marker"]
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dpstream")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dpstream", description="Continual differentially private releases from a "
                                 "stream of user reports (synthetic longitudinal data, heavy hitters).")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def with_config(sp):
@@ -106,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = with_config(sub.add_parser("close", help="close a step (and every earlier open step); shows the intake "
                                    "counts and what closing spends"))
     c.add_argument("--step", type=int, required=True)
-    c.add_argument("--force", action="store_true", help="close several steps at once, or a step whose reports were "
-                   "lost with the broker's log (their users are then imputed)")
+    c.add_argument("--force", action="store_true", help="close several steps at once, a step whose reports were "
+                   "lost with the broker's log (their users are then imputed), or any step of a deployment that "
+                   "closes on a deadline (steps.close: deadline)")
     c.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the workers' counts and the "
                    "releaser's close markers (default 30)")
     c.set_defaults(func=cmd_close)
@@ -138,14 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: the configured value /1000 .. ×1000)")
     pl.set_defaults(func=cmd_plan)
 
-    e = with_config(sub.add_parser("export", help="a release's synthetic records to CSV or Parquet, with their data "
+    e = add_source_args(sub.add_parser("export", help="a release's synthetic records to CSV or Parquet, with their data "
                                    "dictionary (public topics only)"))
     e.add_argument("--release", required=True)
     e.add_argument("--out", required=True, help="*.csv (dictionary in *.csv.dictionary.json) or *.parquet "
                    "(dictionary in the schema metadata)")
     e.set_defaults(func=cmd_export)
 
-    q = with_config(sub.add_parser("query", help="a release's answer at a step: labelled rows with interval and share "
+    q = add_source_args(sub.add_parser("query", help="a release's answer at a step: labelled rows with interval and share "
                                    "of n (public topics only)"))
     q.add_argument("--release", required=True)
     q.add_argument("--step", type=int, required=True)
@@ -157,14 +172,16 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q.set_defaults(func=cmd_query)
 
-    al = with_config(sub.add_parser("alerts", help="the alerts by step, with labels, what a flag means and when flags "
+    al = add_source_args(sub.add_parser("alerts", help="the alerts by step, with labels, what a flag means and when flags "
                                     "run out (public topics only)"))
     al.add_argument("--release", help="only this release's alerts")
     al.add_argument("--step", type=int, help="only this step")
     al.add_argument("--json", action="store_true", help="machine-readable output")
+    add_alerts_args(al)
     al.set_defaults(func=cmd_alerts)
+    add_hash_parser(sub)
 
-    rp = with_config(sub.add_parser("report", help="write DIR/report.html: one self-contained page of every release's "
+    rp = add_source_args(sub.add_parser("report", help="write DIR/report.html: one self-contained page of every release's "
                                     "series, the privacy spend and the alerts (public topics only)"))
     rp.add_argument("--out", required=True, help="directory of report.html")
     rp.set_defaults(func=cmd_report)

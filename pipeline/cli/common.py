@@ -15,7 +15,9 @@ import sys
 from pipeline.connections import check_secrets, connection_failure, kafka_security, redis_client, use_security
 from pipeline.security import check_no_password_in_url, redact_url
 
-EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG, EXIT_BUDGET = 0, 1, 2, 3
+EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG = 0, 1, 2
+EXIT_REFUSED = 3  # refused by the deployment's state now, nothing done (pipeline.cli: exit codes)
+EXIT_BUDGET = EXIT_REFUSED  # its former name: no budget is exhausted at run time (the plan is checked at load)
 EXIT_STATE_LOST = 4
 EXIT_REJECTED = 5  # produce: the workers dead-lettered some of the reports it sent (or a dry run: would)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), the shells' convention

@@ -64,6 +64,7 @@ def cmd_up(args) -> int:
     repeated failure stops everything with the failing process's own line and code. On Ctrl-C or SIGTERM
     (`kill`, `dpstream down`) the stream processes stop first, then the broker, its storage and Redis."""
     from pipeline.stream.local.cluster import LocalCluster, ProcessFailed, state_dir
+    from pipeline.stream.local.file_sd import targets_file
     from pipeline.stream.state.store import ReleaseStore
     from pipeline.upload_time import deadline_warning
 
@@ -98,13 +99,15 @@ def cmd_up(args) -> int:
                                           "new name with a new budget; nothing was started")
             return code
         cluster.start()
+        targets = _write_targets(dep.name, cluster.metrics_ports, None)
         redis_where = ("configured" if dep.redis else f"data in {data_dir / 'redis'}" if data_dir
                        else "ephemeral: deleted on stop")
         log_where = ("configured" if dep.broker else f"log in {data_dir / 'log'}" if cluster.durable_log
                      else "memory-only: its log is lost on stop")
         print(f"dpstream up: broker {cluster.broker}, redis {cluster.redis_url} ({redis_where}), "
               f"{args.workers} worker(s) + releaser; broker {log_where}; process logs in {log_dir}; "
-              f"metrics ports {cluster.metrics_ports}. Ctrl-C or `dpstream down` stops.", flush=True)
+              f"metrics ports {cluster.metrics_ports} (Prometheus file_sd: {targets_file(dep.name)}). Ctrl-C or "
+              "`dpstream down` stops.", flush=True)
         if not dep.broker:
             from pipeline.stream.local.broker_access import embedded_broker_notice
 
@@ -116,6 +119,7 @@ def cmd_up(args) -> int:
         while True:
             for line in cluster.supervise() + cluster.housekeeping():
                 print(f"dpstream up: {time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
+            targets = _write_targets(dep.name, cluster.metrics_ports, targets)  # a restart takes a new port
             if marker_dir is not None:
                 last_mark = _update_marker(store, marker_dir, last_mark)
             time.sleep(0.5)
@@ -129,9 +133,19 @@ def cmd_up(args) -> int:
         for sig in previous:  # a second signal must not cut the shutdown short
             signal.signal(sig, signal.SIG_IGN)
         cluster.stop()
+        targets_file(dep.name).unlink(missing_ok=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return code
+
+
+def _write_targets(name: str, ports: dict[str, int], written: dict[str, int] | None) -> dict[str, int]:
+    """The Prometheus file_sd targets of this `up` (pipeline.stream.local.file_sd), when they changed."""
+    from pipeline.stream.local.file_sd import targets_file, write_targets
+
+    if ports != written:
+        write_targets(targets_file(name), name, ports)
+    return dict(ports)
 
 
 def _check_marker(dep, redis_url: str, marker_dir: Path | None) -> str | None:

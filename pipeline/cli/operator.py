@@ -8,8 +8,9 @@ import os
 import sys
 import time
 
-from pipeline.cli.common import (EXIT_BUDGET, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_OK, EXIT_REJECTED, EXIT_RUNTIME,
-                                 _endpoints, _fail, _load, _stale, _up_record)
+from pipeline.cli.common import (EXIT_BUDGET, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_REJECTED,
+                                 EXIT_RUNTIME, _endpoints, _fail, _load, _stale, _up_record)
+from pipeline.cli.config_check import refuse_other_configuration
 
 
 # -- producing and controlling ------------------------------------------------------------------
@@ -30,12 +31,27 @@ def _intake(dep, wait: float):
 
     broker, redis_url = _endpoints(dep)
     store = ReleaseStore.from_url(redis_url, dep.name)
+    refuse_other_configuration(dep, store)  # before any count or spend is shown for it
     names = topic_names(dep)
     from pipeline.producer import progress_printer
 
     return store, intake_view(store, broker, names["reports"], dep.topics.partitions, wait=wait,
                               repartition_topic=names["repartition"],
-                              progress=progress_printer("waiting for the workers: handled", " records sent before"))
+                              progress=_changes_only(progress_printer("waiting for the workers: handled",
+                                                                      " records sent before")))
+
+
+def _changes_only(show):
+    """A progress callback that passes a (done, total) on once: a wait that has counted everything and
+    waits on something else (reports lost with the broker's log) says "handled 114 of 114" once, not
+    every 0.2 s until it gives up."""
+    last: list[tuple[int, int] | None] = [None]
+
+    def call(done: int, total: int) -> None:
+        if (done, total) != last[0]:
+            last[0] = (done, total)
+            show(done, total)
+    return call
 
 
 def _step_refused(dep, step: int, window: range) -> str | None:
@@ -216,6 +232,11 @@ def cmd_close(args) -> int:
     dep = _load(args.config)
     if not 1 <= args.step <= dep.horizon:
         return _fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {args.step}")
+    if dep.steps.close == "deadline" and not args.force:  # before anything is read: nothing depends on counts
+        return _fail(EXIT_REFUSED, f"refusing a manual close: deployment {dep.name!r} closes its steps on a "
+                                   f"deadline (steps.close: deadline, every {dep.steps.deadline_seconds:g} s); a "
+                                   "close now is irreversible and would cut the step's upload short. Pass --force "
+                                   "to close anyway")
     store, view = _intake(dep, wait=args.wait)
     steps = range(view.closing + 1, args.step + 1)
     if not len(steps):
@@ -247,11 +268,11 @@ def cmd_close(args) -> int:
                        for name, v in spend.items()) or "nothing"))
     if not args.force:
         if len(steps) > 1:
-            return _fail(EXIT_BUDGET, f"refusing to close {len(steps)} steps at once without --force "
+            return _fail(EXIT_REFUSED, f"refusing to close {len(steps)} steps at once without --force "
                                       f"(steps {steps.start}..{steps.stop - 1})")
         lost = [t for t in steps if t in view.lost()]
         if lost or any(view.stale.values()):
-            return _fail(EXIT_BUDGET, f"refusing to close step(s) {lost or list(steps)}: reports the workers had "
+            return _fail(EXIT_REFUSED, f"refusing to close step(s) {lost or list(steps)}: reports the workers had "
                                       "counted were lost with the broker's log (LOST above); send them again, or "
                                       "pass --force to close with those users imputed")
     from pipeline.stream.control.keys import KeyUnavailable
@@ -307,6 +328,7 @@ def cmd_status(args) -> int:
             raise SystemExit(_fail(EXIT_CONFIG, _stale(rec)))
         with _redis_at_rest(dep) as (redis_url, where):
             store = ReleaseStore.from_url(redis_url, dep.name)
+            refuse_other_configuration(dep, store)
             view = IntakeView(store.last_closing(), dep.topics.partitions, store.intake())
             status = status_document(dep, store, view.as_json(), f"{where} (`dpstream up` is not running: the "
                                      "workers' counts are as they last wrote them; the broker's log is not checked)")

@@ -67,8 +67,8 @@ The reading side (post-processing of the public records; :mod:`pipeline.releases
 ``alert_text(release, alert, ctx)``, ``flag_limit(release)``
     Alerts kinds: one alert record in words (labels, what a flag means); when and why a flagged
     value stops being reported (its users' flags run out).
-``dictionary(release, panel, ctx)``, ``padding_flags(release, panel)`` (optional)
-    The kind's entries of an export's data dictionary; which exported records are padding.
+``dictionary(release, panel, ctx)``, ``padding_flags(release, panel, step)`` (optional)
+    The kind's entries of an export's data dictionary; which exported records are padding at a step.
 ``observe(manifest, alerts)``
     The step's public numbers worth a metric: the name of a metric of
     :data:`pipeline.stream.kafka.metrics.METRICS` (labelled by release) -> value; the releaser's
@@ -213,8 +213,9 @@ class ReleaseKind:
         """The kind's entries of an export's data dictionary (labels, padding); none by default."""
         return {}
 
-    def padding_flags(self, release, panel):
-        """Per synthetic record, whether it is padding (an export's ``padding`` column); None: no padding."""
+    def padding_flags(self, release, panel, step: int | None = None):
+        """Per synthetic record, whether it is padding for the window ending at ``step`` (default: the last
+        released; an export's ``padding_step_<t>`` columns); None: no padding."""
         return None
 
     def alert_text(self, release, alert: dict, ctx) -> str:

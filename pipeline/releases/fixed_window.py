@@ -126,19 +126,21 @@ class FixedWindowKind(ReleaseKind):
         return {"n_pad_per_pattern": n_pad,
                 "patterns": dict(enumerate(pattern_labels(ctx.attribute, release.window, ctx.unit))),
                 "padding": f"{n_pad} padding records per length-{release.window} pattern (public) make the noisy counts "
-                           "non-negative so records can be built from them; the records are exchangeable, so the "
-                           f"`padding` column marks a choice of {n_pad} records per pattern of the last released "
-                           "window: dropping them answers that window's questions debiased; for earlier windows "
-                           "subtract n_pad per pattern (dpstream query does)"}
+                           "non-negative so records can be built from them; the records are exchangeable, so no one "
+                           "set of records is the padding of every window: the column `padding_step_t` marks a "
+                           f"choice of {n_pad} records per pattern of the window ending at step t, and dropping "
+                           "them (df[~df.padding_step_t]) answers that window's questions debiased"}
 
-    def padding_flags(self, release, panel):
-        """A choice of n_pad records per pattern of the last released window (the records are exchangeable)."""
+    def padding_flags(self, release, panel, step: int | None = None):
+        """A choice of n_pad records per pattern of the window ending at ``step`` (default: the last
+        released); the records are exchangeable, so no one choice is the padding of every window."""
         from pipeline.queries import window_codes
 
         p, arr = panel.parameters, panel.as_array()
-        if arr.shape[1] < release.window:
+        step = arr.shape[1] if step is None else step
+        if step < release.window or step > arr.shape[1]:
             return None
-        codes = window_codes(arr, arr.shape[1], int(p["window"]), int(p["categories"]))
+        codes = window_codes(arr, step, int(p["window"]), int(p["categories"]))
         order = np.argsort(codes, kind="stable")
         sorted_codes = codes[order]
         first = np.searchsorted(sorted_codes, sorted_codes, side="left")

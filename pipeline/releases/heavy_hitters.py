@@ -91,7 +91,9 @@ class HeavyHittersKind(ReleaseKind):
         return (f"each time a value is flagged, every user holding it spends one of their k = {release.k} flags; a "
                 f"user who has spent k no longer counts towards any value (that is what bounds the privacy cost), so "
                 f"a value held by the same users is flagged at most {release.k} times and then silently drops out "
-                "even if it is still common")
+                "even if it is still common" + (
+                    "; a noisy count is of the active holders only (those with flags left), so a count that falls "
+                    "after flags ran out is not a falling popularity" if release.method == "tct" else ""))
 
     def alert_text(self, release, alert, ctx):
         from .reading import code_labels
@@ -105,9 +107,7 @@ class HeavyHittersKind(ReleaseKind):
             names = [f"{name} (noisy count {c:,.0f})" for name, c in zip(names, counts)]
         times = alert.get("times_flagged") or []
         if release.method in CHARGING_METHODS and len(times) == len(flagged):
-            names = [f"{name}, flag {t} of k = {release.k}" + (": its users' flags are now spent, it will not be "
-                                                                "flagged again for them" if t >= release.k else "")
-                     for name, t in zip(names, times)]
+            names = [f"{name}, {_flag_number(t, release.k)}" for name, t in zip(names, times)]
         return "flagged: " + "; ".join(names)
 
     def observe(self, manifest, alerts):
@@ -132,3 +132,14 @@ class HeavyHittersKind(ReleaseKind):
             alerts["noisy_counts"] = np.asarray(mech.noisy_counts).tolist()
         feedback = {"flagged": flagged.tolist()} if self.needs_feedback(rel) else None
         return StepOutput(alerts=alerts, feedback=feedback)
+
+
+def _flag_number(times: int, k: int) -> str:
+    """The how-many-th flag of a value, read against the per-user charge limit k."""
+    if times < k:
+        return f"flag {times} of k = {k}"
+    if times == k:
+        return (f"flag {times} of k = {k}: its users' flags are now spent, it will not be flagged again for them "
+                "(a later noisy count of it counts only other users)")
+    return (f"flagged {times} times (more than k = {k}: users with flags left hold it now, not only the users "
+            "flagged before)")

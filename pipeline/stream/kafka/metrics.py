@@ -30,6 +30,7 @@ from pipeline.stream.kafka.topics import LAG_ROLE, TOPICS, consumer_groups
 from pipeline.connections import kafka_security
 
 __all__ = ["METRICS", "ALLOWED_LABELS", "PUBLIC_SERIES", "OPERATIONAL_SERIES", "serve_metrics", "metric_names",
+           "unexport_releaser_series",
            "consumer_groups", "observe_partition", "forget_partition", "ConsumerLagMonitor", "start_lag_monitor"]
 
 log = logging.getLogger("dpstream.metrics")
@@ -85,6 +86,19 @@ OPERATIONAL_SERIES = frozenset({
     "dpstream_reports", "dpstream_dead_letters", "dpstream_step_close_seconds", "dpstream_release_seconds",
     "dpstream_close_to_publish_seconds", "dpstream_consumer_lag", "dpstream_publish_overruns",
 })
+
+
+def unexport_releaser_series() -> None:
+    """In a worker: stop exporting the unlabelled series only the releaser sets. Exported, they read 0
+    there (``dpstream_released_step 0`` from a worker while the releaser has released step 5)."""
+    from prometheus_client import REGISTRY
+
+    for metric in (METRICS.released_step, METRICS.release_seconds, METRICS.close_to_publish_seconds,
+                   METRICS.close_to_publish_step):
+        try:
+            REGISTRY.unregister(metric)
+        except KeyError:  # already not exported
+            pass
 
 
 def serve_metrics(port: int, addr: str | None = None) -> int:

@@ -78,6 +78,9 @@ TOPICS: dict[str, Topic] = {t.name: t for t in (
     Topic("synthetic", 1, "<release>:<step>:<chunk>", "json", public=True, reader=None, writers=("releaser",),
           readers=_ANALYSTS),
     Topic("alerts", 1, "<release>:<step>", "json", public=True, reader=None, writers=("releaser",), readers=_ANALYSTS),
+    # the public deployment descriptor (pipeline.descriptor): n, labels and parameters for the analysts
+    Topic("deployment", 1, "descriptor", "json", public=True, reader=None, writers=("releaser",),
+          readers=_ANALYSTS),
     # rejected reports with their reasons, written by the workers (reports, unverified markers) and
     # the releaser (unverified control commands); read by `dpstream dead-letters` and `produce`'s
     # verdict on its own reports (pipeline.fates): the operator reads raw reports anyway
