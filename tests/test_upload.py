@@ -284,11 +284,12 @@ def test_replay_after_a_worker_kill9_ends_in_the_same_corrected_state(services, 
             3.5
         )  # > the commit interval: the group's committed offsets are past the corrections
         cluster.kill("worker-0")
-        dpstream(
+        dpstream(  # the worker is down: no verdict can come until it is restarted below
             "produce",
             "--config",
             path,
             "--replace",
+            "--no-wait",
             "--csv",
             write_reports(
                 tmp_path / "fix2.csv", [roster.ids[i] for i in second], 2, final[second, 1]

@@ -41,15 +41,21 @@ def _intake(dep, wait: float):
                                                                       " records sent before")))
 
 
-def _changes_only(show):
-    """A progress callback that passes a (done, total) on once: a wait that has counted everything and
-    waits on something else (reports lost with the broker's log) says "handled 114 of 114" once, not
-    every 0.2 s until it gives up."""
-    last: list[tuple[int, int] | None] = [None]
+def _changes_only(show, every: float = 2.1):
+    """A progress callback that passes each (done, total) on once more after ``every`` seconds and then
+    no more: the printer (pipeline.producer.progress_printer) stays silent for its first 2 s, so a wait
+    stuck at one value still says it once, and a wait that has counted everything and waits on
+    something else (reports lost with the broker's log) says "handled 114 of 114" once, not every
+    2 s until it gives up."""
+    last: list = [None, 0.0, False]  # the value, when it was first seen, passed on again since
 
     def call(done: int, total: int) -> None:
+        now = time.monotonic()
         if (done, total) != last[0]:
-            last[0] = (done, total)
+            last[:] = [(done, total), now, False]
+            show(done, total)
+        elif not last[2] and now - last[1] >= every:
+            last[2] = True
             show(done, total)
     return call
 
