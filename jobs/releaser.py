@@ -119,7 +119,8 @@ class Releaser:
             # any task failing (e.g. Redis gone) ends the process with an error
             await supervise([asyncio.create_task(self._consume(consumer)),
                              asyncio.create_task(_every(0.5, self.coordinator.tick)),
-                             asyncio.create_task(consumer.commit_loop(self._handled))], "releaser")
+                             asyncio.create_task(consumer.commit_loop(self._handled)),
+                             asyncio.create_task(consumer.broker_watchdog())], "releaser")
         finally:
             await consumer.stop()
             await producer.stop()

@@ -98,7 +98,8 @@ class IngestWorker:
                 raise RuntimeError(f"topic {self.names['repartition']} does not exist: create the deployment's topics "
                                    "(deploy/create_topics.py, or `dpstream up`) before starting workers")
             await supervise([asyncio.create_task(self._consume()),
-                             asyncio.create_task(self.consumer.commit_loop(self._handled))], "worker",
+                             asyncio.create_task(self.consumer.commit_loop(self._handled)),
+                             asyncio.create_task(self.consumer.broker_watchdog())], "worker",
                             drain=self._finish_fetch)
         finally:
             await self.consumer.stop()

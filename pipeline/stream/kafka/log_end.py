@@ -80,15 +80,15 @@ def log_ends(bootstrap: str, tps, timeout: float = 10.0) -> dict:
 async def log_ends_async(bootstrap: str, tps, bound: float | None = None) -> dict:
     """:func:`log_ends` from a job's event loop (in a thread), keyed by the caller's own (topic,
     partition) objects (aiokafka's ``TopicPartition``). A broker that cannot tell is not "nothing was
-    lost": retried for ``bound`` seconds (:data:`pipeline.stream.kafka.log_identity.BROKER_WAIT_SECONDS`
+    lost": retried for ``bound`` seconds (:func:`pipeline.stream.kafka.log_identity.broker_wait_seconds`
     by default), then :class:`pipeline.stream.kafka.log_identity.BrokerUnreachable`."""
-    from pipeline.stream.kafka.log_identity import BROKER_WAIT_SECONDS, BrokerUnreachable
+    from pipeline.stream.kafka.log_identity import BrokerUnreachable, broker_wait_seconds
 
     probes = {tp: TopicPartition(tp.topic, tp.partition) for tp in tps}
     if not probes:
         return {}
     topics = ", ".join(sorted({tp.topic for tp in probes}))
-    deadline = time.monotonic() + (BROKER_WAIT_SECONDS if bound is None else bound)
+    deadline = time.monotonic() + (broker_wait_seconds() if bound is None else bound)
     while True:
         try:
             ends = await asyncio.to_thread(log_ends, bootstrap, list(probes.values()))

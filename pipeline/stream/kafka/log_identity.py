@@ -15,7 +15,7 @@ The jobs save the topic id with each position and compare it at assignment
 (the all-zero id) gives ``None`` and the offset comparison is kept as the only evidence.
 
 A broker that does not answer is not "nothing was lost": :func:`topic_ids_async` retries for
-:data:`BROKER_WAIT_SECONDS` and then raises :class:`BrokerUnreachable`, which ends the job (its
+:func:`broker_wait_seconds` and then raises :class:`BrokerUnreachable`, which ends the job (its
 supervisor restarts it) instead of resuming at a position whose log it could not check.
 """
 
@@ -23,16 +23,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 
 from pipeline.connections import kafka_security
 
-__all__ = ["BrokerUnreachable", "BROKER_WAIT_SECONDS", "NO_TOPIC_ID", "topic_ids", "topic_ids_async"]
+__all__ = ["BrokerUnreachable", "BROKER_WAIT_SECONDS", "NO_TOPIC_ID", "broker_wait_seconds", "topic_ids",
+           "topic_ids_async"]
 
 log = logging.getLogger("dpstream.log_identity")
 
-# How long a job waits for the broker to answer before it exits (docs/streaming.md, "Supervision").
+# How long a job waits for the broker to answer before it exits (docs/streaming.md, "Supervision");
+# DPSTREAM_BROKER_WAIT_SECONDS overrides it.
 BROKER_WAIT_SECONDS = 60.0
+
+
+def broker_wait_seconds() -> float:
+    return float(os.environ.get("DPSTREAM_BROKER_WAIT_SECONDS") or BROKER_WAIT_SECONDS)
+
 NO_TOPIC_ID = "00000000-0000-0000-0000-000000000000"  # a broker without topic ids (before KIP-516)
 
 
@@ -59,8 +67,10 @@ def topic_ids(bootstrap: str, topics, timeout: float = 10.0) -> dict[str, str | 
     return out
 
 
-async def topic_ids_async(bootstrap: str, topics, bound: float = BROKER_WAIT_SECONDS) -> dict[str, str | None]:
-    """:func:`topic_ids` from a job's event loop, retried for ``bound`` seconds; BrokerUnreachable after."""
+async def topic_ids_async(bootstrap: str, topics, bound: float | None = None) -> dict[str, str | None]:
+    """:func:`topic_ids` from a job's event loop, retried for ``bound`` seconds (default:
+    :func:`broker_wait_seconds`); BrokerUnreachable after."""
+    bound = broker_wait_seconds() if bound is None else bound
     deadline, delay = time.monotonic() + bound, 0.5
     while True:
         try:
