@@ -198,7 +198,7 @@ class Soak:
             if pointers and pointers[0] >= step:
                 break
             if pointers and pointers[1] < step:
-                self.dpstream("close", "--step", str(step), "--wait", "20", timeout=60)
+                self.dpstream("close", "--step", str(step), "--wait", "30", timeout=180)
             if time.monotonic() - started > self.stall:
                 raise AssertionError(f"stall: step {step} not released within {self.stall:g} s")
             time.sleep(1)
