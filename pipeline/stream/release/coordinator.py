@@ -136,7 +136,8 @@ class ReleaseCoordinator:
         elif current is not None and recorded != current:  # first start (or a state from before topic ids)
             await self.store.set_partials_log(current)  # not the offset: a release meanwhile may have moved it
         self.partials_log = current
-        log.info("reading %s from offset %d (log %s)", topic, resume, current or "without a topic id")
+        log.info("%s is log %s", topic, current or "without a topic id")
+        log.info("reading %s from offset %d", topic, resume)
         return resume
 
     def take_partial(self, offset: int, key: bytes | None, value: bytes) -> bool:
