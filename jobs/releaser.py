@@ -27,6 +27,7 @@ from pipeline import descriptor
 from pipeline.stream.control.signatures import job_keys
 from pipeline.stream.kafka.consumer import BulkConsumer
 from pipeline.stream.kafka.log_end import log_ends_async
+from pipeline.stream.kafka.log_identity import topic_ids_async
 from pipeline.stream.kafka.metrics import serve_metrics, start_lag_monitor
 from pipeline.stream.kafka.process import make_producer, run_job, supervise
 from pipeline.stream.kafka.runtime import Runtime
@@ -50,9 +51,13 @@ class Releaser:
         self._control_done = 0  # next control offset to handle (lag gauge only)
 
     async def _log_end(self, topic: str) -> int | None:
-        """End offset of partition 0 of ``topic`` (None when the broker cannot tell)."""
+        """End offset of partition 0 of ``topic`` (a broker silent past the bound ends the process)."""
         tp = TopicPartition(topic, 0)  # the true end: the embedded broker's ListOffsets answer is short
-        return (await log_ends_async(self.rt.broker, [tp], "acting as if nothing was lost")).get(tp)
+        return (await log_ends_async(self.rt.broker, [tp])).get(tp)
+
+    async def _log_id(self, topic: str) -> str | None:
+        """The broker's topic id of ``topic`` (None: it has none): which log an offset is in."""
+        return (await topic_ids_async(self.rt.broker, [topic]))[topic]
 
     async def _on_assign(self, tps: set[TopicPartition]) -> dict[TopicPartition, int]:
         """Positions from Redis, whatever the group committed: partials from the first one of a step not
@@ -114,7 +119,7 @@ class Releaser:
         producer = make_producer(rt.broker, linger_ms=2)
         self.coordinator = await ReleaseCoordinator.create(
             rt.deployment, rt.roster.n, identity.instance, store, Checkpoint(producer), self.names,
-            self._log_end, verifier=verifier, deadline_signer=deadline)
+            self._log_end, verifier=verifier, deadline_signer=deadline, log_id=self._log_id)
         consumer = BulkConsumer(rt.broker, self.group, [self.names[t] for t in read_by(RELEASER)],
                                 on_assign=self._on_assign, on_revoke=self._on_revoke)
         await producer.start()
@@ -128,7 +133,8 @@ class Releaser:
             # any task failing (e.g. Redis gone) ends the process with an error
             await supervise([asyncio.create_task(self._consume(consumer)),
                              asyncio.create_task(_every(0.5, self.coordinator.tick)),
-                             asyncio.create_task(consumer.commit_loop(self._handled))], "releaser")
+                             asyncio.create_task(consumer.commit_loop(self._handled)),
+                             asyncio.create_task(consumer.broker_watchdog())], "releaser")
         finally:
             await consumer.stop()
             await producer.stop()

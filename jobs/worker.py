@@ -37,6 +37,7 @@ from pipeline.stream.ingest.coordinator import IngestCoordinator
 from pipeline.stream.ingest.core import IngestCore
 from pipeline.stream.kafka.consumer import INGEST_FETCH_MAX_WAIT_MS, BulkConsumer
 from pipeline.stream.kafka.log_end import log_ends_async
+from pipeline.stream.kafka.log_identity import topic_ids_async
 from pipeline.stream.kafka.metrics import serve_metrics, unexport_releaser_series
 from pipeline.stream.kafka.process import make_producer, run_job, supervise
 from pipeline.stream.kafka.runtime import Runtime
@@ -71,7 +72,8 @@ class IngestWorker:
         self.redis = rt.async_store()  # checkpoint writes from the event loop
         # partials and dead letters acknowledged, then Redis
         self.coordinator = IngestCoordinator(self.core, self.redis, Checkpoint(self.producer), self._log_ends,
-                                             seek=lambda tp, offset: self.consumer.consumer.seek(tp, offset))
+                                             seek=lambda tp, offset: self.consumer.consumer.seek(tp, offset),
+                                             log_ids=lambda topics: topic_ids_async(rt.broker, topics))
         # The roster, its id index and the loaded modules live as long as the process: frozen out of
         # the cyclic collector's sight, so the full passes the fetches' allocations trigger skip them.
         gc.freeze()
@@ -79,7 +81,7 @@ class IngestWorker:
     async def _log_ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         # True log ends (the embedded broker's ListOffsets answer is short by the rest of the last
         # batch, which would look like a lost log when the checkpoint's marker is in that batch).
-        return await log_ends_async(self.rt.broker, tps, "resuming at the checkpoints")
+        return await log_ends_async(self.rt.broker, tps)
 
     async def _on_assign(self, tps: set[TopicPartition]) -> dict[TopicPartition, int]:
         return await self.coordinator.on_assign(tps)
@@ -104,7 +106,8 @@ class IngestWorker:
                 raise RuntimeError(f"topic {self.names['repartition']} does not exist: create the deployment's topics "
                                    "(deploy/create_topics.py, or `dpstream up`) before starting workers")
             await supervise([asyncio.create_task(self._consume()),
-                             asyncio.create_task(self.consumer.commit_loop(self._handled))], "worker",
+                             asyncio.create_task(self.consumer.commit_loop(self._handled)),
+                             asyncio.create_task(self.consumer.broker_watchdog())], "worker",
                             drain=self._finish_fetch)
         finally:
             await self.consumer.stop()

@@ -43,9 +43,11 @@ def _interrupt(signum, frame):
 
 
 def _claim(name: str) -> bool:
-    """Create the endpoints file with only this process's pid, atomically (two `up` starting at once: one
-    wins); LocalCluster.start completes it with the endpoints, LocalCluster.stop removes it."""
+    """Create the endpoints file with only this process's pid and its supervisor tag, atomically (two `up`
+    starting at once: one wins), before any process is started; LocalCluster.start completes it with the
+    endpoints, LocalCluster.stop removes it."""
     from pipeline.stream.local.cluster import endpoints_file, private_home
+    from pipeline.stream.local.leftovers import SUPERVISOR_ENV
 
     private_home()
     path = endpoints_file(name)
@@ -54,7 +56,7 @@ def _claim(name: str) -> bool:
     except FileExistsError:
         return False
     with os.fdopen(fd, "w") as fh:
-        fh.write(json.dumps({"pid": os.getpid()}))
+        fh.write(json.dumps({"pid": os.getpid(), "supervisor": os.environ.get(SUPERVISOR_ENV)}))
     return True
 
 
@@ -63,10 +65,13 @@ def cmd_up(args) -> int:
     (bounded, with backoff), as are the embedded broker and its storage; a refusal (exit code 2, 3, 4) or
     repeated failure stops everything with the failing process's own line and code. On Ctrl-C or SIGTERM
     (`kill`, `dpstream down`) the stream processes stop first, then the broker, its storage and Redis."""
+    from pipeline.stream.kafka.topics import PartitionCountChanged
     from pipeline.stream.local.cluster import LocalCluster, ProcessFailed, state_dir
     from pipeline.stream.local.file_sd import targets_file
     from pipeline.stream.state.store import ReleaseStore
     from pipeline.upload_time import deadline_warning
+
+    from pipeline.stream.local.leftovers import SUPERVISOR_ENV, new_tag
 
     dep = _load(args.config)
     rec = _up_record(dep.name)
@@ -85,12 +90,14 @@ def cmd_up(args) -> int:
     log_dir = Path(args.log_dir).resolve()
     cluster = LocalCluster(args.config, dep, workers=args.workers, log_dir=log_dir, metrics=True,
                            data_dir=data_dir, durable_log=data_dir is not None and not dep.broker)
+    os.environ[SUPERVISOR_ENV] = new_tag(dep.name)  # inherited by every process started from here on
     if not _claim(dep.name):
         return _fail(EXIT_CONFIG, f"another `dpstream up` of deployment {dep.name!r} is starting")
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     code = EXIT_OK
     try:
         cluster.start_services()
+        cluster.write_endpoints()  # Redis's pid, before anything else can fail (leftovers.py)
         marker_dir = data_dir if data_dir is not None and not dep.redis else None
         refused = _check_marker(dep, cluster.redis_url, marker_dir)
         if refused:
@@ -127,6 +134,8 @@ def cmd_up(args) -> int:
         code = EXIT_OK
     except ProcessFailed as err:
         code = _fail(err.exit_code, f"up: {err}; stopping (logs in {log_dir})")
+    except PartitionCountChanged as err:  # before RuntimeError: a refusal of the configuration
+        code = _fail(EXIT_CONFIG, f"up: {err}")
     except (RuntimeError, TimeoutError, OSError) as err:  # a service did not start
         code = _fail(EXIT_RUNTIME, f"up: {err}; stopping (logs in {log_dir})")
     finally:
@@ -184,11 +193,15 @@ def _update_marker(store, marker_dir: Path, last):
 
 
 def _stop_leftovers(rec: dict) -> list[str]:
-    """Stop the processes a killed `up` recorded and left running (pid and command line must both match)."""
+    """Stop every process a killed `up` left running: those carrying its supervisor tag
+    (:mod:`pipeline.stream.local.leftovers`: recorded or not), then those it recorded whose pid and
+    command line both match (Redis: its process title overwrites the environment the tag is in; a
+    record written before tags)."""
     from pipeline.stream.local.cluster import process_cmdline
     from pipeline.stream.local.embedded import pid_alive
+    from pipeline.stream.local.leftovers import stop_tagged
 
-    stopped = []
+    stopped = stop_tagged(rec["supervisor"]) if rec.get("supervisor") else []
     for name, proc in (rec.get("processes") or {}).items():
         pid, cmdline = proc.get("pid"), proc.get("cmdline")
         if not pid or not cmdline or process_cmdline(pid) != cmdline:
@@ -221,6 +234,7 @@ def cmd_down(args) -> int:
         return EXIT_OK
     if rec["alive"]:
         os.kill(rec["pid"], signal.SIGTERM)
+        os.kill(rec["pid"], signal.SIGCONT)  # a stopped `up` takes its SIGTERM once continued
         deadline = time.monotonic() + args.wait
         while pid_alive(rec["pid"]):
             if time.monotonic() > deadline:

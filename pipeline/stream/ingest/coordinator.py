@@ -8,8 +8,10 @@ revoked (:meth:`on_revoke`), a fetch arrived (:meth:`handle`) — around one tra
 * a :class:`pipeline.stream.state.checkpoint.Checkpoint` over a publisher (the broker, in the job),
   which owns the order "publish, await the acknowledgements, then write the checkpoint";
 * an :class:`pipeline.stream.state.store_async.AsyncReleaseStore` (Redis: checkpoints, intake counts);
-* ``log_ends(tps)``: where each assigned partition's log truly ends (absent: cannot tell), to notice
-  a broker that lost its logs;
+* ``log_ends(tps)``: where each assigned partition's log truly ends, and ``log_ids(topics)``: the
+  broker's topic ids (None: it has none), to notice a broker that lost or replaced its logs: a
+  checkpoint records the topic ids of the logs its offsets are in
+  (:mod:`pipeline.stream.kafka.log_identity`);
 * ``seek(tp, offset)``: move the consumer back when a fetch starts past the next record to handle;
 
 so the job (``jobs/worker.py``) is the Kafka consumer around it and the tests drive it directly.
@@ -49,12 +51,14 @@ class IngestCoordinator:
 
     def __init__(self, core: IngestCore, store, checkpoint: Checkpoint,
                  log_ends: Callable[[list], Awaitable[dict[Any, int]]],
-                 seek: Callable[[Any, int], None] = lambda tp, offset: None):
+                 seek: Callable[[Any, int], None] = lambda tp, offset: None,
+                 log_ids: Callable[[list[str]], Awaitable[dict[str, str | None]]] | None = None):
         self.core = core
         self.names = core.names
         self.store = store
         self.checkpoint = checkpoint
         self.log_ends = log_ends
+        self.log_ids = log_ids
         self.seek = seek
         # Held while a fetch is handled: a revocation waits for it, so a partition's old owner has
         # written its last checkpoint before the new owner reads it.
@@ -66,17 +70,21 @@ class IngestCoordinator:
 
     # -- assignment ------------------------------------------------------------------------------
     async def on_assign(self, tps) -> dict[Any, int]:
-        """Positions from the Redis checkpoints, whatever the group committed; a log that ends before
-        its checkpoint was lost (recorded, and read from its start)."""
+        """Positions from the Redis checkpoints, whatever the group committed; a log that is not the one
+        the checkpoint's offsets are in (another topic id), or that ends before the checkpoint, was lost
+        (recorded, and read from its start however far the new log has grown)."""
         positions = {}
         reports = [tp for tp in tps if tp.topic == self.names["reports"]]
         forwarded = [tp for tp in tps if tp.topic == self.names["repartition"]]
         ends = await self.log_ends(reports + forwarded)
+        ids = await self.log_ids([self.names["reports"], self.names["repartition"]]) if self.log_ids else {}
+        current = {"reports": ids.get(self.names["reports"]), "repartition": ids.get(self.names["repartition"])}
         previous = await self.store.intake_of(tp.partition for tp in reports)  # the counts before this assignment
         snapshots = {}
         for tp in sorted(tps, key=lambda tp: tp.topic == self.names["repartition"]):  # reports partitions first
             if tp.topic == self.names["repartition"]:
-                positions[tp] = self._forwarded_position(tp, ends.get(tp))
+                positions[tp] = self._forwarded_position(tp, ends.get(tp), self._replaced(tp.partition, current,
+                                                                                          "repartition"))
                 continue
             if tp.topic == self.names["feedback"]:
                 # Re-read feedback from the start (one small message per release and step): the last
@@ -87,17 +95,23 @@ class IngestCoordinator:
             resume = self.core.assign(tp.partition)
             state = self.core.states[tp.partition]
             end = ends.get(tp)
-            if end is not None and resume > end:
-                # The checkpoint's close marker was read from this log, so the log ends after it; one
-                # that ends before it was lost (a memory-only broker restarted; durable Kafka never
-                # shrinks a log). Keep the checkpointed state and read the new log from its start.
-                log.warning("reports partition %d ends at offset %d, before its checkpoint's close marker (offset "
-                            "%d): the broker lost the log (memory-only broker restarted?). Keeping the checkpointed "
-                            "state (step %d closed) and reading the new log from its start; reports in flight at "
-                            "the loss must be sent again.", tp.partition, end, resume - 1, state.closed)
+            replaced = self._replaced(tp.partition, current, "reports")
+            if replaced or (end is not None and resume > end):
+                # The checkpoint's close marker was read from the log its topic id names; another id, or
+                # a log that ends before the marker, is a new log (a memory-only broker restarted;
+                # durable Kafka never shrinks a log). Keep the checkpointed state and read the new log
+                # from its start, however far it has grown meanwhile.
+                log.warning("reports partition %d: %s: the broker lost or replaced the log (memory-only broker "
+                            "restarted?). Keeping the checkpointed state (step %d closed) and reading the new log "
+                            "from its start; reports in flight at the loss must be sent again.", tp.partition,
+                            replaced or f"it ends at offset {end}, before its checkpoint's close marker "
+                            f"(offset {resume - 1})", state.closed)
                 state.offset = -1
                 resume = 0
                 self.core.inboxes[tp.partition].reset(state.closed)  # the broker lost `repartition` too
+                if replaced:
+                    end = 0  # whatever the new log holds now, the counted reports were on the old one
+            self.core.log_ids[tp.partition] = {k: v for k, v in current.items() if v is not None}
             positions[tp] = resume
             lost = self.core.note_lost_log(tp.partition, previous.get(tp.partition), end)
             if lost:
@@ -112,15 +126,23 @@ class IngestCoordinator:
         await self.store.save_intake(snapshots)  # status/close show what the restored state holds, from now on
         return positions
 
-    def _forwarded_position(self, tp, end: int | None) -> int:
+    def _replaced(self, partition: int, current: dict[str, str | None], topic: str) -> str | None:
+        """Why the ``topic`` log of ``partition`` is not the one its checkpoint's offsets are in (None: it
+        is, or one of the two has no topic id)."""
+        recorded = self.core.restored_logs.get(partition, {}).get(topic)
+        if recorded is None or current.get(topic) is None or recorded == current[topic]:
+            return None
+        return f"its topic id is {current[topic]}, the checkpoint's offsets are in log {recorded}"
+
+    def _forwarded_position(self, tp, end: int | None, replaced: str | None = None) -> int:
         """Where to read the partition's `repartition` log from: its checkpoint's resume offset."""
         inbox = self.core.inboxes.get(tp.partition)
         if inbox is None:
             return 0
         resume = inbox.resume()
-        if end is not None and resume > end:  # lost with a memory-only broker, as for reports
-            log.warning("repartition partition %d ends at offset %d, before its checkpoint (%d): reading the new log "
-                        "from its start", tp.partition, end, resume)
+        if replaced or (end is not None and resume > end):  # lost with a memory-only broker, as for reports
+            log.warning("repartition partition %d: %s: reading the new log from its start", tp.partition,
+                        replaced or f"it ends at offset {end}, before its checkpoint ({resume})")
             inbox.reset(self.core.states[tp.partition].closed)
             resume = 0
         return resume

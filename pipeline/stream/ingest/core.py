@@ -125,6 +125,11 @@ class IngestCore:
         self.lost: dict[int, dict[str, int]] = {}  # partition -> open step -> reports counted on a log since lost
         self._owned: OwnedRows | None = None
         self._feedback_complete: set[int] = set()  # see feedback_checkpoints
+        # partition -> {"reports": topic id, "repartition": topic id}: the logs its positions are in,
+        # as the last checkpoint recorded them (``restored_logs``) and as assigned now (``log_ids``,
+        # written with the next checkpoint); pipeline.stream.kafka.log_identity
+        self.restored_logs: dict[int, dict[str, str]] = {}
+        self.log_ids: dict[int, dict[str, str]] = {}
 
     # -- assignment ------------------------------------------------------------------------------
     def assign(self, partition: int) -> int:
@@ -144,6 +149,7 @@ class IngestCore:
         if restored:
             state.set_state(restored)
             resume = state.offset + 1
+        self.restored_logs[partition] = dict(restored.get("logs") or {})
         inbox = Inbox(self.partitions_total, state.closed)
         if "repartition" in restored:  # a checkpoint from before repartitioning has none: start at offset 0
             inbox.set_state(restored["repartition"])
@@ -160,6 +166,8 @@ class IngestCore:
 
     def revoke(self, partition: int) -> None:
         self.states.pop(partition, None)
+        self.restored_logs.pop(partition, None)
+        self.log_ids.pop(partition, None)
         self.backlog.pop(partition, None)
         self._rewinds.pop(partition, None)
         self._rewinds.pop(("repartition", partition), None)
@@ -572,7 +580,8 @@ class IngestCore:
         """The partition's state with its ``repartition`` position (what was forwarded to it and applied);
         the kept partials are stored beside it (:class:`CloseOutput`), not in it: rewriting them with every
         checkpoint made its size, and every close's Redis write, grow with the steps."""
-        return dumps_state({**self.states[partition].get_state(), "repartition": self.inboxes[partition].get_state()})
+        return dumps_state({**self.states[partition].get_state(), "repartition": self.inboxes[partition].get_state(),
+                            "logs": self.log_ids.get(partition, {})})
 
     def _reject_record(self, partition: int, rec: Record, reason: str, detail: str,
                        topic: str = "reports") -> ApplyResult:

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from pipeline.connections import kafka_security
+from pipeline.stream.kafka.log_identity import BrokerUnreachable, broker_wait_seconds
 from pipeline.stream.kafka.limits import MAX_MESSAGE_BYTES
 
 __all__ = ["BulkConsumer", "INGEST_FETCH_MAX_WAIT_MS", "RELEASER_FETCH_MAX_WAIT_MS"]
@@ -115,3 +117,22 @@ class BulkConsumer:
                 committed.update(offsets)
             except Exception as err:  # noqa: BLE001 - e.g. a rebalance in progress; the next round commits
                 log.debug("position commit skipped: %s", err)
+
+    async def broker_watchdog(self, bound: float | None = None, interval: float = 5.0) -> None:
+        """Ask the broker for its metadata every ``interval`` seconds; raise BrokerUnreachable once it has
+        not answered for ``bound`` seconds, which ends the job (its supervisor restarts it) rather than
+        leaving it retrying against a broker that is gone (docs/streaming.md, "Supervision")."""
+        bound = broker_wait_seconds() if bound is None else bound
+        interval = min(interval, bound / 2)
+        answered = time.monotonic()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await asyncio.wait_for(self.consumer.topics(), timeout=max(interval, 1.0))
+                answered = time.monotonic()
+            except Exception as err:  # noqa: BLE001 - any failure to answer counts against the bound
+                silent = time.monotonic() - answered
+                if silent > bound:
+                    raise BrokerUnreachable(f"the broker has not answered for {silent:.0f} s (bound {bound:g} s): "
+                                            f"{err!r}") from err
+                log.warning("the broker did not answer (%r); %.0f s of %g s", err, silent, bound)

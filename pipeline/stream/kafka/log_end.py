@@ -77,17 +77,25 @@ def log_ends(bootstrap: str, tps, timeout: float = 10.0) -> dict:
         probe.close()
 
 
-async def log_ends_async(bootstrap: str, tps, otherwise: str) -> dict:
+async def log_ends_async(bootstrap: str, tps, bound: float | None = None) -> dict:
     """:func:`log_ends` from a job's event loop (in a thread), keyed by the caller's own (topic,
-    partition) objects (aiokafka's ``TopicPartition``). When the broker cannot tell: {} and a warning
-    saying what the caller does ``otherwise``."""
+    partition) objects (aiokafka's ``TopicPartition``). A broker that cannot tell is not "nothing was
+    lost": retried for ``bound`` seconds (:func:`pipeline.stream.kafka.log_identity.broker_wait_seconds`
+    by default), then :class:`pipeline.stream.kafka.log_identity.BrokerUnreachable`."""
+    from pipeline.stream.kafka.log_identity import BrokerUnreachable, broker_wait_seconds
+
     probes = {tp: TopicPartition(tp.topic, tp.partition) for tp in tps}
     if not probes:
         return {}
-    try:
-        ends = await asyncio.to_thread(log_ends, bootstrap, list(probes.values()))
-    except Exception as err:  # noqa: BLE001 - a broker that cannot answer is the caller's case, not a crash
-        log.warning("could not read the log ends of %s (%s); %s",
-                    ", ".join(sorted({tp.topic for tp in probes})), err, otherwise)
-        return {}
-    return {tp: ends[probe] for tp, probe in probes.items() if probe in ends}
+    topics = ", ".join(sorted({tp.topic for tp in probes}))
+    deadline = time.monotonic() + (broker_wait_seconds() if bound is None else bound)
+    while True:
+        try:
+            ends = await asyncio.to_thread(log_ends, bootstrap, list(probes.values()))
+            return {tp: ends[probe] for tp, probe in probes.items() if probe in ends}
+        except Exception as err:  # noqa: BLE001 - a broker that cannot answer: retried, then the caller's end
+            if time.monotonic() + 1.0 > deadline:
+                raise BrokerUnreachable(f"could not read the log ends of {topics} ({err}); exiting rather than "
+                                        "resuming at positions in logs it could not check") from err
+            log.warning("could not read the log ends of %s (%s); retrying", topics, err)
+            await asyncio.sleep(1.0)

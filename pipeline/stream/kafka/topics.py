@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from pipeline.connections import kafka_security
 
-__all__ = ["Topic", "TOPICS", "PUBLIC_TOPICS", "INGEST", "RELEASER", "KAFKA_ROLES", "GROUP_ROLES", "LAG_ROLE", "topic_names",
+__all__ = ["PartitionCountChanged", "Topic", "TOPICS", "PUBLIC_TOPICS", "INGEST", "RELEASER", "KAFKA_ROLES", "GROUP_ROLES", "LAG_ROLE", "topic_names",
            "topic_partitions", "group_id", "downstream_group_prefix", "read_by", "consumer_groups", "offsets_only",
            "new_topics", "ensure_topics"]
 
@@ -35,6 +35,11 @@ LAG_ROLE = "releaser"  # runs the consumer-lag gauge (describes every group: pip
 # The public topics are the product and the fence's evidence (pipeline.stream.release.fence): Kafka's default
 # retention (7 days) would delete old manifests, and with them what a wiped state is checked against.
 KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
+
+
+class PartitionCountChanged(RuntimeError):
+    """The deployment's topics exist with another partition count than ``topics.partitions`` says: a
+    configuration refusal (exit code 2), not a runtime failure."""
 
 
 @dataclass(frozen=True)
@@ -156,10 +161,15 @@ def ensure_topics(bootstrap: str, deployment, timeout: float = 30.0, replication
             except TopicAlreadyExistsError:
                 pass  # another process created them meanwhile
         described = {d.get("name", d.get("topic")): len(d["partitions"]) for d in admin.describe_topics(list(names.values()))}
-        for logical, name in names.items():
-            got = described.get(name)
-            if got is not None and got != parts[logical]:
-                raise RuntimeError(f"topic {name} has {got} partitions, the configuration needs {parts[logical]}")
+        changed = {name: (got, parts[logical]) for logical, name in names.items()
+                   if (got := described.get(name)) is not None and got != parts[logical]}
+        if changed:
+            detail = "; ".join(f"topic {name} has {got}, the configuration needs {need}"
+                               for name, (got, need) in changed.items())
+            raise PartitionCountChanged(
+                f"configuration refused: topics.partitions: the deployment's topics exist with another partition "
+                f"count ({detail}). A worker's checkpoint holds the users of its partition, so the count cannot "
+                "change under a running deployment: set topics.partitions back, or start a new deployment")
     finally:
         admin.close()
     return names

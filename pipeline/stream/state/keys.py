@@ -10,6 +10,8 @@ key                             what it holds                                   
                                 alerts, feedback); ``__state__`` -> mechanism state after t:
                                 the drawn noise and the true per-node sums
 ``{p}:release:partials-resume`` step-partials offset a restarted releaser re-reads from        releaser rw
+``{p}:release:partials-log``    the topic id of the step-partials log that offset is in         releaser rw
+                                (:mod:`pipeline.stream.kafka.log_identity`)
 ``{p}:release:close-times``     hash: step -> its public close time (ms), as its markers       releaser rw
                                 carry it (a close re-driven after a lost log writes it again)
 ``{p}:release:close-markers``  hash: step -> its close marker as written (signed by the       
@@ -103,6 +105,10 @@ class Keys:
     @property
     def partials_resume(self) -> str:
         return self._k("release", "partials-resume")
+
+    @property
+    def partials_log(self) -> str:
+        return self._k("release", "partials-log")
 
     @property
     def close_times(self) -> str:

