@@ -577,6 +577,18 @@ def _one_line_per_report(upload: Upload) -> bool:
 
 
 # -- sending ------------------------------------------------------------------------------
+def batch_producer(bootstrap: str):
+    """The kafka-python producer of the upload's batch messages (and of its benchmark's raw
+    baseline): acks=all, ~1 MB batches. Not idempotent, as pipeline.stream.kafka.producer: the
+    embedded broker acknowledges a batch retried after a kill -9 as a duplicate it never stored
+    (docs/streaming.md, "What is durable where")."""
+    from kafka import KafkaProducer
+
+    return KafkaProducer(bootstrap_servers=bootstrap, **kafka_security(), linger_ms=5,
+                         batch_size=1 << 20, max_request_size=MAX_MESSAGE_BYTES, acks="all",
+                         enable_idempotence=False)
+
+
 def send_upload(
     upload: Upload,
     bootstrap: str,
@@ -589,20 +601,7 @@ def send_upload(
     counts reports (a message's reports are acknowledged together). ``replace``: each message
     carries
     the correction header."""
-    from kafka import KafkaProducer
-
-    # not idempotent, as pipeline.stream.kafka.producer: the embedded broker acknowledges a batch
-    # retried
-    # after a kill -9 as a duplicate it never stored (docs/streaming.md, "What is durable where")
-    producer = KafkaProducer(
-        bootstrap_servers=bootstrap,
-        **kafka_security(),
-        linger_ms=5,
-        batch_size=1 << 20,
-        max_request_size=MAX_MESSAGE_BYTES,
-        acks="all",
-        enable_idempotence=False,
-    )
+    producer = batch_producer(bootstrap)
     headers = [(REPLACE_HEADER, b"1")] if replace else None
     start, result = time.monotonic(), SendResult(receipt=Receipt(topic))
     try:

@@ -267,7 +267,7 @@ def test_alerts_follow_and_a_faust_agent_see_a_new_step_live(deployment, tmp_pat
                              env=agent_env, cwd=tmp_path, start_new_session=True)
     followed, agent_lines = [], []
     try:
-        _lines_until(follower, "following: new alerts below", 60, followed)
+        _lines_until(follower, "following: new alerts below", 120, followed)  # reads every past step first
         # joining its consumer group takes ~30 s on the embedded broker
         _lines_until(agent, f"step {T - 1} items:", 150, agent_lines)
         _produce(d.config, d.tmp, T)

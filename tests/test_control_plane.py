@@ -54,17 +54,22 @@ def services():
 def dead_letters(
     bootstrap: str, topic: str, expect: int, timeout: float = 60.0
 ) -> list[tuple[dict, bytes]]:
-    """The dead-letter topic's records, once it holds ``expect`` of them (or the timeout passed)."""
+    """The dead-letter topic's records, one per source position, once it holds ``expect`` of them
+    (or the timeout passed). Workers read at least once: a record read again after the group
+    rebalances (the second worker joining) is dead-lettered again under the same source."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     tp = TopicPartition(topic, 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
-    out, deadline = [], time.monotonic() + timeout
+    out: dict[bytes, tuple[dict, bytes]] = {}
+    deadline = time.monotonic() + timeout
     while len(out) < expect and time.monotonic() < deadline:
         for msgs in consumer.poll(timeout_ms=200).values():
-            out += [(dict(m.headers), m.value) for m in msgs]
+            for m in msgs:
+                headers = dict(m.headers)
+                out.setdefault(headers.get("dpstream-source", b""), (headers, m.value))
     consumer.close()
-    return out
+    return list(out.values())
 
 
 def test_forged_markers_and_commands_are_dead_lettered_and_close_nothing(services, tmp_path):

@@ -61,7 +61,7 @@ def test_a_killed_redis_is_restarted_from_its_append_only_file(deployment, tmp_p
     path, env = deployment
     cfg = ["--config", str(path)]
     with up(path, env, tmp_path, workers=1) as run:
-        dpstream("produce", *cfg, "--step", "1", env=env)
+        dpstream("produce", *cfg, "--simulate", "--step", "1", env=env)
         dpstream("close", *cfg, "--step", "1", env=env)
         _released(path, env, 1)
         before = _status(path, env)
@@ -72,7 +72,7 @@ def test_a_killed_redis_is_restarted_from_its_append_only_file(deployment, tmp_p
         after = _status(path, env)
         assert after["released_step"] == 1 and after["ledger"] == before["ledger"]
         assert after["instance"] == before["instance"]
-        dpstream("produce", *cfg, "--step", "2", env=env)
+        dpstream("produce", *cfg, "--simulate", "--step", "2", env=env)
         dpstream("close", *cfg, "--step", "2", env=env, timeout=180)
         _released(path, env, 2, timeout=120)
         assert run.proc.poll() is None

@@ -93,20 +93,9 @@ def write_file(path: Path, ids: list[str], step: int, seed: int = 0) -> Path:
 def raw_send(bootstrap: str, topic: str, batches) -> float:
     """Seconds for kafka-python to send the messages to their partitions and have all
     acknowledged."""
-    from kafka import KafkaProducer
+    from pipeline.upload import batch_producer
 
-    from pipeline.connections import kafka_security
-    from pipeline.stream.kafka.limits import MAX_MESSAGE_BYTES
-
-    producer = KafkaProducer(
-        bootstrap_servers=bootstrap,
-        **kafka_security(),
-        linger_ms=5,
-        batch_size=1 << 20,
-        max_request_size=MAX_MESSAGE_BYTES,
-        acks="all",
-        enable_idempotence=False,
-    )
+    producer = batch_producer(bootstrap)  # the upload's own settings: the same sends, raw
     try:
         started = time.perf_counter()
         futures = [producer.send(topic, value=b.value, partition=b.partition) for b in batches]
