@@ -253,6 +253,7 @@ def _lines_until(proc, needle: str, timeout: float, seen: list[str]) -> None:
                 seen.append(line)
 
 
+@pytest.mark.live_follow
 def test_alerts_follow_and_a_faust_agent_see_a_new_step_live(deployment, tmp_path):
     pytest.importorskip("faust")
     d = deployment
