@@ -87,7 +87,6 @@ def cmd_produce(args) -> int:
 def _produce(args, stage: list[str]) -> int:
     from pipeline.stream.ingest.intake_view import open_window
     from pipeline.stream.ingest.report_files import ReportFileError
-    from pipeline.stream.ingest.roster import Roster
     from pipeline.upload import read_upload
 
     dep = _load(args.config)
@@ -112,7 +111,7 @@ def _produce(args, stage: list[str]) -> int:
     if path:  # the whole file is checked before anything is sent (pipeline.upload)
         stage[0] = f"checking {path}"
         try:
-            found = read_upload(path, dep, Roster.from_config(dep.roster))
+            found = read_upload(path, dep)
         except ReportFileError as err:
             return _fail(EXIT_CONFIG, f"nothing sent: {err}")
     stage[0] = "waiting for the workers' counts"
@@ -192,7 +191,7 @@ def _send_file(dep, found, args, view, stage: list[str]) -> int:
     workers' verdict on those reports."""
     from pipeline.cli.verdict import held_conflicts, mark_dead_letters
     from pipeline.producer import ReportSender, TopicMissing, progress_printer
-    from pipeline.upload import send_upload
+    from pipeline.upload import UploadStopped, send_upload
 
     steps = ", ".join(map(str, sorted(found.steps())))
     plural = "s" if len(found.steps()) > 1 else ""
@@ -217,12 +216,18 @@ def _send_file(dep, found, args, view, stage: list[str]) -> int:
             return _fail(EXIT_RUNTIME, str(err))
         mark = mark_dead_letters(dep, broker)
         stage[0] = f"sending {found.path}"
-        result = send_upload(found, broker, sender.topic, args.replace,
-                             progress_printer("acknowledged", " reports"))
+        try:
+            result = send_upload(found, broker, sender.topic, args.replace,
+                                 progress_printer("acknowledged", " reports"))
+        except UploadStopped as stop:
+            return _fail(EXIT_RUNTIME, f"{stop}: {stop.result.acknowledged:,} reports were "
+                                       "acknowledged before; the workers take or reject them "
+                                       "(`dpstream status`, `dpstream dead-letters`)")
     if result.failed:
-        i, why = result.failed[0]
+        at, why = result.failed[0]
         return _fail(EXIT_RUNTIME, f"sent {result.sent:,} reports, {result.acknowledged:,} acknowledged; "
-                                   f"{len(result.failed):,} not (first: line {found.line_of(i)}: {why}); resend those")
+                                   f"{len(result.failed):,} not (first: line {found.line_of_row(at)}: {why}); "
+                                   "resend those")
     what = "corrections" if args.replace else "reports"
     print(f"sent {result.acknowledged} {what} for step{plural} {steps} (all acknowledged)")
     return _verdict(dep, result.receipt, mark, args, stage)

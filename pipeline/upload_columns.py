@@ -1,0 +1,265 @@
+"""A report file (CSV, JSONL, Parquet) read as columns, one chunk of reports at a time.
+
+Each chunk is the user ids (a pyarrow string array), the steps and, per attribute, the integer
+code of every value (``-1``: not reported, ``-2``: outside the domain), with the rules of the
+workers' parser (:mod:`pipeline.stream.ingest.reports`; a CSV cell as
+:func:`pipeline.stream.ingest.report_files.csv_value` reads it) applied to whole columns. Memory is
+one chunk: Parquet is read by row groups' record batches (:meth:`pyarrow.parquet.ParquetFile.iter_batches`),
+CSV and JSONL by blocks (:func:`pyarrow.csv.open_csv`, :func:`pyarrow.json.open_json`).
+
+A CSV or JSONL file pyarrow cannot read as one table (a value that is a number on one line and a
+string on another, an explicit ``null``, a column it does not expect, a step that is not an
+integer) raises :class:`NotTabular`, and the caller reads it with the per-report reader
+(:func:`report_chunks`): slower, same columns. A Parquet file is refused instead, naming the
+problem.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.arrow_arrays import bools, int64s, strings, valid_of, values_of
+from pipeline.attributes import MISSING, OUT_OF_DOMAIN, public_hash
+from pipeline.stream.ingest.report_files import ReportFileError, _chunks, _records
+
+__all__ = ["Columns", "NotTabular", "arrow_chunks", "report_chunks", "CHUNK_ROWS"]
+
+CHUNK_ROWS = 1 << 17  # reports per Parquet chunk (~20 MB in memory with its messages)
+_TEXT_BLOCK = 4 << 20  # bytes per CSV or JSONL block: ~10^5 reports of short lines
+_BINARY_TEXT = ["0", "1", "0.0", "1.0", "false", "true"]  # lower-cased spellings of a binary value
+_BINARY_CODE = np.array([0, 1, 0, 1, 0, 1], dtype=np.int64)
+
+
+class NotTabular(Exception):
+    """pyarrow cannot read this CSV or JSONL file as a table: the per-report reader takes it."""
+
+
+@dataclass(frozen=True)
+class Columns:
+    """One chunk of the file's reports: positions ``start .. start + len - 1`` in the file."""
+
+    start: int
+    users: pa.Array
+    steps: np.ndarray
+    codes: dict[str, np.ndarray]
+    cells: pa.Table | None = None  # the chunk as read (to quote a bad value); None: per report
+
+    def __len__(self) -> int:
+        return int(self.steps.size)
+
+    def cell(self, position: int, column: str | None):
+        """The value of ``column`` of the report at ``position`` (in the file) as read."""
+        table = self.cells
+        if column is None or table is None or column not in table.column_names:
+            return None
+        return table.column(column)[position - self.start].as_py()
+
+
+def arrow_chunks(path: Path, kind: str, deployment) -> Iterator[Columns]:
+    """The file's reports a chunk at a time, read by pyarrow; raises :class:`NotTabular` (CSV,
+    JSONL) or :class:`ReportFileError` (Parquet) when it cannot be."""
+    start = 0
+    for table in _tables(path, kind, deployment):
+        columns = _columns(path, kind, _flattened(path, kind, table), deployment, start)
+        start += len(columns)
+        yield columns
+
+
+def _tables(path: Path, kind: str, deployment) -> Iterator[pa.Table]:
+    try:
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=CHUNK_ROWS):
+                yield pa.Table.from_batches([batch])
+            return
+        reader = _csv_reader(path, deployment) if kind == "csv" else _jsonl_reader(path)
+        for batch in reader:
+            yield pa.Table.from_batches([batch])
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError, OSError) as err:
+        if kind == "parquet":
+            raise ReportFileError(path, None, None, f"not a readable Parquet file ({err})") from None
+        raise NotTabular(str(err)) from None
+
+
+def _csv_reader(path: Path, deployment):
+    import pyarrow.csv as pcsv
+
+    with path.open(newline="", encoding="utf-8-sig") as fh:
+        header = next(csv.reader(fh), None)
+    known = {"user", "step", *deployment.attributes}
+    if not header or set(header) - known or len(set(header)) != len(header):
+        raise NotTabular("the header is for the per-report checker to name")
+    return pcsv.open_csv(
+        path,
+        read_options=pcsv.ReadOptions(block_size=_TEXT_BLOCK),
+        convert_options=pcsv.ConvertOptions(
+            column_types={name: pa.string() for name in header}, strings_can_be_null=False
+        ),
+    )
+
+
+def _jsonl_reader(path: Path):
+    import pyarrow.json as pjson
+
+    if _holds(path, b"null"):  # an explicit null is out of domain, an absent value is not
+        raise NotTabular("an explicit null")
+    return pjson.open_json(path, read_options=pjson.ReadOptions(block_size=_TEXT_BLOCK))
+
+
+def _holds(path: Path, needle: bytes, block: int = 1 << 20) -> bool:
+    """Whether the file's bytes contain ``needle`` (read a block at a time)."""
+    tail = b""
+    with path.open("rb") as fh:
+        while data := fh.read(block):
+            if needle in tail + data[: len(needle)] or needle in data:
+                return True
+            tail = data[-len(needle) :]
+    return False
+
+
+def _flattened(path: Path, kind: str, table: pa.Table) -> pa.Table:
+    """A ``values`` struct column (JSONL; Parquet written from nested reports) as attribute
+    columns."""
+    if "values" not in table.column_names or not pa.types.is_struct(
+        table.schema.field("values").type
+    ):
+        return table
+    values = table.column("values").combine_chunks()
+    rest = table.drop_columns(["values"])
+    # flatten: a null object is null in every field
+    for field, inner in zip(values.type, values.flatten()):
+        if field.name in rest.column_names:
+            _not_columns(path, kind, f"column {field.name!r} both in values and on its own")
+        rest = rest.append_column(field.name, inner)
+    return rest
+
+
+def _columns(path: Path, kind: str, table: pa.Table, deployment, start: int) -> Columns:
+    """The chunk's user ids, steps and codes; its columns must be the expected ones."""
+    names = table.column_names
+    extra = sorted(set(names) - {"user", "step", *deployment.attributes})
+    if extra or "user" not in names or "step" not in names:
+        why = f"unknown columns {extra}" if extra else "the file needs user and step columns"
+        _not_columns(path, kind, why)
+    user, step = table.column("user").combine_chunks(), table.column("step").combine_chunks()
+    if not (pa.types.is_string(user.type) or pa.types.is_large_string(user.type)):
+        _not_columns(path, kind, "user must be a string in every row")
+    if user.null_count:
+        _not_columns(path, kind, "user must be a string in every row")
+    if kind == "csv":
+        try:
+            step = step.cast(pa.int64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise NotTabular("a step that is not an integer") from None
+    if not pa.types.is_integer(step.type) or step.null_count:
+        _not_columns(path, kind, "step must be an integer in every row")
+    codes = {
+        name: _codes(deployment.attributes[name], table.column(name), kind == "csv")
+        for name in deployment.attributes
+        if name in names
+    }
+    # beyond the horizon either way
+    steps = np.clip(values_of(step).astype(np.int64), -1, 2**31)
+    return Columns(start, user, steps, codes, table)
+
+
+def _not_columns(path: Path, kind: str, why: str):
+    """A table whose columns are not the expected ones: the per-report checker names the line
+    (CSV, JSONL); a Parquet file is refused here."""
+    if kind != "parquet":
+        raise NotTabular(why)
+    raise ReportFileError(
+        path, None, None, f"{why} (columns are user, step and the declared attributes)"
+    )
+
+
+def _codes(attribute, column, csv_cells: bool) -> np.ndarray:
+    """Codes of one attribute column, as the workers' parser decodes each value (``-1`` for a
+    missing value, ``-2`` for one outside the domain), with whole-column operations."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    kind, size = attribute.type, int(attribute.size)
+    out = np.full(len(arr), OUT_OF_DOMAIN, dtype=np.int64)
+    t = arr.type
+    if pa.types.is_null(t):
+        out[:] = MISSING
+        return out
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        present = np.ones(len(arr), dtype=bool)
+        if csv_cells:
+            present = values_of(pc.binary_length(arr)) > 0
+        if kind == "categorical":
+            at = pc.index_in(arr, value_set=strings(list(attribute.values)))
+            out = _ints(at, OUT_OF_DOMAIN)
+        elif kind == "binary":
+            at = pc.index_in(pc.utf8_lower(arr), value_set=strings(_BINARY_TEXT))
+            found = _ints(at, -1)
+            out = np.where(found >= 0, _BINARY_CODE[found], OUT_OF_DOMAIN)
+        else:
+            encoded = pc.dictionary_encode(arr)
+            ids = np.array(
+                [public_hash(s, size) for s in encoded.dictionary.to_pylist()], dtype=np.int64
+            )
+            out = ids[_ints(encoded.indices, 0)] if ids.size else out
+        if csv_cells and kind != "categorical":
+            # a CSV cell that is an integer is that integer (csv_value)
+            number = pc.match_substring_regex(pc.utf8_trim_whitespace(arr), r"^[+-]?[0-9]{1,18}$")
+            number = values_of(number) & valid_of(number)
+            if number.any():
+                ints = pc.cast(
+                    pc.utf8_trim_whitespace(arr.filter(bools(number))), pa.int64()
+                )
+                ints = values_of(ints)
+                out[number] = np.where((ints >= 0) & (ints < size), ints, OUT_OF_DOMAIN)
+        out[~present] = MISSING
+    elif pa.types.is_boolean(t):
+        if kind == "binary":
+            out = _ints(arr, 0)
+    elif pa.types.is_integer(t):
+        ints = _ints(arr, 0)  # a null is missing whatever it is filled with (below)
+        out = np.where((ints >= 0) & (ints < size), ints, OUT_OF_DOMAIN)
+    elif pa.types.is_floating(t):
+        floats = values_of(_filled(arr, 0)).astype(np.float64)
+        ok = (floats == np.floor(floats)) & (floats >= 0) & (floats < size)
+        out = np.where(ok, floats, OUT_OF_DOMAIN).astype(np.int64)
+    valid = valid_of(arr)
+    out[~valid] = MISSING
+    return out
+
+
+def _filled(arr: pa.Array, value: int) -> pa.Array:
+    """``arr`` with its nulls set to ``value`` (cast to its type; not ``fill_null``, whose scalar
+    imports pandas: :mod:`pipeline.arrow_arrays`)."""
+    if not arr.null_count:
+        return arr
+    fill = int64s(np.array([value])).cast(arr.type)
+    return pc.coalesce(arr, fill[0])
+
+
+def _ints(arr: pa.Array, value: int) -> np.ndarray:
+    return values_of(_filled(arr, value)).astype(np.int64)
+
+
+def report_chunks(path: Path, deployment, size: int = 1 << 16) -> Iterator[Columns]:
+    """The per-report reader's reports as columns, a chunk at a time (the file was checked by
+    :func:`pipeline.stream.ingest.report_files.check_report_file`)."""
+    decoders = {name: deployment.attributes[name].column_decoder() for name in deployment.attributes}
+    start = 0
+    for recs in _chunks(_records(path, deployment), size):
+        reports = [rep for _, rep, _ in recs]
+        values = {name: [rep["values"].get(name) for rep in reports] for name in decoders}
+        codes = {
+            name: np.fromiter(decoders[name](col), dtype=np.int64, count=len(col))
+            for name, col in values.items()
+        }
+        users = strings([rep["user"] for rep in reports])
+        steps = np.array([rep["step"] for rep in reports], dtype=np.int64)
+        yield Columns(start, users, steps, codes)
+        start += len(reports)
