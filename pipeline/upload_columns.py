@@ -17,6 +17,7 @@ problem.
 from __future__ import annotations
 
 import csv
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -29,10 +30,12 @@ from pipeline.arrow_arrays import bools, int64s, strings, valid_of, values_of
 from pipeline.attributes import MISSING, OUT_OF_DOMAIN, public_hash
 from pipeline.stream.ingest.report_files import ReportFileError, _chunks, _records
 
-__all__ = ["Columns", "NotTabular", "arrow_chunks", "report_chunks", "CHUNK_ROWS"]
+__all__ = ["Columns", "NotTabular", "arrow_chunks", "report_chunks", "chunk_rows", "CHUNK_ROWS"]
 
-CHUNK_ROWS = 1 << 17  # reports per Parquet chunk (~20 MB in memory with its messages)
-_TEXT_BLOCK = 4 << 20  # bytes per CSV or JSONL block: ~10^5 reports of short lines
+# reports per chunk: a few MB with its messages, and about one full message per (step,
+# partition) of a chunk at 4 partitions (~2 * 10^4 reports of short ids fill one)
+CHUNK_ROWS = 1 << 16
+_CSV_ROW_BYTES, _JSONL_ROW_BYTES = 32, 96  # a CSV or JSONL block's bytes per chunk row
 _BINARY_TEXT = ["0", "1", "0.0", "1.0", "false", "true"]  # lower-cased spellings of a binary value
 _BINARY_CODE = np.array([0, 1, 0, 1, 0, 1], dtype=np.int64)
 
@@ -62,6 +65,18 @@ class Columns:
         return table.column(column)[position - self.start].as_py()
 
 
+def chunk_rows() -> int:
+    """Reports per chunk: ``CHUNK_ROWS``, or the environment's ``DPSTREAM_UPLOAD_CHUNK_ROWS`` (a
+    smaller chunk lowers the upload's memory; CSV and JSONL are read by blocks of about that many
+    lines)."""
+    text = os.environ.get("DPSTREAM_UPLOAD_CHUNK_ROWS", "").strip()
+    if not text:
+        return CHUNK_ROWS
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"DPSTREAM_UPLOAD_CHUNK_ROWS must be a positive integer, got {text!r}")
+    return int(text)
+
+
 def arrow_chunks(path: Path, kind: str, deployment) -> Iterator[Columns]:
     """The file's reports a chunk at a time, read by pyarrow; raises :class:`NotTabular` (CSV,
     JSONL) or :class:`ReportFileError` (Parquet) when it cannot be."""
@@ -77,7 +92,10 @@ def _tables(path: Path, kind: str, deployment) -> Iterator[pa.Table]:
         if kind == "parquet":
             import pyarrow.parquet as pq
 
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=CHUNK_ROWS):
+            # not pre-buffered: pyarrow would read ahead across row groups, memory growing with
+            # the file; buffered: a row group's column chunk is read a MB at a time
+            parquet = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+            for batch in parquet.iter_batches(batch_size=chunk_rows()):
                 yield pa.Table.from_batches([batch])
             return
         reader = _csv_reader(path, deployment) if kind == "csv" else _jsonl_reader(path)
@@ -99,7 +117,7 @@ def _csv_reader(path: Path, deployment):
         raise NotTabular("the header is for the per-report checker to name")
     return pcsv.open_csv(
         path,
-        read_options=pcsv.ReadOptions(block_size=_TEXT_BLOCK),
+        read_options=pcsv.ReadOptions(block_size=chunk_rows() * _CSV_ROW_BYTES),
         convert_options=pcsv.ConvertOptions(
             column_types={name: pa.string() for name in header}, strings_can_be_null=False
         ),
@@ -111,7 +129,8 @@ def _jsonl_reader(path: Path):
 
     if _holds(path, b"null"):  # an explicit null is out of domain, an absent value is not
         raise NotTabular("an explicit null")
-    return pjson.open_json(path, read_options=pjson.ReadOptions(block_size=_TEXT_BLOCK))
+    block = chunk_rows() * _JSONL_ROW_BYTES
+    return pjson.open_json(path, read_options=pjson.ReadOptions(block_size=block))
 
 
 def _holds(path: Path, needle: bytes, block: int = 1 << 20) -> bool:
@@ -247,12 +266,12 @@ def _ints(arr: pa.Array, value: int) -> np.ndarray:
     return values_of(_filled(arr, value)).astype(np.int64)
 
 
-def report_chunks(path: Path, deployment, size: int = 1 << 16) -> Iterator[Columns]:
+def report_chunks(path: Path, deployment) -> Iterator[Columns]:
     """The per-report reader's reports as columns, a chunk at a time (the file was checked by
     :func:`pipeline.stream.ingest.report_files.check_report_file`)."""
     decoders = {name: deployment.attributes[name].column_decoder() for name in deployment.attributes}
     start = 0
-    for recs in _chunks(_records(path, deployment), size):
+    for recs in _chunks(_records(path, deployment), chunk_rows()):
         reports = [rep for _, rep, _ in recs]
         values = {name: [rep["values"].get(name) for rep in reports] for name in decoders}
         codes = {

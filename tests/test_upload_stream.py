@@ -1,0 +1,163 @@
+"""The upload streams a file: checked a chunk at a time, then read again and sent a chunk at a
+time, so its memory is a chunk's and not the file's; a bad report anywhere (the last chunk too)
+refuses the whole file with nothing sent; the workers' verdict on a file sent in many chunks is
+exact, report by report (`dpstream up`: embedded broker, Redis, a worker, the releaser)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.stream.ingest.report_files import ReportFileError
+from pipeline.stream.ingest.roster import Roster
+from pipeline.upload import read_upload
+from test_cli import N, deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
+
+CONFIG = {
+    "name": "upload-stream",
+    "roster": {"size": 200_000},
+    "horizon": 4,
+    "topics": {"partitions": 3},
+    "attributes": {
+        "poverty": {"type": "binary"},
+        "status": {"type": "categorical", "values": ["employed", "unemployed"]},
+    },
+    "budget": {"rho": 1.0},
+    "releases": [{"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 1.0}],
+}
+
+# peak memory of a fresh process checking a file and building its messages (one at a time when
+# the upload streams them; all at once before): Python and numpy allocations (tracemalloc) plus
+# Arrow's (its memory pool's high-water mark)
+_PEAK = """
+import json, sys, tracemalloc
+import pyarrow as pa
+from pipeline.config import parse_config
+from pipeline.stream.ingest.roster import Roster
+from pipeline.upload import read_upload
+dep = parse_config(json.loads(sys.argv[1]))
+roster = Roster.from_range(dep.n)  # made before the measure: the roster is not the file
+tracemalloc.start()
+upload = read_upload(sys.argv[2], dep, roster)
+for batch in getattr(upload, "messages", lambda: upload.batches)():
+    pass
+print(tracemalloc.get_traced_memory()[1] + pa.default_memory_pool().max_memory())
+"""
+
+
+def _parquet(path, users: int, steps: int = 1):
+    rng = np.random.default_rng(5)
+    size = users * steps
+    pq.write_table(pa.table({
+        "user": pa.array([f"u{i % users}" for i in range(size)]),
+        "step": np.arange(size) // users + 1,
+        "poverty": rng.integers(0, 2, size),
+        "status": pa.array(np.array(["employed", "unemployed"])[rng.integers(0, 2, size)]),
+    }), path, row_group_size=4096)  # pyarrow reads a row group whole: the writer's unit
+    return path
+
+
+def _peak_bytes(path, chunk_rows: int) -> int:
+    env = {"DPSTREAM_UPLOAD_CHUNK_ROWS": str(chunk_rows), "PATH": os.environ.get("PATH", ""),
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", _PEAK, json.dumps(CONFIG), str(path)], env=env,
+                         capture_output=True, text=True, check=True, timeout=300).stdout
+    return int(out.split()[-1])
+
+
+def test_the_upload_holds_a_chunk_not_the_file(tmp_path):
+    """Before: the whole file was read, coded and turned into messages before the first send
+    (~600 MB per 10^6 reports), so memory grew with the file (here by ~19 MB). Now a file 8 times
+    longer peaks at the same memory: one chunk, plus a byte per roster user for the repeat check
+    (200,000 bytes at either length)."""
+    small = _peak_bytes(_parquet(tmp_path / "small.parquet", 20_000), 4096)
+    large = _peak_bytes(_parquet(tmp_path / "large.parquet", 160_000), 4096)
+    # 140,000 more reports: even 4 bytes each would be 560,000
+    assert large - small < 256_000, (small, large)
+
+
+@pytest.fixture
+def dep():
+    return parse_config(dict(CONFIG, roster={"size": 1000}))
+
+
+@pytest.mark.parametrize("suffix", ["csv", "jsonl", "parquet"])
+def test_a_bad_report_in_the_last_chunk_refuses_the_whole_file(dep, tmp_path, monkeypatch,
+                                                               suffix):
+    """All or nothing (docs/own-data.md): the check reads the whole file before the first send,
+    a chunk at a time, so a repeat or a bad value in the last chunk stops the upload as one in the
+    first does, naming the line (CSV, JSONL) or row (Parquet)."""
+    monkeypatch.setenv("DPSTREAM_UPLOAD_CHUNK_ROWS", "50")
+    users = [f"u{i}" for i in range(1000)] + ["u3"]  # u3 again, in the last chunk
+    table = pa.table({"user": users, "step": [1] * 1001, "poverty": [i % 2 for i in range(1001)]})
+    path = tmp_path / f"late.{suffix}"
+    if suffix == "parquet":
+        pq.write_table(table, path)
+        words = "row 1001: a second report for user 'u3' at step 1"
+    elif suffix == "csv":
+        path.write_text("user,step,poverty\n" + "".join(
+            f"{r['user']},{r['step']},{r['poverty']}\n" for r in table.to_pylist()))
+        words = f"{path}:1002: "
+    else:
+        path.write_text("".join(json.dumps({"user": r["user"], "step": r["step"], "values": {
+            "poverty": r["poverty"]}}) + "\n" for r in table.to_pylist()))
+        words = f"{path}:1001: "
+    with pytest.raises(ReportFileError) as err:
+        read_upload(path, dep, Roster.from_range(1000))
+    assert words in str(err.value) and "second report for user 'u3'" in str(err.value)
+
+
+def test_a_file_changed_after_its_check_is_not_sent_on(dep, tmp_path, monkeypatch):
+    """The send reads the file again: a file changed since its check stops the send, as the
+    per-report reader does (what was acknowledged before stays on the log)."""
+    monkeypatch.setenv("DPSTREAM_UPLOAD_CHUNK_ROWS", "50")
+    path = tmp_path / "s.csv"
+    path.write_text("user,step,poverty\n" + "".join(f"u{i},1,{i % 2}\n" for i in range(500)))
+    upload = read_upload(path, dep)
+    assert sum(b.index.size for b in upload.messages()) == 500  # unchanged: every report
+    path.write_text("user,step,poverty\n" + "".join(f"u{i},1,9\n" for i in range(500)))
+    with pytest.raises(ReportFileError, match="changed after it was checked"):
+        list(upload.messages())
+
+
+def _csv(path, step: int, users) -> str:
+    path.write_text("user,step,poverty\n" + "".join(f"u{i},{step},{i % 2}\n" for i in users))
+    return str(path)
+
+
+def test_a_file_sent_in_many_chunks_gets_an_exact_verdict(deployment, tmp_path):
+    """`produce` of files read and sent in chunks of 64 reports: the workers' verdict counts every
+    report once (accepted, and rejected by reason), exit 5 on rejections; a bad report in the last
+    chunk sends nothing (exit 2)."""
+    path, env = deployment
+    env = dict(env, DPSTREAM_UPLOAD_CHUNK_ROWS="64")
+    cfg = ["--config", str(path)]
+    order = np.random.default_rng(11).permutation(N)
+    with running(path, env, tmp_path):
+        half = dpstream("produce", *cfg, "--csv", _csv(tmp_path / "h.csv", 1, range(N // 2)),
+                        env=env)
+        assert f"{N // 2} accepted, 0 rejected" in half.stdout, half.stdout
+        whole = tmp_path / "all.parquet"
+        pq.write_table(pa.table({"user": [f"u{i}" for i in order], "step": [1] * N,
+                                 "poverty": [int(i % 2) for i in order]}), whole)
+        again = dpstream("produce", *cfg, "--parquet", str(whole), env=env, check=False)
+        assert again.returncode == 5, (again.stdout, again.stderr)
+        assert f"sent {N} reports for step 1 (all acknowledged)" in again.stdout, again.stdout
+        assert f"{N // 2} accepted, {N // 2} rejected (duplicate {N // 2})" in again.stdout
+        bad = tmp_path / "bad.csv"
+        _csv(bad, 2, range(N))
+        with bad.open("a") as fh:
+            fh.write("nobody,2,1\n")
+        refused = dpstream("produce", *cfg, "--csv", str(bad), env=env, check=False)
+        assert refused.returncode == 2 and "nothing sent" in refused.stderr, refused.stderr
+        assert f"{bad}:{N + 2}" in refused.stderr and "nobody" in refused.stderr
+        status = json.loads(dpstream("status", *cfg, "--json", env=env).stdout)["intake"]
+        assert status["open"].get("2", {"reported": 0})["reported"] == 0
