@@ -10,8 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["int64s", "bools", "strings", "string_scalar", "string_buffers", "values_of",
-           "valid_of"]
+__all__ = [
+    "bools",
+    "int64s",
+    "string_buffers",
+    "string_scalar",
+    "strings",
+    "valid_of",
+    "values_of",
+]
 
 
 def int64s(values: np.ndarray) -> pa.Array:

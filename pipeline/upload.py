@@ -34,26 +34,40 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace as dc_replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from dataclasses import replace as dc_replace
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
+from pipeline.config import Deployment
 from pipeline.connections import kafka_security
 from pipeline.fates import Receipt
 from pipeline.producer import SendResult
 from pipeline.stream.ingest.corrections import REPLACE_HEADER
-from pipeline.stream.ingest.report_files import ReportFileError, _stamp, check_report_file
+from pipeline.stream.ingest.report_files import (
+    ReportFileError,
+    _stamp,
+    check_report_file,
+)
 from pipeline.stream.kafka.limits import MAX_MESSAGE_BYTES
 from pipeline.upload_check import FileCheck, Problem, stateless_problem
 from pipeline.upload_columns import Columns, NotTabular, arrow_chunks, report_chunks
 from pipeline.upload_messages import Batch, chunk_messages
 from pipeline.upload_rows import UserRows
 
-__all__ = ["Upload", "UploadStopped", "read_upload", "send_upload", "upload_file",
-           "batch_producer", "UPLOAD_SUFFIXES"]
+__all__ = [
+    "UPLOAD_SUFFIXES",
+    "Upload",
+    "UploadStopped",
+    "batch_producer",
+    "read_upload",
+    "send_upload",
+    "upload_file",
+]
 
 UPLOAD_SUFFIXES = {
     ".csv": "csv",
@@ -80,15 +94,15 @@ class Upload:
 
     path: Path
     kind: str
-    deployment: object
+    deployment: Deployment
     tabular: bool  # read by pyarrow (else by the per-report reader)
     reports_in_file: int
     counts: dict[int, int]  # step -> reports to send
     first_rows: dict[int, int]  # step -> position in the file of its first report
     file_counts: dict[int, int]  # step -> reports in the file (what the check counted)
     stamp: tuple[int, int]  # the file's size and modification time when checked
+    roster_of: Callable[[], Any] = field(compare=False, repr=False)  # makes the Roster
     step: int | None = None  # only this step's reports are sent
-    _roster: Callable[[], object] | None = field(default=None, compare=False, repr=False)
 
     def __len__(self) -> int:
         return sum(self.counts.values())
@@ -96,7 +110,7 @@ class Upload:
     def steps(self) -> set[int]:
         return set(self.counts)
 
-    def only_step(self, step: int) -> "Upload":
+    def only_step(self, step: int) -> Upload:
         return dc_replace(
             self,
             counts={step: self.counts[step]} if step in self.counts else {},
@@ -183,7 +197,7 @@ def read_upload(path: str | Path, deployment, roster=None) -> Upload:
         raise ReportFileError(path, None, None, "no such file")
     roster_of = _roster_maker(deployment, roster)
     stamp = _stamp(path)
-    upload = Upload(path, kind, deployment, True, 0, {}, {}, {}, stamp, None, roster_of)
+    upload = Upload(path, kind, deployment, True, 0, {}, {}, {}, stamp, roster_of)
     try:
         check = _check(upload)
     except NotTabular:  # the per-report checker reads it (and raises, naming the line)
@@ -209,7 +223,7 @@ def _roster_maker(deployment, roster) -> Callable[[], object]:
 
 def _check(upload: Upload) -> FileCheck:
     dep = upload.deployment
-    check = FileCheck(dep.horizon, dep.n, UserRows(dep.roster, upload._roster))
+    check = FileCheck(dep.horizon, dep.n, UserRows(dep.roster, upload.roster_of))
     for chunk in upload.chunks():
         problem = check.problem(chunk)
         if problem is not None:
@@ -230,7 +244,7 @@ def _refuse(upload: Upload, problem: Problem, chunk: Columns):
     """Raise the per-report checker's error (CSV, JSONL: line and column), else name the row."""
     dep = upload.deployment
     if upload.kind != "parquet":
-        check_report_file(upload.path, dep, upload._roster())  # raises, naming line and column
+        check_report_file(upload.path, dep, upload.roster_of())  # raises, naming line and column
     at = problem.position
     user = chunk.users[at - chunk.start].as_py()
     detail = _PROBLEMS[problem.reason].format(
@@ -303,14 +317,15 @@ def send_upload(
     its check."""
     producer = batch_producer(bootstrap)
     headers = [(REPLACE_HEADER, b"1")] if replace else None
-    start, result = time.monotonic(), SendResult(receipt=Receipt(topic))
+    receipt = Receipt(topic)
+    start, result = time.monotonic(), SendResult(receipt=receipt)
     pending: deque[_Sent] = deque()
 
     def settle(sent: _Sent, wait: float) -> None:
         try:
             stored = sent.future.get(timeout=wait)  # type: ignore[attr-defined]
             result.acknowledged += sent.reports
-            result.receipt.add(stored.partition, stored.offset, sent.reports)
+            receipt.add(stored.partition, stored.offset, sent.reports)
         except Exception as err:  # noqa: BLE001 - a failed message: named by its first report
             result.failed.append((sent.first, f"{type(err).__name__}: {err}"))
         result.sent += sent.reports

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -30,7 +30,7 @@ from pipeline.arrow_arrays import bools, int64s, strings, valid_of, values_of
 from pipeline.attributes import MISSING, OUT_OF_DOMAIN, public_hash
 from pipeline.stream.ingest.report_files import ReportFileError, _chunks, _records
 
-__all__ = ["Columns", "NotTabular", "arrow_chunks", "report_chunks", "chunk_rows", "CHUNK_ROWS"]
+__all__ = ["CHUNK_ROWS", "Columns", "NotTabular", "arrow_chunks", "chunk_rows", "report_chunks"]
 
 # reports per chunk: a few MB with its messages, and about one full message per (step,
 # partition) of a chunk at 4 partitions (~2 * 10^4 reports of short ids fill one)

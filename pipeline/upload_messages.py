@@ -10,8 +10,9 @@ codes written by orjson from numpy.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
+from itertools import pairwise
 
 import numpy as np
 import orjson
@@ -55,10 +56,10 @@ def chunk_messages(chunk: Columns, keep: np.ndarray, deployment) -> Iterator[Bat
     per_message = _per_message(users, codes, deployment)
     bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True]).tolist()
     quoted = _quoted(users.take(int64s(order)))
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
+    for lo, hi in pairwise(bounds):
         cuts = -(-(hi - lo) // per_message)  # messages of this group, of even sizes
-        edges = np.linspace(lo, hi, cuts + 1).round().astype(np.int64).tolist()
-        for start, stop in zip(edges[:-1], edges[1:]):
+        edges = [lo + (hi - lo) * k // cuts for k in range(cuts + 1)]
+        for start, stop in pairwise(edges):
             index = order[start:stop]
             yield from _messages(int(steps[index[0]]), int(owners[index[0]]), chunk.start + keep,
                                  index, quoted, start, codes)
@@ -111,7 +112,7 @@ def _messages(step: int, partition: int, positions: np.ndarray, index: np.ndarra
             continue
         if (chunk < 0).any():
             # null: not reported (the typed decoder then leaves it to the reference path)
-            text = orjson.dumps(np.where(chunk < 0, None, chunk).tolist())
+            text = orjson.dumps(np.asarray(np.where(chunk < 0, None, chunk)).tolist())
         else:
             text = orjson.dumps(chunk, option=orjson.OPT_SERIALIZE_NUMPY)
         columns.append(orjson.dumps(name) + b":" + text)

@@ -14,7 +14,8 @@ What the upload checks "is this user enrolled" with, a chunk of the file at a ti
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +38,7 @@ class UserRows:
             self._skip = len(prefix)
             self._pattern = "^" + re.escape(prefix) + "(0|[1-9][0-9]{0,17})$"
         self._make_roster = roster
-        self._roster = None
+        self._roster: Any = None  # the Roster, made on first use
 
     def rows(self, users: pa.Array) -> np.ndarray:
         return self._of_range(users) if self._range else self._of_roster(users)

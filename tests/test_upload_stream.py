@@ -14,12 +14,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_cli import N, deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
 
 from pipeline.config import parse_config
 from pipeline.stream.ingest.report_files import ReportFileError
 from pipeline.stream.ingest.roster import Roster
 from pipeline.upload import read_upload
-from test_cli import N, deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
 
 CONFIG = {
     "name": "upload-stream",
@@ -133,7 +133,7 @@ def _csv(path, step: int, users) -> str:
     return str(path)
 
 
-def test_a_file_sent_in_many_chunks_gets_an_exact_verdict(deployment, tmp_path):
+def test_a_file_sent_in_many_chunks_gets_an_exact_verdict(deployment, tmp_path):  # noqa: F811
     """`produce` of files read and sent in chunks of 64 reports: the workers' verdict counts every
     report once (accepted, and rejected by reason), exit 5 on rejections; a bad report in the last
     chunk sends nothing (exit 2)."""
