@@ -161,3 +161,30 @@ def test_a_file_sent_in_many_chunks_gets_an_exact_verdict(deployment, tmp_path):
         assert f"{bad}:{N + 2}" in refused.stderr and "nobody" in refused.stderr
         status = json.loads(dpstream("status", *cfg, "--json", env=env).stdout)["intake"]
         assert status["open"].get("2", {"reported": 0})["reported"] == 0
+
+
+def test_a_roster_file_is_looked_up_from_the_columns_bytes(tmp_path, monkeypatch):
+    """A roster file (not a range): ids looked up through the roster's id index from the Arrow
+    column's bytes, a chunk at a time; an id that is not enrolled is refused naming its row, and
+    the messages parse, through the workers' parser, to the same reports."""
+    from pipeline.stream.ingest.reports import ReportParser
+
+    monkeypatch.setenv("DPSTREAM_UPLOAD_CHUNK_ROWS", "7")
+    ids = [f"h-{i:03d}" for i in range(40)] + ["zoë", 'a"b']
+    (tmp_path / "roster.txt").write_text("\n".join(ids) + "\n")
+    dep = parse_config(dict(CONFIG, roster={"source": "file", "path": str(tmp_path / "roster.txt")}))
+    path = tmp_path / "r.parquet"
+    pq.write_table(pa.table({"user": ids[::-1], "step": [2] * len(ids),
+                             "poverty": [i % 2 for i in range(len(ids))]}), path)
+    upload = read_upload(path, dep)
+    assert upload.counts == {2: len(ids)}
+    roster = Roster.from_file(tmp_path / "roster.txt")
+    parsed = ReportParser(roster, dep.attributes, dep.horizon).parse(
+        [b.value for b in upload.messages()])
+    assert not parsed.rejections
+    got = {(roster.ids[r], int(p)) for r, p in zip(parsed.rows, parsed.codes["poverty"])}
+    assert got == {(u, i % 2) for i, u in enumerate(ids[::-1])}
+    pq.write_table(pa.table({"user": ids + ["h-040"], "step": [2] * (len(ids) + 1),
+                             "poverty": [0] * (len(ids) + 1)}), path)
+    with pytest.raises(ReportFileError, match="row 43: unknown_user: user 'h-040' is not enrolled"):
+        read_upload(path, dep)

@@ -97,7 +97,8 @@ def write_file(path: Path, ids: list[str], step: int, seed: int = 0) -> Path:
 
 def raw_send(bootstrap: str, topic: str, batches) -> float:
     """Seconds for kafka-python to send the messages to their partitions and have all
-    acknowledged, from the client's creation to its close (as the upload is timed)."""
+    acknowledged, from the client's creation to its close (as the upload is timed); ``batches``
+    may be built as they are sent (:func:`one_pass`)."""
     from pipeline.upload import batch_producer
 
     started = time.perf_counter()
@@ -115,28 +116,19 @@ def raw_send(bootstrap: str, topic: str, batches) -> float:
 def one_pass(path: Path, dep, bootstrap: str, topic: str) -> float:
     """Seconds to check and send the file in one pass: each chunk checked, then its messages sent
     while the next is read (no check pass before)."""
-    from pipeline.upload import batch_producer
     from pipeline.upload_check import FileCheck
     from pipeline.upload_columns import arrow_chunks
     from pipeline.upload_messages import chunk_messages
     from pipeline.upload_rows import UserRows
 
-    started = time.perf_counter()
-    check = FileCheck(dep.horizon, dep.n, UserRows(dep.roster, lambda: None))
-    producer = batch_producer(bootstrap)
-    try:
-        futures = []
+    def checked_messages():
+        check = FileCheck(dep.horizon, dep.n, UserRows(dep.roster, lambda: None))
         for chunk in arrow_chunks(path, path.suffix.lstrip("."), dep):
             if check.problem(chunk) is not None:
                 raise RuntimeError("the benchmark's file has a bad report")
-            for b in chunk_messages(chunk, np.arange(len(chunk)), dep):
-                futures.append(producer.send(topic, value=b.value, partition=b.partition))
-        producer.flush()
-        for future in futures:
-            future.get(timeout=60)
-    finally:
-        producer.close()
-    return time.perf_counter() - started
+            yield from chunk_messages(chunk, np.arange(len(chunk)), dep)
+
+    return raw_send(bootstrap, topic, checked_messages())
 
 
 def peak_memory_mb(config: Path, path: Path) -> float:
