@@ -5,7 +5,8 @@ attribute every user holds the same value of:
 * the analysts' commands need only the broker and the deployment's name, or a configuration whose
   roster file is absent (the published descriptor gives n, labels and parameters), and refuse a
   configuration that is not the deployment's;
-* the operator's `close` and `status` refuse a configuration that is not the deployment's;
+* the operator's `close`, `status`, `plan`, `dead-letters` and `down` refuse a configuration that is
+  not the deployment's (a deployment not started yet is planned whatever its file says);
 * a manual `close` of a deadline deployment is refused without --force;
 * hashed heavy hitters are named from a list of candidate names, `dpstream hash` gives a name's
   code,
@@ -199,13 +200,22 @@ def test_operator_commands_refuse_a_configuration_that_is_not_the_deployments(de
     d = deployment
     other = _other_config(d, "rho.yaml", **{"budget.rho": 0.6})
     before = json.loads(ok("status", "--config", d.config, "--json", "--wait", "1"))
-    for command in (["status"], ["close", "--step", T, "--force"]):
+    # plan, dead-letters and down too: a plan of another file read as the deployment's, or a `down`
+    # of a deployment the file does not describe (stopped here, the fixture's checks would fail)
+    for command in (["status"], ["close", "--step", T, "--force"], ["plan"], ["plan", "--json"],
+                    ["dead-letters"], ["down", "--wait", 30]):
         proc = dpstream(*command, "--config", other)
         assert proc.returncode == 2, (command, proc.stdout, proc.stderr)
         assert "budget.rho: 0.5 -> 0.6" in proc.stderr
         assert proc.stdout == ""  # no spend, budget or count printed for the wrong configuration
     after = json.loads(ok("status", "--config", d.config, "--json", "--wait", "1"))
     assert after["closing_step"] == before["closing_step"] == T - 1  # the refusal closed nothing
+    # the deployment's own file passes; a deployment not started yet is planned whatever it says
+    ok("plan", "--config", d.config)
+    ok("dead-letters", "--config", d.config)
+    new = d.tmp / "not-started.yaml"
+    new.write_text(yaml.safe_dump(dict(_config(d.roster, rho=0.6), name="not-started")))
+    ok("plan", "--config", new)
 
 
 def test_a_manual_close_of_a_deadline_deployment_needs_force(deployment):
