@@ -27,6 +27,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -247,23 +248,50 @@ def test_hashed_heavy_hitters_are_named_from_a_list_of_names(deployment, tmp_pat
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def _lines_until(proc, needle: str, timeout: float, seen: list[str]) -> None:
-    """Read ``proc``'s stdout lines into ``seen`` until one contains ``needle``."""
-    import selectors
+class _Lines:
+    """A process's stdout lines as it writes them, read by a thread. (Waiting with select() on the
+    pipe and reading with the buffered readline() lost lines: one readline takes in every line
+    already in the pipe and returns the first; the others wait unseen until the process writes
+    again. Under load the reader falls behind and lines arrive together, so a follower's
+    "following:" line, its last until a new step, waited for ever; so did the agent's third alert.)"""
 
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    while not any(needle in line for line in seen):
-        assert time.monotonic() < deadline, f"{needle!r} not in {timeout} s: {''.join(seen[-30:])}"
-        assert proc.poll() is None, f"follower exited {proc.returncode}: {proc.stdout.read()}"
-        if sel.select(timeout=0.5):
-            line = proc.stdout.readline()
-            if line:
-                seen.append(line)
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.seen = proc, []
+        self._arrived = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            with self._arrived:
+                self.seen.append(line)
+                self._arrived.notify_all()
+
+    def until(self, needle: str, timeout: float) -> None:
+        """Wait until a line contains ``needle``."""
+        deadline = time.monotonic() + timeout
+        with self._arrived:
+            while not any(needle in line for line in self.seen):
+                left = deadline - time.monotonic()
+                assert left > 0, f"{needle!r} not in {timeout} s: {''.join(self.seen[-30:])}"
+                assert self.proc.poll() is None, \
+                    f"exited {self.proc.returncode}: {''.join(self.seen[-30:])}"
+                self._arrived.wait(min(left, 0.5))
 
 
-@pytest.mark.live_follow
+def test_the_line_reader_sees_lines_written_together():
+    """The reader of the live test below: three lines in one write, read after they arrived."""
+    script = "import sys, time; sys.stdout.write('a\\nb\\nc\\n'); sys.stdout.flush(); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)  # the reader falls behind, as under load
+        lines = _Lines(child)
+        lines.until("c", 10)
+        assert lines.seen == ["a\n", "b\n", "c\n"]
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_alerts_follow_and_a_faust_agent_see_a_new_step_live(deployment, tmp_path):
     pytest.importorskip("faust")
     d = deployment
@@ -276,15 +304,14 @@ def test_alerts_follow_and_a_faust_agent_see_a_new_step_live(deployment, tmp_pat
     agent = subprocess.Popen([sys.executable, str(EXAMPLE), "worker", "-l", "warn"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env=agent_env, cwd=tmp_path, start_new_session=True)
-    followed, agent_lines = [], []
+    followed, agent_lines = _Lines(follower), _Lines(agent)
     try:
-        _lines_until(follower, "following: new alerts below", 120, followed)  # reads every past step first
-        # joining its consumer group takes ~30 s on the embedded broker
-        _lines_until(agent, f"step {T - 1} items:", 150, agent_lines)
+        followed.until("following: new alerts below", 120)  # reads every past step first
+        agent_lines.until(f"step {T - 1} items:", 120)  # joins its group, reads from the start
         _produce(d.config, d.tmp, T)
         ok("close", "--config", d.config, "--step", T, "--force")
-        _lines_until(follower, f"step   {T}  items:", 60, followed)
-        _lines_until(agent, f"step {T} items:", 90, agent_lines)
+        followed.until(f"step   {T}  items:", 60)
+        agent_lines.until(f"step {T} items:", 60)
     finally:
         for proc in (follower, agent):
             if proc.poll() is None:
@@ -292,7 +319,7 @@ def test_alerts_follow_and_a_faust_agent_see_a_new_step_live(deployment, tmp_pat
         follower_rc = follower.wait(timeout=30)
         agent.wait(timeout=60)
     assert follower_rc == 0 and "Traceback" not in follower.stderr.read()
-    live = followed[followed.index(next(x for x in followed if "following:" in x)):]
+    live = followed.seen[followed.seen.index(next(x for x in followed.seen if "following:" in x)):]
     new = [x for x in live if x.startswith("step")]
     assert new == [x for x in live if f"step   {T}" in x]  # after "following": only the new step
     received = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()]
