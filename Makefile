@@ -25,12 +25,10 @@ demo: $(STAMP)
 # Two processes (pytest-xdist), each test file on one of them (--dist loadfile: a file's module fixtures,
 # e.g. its embedded broker and Redis, are started once), the files that start processes first
 # (tests/conftest.py; --no-loadscope-reorder keeps that order); the ten slowest tests are listed at the end.
-# live_follow (pyproject.toml): the live --follow/faust test stalls under the whole suite's load (open
-# question, docs/topics.md); run it alone with `.venv/bin/python -m pytest -m live_follow`.
 test: $(STAMP)
 	./scripts/install-prometheus.sh
 	./scripts/install-chromium.sh
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=10 -m "not live_follow"
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=10
 
 # Jobs run on demand (not part of `make test`); results and commands are in the README.
 bench-noise: $(STAMP)

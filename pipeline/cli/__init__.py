@@ -130,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     dn = with_config(sub.add_parser("down", help="stop the `dpstream up` of a deployment (started in another "
                                     "terminal); remove a stale endpoints file"))
     dn.add_argument("--wait", type=float, default=60.0, help="seconds to wait for it to stop (default 60)")
+    dn.add_argument("--force", action="store_true", help="stop it even when the configuration given is "
+                    "not the one the deployment was started with (refused otherwise, exit 2)")
     dn.set_defaults(func=cmd_down)
 
     st = with_config(sub.add_parser("status", help="released and closed steps, the budget spent, and what the workers "

@@ -5,16 +5,50 @@ one the deployment's state was created with (:mod:`pipeline.stream.state.identit
 reads or changes that state (``produce``, ``close``, ``status``) would otherwise print spend, budget
 and step counts for a file that is not the deployment's (a ρ of 0.05 against a deployment at 0.02)
 or send a close under it; it refuses instead, exit code 2, naming each differing key.
+
+``plan``, ``dead-letters`` and ``down`` work without the deployment's Redis (a plan is made before
+anything starts; the dead letters are on the broker; ``down`` must stop a deployment whatever state
+it is in), so they check when the deployment has a Redis to ask: its configuration or the
+environment names one, or a ``dpstream up`` of it runs (:func:`refuse_if_started_differently`).
 """
 
 from __future__ import annotations
 
-from pipeline.cli.common import EXIT_CONFIG, _fail
+import os
+import sys
 
-__all__ = ["refuse_other_configuration"]
+from pipeline.cli.common import EXIT_CONFIG, _endpoints, _fail, _up_record
+
+__all__ = ["refuse_if_started_differently", "refuse_other_configuration"]
+
+_PROBE_TIMEOUT = 3.0  # seconds: a Redis that does not answer leaves these commands unchecked, not stuck
 
 
-def refuse_other_configuration(dep, store) -> None:
+def refuse_if_started_differently(dep, hint: str = "") -> None:
+    """:func:`refuse_other_configuration` for the commands that also work without Redis: when the
+    deployment's Redis is known and answers. Not started here (no Redis named, no `up` running):
+    nothing to compare with, so nothing is refused; a Redis that does not answer: a warning."""
+    import redis
+
+    from pipeline.connections import redis_client
+    from pipeline.stream.state.store import ReleaseStore
+
+    rec = _up_record(dep.name)
+    if not (os.environ.get("DPSTREAM_REDIS") or dep.redis or (rec and rec["alive"] and "redis" in rec)):
+        return
+    _, redis_url = _endpoints(dep, check=False)
+    assert redis_url is not None  # _endpoints(redis=True) names one or exits
+    try:
+        redis_client(redis_url, socket_connect_timeout=_PROBE_TIMEOUT,
+                     socket_timeout=_PROBE_TIMEOUT).ping()
+    except redis.RedisError as err:
+        print(f"WARNING: the configuration was not checked against deployment {dep.name!r}'s: its "
+              f"Redis did not answer ({type(err).__name__})", file=sys.stderr)
+        return
+    refuse_other_configuration(dep, ReleaseStore.from_url(redis_url, dep.name), hint)
+
+
+def refuse_other_configuration(dep, store, hint: str = "") -> None:
     """SystemExit(2) naming the differing keys when ``dep`` is not the configuration ``store``'s
     state was created under; nothing when it is, or when no process has started yet."""
     from pipeline.stream.ingest.roster import Roster
@@ -36,4 +70,4 @@ def refuse_other_configuration(dep, store) -> None:
     raise SystemExit(_fail(EXIT_CONFIG, "configuration refused: the privacy-relevant configuration "
                                         f"differs from the one deployment {dep.name!r} was started "
                                         f"with: {changes}. Use the deployment's own configuration "
-                                        "file (the processes refuse this one too)"))
+                                        f"file (the processes refuse this one too){hint}"))

@@ -233,6 +233,10 @@ def cmd_down(args) -> int:
         print(f"no `dpstream up` is running for deployment {dep.name!r}; nothing to stop")
         return EXIT_OK
     if rec["alive"]:
+        if not args.force:  # the deployment it would stop is not the one this file describes
+            from pipeline.cli.config_check import refuse_if_started_differently
+
+            refuse_if_started_differently(dep, "; --force stops it anyway")
         os.kill(rec["pid"], signal.SIGTERM)
         os.kill(rec["pid"], signal.SIGCONT)  # a stopped `up` takes its SIGTERM once continued
         deadline = time.monotonic() + args.wait

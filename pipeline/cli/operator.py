@@ -10,7 +10,7 @@ import time
 
 from pipeline.cli.common import (EXIT_BUDGET, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_REJECTED,
                                  EXIT_RUNTIME, _endpoints, _fail, _load, _stale, _up_record)
-from pipeline.cli.config_check import refuse_other_configuration
+from pipeline.cli.config_check import refuse_if_started_differently, refuse_other_configuration
 
 
 # -- producing and controlling ------------------------------------------------------------------
@@ -374,6 +374,7 @@ def cmd_dead_letters(args) -> int:
     from pipeline.stream.kafka.topics import topic_names
 
     dep = _load(args.config)
+    refuse_if_started_differently(dep)  # its topic names and reasons are the deployment's own
     broker, _ = _endpoints(dep, redis=False)
     topic = topic_names(dep)["dead-letter"]
     messages = []
@@ -391,11 +392,16 @@ def cmd_plan(args) -> int:
     warnings. With --sweep or --target: the bounds over values of one key (pipeline.plan_sweep)."""
     from pipeline.plan_report import format_plan, plan_report
 
+    dep = _load(args.config)
+    # a started deployment's plan is the one it runs under: another file's would be read as its own
+    # (a sweep varies a key of the deployment's own file); not started: any file is planned
+    refuse_if_started_differently(dep, "; to plan another configuration, give it a deployment "
+                                       "name of its own")
     if getattr(args, "sweep", None) or getattr(args, "target", None):
         from pipeline.cli.plan_search import cmd_plan_search
 
-        return cmd_plan_search(args, _load(args.config))
-    report = plan_report(_load(args.config))
+        return cmd_plan_search(args, dep)
+    report = plan_report(dep)
     print(json.dumps(report, indent=2) if args.json else format_plan(report))
     for line in report["warnings"]:
         print(f"WARNING: {line}", file=sys.stderr)
