@@ -20,7 +20,7 @@ import sys
 import pytest
 
 # What a test file that starts real processes (embedded broker and Redis, the jobs, `dpstream`
-# commands, a browser) holds at module level; or a helper from another test file that does.
+# commands, a browser) holds at module level; or a helper from tests/support/ that does.
 _PROCESS_STARTERS = ("subprocess", "EmbeddedServices", "LocalCluster")
 
 
@@ -29,7 +29,7 @@ def _starts_processes(module, seen: frozenset = frozenset()) -> bool:
     if any(name in names for name in _PROCESS_STARTERS):
         return True
     helpers = {getattr(value, "__module__", None) for value in names.values() if callable(value)}
-    return any(helper not in seen and helper != module.__name__ and str(helper).startswith("test_")
+    return any(helper not in seen and helper != module.__name__ and str(helper).startswith("support.")
                and helper in sys.modules and _starts_processes(sys.modules[helper], seen | {module.__name__})
                for helper in helpers)
 
