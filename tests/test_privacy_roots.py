@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy.optimize import brentq
 
-import pipeline.privacy.accounting as accounting
+from pipeline.privacy import accounting
 from pipeline.privacy.roots import increasing_root
 
 REPO = Path(__file__).resolve().parents[1]

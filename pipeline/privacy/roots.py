@@ -12,7 +12,7 @@ root only makes them tightest), so the tolerance matters for tightness, never fo
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["increasing_root"]
 

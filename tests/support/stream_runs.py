@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -85,7 +85,7 @@ def metric(cluster: LocalCluster, name: str, sample: str) -> float:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
     except OSError:
         return 0.0
-    m = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.M)
+    m = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.MULTILINE)
     return float(m.group(1)) if m else 0.0
 
 
