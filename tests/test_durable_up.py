@@ -13,13 +13,14 @@ import os
 import re
 import shutil
 import signal
-import time
 
 import yaml
 from support.cli import N, deployment, dpstream  # noqa: F401 - `deployment` is a fixture
+from support.stream_runs import wait_until
 from support.up import Up, up, wait_released
 
 from pipeline.stream.local.embedded import pid_alive
+from pipeline.stream.local.marker import read_marker
 
 
 def _closed_reported(logs, step: int) -> int:
@@ -29,6 +30,12 @@ def _closed_reported(logs, step: int) -> int:
         for m in re.finditer(rf"partition (\d+) closed step {step}: .*'reported': (\d+)", log.read_text()):
             found[int(m.group(1))] = int(m.group(2))
     return sum(found.values())
+
+
+def _marked_released(home) -> int | None:
+    """The released step in the deployment marker `up` keeps (None before its first write)."""
+    marker = read_marker(home)
+    return None if marker is None else marker.released_step
 
 
 def test_stop_start_keeps_the_open_steps_reports_and_killed_processes_are_restarted(deployment, tmp_path):
@@ -72,8 +79,10 @@ def test_a_lost_redis_directory_is_refused_not_republished(deployment, tmp_path)
         dpstream("produce", "--simulate", *cfg, "--step", "1", env=env)
         dpstream("close", *cfg, "--step", "1", env=env)
         wait_released(path, env, 1)
-        time.sleep(1.0)  # the marker follows the released step within the supervisor's tick
-    home = tmp_path / "home" / "cli-test"
+        home = tmp_path / "home" / "cli-test"
+        # the marker follows the released step within the supervisor's tick
+        wait_until(lambda: _marked_released(home) == 1,
+                   "the deployment marker did not record step 1 as released", timeout=30)
     marker = json.loads((home / "deployment.json").read_text())
     assert marker["released_step"] == 1
 
