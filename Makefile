@@ -23,8 +23,9 @@ demo: $(STAMP)
 # tests/test_metrics.py scrapes the processes with a real Prometheus server (Debian package);
 # tests/test_report_page.py opens the analyst page in headless chromium (Debian package).
 # Two processes (pytest-xdist), each test file on one of them (--dist loadfile: a file's module fixtures,
-# e.g. its embedded broker and Redis, are started once), the files that start processes first
-# (tests/conftest.py; --no-loadscope-reorder keeps that order); the ten slowest tests are listed at the end.
+# e.g. its embedded broker and Redis, are started once), the longest files first by the last run's durations
+# in .pytest_cache, else the files that start processes (tests/support/file_order.py;
+# --no-loadscope-reorder keeps that order); the ten slowest tests are listed at the end.
 test: $(STAMP)
 	./scripts/install-prometheus.sh
 	./scripts/install-chromium.sh

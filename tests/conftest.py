@@ -8,8 +8,9 @@ No mocks: the store's WATCH/MULTI transactions run against the real server.
 ``make test`` runs the files on two processes (pytest-xdist, ``--dist loadfile``: a file's tests and
 its module fixtures stay in one process). The session fixtures are per process, and every test keeps
 its servers, ports (free ones), files (``tmp_path``) and ``DPSTREAM_HOME`` to itself, so files run
-side by side. The files that start real processes are handed out first
-(:func:`pytest_collection_modifyitems`).
+side by side. The longest files are handed out first, by the durations the last run recorded in
+pytest's cache, or, without a record, the files that start real processes
+(:func:`pytest_collection_modifyitems`, :mod:`support.file_order`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import os
 import sys
 
 import pytest
+from support.file_order import FileDurations, order_items
 
 # What a test file that starts real processes (embedded broker and Redis, the jobs, `dpstream`
-# commands, a browser) holds at module level; or a helper from another test file that does.
+# commands, a browser) holds at module level; or a helper from tests/support/ that does.
 _PROCESS_STARTERS = ("subprocess", "EmbeddedServices", "LocalCluster")
 
 
@@ -29,15 +31,15 @@ def _starts_processes(module, seen: frozenset = frozenset()) -> bool:
     if any(name in names for name in _PROCESS_STARTERS):
         return True
     helpers = {getattr(value, "__module__", None) for value in names.values() if callable(value)}
-    return any(helper not in seen and helper != module.__name__ and str(helper).startswith("test_")
+    return any(helper not in seen and helper != module.__name__ and str(helper).startswith("support.")
                and helper in sys.modules and _starts_processes(sys.modules[helper], seen | {module.__name__})
                for helper in helpers)
 
 
-def pytest_collection_modifyitems(items):
-    """Files that start processes first, each file's tests in their order: they take most of the
-    suite's time, so the two xdist processes (``--no-loadscope-reorder`` keeps this order) must not
-    meet them at the end, where the last one would run alone."""
+def pytest_collection_modifyitems(config, items):
+    """The longest files first, each file's tests in their order (:mod:`support.file_order`): the
+    two xdist processes (``--no-loadscope-reorder`` keeps this order) must not meet a long file at
+    the end, where the last one would run alone."""
     starters: dict[str, bool] = {}
 
     def starts_processes(item) -> bool:
@@ -48,7 +50,24 @@ def pytest_collection_modifyitems(items):
             starters[module.__name__] = _starts_processes(module)
         return starters[module.__name__]
 
-    items.sort(key=lambda item: not starts_processes(item))
+    order_items(items, getattr(config, "cache", None), starts_processes)
+
+
+_durations = FileDurations()  # recorded by the xdist controller (or the only process)
+
+
+def pytest_configure(config):
+    _durations.recording = not hasattr(config, "workerinput")
+
+
+def pytest_runtest_logreport(report):
+    if _durations.recording:
+        _durations.add(report)
+
+
+def pytest_sessionfinish(session):
+    if _durations.recording:
+        _durations.save(getattr(session.config, "cache", None))
 
 
 @pytest.fixture(scope="session")

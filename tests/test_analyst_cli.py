@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from pipeline.cli import main
-from test_cli import running
+from support.cli import running
 
 N, T = 600, 3
 

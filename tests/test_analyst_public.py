@@ -38,7 +38,7 @@ import yaml
 
 from pipeline.attributes import public_hash
 from pipeline.cli import main
-from test_cli import running
+from support.cli import running
 
 N, T, NAME = 600, 4, "public-analyst"
 SIZE = 65536
@@ -346,7 +346,7 @@ def test_up_lists_its_metrics_ports_for_prometheus_and_only_the_releaser_exports
         deployment, tmp_path):
     """A real Prometheus finds every process through the file_sd file `up` writes (the ports are
     random), and the released step it scrapes is the releaser's alone (a worker exported 0)."""
-    from test_metrics import Prometheus
+    from support.prometheus import Prometheus
 
     d = deployment
     targets = Path(d.env["DPSTREAM_HOME"]) / f"{NAME}.prometheus.json"

@@ -3,65 +3,15 @@ status, query and export from another (real embedded broker and Redis, real proc
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
-
-N, T = 800, 4
-
-
-def dpstream(*args, env, timeout=120, check=True):
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"dpstream {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}")
-    return proc
-
-
-@pytest.fixture
-def deployment(tmp_path):
-    cfg = {
-        "name": "cli-test",
-        "roster": {"size": N},
-        "horizon": T,
-        "topics": {"partitions": 2},
-        "attributes": {"poverty": {"type": "binary"}},
-        "budget": {"rho": 0.5},
-        "random": {"kind": "seeded", "seed": 3},
-        "releases": [
-            {"name": "quarterly", "type": "fixed_window", "attribute": "poverty", "window": 2, "share": 0.5},
-            {"name": "cumulative", "type": "cumulative", "attribute": "poverty", "share": 0.5},
-        ],
-    }
-    path = tmp_path / "cli.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    env = dict(os.environ, DPSTREAM_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
-    return path, env
-
-
-@contextlib.contextmanager
-def running(path, env, tmp_path):
-    """`dpstream up` in the background (one worker); yields the broker address; stops it after."""
-    up = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "up", "--config", str(path), "--workers", "1",
-                           "--log-dir", str(tmp_path / "logs")], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        banner = up.stdout.readline()
-        assert "dpstream up: broker" in banner, banner
-        yield banner.split("broker ", 1)[1].split(",", 1)[0]
-    finally:
-        os.killpg(up.pid, signal.SIGINT)
-        up.wait(timeout=60)
+from support.cli import N, T, deployment, dpstream, running  # noqa: F401 - a fixture
 
 
 def test_operator_workflow(deployment, tmp_path):

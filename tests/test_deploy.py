@@ -24,37 +24,11 @@ import yaml
 from pipeline.config import load_config, parse_config
 from pipeline.stream.kafka.metrics import PUBLIC_SERIES, metric_names
 
-REPO = Path(__file__).resolve().parents[1]
-DEPLOY = REPO / "deploy"
-K8S = DEPLOY / "k8s"
+from support.deploy_files import (DEPLOY, K8S, REPO, compose, compose_config_path,  # noqa: F401
+                                  configmap_deployment, k8s, k8s_objects, read_yaml)
+
 PROMTOOL = "/usr/bin/promtool"
 WORKLOADS = ("Deployment", "StatefulSet")
-
-
-def _yaml(path: Path):
-    return yaml.safe_load(path.read_text())
-
-
-@pytest.fixture(scope="module")
-def compose():
-    return _yaml(DEPLOY / "docker-compose.yml")
-
-
-@pytest.fixture(scope="module")
-def k8s() -> list[dict]:
-    docs = []
-    for path in sorted(K8S.glob("*.yaml")):
-        if path.name == "kustomization.yaml":
-            continue
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc is not None:
-                doc["__file"] = path.name
-                docs.append(doc)
-    return docs
-
-
-def _objects(k8s, kind: str) -> dict[str, dict]:
-    return {d["metadata"]["name"]: d for d in k8s if d["kind"] == kind}
 
 
 def _promtool() -> str:
@@ -105,18 +79,6 @@ def test_dockerfile_installs_the_project_and_runs_dpstream():
 
 
 # -- docker compose -------------------------------------------------------------------------------------
-def _compose_config_path(compose, service: str) -> Path:
-    """The host file behind the container path given to --config (through the service's volumes)."""
-    svc = compose["services"][service]
-    cmd = svc["command"]
-    container_path = cmd[cmd.index("--config") + 1]
-    for vol in svc.get("volumes", []):
-        host, target = vol.split(":")[:2]
-        if container_path.startswith(target.rstrip("/") + "/"):
-            return (DEPLOY / host / container_path[len(target.rstrip("/")) + 1:]).resolve()
-    pytest.fail(f"{service}: {container_path} is not mounted from the repository")
-
-
 def test_compose_services_and_commands(compose):
     services = compose["services"]
     assert {"kafka", "redis", "worker", "releaser", "prometheus", "grafana"} <= set(services)
@@ -132,7 +94,7 @@ def test_compose_services_and_commands(compose):
 
 def test_compose_config_loads_and_matches_the_services(compose):
     services = compose["services"]
-    paths = {_compose_config_path(compose, s) for s in ("worker", "releaser", "topics")}
+    paths = {compose_config_path(compose, s) for s in ("worker", "releaser", "topics")}
     assert len(paths) == 1, "worker, releaser and topics must run the same deployment"
     dep = load_config(paths.pop())  # validation and budget plan
     assert dep.production and dep.random.kind == "secure"
@@ -164,7 +126,7 @@ def test_compose_kafka_kraft_and_redis_persistence(compose):
 
 def test_compose_metrics_ports_and_prometheus_targets(compose):
     services = compose["services"]
-    prom = _yaml(DEPLOY / "prometheus" / "prometheus.yml")
+    prom = read_yaml(DEPLOY / "prometheus" / "prometheus.yml")
     jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
     for service in ("worker", "releaser"):
         port = _metrics_port(services[service]["environment"])
@@ -181,9 +143,9 @@ def test_compose_grafana_provisioning(compose):
     mounts = dict(v.split(":")[:2] for v in compose["services"]["grafana"]["volumes"])
     assert (DEPLOY / "grafana" / "provisioning").is_dir() and "./grafana/provisioning" in mounts
     target = mounts["./grafana/dpstream-dashboard.json"]
-    provider = _yaml(DEPLOY / "grafana/provisioning/dashboards/dpstream.yml")["providers"][0]
+    provider = read_yaml(DEPLOY / "grafana/provisioning/dashboards/dpstream.yml")["providers"][0]
     assert Path(target).parent == Path(provider["options"]["path"])
-    ds = _yaml(DEPLOY / "grafana/provisioning/datasources/prometheus.yml")["datasources"][0]
+    ds = read_yaml(DEPLOY / "grafana/provisioning/datasources/prometheus.yml")["datasources"][0]
     assert ds["type"] == "prometheus" and ds["url"] == "http://prometheus:9090"
 
 
@@ -197,7 +159,7 @@ def test_prometheus_config_is_valid():
 def test_k8s_objects_have_required_fields(k8s):
     kinds = {d["kind"] for d in k8s}
     assert {"Namespace", "ConfigMap", "Deployment", "StatefulSet", "Service"} <= kinds
-    kustomization = _yaml(K8S / "kustomization.yaml")
+    kustomization = read_yaml(K8S / "kustomization.yaml")
     assert sorted(kustomization["resources"]) == sorted({d["__file"] for d in k8s})
     for d in k8s:
         where = f"{d['__file']}: {d.get('kind')}"
@@ -213,7 +175,7 @@ def test_k8s_objects_have_required_fields(k8s):
             pod = spec["template"]["spec"]
             volumes = {v["name"] for v in pod.get("volumes", [])}
             if d["kind"] == "StatefulSet":
-                assert spec["serviceName"] in _objects(k8s, "Service"), where
+                assert spec["serviceName"] in k8s_objects(k8s, "Service"), where
                 volumes |= {c["metadata"]["name"] for c in spec.get("volumeClaimTemplates", [])}
             for c in pod.get("initContainers", []) + pod["containers"]:
                 assert c.get("name") and c.get("image"), where
@@ -221,7 +183,7 @@ def test_k8s_objects_have_required_fields(k8s):
                     assert m["name"] in volumes, f"{where}: volume {m['name']}"
             for v in pod.get("volumes", []):
                 if "configMap" in v:
-                    assert v["configMap"]["name"] in _objects(k8s, "ConfigMap"), where
+                    assert v["configMap"]["name"] in k8s_objects(k8s, "ConfigMap"), where
         if d["kind"] == "Service":
             assert d["apiVersion"] == "v1"
             pods = [w for w in k8s if w["kind"] in WORKLOADS and
@@ -233,26 +195,15 @@ def test_k8s_objects_have_required_fields(k8s):
                 assert p["targetPort"] in ports, f"{where}: targetPort {p['targetPort']}"
 
 
-def _configmap_deployment(k8s, tmp_path):
-    cm = _objects(k8s, "ConfigMap")["dpstream-config"]
-    data = yaml.safe_load(cm["data"]["dpstream.yaml"])
-    dep = parse_config(data, source="configmap dpstream-config")
-    dep.budget_plan()
-    path = tmp_path / "dpstream.yaml"
-    path.write_text(cm["data"]["dpstream.yaml"])
-    assert load_config(path) == dep
-    return dep
-
-
 def _dpstream_container(workload) -> dict:
     (c,) = [c for c in workload["spec"]["template"]["spec"]["containers"] if c["image"].startswith("dpstream:")]
     return c
 
 
 def test_k8s_config_workers_and_releaser(k8s, tmp_path):
-    dep = _configmap_deployment(k8s, tmp_path)
+    dep = configmap_deployment(k8s, tmp_path)
     assert dep.production and dep.random.kind == "secure"
-    services = _objects(k8s, "Service")
+    services = k8s_objects(k8s, "Service")
     # broker and Redis are in-cluster Services (host = [pod.]service.namespace.svc...), on a served port
     for url, port_re in ((dep.broker, r"^([^:]+):(\d+)$"), (dep.redis, r"^rediss?://([^:/]+):(\d+)")):
         host, port = re.match(port_re, url).groups()
@@ -260,8 +211,8 @@ def test_k8s_config_workers_and_releaser(k8s, tmp_path):
         svc = parts[1] if parts[0].endswith("-0") else parts[0]
         assert svc in services and "dpstream" in parts, url
         assert int(port) in {p["port"] for p in services[svc]["spec"]["ports"]}, url
-    workers = _objects(k8s, "Deployment")["dpstream-worker"]
-    releaser = _objects(k8s, "StatefulSet")["dpstream-releaser"]
+    workers = k8s_objects(k8s, "Deployment")["dpstream-worker"]
+    releaser = k8s_objects(k8s, "StatefulSet")["dpstream-releaser"]
     assert 1 <= workers["spec"]["replicas"] <= dep.topics.partitions
     assert workers["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0  # never above replicas
     assert releaser["spec"]["replicas"] == 1
@@ -278,7 +229,7 @@ def test_k8s_config_workers_and_releaser(k8s, tmp_path):
 
 
 def _dpstream_workloads(k8s) -> dict[str, dict]:
-    return {name: w for name, w in {**_objects(k8s, "Deployment"), **_objects(k8s, "StatefulSet")}.items()
+    return {name: w for name, w in {**k8s_objects(k8s, "Deployment"), **k8s_objects(k8s, "StatefulSet")}.items()
             if name.startswith("dpstream-")}
 
 
@@ -323,9 +274,9 @@ def test_k8s_metrics_scrape_opt_in_admits_only_prometheus(k8s):
     """deploy/k8s/scraped = base + the metrics-scrape component: 0.0.0.0, scrape annotations, and a
     NetworkPolicy that selects exactly the dpstream pods and admits only Prometheus to the port."""
     comp_dir = K8S / "metrics-scrape"
-    comp = _yaml(comp_dir / "kustomization.yaml")
+    comp = read_yaml(comp_dir / "kustomization.yaml")
     assert comp["kind"] == "Component"
-    overlay = _yaml(K8S / "scraped" / "kustomization.yaml")
+    overlay = read_yaml(K8S / "scraped" / "kustomization.yaml")
     assert overlay["resources"] == [".."] and overlay["components"] == ["../metrics-scrape"]
     targets = {(p["target"]["kind"], p["target"]["name"]): p["path"] for p in comp["patches"]}
     workloads = _dpstream_workloads(k8s)
@@ -333,7 +284,7 @@ def test_k8s_metrics_scrape_opt_in_admits_only_prometheus(k8s):
     for (kind, name), patch_file in targets.items():
         workload = workloads[name]
         assert workload["kind"] == kind
-        patched = _json_patch(workload, _yaml(comp_dir / patch_file))
+        patched = _json_patch(workload, read_yaml(comp_dir / patch_file))
         c = _dpstream_container(patched)
         env = {e["name"]: e["value"] for e in c["env"]}
         assert env["DPSTREAM_METRICS_ADDR"] == "0.0.0.0" and set(env) == set(
@@ -356,7 +307,7 @@ def test_k8s_metrics_scrape_opt_in_admits_only_prometheus(k8s):
 
 
 def test_k8s_redis_persists_every_write(k8s):
-    redis = _objects(k8s, "StatefulSet")["redis"]
+    redis = k8s_objects(k8s, "StatefulSet")["redis"]
     assert redis["spec"]["replicas"] == 1
     (c,) = redis["spec"]["template"]["spec"]["containers"]
     args = c["args"]
@@ -368,7 +319,7 @@ def test_k8s_redis_persists_every_write(k8s):
 
 
 def test_k8s_kafka_is_kraft_without_auto_created_topics(k8s):
-    kafka = _objects(k8s, "StatefulSet")["kafka"]
+    kafka = k8s_objects(k8s, "StatefulSet")["kafka"]
     (c,) = kafka["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e["value"] for e in c["env"]}
     assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
@@ -378,8 +329,8 @@ def test_k8s_kafka_is_kraft_without_auto_created_topics(k8s):
 
 def test_configs_of_compose_and_k8s_agree(compose, k8s, tmp_path):
     """The same deployment apart from where the services are."""
-    a = load_config(_compose_config_path(compose, "worker")).model_dump(exclude={"broker", "redis"})
-    b = _configmap_deployment(k8s, tmp_path).model_dump(exclude={"broker", "redis"})
+    a = load_config(compose_config_path(compose, "worker")).model_dump(exclude={"broker", "redis"})
+    b = configmap_deployment(k8s, tmp_path).model_dump(exclude={"broker", "redis"})
     assert a == b
 
 
@@ -507,7 +458,7 @@ def test_brokers_accept_what_the_clients_may_send(compose, k8s):
     consumers' fetch size): before, the producers allowed 8 MB and the broker 2 MB."""
     from pipeline.stream.kafka.limits import DEAD_LETTER_COPY_BYTES, MAX_MESSAGE_BYTES, MAX_REPORT_BYTES
 
-    kafka = _objects(k8s, "StatefulSet")["kafka"]
+    kafka = k8s_objects(k8s, "StatefulSet")["kafka"]
     (c,) = kafka["spec"]["template"]["spec"]["containers"]
     for env in (compose["services"]["kafka"]["environment"], {e["name"]: e["value"] for e in c["env"]}):
         assert int(env["KAFKA_MESSAGE_MAX_BYTES"]) == MAX_MESSAGE_BYTES

@@ -16,7 +16,8 @@ import yaml
 
 from pipeline.acl import ROLES, kafka_acl_script
 from pipeline.config import load_config
-from test_deploy import DEPLOY, K8S, _compose_config_path, _configmap_deployment, _objects, compose, k8s  # noqa: F401
+from support.deploy_files import (DEPLOY, K8S, compose, compose_config_path,  # noqa: F401 - fixtures
+                                  configmap_deployment, k8s, k8s_objects)
 
 CONFIG = "deploy/config/dpstream.yaml"
 
@@ -37,7 +38,7 @@ def test_shipped_acl_script_is_what_the_code_derives():
 
 def test_compose_connections_are_tls_sasl_and_acl(compose):
     services = compose["services"]
-    dep = load_config(_compose_config_path(compose, "worker"))
+    dep = load_config(compose_config_path(compose, "worker"))
     assert dep.security.broker.protocol == "SASL_SSL" and dep.redis.startswith("rediss://")
     kafka = services["kafka"]["environment"]
     protocols = dict(p.split(":") for p in kafka["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
@@ -81,11 +82,11 @@ def test_make_secrets_writes_every_compose_secret(compose, tmp_path):
 
 
 def test_k8s_pods_mount_their_role_credentials_where_the_config_reads_them(k8s, tmp_path):
-    dep = _configmap_deployment(k8s, tmp_path)
+    dep = configmap_deployment(k8s, tmp_path)
     assert dep.security.broker.protocol == "SASL_SSL" and dep.redis.startswith("rediss://")
     secrets_named = set()
     for name, role in (("dpstream-worker", "worker"), ("dpstream-releaser", "releaser")):
-        workload = {**_objects(k8s, "Deployment"), **_objects(k8s, "StatefulSet")}[name]
+        workload = {**k8s_objects(k8s, "Deployment"), **k8s_objects(k8s, "StatefulSet")}[name]
         pod = workload["spec"]["template"]["spec"]
         volumes = {v["name"]: v for v in pod["volumes"]}
         for container, user, needs in ((pod["containers"][0], f"dpstream-{role}", secret_paths(dep)),
@@ -101,7 +102,7 @@ def test_k8s_pods_mount_their_role_credentials_where_the_config_reads_them(k8s, 
         assert {e["name"]: e["value"] for e in pod["containers"][0]["env"]}["DPSTREAM_REDIS_USER"] == f"dpstream-{role}"
         assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
         secrets_named |= {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
-    for workload in _objects(k8s, "StatefulSet").values():
+    for workload in k8s_objects(k8s, "StatefulSet").values():
         secrets_named |= {v["secret"]["secretName"] for v in workload["spec"]["template"]["spec"].get("volumes", [])
                           if "secret" in v}
     readme = (DEPLOY / "README.md").read_text()
@@ -109,15 +110,15 @@ def test_k8s_pods_mount_their_role_credentials_where_the_config_reads_them(k8s, 
 
 
 def test_k8s_redis_is_tls_only_with_owner_only_data_and_reached_only_by_the_stream_processes(k8s, tmp_path):
-    dep = _configmap_deployment(k8s, tmp_path)
-    redis = _objects(k8s, "StatefulSet")["redis"]
+    dep = configmap_deployment(k8s, tmp_path)
+    redis = k8s_objects(k8s, "StatefulSet")["redis"]
     pod = redis["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     port = int(re.match(r"rediss://[^:/]+:(\d+)", dep.redis).group(1))
     assert c["args"][c["args"].index("--port") + 1] == "0" and int(c["args"][c["args"].index("--tls-port") + 1]) == port
     assert "--aclfile" in c["args"] and "fsGroup" not in pod.get("securityContext", {})
     assert "chmod 0700 /data" in " ".join(c["command"]) and "umask 077" in " ".join(c["command"])
-    policies = _objects(k8s, "NetworkPolicy")
+    policies = k8s_objects(k8s, "NetworkPolicy")
     deny = policies["dpstream-default-deny-ingress"]["spec"]
     assert deny["podSelector"] == {} and deny["policyTypes"] == ["Ingress"] and "ingress" not in deny
     selecting_redis = [p["spec"] for p in policies.values()
@@ -132,7 +133,7 @@ def test_k8s_redis_is_tls_only_with_owner_only_data_and_reached_only_by_the_stre
     kafka_port = int(dep.broker.rsplit(":", 1)[1])
     kafka_policy = policies["kafka-clients"]["spec"]
     assert {p["port"] for r in kafka_policy["ingress"] for p in r["ports"]} == {kafka_port, 9093}
-    kafka_env = {e["name"]: e["value"] for e in _objects(k8s, "StatefulSet")["kafka"]["spec"]["template"]["spec"][
+    kafka_env = {e["name"]: e["value"] for e in k8s_objects(k8s, "StatefulSet")["kafka"]["spec"]["template"]["spec"][
         "containers"][0]["env"]}
     assert kafka_env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
     assert f"SASL_SSL://kafka-0.kafka.dpstream.svc.cluster.local:{kafka_port}" == kafka_env["KAFKA_ADVERTISED_LISTENERS"]

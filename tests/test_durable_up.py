@@ -8,81 +8,19 @@ refusal in a log file with exit code 1."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
-import time
 
 import yaml
-from test_cli import N, deployment, dpstream  # noqa: F401 - `deployment` is a fixture
+from support.cli import N, deployment, dpstream  # noqa: F401 - `deployment` is a fixture
+from support.stream_runs import wait_until
+from support.up import Up, up, wait_released
 
 from pipeline.stream.local.embedded import pid_alive
-
-
-class Up:
-    """`dpstream up` in the background; its output (banner, supervision lines) in a file."""
-
-    def __init__(self, path, env, tmp_path, workers=2):
-        self.out = tmp_path / f"up-{time.monotonic_ns()}.out"
-        self.logs = tmp_path / "logs"
-        self.home = tmp_path / "home"
-        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "up", "--config", str(path), "--workers",
-                                      str(workers), "--log-dir", str(self.logs)], env=env,
-                                     stdout=self.out.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-
-    def text(self) -> str:
-        return self.out.read_text()
-
-    def wait_for(self, pattern: str, timeout: float = 60.0) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while True:
-            found = re.search(pattern, self.text())
-            if found:
-                return found
-            assert self.proc.poll() is None, f"up exited {self.proc.returncode}: {self.text()}"
-            assert time.monotonic() < deadline, f"no {pattern!r} within {timeout:.0f} s: {self.text()}"
-            time.sleep(0.2)
-
-    def started(self) -> dict[str, int]:
-        self.wait_for("dpstream up: broker")
-        record = json.loads((self.home / "cli-test.json").read_text())
-        return {name: p["pid"] for name, p in record["processes"].items()}
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-        return self.proc.wait(timeout=90)
-
-
-@contextlib.contextmanager
-def up(path, env, tmp_path, workers=2):
-    run = Up(path, env, tmp_path, workers)
-    try:
-        run.started()
-        yield run
-    finally:
-        run.stop()
-
-
-def _status(path, env) -> dict:
-    """`dpstream status` as JSON (`--json` where status has a human-readable default view)."""
-    proc = dpstream("status", "--config", str(path), "--json", env=env, check=False)
-    if proc.returncode == 2 and "unrecognized arguments" in proc.stderr:
-        proc = dpstream("status", "--config", str(path), env=env)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
-def _released(path, env, step: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while _status(path, env)["released_step"] < step:
-        assert time.monotonic() < deadline, f"step {step} not released within {timeout:.0f} s"
-        time.sleep(0.3)
+from pipeline.stream.local.marker import read_marker
 
 
 def _closed_reported(logs, step: int) -> int:
@@ -92,6 +30,12 @@ def _closed_reported(logs, step: int) -> int:
         for m in re.finditer(rf"partition (\d+) closed step {step}: .*'reported': (\d+)", log.read_text()):
             found[int(m.group(1))] = int(m.group(2))
     return sum(found.values())
+
+
+def _marked_released(home) -> int | None:
+    """The released step in the deployment marker `up` keeps (None before its first write)."""
+    marker = read_marker(home)
+    return None if marker is None else marker.released_step
 
 
 def test_stop_start_keeps_the_open_steps_reports_and_killed_processes_are_restarted(deployment, tmp_path):
@@ -105,7 +49,7 @@ def test_stop_start_keeps_the_open_steps_reports_and_killed_processes_are_restar
         assert f"process logs in {run.logs}" in run.text() and "broker log in" in run.text()
         dpstream("produce", "--simulate", *cfg, "--step", "1", env=env)
         dpstream("close", *cfg, "--step", "1", env=env)
-        _released(path, env, 1)
+        wait_released(path, env, 1)
         pids = run.started()
         os.kill(pids["worker-0"], signal.SIGKILL)
         run.wait_for(r"worker-0 exited with code -9 \(killed by signal 9\); restarting it")
@@ -121,7 +65,7 @@ def test_stop_start_keeps_the_open_steps_reports_and_killed_processes_are_restar
     with up(path, env, tmp_path) as run:
         assert _closed_reported(run.logs, 2) == 0  # step 2 was still open at the stop
         dpstream("close", *cfg, "--step", "2", env=env)
-        _released(path, env, 2)
+        wait_released(path, env, 2)
         assert _closed_reported(run.logs, 2) == N  # the real reports, none imputed
     assert run.proc.returncode == 0
 
@@ -134,9 +78,11 @@ def test_a_lost_redis_directory_is_refused_not_republished(deployment, tmp_path)
     with up(path, env, tmp_path, workers=1):
         dpstream("produce", "--simulate", *cfg, "--step", "1", env=env)
         dpstream("close", *cfg, "--step", "1", env=env)
-        _released(path, env, 1)
-        time.sleep(1.0)  # the marker follows the released step within the supervisor's tick
-    home = tmp_path / "home" / "cli-test"
+        wait_released(path, env, 1)
+        home = tmp_path / "home" / "cli-test"
+        # the marker follows the released step within the supervisor's tick
+        wait_until(lambda: _marked_released(home) == 1,
+                   "the deployment marker did not record step 1 as released", timeout=30)
     marker = json.loads((home / "deployment.json").read_text())
     assert marker["released_step"] == 1
 

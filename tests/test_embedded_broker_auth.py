@@ -21,7 +21,7 @@ import threading
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from test_cli import deployment  # noqa: F401 - a fixture
+from support.cli import deployment  # noqa: F401 - a fixture
 
 from pipeline.config import load_config
 from pipeline.stream.kafka.topics import topic_names

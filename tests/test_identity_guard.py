@@ -20,15 +20,14 @@ import time
 import pytest
 import redis
 import yaml
+from support.acl_services import acl_redis_and_broker, redis_login
 
 from jobs.eval.testbed import binary_panel
 from pipeline.config import load_config
 from pipeline.connections import redis_client
-from pipeline.security import Security
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.local.cluster import LocalCluster, ProcessFailed
 from pipeline.stream.local.driver import StepDriver
-from pipeline.stream.local.embedded import EmbeddedBroker, EmbeddedRedis
 from pipeline.stream.state.fingerprint import fingerprint, privacy_config
 from pipeline.stream.state.keys import Keys
 from pipeline.stream.state.store import ReleaseStore
@@ -80,22 +79,8 @@ def services(tmp_path):
     ).stdout.splitlines()
     rules = [line.removeprefix("user ") for line in generated if line.startswith("user dpstream-")]
     assert len(rules) == len(PASSWORDS)
-    server = EmbeddedRedis(
-        tmp_path / "redis", username="admin", password="pw-admin", acl_users=rules
-    ).start()
-    broker = EmbeddedBroker().start()
-    try:
-        yield server, broker
-    finally:
-        broker.stop()
-        server.stop()
-
-
-def login(role: str, monkeypatch) -> Security:
-    monkeypatch.setenv(f"PW_{role}", PASSWORDS[role])
-    return Security.model_validate(
-        {"redis": {"username": f"dpstream-{role}", "password": {"env": f"PW_{role}"}}}
-    )
+    with acl_redis_and_broker(tmp_path / "redis", rules) as services:
+        yield services
 
 
 def start(path: str, tmp_path, monkeypatch) -> LocalCluster:
@@ -149,7 +134,8 @@ def test_the_worker_login_cannot_get_a_changed_configuration_accepted(
     # include the identity, and it holds SET).
     changed = config(tmp_path, broker.bootstrap, server.url, 1.0)
     doc = privacy_config(load_config(changed), Roster.from_config(load_config(changed).roster).ids)
-    worker = redis_client(server.url, login("worker", monkeypatch))
+    monkeypatch.setenv("PW_worker", PASSWORDS["worker"])
+    worker = redis_client(server.url, redis_login("worker"))
     keys = Keys(NAME)
     stored = json.loads(worker.get(keys.identity))
     worker.set(

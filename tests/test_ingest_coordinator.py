@@ -26,7 +26,7 @@ from pipeline.stream.kafka.codecs import CONTROL_HEADER, close_marker
 from pipeline.stream.kafka.topics import topic_names
 from pipeline.stream.state.checkpoint import Checkpoint
 from pipeline.stream.state.store import ReleaseStore
-from test_release_coordinator import CLOSE_MS, MemoryLog, run, store_of  # noqa: F401 (fixture)
+from support.memory_log import CLOSE_MS, MemoryLog, run, store_of  # noqa: F401 (fixture)
 
 TP = namedtuple("TP", "topic partition")  # all the coordinator reads of aiokafka's TopicPartition
 

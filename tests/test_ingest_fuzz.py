@@ -36,7 +36,7 @@ from pipeline.stream.ingest.reports import REASONS, ReportParser, public_hash
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.kafka.topics import topic_names
 
-from test_repartition import Loopback
+from support.loopback import Loopback
 
 N_USERS, P, HORIZON, MAX_AHEAD = 24, 2, 6, 1
 ITEM_SIZE = 64

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from test_cli import N, deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
+from support.cli import N, deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
 
 from pipeline.stream.local.embedded import free_port, pid_alive
 

@@ -15,7 +15,7 @@ import time
 import pytest
 import redis
 
-from test_cli import deployment, dpstream  # noqa: F401 - `deployment` is a fixture
+from support.cli import deployment, dpstream  # noqa: F401 - `deployment` is a fixture
 
 from pipeline.connections import redis_client
 from pipeline.security import redact_url

@@ -30,7 +30,7 @@ from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
 from pipeline.stream.state.store import ReleaseStore
-from test_stream_faults import _wait, check_outputs, log_text, run_steps, scenario
+from support.stream_runs import check_outputs, log_text, run_steps, scenario, wait_until
 
 
 def _log_end(cluster: LocalCluster, topic: str, partition: int = 0) -> int:
@@ -72,7 +72,7 @@ def test_releaser_reads_a_replaced_partials_log_that_grew_to_its_resume_offset(t
             drv.producer.send_step(2, {"pov": X[:, 1]})
             drv.close(2, wait=False)
             assert cluster.wait_exit("releaser", timeout=60) == FAULT_EXIT_CODE
-            _wait(lambda: _log_end(cluster, "step-partials") >= 4, "the workers did not publish step 2's partials")
+            wait_until(lambda: _log_end(cluster, "step-partials") >= 4, "the workers did not publish step 2's partials")
             drv.shutdown()
             resume = store.partials_resume()
             assert resume == 2 and store.last_released() == 1 and store.last_closing() == 2
@@ -85,14 +85,14 @@ def test_releaser_reads_a_replaced_partials_log_that_grew_to_its_resume_offset(t
             releaser = cluster.spawn("releaser", "releaser")
             # stop the releaser once it has re-driven step 2's close: its consumer is assigned only after the
             # workers have re-sent both partials to the new log (offsets 0, 1: its end = the resume offset)
-            _wait(lambda: "close markers of step(s) [2] written again" in log_text(tmp_path, "releaser"),
+            wait_until(lambda: "close markers of step(s) [2] written again" in log_text(tmp_path, "releaser"),
                   "the releaser did not re-drive step 2's close", timeout=60)
             releaser.send_signal(signal.SIGSTOP)
             this_run = log_text(tmp_path, "releaser")[cluster.log_starts["releaser"]:]
             forced = "reading " + cluster.names["step-partials"] not in this_run
             for i in range(2):
                 cluster.spawn("worker", f"worker-{i}")
-            _wait(lambda: _log_end(cluster, "step-partials") >= resume, "the workers did not re-send the partials")
+            wait_until(lambda: _log_end(cluster, "step-partials") >= resume, "the workers did not re-send the partials")
             releaser.send_signal(signal.SIGCONT)
             assert forced, "the releaser was assigned before its re-drive: the interleaving was not forced"
 

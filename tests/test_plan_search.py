@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import yaml
+from support.cli import dpstream as cli_dpstream
 
 CFG = {
     "name": "plan-search", "roster": {"size": 5000}, "horizon": 6,
@@ -22,12 +21,7 @@ CFG = {
 
 
 def dpstream(*args, env, check=True):
-    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True,
-                          text=True, env=env, timeout=300)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"dpstream {' '.join(args)} exited {proc.returncode}: "
-                             f"{proc.stderr[-2000:]}")
-    return proc
+    return cli_dpstream(*args, env=env, timeout=300, check=check)  # a search runs longer
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import yaml
 
-from test_cli import N, deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
+from support.cli import N, deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
 
 
 def _csv(path, step: int, users=range(N)) -> str:

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from dataclasses import dataclass
 
 import numpy as np
 import orjson
 import pytest
-import redis.asyncio as aioredis
+from support.memory_log import CLOSE_MS, MemoryLog, Sent, run, store_of  # noqa: F401 - a fixture
 
 from pipeline.config import parse_config
 from pipeline.consumer import PanelStore
@@ -32,7 +31,6 @@ from pipeline.stream.state.checkpoint import Checkpoint
 from pipeline.stream.state.store_async import AsyncReleaseStore
 
 N, T, P = 40, 4, 2
-CLOSE_MS = 1_800_000_000_000  # step t closes at CLOSE_MS + t seconds (public close times)
 
 
 def deployment(name: str = "coord", random=None, **steps) -> object:
@@ -43,41 +41,6 @@ def deployment(name: str = "coord", random=None, **steps) -> object:
         "releases": [{"name": "fw", "type": "fixed_window", "attribute": "pov", "window": 2, "share": 0.5},
                      {"name": "cu", "type": "cumulative", "attribute": "pov", "share": 0.5}],
     })
-
-
-@dataclass
-class Sent:
-    key: bytes | None
-    value: bytes
-    timestamp_ms: int | None
-    headers: tuple
-
-
-class MemoryLog:
-    """The broker's logs in memory. ``send`` is the producer interface the Checkpoint uses: the message is
-    in the log at once, its acknowledgement is a future that ``ack`` (or ``auto_ack``) resolves."""
-
-    def __init__(self, auto_ack: bool = True, logs=None):
-        self.logs: dict[tuple[str, int], list[Sent]] = defaultdict(list) if logs is None else logs
-        self.auto_ack = auto_ack
-        self.unacked: list[asyncio.Future] = []
-
-    def append(self, topic: str, partition: int, value: bytes, key=None, timestamp_ms=None, headers=()) -> None:
-        self.logs[(topic, partition)].append(Sent(key, value, timestamp_ms, tuple(headers or ())))
-
-    async def send(self, topic, value, key=None, partition=None, timestamp_ms=None, headers=None):
-        self.append(topic, partition or 0, value, key, timestamp_ms, headers)
-        future = asyncio.get_running_loop().create_future()
-        if self.auto_ack:
-            future.set_result(None)
-        else:
-            self.unacked.append(future)
-        return future
-
-    def ack(self, error: Exception | None = None) -> None:
-        for future in self.unacked:
-            future.set_exception(error) if error else future.set_result(None)
-        self.unacked = []
 
 
 class Stream:
@@ -160,29 +123,6 @@ class Stream:
             for m in messages:
                 handlers[self.names[topic]](m.value)
         return panels
-
-
-@pytest.fixture
-def store_of(redis_client):
-    """Async stores on the session's real Redis (emptied per test); ``run`` closes them."""
-    def make(dep) -> AsyncReleaseStore:
-        store = AsyncReleaseStore(aioredis.Redis(unix_socket_path=redis_client.socket_file), dep.name)
-        make.opened.append(store)
-        return store
-    make.opened = []
-    return make
-
-
-def run(main, store_of):
-    """Run the test's coroutine, then close its stores in the same loop (an open client would keep the
-    session's Redis server from shutting down)."""
-    async def closing():
-        try:
-            return await main
-        finally:
-            for store in store_of.opened:
-                await store.close()
-    return asyncio.run(closing())
 
 
 def panel(seed: int = 1) -> np.ndarray:

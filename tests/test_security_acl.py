@@ -11,14 +11,13 @@ import numpy as np
 import pytest
 import redis
 import yaml
+from support.acl_services import acl_redis_and_broker, redis_login
 
 from pipeline.acl import ROLES, kafka_acl_commands, kafka_grants, redis_acl_rules
 from pipeline.config import load_config, parse_config
 from pipeline.connections import redis_client
-from pipeline.security import Security
 from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
-from pipeline.stream.local.embedded import EmbeddedBroker, EmbeddedRedis
 from pipeline.stream.release.engine import batch_reference
 from pipeline.stream.ingest.roster import Roster
 from jobs.eval.testbed import binary_panel
@@ -64,17 +63,8 @@ def test_analysts_get_the_public_topics_only_and_only_curator_roles_read_reports
 def acl_redis(tmp_path):
     dep = parse_config(deployment_dict("acl-roles", "127.0.0.1:1", "redis://127.0.0.1:1/0"))
     rules = [line.removeprefix("user ") for line in redis_acl_rules(dep, PASSWORDS)]
-    server = EmbeddedRedis(tmp_path / "redis", username="admin", password="pw-admin", acl_users=rules).start()
-    broker = EmbeddedBroker().start()
-    try:
-        yield server, broker
-    finally:
-        broker.stop()
-        server.stop()
-
-
-def login(role: str) -> Security:
-    return Security.model_validate({"redis": {"username": f"dpstream-{role}", "password": {"env": f"PW_{role}"}}})
+    with acl_redis_and_broker(tmp_path / "redis", rules) as services:
+        yield services
 
 
 def test_each_role_runs_with_its_own_redis_user_and_no_more(acl_redis, tmp_path, monkeypatch):
@@ -110,11 +100,11 @@ def test_each_role_runs_with_its_own_redis_user_and_no_more(acl_redis, tmp_path,
 
     for role in PASSWORDS:
         monkeypatch.setenv(f"PW_{role}", PASSWORDS[role])
-    operator = redis_client(server.url, login("operator"))
+    operator = redis_client(server.url, redis_login("operator"))
     assert operator.get("dpstream:acl-roles:pointer:closing") is not None
     with pytest.raises(redis.exceptions.NoPermissionError):
         operator.set("dpstream:acl-roles:pointer:closing", 0)  # read-only: cannot move the deployment's state
-    worker = redis_client(server.url, login("worker"))
+    worker = redis_client(server.url, redis_login("worker"))
     with pytest.raises(redis.exceptions.NoPermissionError):
         worker.get("dpstream:another-deployment:ledger")  # only this deployment's keys
     with pytest.raises(redis.exceptions.NoPermissionError):

@@ -35,7 +35,7 @@ from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import ReleaseStore
 from jobs.eval.testbed import binary_panel, write_panel_deployment
 
-from test_stream_faults import check_outputs
+from support.stream_runs import check_outputs
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 

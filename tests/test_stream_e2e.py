@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import numpy as np
 import orjson
@@ -25,6 +24,7 @@ from pipeline.stream.release.engine import batch_reference
 from pipeline.stream.kafka.faults import FAULT_EXIT_CODE
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import ReleaseStore
+from support.stream_runs import read_dead_letters
 
 N, T, K = 1500, 6, 3
 
@@ -41,21 +41,6 @@ def write_config(tmp_path, services, name: str, **extra) -> str:
 
 def panel_data(seed: int = 3) -> np.ndarray:
     return binary_panel(seed, N, T)
-
-
-def read_dead_letters(bootstrap: str, topic: str, expect: int, timeout: float = 30.0):
-    from kafka import KafkaConsumer, TopicPartition
-
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    tp = TopicPartition(topic, 0)
-    c.assign([tp])
-    c.seek_to_beginning(tp)
-    out, deadline = [], time.monotonic() + timeout
-    while len(out) < expect and time.monotonic() < deadline:
-        for msgs in c.poll(timeout_ms=200).values():
-            out += [(dict(m.headers), m.value) for m in msgs]
-    c.close()
-    return out
 
 
 def test_stream_equals_batch_and_rejects_bad_input_with_reasons(services, tmp_path):

@@ -20,13 +20,10 @@ from __future__ import annotations
 import re
 import signal
 import time
-import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pipeline.config import load_config
 from pipeline.consumer import read_topics
 from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
@@ -37,81 +34,8 @@ from pipeline.stream.kafka.faults import FAULT_EXIT_CODE
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import ReleaseStore
 from pipeline.stream.kafka.topics import ensure_topics
-
-N, T, K = 1200, 6, 3
-
-
-# -- shared helpers (also used by test_scale_out.py) -------------------------------------------------
-def write_config(tmp_path, services, name: str, n: int = N, horizon: int = T, partitions: int = 2, **extra) -> str:
-    return write_panel_deployment(tmp_path, services, name, n=n, horizon=horizon, partitions=partitions, seed=17,
-                                  window=K, **extra)
-
-
-def panel_data(seed: int, n: int = N, horizon: int = T) -> np.ndarray:
-    return binary_panel(seed, n, horizon)
-
-
-def scenario(tmp_path, services, name: str, seed: int, horizon: int = T):
-    """(config path, deployment, panel X, roster) of one fault scenario."""
-    path = write_config(tmp_path, services, name, horizon=horizon)
-    dep = load_config(path)
-    return path, dep, panel_data(seed=seed, horizon=horizon), Roster.from_config(dep.roster)
-
-
-def run_steps(drv, X, steps, cluster: LocalCluster | None = None, **close) -> None:
-    """Send every user's report of each step, close it and wait for its release."""
-    for t in steps:
-        drv.producer.send_step(t, {"pov": X[:, t - 1]})
-        drv.close(t, **close)
-        if cluster is not None:
-            cluster.check_alive()
-
-
-def batch_reference(dep, X) -> dict[str, np.ndarray]:
-    """The library run in batch with the stream's derived seeds (= an uninterrupted run)."""
-    return engine_reference(dep, {"pov": X})
-
-
-def expected_ledger(horizon: int = T) -> list[str]:
-    return sorted([f"fw:{t}" for t in range(K, horizon + 1)] + [f"cu:{t}" for t in range(1, horizon + 1)])
-
-
-def check_outputs(dep, X, panels, store, manifests_seen=None, through: int | None = None) -> None:
-    """Outputs equal the batch run, every step complete, one ledger entry per (release, step)."""
-    horizon = X.shape[1] if through is None else through
-    ref = batch_reference(dep, X[:, :horizon])
-    for rel in ("fw", "cu"):
-        panel = panels.panels[rel]
-        assert panel.complete_steps == set(range(1, horizon + 1)), (rel, sorted(panel.complete_steps))
-        np.testing.assert_array_equal(panel.as_array()[:, :horizon], ref[rel], err_msg=rel)
-    ledger = store.ledger()
-    assert sorted(ledger) == expected_ledger(horizon)
-    if horizon == dep.horizon:
-        assert sum(e["cost"]["rho"] for e in ledger.values()) == pytest.approx(0.5, rel=1e-12)
-    assert store.last_released() == horizon
-    if manifests_seen is not None:  # a deduplicating consumer sees each (release, step) once
-        assert sorted(manifests_seen) == sorted((r, t) for r in ("fw", "cu") for t in range(1, horizon + 1))
-
-
-def metric(cluster: LocalCluster, name: str, sample: str) -> float:
-    """A sample of a process's Prometheus endpoint (0 when absent)."""
-    port = cluster.metrics_ports[name]
-    try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-    except OSError:
-        return 0.0
-    m = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
-
-
-def wait_accepted(cluster: LocalCluster, name: str, count: int, timeout: float = 60.0) -> None:
-    """Wait until worker ``name`` (this incarnation) has accepted at least ``count`` reports."""
-    deadline = time.monotonic() + timeout
-    while metric(cluster, name, 'dpstream_reports_total{status="accepted"}') < count:
-        cluster.check_alive()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{name} did not accept {count} reports within {timeout:.0f} s")
-        time.sleep(0.2)
+from support.stream_runs import (N, T, check_outputs, expected_ledger, log_text, run_steps, scenario,
+                                 wait_accepted, wait_until)
 
 
 def _committed(bootstrap: str, group: str, topic: str) -> int:
@@ -126,10 +50,6 @@ def _committed(bootstrap: str, group: str, topic: str) -> int:
     finally:
         admin.close()
     return meta.offset if meta is not None else -1
-
-
-def log_text(tmp_path, name: str) -> str:
-    return (Path(tmp_path) / "logs" / f"{name}.log").read_text(errors="replace")
 
 
 @pytest.fixture(scope="module")
@@ -333,14 +253,6 @@ def _restart_everything(svc, cluster: LocalCluster, dep, fault: dict[str, str] |
         cluster.spawn("worker", f"worker-{i}")
 
 
-def _wait(predicate, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.2)
-
-
 def test_lost_close_is_redriven_from_redis_and_checkpoints(tmp_path):
     """Two ways a close is lost with the broker's log (issue: Redis says closing > released, nothing on
     the log), each followed by a restart of every process and of the memory-only broker:
@@ -369,7 +281,7 @@ def test_lost_close_is_redriven_from_redis_and_checkpoints(tmp_path):
             cluster.procs["worker-1"].send_signal(signal.SIGSTOP)
             drv.close(2, wait=False)
             close2 = drv.close_timestamp[2]
-            _wait(lambda: store.last_closing() == 2, "the releaser did not write step 2's markers")
+            wait_until(lambda: store.last_closing() == 2, "the releaser did not write step 2's markers")
             assert store.close_time(2) == close2
             drv.shutdown()
             _restart_everything(svc, cluster, dep, {"DPSTREAM_FAULT": "releaser.before_commit@3"})
@@ -386,7 +298,7 @@ def test_lost_close_is_redriven_from_redis_and_checkpoints(tmp_path):
             assert cluster.wait_exit("releaser", timeout=60) == FAULT_EXIT_CODE
             assert store.last_released() == 2 and store.last_closing() == 3
             for i in range(2):
-                _wait(lambda: re.search(r"partition \d+ closed step 3", log_text(tmp_path, f"worker-{i}")),
+                wait_until(lambda: re.search(r"partition \d+ closed step 3", log_text(tmp_path, f"worker-{i}")),
                       f"worker-{i} did not close step 3")
             checkpoints = {p: store.load_checkpoint(p) for p in range(2)}
             drv.shutdown()

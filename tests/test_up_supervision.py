@@ -18,15 +18,14 @@ Each test reproduces an observation of the old code:
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 from pathlib import Path
 
 import yaml
-from test_cli import N, deployment, dpstream  # noqa: F401 - `deployment` is a fixture
-from test_durable_up import Up, _released, _status, up
+from support.cli import N, deployment, dpstream  # noqa: F401 - `deployment` is a fixture
+from support.up import Up, status_json, up, wait_released
 
 from pipeline.config import load_config
 from pipeline.stream.local.cluster import LocalCluster
@@ -63,18 +62,18 @@ def test_a_killed_redis_is_restarted_from_its_append_only_file(deployment, tmp_p
     with up(path, env, tmp_path, workers=1) as run:
         dpstream("produce", *cfg, "--simulate", "--step", "1", env=env)
         dpstream("close", *cfg, "--step", "1", env=env)
-        _released(path, env, 1)
-        before = _status(path, env)
+        wait_released(path, env, 1)
+        before = status_json(path, env)
         redis_pid = run.started()["redis"]
         os.kill(redis_pid, signal.SIGKILL)
         run.wait_for(rf"the embedded Redis \(pid {redis_pid}\) was gone .*restarted it \(pid \d+\) from its "
                      "append-only file")
-        after = _status(path, env)
+        after = status_json(path, env)
         assert after["released_step"] == 1 and after["ledger"] == before["ledger"]
         assert after["instance"] == before["instance"]
         dpstream("produce", *cfg, "--simulate", "--step", "2", env=env)
         dpstream("close", *cfg, "--step", "2", env=env, timeout=180)
-        _released(path, env, 2, timeout=120)
+        wait_released(path, env, 2, timeout=120)
         assert run.proc.poll() is None
     assert run.proc.returncode == 0
 

@@ -29,8 +29,8 @@ from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
 from pipeline.stream.state.store import ReleaseStore
-from test_stream_e2e import read_dead_letters
-from test_stream_faults import check_outputs, panel_data, run_steps, wait_accepted, write_config
+from support.stream_runs import (check_outputs, panel_data, read_dead_letters, run_steps,
+                                 wait_accepted, write_config)
 
 N, T = 1200, 6
 

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence, Union
 
-from scipy.optimize import brentq
+from pipeline.privacy.roots import increasing_root
 
 __all__ = [
     "BUDGET_RTOL",
@@ -216,7 +216,7 @@ def compose(costs: Iterable[Cost]) -> tuple[ZCDP, ApproxDP]:
 # (0, δ)-DP. So δ ≥ sqrt(1 − e^{−ρ}) ⇒ ε = 0.
 
 
-_RTOL = 4.0 * 2.0**-52  # brentq's smallest allowed rtol
+_RTOL = 4.0 * 2.0**-52  # the root to 4 ulps (scipy.optimize.brentq's smallest allowed rtol)
 
 
 def _log1pexp(u: float) -> float:
@@ -255,7 +255,7 @@ def zcdp_to_approx_dp(rho: float, delta: float) -> float:
     # g > 0 once e^{2u}ρ > ln(1/δ).
     u_lo = min(0.5 * math.log(log_inv_delta / (2.0 * rho)), math.log(log_inv_delta / 2.0)) - 1.0
     u_hi = 0.5 * math.log(log_inv_delta / rho) + 1.0
-    u = brentq(g, u_lo, u_hi, xtol=1e-15, rtol=_RTOL, maxiter=500)
+    u = increasing_root(g, u_lo, u_hi, xtol=1e-15, rtol=_RTOL)
     # ε(α) is flat at α*, so evaluating the defining formula at α* is the accurate way to read it.
     alpha_m1 = math.exp(u)
     log_alpha = _log1pexp(u)
@@ -281,7 +281,7 @@ def approx_dp_delta(rho: float, epsilon: float) -> float:
     # Bracket: for u ≤ 0, h ≤ 3ρ + u − ε; for u ≥ 0, ln(1 − 1/α) ≥ −ln 2.
     u_lo = min(0.0, epsilon - 3.0 * rho) - 1.0
     u_hi = max(0.0, math.log((epsilon + 1.0) / (2.0 * rho))) + 1.0
-    u = brentq(h, u_lo, u_hi, xtol=1e-15, rtol=_RTOL, maxiter=500)
+    u = increasing_root(h, u_lo, u_hi, xtol=1e-15, rtol=_RTOL)
     alpha_m1 = math.exp(u)
     log_1m_inv_alpha = u - _log1pexp(u)
     log_delta = alpha_m1 * ((1.0 + alpha_m1) * rho - epsilon) + (1.0 + alpha_m1) * log_1m_inv_alpha - u
