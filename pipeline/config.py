@@ -14,7 +14,8 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pipeline.attributes import Attribute, BinaryAttribute, CategoricalAttribute, HashedAttribute
-from pipeline.privacy.accounting import BudgetPlan, Neighbours, PlannedRelease, PrivacyBudget, check_neighbours
+from pipeline.privacy.budget import BudgetPlan, PlannedRelease, PrivacyBudget
+from pipeline.privacy.neighbours import Neighbours, check_neighbours
 from pipeline.security import Security, check_broker, check_redis_url
 from pipeline.releases import kind_of, kinds
 from pipeline.validation import StrictModel
@@ -77,7 +78,7 @@ class Budget(_Strict):
 
     def total_epsilon(self) -> float:
         """The whole budget as one ε at ``report_delta``: ρ converted (CKS 2020) plus the monitors' ε."""
-        from pipeline.privacy.accounting import zcdp_to_approx_dp
+        from pipeline.privacy.conversions import zcdp_to_approx_dp
 
         return (zcdp_to_approx_dp(self.rho, self.report_delta) if self.rho else 0.0) + (self.epsilon or 0.0)
 

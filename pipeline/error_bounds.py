@@ -29,7 +29,8 @@ A bound larger than the population n means the release says nothing reliable at 
 
 from __future__ import annotations
 
-from pipeline.privacy.accounting import ApproxDP, compose, reported_approx_dp
+from pipeline.privacy.accountant import compose, reported_approx_dp
+from pipeline.privacy.events import ApproxDP
 from pipeline.releases import Setting, kind_of
 from pipeline.releases.bounds import ReleaseBounds
 

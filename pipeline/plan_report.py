@@ -10,7 +10,7 @@ from pipeline.config import EPSILON_CEILING
 from pipeline.error_bounds import planned_spend, release_bounds, warnings
 from pipeline.upload_time import deadline_warning
 from pipeline.plan import planned_schedule
-from pipeline.privacy.accounting import ZCDP
+from pipeline.privacy.events import ZCDP
 from pipeline.releases import kind_of
 
 __all__ = ["plan_report", "format_plan", "deployment_warnings"]

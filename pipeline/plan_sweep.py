@@ -21,7 +21,7 @@ from typing import Any
 
 from pipeline.config import ConfigError, Deployment, parse_config
 from pipeline.error_bounds import planned_spend, release_bounds
-from pipeline.privacy.accounting import PrivacyBudgetError
+from pipeline.privacy.errors import PrivacyBudgetError
 
 __all__ = ["SweepPoint", "parse_sweep", "sweep", "format_sweep", "find_target", "format_target",
            "TargetResult"]

@@ -17,7 +17,7 @@ def status_document(dep, store, intake: dict[str, Any], source: str) -> dict[str
     """The status of ``dep`` from its Redis ``store``; ``intake`` is ``IntakeView.as_json()`` (or says why
     it is unavailable) and ``source`` where the state was read."""
     from pipeline.error_bounds import spend_as_approx_dp
-    from pipeline.privacy.accounting import LedgerEntry
+    from pipeline.privacy.ledger import LedgerEntry
 
     ledger = store.ledger()
     identity = store.identity() or {}

@@ -26,7 +26,7 @@ _CONFIG_ARG: list[str] = []  # the --config as typed, for the hints in messages
 
 def _load(path: str):
     from pipeline.config import ConfigError, load_config
-    from pipeline.privacy.accounting import PrivacyBudgetError
+    from pipeline.privacy.errors import PrivacyBudgetError
 
     try:
         dep = load_config(path)  # includes the budget plan: refused before anything starts

@@ -5,7 +5,7 @@ every ``calibrate_*`` function maps a target (ε, δ) (and k / τ / horizon) to 
 and is tested to round-trip: recomputing ε from what it returns gives the target back.
 
 Logs are natural logs throughout (the papers' bounds come from e^{−x} tails). Neighbouring relations
-follow docs/privacy.md (:data:`pipeline.privacy.accounting.NEIGHBOURS`):
+follow docs/privacy.md (:data:`pipeline.privacy.neighbours.NEIGHBOURS`):
 
 * ``add_remove``: one user's whole stream is present or absent;
 * ``replace``: one user's whole stream is replaced (Kaplan–Mansour–Stemmer, Notation 4.2 "j-neighbouring").
@@ -23,7 +23,9 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats
 
-from pipeline.privacy.accounting import ApproxDP, Neighbours, check_neighbours, sensitivity_factor, zcdp_to_approx_dp
+from pipeline.privacy.conversions import zcdp_to_approx_dp
+from pipeline.privacy.events import ApproxDP
+from pipeline.privacy.neighbours import Neighbours, check_neighbours, sensitivity_factor
 from pipeline.privacy.pure_composition import FORMS as COMPOSED_FORMS
 from pipeline.privacy.pure_composition import optimal_epsilon, tightest_epsilon
 

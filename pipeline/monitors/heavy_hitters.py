@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.privacy.accounting import ApproxDP, check_neighbours
+from pipeline.privacy.events import ApproxDP
+from pipeline.privacy.neighbours import check_neighbours
 from pipeline.privacy.noise import discrete_gaussian, discrete_laplace
 
 from . import calibration as cal

@@ -33,8 +33,8 @@ A kind must provide exactly this:
     seed, n). It must offer ``get_state()`` and a class method ``from_state(state)``.
 ``events(release, mechanism, setting)``
     The privacy events of each step 1..horizon (a tuple of length horizon; None where nothing is
-    spent): immutable :class:`~pipeline.privacy.accounting.ZCDP` or
-    :class:`~pipeline.privacy.accounting.ApproxDP` values, in the spirit of the ``DpEvent`` of
+    spent): immutable :class:`~pipeline.privacy.events.ZCDP` or
+    :class:`~pipeline.privacy.events.ApproxDP` values, in the spirit of the ``DpEvent`` of
     Google's dp_accounting library. They are derived from the built mechanism's noise parameters
     (e.g. ρ = Δ²/(2σ²) of the σ² it samples with), never computed beside it; a monitor whose
     (ε, δ) covers the whole horizon declares its calibrated (ε, δ) at step 1 after checking the
@@ -92,7 +92,9 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from pipeline.privacy.accounting import BUDGET_RTOL, ApproxDP, Neighbours, ZCDP
+from pipeline.privacy.budget import BUDGET_RTOL
+from pipeline.privacy.events import ApproxDP, ZCDP
+from pipeline.privacy.neighbours import Neighbours
 from pipeline.validation import StrictModel
 
 __all__ = ["ReleaseConfig", "ReleaseKind", "Setting", "StepInput", "StepOutput", "PrivacyEvent", "register",

@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from pipeline.privacy.accounting import ZCDP
+from pipeline.privacy.events import ZCDP
 
 from .aggregators import CumulativeAggregator
 from .base import ReleaseConfig, ReleaseKind, Setting, StepInput, StepOutput, register

@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from pipeline.privacy.accounting import ZCDP
+from pipeline.privacy.events import ZCDP
 
 from .aggregators import FixedWindowAggregator
 from .base import ReleaseConfig, ReleaseKind, Setting, StepInput, StepOutput, register

@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from pipeline.privacy.accounting import ApproxDP
+from pipeline.privacy.events import ApproxDP
 
 from .aggregators import ActiveSetAggregator
 from .base import ReleaseConfig, ReleaseKind, Setting, StepInput, StepOutput, charged_at_step_one, register

@@ -26,7 +26,7 @@ changes. That is exactly PREM's replace-one relation with public n, under which 
 (ε_s, δ_s) is (ε_s, δ_s)-DP (docs/prem.md §3.2 for the charged accounting, Theorem 3.1 of Ghazi et
 al. for the paper's). The T per-step runs use independent randomness; basic composition of
 (ε, δ)-DP mechanisms (Dwork & Roth 2014, Theorem 3.16 — the project's accounting of (ε, δ) costs,
-:mod:`pipeline.privacy.accounting`) gives (Σ ε_s, Σ δ_s) for the release. Calibration: the release's
+:mod:`pipeline.privacy.accountant`) gives (Σ ε_s, Σ δ_s) for the release. Calibration: the release's
 allotment (ε_r, δ_r) is split evenly, target (ε_r/T, δ_r/T) per step; the ledger charges at each
 step t the event ``RelativeErrorMechanism.step_cost()`` = ``plan_privacy(plan)``, recomputed from the plan's noise
 parameters (a, σ², σ_n², K) alone, which is at most the target (up to float rounding, within the
@@ -47,7 +47,7 @@ import numpy as np
 from pydantic import Field
 
 from pipeline.attributes import public_hash
-from pipeline.privacy.accounting import ApproxDP
+from pipeline.privacy.events import ApproxDP
 from pipeline.privacy.rng import derive_seed
 
 from .aggregators import FixedWindowAggregator

@@ -55,7 +55,7 @@ import numpy as np
 
 from pipeline.privacy.rng import RandomSource, as_random_source, random_source_from_state
 
-from pipeline.privacy.accounting import check_neighbours
+from pipeline.privacy.neighbours import check_neighbours
 from pipeline.validation import check_beta, check_int, check_rho, coerce_counts, coerce_values
 
 from .postprocess import assign_groups
@@ -141,7 +141,7 @@ class CumulativeSynthesizer:
     Parameters
     ----------
     horizon : T. rho : total zCDP budget. beta : failure probability used by :meth:`error_bound`.
-    neighbours : :class:`~pipeline.privacy.accounting.Neighbours` or its value, "add_remove" or
+    neighbours : :class:`~pipeline.privacy.neighbours.Neighbours` or its value, "add_remove" or
         "replace" (passed to every counter, which calibrates for it). This release publishes n
         exactly, so add_remove is not coherent for it (n would differ between neighbours); it is
         kept to reproduce the paper's constants. A stream deployment is always replace.

@@ -29,7 +29,7 @@ from pipeline.privacy.noise import discrete_gaussian, discrete_laplace, used_sca
 from pipeline.privacy.rng import RandomSource, as_random_source
 from pipeline.validation import check_int
 
-from pipeline.privacy.accounting import ApproxDP
+from pipeline.privacy.events import ApproxDP
 
 from .prem_privacy import ACCOUNTINGS, MONITORS, PremPlan, charged_plan, paper_plan, plan_privacy
 

@@ -54,7 +54,7 @@ from typing import Awaitable, Callable
 
 import orjson
 
-from pipeline.privacy.accounting import BudgetExhaustedError
+from pipeline.privacy.errors import BudgetExhaustedError
 from pipeline.releases import get_kind
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.control.signatures import (CloseCommand, CloseSigner, CloseVerifier,

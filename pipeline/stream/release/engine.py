@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.plan import mechanism_setting
-from pipeline.privacy.accounting import PrivacyLedger, ZCDP, reported_approx_dp
+from pipeline.privacy.accountant import reported_approx_dp
+from pipeline.privacy.events import ZCDP
+from pipeline.privacy.ledger import PrivacyLedger
 from pipeline.releases import StepInput, kind_of
 from pipeline.releases.codecs import synthetic_columns, synthetic_entry
 from pipeline.serialization import dumps_state, loads_state
