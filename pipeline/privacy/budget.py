@@ -50,9 +50,10 @@ class PrivacyBudget:
                              f"got epsilon={self.epsilon!r}, delta={self.delta!r}")
         if self.epsilon is not None:
             object.__setattr__(self, "epsilon", check_real(self.epsilon, "epsilon", low_open=True))
-            object.__setattr__(self, "delta", check_real(self.delta, "delta", high=1.0))
-            if self.delta >= 1.0:
-                raise ValueError(f"delta must be < 1, got {self.delta}")
+            delta = check_real(self.delta, "delta", high=1.0)
+            object.__setattr__(self, "delta", delta)
+            if delta >= 1.0:
+                raise ValueError(f"delta must be < 1, got {delta}")
         if self.rho is None and self.epsilon is None:
             raise ValueError("a budget needs rho or (epsilon, delta); all are None")
 
@@ -108,14 +109,16 @@ class PlannedRelease:
         if self.cost is not None:
             budget.require(self.cost, f"release {self.name!r}")
             return self.cost
+        share = self.share
+        assert share is not None  # __post_init__: exactly one of cost and share
         if self.kind == "zcdp":
             if budget.rho is None:
                 raise BudgetKindError(f"release {self.name!r} asks for a share of rho but the deployment sets no rho")
-            return ZCDP(self.share * budget.rho)
-        if budget.epsilon is None:
+            return ZCDP(share * budget.rho)
+        if budget.epsilon is None or budget.delta is None:  # set together (PrivacyBudget)
             raise BudgetKindError(f"release {self.name!r} asks for a share of (epsilon, delta) "
                                   "but the deployment sets none")
-        return ApproxDP(self.share * budget.epsilon, self.share * budget.delta)
+        return ApproxDP(share * budget.epsilon, share * budget.delta)
 
 
 class BudgetPlan:
@@ -148,13 +151,15 @@ class BudgetPlan:
         problems: list[str] = []
         involved: list[str] = []
         if b.rho is not None and exceeds(rho_total.rho, b.rho):
-            names = [n for n, c in allot.items() if isinstance(c, ZCDP)]
+            zcdp = {n: c for n, c in allot.items() if isinstance(c, ZCDP)}
+            names = list(zcdp)
             involved += names
-            parts = ", ".join(f"{n}: {allot[n].rho:.6g}" for n in names)
+            parts = ", ".join(f"{n}: {c.rho:.6g}" for n, c in zcdp.items())
             problems.append(f"zCDP releases plan rho={rho_total.rho:.12g} > budget rho={b.rho:.12g} ({parts})")
-        if b.epsilon is not None:
-            names = [n for n, c in allot.items() if isinstance(c, ApproxDP)]
-            parts = ", ".join(f"{n}: ({allot[n].epsilon:.6g}, {allot[n].delta:.6g})" for n in names)
+        if b.epsilon is not None and b.delta is not None:  # set together (PrivacyBudget)
+            approx = {n: c for n, c in allot.items() if isinstance(c, ApproxDP)}
+            names = list(approx)
+            parts = ", ".join(f"{n}: ({c.epsilon:.6g}, {c.delta:.6g})" for n, c in approx.items())
             if exceeds(approx_total.epsilon, b.epsilon):
                 involved += names
                 problems.append(f"(epsilon, delta) releases plan epsilon={approx_total.epsilon:.12g} > "

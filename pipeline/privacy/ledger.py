@@ -97,32 +97,37 @@ class PrivacyLedger:
         self.budget.require(entry.cost, who)
         c = entry.cost
         mine = self._by_release.get(entry.release, [0.0, 0.0, 0.0])
+        limit: Cost | None = None  # the release's allotment, when there is a plan; of c's kind
         if self._allot is not None:
             if entry.release not in self._allot:
                 raise BudgetKindError(f"{who}: release {entry.release!r} is not in the plan")
             limit = self._allot[entry.release]
             if type(limit) is not type(c):
                 raise BudgetKindError(f"{who} spends {type(c).__name__} but its plan allots {type(limit).__name__}")
+        budget = self.budget
         if isinstance(c, ZCDP):
+            assert budget.rho is not None  # require() refused a zCDP spend without a rho budget
             new_total = self._rho + c.rho
-            if exceeds(new_total, self.budget.rho):
+            if exceeds(new_total, budget.rho):
                 raise BudgetExhaustedError(f"{who} would spend rho={c.rho:.6g}: total {new_total:.12g} "
-                                           f"> budget rho={self.budget.rho:.12g}", entry.release, entry.step)
-            if self._allot is not None and exceeds(mine[0] + c.rho, limit.rho):
+                                           f"> budget rho={budget.rho:.12g}", entry.release, entry.step)
+            if isinstance(limit, ZCDP) and exceeds(mine[0] + c.rho, limit.rho):
                 raise BudgetExhaustedError(f"{who} would spend rho={c.rho:.6g}: release total "
                                            f"{mine[0] + c.rho:.12g} > its allotment rho={limit.rho:.12g}",
                                            entry.release, entry.step)
             self._rho = new_total
             mine = [mine[0] + c.rho, mine[1], mine[2]]
         else:
+            # require() refused an (epsilon, delta) spend without that budget (set together)
+            assert budget.epsilon is not None and budget.delta is not None
             new_eps, new_delta = self._eps + c.epsilon, self._delta + c.delta
-            if exceeds(new_eps, self.budget.epsilon) or exceeds(new_delta, self.budget.delta):
+            if exceeds(new_eps, budget.epsilon) or exceeds(new_delta, budget.delta):
                 raise BudgetExhaustedError(
                     f"{who} would spend (epsilon, delta)=({c.epsilon:.6g}, {c.delta:.6g}): total "
-                    f"({new_eps:.12g}, {new_delta:.12g}) > budget ({self.budget.epsilon:.12g}, "
-                    f"{self.budget.delta:.12g})", entry.release, entry.step)
-            if self._allot is not None and (exceeds(mine[1] + c.epsilon, limit.epsilon)
-                                            or exceeds(mine[2] + c.delta, limit.delta)):
+                    f"({new_eps:.12g}, {new_delta:.12g}) > budget ({budget.epsilon:.12g}, "
+                    f"{budget.delta:.12g})", entry.release, entry.step)
+            if isinstance(limit, ApproxDP) and (exceeds(mine[1] + c.epsilon, limit.epsilon)
+                                                or exceeds(mine[2] + c.delta, limit.delta)):
                 raise BudgetExhaustedError(
                     f"{who} would spend (epsilon, delta)=({c.epsilon:.6g}, {c.delta:.6g}): release total "
                     f"({mine[1] + c.epsilon:.12g}, {mine[2] + c.delta:.12g}) > its allotment "
