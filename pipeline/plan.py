@@ -38,9 +38,10 @@ ZCDP_RELEASES = tuple(name for name, kind in kinds().items() if kind.budget == "
 
 def release_seed(deployment: Deployment, release_name: str) -> int | None:
     """Per-release seed derived from the deployment seed (None = secure randomness)."""
-    if deployment.random.kind != "seeded":
+    seed = deployment.random.seed  # set exactly when the kind is seeded (RandomSourceConfig)
+    if deployment.random.kind != "seeded" or seed is None:
         return None
-    return derive_seed(deployment.random.seed, release_name)
+    return derive_seed(seed, release_name)
 
 
 def mechanism_setting(deployment: Deployment, release, allotment, n: int | None = None) -> Setting:

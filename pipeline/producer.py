@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Callable, Iterable, Sized
+from typing import Any, Callable, Iterable, Sized
 
 import orjson
 
@@ -85,7 +85,7 @@ class ReportSender:
         self.bootstrap = bootstrap
         self.roster = roster or Roster.from_config(deployment.roster)
         self.topic = topic or topic_names(deployment)["reports"]
-        self._producer = None
+        self._producer: Any = None  # a kafka.KafkaProducer, made on the first send
 
     def __enter__(self) -> "ReportSender":
         return self
@@ -160,7 +160,8 @@ class ReportSender:
         for future in futures:
             try:
                 stored = future.get(timeout=max(0.1, timeout - (time.monotonic() - start)))
-                result.receipt.add(stored.partition, stored.offset)
+                if result.receipt is not None:
+                    result.receipt.add(stored.partition, stored.offset)
                 result.acknowledged += 1
             except Exception as err:  # noqa: BLE001 - each failure is reported with its report's index
                 result.failed.append((result.sent, f"{type(err).__name__}: {err}"))

@@ -428,11 +428,11 @@ def _check_with_parser(
     positions = (
         np.concatenate([b.index for b in batches]) if batches else np.zeros(0, dtype=np.int64)
     )
-    problems = {}
+    problems: dict[str, tuple[int, str, str | None]] = {}
     if parsed.rejections:
-        at = [int(positions[starts[r.message] + (r.batch_index or 0)]) for r in parsed.rejections]
-        rej = parsed.rejections[int(np.argmin(at))]
-        problems["parser"] = (min(at), rej.reason, rej.detail)
+        rejected_at = [int(positions[starts[r.message] + (r.batch_index or 0)]) for r in parsed.rejections]
+        rej = parsed.rejections[int(np.argmin(rejected_at))]
+        problems["parser"] = (min(rejected_at), rej.reason, rej.detail)
     if (
         len(parsed) == expected
     ):  # each report once: a repeated (user, step) is the later one in the file
@@ -539,7 +539,8 @@ def _messages(
         if (
             chunk < 0
         ).any():  # null: not reported (the typed decoder then leaves it to the reference path)
-            text = orjson.dumps(np.where(chunk < 0, None, chunk).tolist())
+            # numpy's stubs have no np.where(cond, None, y) overload (an object array at run time)
+            text = orjson.dumps(np.where(chunk < 0, None, chunk).tolist())  # type: ignore[attr-defined]
         else:
             text = orjson.dumps(chunk, option=orjson.OPT_SERIALIZE_NUMPY)
         columns.append(orjson.dumps(name) + b":" + text)
@@ -614,7 +615,8 @@ def send_upload(
             try:
                 stored = future.get(timeout=max(0.1, timeout - (time.monotonic() - start)))
                 result.acknowledged += batch.index.size
-                result.receipt.add(stored.partition, stored.offset, batch.index.size)
+                if result.receipt is not None:
+                    result.receipt.add(stored.partition, stored.offset, batch.index.size)
             except Exception as err:  # noqa: BLE001 - a failed message: reported by its first report
                 result.failed.append((result.sent, f"{type(err).__name__}: {err}"))
             result.sent += batch.index.size

@@ -61,7 +61,7 @@ class PublicReader:
             if name in {r.name for r in self.dep.releases}:
                 hint = (" (it publishes alerts: `dpstream alerts` reads them)" if output == "counts"
                         else " (it publishes counts: `dpstream query` reads them)")
-            what = {"counts": "releases with counts", "alerts": "releases with alerts"}.get(output, "releases")
+            what = {"counts": "releases with counts", "alerts": "releases with alerts"}.get(output or "", "releases")
             raise AnalystError(f"no such release {name!r}{hint}; {what} are {', '.join(releases) or 'none'}")
         return releases[name]
 

@@ -74,9 +74,9 @@ def _series_figure(answers, title: str, unit: str, hidden=None):
     steps = [a.step for a in answers]
     for i, (key, label) in enumerate(keys):
         colour = _COLOURS[i % len(_COLOURS)]
-        rows = [next((r for r in a.rows if r.key == key), None) for a in answers]
-        xs = [t for t, r in zip(steps, rows) if r is not None]
-        rows = [r for r in rows if r is not None]
+        found = [next((r for r in a.rows if r.key == key), None) for a in answers]
+        xs = [t for t, r in zip(steps, found) if r is not None]
+        rows = [r for r in found if r is not None]
         est = [100 * r.share(r.estimate) for r in rows]
         visible = "legendonly" if hidden is not None and key == hidden.key else True
         if rows and rows[0].low is not None:

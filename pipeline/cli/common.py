@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Literal, overload
 
 from pipeline.connections import check_secrets, connection_failure, kafka_security, redis_client, use_security
 from pipeline.security import check_no_password_in_url, redact_url
@@ -107,6 +108,14 @@ def _redacted(err: BaseException, url: str) -> str:
     except ValueError:
         password = None
     return text.replace(password, "***") if password else text
+
+
+@overload
+def _endpoints(dep, check: bool = ..., redis: Literal[True] = ...) -> tuple[str, str]: ...
+
+
+@overload
+def _endpoints(dep, check: bool = ..., *, redis: Literal[False]) -> tuple[str, None]: ...
 
 
 def _endpoints(dep, check: bool = True, redis: bool = True) -> tuple[str, str | None]:

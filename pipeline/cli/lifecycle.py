@@ -100,7 +100,7 @@ def cmd_up(args) -> int:
         cluster.write_endpoints()  # Redis's pid, before anything else can fail (leftovers.py)
         marker_dir = data_dir if data_dir is not None and not dep.redis else None
         refused = _check_marker(dep, cluster.redis_url, marker_dir)
-        if refused:
+        if refused and marker_dir is not None:  # a refusal needs a marker (_check_marker)
             code = _fail(EXIT_STATE_LOST, f"up: state lost: {refused}. Restore {marker_dir / 'redis'} from a backup "
                                           "(docs/streaming.md, Backup and restore), or start a new deployment under a "
                                           "new name with a new budget; nothing was started")
@@ -109,7 +109,8 @@ def cmd_up(args) -> int:
         targets = _write_targets(dep.name, cluster.metrics_ports, None)
         redis_where = ("configured" if dep.redis else f"data in {data_dir / 'redis'}" if data_dir
                        else "ephemeral: deleted on stop")
-        log_where = ("configured" if dep.broker else f"log in {data_dir / 'log'}" if cluster.durable_log
+        log_where = ("configured" if dep.broker
+                     else f"log in {data_dir / 'log'}" if cluster.durable_log and data_dir
                      else "memory-only: its log is lost on stop")
         print(f"dpstream up: broker {cluster.broker}, redis {cluster.redis_url} ({redis_where}), "
               f"{args.workers} worker(s) + releaser; broker {log_where}; process logs in {log_dir}; "

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import sys
+from typing import Any
 import time
 
 from pipeline.cli.common import (EXIT_BUDGET, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_REJECTED,
@@ -125,12 +126,12 @@ def _produce(args, stage: list[str]) -> int:
             found = found.only_step(args.step)
             if not len(found):
                 return _fail(EXIT_CONFIG, f"nothing sent: {path} has no report for step {args.step}")
-        for step, line in sorted(found.first_lines.items(), key=lambda kv: kv[1]):  # the first refused line
-            why = _step_refused(dep, step, window)
+        for file_step, line in sorted(found.first_lines.items(), key=lambda kv: kv[1]):  # the first refused line
+            why = _step_refused(dep, file_step, window)
             if why:
                 return _fail(EXIT_BUDGET, f"nothing sent: {path}:{line}: {why}")
         return _send_file(dep, found, args, view, stage)
-    step = args.step
+    step: int | None = args.step
     if step is None:  # the next open step without reports yet
         step = next((t for t in window if view.reported(t) == 0), None)
         if step is None:
@@ -371,7 +372,7 @@ def cmd_dead_letters(args) -> int:
     dep = _load(args.config)
     broker, _ = _endpoints(dep, redis=False)
     topic = topic_names(dep)["dead-letter"]
-    messages = []
+    messages: list[Any] = []
     read_to_end(broker, [topic], messages.append)
     summary = summarise(messages, examples=args.examples)
     if args.json:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import yaml
 
@@ -21,7 +22,7 @@ def _default_key(dep, release: str) -> str:
 
 
 def _current(data: dict, key: str) -> float:
-    node = data
+    node: Any = data
     for part in key.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     if not isinstance(node, (int, float)) or isinstance(node, bool) or node <= 0:

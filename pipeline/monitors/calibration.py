@@ -269,7 +269,9 @@ class TargetChargingAccountant:
         between = np.arange(lo + 1, hi, dtype=np.int64)
         if between.size > 256:
             between = np.unique(np.linspace(lo + 1, hi - 1, 256).astype(np.int64))
-        return self._best_over(between, budget, exact, forms, best)
+        refined = self._best_over(between, budget, exact, forms, best)
+        assert refined is not None  # at least ``best``
+        return refined
 
     def _best_over(self, caps: np.ndarray, budget: float, exact: bool, forms: tuple[str, ...],
                    best: TCTBound | None) -> TCTBound | None:
@@ -287,18 +289,18 @@ class TargetChargingAccountant:
                 continue
             if best is not None and optimal_epsilon(eps0, m, budget) >= best.epsilon:
                 break
-            cands = []
+            cands: list[TCTBound] = []
             if "basic" in forms:
                 cands.append(TCTBound(m * eps0, self.c_delta + ds, "basic", alpha, float(m), ds,
                                       0.0))
             if composed_forms:
                 d_comp = budget - ds
-                c = tightest_epsilon(eps0, m, d_comp, composed_forms)
-                cands.append(TCTBound(c.epsilon, self.c_delta + ds + d_comp, c.form, alpha,
+                composed = tightest_epsilon(eps0, m, d_comp, composed_forms)
+                cands.append(TCTBound(composed.epsilon, self.c_delta + ds + d_comp, composed.form, alpha,
                                       float(m), ds, d_comp))
-            for c in cands:
-                if best is None or c.epsilon < best.epsilon:
-                    best = c
+            for cand in cands:
+                if best is None or cand.epsilon < best.epsilon:
+                    best = cand
         return best
 
 

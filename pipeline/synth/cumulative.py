@@ -310,11 +310,13 @@ class CumulativeSynthesizer:
 
     def _release(self, z: np.ndarray) -> np.ndarray:
         T, n, t = self.horizon, self.n, self.t + 1
+        assert n is not None  # set by update() or checked by release_counts() before a release
         if self._syn is None:
             self._syn = np.zeros((n, T), dtype=np.int8)
             self._syn_weights = np.zeros(n, dtype=np.int64)
             self._s_hat = np.zeros(T + 1, dtype=np.int64)
             self._s_hat[0] = n
+        assert self._syn_weights is not None and self._s_hat is not None  # allocated with _syn
         prev = self._s_hat
         noisy = np.zeros(T + 1, dtype=np.int64)
         noisy[0] = n

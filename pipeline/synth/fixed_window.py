@@ -156,7 +156,7 @@ class FixedWindowSynthesizer:
         self.m: int | None = None
         self._mode: str | None = None  # "values" or "counts"
         self._user_codes: np.ndarray | None = None  # curator-side: last k−1 real values per user
-        self._syn = None  # (m, T) synthetic values, columns filled up to t
+        self._syn: np.ndarray | None = None  # (m, T) synthetic values, columns filled up to t
         self._syn_codes: np.ndarray | None = None  # each record's current window code (public)
         self._steps: list[int] = []
         self._noisy: list[np.ndarray] = []
@@ -293,6 +293,7 @@ class FixedWindowSynthesizer:
             self._syn_codes = codes
             new_cols = slice(0, k)
         else:
+            assert self._syn is not None and self._syn_codes is not None  # allocated at step k
             prev = self._projected[-1]
             parents = prev.reshape(a, self.n_groups).sum(axis=0)  # P_z = Σ_c p^{t−1}_{cz}
             target = project_children(parents, noisy.reshape(self.n_groups, a), self._rng)

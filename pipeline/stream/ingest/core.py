@@ -240,10 +240,10 @@ class IngestCore:
         if not backlog:
             return []
         if not any(map(_HEADERS, backlog)):  # no marker (reports carry no headers): one run, no per-record loop
-            outputs = [self.apply_reports(partition, list(backlog))]
+            one_run: list[ApplyResult | CloseOutput | ForwardMarkers] = [self.apply_reports(partition, list(backlog))]
             del backlog[:]
-            return outputs
-        outputs: list[ApplyResult | CloseOutput] = []
+            return one_run
+        outputs: list[ApplyResult | CloseOutput | ForwardMarkers] = []
         run: list[Record] = []
         replacing = False  # the run holds corrections (pipeline.stream.ingest.corrections)
         done = 0

@@ -197,7 +197,9 @@ class ReleaseCoordinator:
             first = await self.store.last_closing() + 1
             if cmd.step < first:
                 return  # closes nothing (the control log is re-read from its start at every start)
-            signed = cmd.verified(self.verifier, first)
+            verifier = self.verifier
+            assert verifier is not None  # on_control calls this only with a verifier
+            signed = cmd.verified(verifier, first)
         except Unverified as err:
             log.error("dead-lettering control message at offset %d (%s): %s", offset, err.reason,
                       err)
