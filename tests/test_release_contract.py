@@ -1,5 +1,5 @@
-"""The release-kind contract is code: a kind missing a member of ReleaseWriter / ReleaseReader (or of
-CountsKind / AlertsKind) fails when its module is imported, naming what it lacks."""
+"""The release-kind contract is code: a kind missing a member of ReleaseWriter / ReleaseReader (or
+of CountsKind / AlertsKind) fails when its module is imported, naming what it lacks."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def _without(kind: type, base: type, member: str) -> type:
 
 
 def test_both_sides_declare_their_members_abstract():
-    assert {"aggregator", "build", "events", "bounds", "release_step"} <= ReleaseWriter.__abstractmethods__
+    writer = ReleaseWriter.__abstractmethods__
+    assert {"aggregator", "build", "events", "bounds", "release_step"} <= writer
     assert {"questions", "explain"} <= ReleaseReader.__abstractmethods__
     assert "answer" in CountsKind.__abstractmethods__
     assert {"alert_text", "flag_limit"} <= AlertsKind.__abstractmethods__
@@ -97,8 +98,8 @@ def test_a_module_with_an_incomplete_kind_fails_at_import(tmp_path, monkeypatch)
                 return [], []
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(TypeError, match="IncompleteKind lacks aggregator, answer, bounds, build, events, explain, "
-                                        "release_step"):
+    lacks = "IncompleteKind lacks aggregator, answer, bounds, build, events, explain, release_step"
+    with pytest.raises(TypeError, match=lacks):
         importlib.import_module("incomplete_kind")
     sys.modules.pop("incomplete_kind", None)
     assert "incomplete" not in kinds()

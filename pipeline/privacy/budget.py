@@ -26,7 +26,8 @@ BUDGET_RTOL = 1e-12
 
 
 def exceeds(spent: float, limit: float) -> bool:
-    """Whether ``spent`` is beyond ``limit`` by more than the relative tolerance :data:`BUDGET_RTOL`."""
+    """Whether ``spent`` is beyond ``limit`` by more than the relative tolerance
+    :data:`BUDGET_RTOL`."""
     return spent > limit * (1.0 + BUDGET_RTOL)
 
 

@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Aggregator", "narrow_int", "FixedWindowAggregator", "CumulativeAggregator", "ActiveSetAggregator"]
+__all__ = ["Aggregator",
+           "narrow_int", "FixedWindowAggregator", "CumulativeAggregator", "ActiveSetAggregator"]
 
 
 class Aggregator(Protocol):

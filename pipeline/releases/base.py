@@ -48,8 +48,8 @@ from .aggregators import Aggregator
 from .bounds import ReleaseBounds
 from .reading import Answer, Context, Panel
 
-__all__ = ["ReleaseConfig", "ReleaseWriter", "ReleaseReader", "ReleaseKind", "CountsKind", "AlertsKind",
-           "BudgetKeys", "Setting", "StepInput", "StepOutput", "PrivacyEvent", "register",
+__all__ = ["ReleaseConfig", "ReleaseWriter", "ReleaseReader", "ReleaseKind", "CountsKind",
+           "AlertsKind", "BudgetKeys", "Setting", "StepInput", "StepOutput", "PrivacyEvent", "register",
            "kinds", "kind_of", "get_kind", "charged_at_step_one"]
 
 PrivacyEvent = ZCDP | ApproxDP
@@ -61,7 +61,7 @@ class ReleaseConfig(StrictModel):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     attribute: str
     share: float = Field(gt=0, le=1, description="fraction of the deployment budget of this release's kind")
-    if TYPE_CHECKING:  # declared by each kind's model as Literal[<name>]; outside pydantic's fields here
+    if TYPE_CHECKING:  # each kind's model declares it as Literal[<name>]; not a field here
         type: str
 
 
@@ -70,7 +70,8 @@ K = TypeVar("K", bound="ReleaseKind[Any]")
 
 
 class BudgetKeys(Protocol):
-    """The deployment's ``budget`` keys a kind checks a release against (``pipeline.config.Budget``)."""
+    """The deployment's ``budget`` keys a kind checks a release against
+    (``pipeline.config.Budget``)."""
 
     @property
     def rho(self) -> float | None: ...
@@ -143,14 +144,14 @@ class StepOutput:
 
 
 class ReleaseWriter(ABC, Generic[R]):
-    """The write side of a kind: what the configuration, the budget plan, the workers and the releaser
-    call. ``R`` is the kind's configuration model (:attr:`config`).
+    """The write side of a kind: what the configuration, the budget plan, the workers and the
+    releaser call. ``R`` is the kind's configuration model (:attr:`config`).
 
     Class attributes: ``name`` (the configuration's ``type`` tag; the registry key), ``config`` (a
     subclass of :class:`ReleaseConfig` declaring ``type: Literal[<name>]`` and the kind's own keys),
-    ``budget`` (``"zcdp"`` or ``"approx_dp"``: which part of the deployment budget its ``share`` is a
-    share of) and ``synthetic`` (True when ``mechanism.update(codes)`` and ``mechanism.synthetic`` run
-    the kind in batch, for the releaser's ``batch_reference``).
+    ``budget`` (``"zcdp"`` or ``"approx_dp"``: which part of the deployment budget its ``share`` is
+    a share of) and ``synthetic`` (True when ``mechanism.update(codes)`` and ``mechanism.synthetic``
+    run the kind in batch, for the releaser's ``batch_reference``).
     """
 
     name: ClassVar[str]
@@ -171,8 +172,8 @@ class ReleaseWriter(ABC, Generic[R]):
         """
 
     def check_budget(self, release: R, budget: BudgetKeys, horizon: int) -> None:
-        """Checks against the deployment's budget (e.g. a per-step share a calibration does not cover);
-        none by default.
+        """Checks against the deployment's budget (e.g. a per-step share a calibration does not
+        cover); none by default.
 
         Args:
             release: the configured release.
@@ -184,7 +185,8 @@ class ReleaseWriter(ABC, Generic[R]):
 
     @abstractmethod
     def aggregator(self, release: R, attribute: Attribute, rows: int, horizon: int) -> Aggregator:
-        """The worker-side aggregator of one reports partition (:mod:`pipeline.releases.aggregators`).
+        """The worker-side aggregator of one reports partition
+        (:mod:`pipeline.releases.aggregators`).
 
         Args:
             release: the configured release.
@@ -192,12 +194,13 @@ class ReleaseWriter(ABC, Generic[R]):
             rows: the partition's number of users.
             horizon: the deployment's number of steps.
         Returns:
-            An :class:`~pipeline.releases.aggregators.Aggregator` whose partials add across partitions.
+            An :class:`~pipeline.releases.aggregators.Aggregator` whose partials add across
+            partitions.
         """
 
     def needs_feedback(self, release: R) -> bool:
-        """Whether the releaser's output of step t charges users, so workers must apply it before they
-        close step t + 1 (False by default).
+        """Whether the releaser's output of step t charges users, so workers must apply it before
+        they close step t + 1 (False by default).
 
         Args:
             release: the configured release.
@@ -218,7 +221,8 @@ class ReleaseWriter(ABC, Generic[R]):
         """
 
     @abstractmethod
-    def events(self, release: R, mechanism: Any, setting: Setting) -> tuple[PrivacyEvent | None, ...]:
+    def events(self, release: R, mechanism: Any,
+               setting: Setting) -> tuple[PrivacyEvent | None, ...]:
         """The privacy events of each step, read off the built mechanism's noise (module docstring).
 
         Args:
@@ -259,9 +263,10 @@ class ReleaseReader(ABC, Generic[R]):
     (:mod:`pipeline.releases.reading`).
 
     Class attributes: ``output`` (what its steps publish: ``"records"``, synthetic records on
-    ``synthetic``; ``"histogram"``, one float64 column over the codes on ``synthetic``; ``"alerts"``,
-    records on ``alerts`` only — the consumer assembles a step by this shape, never by the release
-    type) and ``bound_source`` (what the compared bound guarantees, with the theorem it comes from).
+    ``synthetic``; ``"histogram"``, one float64 column over the codes on ``synthetic``;
+    ``"alerts"``, records on ``alerts`` only — the consumer assembles a step by this shape, never by
+    the release type) and ``bound_source`` (what the compared bound guarantees, with the theorem it
+    comes from).
     """
 
     output: ClassVar[Literal["records", "histogram", "alerts"]] = "records"
@@ -279,8 +284,8 @@ class ReleaseReader(ABC, Generic[R]):
 
     @abstractmethod
     def questions(self, release: R, unit: str = "step") -> tuple[list[str], list[str]]:
-        """What the release answers and what it does not, in words, for the exports' dictionary and the
-        page.
+        """What the release answers and what it does not, in words, for the exports' dictionary and
+        the page.
 
         Args:
             release: the configured release.
@@ -302,8 +307,8 @@ class ReleaseReader(ABC, Generic[R]):
 
     def answer(self, release: R, panel: Panel, step: int, ctx: Context, raw: bool = False,
                group: str | None = None) -> Answer:
-        """One released step as labelled rows with intervals from the mechanism's bound at its β, and
-        shares of n. Counts kinds implement it; alerts kinds answer through :meth:`alert_text`.
+        """One released step as labelled rows with intervals from the mechanism's bound at its β,
+        and shares of n. Counts kinds implement it; alerts kinds answer through :meth:`alert_text`.
 
         Args:
             release: the configured release.
@@ -355,8 +360,8 @@ class ReleaseReader(ABC, Generic[R]):
         return {}
 
     def padding_flags(self, release: R, panel: Panel, step: int | None = None) -> np.ndarray | None:
-        """Per synthetic record, whether it is padding for the window ending at ``step`` (an export's
-        ``padding_step_<t>`` columns).
+        """Per synthetic record, whether it is padding for the window ending at ``step`` (an
+        export's ``padding_step_<t>`` columns).
 
         Args:
             release: the configured release.
@@ -368,8 +373,8 @@ class ReleaseReader(ABC, Generic[R]):
         return None
 
     def observe(self, manifest: dict[str, Any], alerts: dict[str, Any] | None) -> dict[str, float]:
-        """The step's public numbers worth a metric; the releaser's coordinator increases a counter by
-        each and sets a gauge to it (none by default).
+        """The step's public numbers worth a metric; the releaser's coordinator increases a counter
+        by each and sets a gauge to it (none by default).
 
         Args:
             manifest: the step's public manifest.
@@ -427,8 +432,9 @@ _CLASS_ATTRIBUTES = ("name", "config", "budget", "bound_source")
 
 
 def register(cls: type[K]) -> type[K]:
-    """Class decorator: add a kind to the registry under its ``name`` (once). The kind is instantiated
-    here, when its module is imported, so a kind missing a member of the contract fails at import."""
+    """Class decorator: add a kind to the registry under its ``name`` (once). The kind is
+    instantiated here, when its module is imported, so a kind missing a member of the contract fails
+    at import."""
     if not isinstance(cls, type) or not issubclass(cls, (CountsKind, AlertsKind)):
         raise TypeError(f"release kind {cls!r} must subclass CountsKind or AlertsKind")
     missing = sorted(set(getattr(cls, "__abstractmethods__", ())) |
@@ -441,8 +447,8 @@ def register(cls: type[K]) -> type[K]:
     if cls.budget not in ("zcdp", "approx_dp"):
         raise ValueError(f"release kind {cls.name!r}: budget must be 'zcdp' or 'approx_dp', got {cls.budget!r}")
     if cls.output not in ("records", "histogram", "alerts"):
-        raise ValueError(f"release kind {cls.name!r}: output must be 'records', 'histogram' or 'alerts', "
-                         f"got {cls.output!r}")
+        raise ValueError(f"release kind {cls.name!r}: output must be 'records', 'histogram' or "
+                         f"'alerts', got {cls.output!r}")
     _REGISTRY[cls.name] = cls()
     return cls
 

@@ -23,14 +23,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Panel", "Context", "Row", "Answer", "CLIPPING", "binary_word", "pattern_labels", "cumulative_label", "code_labels"]
+__all__ = ["Panel",
+           "Context", "Row", "Answer", "CLIPPING", "binary_word", "pattern_labels", "cumulative_label", "code_labels"]
 
 CLIPPING = ("estimates are shown unclipped (a debiased count can be negative: clipping at 0 would bias sums "
             "upward); only the interval is clipped to [0, n]")
 
 
 class Panel(Protocol):
-    """One release's public output as the consumer assembles it (``pipeline.consumer.SyntheticPanel``)."""
+    """One release's public output as the consumer assembles it
+    (``pipeline.consumer.SyntheticPanel``)."""
 
     manifests: dict[int, dict[str, Any]]
     values: np.ndarray | None
