@@ -25,12 +25,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Callable, Iterable, Sized
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sized
 
 import orjson
 
 from pipeline.connections import kafka_security
 from pipeline.fates import Receipt
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["ReportSender", "ReportRejected", "TopicMissing", "SendResult", "progress_printer", "SEND_WINDOW"]
 
@@ -77,7 +80,7 @@ def progress_printer(label: str, unit: str = "", every: float = 2.0, stream=None
 class ReportSender:
     """Validates with the workers' own parser, sends keyed by user id, reports what was acknowledged."""
 
-    def __init__(self, deployment, bootstrap: str, roster=None, topic: str | None = None):
+    def __init__(self, deployment: Deployment, bootstrap: str, roster=None, topic: str | None = None):
         from pipeline.stream.ingest.roster import Roster
         from pipeline.stream.kafka.topics import topic_names
 

@@ -8,12 +8,15 @@ state (restored from their checkpoints on every assignment), not from what was s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["status_document", "format_status"]
 
 
-def status_document(dep, store, intake: dict[str, Any], source: str) -> dict[str, Any]:
+def status_document(dep: Deployment, store, intake: dict[str, Any], source: str) -> dict[str, Any]:
     """The status of ``dep`` from its Redis ``store``; ``intake`` is ``IntakeView.as_json()`` (or says why
     it is unavailable) and ``source`` where the state was read."""
     from pipeline.error_bounds import spend_as_approx_dp

@@ -30,18 +30,21 @@ import time
 from dataclasses import dataclass, replace as dc_replace
 from functools import cached_property
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import orjson
 
-from pipeline.attributes import MISSING, OUT_OF_DOMAIN, public_hash
+from pipeline.attributes import MISSING, OUT_OF_DOMAIN, Attribute, CategoricalAttribute, public_hash
 from pipeline.connections import kafka_security
 from pipeline.fates import Receipt
 from pipeline.producer import SendResult
 from pipeline.stream.ingest.corrections import REPLACE_HEADER
 from pipeline.stream.ingest.report_files import ReportFileError, check_report_file
 from pipeline.stream.kafka.limits import MAX_MESSAGE_BYTES, MAX_REPORT_BYTES
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["Upload", "read_upload", "send_upload", "upload_file", "UPLOAD_SUFFIXES"]
 
@@ -74,7 +77,7 @@ class Upload:
 
     path: Path
     kind: str
-    deployment: object
+    deployment: Deployment
     reports_in_file: int
     batches: tuple[Batch, ...]
     counts: dict[int, int]
@@ -119,7 +122,7 @@ class Upload:
 
 
 # -- reading ------------------------------------------------------------------------------
-def read_upload(path: str | Path, deployment, roster) -> Upload:
+def read_upload(path: str | Path, deployment: Deployment, roster) -> Upload:
     """Read and check a whole report file; :class:`ReportFileError` (nothing to send) if any report
     would be rejected by the workers' stateless checks or repeats a (user, step) of the file."""
     path = Path(path)
@@ -156,7 +159,7 @@ def read_upload(path: str | Path, deployment, roster) -> Upload:
     )
 
 
-def _arrow_table(path: Path, kind: str, deployment):
+def _arrow_table(path: Path, kind: str, deployment: Deployment):
     """The file as a pyarrow table of columns user, step and the attributes (None: pyarrow cannot
     read this CSV or JSONL as one table, or it holds something the per-report checker must name)."""
     import pyarrow as pa
@@ -221,7 +224,7 @@ def _flattened(table):
 
 
 def _columns_of_table(
-    path: Path, kind: str, table, deployment
+    path: Path, kind: str, table, deployment: Deployment
 ) -> tuple[list, np.ndarray, dict] | None:
     """(user ids, steps, attribute -> codes) of a table; None when its columns are not the expected
     ones and the per-report checker is to name the line (a Parquet file is refused here)."""
@@ -259,7 +262,7 @@ def _columns_of_table(
     return user.combine_chunks(), steps, codes
 
 
-def _codes(attribute, column, csv_cells: bool) -> np.ndarray:
+def _codes(attribute: Attribute, column, csv_cells: bool) -> np.ndarray:
     """Codes of one attribute column, as the workers' parser decodes each value (``-1`` for a
     missing value, ``-2`` for one outside the domain), with whole-column operations."""
     import pyarrow as pa
@@ -276,7 +279,7 @@ def _codes(attribute, column, csv_cells: bool) -> np.ndarray:
         present = np.ones(len(arr), dtype=bool)
         if csv_cells:
             present = ~pc.equal(arr, "").to_numpy(zero_copy_only=False)
-        if kind == "categorical":
+        if isinstance(attribute, CategoricalAttribute):  # kind "categorical"
             at = pc.index_in(arr, value_set=pa.array(list(attribute.values)))
             out = at.fill_null(OUT_OF_DOMAIN).to_numpy(zero_copy_only=False).astype(np.int64)
         elif kind == "binary":
@@ -315,7 +318,7 @@ def _codes(attribute, column, csv_cells: bool) -> np.ndarray:
     return out
 
 
-def _columns_of_reports(path: Path, deployment, roster) -> tuple[list, np.ndarray, dict]:
+def _columns_of_reports(path: Path, deployment: Deployment, roster) -> tuple[list, np.ndarray, dict]:
     """The per-report reader's reports as columns (it raises on the first bad line)."""
     checked = check_report_file(path, deployment, roster)
     users, steps = [], []
@@ -345,7 +348,7 @@ _PROBLEMS = {
 }
 
 
-def _first_problem(steps, codes, deployment) -> tuple[int, str, str | None] | None:
+def _first_problem(steps, codes, deployment: Deployment) -> tuple[int, str, str | None] | None:
     """(position, problem, attribute) of the first report with a step outside the horizon, a value
     outside its domain or no value, else None (users and repeats: :func:`_check_with_parser`)."""
     bad = {"step": (steps < 1) | (steps > deployment.horizon)}
@@ -370,7 +373,7 @@ def _first_of(bad: dict[str, np.ndarray]) -> tuple[int, str, str | None] | None:
 def _refuse(
     path: Path,
     kind: str,
-    deployment,
+    deployment: Deployment,
     roster,
     at: int,
     problem: str,
@@ -415,7 +418,7 @@ def _cell(path: Path, kind: str, at: int, column: str | None):
 
 
 def _check_with_parser(
-    path: Path, kind: str, batches: list[Batch], expected: int, deployment, roster
+    path: Path, kind: str, batches: list[Batch], expected: int, deployment: Deployment, roster
 ) -> None:
     """Every message through the workers' parser: all its reports accepted (enrolled users: the
     parser looks them up), and no (user, step) twice in the file."""
@@ -450,7 +453,7 @@ def _check_with_parser(
 
 
 # -- messages -----------------------------------------------------------------------------
-def _batches(users, steps, codes, deployment) -> list[Batch]:
+def _batches(users, steps, codes, deployment: Deployment) -> list[Batch]:
     """The batch messages: per step, per owning partition (murmur2 of the user id), file order
     within, at most ``MAX_REPORT_BYTES`` each (planned from the widest user id and code)."""
     import pyarrow.compute as pc
@@ -630,7 +633,7 @@ def send_upload(
 
 def upload_file(
     path: str | Path,
-    deployment,
+    deployment: Deployment,
     bootstrap: str,
     roster=None,
     step: int | None = None,

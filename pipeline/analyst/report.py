@@ -13,10 +13,15 @@ without JavaScript and a test can read the numbers back from the DOM.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import html
 from pathlib import Path
 
 from pipeline.releases import kind_of
+
+if TYPE_CHECKING:
+    from pipeline.releases import ReleaseConfig
 
 __all__ = ["write_report", "render_report"]
 
@@ -124,7 +129,7 @@ def _answer_tables(answers, unit: str) -> str:
     return html_
 
 
-def _release_section(reader, rel) -> str:
+def _release_section(reader, rel: ReleaseConfig) -> str:
     kind = kind_of(rel)
     answers_q, not_answered = kind.questions(rel, reader.dep.steps.unit)
     unit = reader.dep.steps.unit
@@ -222,7 +227,7 @@ def _alerts_section(reader) -> str:
     return "".join(parts)
 
 
-def _alert_items(kind, rel, reader, alert) -> list[str]:
+def _alert_items(kind, rel: ReleaseConfig, reader, alert) -> list[str]:
     """The labels a timeline shows for one alert: the flagged values, or the band answer."""
     from pipeline.releases.reading import code_labels
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Literal, overload
+from typing import TYPE_CHECKING, Literal, overload
 
 from pipeline.connections import check_secrets, connection_failure, kafka_security, redis_client, use_security
 from pipeline.security import check_no_password_in_url, redact_url
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG = 0, 1, 2
 EXIT_REFUSED = 3  # refused by the deployment's state now, nothing done (pipeline.cli: exit codes)
@@ -111,14 +114,14 @@ def _redacted(err: BaseException, url: str) -> str:
 
 
 @overload
-def _endpoints(dep, check: bool = ..., redis: Literal[True] = ...) -> tuple[str, str]: ...
+def _endpoints(dep: Deployment, check: bool = ..., redis: Literal[True] = ...) -> tuple[str, str]: ...
 
 
 @overload
-def _endpoints(dep, check: bool = ..., *, redis: Literal[False]) -> tuple[str, None]: ...
+def _endpoints(dep: Deployment, check: bool = ..., *, redis: Literal[False]) -> tuple[str, None]: ...
 
 
-def _endpoints(dep, check: bool = True, redis: bool = True) -> tuple[str, str | None]:
+def _endpoints(dep: Deployment, check: bool = True, redis: bool = True) -> tuple[str, str | None]:
     """Broker and Redis of a deployment: configured, or those of a running `dpstream up`; checked to answer.
     ``redis=False`` (the analysts' commands: public topics only) neither needs nor touches Redis."""
     from pipeline.stream.local.cluster import endpoints_file

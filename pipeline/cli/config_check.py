@@ -9,12 +9,17 @@ or send a close under it; it refuses instead, exit code 2, naming each differing
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pipeline.cli.common import EXIT_CONFIG, _fail
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["refuse_other_configuration"]
 
 
-def refuse_other_configuration(dep, store) -> None:
+def refuse_other_configuration(dep: Deployment, store) -> None:
     """SystemExit(2) naming the differing keys when ``dep`` is not the configuration ``store``'s
     state was created under; nothing when it is, or when no process has started yet."""
     from pipeline.stream.ingest.roster import Roster

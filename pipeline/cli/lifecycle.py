@@ -9,9 +9,13 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.cli.common import (EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME, EXIT_STATE_LOST, _endpoints, _fail, _load,
                                  _stale, _up_record)
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 
 # -- stream processes ---------------------------------------------------------------------------
@@ -158,7 +162,7 @@ def _write_targets(name: str, ports: dict[str, int], written: dict[str, int] | N
     return dict(ports)
 
 
-def _check_marker(dep, redis_url: str, marker_dir: Path | None) -> str | None:
+def _check_marker(dep: Deployment, redis_url: str, marker_dir: Path | None) -> str | None:
     """Why this `up` would be a state-less start over a deployment that has released (None: it is not)."""
     from pipeline.stream.local.marker import read_marker, stateless_start
     from pipeline.stream.state.store import ReleaseStore

@@ -87,7 +87,7 @@ class RelativeErrorRelease(ReleaseConfig):
     max_rounds: int = Field(default=3, ge=1, description="charged: certified rounds per step")
 
 
-def _resolve_code(value: str | int, attribute) -> int:
+def _resolve_code(value: str | int, attribute: Attribute) -> int:
     """A declared value's code: a label of a categorical attribute (or its code), a code of a hashed
     attribute, or any string through the public hash. ValueError when outside the domain."""
     if isinstance(value, bool):
@@ -105,7 +105,7 @@ def _resolve_code(value: str | int, attribute) -> int:
     return labels.index(value)
 
 
-def resolve_groups(release, attribute, where: str = "") -> dict[str, list[int]]:
+def resolve_groups(release: RelativeErrorRelease, attribute: Attribute, where: str = "") -> dict[str, list[int]]:
     """The declared groups as sorted code lists; a bad member names ``<where>.groups.<name>``."""
     out = {}
     for name, members in release.groups.items():
@@ -166,7 +166,7 @@ def query_family(queries: str, domain_size: int, groups: list | None = None):
     raise ValueError(f"queries must be one of {QUERY_FAMILIES}, got {queries!r}")
 
 
-def family_size(release, attribute) -> tuple[int, int]:
+def family_size(release: RelativeErrorRelease, attribute: Attribute) -> tuple[int, int]:
     """(|F|, nnz(F)) without building F."""
     if release.queries == "groups":
         return len(release.groups), sum(len(g) for g in release.groups.values())

@@ -50,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 import orjson
 
@@ -70,6 +70,9 @@ from pipeline.stream.release.fence import check_fence
 from pipeline.stream.state.checkpoint import Checkpoint
 from pipeline.stream.state.store import StepAlreadyReleased, StepRecord
 
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
+
 __all__ = ["ReleaseCoordinator"]
 
 log = logging.getLogger("dpstream.releaser")
@@ -84,7 +87,7 @@ def _canonical(obj) -> bytes:
 class ReleaseCoordinator:
     """One releaser's protocol state; build it with :meth:`create` (it reads Redis)."""
 
-    def __init__(self, deployment, engine: ReleaseEngine, store, checkpoint: Checkpoint, names: dict[str, str],
+    def __init__(self, deployment: Deployment, engine: ReleaseEngine, store, checkpoint: Checkpoint, names: dict[str, str],
                  log_end: Callable[[str], Awaitable[int | None]], clock: Callable[[], int] = now_ms,
                  verifier: CloseVerifier | None = None, deadline_signer: CloseSigner | None = None,
                  log_id: Callable[[str], Awaitable[str | None]] | None = None):
@@ -116,7 +119,7 @@ class ReleaseCoordinator:
                                        else None, clock())
 
     @classmethod
-    async def create(cls, deployment, n: int, instance: str, store, checkpoint: Checkpoint, names: dict[str, str],
+    async def create(cls, deployment: Deployment, n: int, instance: str, store, checkpoint: Checkpoint, names: dict[str, str],
                      log_end: Callable[[str], Awaitable[int | None]],
                      clock: Callable[[], int] = now_ms, verifier: CloseVerifier | None = None,
                      deadline_signer: CloseSigner | None = None,
@@ -439,7 +442,7 @@ class ReleaseCoordinator:
         return batch
 
 
-async def _engine_from(deployment, store, step: int, blob: bytes) -> ReleaseEngine:
+async def _engine_from(deployment: Deployment, store, step: int, blob: bytes) -> ReleaseEngine:
     """The engine as step ``step``'s record stored it, its synthesizers' released records read back
     from the records of steps 1..``step`` (:func:`pipeline.stream.release.engine.stored_state`)."""
     state = loads_state(blob, f"{store.keys.step(step)} __state__")
