@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING
 from pipeline.cli.common import EXIT_CONFIG, _fail
 
 if TYPE_CHECKING:
+    from pipeline.stream.state.store import ReleaseStore
     from pipeline.config import Deployment
 
 __all__ = ["refuse_other_configuration"]
 
 
-def refuse_other_configuration(dep: Deployment, store) -> None:
+def refuse_other_configuration(dep: Deployment, store: ReleaseStore) -> None:
     """SystemExit(2) naming the differing keys when ``dep`` is not the configuration ``store``'s
     state was created under; nothing when it is, or when no process has started yet."""
     from pipeline.stream.ingest.roster import Roster

@@ -33,13 +33,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import AbstractSet, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, AbstractSet, Any, Awaitable, Callable
 
 from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore
 from pipeline.stream.ingest.repartition import ForwardMarkers
 from pipeline.stream.kafka.faults import crash_point
 from pipeline.stream.kafka.metrics import METRICS, forget_partition, observe_partition
 from pipeline.stream.state.checkpoint import Batch, Checkpoint
+
+if TYPE_CHECKING:
+    from pipeline.stream.state.store_async import AsyncReleaseStore
 
 __all__ = ["IngestCoordinator"]
 
@@ -49,7 +52,7 @@ log = logging.getLogger("dpstream.worker")
 class IngestCoordinator:
     """One worker's protocol state around its :class:`IngestCore`."""
 
-    def __init__(self, core: IngestCore, store, checkpoint: Checkpoint,
+    def __init__(self, core: IngestCore, store: AsyncReleaseStore, checkpoint: Checkpoint,
                  log_ends: Callable[[list], Awaitable[dict[Any, int]]],
                  seek: Callable[[Any, int], None] = lambda tp, offset: None,
                  log_ids: Callable[[list[str]], Awaitable[dict[str, str | None]]] | None = None):
