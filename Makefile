@@ -58,4 +58,4 @@ sipp-batch: $(STAMP)
 	$(PY) -m jobs.eval.sipp_batch
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .hypothesis
+	rm -rf $(VENV) out .pytest_cache .hypothesis .mypy_cache
