@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test venv bench-noise bench-heavy-hitters bench-counters eval-heavy-hitters eval-prem sipp-batch clean
+.PHONY: demo test lint venv bench-noise bench-heavy-hitters bench-counters eval-heavy-hitters eval-prem sipp-batch clean
 
 # Re-install whenever pyproject.toml changes; the stamp keeps repeated `make test` fast.
 $(STAMP): pyproject.toml
@@ -20,13 +20,17 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/dpstream demo
 
+# The static checks ([tool.mypy] in pyproject.toml); `make test` runs them first.
+lint: $(STAMP)
+	$(VENV)/bin/mypy pipeline jobs
+
 # tests/test_metrics.py scrapes the processes with a real Prometheus server (Debian package);
 # tests/test_report_page.py opens the analyst page in headless chromium (Debian package).
 # Two processes (pytest-xdist), each test file on one of them (--dist loadfile: a file's module fixtures,
 # e.g. its embedded broker and Redis, are started once), the longest files first by the last run's durations
 # in .pytest_cache, else the files that start processes (tests/support/file_order.py;
 # --no-loadscope-reorder keeps that order); the ten slowest tests are listed at the end.
-test: $(STAMP)
+test: $(STAMP) lint
 	./scripts/install-prometheus.sh
 	./scripts/install-chromium.sh
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=10
@@ -53,4 +57,4 @@ sipp-batch: $(STAMP)
 	$(PY) -m jobs.eval.sipp_batch
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .hypothesis
+	rm -rf $(VENV) out .pytest_cache .hypothesis .mypy_cache

@@ -50,6 +50,13 @@ class Releaser:
         self.coordinator: ReleaseCoordinator | None = None  # built in run(): it reads Redis
         self._control_done = 0  # next control offset to handle (lag gauge only)
 
+    @property
+    def running(self) -> ReleaseCoordinator:
+        """The coordinator, built in run() before the consumer starts (every callback runs after)."""
+        if self.coordinator is None:
+            raise RuntimeError("the releaser's coordinator is not built yet")
+        return self.coordinator
+
     async def _log_end(self, topic: str) -> int | None:
         """End offset of partition 0 of ``topic`` (a broker silent past the bound ends the process)."""
         tp = TopicPartition(topic, 0)  # the true end: the embedded broker's ListOffsets answer is short
@@ -65,7 +72,7 @@ class Releaser:
         positions = {}
         for tp in tps:
             if tp.topic == self.names["step-partials"]:
-                positions[tp] = await self.coordinator.on_assign_partials()
+                positions[tp] = await self.running.on_assign_partials()
             elif tp.topic == self.names["control"]:
                 positions[tp] = 0
         return positions
@@ -74,11 +81,11 @@ class Releaser:
         pass  # the assembler keeps what it has: re-read chunks are duplicates, which it ignores
 
     def _handled(self) -> dict[TopicPartition, int]:
-        return {TopicPartition(self.names["step-partials"], 0): self.coordinator.last_partial_offset + 1,
+        return {TopicPartition(self.names["step-partials"], 0): self.running.last_partial_offset + 1,
                 TopicPartition(self.names["control"], 0): self._control_done}
 
     async def _consume(self, consumer: BulkConsumer) -> None:
-        coordinator = self.coordinator
+        coordinator = self.running
         async for batch in consumer.batches():
             for tp, messages in batch.items():
                 if tp.topic == self.names["step-partials"]:
@@ -93,9 +100,9 @@ class Releaser:
         """Before the first release: refuse (StateLost: exit code 4) when ``releases`` holds releases this
         state does not know — the Redis state was lost or replaced, and releasing would redraw noise."""
         stamps = await read_release_stamps(self.rt.broker, self.names["releases"])
-        released = await self.coordinator.check_fence(stamps)
+        released = await self.running.check_fence(stamps)
         log.info("fence passed: %d manifest(s) on %s, none unknown to this state (instance %s, released through "
-                 "step %d)", len(stamps), self.names["releases"], self.coordinator.engine.instance, released)
+                 "step %d)", len(stamps), self.names["releases"], self.running.engine.instance, released)
 
     async def _publish_descriptor(self, producer, instance: str) -> None:
         """The public deployment descriptor (pipeline.descriptor): n, labels and parameters for the

@@ -26,9 +26,13 @@ import os
 import shlex
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pipeline.stream.kafka.topics import GROUP_ROLES, KAFKA_ROLES, LAG_ROLE, TOPICS
 from pipeline.stream.state.keys import KEY_CLASSES, REDIS_COMMANDS, REDIS_ROLES, Keys
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["Grant", "ROLES", "kafka_grants", "kafka_acl_commands", "kafka_acl_script", "redis_acl_rules",
            "redis_key_patterns", "main"]
@@ -47,7 +51,7 @@ class Grant:
     prefixed: bool = False
 
 
-def kafka_grants(deployment, role: str) -> list[Grant]:
+def kafka_grants(deployment: Deployment, role: str) -> list[Grant]:
     """The ACLs ``role`` needs on the deployment's topics and consumer groups (from the topic declaration)."""
     from pipeline.stream.kafka.topics import downstream_group_prefix, group_id, topic_names
 
@@ -69,7 +73,7 @@ def kafka_grants(deployment, role: str) -> list[Grant]:
     return sorted(set(grants), key=lambda g: (g.resource, g.name, g.operation))
 
 
-def kafka_acl_commands(deployment, principals: dict[str, str]) -> list[str]:
+def kafka_acl_commands(deployment: Deployment, principals: dict[str, str]) -> list[str]:
     """``kafka-acls.sh`` commands granting every role its ACLs; ``principals`` maps role -> SASL user."""
     lines = []
     for role in ROLES:
@@ -108,19 +112,19 @@ unset password
 """
 
 
-def kafka_acl_script(deployment, config: str) -> str:
+def kafka_acl_script(deployment: Deployment, config: str) -> str:
     """The shell script creating every role's SCRAM user and ACLs (deploy/kafka-acls.sh)."""
     head = _SCRIPT_HEAD.format(name=deployment.name, config=config, roles=" ".join(ROLES))
     return head + "\n".join(kafka_acl_commands(deployment, {})) + "\n"
 
 
-def redis_key_patterns(deployment, role: str) -> list[str]:
+def redis_key_patterns(deployment: Deployment, role: str) -> list[str]:
     """The key patterns of ``role``: the classes of keys its process reads or writes (pipeline.stream.state.keys)."""
     keys = Keys(deployment.name)
     return [keys.pattern(cls) for cls in KEY_CLASSES if role in cls.access]
 
 
-def redis_acl_rules(deployment, passwords: dict[str, str]) -> list[str]:
+def redis_acl_rules(deployment: Deployment, passwords: dict[str, str]) -> list[str]:
     """ACL-file ``user`` lines for the Redis roles (and ``default off``); ``passwords`` maps role -> password,
     written as its SHA-256 (``#<hex>``). A role without a password is left out. Each user may log in, then send
     only the commands its store calls send, on only its classes of keys; no channels."""

@@ -27,7 +27,7 @@ string there is a label or a hashed value, never a number.
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Any, Callable, Iterable, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Literal, Union
 
 import numpy as np
 from pydantic import Field, ValidationInfo, field_validator
@@ -78,6 +78,12 @@ def _is_code(value, size: int) -> bool:
 class _AttributeMethods:
     """What the stream asks of every attribute type (see the module docstring); ``size`` is the
     number of codes."""
+
+    if TYPE_CHECKING:  # provided by every attribute model
+        @property
+        def size(self) -> int: ...
+
+        def labels(self) -> list[str]: ...
 
     def decoder(self) -> Callable[[Any], int | None]:
         raise NotImplementedError

@@ -8,15 +8,16 @@ of the budget, checked against it) is checked by :func:`load_config` before anyt
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pipeline.attributes import Attribute, BinaryAttribute, CategoricalAttribute, HashedAttribute
-from pipeline.privacy.accounting import BudgetPlan, Neighbours, PlannedRelease, PrivacyBudget, check_neighbours
+from pipeline.privacy.budget import BudgetPlan, PlannedRelease, PrivacyBudget
+from pipeline.privacy.neighbours import Neighbours, check_neighbours
 from pipeline.security import Security, check_broker, check_redis_url
-from pipeline.releases import kind_of, kinds
+from pipeline.releases import ReleaseConfig, kind_of, kinds
 from pipeline.validation import StrictModel
 
 __all__ = [
@@ -40,7 +41,10 @@ _Strict = StrictModel
 # --- attributes (public domains): pipeline.attributes ------------------------------------------
 # --- releases: one model per registered kind (pipeline.releases) ---------------------------------
 
-Release = Annotated[Union[tuple(kind.config for kind in kinds().values())], Field(discriminator="type")]
+if TYPE_CHECKING:  # the union of the registered kinds' models is built at import; each is a ReleaseConfig
+    Release = ReleaseConfig
+else:
+    Release = Annotated[Union[tuple(kind.config for kind in kinds().values())], Field(discriminator="type")]
 
 
 # --- the rest ---------------------------------------------------------------------------------
@@ -77,7 +81,7 @@ class Budget(_Strict):
 
     def total_epsilon(self) -> float:
         """The whole budget as one ε at ``report_delta``: ρ converted (CKS 2020) plus the monitors' ε."""
-        from pipeline.privacy.accounting import zcdp_to_approx_dp
+        from pipeline.privacy.conversions import zcdp_to_approx_dp
 
         return (zcdp_to_approx_dp(self.rho, self.report_delta) if self.rho else 0.0) + (self.epsilon or 0.0)
 
@@ -261,9 +265,12 @@ class Deployment(_Strict):
     @property
     def n(self) -> int:
         """Roster size (public)."""
-        if self.roster.source == "range":
-            return int(self.roster.size)
-        return sum(1 for line in Path(self.roster.path).read_text().splitlines() if line.strip())
+        roster = self.roster
+        if roster.source == "range":
+            assert roster.size is not None  # Roster's validator: a range roster has a size
+            return int(roster.size)
+        assert roster.path is not None  # Roster's validator: a file roster has a path
+        return sum(1 for line in Path(roster.path).read_text().splitlines() if line.strip())
 
     def release(self, name: str):
         for rel in self.releases:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import orjson
@@ -61,6 +61,8 @@ class SyntheticPanel:
         the histograms, codes × steps, float64)."""
         if self.values is None and self.histograms:
             return np.column_stack([self.histograms[t] for t in range(1, self.released_through + 1)])
+        if self.values is None:  # the readers ask a panel only once it has released a step
+            raise ValueError(f"release {self.release!r} has released nothing yet")
         return self.values[:, : self.released_through]
 
     # -- queries --------------------------------------------------------------------------------
@@ -81,6 +83,7 @@ class SyntheticPanel:
         if not 1 <= step <= arr.shape[1]:
             raise ValueError(f"step must be in 1..{arr.shape[1]} (released so far), got {step}")
         counts = cumulative_counts(arr[:, :step])[step - 1]
+        assert self.values is not None  # a records panel: as_array() above read them
         horizon = self.values.shape[1]
         return np.concatenate([counts, np.zeros(horizon + 1 - counts.size, dtype=counts.dtype)])
 
@@ -301,7 +304,7 @@ def read_to_end(bootstrap: str, topics: list[str], handle, timeout: float = 30.0
 
 
 def read_topics(bootstrap: str, topic_names: dict[str, str], store: PanelStore | None = None,
-                timeout: float = 30.0, until: callable = None) -> PanelStore:
+                timeout: float = 30.0, until: Callable[[PanelStore], bool] | None = None) -> PanelStore:
     """Read the public topics from the beginning up to their current end (or until ``until(store)``)
     into ``store`` (:func:`read_to_end`)."""
     store = store or PanelStore()

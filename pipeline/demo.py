@@ -16,9 +16,13 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import yaml
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["run_demo", "demo_config"]
 
@@ -106,7 +110,7 @@ def run_demo(args) -> int:
     return 0
 
 
-def _step_row(dep, panels, t, latency, poverty, occupation, planted) -> dict:
+def _step_row(dep: Deployment, panels, t, latency, poverty, occupation, planted) -> dict:
     from pipeline.queries import cumulative_counts, window_histogram
 
     n = poverty.shape[0]

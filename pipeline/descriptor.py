@@ -19,9 +19,12 @@ fingerprint document (:func:`differences`) as the processes check theirs against
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.stream.state.fingerprint import config_changes, fingerprint, privacy_config
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["FORMAT", "KEY", "build", "encode", "deployment_from", "differences"]
 
@@ -30,7 +33,7 @@ KEY = "descriptor"
 _CURATOR_KEYS = {"broker", "redis", "security", "close_guard", "roster", "random"}
 
 
-def build(deployment, roster_ids: list[str], instance: str) -> dict[str, Any]:
+def build(deployment: Deployment, roster_ids: list[str], instance: str) -> dict[str, Any]:
     """The descriptor of ``deployment`` (JSON-serialisable; docs/topics.md, "deployment")."""
     doc = privacy_config(deployment, roster_ids)
     public = deployment.model_dump(mode="json", exclude=_CURATOR_KEYS)
@@ -62,7 +65,7 @@ def deployment_from(descriptor: dict[str, Any]):
     return parse_config(data, source=f"the published descriptor of {descriptor['deployment']!r}")
 
 
-def differences(deployment, descriptor: dict[str, Any], roster_ids: list[str] | None) -> list[str]:
+def differences(deployment: Deployment, descriptor: dict[str, Any], roster_ids: list[str] | None) -> list[str]:
     """The privacy-relevant keys where ``deployment`` differs from the published descriptor, as
     ``"budget.rho: 0.02 -> 0.05"``. Without ``roster_ids`` (an analyst without the roster file) the
     roster is compared by nothing: n comes from the descriptor."""

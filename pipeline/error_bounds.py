@@ -29,14 +29,20 @@ A bound larger than the population n means the release says nothing reliable at 
 
 from __future__ import annotations
 
-from pipeline.privacy.accounting import ApproxDP, compose, reported_approx_dp
+from typing import TYPE_CHECKING
+
+from pipeline.privacy.accountant import compose, reported_approx_dp
+from pipeline.privacy.events import ApproxDP
 from pipeline.releases import Setting, kind_of
 from pipeline.releases.bounds import ReleaseBounds
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["release_bounds", "planned_spend", "spend_as_approx_dp", "warnings"]
 
 
-def release_bounds(deployment, allotments: dict, n: int) -> dict[str, ReleaseBounds]:
+def release_bounds(deployment: Deployment, allotments: dict, n: int) -> dict[str, ReleaseBounds]:
     """Per release, the bounds of the mechanism built for ``n`` users with its planned allotment
     (``allotments``: :meth:`BudgetPlan.allotments`). Nothing is drawn that a release uses: the
     mechanisms are built with a throwaway secure source and never run."""
@@ -48,12 +54,12 @@ def release_bounds(deployment, allotments: dict, n: int) -> dict[str, ReleaseBou
     return out
 
 
-def planned_spend(deployment, allotments: dict) -> ApproxDP:
+def planned_spend(deployment: Deployment, allotments: dict) -> ApproxDP:
     """The whole horizon's planned spend as one (ε, δ), in the form manifests report it."""
     return spend_as_approx_dp(deployment, allotments.values())
 
 
-def spend_as_approx_dp(deployment, costs) -> ApproxDP:
+def spend_as_approx_dp(deployment: Deployment, costs) -> ApproxDP:
     """``costs`` (ZCDP / ApproxDP, e.g. the ledger's entries) as one (ε, δ): their ρ converted at the
     deployment's ``budget.report_delta`` plus the monitors' (Σε, Σδ) — the manifests'
     ``deployment_spent_as_approx_dp``. Nothing is checked against the budget: this only reports."""

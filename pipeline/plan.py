@@ -22,9 +22,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.privacy.accounting import ApproxDP, ZCDP
+from pipeline.privacy.events import ApproxDP, ZCDP
 from pipeline.privacy.rng import derive_seed
 from pipeline.releases import Setting, kind_of, kinds
+
+if TYPE_CHECKING:
+    from pipeline.releases import ReleaseConfig
 
 if TYPE_CHECKING:  # annotations only: the plan works on any deployment model, and loads no YAML machinery
     from pipeline.config import Deployment
@@ -38,17 +41,18 @@ ZCDP_RELEASES = tuple(name for name, kind in kinds().items() if kind.budget == "
 
 def release_seed(deployment: Deployment, release_name: str) -> int | None:
     """Per-release seed derived from the deployment seed (None = secure randomness)."""
-    if deployment.random.kind != "seeded":
+    seed = deployment.random.seed  # set exactly when the kind is seeded (RandomSourceConfig)
+    if deployment.random.kind != "seeded" or seed is None:
         return None
-    return derive_seed(deployment.random.seed, release_name)
+    return derive_seed(seed, release_name)
 
 
-def mechanism_setting(deployment: Deployment, release, allotment, n: int | None = None) -> Setting:
+def mechanism_setting(deployment: Deployment, release: ReleaseConfig, allotment, n: int | None = None) -> Setting:
     """What ``release``'s mechanism is built from besides its own keys (seeded per release)."""
     return Setting.of(deployment, release, allotment, n=n, seed=release_seed(deployment, release.name))
 
 
-def planned_events(deployment: Deployment, release, allotment) -> tuple[ZCDP | ApproxDP | None, ...]:
+def planned_events(deployment: Deployment, release: ReleaseConfig, allotment) -> tuple[ZCDP | ApproxDP | None, ...]:
     """The privacy events of ``release`` at steps 1..T: those its kind declares for the mechanism
     built from ``allotment`` (the one the releaser builds), so the plan is the noise drawn."""
     setting = mechanism_setting(deployment, release, allotment, deployment.n)
@@ -60,12 +64,12 @@ def planned_events(deployment: Deployment, release, allotment) -> tuple[ZCDP | A
 
 
 @functools.lru_cache(maxsize=64)
-def _events(release, setting: Setting) -> tuple:
+def _events(release: ReleaseConfig, setting: Setting) -> tuple:
     kind = kind_of(release)
     return kind.events(release, kind.build(release, setting), setting)
 
 
-def step_cost(deployment: Deployment, release, step: int, allotment) -> ZCDP | ApproxDP | None:
+def step_cost(deployment: Deployment, release: ReleaseConfig, step: int, allotment) -> ZCDP | ApproxDP | None:
     """What ``release`` spends at ``step`` (None: nothing), on the schedule in the module docstring."""
     return planned_events(deployment, release, allotment)[step - 1]
 

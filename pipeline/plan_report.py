@@ -4,14 +4,17 @@ The numbers come from :mod:`pipeline.error_bounds` (the mechanisms themselves) a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.config import EPSILON_CEILING
 from pipeline.error_bounds import planned_spend, release_bounds, warnings
 from pipeline.upload_time import deadline_warning
 from pipeline.plan import planned_schedule
-from pipeline.privacy.accounting import ZCDP
+from pipeline.privacy.events import ZCDP
 from pipeline.releases import kind_of
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["plan_report", "format_plan", "deployment_warnings"]
 
@@ -33,7 +36,7 @@ def _schedule_text(values: list[float], unit: str) -> str:
     return f"{unit} at {where}, between {min(charged):.3g} and {max(charged):.3g} per step"
 
 
-def plan_report(deployment) -> dict[str, Any]:
+def plan_report(deployment: Deployment) -> dict[str, Any]:
     """Everything ``dpstream plan`` shows, as JSON-ready data (raises BudgetExceededError like the plan)."""
     dep = deployment
     allot = dep.budget_plan().allotments()
@@ -63,7 +66,7 @@ def plan_report(deployment) -> dict[str, Any]:
     }
 
 
-def deployment_warnings(dep) -> list[str]:
+def deployment_warnings(dep: Deployment) -> list[str]:
     """Warnings about the deployment itself rather than a release's accuracy."""
     steps = dep.steps
     if dep.production and steps.close == "deadline" and not steps.publish_delay_seconds:

@@ -21,7 +21,7 @@ from typing import Any
 
 from pipeline.config import ConfigError, Deployment, parse_config
 from pipeline.error_bounds import planned_spend, release_bounds
-from pipeline.privacy.accounting import PrivacyBudgetError
+from pipeline.privacy.errors import PrivacyBudgetError
 
 __all__ = ["SweepPoint", "parse_sweep", "sweep", "format_sweep", "find_target", "format_target",
            "TargetResult"]
@@ -194,6 +194,7 @@ def format_target(result: TargetResult, n: int) -> str:
                 f"brings its bound within {r.share:.2%} of n "
                 f"(n = {n:,}){why}. Raise --within's upper end, or accept a larger share.")
     p = r.point
+    assert p is not None  # a value is found at a plan point
     return (f"{r.release}: the smallest {r.key} at which its a-priori bound is within "
             f"{r.share:.2%} of n (n = {n:,}) is {r.value:.4g} (searched {r.low:g}..{r.high:g}, "
             f"{r.steps} plans, to a relative {_RELATIVE_PRECISION:g}): bound "

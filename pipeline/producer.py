@@ -25,12 +25,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Callable, Iterable, Sized
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sized
 
 import orjson
 
 from pipeline.connections import kafka_security
 from pipeline.fates import Receipt
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["ReportSender", "ReportRejected", "TopicMissing", "SendResult", "progress_printer", "SEND_WINDOW"]
 
@@ -77,7 +80,7 @@ def progress_printer(label: str, unit: str = "", every: float = 2.0, stream=None
 class ReportSender:
     """Validates with the workers' own parser, sends keyed by user id, reports what was acknowledged."""
 
-    def __init__(self, deployment, bootstrap: str, roster=None, topic: str | None = None):
+    def __init__(self, deployment: Deployment, bootstrap: str, roster=None, topic: str | None = None):
         from pipeline.stream.ingest.roster import Roster
         from pipeline.stream.kafka.topics import topic_names
 
@@ -85,7 +88,7 @@ class ReportSender:
         self.bootstrap = bootstrap
         self.roster = roster or Roster.from_config(deployment.roster)
         self.topic = topic or topic_names(deployment)["reports"]
-        self._producer = None
+        self._producer: Any = None  # a kafka.KafkaProducer, made on the first send
 
     def __enter__(self) -> "ReportSender":
         return self
@@ -160,7 +163,8 @@ class ReportSender:
         for future in futures:
             try:
                 stored = future.get(timeout=max(0.1, timeout - (time.monotonic() - start)))
-                result.receipt.add(stored.partition, stored.offset)
+                if result.receipt is not None:
+                    result.receipt.add(stored.partition, stored.offset)
                 result.acknowledged += 1
             except Exception as err:  # noqa: BLE001 - each failure is reported with its report's index
                 result.failed.append((result.sent, f"{type(err).__name__}: {err}"))

@@ -75,6 +75,7 @@ class SecretRef(_Strict):
             if not value:
                 raise SecretUnavailable(f"{key}: environment variable {self.env} is not set or empty")
         else:
+            assert self.file is not None  # _exactly_one: env or file
             try:
                 value = Path(self.file).read_text().strip()
             except OSError as err:

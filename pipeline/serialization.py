@@ -73,7 +73,7 @@ def _encode(obj: Any, buffers: list[bytes]) -> Any:
 
 
 _NARROW_MIN_SIZE = 4096  # smaller arrays are stored as they are
-_NARROW = [np.dtype("<i1"), np.dtype("<i2"), np.dtype("<i4")]
+_NARROW: list[np.dtype] = [np.dtype("<i1"), np.dtype("<i2"), np.dtype("<i4")]
 
 
 def _narrow(arr: np.ndarray) -> np.dtype | None:

@@ -8,16 +8,20 @@ state (restored from their checkpoints on every assignment), not from what was s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.config import Deployment
 
 __all__ = ["status_document", "format_status"]
 
 
-def status_document(dep, store, intake: dict[str, Any], source: str) -> dict[str, Any]:
+def status_document(dep: Deployment, store: ReleaseStore, intake: dict[str, Any], source: str) -> dict[str, Any]:
     """The status of ``dep`` from its Redis ``store``; ``intake`` is ``IntakeView.as_json()`` (or says why
     it is unavailable) and ``source`` where the state was read."""
     from pipeline.error_bounds import spend_as_approx_dp
-    from pipeline.privacy.accounting import LedgerEntry
+    from pipeline.privacy.ledger import LedgerEntry
 
     ledger = store.ledger()
     identity = store.identity() or {}

@@ -13,6 +13,11 @@ part of it still on its way (dead-lettered ``late``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
+
 __all__ = ["UPLOAD_SECONDS_PER_MILLION", "expected_upload_seconds", "deadline_warning"]
 
 UPLOAD_SECONDS_PER_MILLION = 20.0  # measured (docs/streaming.md), rounded up: conservative
@@ -23,7 +28,7 @@ def expected_upload_seconds(users: int) -> float:
     return max(1.0, UPLOAD_SECONDS_PER_MILLION * users / 1e6)
 
 
-def deadline_warning(deployment) -> str | None:
+def deadline_warning(deployment: Deployment) -> str | None:
     """A warning when steps close on a deadline shorter than one step's planned upload, else
     None."""
     steps = deployment.steps

@@ -1,4 +1,5 @@
-"""Tests for pipeline.privacy.accounting: conversion, cross-checks, plans, ledger."""
+"""Tests for the privacy accounting (pipeline.privacy: events, conversions, accountant, budget,
+ledger): conversion, cross-checks, plans, ledger."""
 
 from __future__ import annotations
 
@@ -7,25 +8,14 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.privacy.accounting import (
-    BUDGET_RTOL,
-    ApproxDP,
-    BudgetExceededError,
-    BudgetExhaustedError,
-    BudgetKindError,
-    BudgetPlan,
-    DuplicateLedgerEntryError,
-    LedgerEntry,
-    PlannedRelease,
-    PrivacyBudget,
-    PrivacyLedger,
-    ZCDP,
-    approx_dp_delta,
-    classic_zcdp_to_approx_dp,
-    compose,
-    sensitivity_factor,
-    zcdp_to_approx_dp,
-)
+from pipeline.privacy.accountant import compose
+from pipeline.privacy.budget import BUDGET_RTOL, BudgetPlan, PlannedRelease, PrivacyBudget
+from pipeline.privacy.conversions import approx_dp_delta, classic_zcdp_to_approx_dp, zcdp_to_approx_dp
+from pipeline.privacy.errors import (BudgetExceededError, BudgetExhaustedError, BudgetKindError,
+                                     DuplicateLedgerEntryError)
+from pipeline.privacy.events import ApproxDP, ZCDP
+from pipeline.privacy.ledger import LedgerEntry, PrivacyLedger
+from pipeline.privacy.neighbours import sensitivity_factor
 from pipeline.serialization import dumps_state, loads_state
 
 RHOS = [1e-4, 0.005, 0.1, 1.0, 10.0]

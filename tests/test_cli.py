@@ -39,7 +39,7 @@ def test_operator_workflow(deployment, tmp_path):
         assert len(status["ledger"]) == (T - 1) + T  # window 2: steps 2..T; cumulative: every step
         assert sum(e["cost"]["rho"] for e in status["ledger"].values()) == pytest.approx(0.5)
         # the spend so far as one (ε, δ): ρ = 0.5 converted at report_delta (default 1e-6), no monitors
-        from pipeline.privacy.accounting import zcdp_to_approx_dp
+        from pipeline.privacy.conversions import zcdp_to_approx_dp
 
         assert status["spent_as_approx_dp"] == {"epsilon": pytest.approx(zcdp_to_approx_dp(0.5, 1e-6), rel=1e-9),
                                                 "delta": 1e-6}

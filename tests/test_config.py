@@ -15,7 +15,9 @@ import yaml
 
 from pipeline.config import ConfigError, Deployment, load_config, parse_config
 from pipeline.plan import planned_schedule, step_cost
-from pipeline.privacy.accounting import ApproxDP, BudgetExceededError, Neighbours, ZCDP
+from pipeline.privacy.errors import BudgetExceededError
+from pipeline.privacy.events import ApproxDP, ZCDP
+from pipeline.privacy.neighbours import Neighbours
 from pipeline.synth.cumulative import CumulativeSynthesizer, counter_weights
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"

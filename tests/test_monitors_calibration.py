@@ -20,7 +20,7 @@ from pipeline.privacy.laws import (
     upper_quantile,
 )
 from pipeline.privacy.exact import Interval, exact_probability
-from pipeline.privacy.accounting import zcdp_to_approx_dp
+from pipeline.privacy.conversions import zcdp_to_approx_dp
 from pipeline.privacy.rng import RandomSource, as_random_source
 
 from composition_support import direct_epsilon

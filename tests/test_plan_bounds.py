@@ -17,7 +17,8 @@ from pipeline.config import load_config, parse_config
 from pipeline.error_bounds import planned_spend, release_bounds, warnings
 from pipeline.monitors import BandMonitor, ShiftingHeavyHitters
 from pipeline.plan_report import format_plan, plan_report
-from pipeline.privacy.accounting import ApproxDP, zcdp_to_approx_dp
+from pipeline.privacy.conversions import zcdp_to_approx_dp
+from pipeline.privacy.events import ApproxDP
 from pipeline.releases.bounds import BAND_BETA
 from pipeline.stream.release.engine import ReleaseEngine
 from pipeline.synth.cumulative import CumulativeSynthesizer
@@ -175,7 +176,7 @@ def test_status_spend_reports_and_never_refuses():
     """`dpstream status` reports what the ledger holds even if the configuration's budget is now
     smaller (an edited file): reporting is not spending."""
     from pipeline.error_bounds import spend_as_approx_dp
-    from pipeline.privacy.accounting import ZCDP
+    from pipeline.privacy.events import ZCDP
 
     dep = parse_config(mixed(rho=0.5, epsilon=4.0))
     spent = spend_as_approx_dp(dep, [ZCDP(0.4), ZCDP(0.6), ApproxDP(1.0, 1e-6), ApproxDP(5.0, 1e-6)])

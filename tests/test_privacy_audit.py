@@ -39,7 +39,7 @@ from scipy import stats
 
 from pipeline.config import RandomSourceConfig, parse_config
 from pipeline.counters.tree import TreeCounter
-from pipeline.privacy.accounting import Neighbours
+from pipeline.privacy.neighbours import Neighbours
 from pipeline.privacy.noise import discrete_gaussian
 from pipeline.privacy.rng import as_random_source
 from pipeline.releases.histograms import merge_histograms

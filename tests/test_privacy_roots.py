@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy.optimize import brentq
 
-from pipeline.privacy import accounting
+from pipeline.privacy import conversions
 from pipeline.privacy.roots import increasing_root
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,11 +29,11 @@ def test_conversions_equal_the_brentq_ones(monkeypatch):
     flat, so the two root finders (both to 4 ulps) agree far below BUDGET_RTOL."""
     grid = [(rho, 10.0**-k) for rho in RHOS for k in (3, 6, 9, 12)]
     eps_grid = [(rho, eps) for rho in RHOS for eps in (0.01, 0.5, 1.0, 8.0)]
-    ours_eps = [accounting.zcdp_to_approx_dp(rho, delta) for rho, delta in grid]
-    ours_delta = [accounting.approx_dp_delta(rho, eps) for rho, eps in eps_grid]
-    monkeypatch.setattr(accounting, "increasing_root", _with_brentq)
-    ref_eps = [accounting.zcdp_to_approx_dp(rho, delta) for rho, delta in grid]
-    ref_delta = [accounting.approx_dp_delta(rho, eps) for rho, eps in eps_grid]
+    ours_eps = [conversions.zcdp_to_approx_dp(rho, delta) for rho, delta in grid]
+    ours_delta = [conversions.approx_dp_delta(rho, eps) for rho, eps in eps_grid]
+    monkeypatch.setattr(conversions, "increasing_root", _with_brentq)
+    ref_eps = [conversions.zcdp_to_approx_dp(rho, delta) for rho, delta in grid]
+    ref_delta = [conversions.approx_dp_delta(rho, eps) for rho, eps in eps_grid]
     np.testing.assert_allclose(ours_eps, ref_eps, rtol=1e-13, atol=0.0)
     np.testing.assert_allclose(ours_delta, ref_delta, rtol=1e-12, atol=1e-300)
     assert any(e > 0 for e in ours_eps) and any(0 < d < 1 for d in ours_delta)

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from pipeline.config import ConfigError, parse_config
 from pipeline.consumer import IncompleteStep, PanelStore
 from pipeline.plan import planned_schedule, release_seed, step_cost
-from pipeline.privacy.accounting import ApproxDP, BUDGET_RTOL
+from pipeline.privacy.budget import BUDGET_RTOL
+from pipeline.privacy.events import ApproxDP
 from pipeline.releases import relative_error as re_kind
 from pipeline.releases import kind_of
 from pipeline.releases.codecs import columns_checksum

@@ -22,7 +22,7 @@ from pipeline.config import Release, parse_config
 from pipeline.monitors import calibration as cal
 from pipeline.privacy.noise import used_scale
 from pipeline.plan import mechanism_setting, planned_events, planned_schedule
-from pipeline.privacy.accounting import ApproxDP, ZCDP
+from pipeline.privacy.events import ApproxDP, ZCDP
 from pipeline.releases import kinds
 from pipeline.stream.release.engine import ReleaseEngine
 

@@ -10,7 +10,8 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.plan import planned_schedule, release_seed
-from pipeline.privacy.accounting import BudgetExceededError, BudgetExhaustedError, ZCDP
+from pipeline.privacy.errors import BudgetExceededError, BudgetExhaustedError
+from pipeline.privacy.events import ZCDP
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.releases.codecs import columns_checksum
 from pipeline.releases.histograms import merge_histograms

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.monitors import BandMonitor, ShiftingHeavyHitters
-from pipeline.privacy.accounting import Neighbours
+from pipeline.privacy.neighbours import Neighbours
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.sim.panel import simulate_categorical_panel
 from pipeline.plan import release_seed

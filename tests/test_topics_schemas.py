@@ -22,7 +22,7 @@ jsonschema = pytest.importorskip("jsonschema")
 
 from pipeline.config import load_config  # noqa: E402
 from pipeline.error_bounds import spend_as_approx_dp  # noqa: E402
-from pipeline.privacy.accounting import LedgerEntry  # noqa: E402
+from pipeline.privacy.ledger import LedgerEntry  # noqa: E402
 from pipeline.schemas import PARTS, SCHEMA_TOPICS, load_schema  # noqa: E402
 from pipeline.stream.local.cluster import LocalCluster  # noqa: E402
 from pipeline.stream.local.driver import StepDriver  # noqa: E402

@@ -40,7 +40,7 @@ import numpy as np
 from pipeline.counters import BLTCounter, SqrtFactorizationCounter, TreeCounter
 from pipeline.counters.factorization import decoder_coefficients, sqrt_coefficients
 from pipeline.privacy import noise as noise_module
-from pipeline.privacy.accounting import sensitivity_factor
+from pipeline.privacy.neighbours import sensitivity_factor
 
 COUNTERS = {"tree": TreeCounter, "factorization": SqrtFactorizationCounter, "blt": BLTCounter}
 

@@ -122,6 +122,7 @@ def one_storage(durable: bool, n: int, steps: int, kinds, workers: int, partitio
         retention = None
         with LocalCluster(cfg_path, dep, workers=workers, log_dir=out / "logs", metrics=True) as cluster:
             if durable:
+                assert svc.storage is not None  # durable_log=True starts the object store
                 retention = _Retention(LogRetention(svc.storage, ReleaseStore.from_url(svc.redis.url, dep.name),
                                                     cluster.names, partitions))
                 retention.start()
@@ -143,7 +144,7 @@ def one_storage(durable: bool, n: int, steps: int, kinds, workers: int, partitio
                     drv.close(step, timeout=1800)
                     entry = {"step": step, "kind": kind, "produce_s": produced,
                              "time_to_release_s": time.perf_counter() - started}
-                    if durable:
+                    if durable and svc.storage is not None:
                         root = svc.storage.data_dir
                         entry["stored_batches"] = sum(
                             1 for _ in root.rglob(f"topics/{names['reports']}/partitions/*/records/*.batch"))

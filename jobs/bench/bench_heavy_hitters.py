@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 import argparse
 import json
 import statistics
@@ -43,7 +44,7 @@ def bench_loop_ratio(n: int, domain: int, steps: int, seed: int) -> dict:
     """Alg. 5 per element (dense) vs the sparse all-elements step, same internal parameters."""
     rng = np.random.default_rng(seed)
     data = [_stream(rng, n, domain, n // 5) for _ in range(steps)]
-    args = dict(epsilon=1.0, delta=1e-3, threshold=300, k=3)
+    args: dict[str, Any] = dict(epsilon=1.0, delta=1e-3, threshold=300, k=3)
     dense = ThresholdMonitorEvolving(n, seed=seed, **args)
     sparse = ThresholdMonitorEvolving(n, seed=seed + 1, **args)
     t_dense, t_sparse = [], []

@@ -21,7 +21,7 @@ import math
 import platform
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -60,7 +60,7 @@ def _opendp_samplers(sigma2: float, scale: float):
 
 
 def run(sizes: list[int], repeats: int, sigma2: float, scale: float, with_opendp: bool) -> dict:
-    rows = []
+    rows: list[dict[str, Any]] = []
     opendp = None
     if with_opendp:
         try:

@@ -76,10 +76,12 @@ def _rate_and_cpu(port: int, pids: dict[str, int], expected: int) -> tuple[float
         if first is None and got > 0:
             first = (now, got, {k: _cpu_seconds(p) for k, p in pids.items()})
         if got >= expected:
+            assert first is not None  # set once got > 0
             done = got - first[1]
             if done <= 0:
                 raise RuntimeError("the whole step was accepted between two samples: rate not measurable")
             return done / (now - first[0]), {k: (_cpu_seconds(p) - first[2][k]) / done * 1e6 for k, p in pids.items()}
+    raise TimeoutError("ingest did not finish")  # _samples raises first
 
 
 def placements(roster, partitions: int, seed: int) -> dict[str, np.ndarray]:
@@ -146,6 +148,7 @@ def main(argv=None) -> dict:
                                      where[producer]))
                 cluster.spawn("worker", "worker-0")
                 port = cluster.metrics_ports["worker-0"]
+                assert svc.broker.pid is not None  # started with the services
                 rate, cpu = _rate_and_cpu(port, {"worker": cluster.procs["worker-0"].pid,
                                                  "broker": svc.broker.pid}, n)
                 drv.close(step)

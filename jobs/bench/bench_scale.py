@@ -15,6 +15,7 @@ the plot shows each against n on log-log axes.
 
 from __future__ import annotations
 
+from typing import Any
 import argparse
 import json
 import time
@@ -69,7 +70,7 @@ def run_n(n: int, steps: int, workers: int, out: Path) -> dict:
                         sizes[tp.topic] = sizes.get(tp.topic, 0) + len(msg.value) + len(msg.key or b"")
                         drv.timestamps.setdefault((tp.topic, msg.key), int(msg.timestamp))
                         drv._handlers[tp.topic](msg.value)
-            drv.poll = counting_poll
+            drv.poll = counting_poll  # type: ignore[method-assign]  # wrapped to count the bytes read
             rport = cluster.metrics_ports["releaser"]
             total = 0.0
             for t in range(1, steps + 1):
@@ -86,7 +87,7 @@ def run_n(n: int, steps: int, workers: int, out: Path) -> dict:
                 total += n
                 before = dict(sizes)
                 manifests, whole = _close(drv, t, rport)
-                step = {"step": t, "send_s": sent, "ingest_reports_per_s": n / ingest,
+                step: dict[str, Any] = {"step": t, "send_s": sent, "ingest_reports_per_s": n / ingest,
                         "close_to_manifests_s": manifests, "close_to_whole_step_s": whole,
                         "public_bytes": {k.rsplit(".", 1)[-1]: v - before.get(k, 0) for k, v in sizes.items()}}
                 for name, proc in cluster.procs.items():
@@ -98,7 +99,7 @@ def run_n(n: int, steps: int, workers: int, out: Path) -> dict:
                           f"{k[:-7]} {v:.0f} MB" for k, v in step.items() if k.endswith("_rss_mb")) +
                       "; public bytes " + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in step["public_bytes"].items()),
                       flush=True)
-            drv.poll = poll
+            drv.poll = poll  # type: ignore[method-assign]  # the driver's own again
             drv.shutdown()
     return row
 

@@ -35,6 +35,7 @@ Measured in one run on the embedded broker and Redis:
 
 from __future__ import annotations
 
+from typing import Any
 import argparse
 import asyncio
 import re
@@ -167,7 +168,9 @@ def _ingest_rate(ports: list[int], start_count: float, expected: int) -> float:
         if t_lo is None and got >= lo:
             t_lo = now
         if got >= hi:
+            assert t_lo is not None  # got passed lo first
             return 0.8 * expected / max(now - t_lo, 1e-9)
+    raise TimeoutError("ingest did not finish")  # _samples raises first
 
 
 def _burst_rate(port: int, expected: int) -> float:
@@ -178,9 +181,11 @@ def _burst_rate(port: int, expected: int) -> float:
         if first is None and got > 0:
             first = (now, got)
         if got >= expected:
+            assert first is not None  # set once got > 0
             if got <= first[1]:
                 raise RuntimeError("the whole step was accepted between two samples: rate not measurable")
             return (got - first[1]) / (now - first[0])
+    raise TimeoutError("ingest did not finish")  # _samples raises first
 
 
 def _rss_mb(pid: int) -> float:
@@ -216,10 +221,11 @@ def releaser_cost(quick: bool) -> list[dict]:
             rows.append({"mechanism": "fixed_window", "m": m, "bins": 2**k,
                          "seconds": timed(lambda: _fw_step(s, counts2), reps=1)})
     for horizon in (12, 120) if quick else (12, 120, 365):
-        s = CumulativeSynthesizer(horizon, 1.0, seed=1, n=100_000)
+        cs = CumulativeSynthesizer(horizon, 1.0, seed=1, n=100_000)
         z = np.zeros(horizon + 1, dtype=np.int64)
         z[1] = 30_000
-        rows.append({"mechanism": "cumulative", "m": 100_000, "T": horizon, "seconds": timed(lambda: s.release_counts(z), reps=1)})
+        rows.append({"mechanism": "cumulative", "m": 100_000, "T": horizon,
+                     "seconds": timed(lambda: cs.release_counts(z), reps=1)})
     for domain in (10**4, 10**6, 2**32):
         hh = ShiftingHeavyHitters(domain, 1.0, 1e-6, 3, 10_000, method="tct", seed=1, neighbours="replace")
         support = np.unique(np.random.default_rng(1).integers(0, domain, 200_000))
@@ -241,7 +247,7 @@ def parser_throughput(n: int = 200_000) -> dict[str, float]:
                         "releases": [{"name": "fw", "type": "fixed_window", "attribute": "poverty", "window": 3,
                                       "share": 1.0}]})
     parser = ReportParser(Roster.from_config(dep.roster), dep.attributes, HORIZON)
-    reps = [{"user": f"u{i}", "step": 1, "values": {"poverty": i % 2, "item": i % 1000}} for i in range(n)]
+    reps: list[dict[str, Any]] = [{"user": f"u{i}", "step": 1, "values": {"poverty": i % 2, "item": i % 1000}} for i in range(n)]
     formats = {
         "single": [orjson.dumps(r) for r in reps],
         "row_batch": [orjson.dumps({"reports": reps[j : j + 5000]}) for j in range(0, n, 5000)],

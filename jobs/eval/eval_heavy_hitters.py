@@ -22,6 +22,7 @@ occurrences of the stream (an oracle value, generous to it).
 
 from __future__ import annotations
 
+from typing import Any
 import argparse
 import json
 import math
@@ -205,7 +206,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    report = {}
+    report: dict[str, Any] = {}
     for make in (example_1_4_stream, live_stream):
         stream = make(args.quick, args.seed)
         results = [run(stream, m, args.seed + 17) for m in METHODS]

@@ -29,6 +29,7 @@ Not part of the test suite (minutes, not seconds).
 
 from __future__ import annotations
 
+from typing import Any
 import argparse
 import os
 import signal
@@ -71,6 +72,7 @@ class Run:
         self.roster = Roster.from_config(self.dep.roster)
         self.notes: list[str] = []
         self.fault_fired: bool | None = None
+        self.drv: Any = None  # the StreamDriver, started with the cluster
 
     def send(self, t: int, present=None) -> int:
         return self.drv.producer.send_step(t, {"pov": self.X[:, t - 1]}, present=present)
@@ -242,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"fault injection: n={args.n} T={args.horizon} seed={args.seed} workers={args.workers} "
           f"partitions={args.partitions}; logs in {workdir}", flush=True)
-    rows = []
+    rows: list[tuple[str, bool, dict[str, bool], str, float]] = []  # scenario, ok, checks, notes, seconds
     with EmbeddedServices(data_dir=workdir / "services") as svc:
         for sc in scenarios:
             ok, checks, notes, secs = run_scenario(sc, args, svc, X, np.random.default_rng([args.seed, len(rows)]),

@@ -87,8 +87,7 @@ def stale_blocks(text: str) -> list[str]:
 def regenerate(text: str) -> str:
     for name, render in BLOCKS.items():
         body = render()
-        text, count = _pattern(name).subn(
-            lambda mt, body=body: f"{mt.group(1)}\n{body}\n{mt.group(3)}", text)
+        text, count = _pattern(name).subn(lambda mt: f"{mt.group(1)}\n{body}\n{mt.group(3)}", text)
         if count != 1:
             raise SystemExit(f"docs: the markers of block {name!r} appear {count} times "
                              "(need exactly 1)")

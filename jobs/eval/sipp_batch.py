@@ -32,6 +32,7 @@ Outputs in ``--out``: ``fig1_quarterly.png``, ``fig2_cumulative.png``, ``fig3_wi
 
 from __future__ import annotations
 
+from typing import Any
 import argparse
 import json
 import math
@@ -187,7 +188,8 @@ def summarise(panel: np.ndarray, res: dict, args: argparse.Namespace) -> dict:
     cum_sd = res["cumulative"].std(axis=0, ddof=1)
     bound = theorem_3_2_bound(n, horizon, WINDOW, args.rho, BETA)
     err = res["err_debiased"]
-    counters, worst = {}, {}
+    counters: dict[str, Any] = {}
+    worst: dict[str, np.ndarray] = {}
     for c, vals in res["cumulative_by_counter"].items():
         worst[c] = np.abs(vals - truth_cum[None])[:, :, 1:].max(axis=(1, 2))  # per run, over (t, b ≥ 1)
         counters[c] = {"max_error_mean": float(worst[c].mean()), "max_error_median": float(np.median(worst[c])),

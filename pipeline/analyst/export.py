@@ -10,6 +10,8 @@ does not exist or cannot be written, is refused before anything is read.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import os
 from pathlib import Path
@@ -20,6 +22,9 @@ from pipeline.releases import kind_of
 
 from .reader import AnalystError
 from .tables import METADATA_KEY, write_csv, write_parquet
+
+if TYPE_CHECKING:
+    from pipeline.releases import ReleaseConfig
 
 __all__ = ["FORMATS", "METADATA_KEY", "check_destination", "export_release", "padding_columns",
            "sidecar"]
@@ -70,7 +75,7 @@ def export_release(reader, name: str, out: str | Path) -> tuple[Path, dict]:
     return path, dictionary
 
 
-def padding_columns(rel, panel) -> dict[str, np.ndarray]:
+def padding_columns(rel: ReleaseConfig, panel) -> dict[str, np.ndarray]:
     """``padding_step_<t>`` -> flags, for every released window (none without padding)."""
     kind = kind_of(rel)
     flags = {}

@@ -10,10 +10,14 @@ names come from the analyst's file, never from the reports; two names with one c
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.attributes import public_hash
 
 from .reader import AnalystError
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["read_names", "codes_of", "dictionary_of", "hashed_attribute", "with_names"]
 
@@ -43,7 +47,7 @@ def dictionary_of(names: list[str], size: int) -> dict[int, str]:
     return {code: " | ".join(names) for code, names in found.items()}
 
 
-def hashed_attribute(deployment, attribute: str | None):
+def hashed_attribute(deployment: Deployment, attribute: str | None):
     """(name, attribute) of the hashed attribute asked for (without one: the only one)."""
     hashed = {name: a for name, a in deployment.attributes.items() if a.type == "hashed"}
     if attribute is None:
@@ -57,7 +61,7 @@ def hashed_attribute(deployment, attribute: str | None):
     return attribute, hashed[attribute]
 
 
-def with_names(deployment, names: list[str]):
+def with_names(deployment: Deployment, names: list[str]):
     """The deployment with every hashed attribute's dictionary completed from ``names`` (the
     published dictionary wins where both name a code)."""
     attributes = dict(deployment.attributes)

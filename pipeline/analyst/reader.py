@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.releases import kind_of
 from pipeline.releases.reading import Answer, Context
+
+if TYPE_CHECKING:
+    from pipeline.releases import ReleaseConfig
+    from pipeline.config import Deployment
 
 __all__ = ["AnalystError", "NotReleased", "PublicReader"]
 
@@ -31,12 +35,12 @@ class NotReleased(RuntimeError):
 class PublicReader:
     """Answers from a :class:`pipeline.consumer.PanelStore` filled from the public topics."""
 
-    def __init__(self, deployment, store):
+    def __init__(self, deployment: Deployment, store):
         self.dep = deployment
         self.store = store
 
     @classmethod
-    def from_broker(cls, deployment, broker: str, timeout: float = 30.0) -> "PublicReader":
+    def from_broker(cls, deployment: Deployment, broker: str, timeout: float = 30.0) -> "PublicReader":
         from pipeline.consumer import read_topics
         from pipeline.stream.kafka.topics import topic_names
 
@@ -61,22 +65,22 @@ class PublicReader:
             if name in {r.name for r in self.dep.releases}:
                 hint = (" (it publishes alerts: `dpstream alerts` reads them)" if output == "counts"
                         else " (it publishes counts: `dpstream query` reads them)")
-            what = {"counts": "releases with counts", "alerts": "releases with alerts"}.get(output, "releases")
+            what = {"counts": "releases with counts", "alerts": "releases with alerts"}.get(output or "", "releases")
             raise AnalystError(f"no such release {name!r}{hint}; {what} are {', '.join(releases) or 'none'}")
         return releases[name]
 
-    def context(self, release) -> Context:
+    def context(self, release: ReleaseConfig) -> Context:
         return Context(self.dep.attributes[release.attribute], self.dep.n, self.bounds[release.name],
                        self.dep.steps.unit)
 
-    def released_through(self, release) -> int:
+    def released_through(self, release: ReleaseConfig) -> int:
         panel = self.store.panels.get(release.name)
         if kind_of(release).output == "alerts":
             steps = sorted(s for (r, s) in self.store.alerts if r == release.name)
             return next((t - 1 for t in range(1, len(steps) + 2) if t not in steps), 0)
         return panel.released_through if panel is not None else 0
 
-    def panel(self, release, step: int | None = None):
+    def panel(self, release: ReleaseConfig, step: int | None = None):
         """The release's panel, released through ``step`` (default: at least one step)."""
         if step is not None and not 1 <= step <= self.dep.horizon:
             raise AnalystError(f"--step must be in 1..{self.dep.horizon}, got {step}")
@@ -137,7 +141,7 @@ class PublicReader:
                     by_step[t] = max(by_step.get(t, spent), spent, key=lambda s: s["epsilon"])
         return [dict(step=t, **by_step[t]) for t in sorted(by_step)]
 
-    def explain(self, release) -> str:
+    def explain(self, release: ReleaseConfig) -> str:
         return kind_of(release).explain(self.bounds[release.name], self.dep.n)
 
     def dictionary(self, name: str) -> dict[str, Any]:

@@ -13,10 +13,15 @@ without JavaScript and a test can read the numbers back from the DOM.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import html
 from pathlib import Path
 
 from pipeline.releases import kind_of
+
+if TYPE_CHECKING:
+    from pipeline.releases import ReleaseConfig
 
 __all__ = ["write_report", "render_report"]
 
@@ -74,9 +79,9 @@ def _series_figure(answers, title: str, unit: str, hidden=None):
     steps = [a.step for a in answers]
     for i, (key, label) in enumerate(keys):
         colour = _COLOURS[i % len(_COLOURS)]
-        rows = [next((r for r in a.rows if r.key == key), None) for a in answers]
-        xs = [t for t, r in zip(steps, rows) if r is not None]
-        rows = [r for r in rows if r is not None]
+        found = [next((r for r in a.rows if r.key == key), None) for a in answers]
+        xs = [t for t, r in zip(steps, found) if r is not None]
+        rows = [r for r in found if r is not None]
         est = [100 * r.share(r.estimate) for r in rows]
         visible = "legendonly" if hidden is not None and key == hidden.key else True
         if rows and rows[0].low is not None:
@@ -124,7 +129,7 @@ def _answer_tables(answers, unit: str) -> str:
     return html_
 
 
-def _release_section(reader, rel) -> str:
+def _release_section(reader, rel: ReleaseConfig) -> str:
     kind = kind_of(rel)
     answers_q, not_answered = kind.questions(rel, reader.dep.steps.unit)
     unit = reader.dep.steps.unit
@@ -222,7 +227,7 @@ def _alerts_section(reader) -> str:
     return "".join(parts)
 
 
-def _alert_items(kind, rel, reader, alert) -> list[str]:
+def _alert_items(kind, rel: ReleaseConfig, reader, alert) -> list[str]:
     """The labels a timeline shows for one alert: the flagged values, or the band answer."""
     from pipeline.releases.reading import code_labels
 

@@ -10,9 +10,13 @@ curator files (the roster) are not needed: n comes from the descriptor.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from types import SimpleNamespace
 
 from .reader import AnalystError, NotReleased, PublicReader
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["ConfigurationDiffers", "PublicSource", "public_names"]
 
@@ -33,7 +37,7 @@ class PublicSource:
     broker: str
     names: dict[str, str]
     deployment_name: str
-    config: object | None = None  # an analyst's Deployment, checked against the descriptor
+    config: Deployment | None = None  # an analyst's Deployment, checked against the descriptor
 
     def read(self, timeout: float = 30.0, store=None) -> PublicReader:
         """Every public topic to its end (into ``store``), then a reader over them."""

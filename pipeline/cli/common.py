@@ -11,9 +11,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, Literal, overload
 
 from pipeline.connections import check_secrets, connection_failure, kafka_security, redis_client, use_security
 from pipeline.security import check_no_password_in_url, redact_url
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG = 0, 1, 2
 EXIT_REFUSED = 3  # refused by the deployment's state now, nothing done (pipeline.cli: exit codes)
@@ -26,7 +30,7 @@ _CONFIG_ARG: list[str] = []  # the --config as typed, for the hints in messages
 
 def _load(path: str):
     from pipeline.config import ConfigError, load_config
-    from pipeline.privacy.accounting import PrivacyBudgetError
+    from pipeline.privacy.errors import PrivacyBudgetError
 
     try:
         dep = load_config(path)  # includes the budget plan: refused before anything starts
@@ -109,7 +113,15 @@ def _redacted(err: BaseException, url: str) -> str:
     return text.replace(password, "***") if password else text
 
 
-def _endpoints(dep, check: bool = True, redis: bool = True) -> tuple[str, str | None]:
+@overload
+def _endpoints(dep: Deployment, check: bool = ..., redis: Literal[True] = ...) -> tuple[str, str]: ...
+
+
+@overload
+def _endpoints(dep: Deployment, check: bool = ..., *, redis: Literal[False]) -> tuple[str, None]: ...
+
+
+def _endpoints(dep: Deployment, check: bool = True, redis: bool = True) -> tuple[str, str | None]:
     """Broker and Redis of a deployment: configured, or those of a running `dpstream up`; checked to answer.
     ``redis=False`` (the analysts' commands: public topics only) neither needs nor touches Redis."""
     from pipeline.stream.local.cluster import endpoints_file

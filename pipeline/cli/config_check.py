@@ -16,15 +16,20 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from pipeline.cli.common import EXIT_CONFIG, _endpoints, _fail, _up_record
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
+    from pipeline.stream.state.store import ReleaseStore
 
 __all__ = ["refuse_if_started_differently", "refuse_other_configuration"]
 
 _PROBE_TIMEOUT = 3.0  # seconds: a Redis that does not answer leaves these commands unchecked, not stuck
 
 
-def refuse_if_started_differently(dep, hint: str = "") -> None:
+def refuse_if_started_differently(dep: Deployment, hint: str = "") -> None:
     """:func:`refuse_other_configuration` for the commands that also work without Redis: when the
     deployment's Redis is known and answers. Not started here (no Redis named, no `up` running):
     nothing to compare with, so nothing is refused; a Redis that does not answer: a warning."""
@@ -48,7 +53,7 @@ def refuse_if_started_differently(dep, hint: str = "") -> None:
     refuse_other_configuration(dep, ReleaseStore.from_url(redis_url, dep.name), hint)
 
 
-def refuse_other_configuration(dep, store, hint: str = "") -> None:
+def refuse_other_configuration(dep: Deployment, store: ReleaseStore, hint: str = "") -> None:
     """SystemExit(2) naming the differing keys when ``dep`` is not the configuration ``store``'s
     state was created under; nothing when it is, or when no process has started yet."""
     from pipeline.stream.ingest.roster import Roster

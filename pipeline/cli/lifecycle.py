@@ -9,9 +9,14 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.cli.common import (EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME, EXIT_STATE_LOST, _endpoints, _fail, _load,
                                  _stale, _up_record)
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
+    from pipeline.stream.state.store import ReleaseStore
 
 
 # -- stream processes ---------------------------------------------------------------------------
@@ -100,7 +105,7 @@ def cmd_up(args) -> int:
         cluster.write_endpoints()  # Redis's pid, before anything else can fail (leftovers.py)
         marker_dir = data_dir if data_dir is not None and not dep.redis else None
         refused = _check_marker(dep, cluster.redis_url, marker_dir)
-        if refused:
+        if refused and marker_dir is not None:  # a refusal needs a marker (_check_marker)
             code = _fail(EXIT_STATE_LOST, f"up: state lost: {refused}. Restore {marker_dir / 'redis'} from a backup "
                                           "(docs/streaming.md, Backup and restore), or start a new deployment under a "
                                           "new name with a new budget; nothing was started")
@@ -109,7 +114,8 @@ def cmd_up(args) -> int:
         targets = _write_targets(dep.name, cluster.metrics_ports, None)
         redis_where = ("configured" if dep.redis else f"data in {data_dir / 'redis'}" if data_dir
                        else "ephemeral: deleted on stop")
-        log_where = ("configured" if dep.broker else f"log in {data_dir / 'log'}" if cluster.durable_log
+        log_where = ("configured" if dep.broker
+                     else f"log in {data_dir / 'log'}" if cluster.durable_log and data_dir
                      else "memory-only: its log is lost on stop")
         print(f"dpstream up: broker {cluster.broker}, redis {cluster.redis_url} ({redis_where}), "
               f"{args.workers} worker(s) + releaser; broker {log_where}; process logs in {log_dir}; "
@@ -157,7 +163,7 @@ def _write_targets(name: str, ports: dict[str, int], written: dict[str, int] | N
     return dict(ports)
 
 
-def _check_marker(dep, redis_url: str, marker_dir: Path | None) -> str | None:
+def _check_marker(dep: Deployment, redis_url: str, marker_dir: Path | None) -> str | None:
     """Why this `up` would be a state-less start over a deployment that has released (None: it is not)."""
     from pipeline.stream.local.marker import read_marker, stateless_start
     from pipeline.stream.state.store import ReleaseStore
@@ -174,7 +180,7 @@ def _check_marker(dep, redis_url: str, marker_dir: Path | None) -> str | None:
     return stateless_start(marker, store.identity(), store.last_released())
 
 
-def _update_marker(store, marker_dir: Path, last):
+def _update_marker(store: ReleaseStore, marker_dir: Path, last):
     """Record the instance and last released step outside the Redis directory when they change."""
     import redis
 

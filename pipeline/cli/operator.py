@@ -6,15 +6,19 @@ import contextlib
 import json
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 import time
 
 from pipeline.cli.common import (EXIT_BUDGET, EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_REJECTED,
                                  EXIT_RUNTIME, _endpoints, _fail, _load, _stale, _up_record)
 from pipeline.cli.config_check import refuse_if_started_differently, refuse_other_configuration
 
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
+
 
 # -- producing and controlling ------------------------------------------------------------------
-def _producer(dep):
+def _producer(dep: Deployment):
     from pipeline.stream.kafka.producer import ReportProducer
     from pipeline.stream.ingest.roster import Roster
     from pipeline.stream.kafka.topics import topic_names
@@ -23,7 +27,7 @@ def _producer(dep):
     return ReportProducer(broker, dep, Roster.from_config(dep.roster), topic_names(dep))
 
 
-def _intake(dep, wait: float):
+def _intake(dep: Deployment, wait: float):
     """(store, view): the workers' intake counts once they have handled the reports sent so far."""
     from pipeline.stream.ingest.intake_view import intake_view
     from pipeline.stream.state.store import ReleaseStore
@@ -60,7 +64,7 @@ def _changes_only(show, every: float = 2.1):
     return call
 
 
-def _step_refused(dep, step: int, window: range) -> str | None:
+def _step_refused(dep: Deployment, step: int, window: range) -> str | None:
     """Why the workers would dead-letter reports of ``step`` now (None: they accept them)."""
     if step < window.start:
         return f"step {step} is closed (steps up to {window.start - 1} are): the workers would dead-letter it as late"
@@ -124,12 +128,12 @@ def _produce(args, stage: list[str]) -> int:
             found = found.only_step(args.step)
             if not len(found):
                 return _fail(EXIT_CONFIG, f"nothing sent: {path} has no report for step {args.step}")
-        for step, line in sorted(found.first_lines.items(), key=lambda kv: kv[1]):  # the first refused line
-            why = _step_refused(dep, step, window)
+        for file_step, line in sorted(found.first_lines.items(), key=lambda kv: kv[1]):  # the first refused line
+            why = _step_refused(dep, file_step, window)
             if why:
                 return _fail(EXIT_BUDGET, f"nothing sent: {path}:{line}: {why}")
         return _send_file(dep, found, args, view, stage)
-    step = args.step
+    step: int | None = args.step
     if step is None:  # the next open step without reports yet
         step = next((t for t in window if view.reported(t) == 0), None)
         if step is None:
@@ -147,7 +151,7 @@ def _produce(args, stage: list[str]) -> int:
     return _send_simulated(dep, step, args, stage)
 
 
-def _send_simulated(dep, step: int, args, stage: list[str]) -> int:
+def _send_simulated(dep: Deployment, step: int, args, stage: list[str]) -> int:
     """Simulated reports of every attribute (or ``--attribute``) for ``step``
     (:mod:`pipeline.sim.step_values`)."""
     from pipeline.cli.verdict import mark_dead_letters
@@ -173,7 +177,7 @@ def _send_simulated(dep, step: int, args, stage: list[str]) -> int:
     return _verdict(dep, receipt, mark, args, stage)
 
 
-def _verdict(dep, receipt, mark, args, stage: list[str]) -> int:
+def _verdict(dep: Deployment, receipt, mark, args, stage: list[str]) -> int:
     """The workers' verdict on what was sent (skipped with --no-wait)."""
     from pipeline.cli.verdict import report_fates
 
@@ -185,7 +189,7 @@ def _verdict(dep, receipt, mark, args, stage: list[str]) -> int:
     return report_fates(dep, receipt, mark, args.timeout)
 
 
-def _send_file(dep, found, args, view, stage: list[str]) -> int:
+def _send_file(dep: Deployment, found, args, view, stage: list[str]) -> int:
     """A checked report file through the producer helper (pipeline.producer): the topic must exist, every
     report is keyed by its user id, and what the broker acknowledged is what is reported; then the
     workers' verdict on those reports."""
@@ -350,7 +354,7 @@ def cmd_status(args) -> int:
 
 
 @contextlib.contextmanager
-def _redis_at_rest(dep):
+def _redis_at_rest(dep: Deployment):
     """The embedded Redis of a stopped deployment, started on its data directory for one read."""
     from pipeline.stream.local.cluster import dpstream_home, endpoints_file
     from pipeline.stream.local.embedded import EmbeddedRedis
@@ -377,7 +381,7 @@ def cmd_dead_letters(args) -> int:
     refuse_if_started_differently(dep)  # its topic names and reasons are the deployment's own
     broker, _ = _endpoints(dep, redis=False)
     topic = topic_names(dep)["dead-letter"]
-    messages = []
+    messages: list[Any] = []
     read_to_end(broker, [topic], messages.append)
     summary = summarise(messages, examples=args.examples)
     if args.json:

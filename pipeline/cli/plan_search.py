@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -11,8 +12,11 @@ from pipeline.cli.common import EXIT_CONFIG, EXIT_OK, _fail
 from pipeline.plan_sweep import find_target, format_sweep, format_target, parse_sweep, sweep
 from pipeline.releases import kind_of
 
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
-def _default_key(dep, release: str) -> str:
+
+def _default_key(dep: Deployment, release: str) -> str:
     rel = next((r for r in dep.releases if r.name == release), None)
     if rel is None:
         raise ValueError(f"--target: no release named {release!r} "
@@ -21,7 +25,7 @@ def _default_key(dep, release: str) -> str:
 
 
 def _current(data: dict, key: str) -> float:
-    node = data
+    node: Any = data
     for part in key.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     if not isinstance(node, (int, float)) or isinstance(node, bool) or node <= 0:
@@ -30,7 +34,7 @@ def _current(data: dict, key: str) -> float:
     return float(node)
 
 
-def cmd_plan_search(args, dep) -> int:
+def cmd_plan_search(args, dep: Deployment) -> int:
     """``dep`` is the configuration as loaded (and validated) by ``dpstream plan``."""
     if args.sweep and args.target:
         return _fail(EXIT_CONFIG, "give --sweep or --target, not both")

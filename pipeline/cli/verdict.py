@@ -6,7 +6,12 @@ Curator side: the counts are the workers' (true counts, for the operator's termi
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pipeline.cli.common import EXIT_OK, EXIT_REJECTED, EXIT_RUNTIME, _endpoints, _fail
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["held_conflicts", "mark_dead_letters", "report_fates", "DEFAULT_FATE_TIMEOUT"]
 
@@ -14,7 +19,7 @@ __all__ = ["held_conflicts", "mark_dead_letters", "report_fates", "DEFAULT_FATE_
 DEFAULT_FATE_TIMEOUT = 120.0
 
 
-def held_conflicts(dep, view, counts: dict[int, int]) -> tuple[list[str], int]:
+def held_conflicts(dep: Deployment, view, counts: dict[int, int]) -> tuple[list[str], int]:
     """For the steps of ``counts`` (step -> reports about to be sent) that the workers already
     hold accepted reports for: one line each, and how many reports are sure to be rejected as
     ``duplicate`` — a step's reports beyond its users without an accepted report yet
@@ -33,7 +38,7 @@ def held_conflicts(dep, view, counts: dict[int, int]) -> tuple[list[str], int]:
     return lines, certain
 
 
-def mark_dead_letters(dep, broker: str) -> dict:
+def mark_dead_letters(dep: Deployment, broker: str) -> dict:
     """Where the dead-letter log ends before a send: its dead letters come after."""
     from pipeline.fates import dead_letter_mark
     from pipeline.stream.kafka.topics import topic_names, topic_partitions
@@ -42,7 +47,7 @@ def mark_dead_letters(dep, broker: str) -> dict:
                             topic_partitions(dep)["dead-letter"])
 
 
-def report_fates(dep, receipt, mark, timeout: float) -> int:
+def report_fates(dep: Deployment, receipt, mark, timeout: float) -> int:
     """Wait (at most ``timeout`` s) for the workers' verdict on ``receipt``'s reports and print
     it. Exit code: 0 all accepted, EXIT_REJECTED some dead-lettered, EXIT_RUNTIME some not
     handled within the timeout."""

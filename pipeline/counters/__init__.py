@@ -33,7 +33,7 @@ COUNTERS = ("tree", "factorization", "blt", "auto")
 #: step is cheap; beyond, its step and memory grow with T while the BLT's stay constant.
 BLT_ABOVE_HORIZON = 1024
 _BY_NAME = {"tree": TreeCounter, "factorization": SqrtFactorizationCounter, "blt": BLTCounter}
-_BY_KIND = {"tree_counter": TreeCounter, SqrtFactorizationCounter._kind: SqrtFactorizationCounter,
+_BY_KIND: dict[str, type[TreeCounter | SqrtFactorizationCounter | BLTCounter]] = {"tree_counter": TreeCounter, SqrtFactorizationCounter._kind: SqrtFactorizationCounter,
             BLTCounter._kind: BLTCounter}
 
 

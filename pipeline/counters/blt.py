@@ -51,7 +51,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from pipeline.privacy import noise as _noise  # module reference: tests may swap the sampler
-from pipeline.privacy.accounting import check_neighbours
+from pipeline.privacy.neighbours import check_neighbours
 from pipeline.privacy.rng import RandomSource, as_random_source, restore_random_source
 from pipeline.validation import check_int, check_rho
 

@@ -60,7 +60,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from pipeline.privacy import noise as _noise  # module reference: tests may swap the sampler
-from pipeline.privacy.accounting import check_neighbours
+from pipeline.privacy.neighbours import check_neighbours
 from pipeline.privacy.rng import RandomSource, as_random_source, restore_random_source
 from pipeline.validation import check_int, check_rho
 
@@ -121,8 +121,8 @@ def toeplitz_delta2(c: np.ndarray, neighbours: str):
     if exact:
         if T > 1 << 16 or np.abs(c).max() > 1 << 20:
             raise ValueError("exact integer sensitivity needs T <= 2**16 and |c| <= 2**20")
-        r = np.correlate(c.astype(np.int64), c.astype(np.int64), mode="full")[T:]  # lags 1..T−1
-        return int(max(single, (single + N[T - 1 - lags] - 2 * r).max()))
+        r_int = np.correlate(c.astype(np.int64), c.astype(np.int64), mode="full")[T:]  # lags 1..T−1
+        return int(max(single, (single + N[T - 1 - lags] - 2 * r_int).max()))
     f = np.fft.rfft(c, 2 * T)
     r = np.fft.irfft(f * np.conj(f), 2 * T)[1:T]
     return float(max(single, (single + N[T - 1 - lags] - 2 * r).max())) * (1 + 1e-9)

@@ -26,7 +26,7 @@ Gaussian), and zCDP composes additively, so the whole tree costs (Σ_nodes c_nod
 * ``replace`` (one user replaced: in the cumulative synthesizer a user's +1 moves from one leaf
   to another, i.e. one leaf −1 and one leaf +1): nodes holding both leaves do not change, the
   others change by 1, so Σ c² ≤ 2L, hence σ² = 2L/(2ρ) = L/ρ (the factor
-  :func:`pipeline.privacy.accounting.sensitivity_factor` gives) and a node with c = 1 costs ρ/(2L).
+  :func:`pipeline.privacy.neighbours.sensitivity_factor` gives) and a node with c = 1 costs ρ/(2L).
   2L is an upper bound; the exact maximum over pairs of leaves can be a little lower.
 
 Error. S̃_t − S_t is the sum of popcount(t) independent N_Z(0, σ²) draws, with variance
@@ -44,7 +44,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from pipeline.privacy import noise as _noise  # module reference: tests may swap the sampler
-from pipeline.privacy.accounting import check_neighbours, sensitivity_factor
+from pipeline.privacy.neighbours import check_neighbours, sensitivity_factor
 from pipeline.privacy.rng import RandomSource, as_random_source, restore_random_source
 from pipeline.validation import check_int, check_rho
 

@@ -5,7 +5,7 @@ every ``calibrate_*`` function maps a target (ε, δ) (and k / τ / horizon) to 
 and is tested to round-trip: recomputing ε from what it returns gives the target back.
 
 Logs are natural logs throughout (the papers' bounds come from e^{−x} tails). Neighbouring relations
-follow docs/privacy.md (:data:`pipeline.privacy.accounting.NEIGHBOURS`):
+follow docs/privacy.md (:data:`pipeline.privacy.neighbours.NEIGHBOURS`):
 
 * ``add_remove``: one user's whole stream is present or absent;
 * ``replace``: one user's whole stream is replaced (Kaplan–Mansour–Stemmer, Notation 4.2 "j-neighbouring").
@@ -23,7 +23,9 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats
 
-from pipeline.privacy.accounting import ApproxDP, Neighbours, check_neighbours, sensitivity_factor, zcdp_to_approx_dp
+from pipeline.privacy.conversions import zcdp_to_approx_dp
+from pipeline.privacy.events import ApproxDP
+from pipeline.privacy.neighbours import Neighbours, check_neighbours, sensitivity_factor
 from pipeline.privacy.pure_composition import FORMS as COMPOSED_FORMS
 from pipeline.privacy.pure_composition import optimal_epsilon, tightest_epsilon
 
@@ -267,7 +269,9 @@ class TargetChargingAccountant:
         between = np.arange(lo + 1, hi, dtype=np.int64)
         if between.size > 256:
             between = np.unique(np.linspace(lo + 1, hi - 1, 256).astype(np.int64))
-        return self._best_over(between, budget, exact, forms, best)
+        refined = self._best_over(between, budget, exact, forms, best)
+        assert refined is not None  # at least ``best``
+        return refined
 
     def _best_over(self, caps: np.ndarray, budget: float, exact: bool, forms: tuple[str, ...],
                    best: TCTBound | None) -> TCTBound | None:
@@ -285,18 +289,18 @@ class TargetChargingAccountant:
                 continue
             if best is not None and optimal_epsilon(eps0, m, budget) >= best.epsilon:
                 break
-            cands = []
+            cands: list[TCTBound] = []
             if "basic" in forms:
                 cands.append(TCTBound(m * eps0, self.c_delta + ds, "basic", alpha, float(m), ds,
                                       0.0))
             if composed_forms:
                 d_comp = budget - ds
-                c = tightest_epsilon(eps0, m, d_comp, composed_forms)
-                cands.append(TCTBound(c.epsilon, self.c_delta + ds + d_comp, c.form, alpha,
+                composed = tightest_epsilon(eps0, m, d_comp, composed_forms)
+                cands.append(TCTBound(composed.epsilon, self.c_delta + ds + d_comp, composed.form, alpha,
                                       float(m), ds, d_comp))
-            for c in cands:
-                if best is None or c.epsilon < best.epsilon:
-                    best = c
+            for cand in cands:
+                if best is None or cand.epsilon < best.epsilon:
+                    best = cand
         return best
 
 

@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.privacy.accounting import ApproxDP, check_neighbours
+from pipeline.privacy.events import ApproxDP
+from pipeline.privacy.neighbours import check_neighbours
 from pipeline.privacy.noise import discrete_gaussian, discrete_laplace
 
 from . import calibration as cal
@@ -93,6 +94,7 @@ def heavy_hitter_plan(method: str, domain_size: int, epsilon: float, delta: floa
                     tau=t + u_eta + l_nu - 2, privacy=cal.svt_restart_privacy(eps1, max_tops, delta))
         return plan
     log_p = math.log(beta / (2.0 * queries))
+    law: CappedSumLaw | DiscreteLaplaceLaw | DiscreteGaussianLaw
     if method == "tme":
         eps_t, delta_t = cal.calibrate_threshold_monitor(epsilon, delta, k, neighbours)
         big_delta, s_w, s_v = cal.threshold_monitor_noise(eps_t, delta_t)
@@ -141,13 +143,13 @@ class ShiftingHeavyHitters(StatefulMixin):
         self._rng_init(seed)
         self.step = 0
         self.n = -1  # fixed at the first update (the roster size)
-        self.engine_state = None
+        self.engine_state: dict[str, Any] | None = None
         self.eta = 0
         self.tops = 0
         self.halted = False
         self.noisy_counts = np.zeros(0, dtype=np.int64)
         self.mode = ""  # "values" (update) or "counts" (release_histogram); never mixed
-        self._engine = None
+        self._engine: ThresholdMonitorEvolving | IndividualChargingSVT | None = None
         if method == "svt_restart":
             self.eta = self._draw_eta()
 
@@ -233,10 +235,13 @@ class ShiftingHeavyHitters(StatefulMixin):
         return self._flags(sup, cnt)
 
     def _flags(self, support: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        engine = self._engine
         if self.method == "tme":
-            return self._engine.flag_histogram(support, counts, self.domain_size)
+            assert isinstance(engine, ThresholdMonitorEvolving)  # made by _make_engine for tme
+            return engine.flag_histogram(support, counts, self.domain_size)
         if self.method == "tct":
-            flagged, self.noisy_counts = self._engine.flag_histogram(support, counts, self.domain_size, self.threshold)
+            assert isinstance(engine, IndividualChargingSVT)  # made by _make_engine for tct
+            flagged, self.noisy_counts = engine.flag_histogram(support, counts, self.domain_size, self.threshold)
             return flagged
         if self.method == "naive":
             return self._naive_flags(support, counts)
@@ -254,10 +259,13 @@ class ShiftingHeavyHitters(StatefulMixin):
             self._make_engine(self.n)
         vals = check_values(arr, self.n, self.domain_size)
         self.step += 1
+        engine = self._engine
         if self.method == "tme":
-            flagged = self._engine.query_all_elements(vals, self.domain_size)
+            assert isinstance(engine, ThresholdMonitorEvolving)  # made by _make_engine for tme
+            flagged = engine.query_all_elements(vals, self.domain_size)
         elif self.method == "tct":
-            flagged, self.noisy_counts = self._engine.query_all_elements(vals, self.domain_size, self.threshold)
+            assert isinstance(engine, IndividualChargingSVT)  # made by _make_engine for tct
+            flagged, self.noisy_counts = engine.query_all_elements(vals, self.domain_size, self.threshold)
         elif self.method == "naive":
             flagged = self._naive_step(vals)
         else:
@@ -318,6 +326,7 @@ class ShiftingHeavyHitters(StatefulMixin):
             if cand_support is None and cand_zero is None:
                 break
             x = cand_support if cand_zero is None or (cand_support is not None and cand_support < cand_zero) else cand_zero
+            assert x is not None  # one of the candidates (the loop ended above otherwise)
             flagged.append(x)
             self.tops += 1
             self.eta = self._draw_eta()

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.privacy.accounting import ApproxDP
+from pipeline.privacy.events import ApproxDP
 from pipeline.privacy.noise import discrete_laplace
 
 from . import calibration as cal

@@ -4,7 +4,7 @@ tightest of them.
 * ``advanced``: ½mε₀² + ε₀·√(2m·ln(1/δ)) (Cohen–Lyu Lemma A.4; it is also pure ε₀-DP ⇒ ε₀²/2-zCDP,
   Bun–Steinke 2016 Prop. 1.4, composed, Lemma 2.3, then their classic conversion, Prop. 1.3).
 * ``zcdp``: the same m·ε₀²/2-zCDP converted with the tight Canonne–Kamath–Steinke conversion
-  (:func:`pipeline.privacy.accounting.zcdp_to_approx_dp`), never larger than ``advanced``.
+  (:func:`pipeline.privacy.conversions.zcdp_to_approx_dp`), never larger than ``advanced``.
 * ``optimal``: Kairouz, Oh, Viswanath, "The Composition Theorem for Differential Privacy"
   (ICML 2015; IEEE Trans. Inf. Theory 63(6), 2017), Theorem 3.3: the m-fold adaptive
   composition of ε₀-DP mechanisms has exactly the privacy region of m independent binary
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gammaln
 
-from pipeline.privacy.accounting import zcdp_to_approx_dp
+from pipeline.privacy.conversions import zcdp_to_approx_dp
 
 __all__ = ["ComposedBound", "FORMS", "advanced_epsilon", "zcdp_epsilon", "optimal_delta",
            "optimal_epsilon", "tightest_epsilon"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -197,7 +197,7 @@ def random_source_from_state(state: dict[str, Any]) -> RandomSource:
     raise ValueError(f"unknown random source kind {kind!r} in state")
 
 
-def restore_random_source(state: dict[str, Any], kind: str, rng=None, what: str | None = None) -> RandomSource:
+def restore_random_source(state: Mapping[str, Any], kind: str, rng=None, what: str | None = None) -> RandomSource:
     """For a mechanism's ``from_state``: check that ``state`` is of ``kind`` and return its random
     source — ``rng`` if given (it replaces the stored one), else the stored one."""
     if state.get("kind") != kind:

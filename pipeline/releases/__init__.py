@@ -3,9 +3,9 @@
 Importing this package registers the built-in kinds, in the order the configuration lists them.
 """
 
-from .base import (ReleaseConfig, ReleaseKind, Setting, StepInput, StepOutput, PrivacyEvent, get_kind, kind_of,
-                   kinds, register)
+from .base import (AlertsKind, CountsKind, ReleaseConfig, ReleaseKind, ReleaseReader, ReleaseWriter,
+                   Setting, StepInput, StepOutput, PrivacyEvent, get_kind, kind_of, kinds, register)
 from . import fixed_window, cumulative, heavy_hitters, band_monitor, relative_error  # noqa: F401  (registration)
 
-__all__ = ["ReleaseConfig", "ReleaseKind", "Setting", "StepInput", "StepOutput", "PrivacyEvent", "get_kind",
-           "kind_of", "kinds", "register"]
+__all__ = ["AlertsKind", "CountsKind", "ReleaseConfig", "ReleaseKind", "ReleaseReader", "ReleaseWriter",
+           "Setting", "StepInput", "StepOutput", "PrivacyEvent", "get_kind", "kind_of", "kinds", "register"]

@@ -11,11 +11,28 @@ These hold true (curator-side) counts: they travel on the internal ``step-partia
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["narrow_int", "FixedWindowAggregator", "CumulativeAggregator", "ActiveSetAggregator"]
+__all__ = ["Aggregator",
+           "narrow_int", "FixedWindowAggregator", "CumulativeAggregator", "ActiveSetAggregator"]
+
+
+class Aggregator(Protocol):
+    """What a worker drives per release and reports partition (the kind's ``aggregator``)."""
+
+    def partial(self, step: int, x: np.ndarray) -> dict[str, Any]:
+        """The step's additive partial aggregate of the users' values ``x`` (codes)."""
+        ...
+
+    def apply_feedback(self, step: int, x: np.ndarray, feedback: dict[str, Any]) -> None:
+        """Apply the releaser's output of ``step`` (e.g. charge the users of flagged values)."""
+        ...
+
+    def get_state(self) -> dict[str, Any]: ...
+
+    def set_state(self, state: dict[str, Any]) -> None: ...
 
 
 def narrow_int(largest: int) -> np.dtype:

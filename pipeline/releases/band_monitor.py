@@ -11,13 +11,17 @@ the watched code back and the workers retire them (needs feedback).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from .aggregators import ActiveSetAggregator
-from .base import ReleaseConfig, ReleaseKind, Setting, StepInput, StepOutput, charged_at_step_one, register
+from pipeline.attributes import Attribute
+
+from .aggregators import ActiveSetAggregator, Aggregator
+from .base import (AlertsKind, PrivacyEvent, ReleaseConfig, Setting, StepInput, StepOutput,
+                  charged_at_step_one, register)
 from .bounds import BAND_BETA, ReleaseBounds
+from .reading import Context
 
 __all__ = ["BandMonitorRelease", "BandMonitorKind"]
 
@@ -42,36 +46,38 @@ class BandMonitorRelease(ReleaseConfig):
 
 
 @register
-class BandMonitorKind(ReleaseKind):
+class BandMonitorKind(AlertsKind[BandMonitorRelease]):
     name = "band_monitor"
     config = BandMonitorRelease
     budget = "approx_dp"
 
-    def check(self, release, attribute, horizon):
+    def check(self, release: BandMonitorRelease, attribute: Attribute, horizon: int) -> None:
         if not attribute.is_label(release.value):
             raise ValueError(f"value: {release.value!r} is not in the domain of {release.attribute!r}")
 
-    def needs_feedback(self, release):
+    def needs_feedback(self, release: BandMonitorRelease) -> bool:
         return True
 
-    def aggregator(self, release, attribute, rows, horizon):
+    def aggregator(self, release: BandMonitorRelease, attribute: Attribute, rows: int,
+                   horizon: int) -> Aggregator:
         # a user leaves after one Above/Below it contributed to
         return ActiveSetAggregator(rows, 1, counted=True, watch_value=attribute.code(release.value))
 
-    def build(self, release, setting: Setting):
+    def build(self, release: BandMonitorRelease, setting: Setting) -> Any:
         from pipeline.monitors import BandMonitor
 
-        return BandMonitor.from_target(0, setting.allotment.epsilon, setting.allotment.delta,
+        return BandMonitor.from_target(0, setting.approx_dp.epsilon, setting.approx_dp.delta,
                                        neighbours=setting.neighbours, seed=setting.seed)
 
-    def events(self, release, mechanism, setting):
+    def events(self, release: BandMonitorRelease, mechanism: Any,
+               setting: Setting) -> tuple[PrivacyEvent | None, ...]:
         from pipeline.monitors.calibration import outside_interval_privacy
 
-        target = setting.allotment
+        target = setting.approx_dp
         guarantee = outside_interval_privacy(mechanism.a, target.delta, setting.neighbours).as_approx_dp()
         return charged_at_step_one(target, guarantee, setting.horizon, f"release {release.name!r}")
 
-    def bounds(self, release, mechanism, horizon):
+    def bounds(self, release: BandMonitorRelease, mechanism: Any, horizon: int) -> ReleaseBounds:
         margin = mechanism.utility_margin(horizon, BAND_BETA)
         return ReleaseBounds(release.name, release.type, BAND_BETA, {"margin": margin, "noise_a": mechanism.a},
                              "margin", meaning="band answers",
@@ -84,25 +90,27 @@ class BandMonitorKind(ReleaseKind):
 
     output = "alerts"
 
-    def questions(self, release, unit="step"):
+    def questions(self, release: BandMonitorRelease, unit: str = "step") -> tuple[list[str],
+                  list[str]]:
         return ([f"whether the number of active users holding {release.value!r} is below {release.low:g}, between, "
                  f"or above {release.high:g}, at every step"],
                 ["the count itself", "anything about a count within the margin of low or high"])
 
-    def explain(self, bounds, n):
+    def explain(self, bounds: ReleaseBounds, n: int) -> str:
         from .reading import confidence, points
 
         margin = bounds.bounds["margin"]
         return (f"with probability {confidence(bounds.beta)}, an answer is wrong only when the true count is within "
                 f"{margin:,.0f} users ({points(margin, n)} of n = {n:,}) of low or high, over the whole horizon")
 
-    def flag_limit(self, release) -> str:
+    def flag_limit(self, release: BandMonitorRelease) -> str:
         return ("after an above/below answer the users then holding the value leave the active set (each user "
                 "contributes to one such answer: that is what the calibration charges), so later answers count only "
                 "users who had not been part of one")
 
-    def alert_text(self, release, alert, ctx):
-        where = {"between": "within", "above": "above", "below": "below"}.get(alert.get("answer"), alert.get("answer"))
+    def alert_text(self, release: BandMonitorRelease, alert: dict[str, Any], ctx: Context) -> str:
+        answer = str(alert.get("answer"))
+        where = {"between": "within", "above": "above", "below": "below"}.get(answer, answer)
         return (f"users holding {alert.get('value')!r}: {where} the band [{alert.get('low'):g}, {alert.get('high'):g}]")
 
     def release_step(self, s: StepInput) -> StepOutput:

@@ -5,78 +5,23 @@ monitor, ...) is one subclass of :class:`ReleaseKind`, registered with :func:`re
 in the system branches on a release's ``type``: the configuration, the budget plan, the ledger, the
 workers and the releaser ask the kind (``kind_of(release)``).
 
-A kind must provide exactly this:
+The contract is code: :class:`ReleaseWriter` (what the configuration, the budget plan, the workers
+and the releaser call to check, budget, aggregate and build a release) and :class:`ReleaseReader`
+(what the analyst commands call to read a released step back) are abstract base classes, each
+member with its Args/Returns. A kind subclasses :class:`CountsKind` (it publishes synthetic records
+or a histogram, and answers questions about them) or :class:`AlertsKind` (it publishes alerts), sets
+the class attributes ``name``, ``config``, ``budget`` and ``bound_source``, and implements every
+abstract method. :func:`register` instantiates the kind when its module is imported, so a kind
+missing a member fails at import with a TypeError naming what it lacks.
 
-``name``
-    The configuration's ``type`` tag; the registry key.
-``config``
-    Its configuration model: a subclass of :class:`ReleaseConfig` (which brings ``name``,
-    ``attribute``, ``share``) declaring ``type: Literal[<name>]`` and the kind's own keys.
-``budget``
-    ``"zcdp"`` or ``"approx_dp"``: which part of the deployment budget its ``share`` is a share of.
-``check(release, attribute, horizon)``
-    Checks of the release against its (public) attribute and the horizon. Raise ``ValueError``
-    whose message starts with the offending key of the release (``"window: 9 exceeds horizon 6"``);
-    the configuration prefixes the release's position.
-``aggregator(release, attribute, rows, horizon)``
-    The worker-side aggregator of one reports partition: ``partial(step, codes) -> dict`` (additive
-    across partitions), ``apply_feedback(step, codes, feedback)``, ``get_state()``/``set_state()``
-    (see :mod:`pipeline.releases.aggregators`).
-``check_budget(release, budget, horizon)`` (optional)
-    Checks against the deployment's budget (e.g. a per-step share a calibration does not cover), with
-    messages starting with the offending key as for ``check``.
-``needs_feedback(release)``
-    Whether the releaser's output of step t charges users, so workers must apply it before they
-    close step t + 1 (default False).
-``build(release, setting)``
-    The mechanism, from a :class:`Setting` (horizon, neighbouring relation, domain size, allotment,
-    seed, n). It must offer ``get_state()`` and a class method ``from_state(state)``.
-``events(release, mechanism, setting)``
-    The privacy events of each step 1..horizon (a tuple of length horizon; None where nothing is
-    spent): immutable :class:`~pipeline.privacy.accounting.ZCDP` or
-    :class:`~pipeline.privacy.accounting.ApproxDP` values, in the spirit of the ``DpEvent`` of
-    Google's dp_accounting library. They are derived from the built mechanism's noise parameters
-    (e.g. ρ = Δ²/(2σ²) of the σ² it samples with), never computed beside it; a monitor whose
-    (ε, δ) covers the whole horizon declares its calibrated (ε, δ) at step 1 after checking the
-    guarantee of its noise against it (:func:`charged_at_step_one`). The budget plan
-    (``pipeline.plan``) and the releaser's ledger charge exactly these, and they must add up to the
-    release's allotment.
-``bounds(release, mechanism, horizon)``
-    The error bound the kind's theorem gives at its β, read off the built mechanism, for ``dpstream
-    plan`` (a :class:`pipeline.releases.bounds.ReleaseBounds`).
-``release_step(step)``
-    One step's release from a :class:`StepInput`: run the mechanism on the summed partials, add the
-    kind's entries to ``step.manifest`` (at least ``"parameters"``), return a :class:`StepOutput`.
-
-The reading side (post-processing of the public records; :mod:`pipeline.releases.reading`):
-
-``output``
-    What its steps publish: ``"records"`` (synthetic records on ``synthetic``), ``"histogram"`` (one
-    float64 column over the codes on ``synthetic``) or ``"alerts"`` (records on ``alerts`` only).
-    The consumer assembles a step by this shape, never by the release type.
-``questions(release, unit)``
-    (what it answers, what it does not), in words, for the exports' dictionary and the page.
-``answer(release, panel, step, ctx, raw, group)``
-    One released step (``ctx``: a :class:`~pipeline.releases.reading.Context`) as a
-    :class:`~pipeline.releases.reading.Answer` (labelled rows, intervals from
-    the mechanism's bound at its β, shares of n); ValueError (one line) for a question it does not
-    answer. Kinds with ``output = "alerts"`` answer through ``alert_text`` instead.
-``bound_source``, ``explain(bounds, n)``
-    What the compared bound guarantees, with its theorem; the bound of ``bounds`` (what
-    ``bounds(...)`` returned) in one sentence, also as a share of n.
-``alert_text(release, alert, ctx)``, ``flag_limit(release)``
-    Alerts kinds: one alert record in words (labels, what a flag means); when and why a flagged
-    value stops being reported (its users' flags run out).
-``dictionary(release, panel, ctx)``, ``padding_flags(release, panel, step)`` (optional)
-    The kind's entries of an export's data dictionary; which exported records are padding at a step.
-``observe(manifest, alerts)``
-    The step's public numbers worth a metric: the name of a metric of
-    :data:`pipeline.stream.kafka.metrics.METRICS` (labelled by release) -> value; the releaser's
-    coordinator increases a counter by it and sets a gauge to it.
-
-Optional: ``synthetic`` (True when ``mechanism.update(codes)`` and ``mechanism.synthetic`` run the
-kind in batch, for ``pipeline.stream.release.engine.batch_reference``); ``check`` and ``needs_feedback`` have
-defaults.
+The privacy events a kind declares (:meth:`ReleaseWriter.events`) are immutable
+:class:`~pipeline.privacy.events.ZCDP` or :class:`~pipeline.privacy.events.ApproxDP` values, in the
+spirit of the ``DpEvent`` of Google's dp_accounting library. They are derived from the built
+mechanism's noise parameters (e.g. ρ = Δ²/(2σ²) of the σ² it samples with), never computed beside
+it; a monitor whose (ε, δ) covers the whole horizon declares its calibrated (ε, δ) at step 1 after
+checking the guarantee of its noise against it (:func:`charged_at_step_one`). The budget plan
+(``pipeline.plan``) and the releaser's ledger charge exactly these, and they must add up to the
+release's allotment.
 
 To add a kind: a module in this package with the config model and the registered class, imported
 in ``pipeline/releases/__init__.py``; and a case with an independent recomputation of its cost from
@@ -86,16 +31,25 @@ kind without one).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 from pydantic import Field
 
-from pipeline.privacy.accounting import BUDGET_RTOL, ApproxDP, Neighbours, ZCDP
+from pipeline.attributes import Attribute
+from pipeline.privacy.budget import BUDGET_RTOL
+from pipeline.privacy.events import ApproxDP, ZCDP
+from pipeline.privacy.neighbours import Neighbours
 from pipeline.validation import StrictModel
 
-__all__ = ["ReleaseConfig", "ReleaseKind", "Setting", "StepInput", "StepOutput", "PrivacyEvent", "register",
+from .aggregators import Aggregator
+from .bounds import ReleaseBounds
+from .reading import Answer, Context, Panel
+
+__all__ = ["ReleaseConfig", "ReleaseWriter", "ReleaseReader", "ReleaseKind", "CountsKind",
+           "AlertsKind", "BudgetKeys", "Setting", "StepInput", "StepOutput", "PrivacyEvent", "register",
            "kinds", "kind_of", "get_kind", "charged_at_step_one"]
 
 PrivacyEvent = ZCDP | ApproxDP
@@ -107,6 +61,24 @@ class ReleaseConfig(StrictModel):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     attribute: str
     share: float = Field(gt=0, le=1, description="fraction of the deployment budget of this release's kind")
+    if TYPE_CHECKING:  # each kind's model declares it as Literal[<name>]; not a field here
+        type: str
+
+
+R = TypeVar("R", bound=ReleaseConfig)
+K = TypeVar("K", bound="ReleaseKind[Any]")
+
+
+class BudgetKeys(Protocol):
+    """The deployment's ``budget`` keys a kind checks a release against
+    (``pipeline.config.Budget``)."""
+
+    @property
+    def rho(self) -> float | None: ...
+    @property
+    def epsilon(self) -> float | None: ...
+    @property
+    def delta(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -122,6 +94,20 @@ class Setting:
     # the release's attribute model (pipeline.attributes), for kinds that resolve labels; outside equality
     # and hashing (lists inside), which the cost of a setting never depends on beyond ``domain_size``
     attribute: Any = field(default=None, compare=False)
+
+    @property
+    def zcdp(self) -> ZCDP:
+        """The allotment of a zCDP kind (``budget = "zcdp"``)."""
+        if not isinstance(self.allotment, ZCDP):
+            raise TypeError(f"this release's allotment is {self.allotment!r}, not a ZCDP")
+        return self.allotment
+
+    @property
+    def approx_dp(self) -> ApproxDP:
+        """The allotment of an (ε, δ) kind (``budget = "approx_dp"``)."""
+        if not isinstance(self.allotment, ApproxDP):
+            raise TypeError(f"this release's allotment is {self.allotment!r}, not an ApproxDP")
+        return self.allotment
 
     @classmethod
     def of(cls, deployment, release, allotment: PrivacyEvent, n: int | None, seed) -> "Setting":
@@ -157,76 +143,275 @@ class StepOutput:
     histogram: np.ndarray | None = None
 
 
-class ReleaseKind:
-    """One kind of release; see the module docstring for what a subclass must provide."""
+class ReleaseWriter(ABC, Generic[R]):
+    """The write side of a kind: what the configuration, the budget plan, the workers and the
+    releaser call. ``R`` is the kind's configuration model (:attr:`config`).
+
+    Class attributes: ``name`` (the configuration's ``type`` tag; the registry key), ``config`` (a
+    subclass of :class:`ReleaseConfig` declaring ``type: Literal[<name>]`` and the kind's own keys),
+    ``budget`` (``"zcdp"`` or ``"approx_dp"``: which part of the deployment budget its ``share`` is
+    a share of) and ``synthetic`` (True when ``mechanism.update(codes)`` and ``mechanism.synthetic``
+    run the kind in batch, for the releaser's ``batch_reference``).
+    """
 
     name: ClassVar[str]
     config: ClassVar[type[ReleaseConfig]]
     budget: ClassVar[Literal["zcdp", "approx_dp"]]
     synthetic: ClassVar[bool] = False
 
-    def check(self, release, attribute, horizon: int) -> None:
-        """Nothing beyond the model's own validation."""
+    def check(self, release: R, attribute: Attribute, horizon: int) -> None:
+        """Checks of the release against its (public) attribute and the horizon; none by default.
 
-    def check_budget(self, release, budget, horizon: int) -> None:
-        """Checks of the release against the deployment's budget (``budget`` keys); nothing by default."""
+        Args:
+            release: the configured release.
+            attribute: its attribute model.
+            horizon: the deployment's number of steps.
+        Raises:
+            ValueError: whose message starts with the offending key of the release (``"window: 9
+                exceeds horizon 6"``); the configuration prefixes the release's position.
+        """
 
-    def aggregator(self, release, attribute, rows: int, horizon: int):
-        raise NotImplementedError
+    def check_budget(self, release: R, budget: BudgetKeys, horizon: int) -> None:
+        """Checks against the deployment's budget (e.g. a per-step share a calibration does not
+        cover); none by default.
 
-    def needs_feedback(self, release) -> bool:
+        Args:
+            release: the configured release.
+            budget: the deployment's ``budget`` keys.
+            horizon: the deployment's number of steps.
+        Raises:
+            ValueError: whose message starts with the offending key, as for :meth:`check`.
+        """
+
+    @abstractmethod
+    def aggregator(self, release: R, attribute: Attribute, rows: int, horizon: int) -> Aggregator:
+        """The worker-side aggregator of one reports partition
+        (:mod:`pipeline.releases.aggregators`).
+
+        Args:
+            release: the configured release.
+            attribute: its attribute model.
+            rows: the partition's number of users.
+            horizon: the deployment's number of steps.
+        Returns:
+            An :class:`~pipeline.releases.aggregators.Aggregator` whose partials add across
+            partitions.
+        """
+
+    def needs_feedback(self, release: R) -> bool:
+        """Whether the releaser's output of step t charges users, so workers must apply it before
+        they close step t + 1 (False by default).
+
+        Args:
+            release: the configured release.
+        Returns:
+            True when :meth:`release_step` returns ``feedback``.
+        """
         return False
 
-    def build(self, release, setting: Setting):
-        raise NotImplementedError
+    @abstractmethod
+    def build(self, release: R, setting: Setting) -> Any:
+        """The release's mechanism.
 
-    def events(self, release, mechanism, setting: Setting) -> tuple[PrivacyEvent | None, ...]:
-        raise NotImplementedError
+        Args:
+            release: the configured release.
+            setting: horizon, neighbouring relation, domain size, allotment, seed, n.
+        Returns:
+            The mechanism: it offers ``get_state()`` and a class method ``from_state(state)``.
+        """
 
+    @abstractmethod
+    def events(self, release: R, mechanism: Any,
+               setting: Setting) -> tuple[PrivacyEvent | None, ...]:
+        """The privacy events of each step, read off the built mechanism's noise (module docstring).
+
+        Args:
+            release: the configured release.
+            mechanism: what :meth:`build` returned for ``setting``.
+            setting: the setting it was built from.
+        Returns:
+            One event per step 1..horizon (None where nothing is spent), adding up to the allotment.
+        """
+
+    @abstractmethod
+    def bounds(self, release: R, mechanism: Any, horizon: int) -> ReleaseBounds:
+        """The error bound the kind's theorem gives at its β, read off the built mechanism, for
+        ``dpstream plan``.
+
+        Args:
+            release: the configured release.
+            mechanism: what :meth:`build` returned.
+            horizon: the deployment's number of steps.
+        Returns:
+            The release's :class:`~pipeline.releases.bounds.ReleaseBounds`.
+        """
+
+    @abstractmethod
     def release_step(self, step: StepInput) -> StepOutput:
-        raise NotImplementedError
+        """One step's release: run the mechanism on the summed partials.
 
-    def bounds(self, release, mechanism, horizon: int):
-        """What an analyst gets, read off the built mechanism: a
-        :class:`pipeline.releases.bounds.ReleaseBounds` (the error bound its theorem gives at its β)."""
-        raise NotImplementedError
+        Args:
+            step: the step's mechanism, partials and manifest so far; the kind adds its entries to
+                ``step.manifest`` (at least ``"parameters"``).
+        Returns:
+            The step's public output (synthetic columns, a histogram or alerts) and feedback.
+        """
 
-    # -- reading side ---------------------------------------------------------------------------
+
+class ReleaseReader(ABC, Generic[R]):
+    """The reading side of a kind: post-processing of its public records for the analyst commands
+    (:mod:`pipeline.releases.reading`).
+
+    Class attributes: ``output`` (what its steps publish: ``"records"``, synthetic records on
+    ``synthetic``; ``"histogram"``, one float64 column over the codes on ``synthetic``;
+    ``"alerts"``, records on ``alerts`` only — the consumer assembles a step by this shape, never by
+    the release type) and ``bound_source`` (what the compared bound guarantees, with the theorem it
+    comes from).
+    """
+
     output: ClassVar[Literal["records", "histogram", "alerts"]] = "records"
-    bound_source: ClassVar[str] = ""  # what the compared bound guarantees, with the theorem it comes from
+    bound_source: ClassVar[str] = ""
 
-    def first_step(self, release) -> int:
-        """The first step whose output answers questions (a window release: its first full window)."""
+    def first_step(self, release: R) -> int:
+        """The first step whose output answers questions (a window release: its first full window).
+
+        Args:
+            release: the configured release.
+        Returns:
+            A step in 1..horizon (1 by default).
+        """
         return 1
 
-    def questions(self, release, unit: str = "step") -> tuple[list[str], list[str]]:
-        raise NotImplementedError
+    @abstractmethod
+    def questions(self, release: R, unit: str = "step") -> tuple[list[str], list[str]]:
+        """What the release answers and what it does not, in words, for the exports' dictionary and
+        the page.
 
-    def answer(self, release, panel, step: int, ctx, raw: bool = False, group: str | None = None):
+        Args:
+            release: the configured release.
+            unit: what a step is called (``"month"``).
+        Returns:
+            (questions answered, questions not answered).
+        """
+
+    @abstractmethod
+    def explain(self, bounds: ReleaseBounds, n: int) -> str:
+        """The bound of ``bounds`` in one sentence, also as a share of n.
+
+        Args:
+            bounds: what :meth:`ReleaseWriter.bounds` returned.
+            n: the roster size.
+        Returns:
+            The sentence (no final full stop).
+        """
+
+    def answer(self, release: R, panel: Panel, step: int, ctx: Context, raw: bool = False,
+               group: str | None = None) -> Answer:
+        """One released step as labelled rows with intervals from the mechanism's bound at its β,
+        and shares of n. Counts kinds implement it; alerts kinds answer through :meth:`alert_text`.
+
+        Args:
+            release: the configured release.
+            panel: its released records.
+            step: the step asked about.
+            ctx: the public context (attribute, n, bounds, unit).
+            raw: the synthetic counts as they are (padding included).
+            group: one declared group only, for kinds that have groups.
+        Returns:
+            The :class:`~pipeline.releases.reading.Answer`.
+        Raises:
+            ValueError: (one line) for a question the kind does not answer.
+        """
         raise ValueError(f"release {release.name!r} ({release.type}) publishes alerts, not counts: "
                          "`dpstream alerts` reads them")
 
-    def explain(self, bounds, n: int) -> str:
-        raise NotImplementedError
+    def alert_text(self, release: R, alert: dict[str, Any], ctx: Context) -> str:
+        """One alert record in words (labels, what a flag means). Alerts kinds implement it.
 
-    def dictionary(self, release, panel, ctx) -> dict[str, Any]:
-        """The kind's entries of an export's data dictionary (labels, padding); none by default."""
-        return {}
-
-    def padding_flags(self, release, panel, step: int | None = None):
-        """Per synthetic record, whether it is padding for the window ending at ``step`` (default: the last
-        released; an export's ``padding_step_<t>`` columns); None: no padding."""
-        return None
-
-    def alert_text(self, release, alert: dict, ctx) -> str:
+        Args:
+            release: the configured release.
+            alert: one record of the ``alerts`` topic.
+            ctx: the public context.
+        Returns:
+            The alert in one line.
+        """
         raise ValueError(f"release {release.name!r} ({release.type}) publishes no alerts")
 
-    def flag_limit(self, release) -> str:
-        """Alerts kinds: when and why a flagged value stops being reported, in words."""
+    def flag_limit(self, release: R) -> str:
+        """Alerts kinds: when and why a flagged value stops being reported, in words.
+
+        Args:
+            release: the configured release.
+        Returns:
+            The sentence; empty for kinds without flags.
+        """
         return ""
 
-    def observe(self, manifest: dict, alerts: dict | None) -> dict[str, float]:
+    def dictionary(self, release: R, panel: Panel, ctx: Context) -> dict[str, Any]:
+        """The kind's entries of an export's data dictionary (labels, padding); none by default.
+
+        Args:
+            release: the configured release.
+            panel: its released records.
+            ctx: the public context.
+        Returns:
+            Entries by key.
+        """
         return {}
+
+    def padding_flags(self, release: R, panel: Panel, step: int | None = None) -> np.ndarray | None:
+        """Per synthetic record, whether it is padding for the window ending at ``step`` (an
+        export's ``padding_step_<t>`` columns).
+
+        Args:
+            release: the configured release.
+            panel: its released records.
+            step: the window's last step (default: the last released).
+        Returns:
+            A boolean array over the records, or None: no padding (the default).
+        """
+        return None
+
+    def observe(self, manifest: dict[str, Any], alerts: dict[str, Any] | None) -> dict[str, float]:
+        """The step's public numbers worth a metric; the releaser's coordinator increases a counter
+        by each and sets a gauge to it (none by default).
+
+        Args:
+            manifest: the step's public manifest.
+            alerts: the step's alert record, if any.
+        Returns:
+            The name of a release metric of the stream's ``METRICS`` (labelled by release) -> value.
+        """
+        return {}
+
+
+class ReleaseKind(ReleaseWriter[R], ReleaseReader[R]):
+    """One kind of release: both sides. Subclass :class:`CountsKind` or :class:`AlertsKind`."""
+
+
+class CountsKind(ReleaseKind[R]):
+    """A kind publishing synthetic records or a histogram (``output`` ``"records"`` or
+    ``"histogram"``), read back through :meth:`answer`."""
+
+    @abstractmethod
+    def answer(self, release: R, panel: Panel, step: int, ctx: Context, raw: bool = False,
+               group: str | None = None) -> Answer:
+        """See :meth:`ReleaseReader.answer`."""
+
+
+class AlertsKind(ReleaseKind[R]):
+    """A kind publishing alerts only (``output`` ``"alerts"``), read back through :meth:`alert_text`
+    and :meth:`flag_limit`."""
+
+    output: ClassVar[Literal["records", "histogram", "alerts"]] = "alerts"
+
+    @abstractmethod
+    def alert_text(self, release: R, alert: dict[str, Any], ctx: Context) -> str:
+        """See :meth:`ReleaseReader.alert_text`."""
+
+    @abstractmethod
+    def flag_limit(self, release: R) -> str:
+        """See :meth:`ReleaseReader.flag_limit`."""
 
 
 def charged_at_step_one(target: ApproxDP, guarantee: ApproxDP, horizon: int, who: str) -> tuple:
@@ -241,31 +426,45 @@ def charged_at_step_one(target: ApproxDP, guarantee: ApproxDP, horizon: int, who
     return (target,) + (None,) * (horizon - 1)
 
 
-_REGISTRY: dict[str, ReleaseKind] = {}
+_REGISTRY: dict[str, ReleaseKind[Any]] = {}
+
+_CLASS_ATTRIBUTES = ("name", "config", "budget", "bound_source")
 
 
-def register(cls: type[ReleaseKind]) -> type[ReleaseKind]:
-    """Class decorator: add a kind to the registry under its ``name`` (once)."""
+def register(cls: type[K]) -> type[K]:
+    """Class decorator: add a kind to the registry under its ``name`` (once). The kind is
+    instantiated here, when its module is imported, so a kind missing a member of the contract fails
+    at import."""
+    if not isinstance(cls, type) or not issubclass(cls, (CountsKind, AlertsKind)):
+        raise TypeError(f"release kind {cls!r} must subclass CountsKind or AlertsKind")
+    missing = sorted(set(getattr(cls, "__abstractmethods__", ())) |
+                     {a for a in _CLASS_ATTRIBUTES if not getattr(cls, a, None)})
+    if missing:
+        raise TypeError(f"release kind {cls.__name__} lacks {', '.join(missing)} "
+                        "(the contract: pipeline.releases.base)")
     if cls.name in _REGISTRY:
         raise ValueError(f"release kind {cls.name!r} is registered twice")
     if cls.budget not in ("zcdp", "approx_dp"):
         raise ValueError(f"release kind {cls.name!r}: budget must be 'zcdp' or 'approx_dp', got {cls.budget!r}")
+    if cls.output not in ("records", "histogram", "alerts"):
+        raise ValueError(f"release kind {cls.name!r}: output must be 'records', 'histogram' or "
+                         f"'alerts', got {cls.output!r}")
     _REGISTRY[cls.name] = cls()
     return cls
 
 
-def kinds() -> dict[str, ReleaseKind]:
+def kinds() -> dict[str, ReleaseKind[Any]]:
     """Every registered kind by name, in registration order."""
     return dict(_REGISTRY)
 
 
-def get_kind(name: str) -> ReleaseKind:
+def get_kind(name: str) -> ReleaseKind[Any]:
     try:
         return _REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown release type {name!r}; known: {sorted(_REGISTRY)}") from None
 
 
-def kind_of(release) -> ReleaseKind:
+def kind_of(release: ReleaseConfig) -> ReleaseKind[Any]:
     """The kind of a configured release (its ``type``)."""
     return get_kind(release.type)

@@ -12,16 +12,18 @@ and its whole cost is charged then, as the ρ implied by the σ² its draws use 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
 
-from pipeline.privacy.accounting import ZCDP
+from pipeline.attributes import Attribute
+from pipeline.privacy.events import ZCDP
 
-from .aggregators import CumulativeAggregator
-from .base import ReleaseConfig, ReleaseKind, Setting, StepInput, StepOutput, register
+from .aggregators import Aggregator, CumulativeAggregator
+from .base import CountsKind, PrivacyEvent, ReleaseConfig, Setting, StepInput, StepOutput, register
 from .bounds import ReleaseBounds
+from .reading import Answer, Context, Panel
 
 __all__ = ["CumulativeRelease", "CumulativeKind"]
 
@@ -38,31 +40,33 @@ class CumulativeRelease(ReleaseConfig):
 
 
 @register
-class CumulativeKind(ReleaseKind):
+class CumulativeKind(CountsKind[CumulativeRelease]):
     name = "cumulative"
     config = CumulativeRelease
     budget = "zcdp"
     synthetic = True
 
-    def check(self, release, attribute, horizon):
+    def check(self, release: CumulativeRelease, attribute: Attribute, horizon: int) -> None:
         if attribute.type != "binary":
             raise ValueError("attribute: cumulative releases need a binary attribute")
 
-    def aggregator(self, release, attribute, rows, horizon):
+    def aggregator(self, release: CumulativeRelease, attribute: Attribute, rows: int,
+                   horizon: int) -> Aggregator:
         return CumulativeAggregator(rows, horizon)
 
-    def build(self, release, setting: Setting):
+    def build(self, release: CumulativeRelease, setting: Setting) -> Any:
         from pipeline.synth.cumulative import CumulativeSynthesizer
 
-        return CumulativeSynthesizer(setting.horizon, setting.allotment.rho, beta=release.beta,
+        return CumulativeSynthesizer(setting.horizon, setting.zcdp.rho, beta=release.beta,
                                      neighbours=setting.neighbours, seed=setting.seed, n=setting.n,
                                      counter=release.counter)
 
-    def events(self, release, mechanism, setting):
+    def events(self, release: CumulativeRelease, mechanism: Any,
+               setting: Setting) -> tuple[PrivacyEvent | None, ...]:
         """Counter b's realised ρ at step b (when it starts)."""
         return tuple(ZCDP(c.realised_rho) for c in mechanism.counters)
 
-    def bounds(self, release, mechanism, horizon):
+    def bounds(self, release: CumulativeRelease, mechanism: Any, horizon: int) -> ReleaseBounds:
         return ReleaseBounds(release.name, release.type, mechanism.beta, {"error": mechanism.error_bound()}, "error",
                              meaning="cumulative counts", notes=[f"{mechanism.counter} counters; m = n records, no padding"])
 
@@ -70,13 +74,16 @@ class CumulativeKind(ReleaseKind):
     bound_source = ("every 'at least b of t steps' count is within this of the truth, for all b and t "
                     "(Bun–Gaboardi–Neunhoeffer–Zhang, Cor. B.1 with the counters' exact variances)")
 
-    def questions(self, release, unit="step"):
+    def questions(self, release: CumulativeRelease, unit: str = "step") -> tuple[list[str],
+                  list[str]]:
         return ([f"how many users were 1 in at least b of {unit}s 1..t, for every b and t (e.g. 'ever', 'at least "
                  f"half of the {unit}s so far'), at every {unit}"],
                 [f"which {unit}s or in which order (a window release answers pattern questions): the records keep "
                  "each user's running total, not when the 1s happened"])
 
-    def answer(self, release, panel, step, ctx, raw=False, group=None):
+    def answer(self, release: CumulativeRelease, panel: Panel, step: int, ctx: Context,
+               raw: bool = False,
+               group: str | None = None) -> Answer:
         """S_b^t = #users 1 in at least b of the first t steps, b = 1..t, ± the release's bound (every
         (b, t) at once with probability ≥ 1 − β); the records are n, no padding (``raw`` changes nothing)."""
         from pipeline.queries import cumulative_counts
@@ -94,6 +101,7 @@ class CumulativeKind(ReleaseKind):
             lo, hi = interval(c, error, n)
             rows.append(Row(cumulative_label(ctx.attribute, b, step, ctx.unit), c, lo, hi, n, key=b,
                             series=f"{binary_word(ctx.attribute)} in at least {b} {ctx.unit}{'s' if b > 1 else ''} so far"))
+        assert panel.values is not None  # a records release: as_array() above read them
         horizon = panel.values.shape[1]  # S_b^t for b = 0..T, zero beyond t (the earlier JSON's at_least)
         at_least = np.concatenate([counts, np.zeros(horizon + 1 - counts.size, dtype=counts.dtype)])
         return Answer(release.name, release.type, step,
@@ -105,7 +113,7 @@ class CumulativeKind(ReleaseKind):
                              CLIPPING],
                       legacy={"at_least": at_least.tolist()})
 
-    def explain(self, bounds, n):
+    def explain(self, bounds: ReleaseBounds, n: int) -> str:
         from .reading import confidence, points
 
         error = bounds.bounds["error"]

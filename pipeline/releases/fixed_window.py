@@ -11,16 +11,18 @@ before step k.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
 
-from pipeline.privacy.accounting import ZCDP
+from pipeline.attributes import Attribute
+from pipeline.privacy.events import ZCDP
 
-from .aggregators import FixedWindowAggregator
-from .base import ReleaseConfig, ReleaseKind, Setting, StepInput, StepOutput, register
+from .aggregators import Aggregator, FixedWindowAggregator
+from .base import CountsKind, PrivacyEvent, ReleaseConfig, Setting, StepInput, StepOutput, register
 from .bounds import ReleaseBounds
+from .reading import Answer, Context, Panel
 
 __all__ = ["FixedWindowRelease", "FixedWindowKind"]
 
@@ -34,13 +36,13 @@ class FixedWindowRelease(ReleaseConfig):
 
 
 @register
-class FixedWindowKind(ReleaseKind):
+class FixedWindowKind(CountsKind[FixedWindowRelease]):
     name = "fixed_window"
     config = FixedWindowRelease
     budget = "zcdp"
     synthetic = True
 
-    def check(self, release, attribute, horizon):
+    def check(self, release: FixedWindowRelease, attribute: Attribute, horizon: int) -> None:
         if release.window > horizon:
             raise ValueError(f"window: {release.window} exceeds horizon {horizon}")
         if attribute.type == "hashed":
@@ -48,22 +50,24 @@ class FixedWindowKind(ReleaseKind):
         if attribute.size ** release.window > MAX_BINS:
             raise ValueError(f"window: {attribute.size}^{release.window} histogram bins is too many")
 
-    def aggregator(self, release, attribute, rows, horizon):
+    def aggregator(self, release: FixedWindowRelease, attribute: Attribute, rows: int,
+                   horizon: int) -> Aggregator:
         return FixedWindowAggregator(rows, release.window, attribute.size)
 
-    def build(self, release, setting: Setting):
+    def build(self, release: FixedWindowRelease, setting: Setting) -> Any:
         from pipeline.synth.fixed_window import FixedWindowSynthesizer
 
-        return FixedWindowSynthesizer(setting.horizon, release.window, setting.allotment.rho, beta=release.beta,
+        return FixedWindowSynthesizer(setting.horizon, release.window, setting.zcdp.rho, beta=release.beta,
                                       categories=setting.domain_size, neighbours=setting.neighbours,
                                       seed=setting.seed, n=setting.n)
 
-    def events(self, release, mechanism, setting):
+    def events(self, release: FixedWindowRelease, mechanism: Any,
+               setting: Setting) -> tuple[PrivacyEvent | None, ...]:
         """Δ²/(2σ²) at each update step t ≥ k, from the σ² the synthesizer samples with."""
         per_step = ZCDP(mechanism.sensitivity_factor / (2.0 * mechanism.sigma2))
         return tuple(per_step if t >= mechanism.window else None for t in range(1, setting.horizon + 1))
 
-    def bounds(self, release, mechanism, horizon):
+    def bounds(self, release: FixedWindowRelease, mechanism: Any, horizon: int) -> ReleaseBounds:
         mech, bins = mechanism, mechanism.n_bins
         return ReleaseBounds(release.name, release.type, mech.beta,
                              {"lambda": mech.accuracy_bound, "sigma2": mech.sigma2,
@@ -76,17 +80,20 @@ class FixedWindowKind(ReleaseKind):
     bound_source = ("every projected window count is within λ of its true count + n_pad, at every step "
                     "(Bun–Gaboardi–Neunhoeffer–Zhang, arXiv 2306.07884, Thm 3.2)")
 
-    def first_step(self, release):
+    def first_step(self, release: FixedWindowRelease) -> int:
         return release.window
 
-    def questions(self, release, unit="step"):
+    def questions(self, release: FixedWindowRelease, unit: str = "step") -> tuple[list[str],
+                  list[str]]:
         k = release.window
         return ([f"how many users had each length-{k} pattern in the {k} {unit}s ending at {unit} t (t ≥ {k}), and any "
                  f"question that is a sum of such patterns (e.g. 'at least 2 of the last {k} {unit}s'), at every {unit}"],
                 [f"questions over more than {k} {unit}s, or since {unit} 1 ('ever', 'at least b {unit}s so far'): "
                  "a cumulative release answers those; the synthetic records are not longitudinal beyond the window"])
 
-    def answer(self, release, panel, step, ctx, raw=False, group=None):
+    def answer(self, release: FixedWindowRelease, panel: Panel, step: int, ctx: Context,
+               raw: bool = False,
+               group: str | None = None) -> Answer:
         """The window pattern counts at ``step``, debiased (the n_pad padding per pattern subtracted)
         unless ``raw``; intervals ± λ (every projected count is within λ of its true count + n_pad, at
         every step at once, with probability ≥ 1 − β)."""
@@ -119,7 +126,7 @@ class FixedWindowKind(ReleaseKind):
                                   "Thm 3.2)",
                       notes=notes, legacy={"debiased": not raw, "counts": shown.tolist(), "n_pad": n_pad})
 
-    def dictionary(self, release, panel, ctx):
+    def dictionary(self, release: FixedWindowRelease, panel: Panel, ctx: Context) -> dict[str, Any]:
         from .reading import pattern_labels
 
         n_pad = int(panel.parameters["n_pad"])
@@ -131,7 +138,8 @@ class FixedWindowKind(ReleaseKind):
                            f"choice of {n_pad} records per pattern of the window ending at step t, and dropping "
                            "them (df[~df.padding_step_t]) answers that window's questions debiased"}
 
-    def padding_flags(self, release, panel, step: int | None = None):
+    def padding_flags(self, release: FixedWindowRelease, panel: Panel,
+                      step: int | None = None) -> np.ndarray | None:
         """A choice of n_pad records per pattern of the window ending at ``step`` (default: the last
         released); the records are exchangeable, so no one choice is the padding of every window."""
         from pipeline.queries import window_codes
@@ -148,14 +156,14 @@ class FixedWindowKind(ReleaseKind):
         flags[order] = (np.arange(codes.size) - first) < int(p["n_pad"])
         return flags
 
-    def explain(self, bounds, n):
+    def explain(self, bounds: ReleaseBounds, n: int) -> str:
         from .reading import confidence, points
 
         lam = bounds.bounds["lambda"]
         return (f"with probability {confidence(bounds.beta)}, every published window share is within ±"
                 f"{points(lam, n)} of the truth (λ = {lam:,.1f} users of n = {n:,}), at every step at once")
 
-    def observe(self, manifest, alerts):
+    def observe(self, manifest: dict[str, Any], alerts: dict[str, Any] | None) -> dict[str, float]:
         clamped = manifest.get("clamped_bins", 0)
         return {"padding_clamps": float(clamped)} if clamped else {}
 

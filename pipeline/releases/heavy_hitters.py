@@ -11,17 +11,20 @@ the flags back and the workers retire a user after k charges (needs feedback).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
 
-from pipeline.privacy.accounting import ApproxDP
+from pipeline.attributes import Attribute
+from pipeline.privacy.events import ApproxDP
 
-from .aggregators import ActiveSetAggregator
-from .base import ReleaseConfig, ReleaseKind, Setting, StepInput, StepOutput, charged_at_step_one, register
+from .aggregators import ActiveSetAggregator, Aggregator
+from .base import (AlertsKind, PrivacyEvent, ReleaseConfig, Setting, StepInput, StepOutput,
+                  charged_at_step_one, register)
 from .bounds import ReleaseBounds
 from .histograms import merge_histograms
+from .reading import Context
 
 __all__ = ["HeavyHittersRelease", "HeavyHittersKind"]
 
@@ -36,29 +39,31 @@ class HeavyHittersRelease(ReleaseConfig):
 
 
 @register
-class HeavyHittersKind(ReleaseKind):
+class HeavyHittersKind(AlertsKind[HeavyHittersRelease]):
     name = "heavy_hitters"
     config = HeavyHittersRelease
     budget = "approx_dp"
 
-    def needs_feedback(self, release):
+    def needs_feedback(self, release: HeavyHittersRelease) -> bool:
         return release.method in CHARGING_METHODS
 
-    def aggregator(self, release, attribute, rows, horizon):
+    def aggregator(self, release: HeavyHittersRelease, attribute: Attribute, rows: int,
+                   horizon: int) -> Aggregator:
         return ActiveSetAggregator(rows, release.k, counted=self.needs_feedback(release))
 
-    def build(self, release, setting: Setting):
+    def build(self, release: HeavyHittersRelease, setting: Setting) -> Any:
         from pipeline.monitors import ShiftingHeavyHitters
 
-        return ShiftingHeavyHitters(setting.domain_size, setting.allotment.epsilon, setting.allotment.delta,
+        return ShiftingHeavyHitters(setting.domain_size, setting.approx_dp.epsilon, setting.approx_dp.delta,
                                     release.k, setting.horizon, beta=release.beta, method=release.method,
                                     seed=setting.seed, neighbours=setting.neighbours)
 
-    def events(self, release, mechanism, setting):
+    def events(self, release: HeavyHittersRelease, mechanism: Any,
+               setting: Setting) -> tuple[PrivacyEvent | None, ...]:
         target = ApproxDP(mechanism.epsilon, mechanism.delta)
         return charged_at_step_one(target, mechanism.privacy, setting.horizon, f"release {release.name!r}")
 
-    def bounds(self, release, mechanism, horizon):
+    def bounds(self, release: HeavyHittersRelease, mechanism: Any, horizon: int) -> ReleaseBounds:
         mech = mechanism
         return ReleaseBounds(release.name, release.type, mech.beta, {"tau": mech.tau, "threshold": mech.threshold},
                              "tau", meaning="heavy-hitter guarantee",
@@ -70,21 +75,22 @@ class HeavyHittersKind(ReleaseKind):
 
     output = "alerts"
 
-    def questions(self, release, unit="step"):
+    def questions(self, release: HeavyHittersRelease, unit: str = "step") -> tuple[list[str],
+                  list[str]]:
         return (["which values are held by many active users at step t: every value held by at least τ active users "
                  "is flagged, and no value held by nobody, at every step (with probability ≥ 1 − β)"],
                 ["how many users hold a value (a flag is not a count)", "values held by fewer than τ users",
                  f"values whose users have spent their k = {release.k} flags" if release.method in CHARGING_METHODS
                  else "nothing else"])
 
-    def explain(self, bounds, n):
+    def explain(self, bounds: ReleaseBounds, n: int) -> str:
         from .reading import confidence, points
 
         tau = bounds.bounds["tau"]
         return (f"with probability {confidence(bounds.beta)}, every value held by at least τ = {tau:,.0f} active users "
                 f"({points(tau, n)} of n = {n:,}) is flagged, and no value held by nobody is, at every step")
 
-    def flag_limit(self, release) -> str:
+    def flag_limit(self, release: HeavyHittersRelease) -> str:
         """Why a flagged value stops being flagged, in words."""
         if release.method not in CHARGING_METHODS:
             return "flags do not run out with this method (the noise is calibrated to every step instead)"
@@ -95,7 +101,7 @@ class HeavyHittersKind(ReleaseKind):
                     "; a noisy count is of the active holders only (those with flags left), so a count that falls "
                     "after flags ran out is not a falling popularity" if release.method == "tct" else ""))
 
-    def alert_text(self, release, alert, ctx):
+    def alert_text(self, release: HeavyHittersRelease, alert: dict[str, Any], ctx: Context) -> str:
         from .reading import code_labels
 
         flagged = [int(x) for x in alert.get("flagged", [])]
@@ -110,7 +116,7 @@ class HeavyHittersKind(ReleaseKind):
             names = [f"{name}, {_flag_number(t, release.k)}" for name, t in zip(names, times)]
         return "flagged: " + "; ".join(names)
 
-    def observe(self, manifest, alerts):
+    def observe(self, manifest: dict[str, Any], alerts: dict[str, Any] | None) -> dict[str, float]:
         return {"heavy_hitters": float(len((alerts or {}).get("flagged", [])))}
 
     def release_step(self, s: StepInput) -> StepOutput:

@@ -19,14 +19,35 @@ clipped to what a count of users can be, [0, n].
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-__all__ = ["Context", "Row", "Answer", "CLIPPING", "binary_word", "pattern_labels", "cumulative_label", "code_labels"]
+if TYPE_CHECKING:
+    from pipeline.attributes import Attribute
+
+__all__ = ["Panel",
+           "Context", "Row", "Answer", "CLIPPING", "binary_word", "pattern_labels", "cumulative_label", "code_labels"]
 
 CLIPPING = ("estimates are shown unclipped (a debiased count can be negative: clipping at 0 would bias sums "
             "upward); only the interval is clipped to [0, n]")
+
+
+class Panel(Protocol):
+    """One release's public output as the consumer assembles it
+    (``pipeline.consumer.SyntheticPanel``)."""
+
+    manifests: dict[int, dict[str, Any]]
+    values: np.ndarray | None
+    histograms: dict[int, np.ndarray]
+
+    @property
+    def parameters(self) -> dict[str, Any]: ...
+
+    @property
+    def released_through(self) -> int: ...
+
+    def as_array(self) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -90,7 +111,7 @@ def interval(estimate: float, half_width: float, n: int | None) -> tuple[float, 
     return max(0.0, low), (high if n is None else min(float(n), high))
 
 
-def binary_word(attribute) -> str:
+def binary_word(attribute: Attribute) -> str:
     """What code 1 of a binary attribute means in labels ("poor"), or the attribute's ``= 1``."""
     return getattr(attribute, "label", "") or "value 1"
 
@@ -107,7 +128,7 @@ def _ranges(positions: list[int]) -> str:
     return ", ".join(parts)
 
 
-def pattern_labels(attribute, k: int, unit: str = "step") -> list[str]:
+def pattern_labels(attribute: Attribute, k: int, unit: str = "step") -> list[str]:
     """A label for each of the A^k length-k window patterns, in code order (oldest value most
     significant, :func:`pipeline.queries.pattern_digits`): binary attributes in words ("poor in all 3
     months", "poor in months 2–3 of 3 only"), categorical ones as the sequence of their values."""
@@ -133,13 +154,13 @@ def pattern_labels(attribute, k: int, unit: str = "step") -> list[str]:
     return [" → ".join(labels[int(d)] for d in row) for row in digits]
 
 
-def cumulative_label(attribute, b: int, t: int, unit: str = "step") -> str:
+def cumulative_label(attribute: Attribute, b: int, t: int, unit: str = "step") -> str:
     """The label of the cumulative count S_b^t."""
     word = binary_word(attribute)
     return f"{word} in at least {b} of the first {t} {unit}{'s' if t > 1 else ''}"
 
 
-def code_labels(attribute, codes) -> list[str]:
+def code_labels(attribute: Attribute, codes) -> list[str]:
     """Public labels of attribute codes (declared values, a hashed attribute's dictionary, else the code)."""
     codes = [int(c) for c in np.asarray(codes).ravel()]
     if attribute is None:

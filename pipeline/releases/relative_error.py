@@ -26,7 +26,7 @@ changes. That is exactly PREM's replace-one relation with public n, under which 
 (ε_s, δ_s) is (ε_s, δ_s)-DP (docs/prem.md §3.2 for the charged accounting, Theorem 3.1 of Ghazi et
 al. for the paper's). The T per-step runs use independent randomness; basic composition of
 (ε, δ)-DP mechanisms (Dwork & Roth 2014, Theorem 3.16 — the project's accounting of (ε, δ) costs,
-:mod:`pipeline.privacy.accounting`) gives (Σ ε_s, Σ δ_s) for the release. Calibration: the release's
+:mod:`pipeline.privacy.accountant`) gives (Σ ε_s, Σ δ_s) for the release. Calibration: the release's
 allotment (ε_r, δ_r) is split evenly, target (ε_r/T, δ_r/T) per step; the ledger charges at each
 step t the event ``RelativeErrorMechanism.step_cost()`` = ``plan_privacy(plan)``, recomputed from the plan's noise
 parameters (a, σ², σ_n², K) alone, which is at most the target (up to float rounding, within the
@@ -46,13 +46,15 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from pipeline.attributes import public_hash
-from pipeline.privacy.accounting import ApproxDP
+from pipeline.attributes import Attribute, public_hash
+from pipeline.privacy.events import ApproxDP
 from pipeline.privacy.rng import derive_seed
 
-from .aggregators import FixedWindowAggregator
-from .base import ReleaseConfig, ReleaseKind, Setting, StepInput, StepOutput, register
+from .aggregators import Aggregator, FixedWindowAggregator
+from .base import (BudgetKeys, CountsKind, PrivacyEvent, ReleaseConfig, Setting, StepInput,
+                  StepOutput, register)
 from .bounds import ReleaseBounds
+from .reading import Answer, Context, Panel
 
 __all__ = ["RelativeErrorRelease", "RelativeErrorKind", "resolve_groups", "query_family", "family_size",
            "dyadic_blocks", "dyadic_pieces", "step_plan", "plan_of", "step_seed", "RelativeErrorMechanism",
@@ -85,7 +87,7 @@ class RelativeErrorRelease(ReleaseConfig):
     max_rounds: int = Field(default=3, ge=1, description="charged: certified rounds per step")
 
 
-def _resolve_code(value: str | int, attribute) -> int:
+def _resolve_code(value: str | int, attribute: Attribute) -> int:
     """A declared value's code: a label of a categorical attribute (or its code), a code of a hashed
     attribute, or any string through the public hash. ValueError when outside the domain."""
     if isinstance(value, bool):
@@ -103,7 +105,7 @@ def _resolve_code(value: str | int, attribute) -> int:
     return labels.index(value)
 
 
-def resolve_groups(release, attribute, where: str = "") -> dict[str, list[int]]:
+def resolve_groups(release: RelativeErrorRelease, attribute: Attribute, where: str = "") -> dict[str, list[int]]:
     """The declared groups as sorted code lists; a bad member names ``<where>.groups.<name>``."""
     out = {}
     for name, members in release.groups.items():
@@ -150,6 +152,8 @@ def query_family(queries: str, domain_size: int, groups: list | None = None):
     if queries == "groups":
         from pipeline.synth.prem import as_query_matrix
 
+        if not groups:
+            raise ValueError("groups: queries: groups needs at least one declared group")
         return as_query_matrix([np.asarray(c, dtype=np.int64) for _, c in groups], domain_size)
     if queries == "singletons":
         return sparse.identity(domain_size, dtype=np.float64, format="csr")
@@ -162,7 +166,7 @@ def query_family(queries: str, domain_size: int, groups: list | None = None):
     raise ValueError(f"queries must be one of {QUERY_FAMILIES}, got {queries!r}")
 
 
-def family_size(release, attribute) -> tuple[int, int]:
+def family_size(release: RelativeErrorRelease, attribute: Attribute) -> tuple[int, int]:
     """(|F|, nnz(F)) without building F."""
     if release.queries == "groups":
         return len(release.groups), sum(len(g) for g in release.groups.values())
@@ -191,12 +195,12 @@ def dyadic_pieces(lo: int, hi: int, domain_size: int) -> list[tuple[int, int]]:
 # --- the kind ------------------------------------------------------------------------------------
 
 @register
-class RelativeErrorKind(ReleaseKind):
+class RelativeErrorKind(CountsKind[RelativeErrorRelease]):
     name = KIND
     config = RelativeErrorRelease
     budget = "approx_dp"
 
-    def check(self, release, attribute, horizon):
+    def check(self, release: RelativeErrorRelease, attribute: Attribute, horizon: int) -> None:
         if attribute.type not in ("categorical", "hashed"):
             raise ValueError("attribute: relative_error releases need a categorical or hashed attribute")
         if attribute.size > MAX_DOMAIN:
@@ -213,22 +217,26 @@ class RelativeErrorKind(ReleaseKind):
             raise ValueError(f"queries: {release.queries} over {attribute.size} codes has {nnz} (query, code) "
                              f"pairs, more than the {MAX_NNZ} supported")
 
-    def check_budget(self, release, budget, horizon):
+    def check_budget(self, release: RelativeErrorRelease, budget: BudgetKeys, horizon: int) -> None:
+        if budget.epsilon is None:  # the configuration refuses an approx_dp kind without it first
+            raise ValueError("share: a relative_error release needs budget.epsilon")
         eps_step = release.share * budget.epsilon / horizon
         if eps_step > 1.0:
             raise ValueError(f"share: the per-step epsilon share·epsilon/horizon = {eps_step:.4g} exceeds 1, "
                              "the range PREM's calibration covers")
 
-    def aggregator(self, release, attribute, rows, horizon):
+    def aggregator(self, release: RelativeErrorRelease, attribute: Attribute, rows: int,
+                   horizon: int) -> Aggregator:
         """The step's histogram of current values: the fixed-window aggregator with a one-step window
         (pattern = the current code; counts from step 1 on, dense over the domain, additive across
         partitions). No per-user state is carried between steps."""
         return FixedWindowAggregator(rows, 1, attribute.size)
 
-    def build(self, release, setting: Setting) -> "RelativeErrorMechanism":
+    def build(self, release: RelativeErrorRelease, setting: Setting) -> "RelativeErrorMechanism":
         return RelativeErrorMechanism(mechanism_params(release, setting))
 
-    def events(self, release, mechanism, setting):
+    def events(self, release: RelativeErrorRelease, mechanism: Any,
+               setting: Setting) -> tuple[PrivacyEvent | None, ...]:
         """The same ``ApproxDP`` at every step 1..T: the cost the plan's noise parameters imply
         (:func:`pipeline.synth.prem_privacy.plan_privacy`), at most the per-step target (ε_r/T, δ_r/T)."""
         cost = mechanism.step_cost()
@@ -236,7 +244,7 @@ class RelativeErrorKind(ReleaseKind):
             raise TypeError(f"release {release.name!r}: a PREM step costs an ApproxDP, got {cost!r}")
         return (cost,) * setting.horizon
 
-    def bounds(self, release, mechanism, horizon):
+    def bounds(self, release: RelativeErrorRelease, mechanism: Any, horizon: int) -> ReleaseBounds:
         plan = mechanism.plan
         return ReleaseBounds(release.name, release.type, plan.beta, {"alpha": plan.alpha, "zeta": plan.zeta}, "alpha",
                              meaning="relative-error intervals",
@@ -250,14 +258,17 @@ class RelativeErrorKind(ReleaseKind):
 
     output = "histogram"
 
-    def questions(self, release, unit="step"):
+    def questions(self, release: RelativeErrorRelease, unit: str = "step") -> tuple[list[str],
+                  list[str]]:
         what = {"groups": f"each declared group ({', '.join(release.groups)})", "dyadic": "any range of codes lo:hi",
                 "singletons": "each single value"}[release.queries]
         return ([f"how many users hold {what} at step t, within (1 ± ζ) of the truth plus α, at each step"],
                 ["questions across steps (each step's histogram is released on its own)",
                  "other sets of values than the query family the release was calibrated for"])
 
-    def answer(self, release, panel, step, ctx, raw=False, group=None):
+    def answer(self, release: RelativeErrorRelease, panel: Panel, step: int, ctx: Context,
+               raw: bool = False,
+               group: str | None = None) -> Answer:
         """Each declared group's count (or ``group``'s) with its (ζ, α) interval (:func:`answer_query`)."""
         from .reading import Answer, Row
 
@@ -274,12 +285,13 @@ class RelativeErrorKind(ReleaseKind):
                             "(Ghazi et al., PREM, arXiv 2502.14809, Thm 3.1), solved for the truth",
                       notes=["a synthetic histogram, not records: no padding"], legacy={"answers": answers})
 
-    def dictionary(self, release, panel, ctx):
+    def dictionary(self, release: RelativeErrorRelease, panel: Panel, ctx: Context) -> dict[str,
+                   Any]:
         return {"columns": {"record": f"the {release.attribute} code (a histogram, not records of users)",
                             **{f"step_{t}": f"the released (synthetic) count of users holding the code at {ctx.unit} {t}"
                                for t in range(1, panel.released_through + 1)}}}
 
-    def explain(self, bounds, n):
+    def explain(self, bounds: ReleaseBounds, n: int) -> str:
         from .reading import confidence, points
 
         alpha, zeta = bounds.bounds["alpha"], bounds.bounds["zeta"]
@@ -299,7 +311,8 @@ class RelativeErrorKind(ReleaseKind):
 # --- mechanism ---------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=32)
-def step_plan(accounting: str, domain_size: int, n_queries: int, zeta: float, epsilon: float, delta: float,
+def step_plan(accounting: str, domain_size: int, n_queries: int, zeta: float, epsilon: float,
+              delta: float,
               beta: float, n: int, max_calls: int, max_rounds: int):
     """The per-step PREM plan (noise parameters, margins, α) — the calibration takes seconds, and every
     step of a release has the same arguments, so it is made once per process."""
@@ -387,11 +400,11 @@ class RelativeErrorMechanism:
         return obj
 
 
-def mechanism_params(release, setting: Setting) -> dict[str, Any]:
+def mechanism_params(release: RelativeErrorRelease, setting: Setting) -> dict[str, Any]:
     """The mechanism's parameters: the allotment (ε_r, δ_r) split evenly over the horizon."""
     if setting.n is None or setting.attribute is None:
         raise ValueError(f"release {release.name!r}: a relative_error mechanism needs the roster size and the attribute")
-    T, allotment, attribute = setting.horizon, setting.allotment, setting.attribute
+    T, allotment, attribute = setting.horizon, setting.approx_dp, setting.attribute
     return {
         "domain_size": setting.domain_size, "queries": release.queries,
         "groups": list(resolve_groups(release, attribute).items()) if release.queries == "groups" else None,
@@ -410,7 +423,8 @@ def plan_of(params: dict[str, Any], n_queries: int):
 
 # --- consumer ----------------------------------------------------------------------------------
 
-def group_interval(estimate: float, zeta: float, alpha: float, n: int, pieces: int = 1) -> tuple[float, float]:
+def group_interval(estimate: float, zeta: float, alpha: float, n: int,
+                   pieces: int = 1) -> tuple[float, float]:
     """The interval for f(h) given f(ĥ) = ``estimate``: the guarantee (1 − ζ)f(h) − kα ≤ f(ĥ) ≤
     (1 + ζ)f(h) + kα (k = ``pieces`` disjoint family queries summed, k = 1 for one query) solved for
     f(h): [(f(ĥ) − kα)/(1 + ζ), (f(ĥ) + kα)/(1 − ζ)], clipped to [0, n] (a count of users)."""
@@ -445,7 +459,8 @@ def _query_codes(params: dict, group: str, attribute=None) -> tuple[np.ndarray, 
     return np.array([code], dtype=np.int64), 1
 
 
-def answer_query(manifest: dict, histogram: np.ndarray, group: str, attribute=None) -> dict[str, Any]:
+def answer_query(manifest: dict, histogram: np.ndarray, group: str, attribute=None) -> dict[str,
+                 Any]:
     """A group's count from a released histogram with its (ζ, α) interval (post-processing only)."""
     params = manifest["parameters"]
     codes, pieces = _query_codes(params, group, attribute)

@@ -16,8 +16,12 @@ at a time (a loop over steps, vectorised over users).
 from __future__ import annotations
 
 import numpy as np
+from typing import TYPE_CHECKING
 
 from pipeline.sim.panel import simulate_poverty_panel
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["simulated_step", "PERSISTENCE", "PHASE", "HEAVY_PER_PHASE", "HEAVY_SHARE"]
 
@@ -25,7 +29,7 @@ PERSISTENCE = 0.9
 PHASE, HEAVY_PER_PHASE, HEAVY_SHARE = 3, 2, 0.04
 
 
-def simulated_step(deployment, n: int, step: int, seed: int) -> dict[str, np.ndarray]:
+def simulated_step(deployment: Deployment, n: int, step: int, seed: int) -> dict[str, np.ndarray]:
     """Attribute -> codes (one per roster row) of ``step`` (1-based), for every attribute."""
     out = {}
     for index, (name, attr) in enumerate(deployment.attributes.items()):

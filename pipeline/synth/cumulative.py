@@ -55,7 +55,7 @@ import numpy as np
 
 from pipeline.privacy.rng import RandomSource, as_random_source, random_source_from_state
 
-from pipeline.privacy.accounting import check_neighbours
+from pipeline.privacy.neighbours import check_neighbours
 from pipeline.validation import check_beta, check_int, check_rho, coerce_counts, coerce_values
 
 from .postprocess import assign_groups
@@ -141,7 +141,7 @@ class CumulativeSynthesizer:
     Parameters
     ----------
     horizon : T. rho : total zCDP budget. beta : failure probability used by :meth:`error_bound`.
-    neighbours : :class:`~pipeline.privacy.accounting.Neighbours` or its value, "add_remove" or
+    neighbours : :class:`~pipeline.privacy.neighbours.Neighbours` or its value, "add_remove" or
         "replace" (passed to every counter, which calibrates for it). This release publishes n
         exactly, so add_remove is not coherent for it (n would differ between neighbours); it is
         kept to reproduce the paper's constants. A stream deployment is always replace.
@@ -310,11 +310,13 @@ class CumulativeSynthesizer:
 
     def _release(self, z: np.ndarray) -> np.ndarray:
         T, n, t = self.horizon, self.n, self.t + 1
+        assert n is not None  # set by update() or checked by release_counts() before a release
         if self._syn is None:
             self._syn = np.zeros((n, T), dtype=np.int8)
             self._syn_weights = np.zeros(n, dtype=np.int64)
             self._s_hat = np.zeros(T + 1, dtype=np.int64)
             self._s_hat[0] = n
+        assert self._syn_weights is not None and self._s_hat is not None  # allocated with _syn
         prev = self._s_hat
         noisy = np.zeros(T + 1, dtype=np.int64)
         noisy[0] = n

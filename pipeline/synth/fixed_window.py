@@ -35,7 +35,7 @@ import numpy as np
 
 from pipeline.privacy.rng import RandomSource, as_random_source, random_source_from_state
 
-from pipeline.privacy.accounting import check_neighbours, sensitivity_factor
+from pipeline.privacy.neighbours import check_neighbours, sensitivity_factor
 from pipeline.validation import check_beta, check_int, check_rho, coerce_counts, coerce_values
 
 from .postprocess import assign_groups, clamp_children, project_children, synthetic_dtype
@@ -88,7 +88,7 @@ class FixedWindowSynthesizer:
     rho : total zCDP budget ρ > 0 of the whole run.
     beta : failure probability of the padding/accuracy guarantee, in (0, 1).
     categories : alphabet size A ≥ 2 (values are codes 0..A−1); A^k ≤ 2^20 bins.
-    neighbours : :class:`~pipeline.privacy.accounting.Neighbours` or its value: "add_remove"
+    neighbours : :class:`~pipeline.privacy.neighbours.Neighbours` or its value: "add_remove"
         (σ² = R/(2ρ)) or "replace" (σ² = R/ρ). add_remove is coherent only for batch use where a
         user really disappears from the histogram (no imputation) and n is not published; a stream
         deployment (fixed public roster, imputation) is always replace (docs/privacy.md).
@@ -156,7 +156,7 @@ class FixedWindowSynthesizer:
         self.m: int | None = None
         self._mode: str | None = None  # "values" or "counts"
         self._user_codes: np.ndarray | None = None  # curator-side: last k−1 real values per user
-        self._syn = None  # (m, T) synthetic values, columns filled up to t
+        self._syn: np.ndarray | None = None  # (m, T) synthetic values, columns filled up to t
         self._syn_codes: np.ndarray | None = None  # each record's current window code (public)
         self._steps: list[int] = []
         self._noisy: list[np.ndarray] = []
@@ -293,6 +293,7 @@ class FixedWindowSynthesizer:
             self._syn_codes = codes
             new_cols = slice(0, k)
         else:
+            assert self._syn is not None and self._syn_codes is not None  # allocated at step k
             prev = self._projected[-1]
             parents = prev.reshape(a, self.n_groups).sum(axis=0)  # P_z = Σ_c p^{t−1}_{cz}
             target = project_children(parents, noisy.reshape(self.n_groups, a), self._rng)

@@ -29,7 +29,7 @@ from pipeline.privacy.noise import discrete_gaussian, discrete_laplace, used_sca
 from pipeline.privacy.rng import RandomSource, as_random_source
 from pipeline.validation import check_int
 
-from pipeline.privacy.accounting import ApproxDP
+from pipeline.privacy.events import ApproxDP
 
 from .prem_privacy import ACCOUNTINGS, MONITORS, PremPlan, charged_plan, paper_plan, plan_privacy
 
@@ -90,7 +90,7 @@ class IntervalNoise:
         else:
             self.scale = used_scale(4.0 / a)
             self.scale_eta = used_scale(2.0 / a)
-            self.eta = None
+            self.eta: int | None = None
         self.queries = 0
 
     def _draw_eta(self) -> int:
@@ -305,6 +305,13 @@ class PREM:
             raise AttributeError("alpha of accounting='paper' depends on n: pass n= or call fit first")
         return self.plan.alpha if self._alpha is None else self._alpha
 
+    @property
+    def _fitted_plan(self) -> PremPlan:
+        """The plan of a fit under way (set before the fit draws any noise)."""
+        if self.plan is None:
+            raise RuntimeError("PREM: no plan during a fit")
+        return self.plan
+
     def privacy(self) -> ApproxDP:
         """(ε, δ) recomputed from the noise parameters in use (:func:`plan_privacy`)."""
         if self.plan is None:
@@ -324,7 +331,7 @@ class PREM:
         return h.astype(np.int64)
 
     def _noisy_mass(self, count: int) -> int:
-        p = self.plan
+        p = self._fitted_plan
         if p.mass_noise == "laplace":
             noise = discrete_laplace(used_scale(1.0 / p.mass_param), 1, self._source)[0]
         else:
@@ -339,10 +346,10 @@ class PREM:
         and distort all shares), plus the missing mass n − kept spread uniformly (at least 1% of n)
         so that every element keeps weight the MWU can grow. Post-processing of one DG release and
         the public n."""
-        if self.plan.init_sigma2 <= 0:
+        if self._fitted_plan.init_sigma2 <= 0:
             return np.ones(self.domain_size)
-        sigma = math.sqrt(self.plan.init_sigma2)
-        noisy = h + discrete_gaussian(self.plan.init_sigma2, self.domain_size, self._source)
+        sigma = math.sqrt(self._fitted_plan.init_sigma2)
+        noisy = h + discrete_gaussian(self._fitted_plan.init_sigma2, self.domain_size, self._source)
         kept = np.where(noisy >= 3.0 * sigma, noisy, 0).astype(np.float64)
         n = float(h.sum())
         return kept + max(n - kept.sum(), 0.01 * n, 1.0) / self.domain_size
@@ -403,15 +410,15 @@ class PREM:
         """Paper: θ = Approx (S_active certified and of largest ĥ-mass). Charged: S_active certified and
         holding ≥ ``certify_share`` of ĥ's mass on X^i — otherwise take another MWU step first, since
         every certified round adds α₀ to α while another call only adds a hit per record."""
-        if self.plan.accounting == "paper":
+        if self._fitted_plan.accounting == "paper":
             return ex.theta == APPROX
-        share = self.plan.extra["certify_share"]
+        share = self._fitted_plan.extra["certify_share"]
         return ex.certified and est[ex.active].sum() >= share * est[remaining].sum()
 
     def _finish_charged(self, h, out, remaining, shape, fresh_mass, rounds_certified) -> None:
         """Keep the uncertified remainder scaled to its noisy mass: on the good event its error on any
         query is ≤ max(ñ, n_rem) ≤ ñ + B, the same as dropping it, and usually far smaller."""
-        p = self.plan
+        p = self._fitted_plan
         if not remaining.any():
             self._alpha = rounds_certified * p.alpha0
             return
@@ -437,11 +444,11 @@ class PREM:
         in the same step (η = 2ζ by default; larger steps oscillate). Post-processing of the call's
         output: privacy is unchanged, only the number of calls needed changes."""
         factor = np.ones(self.domain_size)
-        if self.plan.accounting == "paper":
-            factor[ex.support] = math.exp(ex.theta * self.plan.eta)
+        if self._fitted_plan.accounting == "paper":
+            factor[ex.support] = math.exp(ex.theta * self._fitted_plan.eta)
         else:
-            factor[ex.plus] = math.exp(self.plan.eta)
-            factor[ex.minus] = math.exp(-self.plan.eta)
+            factor[ex.plus] = math.exp(self._fitted_plan.eta)
+            factor[ex.minus] = math.exp(-self._fitted_plan.eta)
         new = est * factor
         total = new.sum()
         return new * (n_tilde / total) if total > 0 else new

@@ -29,7 +29,9 @@ from pipeline.monitors import calibration as cal
 from pipeline.privacy.laws import DiscreteGaussianLaw, DiscreteLaplaceLaw, upper_quantile
 from pipeline.privacy.noise import used_scale
 from pipeline.monitors.interval import OutsideIntervalMonitor, OutsideIntervalMonitorPure, _two_sided_margin
-from pipeline.privacy.accounting import ApproxDP, sensitivity_factor, zcdp_to_approx_dp
+from pipeline.privacy.conversions import zcdp_to_approx_dp
+from pipeline.privacy.events import ApproxDP
+from pipeline.privacy.neighbours import sensitivity_factor
 from pipeline.validation import check_int, check_real
 
 __all__ = ["PremPlan", "advanced_composition", "calibrate_advanced_composition", "paper_plan",

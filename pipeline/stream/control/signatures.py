@@ -35,7 +35,7 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from cryptography.exceptions import InvalidSignature
@@ -52,6 +52,9 @@ from pipeline.stream.control.keys import (
     load_public,
 )
 from pipeline.stream.state.identity import StateRefused
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = [
     "ACTIONS",
@@ -103,7 +106,7 @@ def statement(deployment: str, fingerprint: str, step: int, action: str, closed_
     return _PREFIX + json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
-def deployment_fingerprint(deployment, roster_ids: list[str]) -> str:
+def deployment_fingerprint(deployment: Deployment, roster_ids: list[str]) -> str:
     """The fingerprint a signature binds: the deployment's own configuration's, computed here,
     never read
     from Redis (which the stream roles may write)."""
@@ -199,7 +202,7 @@ class CloseVerifier:
         self.deployment, self.fingerprint, self.keys = deployment, fingerprint, dict(keys)
 
     @classmethod
-    def from_environment(cls, deployment, fingerprint: str) -> "CloseVerifier":
+    def from_environment(cls, deployment: Deployment, fingerprint: str) -> "CloseVerifier":
         """The verifier of a stream process: the curator's public key always; the deadline key's
         when the
         deployment closes on a deadline. :class:`KeyUnavailable` naming the variable when one is
@@ -324,7 +327,7 @@ def _required(variable: str, what: str):
     return path
 
 
-def curator_signer(deployment, roster_ids: list[str]) -> CloseSigner:
+def curator_signer(deployment: Deployment, roster_ids: list[str]) -> CloseSigner:
     """The curator's signer (``dpstream close``): its key from ``DPSTREAM_CONTROL_KEY``, else the
     one the
     running ``dpstream up`` of the deployment generated."""
@@ -344,7 +347,7 @@ def curator_signer(deployment, roster_ids: list[str]) -> CloseSigner:
     )
 
 
-def deadline_signer(deployment, fingerprint: str) -> CloseSigner | None:
+def deadline_signer(deployment: Deployment, fingerprint: str) -> CloseSigner | None:
     """The releaser's deadline signer when the deployment closes on a deadline (None otherwise)."""
     if deployment.steps.close != "deadline":
         return None
@@ -352,7 +355,7 @@ def deadline_signer(deployment, fingerprint: str) -> CloseSigner | None:
     return CloseSigner(load_private(path, "deadline key"), deployment.name, fingerprint, "deadline")
 
 
-def job_keys(deployment, fingerprint: str, role: str) -> tuple[CloseVerifier, CloseSigner | None]:
+def job_keys(deployment: Deployment, fingerprint: str, role: str) -> tuple[CloseVerifier, CloseSigner | None]:
     """A stream process's verifier (and, for the releaser of a deadline deployment, its deadline
     signer);
     a missing or unusable key refuses the start with exit code 2, naming the variable or file."""

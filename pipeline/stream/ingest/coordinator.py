@@ -33,13 +33,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, AbstractSet, Any, Awaitable, Callable
 
 from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore
 from pipeline.stream.ingest.repartition import ForwardMarkers
 from pipeline.stream.kafka.faults import crash_point
 from pipeline.stream.kafka.metrics import METRICS, forget_partition, observe_partition
 from pipeline.stream.state.checkpoint import Batch, Checkpoint
+
+if TYPE_CHECKING:
+    from pipeline.stream.state.store_async import AsyncReleaseStore
 
 __all__ = ["IngestCoordinator"]
 
@@ -49,7 +52,7 @@ log = logging.getLogger("dpstream.worker")
 class IngestCoordinator:
     """One worker's protocol state around its :class:`IngestCore`."""
 
-    def __init__(self, core: IngestCore, store, checkpoint: Checkpoint,
+    def __init__(self, core: IngestCore, store: AsyncReleaseStore, checkpoint: Checkpoint,
                  log_ends: Callable[[list], Awaitable[dict[Any, int]]],
                  seek: Callable[[Any, int], None] = lambda tp, offset: None,
                  log_ids: Callable[[list[str]], Awaitable[dict[str, str | None]]] | None = None):
@@ -201,7 +204,9 @@ class IngestCoordinator:
         acknowledgement replays the source from its checkpoint, which restores and recounts them.
         """
         started = time.perf_counter()
-        sends, checkpoints, forwards, forwarded = self.checkpoint.begin(), {}, self.checkpoint.begin(), set()
+        sends, forwards = self.checkpoint.begin(), self.checkpoint.begin()
+        checkpoints: dict[int, CloseOutput] = {}  # partition -> its last close of this fetch
+        forwarded: set[int] = set()  # open steps with reports forwarded in this fetch
         for partition in partitions:
             for out in self.core.drain_all(partition):
                 if isinstance(out, ForwardMarkers):
@@ -245,7 +250,7 @@ class IngestCoordinator:
                            lambda: self.store.save_intake({p: self.core.intake_snapshot(p)
                                                            for p in partitions if p in self.core.states}))
 
-    async def _forwards_acknowledged(self, current: Batch | None = None, steps: set[int] = frozenset(),
+    async def _forwards_acknowledged(self, current: Batch | None = None, steps: AbstractSet[int] = frozenset(),
                                      keep: bool = False) -> None:
         """Wait for the forwards in flight since the previous fetch, then for ``current`` (this fetch's,
         of reports of the open ``steps``) — or, with ``keep``, leave those in flight until the next fetch."""

@@ -26,6 +26,7 @@ import time
 from itertools import groupby
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 import numpy as np
 import orjson
@@ -39,6 +40,9 @@ from pipeline.stream.ingest.partition_state import OwnedRows, PartitionState
 from pipeline.stream.ingest.reports import ReportParser
 from pipeline.stream.ingest.repartition import (Forwarder, ForwardMarkers, Inbox, is_rows, positions_of,
                                                 source_positions)
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["IngestCore", "Record", "ApplyResult", "CloseOutput", "is_marker"]
 
@@ -91,7 +95,7 @@ class IngestCore:
     # as soon as its partials are in).
     KEEP_PARTIALS = 8
 
-    def __init__(self, deployment, roster, topic_names: dict[str, str], store=None,
+    def __init__(self, deployment: Deployment, roster, topic_names: dict[str, str], store=None,
                  isolated: bool = False, verifier: CloseVerifier | None = None):
         """``isolated``: neither send nor wait for forwarded-through markers — only for driving
         partitions in isolation, as unit tests do (nothing is forwarded to them); a worker never is.
@@ -240,10 +244,10 @@ class IngestCore:
         if not backlog:
             return []
         if not any(map(_HEADERS, backlog)):  # no marker (reports carry no headers): one run, no per-record loop
-            outputs = [self.apply_reports(partition, list(backlog))]
+            one_run: list[ApplyResult | CloseOutput | ForwardMarkers] = [self.apply_reports(partition, list(backlog))]
             del backlog[:]
-            return outputs
-        outputs: list[ApplyResult | CloseOutput] = []
+            return one_run
+        outputs: list[ApplyResult | CloseOutput | ForwardMarkers] = []
         run: list[Record] = []
         replacing = False  # the run holds corrections (pipeline.stream.ingest.corrections)
         done = 0

@@ -19,7 +19,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.config import Deployment
 
 __all__ = ["IntakeView", "intake_view", "StepCheck", "close_assessment", "open_window"]
 
@@ -104,7 +108,7 @@ def _sum_reasons(dicts) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def intake_view(store, broker: str, reports_topic: str, partitions: int, wait: float = 10.0,
+def intake_view(store: ReleaseStore, broker: str, reports_topic: str, partitions: int, wait: float = 10.0,
                 repartition_topic: str | None = None, progress=None) -> IntakeView:
     """The partitions' intake snapshots, once each worker has caught up with the reports log and the
     ``repartition`` log (reports forwarded from other partitions; or after ``wait`` seconds:
@@ -138,7 +142,7 @@ def intake_view(store, broker: str, reports_topic: str, partitions: int, wait: f
         time.sleep(0.2)
 
 
-def open_window(deployment, closing: int) -> range:
+def open_window(deployment: Deployment, closing: int) -> range:
     """Steps the workers accept once the markers written so far are handled: closing+1 .. +max_ahead."""
     first = closing + 1
     return range(first, min(first + deployment.steps.max_ahead, deployment.horizon) + 1)
@@ -155,7 +159,7 @@ class StepCheck:
     warnings: list[str]
 
 
-def close_assessment(deployment, view: IntakeView, steps: range) -> list[StepCheck]:
+def close_assessment(deployment: Deployment, view: IntakeView, steps: range) -> list[StepCheck]:
     """Each step of ``steps`` against the closed steps' median imputed and rejected shares."""
     guard = deployment.close_guard
     n = deployment.n

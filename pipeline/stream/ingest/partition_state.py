@@ -13,7 +13,7 @@ applied before step t+1 closes; :meth:`close` refuses otherwise.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from pipeline.releases import kind_of
 from pipeline.releases.aggregators import narrow_int
 from pipeline.stream.ingest.corrections import Corrections
 from pipeline.stream.ingest.reports import ParsedReports
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["PartitionState", "FeedbackPending", "Intake", "OwnedRows", "stable_argsort"]
 
@@ -34,7 +37,7 @@ class PartitionState:
     per user in memory with the benchmark's releases, 37 in the checkpoint (docs/streaming.md,
     "Worker memory")."""
 
-    def __init__(self, deployment, partition: int, rows: np.ndarray, n_total: int, owned: "OwnedRows | None" = None):
+    def __init__(self, deployment: Deployment, partition: int, rows: np.ndarray, n_total: int, owned: "OwnedRows | None" = None):
         """``owned``: the roster-wide row -> (owner, position) map shared by a worker's partitions
         (:class:`OwnedRows`); built from ``rows`` alone when not given."""
         self.deployment = deployment

@@ -156,7 +156,7 @@ class Forwarder:
     def report(self, row: int, step: int, codes: dict) -> dict:
         """A report as its producer could have sent it (labels for categorical values): the bytes a
         forwarded report is dead-lettered with, as on the source."""
-        values = {a: (int(c) if self.labels[a] is None else self.labels[a][c]) for a, c in codes.items() if c >= 0}
+        values = {a: (int(c) if (labels := self.labels[a]) is None else labels[c]) for a, c in codes.items() if c >= 0}
         return {"user": self.ids[row], "step": int(step), "values": values}
 
     def markers(self, source: int, step: int) -> ForwardMarkers:
@@ -194,6 +194,8 @@ def _header(headers, name: str) -> bytes | None:
 def source_of(headers, partitions: int) -> int | None:
     """The source partition a repartition record names (None: not a valid one)."""
     raw = _header(headers, SOURCE_HEADER)
+    if raw is None:
+        return None
     try:
         source = int(raw)
     except (TypeError, ValueError):
@@ -241,7 +243,7 @@ class Inbox:
 
     def reset(self, closed: int) -> None:
         """Start over on a new log (the broker lost the old one): markers of closed steps are implied."""
-        self.__init__(self.partitions, closed)
+        Inbox.__init__(self, self.partitions, closed)
 
     def enqueue(self, records: list) -> list:
         """Queue records (in log order, past ``consumed``) under their source; returns those naming no

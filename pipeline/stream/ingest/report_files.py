@@ -22,13 +22,16 @@ import re
 from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import msgspec
 import numpy as np
 import orjson
 
 from pipeline.stream.ingest.reports import ReportParser
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["ReportFileError", "ReportFile", "FileReports", "check_report_file", "read_report_file", "first_rejection",
            "CHUNK"]
@@ -65,7 +68,7 @@ class ReportFile:
     :meth:`chunks` reads again from the file. ``step`` set: only that step's reports are read."""
 
     path: Path
-    deployment: object
+    deployment: Deployment
     counts: dict[int, int]  # step -> reports in the file
     first_lines: dict[int, int]  # step -> line of its first report
     stamp: tuple[int, int]  # (size, mtime_ns) when checked: a file changed since is refused
@@ -103,7 +106,7 @@ class ReportFile:
         return None
 
 
-def check_report_file(path: str | Path, deployment, roster, chunk: int = CHUNK) -> ReportFile:
+def check_report_file(path: str | Path, deployment: Deployment, roster, chunk: int = CHUNK) -> ReportFile:
     """Check a whole ``*.csv`` or ``*.jsonl`` report file a chunk at a time; raises :class:`ReportFileError`
     at the first bad line. Memory: one chunk, plus a byte per roster row for each step in the file."""
     path = Path(path)
@@ -142,7 +145,7 @@ def check_report_file(path: str | Path, deployment, roster, chunk: int = CHUNK) 
     return ReportFile(path, deployment, counts, first_lines, stamp)
 
 
-def read_report_file(path: str | Path, deployment, roster) -> FileReports:
+def read_report_file(path: str | Path, deployment: Deployment, roster) -> FileReports:
     """Check a report file and return all its reports in memory (small files, library use; ``dpstream
     produce`` sends from :func:`check_report_file` instead); raises :class:`ReportFileError`."""
     checked = check_report_file(path, deployment, roster)
@@ -172,7 +175,7 @@ def _by_step(rows: np.ndarray, steps: np.ndarray, positions: bool = False):
         yield int(step), (at if positions else rows[at])
 
 
-def _first_line(path: Path, deployment, user, step) -> int | None:
+def _first_line(path: Path, deployment: Deployment, user, step) -> int | None:
     """Line of the first report of (user, step): read again, for the error message of a repeat."""
     return next((no for no, rep, _ in _records(path, deployment) if rep["user"] == user and rep["step"] == step), None)
 
@@ -187,7 +190,7 @@ def _chunks(records: Iterator, size: int) -> Iterator[list]:
         yield chunk
 
 
-def _records(path: str | Path, deployment) -> Iterator[tuple[int, dict, object]]:
+def _records(path: str | Path, deployment: Deployment) -> Iterator[tuple[int, dict, object]]:
     """(line, report, where) per report of the file, read lazily; ``where`` locates the columns (CSV: column
     per field; JSONL: the line's bytes, searched only for an error). The header is checked on the first read."""
     path = Path(path)
@@ -216,7 +219,7 @@ def _column(record: tuple, name: str) -> str | int | None:
     return where.find(orjson.dumps(name)) + 1 or None
 
 
-def _read_jsonl(path: Path, deployment) -> Iterator[tuple[int, dict, bytes]]:
+def _read_jsonl(path: Path, deployment: Deployment) -> Iterator[tuple[int, dict, bytes]]:
     with path.open("rb") as fh:
         for no, raw in enumerate(fh, 1):
             if no == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a byte-order mark (UTF-8 text from Windows tools)
@@ -238,7 +241,7 @@ def _keys(obj: dict) -> list[str]:
     return [k for k in obj if isinstance(k, str)] + (list(values) if isinstance(values, dict) else [])
 
 
-def _read_csv(path: Path, deployment) -> Iterator[tuple[int, dict, dict]]:
+def _read_csv(path: Path, deployment: Deployment) -> Iterator[tuple[int, dict, dict]]:
     with path.open(newline="", encoding="utf-8-sig") as fh:  # a byte-order mark (Excel's "CSV UTF-8") is dropped
         reader = csv.reader(fh)
         header = next(reader, None)
@@ -273,7 +276,7 @@ def _read_csv(path: Path, deployment) -> Iterator[tuple[int, dict, dict]]:
             yield no, {"user": row["user"], "step": step, "values": values}, where
 
 
-def first_rejection(reports: list[dict], deployment, roster) -> tuple[int, str, str, object] | None:
+def first_rejection(reports: list[dict], deployment: Deployment, roster) -> tuple[int, str, str, object] | None:
     """(index, reason, detail, rejection) of the first report the workers would reject (their own parser's
     stateless checks), or of a repeated (user, step); None when every report is good."""
     parser = ReportParser(roster, deployment.attributes, deployment.horizon)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from operator import attrgetter
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import msgspec
 import numpy as np
@@ -93,7 +94,7 @@ class ParsedReports:
         """Move the reports selected by ``mask`` into the rejections (stateful checks use this)."""
         for i in np.flatnonzero(mask):
             j = int(self.batch_index[i])
-            self.rejections.append(Rejection(reason, detail, bytes(self.original(i)), None if j < 0 else j,
+            self.rejections.append(Rejection(reason, detail, bytes(self.original(int(i))), None if j < 0 else j,
                                              int(self.message[i])))
 
     def take(self, mask: np.ndarray) -> "ParsedReports":
@@ -161,7 +162,7 @@ class ReportParser:
         batch_index: list[int] = []
         message: list[int] = []
         rejections: list[Rejection] = []
-        sources = list(messages)  # a batch message's entry becomes its decoded items or columns
+        sources: list[Any] = list(messages)  # a batch message's entry becomes its decoded items or columns
         msg_no = 0
 
         def reject(reason: str, detail: str, raw, index: int | None = None) -> None:
@@ -402,7 +403,8 @@ class ReportParser:
         if type(step) is int:
             steps = np.full(size, min(max(step, 0), 2**62), dtype=np.int64)  # huge: future_step, not OverflowError
         else:
-            steps = np.fromiter((v if type(v) is int and abs(v) < 2**62 else 0 for v in step), dtype=np.int64, count=size)
+            steps = np.fromiter((v if type(v) is int and abs(v) < 2**62 else 0 for v in cast(list, step)),
+                                dtype=np.int64, count=size)
         reason = np.zeros(size, dtype=np.int8)  # 0 ok; else an index into _COL_REASONS
         reason[rows == -2] = 1
         reason[(reason == 0) & (steps < 1)] = 1
@@ -483,22 +485,28 @@ _USER, _STEP, _VALUES = attrgetter("user"), attrgetter("step"), attrgetter("valu
 class _Columns:
     """A columnar batch; ``item(j)`` rebuilds row j as the single report it stands for."""
 
-    __slots__ = ("cols",)
+    __slots__ = ("_cols",)
 
     def __init__(self, cols: dict):
-        self.cols = cols
+        self._cols: dict | None = cols
+
+    @property
+    def cols(self) -> dict:
+        assert self._cols is not None  # given to the constructor
+        return self._cols
 
     def item(self, j: int) -> dict:
         step = self.cols.get("step")
         values = {k: v[j] for k, v in self.cols.items() if k not in ("user", "step") and v[j] is not None}
-        return {"user": self.cols["user"][j], "step": step if type(step) is int else step[j], "values": values}
+        return {"user": self.cols["user"][j], "step": step if type(step) is int else cast(list, step)[j],
+                "values": values}
 
 
 class _RawColumns(_Columns):
     """A columnar batch taken by the typed path: decoded as the reference path decodes it (orjson)
     only if a row's bytes are needed."""
 
-    __slots__ = ("raw", "_cols")
+    __slots__ = ("raw",)
 
     def __init__(self, raw: bytes):
         self.raw = raw

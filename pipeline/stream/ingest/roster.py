@@ -95,7 +95,7 @@ class Roster:
                 self._index = IdIndex(self.ids)
             except ValueError:
                 self._index = False
-        return self._index or None
+        return self._index if isinstance(self._index, IdIndex) else None
 
     def owners(self, partitions: int) -> np.ndarray:
         """Owning partition of every row (cached; murmur2 vectorised,

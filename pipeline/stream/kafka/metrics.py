@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -175,7 +176,9 @@ class ConsumerLagMonitor(threading.Thread):
         self.readable = frozenset(readable)
         self.interval = interval
         self._stop = threading.Event()
-        self._admin = self._consumer = self._ends = None
+        self._admin: Any = None  # kafka clients, made on the first poll
+        self._consumer: Any = None
+        self._ends: Any = None
 
     def _clients(self):
         if self._admin is None:

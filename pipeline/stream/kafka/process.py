@@ -72,9 +72,9 @@ async def supervise(tasks: list[asyncio.Task], name: str, drain: Callable[[], Aw
     try:
         done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
         for task in done:
-            if task is not stopper and not task.cancelled() and task.exception() is not None:
-                log.error("%s failing: %r", name, task.exception())
-                raise task.exception()
+            if task is not stopper and not task.cancelled() and (err := task.exception()) is not None:
+                log.error("%s failing: %r", name, err)
+                raise err
         log.info("%s stopping", name)
         if drain is not None:
             try:

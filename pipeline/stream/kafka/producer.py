@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import numpy as np
 import orjson
+from typing import TYPE_CHECKING
 
 from pipeline.connections import kafka_security
 from pipeline.stream.kafka.limits import MAX_MESSAGE_BYTES
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["ReportProducer"]
 
 
 class ReportProducer:
-    def __init__(self, bootstrap: str, deployment, roster, topic_names: dict[str, str], batch_size: int = 5000):
+    def __init__(self, bootstrap: str, deployment: Deployment, roster, topic_names: dict[str, str], batch_size: int = 5000):
         from kafka import KafkaProducer
 
         self.deployment = deployment

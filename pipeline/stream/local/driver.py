@@ -9,6 +9,7 @@ own timestamps cannot measure it: they carry the step's public close time.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -17,11 +18,14 @@ from pipeline.consumer import PanelStore
 from pipeline.releases import kind_of
 from pipeline.stream.kafka.producer import ReportProducer
 
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
+
 __all__ = ["StepDriver"]
 
 
 class StepDriver:
-    def __init__(self, bootstrap: str, deployment, roster, topic_names: dict[str, str], cluster=None):
+    def __init__(self, bootstrap: str, deployment: Deployment, roster, topic_names: dict[str, str], cluster=None):
         from kafka import KafkaConsumer, TopicPartition
 
         self.deployment = deployment

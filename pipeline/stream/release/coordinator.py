@@ -50,11 +50,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 import orjson
 
-from pipeline.privacy.accounting import BudgetExhaustedError
+from pipeline.privacy.errors import BudgetExhaustedError
 from pipeline.releases import get_kind
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.control.signatures import (CloseCommand, CloseSigner, CloseVerifier,
@@ -70,6 +70,10 @@ from pipeline.stream.release.fence import check_fence
 from pipeline.stream.state.checkpoint import Checkpoint
 from pipeline.stream.state.store import StepAlreadyReleased, StepRecord
 
+if TYPE_CHECKING:
+    from pipeline.stream.state.store_async import AsyncReleaseStore
+    from pipeline.config import Deployment
+
 __all__ = ["ReleaseCoordinator"]
 
 log = logging.getLogger("dpstream.releaser")
@@ -84,7 +88,7 @@ def _canonical(obj) -> bytes:
 class ReleaseCoordinator:
     """One releaser's protocol state; build it with :meth:`create` (it reads Redis)."""
 
-    def __init__(self, deployment, engine: ReleaseEngine, store, checkpoint: Checkpoint, names: dict[str, str],
+    def __init__(self, deployment: Deployment, engine: ReleaseEngine, store: AsyncReleaseStore, checkpoint: Checkpoint, names: dict[str, str],
                  log_end: Callable[[str], Awaitable[int | None]], clock: Callable[[], int] = now_ms,
                  verifier: CloseVerifier | None = None, deadline_signer: CloseSigner | None = None,
                  log_id: Callable[[str], Awaitable[str | None]] | None = None):
@@ -116,7 +120,7 @@ class ReleaseCoordinator:
                                        else None, clock())
 
     @classmethod
-    async def create(cls, deployment, n: int, instance: str, store, checkpoint: Checkpoint, names: dict[str, str],
+    async def create(cls, deployment: Deployment, n: int, instance: str, store: AsyncReleaseStore, checkpoint: Checkpoint, names: dict[str, str],
                      log_end: Callable[[str], Awaitable[int | None]],
                      clock: Callable[[], int] = now_ms, verifier: CloseVerifier | None = None,
                      deadline_signer: CloseSigner | None = None,
@@ -197,7 +201,9 @@ class ReleaseCoordinator:
             first = await self.store.last_closing() + 1
             if cmd.step < first:
                 return  # closes nothing (the control log is re-read from its start at every start)
-            signed = cmd.verified(self.verifier, first)
+            verifier = self.verifier
+            assert verifier is not None  # on_control calls this only with a verifier
+            signed = cmd.verified(verifier, first)
         except Unverified as err:
             log.error("dead-lettering control message at offset %d (%s): %s", offset, err.reason,
                       err)
@@ -263,7 +269,9 @@ class ReleaseCoordinator:
             await self.store.commit_step(record, ledger)
         except StepAlreadyReleased:
             # Someone (an earlier incarnation) committed it: the stored record is the release.
-            record = await self.store.load_step(step)
+            record = await _committed_step(self.store, step)
+            if record.state is None:  # the last committed step always carries the releaser's state
+                raise RuntimeError(f"step {step}'s stored record has no releaser state")
             self.engine = await _engine_from(self.dep, self.store, step, record.state)
             outputs = self._outputs(record)
             METRICS.republished.inc()
@@ -320,7 +328,7 @@ class ReleaseCoordinator:
                         "every committed step from Redis", self.names["releases"], first - 1)
             first = 1
         for step in range(first, await self.store.last_released() + 1):
-            record = await self.store.load_step(step)
+            record = await _committed_step(self.store, step)
             await self.publish(step, self._outputs(record))
             METRICS.republished.inc()
             log.info("republished step %d from its stored record", step)
@@ -437,7 +445,15 @@ class ReleaseCoordinator:
         return batch
 
 
-async def _engine_from(deployment, store, step: int, blob: bytes) -> ReleaseEngine:
+async def _committed_step(store: AsyncReleaseStore, step: int) -> StepRecord:
+    """The stored record of a committed step (committed records are never deleted)."""
+    record = await store.load_step(step)
+    if record is None:
+        raise RuntimeError(f"{store.keys.step(step)} is missing from Redis, yet step {step} was committed")
+    return record
+
+
+async def _engine_from(deployment: Deployment, store: AsyncReleaseStore, step: int, blob: bytes) -> ReleaseEngine:
     """The engine as step ``step``'s record stored it, its synthesizers' released records read back
     from the records of steps 1..``step`` (:func:`pipeline.stream.release.engine.stored_state`)."""
     state = loads_state(blob, f"{store.keys.step(step)} __state__")
@@ -445,7 +461,7 @@ async def _engine_from(deployment, store, step: int, blob: bytes) -> ReleaseEngi
     if names:
         outputs = {}
         for t in range(1, step + 1):
-            record = await store.load_step(t)
+            record = await _committed_step(store, t)
             outputs[t] = {name: ReleaseOutput.from_bytes(record.releases[name], f"{store.keys.step(t)} {name}")
                           for name in names}
         restore_records(state, outputs)

@@ -10,21 +10,27 @@ and the engine state to Redis atomically before publishing (``pipeline.stream.st
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipeline.plan import mechanism_setting
-from pipeline.privacy.accounting import PrivacyLedger, ZCDP, reported_approx_dp
+from pipeline.privacy.accountant import reported_approx_dp
+from pipeline.privacy.events import ZCDP
+from pipeline.privacy.ledger import PrivacyLedger
 from pipeline.releases import StepInput, kind_of
 from pipeline.releases.codecs import synthetic_columns, synthetic_entry
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.release.closing import public_close_time
 
+if TYPE_CHECKING:
+    from pipeline.releases import ReleaseConfig
+    from pipeline.config import Deployment
+
 __all__ = ["ReleaseEngine", "ReleaseOutput", "batch_reference", "stored_state", "needs_records", "restore_records"]
 
 
-def batch_reference(deployment, panels: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def batch_reference(deployment: Deployment, panels: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """What the stream must publish for each synthetic-data release of ``deployment``: the library
     synthesizer run in batch over ``panels[attribute]`` (n × steps codes, imputation already applied)
     with the release's planned budget and the stream's derived seed. An uninterrupted, crashed or
@@ -84,7 +90,7 @@ def _cost_json(cost) -> dict[str, float] | None:
 
 
 class ReleaseEngine:
-    def __init__(self, deployment, n: int):
+    def __init__(self, deployment: Deployment, n: int):
         self.deployment = deployment
         self.n = int(n)
         self.plan = deployment.budget_plan()
@@ -133,7 +139,7 @@ class ReleaseEngine:
         self.step = step
         return outputs
 
-    def _release_one(self, rel, step: int, parts: list[dict], cost, released_at: float | None) -> ReleaseOutput:
+    def _release_one(self, rel: ReleaseConfig, step: int, parts: list[dict], cost, released_at: float | None) -> ReleaseOutput:
         mech = self.mechanisms[rel.name]
         manifest: dict[str, Any] = {
             "deployment": self.deployment.name,
@@ -186,7 +192,7 @@ class ReleaseEngine:
         }
 
     @classmethod
-    def from_state(cls, deployment, state: dict[str, Any]) -> "ReleaseEngine":
+    def from_state(cls, deployment: Deployment, state: dict[str, Any]) -> "ReleaseEngine":
         engine = cls(deployment, int(state["n"]))
         engine.step = int(state["step"])
         engine.instance = state.get("instance")

@@ -94,12 +94,14 @@ async def read_release_stamps(bootstrap: str, topic: str, idle: float = 0.5,
         await consumer.stop()
 
 
-def unknown_releases(stamps: list[ReleaseStamp], instance: str, last_released: int) -> list[ReleaseStamp]:
+def unknown_releases(stamps: list[ReleaseStamp], instance: str | None,
+                     last_released: int) -> list[ReleaseStamp]:
     """The manifests a state (``instance``, released through ``last_released``) cannot have written."""
     return [s for s in stamps if s.step > last_released or (s.instance is not None and s.instance != instance)]
 
 
-def check_fence(stamps: list[ReleaseStamp], instance: str, last_released: int, topic: str) -> None:
+def check_fence(stamps: list[ReleaseStamp], instance: str | None, last_released: int,
+                topic: str) -> None:
     """Raise :class:`StateLost` when ``topic`` holds releases this state does not know."""
     unknown = unknown_releases(stamps, instance, last_released)
     if not unknown:

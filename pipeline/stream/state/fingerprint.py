@@ -26,7 +26,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
 
 __all__ = ["privacy_config", "fingerprint", "portable_fingerprint", "config_changes", "roster_digest"]
 
@@ -43,7 +46,7 @@ def roster_digest(ids: list[str]) -> str:
     return h.hexdigest()
 
 
-def privacy_config(deployment, roster_ids: list[str]) -> dict[str, Any]:
+def privacy_config(deployment: Deployment, roster_ids: list[str]) -> dict[str, Any]:
     """The canonical privacy-relevant configuration of ``deployment`` (JSON-serialisable)."""
     dep = deployment
     doc = {

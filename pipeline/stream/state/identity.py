@@ -30,10 +30,14 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.stream.state.keys import LAYOUT
 from pipeline.stream.state.fingerprint import config_changes, fingerprint, portable_fingerprint, privacy_config
+
+if TYPE_CHECKING:
+    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.config import Deployment
 
 __all__ = ["StateRefused", "ConfigurationChanged", "StateLost", "DeploymentIdentity", "establish_identity",
            "ACCEPT_NEW_SPEND_ENV"]
@@ -69,7 +73,7 @@ class DeploymentIdentity:
     config: dict[str, Any]
 
 
-def establish_identity(deployment, roster_ids: list[str], store, role: str) -> DeploymentIdentity:
+def establish_identity(deployment: Deployment, roster_ids: list[str], store: ReleaseStore, role: str) -> DeploymentIdentity:
     """Register this deployment's identity on first start, or check the configuration against it.
 
     Raises :class:`ConfigurationChanged` when the privacy-relevant configuration changed or when a
@@ -107,7 +111,7 @@ def establish_identity(deployment, roster_ids: list[str], store, role: str) -> D
     return identity
 
 
-def _changed(role: str, deployment, stored: dict[str, Any], current: dict[str, Any], where: str):
+def _changed(role: str, deployment: Deployment, stored: dict[str, Any], current: dict[str, Any], where: str):
     return ConfigurationChanged(
         f"{role}: the privacy-relevant configuration differs from the one deployment "
         f"{deployment.name!r} was started with{where}: "
@@ -116,7 +120,7 @@ def _changed(role: str, deployment, stored: dict[str, Any], current: dict[str, A
         "configuration, or start a new deployment (new name, new budget).")
 
 
-def _check_release_copy(deployment, store, identity: DeploymentIdentity,
+def _check_release_copy(deployment: Deployment, store: ReleaseStore, identity: DeploymentIdentity,
                         current: dict[str, Any]) -> None:
     """The releaser's own copy of the identity (see the module docstring): kept at its first start,
     then
@@ -134,7 +138,7 @@ def _check_release_copy(deployment, store, identity: DeploymentIdentity,
                        f"{store.keys.identity} was rewritten to agree with the new one)")
 
 
-def _check_no_orphaned_state(deployment, store, role: str) -> None:
+def _check_no_orphaned_state(deployment: Deployment, store: ReleaseStore, role: str) -> None:
     """State without an identity record was written by a dpstream whose identity was deleted: the configuration
     it was calibrated under cannot be checked. Each role looks at the state it can read."""
     if role == "releaser":
@@ -149,7 +153,7 @@ def _check_no_orphaned_state(deployment, store, role: str) -> None:
             "calibrated under cannot be checked; restore the whole Redis state from a backup (docs/streaming.md)")
 
 
-def _check_not_a_repeat(deployment, store, current: dict[str, Any], role: str) -> None:
+def _check_not_a_repeat(deployment: Deployment, store: ReleaseStore, current: dict[str, Any], role: str) -> None:
     """A deployment seen for the first time whose configuration and roster equal another deployment's on this
     Redis is probably that deployment renamed: its releases would spend a second budget over the same people
     with fresh noise. Refused under ``production: true`` unless the operator accepts the new spend."""
