@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_cli import N, deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
+from support.cli import N, deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
 
 from pipeline.config import parse_config
 from pipeline.stream.ingest.report_files import ReportFileError
