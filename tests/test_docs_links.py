@@ -1,6 +1,7 @@
 """Every relative link in the front-door documents resolves: README.md, CONTRIBUTING.md,
-CHANGELOG.md and docs/*.md link only to files and directories that exist, and a ``#fragment``
-into a Markdown file names one of its headings.
+CHANGELOG.md and docs/*.md link (Markdown links and images, ``src``/``href`` of inline HTML) only
+to files and directories that exist, and a ``#fragment`` into a Markdown file names one of its
+headings.
 
 Headings become anchors as GitHub makes them: lower case; every character that is not a letter, a
 mark, a number, a connector (``_``), a space or a hyphen removed; spaces turned into hyphens; a
@@ -23,6 +24,7 @@ DOCUMENTS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGE
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
 _LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_HTML_LINK = re.compile(r"""\b(?:src|href)=["']([^"']+)["']""")  # <img src=...>, <a href=...>
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
@@ -63,13 +65,15 @@ def broken_links(path: Path) -> list[str]:
     """Each relative link of ``path`` that does not resolve, as ``file:line: target (why)``."""
     problems = []
     for number, line in _prose_lines(path.read_text()):
-        for match in _LINK.finditer(_CODE_SPAN.sub("", line)):
+        prose = _CODE_SPAN.sub("", line)
+        for match in [*_LINK.finditer(prose), *_HTML_LINK.finditer(prose)]:
             target = match.group(1)
             if _SCHEME.match(target):
                 continue
             file_part, _, fragment = target.partition("#")
             resolved = (path.parent / file_part).resolve() if file_part else path
-            where = f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{number}: {target}"
+            shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+            where = f"{shown}:{number}: {target}"
             if not resolved.exists():
                 problems.append(f"{where} (no such file)")
             elif fragment and resolved.suffix == ".md" and fragment not in anchors(resolved):
@@ -94,10 +98,12 @@ def test_the_checker_finds_a_missing_file_and_a_missing_anchor(tmp_path):
                     "## Local\n"
                     "[gone](missing.md) [bad anchor](there.md#nowhere) `[code](missing.md)`\n"
                     "```\n[fenced](missing.md)\n```\n"
-                    "[web](https://example.org/x.md) ![image](there.md)\n")
+                    "[web](https://example.org/x.md) ![image](there.md)\n"
+                    '<a href="there.md#twice"><img src="gone.png" width="9"></a>\n')
     assert broken_links(page) == [
         f"{page}:3: missing.md (no such file)",
         f"{page}:3: there.md#nowhere (no heading with that anchor in there.md)",
+        f"{page}:8: gone.png (no such file)",
     ]
 
 
@@ -116,6 +122,7 @@ def test_every_docs_page_is_reachable_from_the_index():
     """A newcomer reaches each page in two clicks: README -> docs/README.md -> the page."""
     index = (ROOT / "docs" / "README.md").read_text()
     linked = {Path(m.group(1).partition("#")[0]).name for m in _LINK.finditer(index)}
-    missing = [p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md" and p.name not in linked]
+    pages = [p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md"]
+    missing = [name for name in pages if name not in linked]
     assert not missing, f"docs pages not linked from docs/README.md: {missing}"
     assert "docs/README.md" in (ROOT / "README.md").read_text()
