@@ -18,8 +18,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENTS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md",
-                    *(ROOT / "docs").glob("*.md")])
+DOCUMENTS = sorted(
+    [
+        ROOT / "README.md",
+        ROOT / "CONTRIBUTING.md",
+        ROOT / "CHANGELOG.md",
+        *(ROOT / "docs").glob("*.md"),
+    ]
+)
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
@@ -84,8 +90,10 @@ def broken_links(path: Path) -> list[str]:
 def test_the_anchor_of_a_heading_is_githubs():
     assert slug("State, restarts and the fence") == "state-restarts-and-the-fence"
     assert slug("What is durable where (`dpstream up`)") == "what-is-durable-where-dpstream-up"
-    assert slug("Uploading a file fast (`dpstream produce --csv/--jsonl/--parquet`)") == \
-        "uploading-a-file-fast-dpstream-produce---csv--jsonl--parquet"
+    assert (
+        slug("Uploading a file fast (`dpstream produce --csv/--jsonl/--parquet`)")
+        == "uploading-a-file-fast-dpstream-produce---csv--jsonl--parquet"
+    )
     assert slug("The durable embedded log's cost") == "the-durable-embedded-logs-cost"
     assert slug("9.6 The shipped split: V(h)·√h") == "96-the-shipped-split-vhh"  # symbols go
     assert slug("Up to 10⁷ users") == "up-to-10⁷-users"  # superscript digits are numbers: kept
@@ -94,12 +102,14 @@ def test_the_anchor_of_a_heading_is_githubs():
 def test_the_checker_finds_a_missing_file_and_a_missing_anchor(tmp_path):
     (tmp_path / "there.md").write_text("# A heading\n\n## Twice\n\n## Twice\n")
     page = tmp_path / "page.md"
-    page.write_text("[ok](there.md#a-heading) [second](there.md#twice-1) [self](#local)\n"
-                    "## Local\n"
-                    "[gone](missing.md) [bad anchor](there.md#nowhere) `[code](missing.md)`\n"
-                    "```\n[fenced](missing.md)\n```\n"
-                    "[web](https://example.org/x.md) ![image](there.md)\n"
-                    '<a href="there.md#twice"><img src="gone.png" width="9"></a>\n')
+    page.write_text(
+        "[ok](there.md#a-heading) [second](there.md#twice-1) [self](#local)\n"
+        "## Local\n"
+        "[gone](missing.md) [bad anchor](there.md#nowhere) `[code](missing.md)`\n"
+        "```\n[fenced](missing.md)\n```\n"
+        "[web](https://example.org/x.md) ![image](there.md)\n"
+        '<a href="there.md#twice"><img src="gone.png" width="9"></a>\n'
+    )
     assert broken_links(page) == [
         f"{page}:3: missing.md (no such file)",
         f"{page}:3: there.md#nowhere (no heading with that anchor in there.md)",
