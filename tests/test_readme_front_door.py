@@ -1,6 +1,6 @@
 """The README is a front door that stays true: short, its two set-up commands are real Makefile
-targets, CI runs the test command it names, and every exit code the command line defines is
-documented in docs/operations.md."""
+targets, CI runs the test command it names; and every exit code and environment variable the code
+defines is documented in docs/operations.md, where the README sends operators."""
 
 from __future__ import annotations
 
@@ -46,3 +46,15 @@ def test_every_exit_code_is_documented_in_operations():
     documented = {int(m) for m in re.findall(r"^\| (\d+) \|", table, re.MULTILINE)}
     defined = {value for name, value in vars(common).items() if name.startswith("EXIT_")}
     assert defined == documented, f"defined {sorted(defined)}, documented {sorted(documented)}"
+
+
+def test_every_environment_variable_the_code_reads_is_documented_in_operations():
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    sources = [
+        *(ROOT / "pipeline").rglob("*.py"),
+        *(ROOT / "jobs").rglob("*.py"),
+        ROOT / "deploy" / "create_topics.py",
+    ]
+    named = {m for path in sources for m in re.findall(r"DPSTREAM_[A-Z_]*[A-Z_]", path.read_text())}
+    missing = sorted(name for name in named if name not in operations)
+    assert not missing, f"environment variables not in docs/operations.md: {missing}"
