@@ -32,7 +32,7 @@ test: $(STAMP)
 	./scripts/install-chromium.sh
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=10 -m "not live_follow"
 
-# Jobs run on demand (not part of `make test`); results and commands are in docs/performance.md.
+# Jobs run on demand (not part of `make test`); results and commands are in the README.
 bench-noise: $(STAMP)
 	$(PY) -m jobs.bench.bench_noise --json out/bench_noise.json
 
