@@ -41,7 +41,7 @@ from support.stores import WritableStore
 from jobs.eval.testbed import binary_panel
 
 N, T = 600, 4
-EXIT_CONFIG, EXIT_STATE_LOST = 2, 4  # README, "Exit codes"
+EXIT_CONFIG, EXIT_STATE_LOST = 2, 4  # docs/operations.md, "Exit codes"
 
 
 def base_config(name: str, services=None) -> dict:

@@ -1,4 +1,4 @@
-"""Benchmarks run on demand (not part of `make test`); their results and commands are in the README."""
+"""Benchmarks run on demand (not part of `make test`); results and commands: docs/performance.md."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
                                         [--neighbours add_remove] [--json PATH]
 
 A single continual counter of horizon T = 120 has 0.40× the tree's max error sd with the square-root
-factorization (README, counters at equal ρ); inside the cumulative synthesizer (Bun et al. 2024,
+factorization (docs/performance.md); inside the cumulative synthesizer (Bun et al. 2024,
 Algorithm 2 + Appendix B: T counters, counter b of horizon T − b + 1 with budget ρ_b) the gain was
 measured smaller. This job separates the stages on a simulated SIPP-like panel (a data seed not
 used in development) with every configuration on the same noise seeds:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = ["held_conflicts", "mark_dead_letters", "report_fates", "DEFAULT_FATE_TIMEOUT"]
 
-# seconds: the workers take ~10^5 reports/s and more (README, Performance), so 10^6 reports fit
+# seconds: the workers take ~10^5 reports/s and more (docs/performance.md), so 10^6 reports fit
 DEFAULT_FATE_TIMEOUT = 120.0
 
 

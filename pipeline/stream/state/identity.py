@@ -49,7 +49,7 @@ ACCEPT_NEW_SPEND_ENV = "DPSTREAM_ACCEPT_NEW_SPEND"
 
 class StateRefused(RuntimeError):
     """A process refuses to start on this state; it exits with the subclass's ``exit_code`` and
-    ``label`` (README, "Exit codes")."""
+    ``label`` (docs/operations.md, "Exit codes")."""
 
     exit_code, label = 1, "state refused"
 
