@@ -1,16 +1,16 @@
-"""Where a produce request's time goes on the embedded durable log: the object store, the broker, the client.
+"""Where a produce request's time goes on the embedded durable log: object store, broker, client.
 
     python -m jobs.bench.profile_durable_produce [--messages 20000] [--linger-ms 5] [--partitions 1]
         [--max-in-flight N] [--syncs journal,files] [--json out/profile_durable_produce.json]
 
 One librdkafka producer (``confluent_kafka``) sends ``--messages`` small messages (~90 B, one report
-each) to a fresh topic on the embedded broker, first memory-only, then durable on the embedded object
-store in each ``--syncs`` mode with its request trace on (:mod:`pipeline.stream.local.store_trace`). From the trace: the object
-store requests per produce request (one record batch object per partition and request), the store's
-own time per request kind and per write phase, and its share of the produce's wall time; from
-librdkafka's statistics: produce requests, messages per request and the round trip per request as
-the client sees it. What is neither the store's time nor in flight to it is the broker's (Tansu's)
-own time and the loopback network.
+each) to a fresh topic on the embedded broker, first memory-only, then durable on the embedded
+object store in each ``--syncs`` mode with its request trace on
+(:mod:`pipeline.stream.local.store_trace`). From the trace: the object store requests per produce
+request (one record batch object per partition and request), the store's own time per request kind
+and per write phase, and its share of the produce's wall time; from librdkafka's statistics: produce
+requests, messages per request and the round trip per request as the client sees it. What is neither
+the store's time nor in flight to it is the broker's (Tansu's) own time and the loopback network.
 """
 
 from __future__ import annotations
@@ -43,8 +43,13 @@ def _produce(bootstrap: str, messages: int, linger_ms: float, max_in_flight: int
     from confluent_kafka import Producer
 
     stats: list[dict] = []
-    config = {"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "enable.idempotence": False,
-              "statistics.interval.ms": 500, "stats_cb": lambda raw: stats.append(json.loads(raw))}
+    config = {
+        "bootstrap.servers": bootstrap,
+        "linger.ms": linger_ms,
+        "enable.idempotence": False,
+        "statistics.interval.ms": 500,
+        "stats_cb": lambda raw: stats.append(json.loads(raw)),
+    }
     if max_in_flight is not None:
         config["max.in.flight.requests.per.connection"] = max_in_flight
     producer = Producer(config)
@@ -65,14 +70,22 @@ def _produce(bootstrap: str, messages: int, linger_ms: float, max_in_flight: int
     ended = time.monotonic()
     time.sleep(0.6)
     producer.poll(0)  # the last statistics
-    brokers = [b for b in stats[-1]["brokers"].values() if b.get("nodeid", -1) >= 0] if stats else []
+    brokers = (
+        [b for b in stats[-1]["brokers"].values() if b.get("nodeid", -1) >= 0] if stats else []
+    )
     produce_requests = sum(b["req"].get("Produce", 0) for b in brokers)
     rtt = [b["rtt"]["avg"] / 1e6 for b in brokers if b["rtt"]["cnt"]]
     topic = stats[-1]["topics"].get(TOPIC, {}) if stats else {}
-    return {"messages": messages, "seconds": ended - started, "start": started, "end": ended,
-            "messages_per_s": messages / (ended - started), "produce_requests": produce_requests,
-            "messages_per_request": topic.get("batchcnt", {}).get("avg"),
-            "client_rtt_avg_s": statistics.mean(rtt) if rtt else None}
+    return {
+        "messages": messages,
+        "seconds": ended - started,
+        "start": started,
+        "end": ended,
+        "messages_per_s": messages / (ended - started),
+        "produce_requests": produce_requests,
+        "messages_per_request": topic.get("batchcnt", {}).get("avg"),
+        "client_rtt_avg_s": statistics.mean(rtt) if rtt else None,
+    }
 
 
 def _topic(bootstrap: str, partitions: int) -> None:
@@ -84,7 +97,8 @@ def _topic(bootstrap: str, partitions: int) -> None:
 
 
 def _trace_summary(lines: list[list[str]], start: float, end: float) -> dict:
-    """The store's requests inside the produce's window: counts, time by kind and phase, busy share."""
+    """The store's requests inside the produce's window: counts, time by kind and phase, busy
+    share."""
     by_kind: dict[str, list[float]] = collections.defaultdict(list)
     phases: dict[str, list[float]] = collections.defaultdict(list)
     intervals = []
@@ -102,11 +116,16 @@ def _trace_summary(lines: list[list[str]], start: float, end: float) -> dict:
         if ended > last:
             busy += ended - max(begun, last)
             last = ended
-    return {"requests": sum(len(v) for v in by_kind.values()),
-            "by_kind": {k: {"count": len(v), "mean_ms": 1e3 * statistics.mean(v), "total_s": sum(v)}
-                        for k, v in sorted(by_kind.items())},
-            "phases_mean_ms": {k: 1e3 * statistics.mean(v) for k, v in sorted(phases.items())},
-            "store_busy_s": busy, "store_busy_share": busy / (end - start)}
+    return {
+        "requests": sum(len(v) for v in by_kind.values()),
+        "by_kind": {
+            k: {"count": len(v), "mean_ms": 1e3 * statistics.mean(v), "total_s": sum(v)}
+            for k, v in sorted(by_kind.items())
+        },
+        "phases_mean_ms": {k: 1e3 * statistics.mean(v) for k, v in sorted(phases.items())},
+        "store_busy_s": busy,
+        "store_busy_share": busy / (end - start),
+    }
 
 
 def one(durable: bool, args, sync: str = "journal") -> dict:
@@ -142,13 +161,22 @@ def one(durable: bool, args, sync: str = "journal") -> dict:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--messages", type=int, default=20_000)
-    ap.add_argument("--linger-ms", type=float, default=5.0, help="librdkafka's linger.ms (its default: 5)")
-    ap.add_argument("--max-in-flight", type=int, default=None,
-                    help="max.in.flight.requests.per.connection (librdkafka's default: 1,000,000)")
+    ap.add_argument(
+        "--linger-ms", type=float, default=5.0, help="librdkafka's linger.ms (its default: 5)"
+    )
+    ap.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=None,
+        help="max.in.flight.requests.per.connection (librdkafka's default: 1,000,000)",
+    )
     ap.add_argument("--partitions", type=int, default=1)
-    ap.add_argument("--syncs", default="journal,files",
-                    help="the object store's modes to run, in order (journal: the default; files: each "
-                         "object and its folder fsync'd, the previous default; off)")
+    ap.add_argument(
+        "--syncs",
+        default="journal,files",
+        help="the object store's modes to run, in order (journal: the default; files: each "
+        "object and its folder fsync'd, the previous default; off)",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     syncs = [s for s in args.syncs.split(",") if s]
@@ -161,12 +189,17 @@ def main(argv=None) -> dict:
         if name.startswith("durable-"):
             store = row["store"]
             row["durable_speed_over_memory"] = result["memory"]["seconds"] / row["seconds"]
-            print(f"{name}: {row['seconds']:.2f} s ({row['durable_speed_over_memory']:.2f}x memory's "
-                  f"{result['memory']['seconds']:.2f} s), {row['produce_requests']} produce requests, "
-                  f"store busy {store['store_busy_share']:.0%} of the time; per request kind (ms): "
-                  + ", ".join(f"{k} {v['count']}x {v['mean_ms']:.1f}" for k, v in store["by_kind"].items())
-                  + "; phases, per write (cpu: per request) (ms): "
-                  + ", ".join(f"{k} {v:.1f}" for k, v in store["phases_mean_ms"].items()))
+            print(
+                f"{name}: {row['seconds']:.2f} s ({row['durable_speed_over_memory']:.2f}x memory's "
+                f"{result['memory']['seconds']:.2f} s), "
+                f"{row['produce_requests']} produce requests, "
+                f"store busy {store['store_busy_share']:.0%} of the time; per request kind (ms): "
+                + ", ".join(
+                    f"{k} {v['count']}x {v['mean_ms']:.1f}" for k, v in store["by_kind"].items()
+                )
+                + "; phases, per write (cpu: per request) (ms): "
+                + ", ".join(f"{k} {v:.1f}" for k, v in store["phases_mean_ms"].items())
+            )
     write_json(args.json, result)
     return result
 

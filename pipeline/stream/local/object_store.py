@@ -28,14 +28,14 @@ stats the folder for every page; here pages come from an in-memory sorted index
 before it is answered) and ListObjectsV2 answers are written as text: a page costs what its keys cost.
 
 Durability (``--sync``; ``DPSTREAM_LOG_FSYNC`` for ``dpstream up``): an acknowledged write survives a
-machine crash in the default mode, ``journal`` (``on``): the object is placed as a file, then a record of
-it is appended to a write-ahead journal and flushed (one ``fdatasync``, shared by concurrent writes),
-then the write is acknowledged; checkpoints flush the objects and empty the journal, and a start replays
-what is left (:mod:`pipeline.stream.local.write_journal` gives the argument). ``files``: each file
-fsync'd before it is linked or renamed into place and its folder fsync'd after (two journal commits of
-the file system per write; measured ~4× the cost). ``off``: acknowledged before the disk has it — a
-kill -9 of the server or the broker still loses nothing (the operating system holds the file), a
-machine crash may lose the last writes.
+machine crash in the default mode, ``journal`` (``on``): a record of the write is appended to a
+write-ahead journal and flushed (one ``fdatasync``, shared by concurrent writes), then the object is
+written in place, then the write is acknowledged; checkpoints flush the objects and empty the
+journal, and a start replays what is left (:mod:`pipeline.stream.local.write_journal` gives the
+argument). ``files``: each file fsync'd before it is linked or renamed into place and its folder
+fsync'd after (two commits of the file system's journal per write instead of one flush). ``off``:
+acknowledged before the disk has it — a kill -9 of the server or the broker still loses nothing (the
+operating system holds the file), a machine crash may lose the last writes.
 
 Run as a process: ``python -m pipeline.stream.local.object_store DATA_ROOT --port P``.
 """
@@ -67,6 +67,7 @@ from pipeline.stream.local.store_trace import RequestTrace, trace_from_env
 from pipeline.stream.local.write_journal import (
     CHECKPOINT_SECONDS,
     WriteJournal,
+    fsync_dir,
     recover,
 )
 
@@ -94,14 +95,6 @@ def _missing_folders(folder: Path) -> list[Path]:
         missing.append(folder)
         folder = folder.parent
     return missing
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _synced(write, trace: RequestTrace | None):
@@ -196,8 +189,9 @@ class ConditionalHandler(localbucket.S3Handler):
         if_match = self.headers.get("If-Match")
         with _lock_for(target):
             exists = target.is_file()
-            if if_match is not None and (not exists or ("*" not in _etags(if_match) and
-                                                        localbucket.object_etag(target) not in _etags(if_match))):
+            wanted = _etags(if_match) if if_match is not None else set()
+            if if_match is not None and (not exists or ("*" not in wanted
+                                                        and localbucket.object_etag(target) not in wanted)):
                 raise self._precondition_failed_error()
             started = time.monotonic()
             if self.journal is not None:
@@ -219,7 +213,7 @@ class ConditionalHandler(localbucket.S3Handler):
                 placed = time.monotonic()
                 if self.sync == "files":  # the new name (and any new folder) on disk before the answer
                     for folder in [target.parent, *(c.parent for c in created)]:
-                        _fsync_dir(folder)
+                        fsync_dir(folder)
                 phases = {"write": placed - started, "dirsync": time.monotonic() - placed}
             if self.trace is not None:
                 for name, seconds in phases.items():
@@ -390,8 +384,8 @@ def serve(data_root: Path, port: int, host: str = "127.0.0.1", sync: str = "jour
     ConditionalHandler.access_key = os.environ.get(ACCESS_KEY_ENV) or None
     ConditionalHandler.sync = sync
     if sync == "journal":
-        _fsync_dir(data_root / BUCKET)
-        _fsync_dir(data_root)
+        fsync_dir(data_root / BUCKET)
+        fsync_dir(data_root)
         ConditionalHandler.journal = WriteJournal(journal_dir, data_root, checkpoint_seconds)
     ConditionalHandler.trace = trace_from_env()
     ConditionalHandler.indexes = {bucket.name: BucketIndex.from_disk(bucket, localbucket.TEMP_PREFIX)

@@ -29,7 +29,8 @@ class RequestTrace:
     """Appends one line per request to a file, from any thread; phases are collected per thread."""
 
     def __init__(self, path: str):
-        self._file = open(path, "a", buffering=1)  # noqa: SIM115 - line-buffered: a killed store keeps its lines
+        # line-buffered: a killed store keeps its lines
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
         self._lock = threading.Lock()
         self._local = threading.local()
 
@@ -47,8 +48,17 @@ class RequestTrace:
         if start is None:
             return
         cpu = f"cpu={time.thread_time() - self._local.cpu:.6f}"
-        line = "\t".join([f"{start:.6f}", f"{time.monotonic():.6f}", method, target, str(status),
-                          *self._local.phases, cpu])
+        line = "\t".join(
+            [
+                f"{start:.6f}",
+                f"{time.monotonic():.6f}",
+                method,
+                target,
+                str(status),
+                *self._local.phases,
+                cpu,
+            ]
+        )
         self._local.start = self._local.phases = None
         with self._lock:
             self._file.write(line + "\n")
