@@ -55,9 +55,10 @@ class _Store:
         return self
 
     def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
+        """SIGKILL, if it runs (idempotent: also the tests' clean-up)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
 
 
 def _batch(i: int) -> str:
@@ -73,11 +74,17 @@ def test_acknowledged_writes_are_replayed_when_a_crash_lost_their_files(tmp_path
     killed; every object file removed (what a machine crash may lose: none was synced) and a torn
     record left at the journal's end (a write in flight, never acknowledged). After a restart every
     acknowledged write is back, with its body and ETag, the deleted batch stays deleted, and the
-    listing agrees. (Before the journal, the files were fsync'd instead; removing them lost them.)"""
+    listing agrees. (Before the journal the files were fsync'd instead; removing them lost them.)"""
     data_dir = tmp_path / "log"
-    store = _Store(
-        data_dir, "--checkpoint-seconds", "3600"
-    ).start()  # no checkpoint during the test
+    store = _Store(data_dir, "--checkpoint-seconds", "3600")  # no checkpoint during the test
+    try:
+        _acknowledged_writes_then_a_crash(store, data_dir)
+    finally:
+        store.kill()
+
+
+def _acknowledged_writes_then_a_crash(store: _Store, data_dir: Path) -> None:
+    store.start()
     bodies = {_batch(i): f"batch {i} ".encode() * (1 + i % 50) for i in range(40)}
     etags = {}
     for key, body in bodies.items():
@@ -87,9 +94,8 @@ def test_acknowledged_writes_are_replayed_when_a_crash_lost_their_files(tmp_path
     watermark = f"{FOLDER}watermark.json"
     status, etag, _ = _request(store, "PUT", watermark, b'{"high":0}', **{"If-None-Match": "*"})
     for high in range(1, 31):
-        status, etag, _ = _request(
-            store, "PUT", watermark, b'{"high":%d}' % high, **{"If-Match": etag}
-        )
+        value = b'{"high":%d}' % high
+        status, etag, _ = _request(store, "PUT", watermark, value, **{"If-Match": etag})
         assert status == 200
     assert _request(store, "DELETE", _batch(7))[0] == 204
     del bodies[_batch(7)]
@@ -101,26 +107,20 @@ def test_acknowledged_writes_are_replayed_when_a_crash_lost_their_files(tmp_path
     for path in lost:
         path.unlink()
     (last,) = sorted((data_dir / JOURNAL_DIR).glob("*.journal"))
-    with last.open("ab") as journal:
-        journal.write(
-            b"DPJ1P" + b"\x00" * 7
-        )  # the start of a record whose write was never answered
+    with last.open("ab") as journal:  # the start of a record whose write was never answered
+        journal.write(b"DPJ1P" + b"\x00" * 7)
 
     store.start()
-    try:
-        for key, body in bodies.items():
-            status, etag, data = _request(store, "GET", key)
-            assert (status, data, etag) == (200, body, etags[key]), key
-        assert _request(store, "GET", _batch(7))[0] == 404
-        assert _request(store, "GET", watermark)[2] == b'{"high":30}'
-        listing = _request(store, "GET", "", path=f"?list-type=2&prefix={FOLDER}records/")[
-            2
-        ].decode()
-        assert re.findall(r"<Key>([^<]+)</Key>", listing) == sorted(bodies)
-        # replayed, flushed and emptied: the journal starts again from nothing
-        assert _journal_bytes(data_dir) == 0
-    finally:
-        store.kill()
+    for key, body in bodies.items():
+        status, etag, data = _request(store, "GET", key)
+        assert (status, data, etag) == (200, body, etags[key]), key
+    assert _request(store, "GET", _batch(7))[0] == 404
+    assert _request(store, "GET", watermark)[2] == b'{"high":30}'
+    query = f"?list-type=2&prefix={FOLDER}records/"
+    listing = _request(store, "GET", "", path=query)[2].decode()
+    assert re.findall(r"<Key>([^<]+)</Key>", listing) == sorted(bodies)
+    # replayed, flushed and emptied: the journal starts again from nothing
+    assert _journal_bytes(data_dir) == 0
 
 
 def test_the_journal_is_emptied_by_checkpoints(tmp_path):
@@ -129,16 +129,17 @@ def test_the_journal_is_emptied_by_checkpoints(tmp_path):
     restart."""
     data_dir = tmp_path / "log"
     store = _Store(data_dir, "--checkpoint-seconds", "0.5").start()
-    for i in range(20):
-        assert _request(store, "PUT", _batch(i), b"x" * 1000, **{"If-None-Match": "*"})[0] == 200
-    deadline = time.monotonic() + 20
-    while _journal_bytes(data_dir) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _journal_bytes(data_dir) == 0
-    assert len(list((data_dir / JOURNAL_DIR).glob("*.journal"))) == 1  # the current, empty file
-    store.kill()
-    store.start()
     try:
+        for i in range(20):
+            status = _request(store, "PUT", _batch(i), b"x" * 1000, **{"If-None-Match": "*"})[0]
+            assert status == 200
+        deadline = time.monotonic() + 20
+        while _journal_bytes(data_dir) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _journal_bytes(data_dir) == 0
+        assert len(list((data_dir / JOURNAL_DIR).glob("*.journal"))) == 1  # the current, empty one
+        store.kill()
+        store.start()
         assert all(_request(store, "GET", _batch(i))[2] == b"x" * 1000 for i in range(20))
     finally:
         store.kill()
