@@ -1,15 +1,20 @@
 """Time to release on the durable log against the memory-only one, step after step, with plain clients.
 
     python -m jobs.bench.bench_durable_steps --n 100000 --steps 2 [--kinds kafka-python,librdkafka,batch]
-        [--workers 2] [--json out/bench_durable_steps.json]
+        [--storages memory,durable] [--workers 2] [--json out/bench_durable_steps.json]
 
-Per storage (memory-only broker as ``dpstream up --ephemeral``, then the durable default of ``dpstream
-up``: object store with fsync and the log retention ``up`` runs), one deployment of ``n`` users, and
-``--steps`` steps per producer kind, in order:
+Per storage (``memory``: the memory-only broker of ``dpstream up --ephemeral``; ``durable``: the durable
+default of ``dpstream up``, its object store journaling every write, with the log retention ``up``
+runs; ``durable-files``: the same with each object file and its folder fsync'd instead, the object
+store's previous default), one deployment of ``n`` users, and ``--steps`` steps per producer kind, in
+order:
 
 * ``kafka-python``: one JSON message per report, ``KafkaProducer`` with its defaults (linger 0), not
   idempotent (docs/streaming.md): it batches only what piles up while a request is in flight;
-* ``librdkafka``: one message per report, ``confluent_kafka.Producer`` with ``linger.ms=5``;
+* ``librdkafka``: one message per report, ``confluent_kafka.Producer`` with its defaults (``linger.ms``
+  5, a million requests in flight: a request every 5 ms, however slowly the broker answers);
+* ``librdkafka-batched``: the same with the settings docs/streaming.md recommends for the embedded
+  durable log (:data:`BATCHED_LIBRDKAFKA`);
 * ``batch``: dpstream's ``ReportProducer`` (columnar batches).
 
 A step's *time to release* runs from its first report sent to the step read back from the public
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import threading
 import time
@@ -35,7 +41,11 @@ import yaml
 from jobs.bench import write_json
 from jobs.bench.bench_stream import HORIZON, _config
 
-KINDS = ("kafka-python", "librdkafka", "batch")
+KINDS = ("kafka-python", "librdkafka", "librdkafka-batched", "batch")
+STORAGES = {"memory": None, "durable": "on", "durable-files": "files"}  # name -> DPSTREAM_LOG_FSYNC
+# a producer of single reports that batches whatever the broker's speed: it waits up to 100 ms to fill
+# a request, and with at most 5 requests unanswered the messages sent meanwhile join the next ones
+BATCHED_LIBRDKAFKA = {"linger.ms": 100, "max.in.flight.requests.per.connection": 5}
 
 
 def _messages(roster, step: int, pov: np.ndarray, item: np.ndarray):
@@ -53,10 +63,11 @@ def _send_kafka_python(bootstrap: str, topic: str, messages) -> None:
     producer.close()
 
 
-def _send_librdkafka(bootstrap: str, topic: str, messages) -> None:
+def _send_librdkafka(bootstrap: str, topic: str, messages, settings: dict | None = None) -> None:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": False})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": False,
+                         **(settings or {})})
     for key, value in messages:
         while True:
             try:
@@ -98,20 +109,30 @@ def _wait_assigned(log_dir: Path, partitions: int, timeout: float = 120.0) -> No
     raise TimeoutError(f"the workers did not take the {partitions} partitions within {timeout:.0f} s")
 
 
-def one_storage(durable: bool, n: int, steps: int, kinds, workers: int, partitions: int, out: Path,
+def one_storage(storage: str, n: int, steps: int, kinds, workers: int, partitions: int, out: Path,
                 pov: np.ndarray, item: np.ndarray) -> dict:
     from pipeline.config import load_config
     from pipeline.stream.ingest.roster import Roster
     from pipeline.stream.kafka.topics import ensure_topics
     from pipeline.stream.local.cluster import LocalCluster
     from pipeline.stream.local.driver import StepDriver
-    from pipeline.stream.local.embedded import EmbeddedServices
+    from pipeline.stream.local.embedded import FSYNC_ENV, EmbeddedServices
     from pipeline.stream.local.retention import LogRetention
     from pipeline.stream.state.store import ReleaseStore
 
     out.mkdir(parents=True, exist_ok=True)
-    row: dict = {"storage": "durable" if durable else "memory", "steps": []}
-    with EmbeddedServices(data_dir=None, durable_log=durable, broker_log=out / "broker.log") as svc:
+    row: dict = {"storage": storage, "steps": []}
+    durable = STORAGES[storage] is not None
+    previous = os.environ.get(FSYNC_ENV)
+    os.environ[FSYNC_ENV] = STORAGES[storage] or "on"  # read when the object store is configured
+    try:
+        services = EmbeddedServices(data_dir=None, durable_log=durable, broker_log=out / "broker.log")
+    finally:
+        if previous is None:
+            del os.environ[FSYNC_ENV]
+        else:
+            os.environ[FSYNC_ENV] = previous
+    with services as svc:
         cfg_path = out / "bench.yaml"
         cfg = _config(n, partitions, svc)
         cfg["steps"]["max_ahead"] = HORIZON  # steps are produced back to back
@@ -137,9 +158,12 @@ def one_storage(durable: bool, n: int, steps: int, kinds, workers: int, partitio
                     if kind == "batch":
                         drv.producer.send_step(step, {"poverty": pov[:, t % HORIZON], "item": item[:, t % HORIZON]})
                     else:
-                        send = _send_kafka_python if kind == "kafka-python" else _send_librdkafka
-                        send(cluster.broker, names["reports"], _messages(roster, step, pov[:, t % HORIZON],
-                                                                          item[:, t % HORIZON]))
+                        messages = _messages(roster, step, pov[:, t % HORIZON], item[:, t % HORIZON])
+                        if kind == "kafka-python":
+                            _send_kafka_python(cluster.broker, names["reports"], messages)
+                        else:
+                            _send_librdkafka(cluster.broker, names["reports"], messages,
+                                             BATCHED_LIBRDKAFKA if kind == "librdkafka-batched" else None)
                     produced = time.perf_counter() - started
                     drv.close(step, timeout=1800)
                     entry = {"step": step, "kind": kind, "produce_s": produced,
@@ -163,6 +187,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--n", type=int, default=100_000, help="users, each reporting once a step")
     ap.add_argument("--steps", type=int, default=2, help="steps per producer kind")
     ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--storages", default="memory,durable",
+                    help=f"in order, the first the baseline of the ratios; from {', '.join(STORAGES)}")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--json", default=None)
@@ -172,28 +198,37 @@ def main(argv=None) -> dict:
     unknown = set(kinds) - set(KINDS)
     if unknown:
         ap.error(f"--kinds: unknown {sorted(unknown)}; choose from {', '.join(KINDS)}")
+    storages = [s for s in args.storages.split(",") if s]
+    if set(storages) - set(STORAGES) or len(storages) < 2:
+        ap.error(f"--storages: two or more of {', '.join(STORAGES)}; got {args.storages!r}")
     if len(kinds) * args.steps > HORIZON:
         ap.error(f"--steps × kinds must be at most the horizon ({HORIZON})")
     rng = np.random.default_rng(0)
     pov = (rng.random((args.n, HORIZON)) < 0.12).astype(np.int64)
     item = rng.integers(0, 1_000_000, size=(args.n, HORIZON))
     item[: args.n // 50] = 12345
-    rows = {}
-    for durable in (False, True):
-        rows["durable" if durable else "memory"] = one_storage(
-            durable, args.n, args.steps, kinds, args.workers, args.partitions,
-            Path(args.out) / f"n{args.n}-{'durable' if durable else 'memory'}", pov, item)
-    ratios = [{"step": m["step"], "kind": m["kind"],
-               "durable_speed_over_memory": m["time_to_release_s"] / d["time_to_release_s"]}
-              for m, d in zip(rows["memory"]["steps"], rows["durable"]["steps"])]
-    result = {"n": args.n, "workers": args.workers, "partitions": args.partitions, "rows": rows, "ratios": ratios}
-    print(f"n = {args.n:,}: durable speed / memory speed per step (time to release; ≥ 0.7 is the target):")
-    for r, m, d in zip(ratios, rows["memory"]["steps"], rows["durable"]["steps"]):
-        print(f"  step {r['step']} {r['kind']:>12}: {r['durable_speed_over_memory']:.2f}  (memory "
-              f"{m['time_to_release_s']:.1f} s, durable {d['time_to_release_s']:.1f} s, "
-              f"{d.get('stored_batches', 0):,} report batches stored)")
-    by_kind = {k: [r["durable_speed_over_memory"] for r in ratios if r["kind"] == k] for k in kinds}
-    result["median_ratio_by_kind"] = {k: statistics.median(v) for k, v in by_kind.items() if v}
+    rows = {storage: one_storage(storage, args.n, args.steps, kinds, args.workers, args.partitions,
+                                 Path(args.out) / f"n{args.n}-{storage}", pov, item)
+            for storage in storages}
+    base = storages[0]
+    ratios = {storage: [{"step": b["step"], "kind": b["kind"],
+                         "speed_over_" + base: b["time_to_release_s"] / d["time_to_release_s"]}
+                        for b, d in zip(rows[base]["steps"], rows[storage]["steps"])]
+              for storage in storages[1:]}
+    result = {"n": args.n, "workers": args.workers, "partitions": args.partitions, "rows": rows,
+              "ratios": ratios}
+    print(f"n = {args.n:,}: speed / {base}'s speed per step (time to release; ≥ 0.7 is the target):")
+    for i, b in enumerate(rows[base]["steps"]):
+        line = f"  step {b['step']} {b['kind']:>18}: {base} {b['time_to_release_s']:.1f} s"
+        for storage in storages[1:]:
+            d = rows[storage]["steps"][i]
+            line += (f"; {storage} {d['time_to_release_s']:.1f} s "
+                     f"({ratios[storage][i]['speed_over_' + base]:.2f}, {d.get('stored_batches', 0):,} batches)")
+        print(line)
+    result["median_ratio_by_kind"] = {
+        storage: {k: statistics.median([r["speed_over_" + base] for r in rs if r["kind"] == k])
+                  for k in kinds if any(r["kind"] == k for r in rs)}
+        for storage, rs in ratios.items()}
     write_json(args.json, result)
     return result
 

@@ -27,11 +27,15 @@ stats the folder for every page; here pages come from an in-memory sorted index
 (:mod:`pipeline.stream.local.object_index`, rebuilt from disk at start, updated with every write and delete
 before it is answered) and ListObjectsV2 answers are written as text: a page costs what its keys cost.
 
-Durability: an acknowledged write is a file fsync'd and then linked or renamed into place, its folder fsync'd
-(and that of any folder the write created), so it survives a machine crash. ``--no-fsync``
-(``DPSTREAM_LOG_FSYNC=off`` for ``dpstream up``) acknowledges before the disk has it: a kill -9 of the server
-or the broker still loses nothing (the operating system holds the file), a machine crash may lose the last
-writes.
+Durability (``--sync``; ``DPSTREAM_LOG_FSYNC`` for ``dpstream up``): an acknowledged write survives a
+machine crash in the default mode, ``journal`` (``on``): a record of the write is appended to a
+write-ahead journal and flushed (one ``fdatasync``, shared by concurrent writes), then the object is
+written in place, then the write is acknowledged; checkpoints flush the objects and empty the
+journal, and a start replays what is left (:mod:`pipeline.stream.local.write_journal` gives the
+argument). ``files``: each file fsync'd before it is linked or renamed into place and its folder
+fsync'd after (two commits of the file system's journal per write instead of one flush). ``off``:
+acknowledged before the disk has it — a kill -9 of the server or the broker still loses nothing (the
+operating system holds the file), a machine crash may lose the last writes.
 
 Run as a process: ``python -m pipeline.stream.local.object_store DATA_ROOT --port P``.
 """
@@ -40,10 +44,12 @@ from __future__ import annotations
 
 import argparse
 import base64
+import io
 import logging
 import os
 import sys
 import threading
+import time
 import xml.etree.ElementTree as ET
 import zlib
 from http import HTTPStatus
@@ -54,8 +60,16 @@ from xml.sax.saxutils import escape
 
 import localbucket
 
-from pipeline.stream.local.embedded import ACCESS_KEY_ENV, OBJECT_STORE_BUCKET as BUCKET
+from pipeline.stream.local.embedded import ACCESS_KEY_ENV
+from pipeline.stream.local.embedded import OBJECT_STORE_BUCKET as BUCKET
 from pipeline.stream.local.object_index import BucketIndex, ObjectMeta
+from pipeline.stream.local.store_trace import RequestTrace, trace_from_env
+from pipeline.stream.local.write_journal import (
+    CHECKPOINT_SECONDS,
+    WriteJournal,
+    fsync_dir,
+    recover,
+)
 
 __all__ = ["ConditionalHandler", "serve"]
 
@@ -83,33 +97,71 @@ def _missing_folders(folder: Path) -> list[Path]:
     return missing
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _synced(write):
+def _synced(write, trace: RequestTrace | None):
     """localbucket's body writer, then the body on disk before the file is linked into place."""
     def write_and_sync(file):
         etag = write(file)
         file.flush()
+        started = time.monotonic()
         os.fsync(file.fileno())
+        if trace is not None:
+            trace.phase("fsync", time.monotonic() - started)
         return etag
     return write_and_sync
+
+
+def _write_in_place(target: Path, body: bytes, create_only: bool) -> None:
+    """The object's file, created or overwritten (then cut to the body's length). Not atomic by itself:
+    the caller holds the key's lock (no reader sees it half done) and journaled the body first (a crash
+    half way is repaired by replay)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if create_only else 0)
+    fd = os.open(target, flags, 0o600)
+    try:
+        view = memoryview(body)
+        at = 0
+        while at < len(body):
+            at += os.pwrite(fd, view[at:], at)
+        os.ftruncate(fd, len(body))
+    finally:
+        os.close(fd)
+
+
+def _remove_empty_folders(folder: Path, bucket_dir: Path) -> None:
+    """``folder`` and its ancestors below the bucket, as long as they are empty (as localbucket does)."""
+    while folder != bucket_dir:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent
 
 
 class ConditionalHandler(localbucket.S3Handler):
     """localbucket's handler with atomic ``If-Match``/``If-None-Match`` writes and ``304`` reads."""
 
     access_key: str | None = None
-    fsync: bool = True  # see the module's docstring: off only with --no-fsync
+    sync: str = "journal"  # journal | files | off: see the module's docstring
+    journal: WriteJournal | None = None  # with sync == "journal"
     indexes: dict[str, BucketIndex] = {}  # bucket -> its keys (serve() builds them from disk)
     # headers and body go out as separate writes: with Nagle's algorithm each small response waits for
     # the client's delayed ACK (tens of ms per request; the broker makes several per produce and fetch)
     disable_nagle_algorithm = True
+    trace: RequestTrace | None = None  # DPSTREAM_OBJECT_STORE_TRACE: one line per request
+
+    def parse_request(self) -> bool:
+        if self.trace is not None:
+            self.trace.begin()  # the request line is in: from here on the time is the store's
+        return super().parse_request()
+
+    def send_response(self, code, message=None):
+        self._status = int(code)
+        super().send_response(code, message)
+
+    def handle_one_request(self):
+        super().handle_one_request()
+        if self.trace is not None and self.raw_requestline:
+            self.trace.end(self.command or "", self.path or "", getattr(self, "_status", 0))
 
     def _dispatch(self, action):
         if self.access_key and f"Credential={self.access_key}/" not in self.headers.get("Authorization", ""):
@@ -136,26 +188,54 @@ class ConditionalHandler(localbucket.S3Handler):
         target = self._object_path(bucket, key)
         if_match = self.headers.get("If-Match")
         with _lock_for(target):
-            if if_match is not None:
-                exists = target.is_file()
-                if not exists or ("*" not in _etags(if_match)
-                                  and localbucket.object_etag(target) not in _etags(if_match)):
+            exists = target.is_file()
+            wanted = _etags(if_match) if if_match is not None else set()
+            if if_match is not None and (not exists or ("*" not in wanted
+                                                        and localbucket.object_etag(target) not in wanted)):
+                raise self._precondition_failed_error()
+            started = time.monotonic()
+            if self.journal is not None:
+                create_only = self.headers.get("If-None-Match", "").strip() == "*"
+                if create_only and exists:
                     raise self._precondition_failed_error()
-            created = _missing_folders(target.parent)
-            etag = super()._write_object(bucket, key, _synced(write) if self.fsync else write)
-            if self.fsync:  # the new name (and any new folder) on disk before the write is acknowledged
-                for folder in [target.parent, *(c.parent for c in created)]:
-                    _fsync_dir(folder)
+                buffer = io.BytesIO()
+                etag = write(buffer)
+                body = buffer.getvalue()
+                with self.journal.ahead_of_put(f"{bucket}/{key}", body):
+                    journaled = time.monotonic()
+                    _write_in_place(target, body, create_only)
+                localbucket.remember_etag(target, etag)
+                phases = {"journal": journaled - started, "write": time.monotonic() - journaled}
+            else:
+                created = _missing_folders(target.parent)
+                etag = super()._write_object(bucket, key, _synced(write, self.trace)
+                                             if self.sync == "files" else write)
+                placed = time.monotonic()
+                if self.sync == "files":  # the new name (and any new folder) on disk before the answer
+                    for folder in [target.parent, *(c.parent for c in created)]:
+                        fsync_dir(folder)
+                phases = {"write": placed - started, "dirsync": time.monotonic() - placed}
+            if self.trace is not None:
+                for name, seconds in phases.items():
+                    self.trace.phase(name, seconds)
             stat = target.stat()
             self._index(bucket).put(key, ObjectMeta(stat.st_size, stat.st_mtime, etag))
             return etag
 
     def _delete_object(self, bucket: str, key: str):
+        bucket_dir = self._bucket_dir(bucket).resolve()
         target = self._object_path(bucket, key)
         with _lock_for(target):
             # out of the index first: a listing never names an object a GET would no longer find
             self._index(bucket).remove(key)
-            super()._delete_object(bucket, key)
+            if target.is_file():
+                if self.journal is not None:  # a replay after a crash must not bring it back
+                    with self.journal.ahead_of_delete(f"{bucket}/{key}"):
+                        target.unlink(missing_ok=True)
+                else:
+                    target.unlink(missing_ok=True)
+                _remove_empty_folders(target.parent, bucket_dir)
+        self._send(HTTPStatus.NO_CONTENT)
 
     def _delete_bucket(self, bucket: str):
         super()._delete_bucket(bucket)
@@ -266,12 +346,48 @@ def _warm_etags(data_root: Path) -> None:
                 continue  # deleted meanwhile
 
 
-def serve(data_root: Path, port: int, host: str = "127.0.0.1", fsync: bool = True) -> None:
+JOURNAL_DIR = ".journal"  # under the data root; not a bucket name (S3 names start with a letter or digit)
+
+
+def _replayed_put(data_root: Path):
+    def put(key: str, body: bytes) -> None:
+        target = data_root.joinpath(*key.split("/"))
+        if not target.resolve().is_relative_to(data_root):
+            return  # the journal only ever holds keys the server accepted; never write outside
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f"{localbucket.TEMP_PREFIX}replay-{target.name}")
+        tmp.write_bytes(body)
+        os.replace(tmp, target)
+    return put
+
+
+def _replayed_delete(data_root: Path):
+    def delete(key: str) -> None:
+        target = data_root.joinpath(*key.split("/"))
+        if target.resolve().is_relative_to(data_root) and target.is_file():
+            target.unlink()
+            _remove_empty_folders(target.parent, data_root / key.split("/", 1)[0])
+    return delete
+
+
+def serve(data_root: Path, port: int, host: str = "127.0.0.1", sync: str = "journal",
+          checkpoint_seconds: float = CHECKPOINT_SECONDS) -> None:
     data_root = data_root.resolve()
     (data_root / BUCKET).mkdir(parents=True, exist_ok=True)
+    log = logging.getLogger("dpstream.object_store")
+    journal_dir = data_root / JOURNAL_DIR
+    # whatever the mode now, writes acknowledged under a journal before are restored first
+    replayed = recover(journal_dir, data_root, _replayed_put(data_root), _replayed_delete(data_root))
+    if replayed:
+        log.info("replayed %d journaled writes", replayed)
     ConditionalHandler.data_root = data_root
     ConditionalHandler.access_key = os.environ.get(ACCESS_KEY_ENV) or None
-    ConditionalHandler.fsync = fsync
+    ConditionalHandler.sync = sync
+    if sync == "journal":
+        fsync_dir(data_root / BUCKET)
+        fsync_dir(data_root)
+        ConditionalHandler.journal = WriteJournal(journal_dir, data_root, checkpoint_seconds)
+    ConditionalHandler.trace = trace_from_env()
     ConditionalHandler.indexes = {bucket.name: BucketIndex.from_disk(bucket, localbucket.TEMP_PREFIX)
                                   for bucket in localbucket.bucket_dirs(data_root)}
     # ETags of the objects found on disk, computed in the background: a listing otherwise reads each
@@ -279,7 +395,7 @@ def serve(data_root: Path, port: int, host: str = "127.0.0.1", fsync: bool = Tru
     threading.Thread(target=_warm_etags, args=(data_root,), daemon=True, name="etags").start()
     server = ThreadingHTTPServer((host, port), ConditionalHandler)
     server.daemon_threads = True
-    logging.getLogger("dpstream.object_store").info("serving %s on http://%s:%d", data_root, host, port)
+    log.info("serving %s on http://%s:%d (sync: %s)", data_root, host, port, sync)
     try:
         server.serve_forever()
     finally:
@@ -290,14 +406,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("data_root", type=Path)
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--no-fsync", action="store_true",
-                        help="acknowledge writes before they are on disk (a machine crash may lose them)")
+    parser.add_argument("--sync", choices=("journal", "files", "off"), default="journal",
+                        help="journal: one flushed journal record per write (default); files: each object "
+                             "and its folder fsync'd; off: acknowledged before on disk (a machine crash "
+                             "may lose the last writes)")
+    parser.add_argument("--no-fsync", action="store_true", help="the same as --sync off")
+    parser.add_argument("--checkpoint-seconds", type=float, default=CHECKPOINT_SECONDS,
+                        help="how often the journal is checkpointed (objects flushed, journal emptied)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.umask(0o077)
     try:
-        serve(args.data_root, args.port, fsync=not args.no_fsync)
+        serve(args.data_root, args.port, sync="off" if args.no_fsync else args.sync,
+              checkpoint_seconds=args.checkpoint_seconds)
     except KeyboardInterrupt:
         pass
 
