@@ -28,9 +28,11 @@ from pipeline.stream.control.signatures import job_keys
 from pipeline.stream.kafka.consumer import BulkConsumer
 from pipeline.stream.kafka.log_end import log_ends_async
 from pipeline.stream.kafka.log_identity import topic_ids_async
-from pipeline.stream.kafka.metrics import serve_metrics, start_lag_monitor
-from pipeline.stream.kafka.process import make_producer, run_job, supervise
-from pipeline.stream.kafka.runtime import Runtime
+from pipeline.stream.kafka.consumer_lag import start_lag_monitor
+from pipeline.stream.process.metrics import serve_metrics
+from pipeline.stream.kafka.job_producer import make_producer
+from pipeline.stream.process.supervision import run_job, supervise
+from pipeline.stream.process.runtime import Runtime
 from pipeline.stream.kafka.topics import RELEASER, group_id, read_by
 from pipeline.stream.release.coordinator import ReleaseCoordinator
 from pipeline.stream.release.fence import read_release_stamps

@@ -1,6 +1,6 @@
 """Ingest worker: reports -> per-user numpy state -> step partials.
 
-Run through the command line (``pipeline.stream.kafka.runtime`` lists the job's arguments):
+Run through the command line (``pipeline.stream.process.runtime`` lists the job's arguments):
 ``dpstream worker --config config/sipp-poverty.yaml``. Start up to as many as there are partitions.
 
 * ``reports`` (keyed by user): runs of reports are parsed and applied in bulk; a close marker for
@@ -38,9 +38,10 @@ from pipeline.stream.ingest.core import IngestCore
 from pipeline.stream.kafka.consumer import INGEST_FETCH_MAX_WAIT_MS, BulkConsumer
 from pipeline.stream.kafka.log_end import log_ends_async
 from pipeline.stream.kafka.log_identity import topic_ids_async
-from pipeline.stream.kafka.metrics import serve_metrics, unexport_releaser_series
-from pipeline.stream.kafka.process import make_producer, run_job, supervise
-from pipeline.stream.kafka.runtime import Runtime
+from pipeline.stream.process.metrics import serve_metrics, unexport_releaser_series
+from pipeline.stream.kafka.job_producer import make_producer
+from pipeline.stream.process.supervision import run_job, supervise
+from pipeline.stream.process.runtime import Runtime
 from pipeline.stream.kafka.topics import INGEST, group_id, read_by
 from pipeline.stream.state.checkpoint import Checkpoint
 from pipeline.stream.state.identity import establish_identity

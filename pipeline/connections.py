@@ -1,7 +1,7 @@
 """Every broker and Redis client of a process is built from one place, with the deployment's ``security``.
 
 A process states its deployment once (:func:`use_security`: the command line when it loads the
-configuration, :class:`pipeline.stream.kafka.runtime.Runtime` in the jobs); each construction site then
+configuration, :class:`pipeline.stream.process.runtime.Runtime` in the jobs); each construction site then
 adds :func:`kafka_security` to its Kafka client's arguments (aiokafka and kafka-python take the same
 names: ``security_protocol``, ``ssl_context``, ``sasl_mechanism``, ``sasl_plain_username``,
 ``sasl_plain_password``) and builds Redis clients with :func:`redis_client`. The default, before any

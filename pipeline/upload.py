@@ -53,7 +53,7 @@ from pipeline.stream.ingest.report_files import (
     _stamp,
     check_report_file,
 )
-from pipeline.stream.kafka.limits import MAX_MESSAGE_BYTES
+from pipeline.stream.process.limits import MAX_MESSAGE_BYTES
 from pipeline.upload_check import FileCheck, Problem, stateless_problem
 from pipeline.upload_columns import Columns, NotTabular, arrow_chunks, report_chunks
 from pipeline.upload_messages import Batch, chunk_messages

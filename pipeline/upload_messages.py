@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from pipeline.arrow_arrays import int64s, string_buffers, strings
 from pipeline.stream.ingest.murmur import murmur2_of_bytes, partition_of_hashes
-from pipeline.stream.kafka.limits import MAX_REPORT_BYTES
+from pipeline.stream.process.limits import MAX_REPORT_BYTES
 from pipeline.upload_columns import Columns
 
 __all__ = ["Batch", "chunk_messages"]

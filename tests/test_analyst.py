@@ -182,7 +182,7 @@ def test_kinds_state_their_reading_side():
     """Every registered kind declares its output shape and answers, explains and labels through the kind
     (adding a kind touches its module and the registry only); the coordinator's metrics come from observe."""
     from pipeline.releases import ReleaseKind, kinds
-    from pipeline.stream.kafka.metrics import METRICS
+    from pipeline.stream.process.metrics import METRICS
 
     for name, kind in kinds().items():
         assert kind.output in ("records", "histogram", "alerts"), name

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from pipeline.config import load_config, parse_config
-from pipeline.stream.kafka.metrics import PUBLIC_SERIES, metric_names
+from pipeline.stream.process.metrics import PUBLIC_SERIES, metric_names
 
 from support.deploy_files import (DEPLOY, K8S, REPO, compose, compose_config_path,  # noqa: F401
                                   configmap_deployment, k8s, k8s_objects, read_yaml)
@@ -356,7 +356,7 @@ def test_dashboard_schema_and_metric_names():
         for t in p["targets"]:
             names = set(re.findall(r"\b(dpstream_[a-zA-Z0-9_]+)", t["expr"]))
             assert names, t["expr"]
-            assert names <= declared, f"{t['expr']}: {sorted(names - declared)} not in pipeline.stream.kafka.metrics"
+            assert names <= declared, f"{t['expr']}: {sorted(names - declared)} not in pipeline.stream.process.metrics"
             used |= names
     # The dashboard shows public values only (docs/privacy.md, metrics policy): every series it
     # reads equals something on the public topics; the operational ones stay in Prometheus.
@@ -434,7 +434,7 @@ def test_metrics_bind_address_follows_the_environment():
     def listening(addr_env: str | None) -> str:
         port = free_port()
         env = {"DPSTREAM_METRICS_ADDR": addr_env} if addr_env else {}
-        code = ("import sys, time; from pipeline.stream.kafka.metrics import serve_metrics; "
+        code = ("import sys, time; from pipeline.stream.process.metrics import serve_metrics; "
                 f"serve_metrics({port}); print('up', flush=True); time.sleep(30)")
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                                 env={**__import__("os").environ, **env})
@@ -456,7 +456,7 @@ def test_metrics_bind_address_follows_the_environment():
 def test_brokers_accept_what_the_clients_may_send(compose, k8s):
     """The deployed broker's message.max.bytes is the clients' limit (producers' max_request_size,
     consumers' fetch size): before, the producers allowed 8 MB and the broker 2 MB."""
-    from pipeline.stream.kafka.limits import DEAD_LETTER_COPY_BYTES, MAX_MESSAGE_BYTES, MAX_REPORT_BYTES
+    from pipeline.stream.process.limits import DEAD_LETTER_COPY_BYTES, MAX_MESSAGE_BYTES, MAX_REPORT_BYTES
 
     kafka = k8s_objects(k8s, "StatefulSet")["kafka"]
     (c,) = kafka["spec"]["template"]["spec"]["containers"]

@@ -8,8 +8,8 @@ import sys
 import pytest
 import yaml
 
-from pipeline.stream.kafka.process import run_job
-from pipeline.stream.kafka.runtime import Runtime, job_command
+from pipeline.stream.process.supervision import run_job
+from pipeline.stream.process.runtime import Runtime, job_command
 from pipeline.stream.state.identity import ConfigurationChanged, StateLost
 
 ENV = ("DPSTREAM_CONFIG", "DPSTREAM_BROKER", "DPSTREAM_REDIS", "DPSTREAM_METRICS_PORT")

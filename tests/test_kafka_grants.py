@@ -46,7 +46,7 @@ REQUESTS: dict[str, list[tuple[str, str]]] = {
     # jobs/releaser.py: its group's consumer, the fence's reader of `releases`, the log-end probe of
     # step-partials and releases, the producer of releases, the descriptor, close markers and the
     # dead letters of unverified control commands, and the lag gauge
-    # (pipeline.stream.kafka.metrics: offsets of every group topic, fetching only its own)
+    # (pipeline.stream.process.metrics: offsets of every group topic, fetching only its own)
     "releaser": [*[(r, t) for t in ("step-partials", "control") for r in ("Metadata", "Fetch", "OffsetCommit")],
                  *[(r, "group:releaser") for r in ("FindCoordinator", "JoinGroup", "OffsetCommit", "OffsetFetch")],
                  *[(r, "releases") for r in ("Metadata", "ListOffsets", "Fetch")],
@@ -135,8 +135,8 @@ def test_the_releasers_lag_gauge_lists_offsets_of_the_workers_topics_and_fetches
     from kafka import KafkaProducer
     from kafka.net.connection import KafkaConnection
 
-    from pipeline.stream.kafka import metrics as M
-    from pipeline.stream.kafka.runtime import Runtime
+    from pipeline.stream.kafka import consumer_lag
+    from pipeline.stream.process.runtime import Runtime
     from pipeline.stream.kafka.topics import ensure_topics
     from pipeline.stream.local.embedded import EmbeddedBroker
 
@@ -162,8 +162,8 @@ def test_the_releasers_lag_gauge_lists_offsets_of_the_workers_topics_and_fetches
         producer.close()
         monkeypatch.setattr(KafkaConnection, "send_request", recording)
         rt = Runtime(d, broker.bootstrap, "redis://127.0.0.1:1/0", metrics_port=1)
-        monkeypatch.setattr(M.ConsumerLagMonitor, "start", lambda self: None)  # poll once, in this thread
-        monitor = M.start_lag_monitor(rt)
+        monkeypatch.setattr(consumer_lag.ConsumerLagMonitor, "start", lambda self: None)  # poll once, in this thread
+        monitor = consumer_lag.start_lag_monitor(rt)
         try:
             lags = monitor.poll_once()
         finally:

@@ -14,7 +14,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.structs import OffsetAndMetadata
 
-from pipeline.stream.kafka import metrics as M
+from pipeline.stream.kafka import consumer_lag
 from pipeline.stream.local.embedded import EmbeddedBroker
 from pipeline.stream.kafka.log_end import log_ends
 
@@ -79,7 +79,7 @@ def test_consumer_lag_counts_the_whole_last_batch(broker):
     consumer.commit({TopicPartition("lag-batches", 0): OffsetAndMetadata(4, "", -1)})
     consumer.close()
     # a process that may fetch the topic (the releaser, for its own topics) probes the true end
-    monitor = M.ConsumerLagMonitor(broker.bootstrap, {"lag-batches-group": ["lag-batches"]},
+    monitor = consumer_lag.ConsumerLagMonitor(broker.bootstrap, {"lag-batches-group": ["lag-batches"]},
                                    readable={"lag-batches"})
     try:
         assert monitor.poll_once() == {("lag-batches", 0): 12 - 4}
@@ -87,7 +87,7 @@ def test_consumer_lag_counts_the_whole_last_batch(broker):
         monitor._close_clients()
     # one that may only list its offsets (the releaser, for the workers' raw reports) never fetches: on this
     # broker its ListOffsets end is short by the rest of the last batch (6, not 12), so the lag reads short
-    monitor = M.ConsumerLagMonitor(broker.bootstrap, {"lag-batches-group": ["lag-batches"]})
+    monitor = consumer_lag.ConsumerLagMonitor(broker.bootstrap, {"lag-batches-group": ["lag-batches"]})
     try:
         assert monitor.poll_once() == {("lag-batches", 0): 6 - 4}
     finally:
@@ -107,7 +107,7 @@ def test_worker_resumes_at_its_checkpoint_inside_the_last_batch(tmp_path, monkey
     from pipeline.serialization import dumps_state
     from pipeline.stream.local.embedded import EmbeddedServices
     from pipeline.stream.ingest.partition_state import PartitionState
-    from pipeline.stream.kafka.runtime import Runtime
+    from pipeline.stream.process.runtime import Runtime
     from support.stores import WritableStore
     from jobs.eval.testbed import write_panel_deployment
     from pipeline.stream.kafka.topics import ensure_topics

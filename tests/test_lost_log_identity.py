@@ -23,7 +23,7 @@ import numpy as np
 
 from kafka import TopicPartition
 
-from pipeline.stream.kafka.faults import FAULT_EXIT_CODE
+from pipeline.stream.process.faults import FAULT_EXIT_CODE
 from pipeline.stream.kafka.log_end import log_ends
 from pipeline.stream.kafka.topics import RELEASER, ensure_topics, group_id
 from pipeline.stream.local.cluster import LocalCluster

@@ -24,7 +24,8 @@ import yaml
 from prometheus_client import REGISTRY
 
 from pipeline.config import load_config
-from pipeline.stream.kafka import metrics as M
+from pipeline.stream.kafka import consumer_lag
+from pipeline.stream.process import metrics as M
 from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
@@ -238,7 +239,7 @@ def test_lag_monitor_against_the_broker():
         consumer = KafkaConsumer(bootstrap_servers=boot, group_id="lag-group", enable_auto_commit=False)
         consumer.commit({TopicPartition("lag-test", 0): OffsetAndMetadata(4, "", -1)})
         consumer.close()
-        monitor = M.ConsumerLagMonitor(boot, {"lag-group": ["lag-test"]})
+        monitor = consumer_lag.ConsumerLagMonitor(boot, {"lag-group": ["lag-test"]})
         try:
             lags = monitor.poll_once()
         finally:

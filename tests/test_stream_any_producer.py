@@ -27,7 +27,7 @@ from pipeline.config import load_config
 from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
-from pipeline.stream.kafka.faults import FAULT_EXIT_CODE
+from pipeline.stream.process.faults import FAULT_EXIT_CODE
 from pipeline.stream.kafka.log_end import log_ends
 from pipeline.stream.kafka.codecs import CONTROL_HEADER
 from pipeline.stream.ingest.repartition import FORMAT_HEADER, ROWS, Forwarder

@@ -21,7 +21,7 @@ from pipeline.stream.local.embedded import EmbeddedServices
 from jobs.eval.testbed import binary_panel, write_panel_deployment
 from pipeline.plan import release_seed
 from pipeline.stream.release.engine import batch_reference
-from pipeline.stream.kafka.faults import FAULT_EXIT_CODE
+from pipeline.stream.process.faults import FAULT_EXIT_CODE
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import ReleaseStore
 from support.stream_runs import read_dead_letters

@@ -30,7 +30,7 @@ from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
 from jobs.eval.testbed import binary_panel, write_panel_deployment
 from pipeline.stream.release.engine import batch_reference as engine_reference
-from pipeline.stream.kafka.faults import FAULT_EXIT_CODE
+from pipeline.stream.process.faults import FAULT_EXIT_CODE
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import ReleaseStore
 from pipeline.stream.kafka.topics import ensure_topics
@@ -42,7 +42,7 @@ def _committed(bootstrap: str, group: str, topic: str) -> int:
     """The group's committed offset of partition 0 of ``topic`` (-1 when none)."""
     from kafka import KafkaAdminClient
 
-    from pipeline.stream.kafka.metrics import _committed_offsets
+    from pipeline.stream.kafka.consumer_lag import _committed_offsets
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
@@ -329,7 +329,7 @@ def test_ten_megabyte_message_is_dead_lettered_as_a_bounded_copy(services, tmp_p
     MessageSizeTooLargeError in the worker's producer and the deployment stopped."""
     from confluent_kafka import Producer
 
-    from pipeline.stream.kafka.limits import DEAD_LETTER_COPY_BYTES
+    from pipeline.stream.process.limits import DEAD_LETTER_COPY_BYTES
 
     path, dep, X, roster = scenario(tmp_path, services, "faults-poison", seed=26, horizon=3)
     with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs") as cluster:

@@ -83,7 +83,7 @@ class Run:
 
 
 def _drive(run: Run, cluster) -> None:
-    from pipeline.stream.kafka.faults import FAULT_EXIT_CODE
+    from pipeline.stream.process.faults import FAULT_EXIT_CODE
 
     T, rng, sc = run.args.horizon, run.rng, run.scenario
     at = int(rng.integers(2, T + 1))  # the faulty step (never step 1 alone: something to lose before it)

@@ -24,7 +24,7 @@ def _run_job(role: str, args) -> int:
     """Check the configuration, resolve the endpoints, then become the job's process (exec: the same pid,
     signals and exit code; the job loads the configuration at its own entry point, and refuses a changed
     one with exit code 2 or a lost state with exit code 4)."""
-    from pipeline.stream.kafka.runtime import job_command
+    from pipeline.stream.process.runtime import job_command
 
     dep = _load(args.config)
     broker, redis_url = _endpoints(dep, check=False)  # the jobs retry while services start

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, AbstractSet, Any, Awaitable, Callable
 
 from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore
 from pipeline.stream.ingest.repartition import ForwardMarkers
-from pipeline.stream.kafka.faults import crash_point
-from pipeline.stream.kafka.metrics import METRICS, forget_partition, observe_partition
+from pipeline.stream.process.faults import crash_point
+from pipeline.stream.process.metrics import METRICS, forget_partition, observe_partition
 from pipeline.stream.state.checkpoint import Batch, Checkpoint
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from pipeline.connections import kafka_security
 from pipeline.stream.kafka.log_identity import BrokerUnreachable, broker_wait_seconds
-from pipeline.stream.kafka.limits import MAX_MESSAGE_BYTES
+from pipeline.stream.process.limits import MAX_MESSAGE_BYTES
 
 __all__ = ["BulkConsumer", "INGEST_FETCH_MAX_WAIT_MS", "RELEASER_FETCH_MAX_WAIT_MS"]
 

@@ -14,7 +14,7 @@ import orjson
 from typing import TYPE_CHECKING
 
 from pipeline.connections import kafka_security
-from pipeline.stream.kafka.limits import MAX_MESSAGE_BYTES
+from pipeline.stream.process.limits import MAX_MESSAGE_BYTES
 
 if TYPE_CHECKING:
     from pipeline.config import Deployment

@@ -34,7 +34,7 @@ __all__ = ["PartitionCountChanged", "Topic", "TOPICS", "PUBLIC_TOPICS", "INGEST"
 INGEST, RELEASER = "ingest", "releaser"
 KAFKA_ROLES = ("worker", "releaser", "operator", "producer", "analyst")
 GROUP_ROLES = {INGEST: "worker", RELEASER: "releaser"}  # consumer group -> the role whose job is in it
-LAG_ROLE = "releaser"  # runs the consumer-lag gauge (describes every group: pipeline.stream.kafka.metrics)
+LAG_ROLE = "releaser"  # runs the consumer-lag gauge (describes every group: pipeline.stream.process.metrics)
 
 # The public topics are the product and the fence's evidence (pipeline.stream.release.fence): Kafka's default
 # retention (7 days) would delete old manifests, and with them what a wiped state is checked against.

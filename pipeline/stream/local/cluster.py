@@ -23,7 +23,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.stream.kafka.runtime import job_command
+from pipeline.stream.process.runtime import job_command
 from pipeline.stream.local import lag_watch
 from pipeline.stream.local.lag_watch import LagWatch
 from pipeline.stream.kafka.topics import ensure_topics, topic_names

@@ -61,9 +61,9 @@ from pipeline.stream.control.signatures import (CloseCommand, CloseSigner, Close
                                                 SignedClose, Unverified)
 from pipeline.stream.kafka.codecs import (CONTROL_HEADER, PartialAssembler, close_marker,
                                           dead_letter_headers, synthetic_chunks)
-from pipeline.stream.kafka.limits import DEAD_LETTER_COPY_BYTES
-from pipeline.stream.kafka.faults import crash_point
-from pipeline.stream.kafka.metrics import METRICS
+from pipeline.stream.process.limits import DEAD_LETTER_COPY_BYTES
+from pipeline.stream.process.faults import crash_point
+from pipeline.stream.process.metrics import METRICS
 from pipeline.stream.release.closing import DeadlineClock, now_ms
 from pipeline.stream.release.engine import ReleaseEngine, ReleaseOutput, needs_records, restore_records, stored_state
 from pipeline.stream.release.fence import check_fence

@@ -27,7 +27,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from pipeline.connections import kafka_security
-from pipeline.stream.kafka.limits import MAX_MESSAGE_BYTES
+from pipeline.stream.process.limits import MAX_MESSAGE_BYTES
 from pipeline.stream.state.identity import StateLost
 
 __all__ = ["ReleaseStamp", "read_release_stamps", "unknown_releases", "check_fence"]

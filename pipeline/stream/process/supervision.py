@@ -1,4 +1,4 @@
-"""What both stream jobs do around their work: logging, the producer, and running their tasks until
+"""What both stream jobs do around their work: logging, and running their tasks until
 a signal or a failure (a failure exits non-zero, for a supervisor to restart the process: all a job
 needs to resume is in Redis and the log)."""
 
@@ -10,12 +10,7 @@ import signal
 import sys
 from typing import Awaitable, Callable
 
-from aiokafka import AIOKafkaProducer
-
-from pipeline.connections import kafka_security
-from pipeline.stream.kafka.limits import MAX_MESSAGE_BYTES
-
-__all__ = ["run_job", "make_producer", "supervise"]
+__all__ = ["run_job", "supervise"]
 
 log = logging.getLogger("dpstream.process")
 
@@ -50,12 +45,6 @@ def run_job(job: Callable[[], Awaitable[None]], loglevel: str = "info") -> None:
             raise
         print(f"dpstream: {line}", file=sys.stderr)
         raise SystemExit(1) from None
-
-
-def make_producer(bootstrap: str, linger_ms: int) -> AIOKafkaProducer:
-    """Acknowledged by every in-sync replica: a checkpoint or a ledger entry follows some sends."""
-    return AIOKafkaProducer(bootstrap_servers=bootstrap, **kafka_security(), acks="all", linger_ms=linger_ms,
-                            max_request_size=MAX_MESSAGE_BYTES, max_batch_size=1 << 20)
 
 
 async def supervise(tasks: list[asyncio.Task], name: str, drain: Callable[[], Awaitable[None]] | None = None,

@@ -20,21 +20,14 @@ The Grafana dashboard shows public series only.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from pipeline.stream.kafka.topics import LAG_ROLE, TOPICS, consumer_groups
-from pipeline.connections import kafka_security
-
 __all__ = ["METRICS", "ALLOWED_LABELS", "PUBLIC_SERIES", "OPERATIONAL_SERIES", "serve_metrics", "metric_names",
-           "unexport_releaser_series",
-           "consumer_groups", "observe_partition", "forget_partition", "ConsumerLagMonitor", "start_lag_monitor"]
-
-log = logging.getLogger("dpstream.metrics")
+           "unexport_releaser_series", "observe_partition", "forget_partition"]
 
 # Labels a dpstream metric may carry. Every one is public configuration or operational (a status,
 # a rejection reason, a partition/topic number, a release name); none can carry data values.
