@@ -4,13 +4,13 @@ Run through the command line: ``dpstream releaser --config config/sipp-poverty.y
 
 The release protocol — assemble the partials of a step, run the mechanisms, commit the complete
 release to Redis before publishing anything, republish committed steps after a restart, close steps
-by command or deadline — is :class:`pipeline.stream.release.coordinator.ReleaseCoordinator`. This module is
+by command or deadline — is :class:`pipeline.stream.releaser.coordinator.ReleaseCoordinator`. This module is
 its Kafka side: it feeds the coordinator from the topics it reads (``step-partials``, ``control``)
 and gives it a producer and the asyncio Redis store.
 
 At start: the configuration is checked against the one the Redis state was created under
 (:mod:`pipeline.stream.state.identity`, exit code 2), and before the first release the ``releases`` topic
-is checked for releases the state does not know (:mod:`pipeline.stream.release.fence`, exit code 4).
+is checked for releases the state does not know (:mod:`pipeline.stream.releaser.fence`, exit code 4).
 
 Transport: an aiokafka group consumer (:mod:`pipeline.stream.kafka.consumer`) and producer. Positions come
 from Redis (the partials resume offset) in the assignment callback (docs/streaming.md, "Processes").
@@ -34,8 +34,8 @@ from pipeline.stream.kafka.job_producer import make_producer
 from pipeline.stream.process.supervision import run_job, supervise
 from pipeline.stream.process.runtime import Runtime
 from pipeline.stream.kafka.topics import RELEASER, group_id, read_by
-from pipeline.stream.release.coordinator import ReleaseCoordinator
-from pipeline.stream.release.fence import read_release_stamps
+from pipeline.stream.releaser.coordinator import ReleaseCoordinator
+from pipeline.stream.releaser.fence import read_release_stamps
 from pipeline.stream.state.checkpoint import Checkpoint
 from pipeline.stream.state.identity import establish_identity
 

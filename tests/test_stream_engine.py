@@ -15,7 +15,7 @@ from pipeline.privacy.events import ZCDP
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.releases.codecs import columns_checksum
 from pipeline.releases.histograms import merge_histograms
-from pipeline.stream.release.engine import ReleaseEngine, ReleaseOutput
+from pipeline.stream.releaser.engine import ReleaseEngine, ReleaseOutput
 from pipeline.stream.kafka.codecs import synthetic_chunks
 from pipeline.stream.ingest.partition_state import PartitionState
 from pipeline.stream.ingest.reports import ReportParser
@@ -399,7 +399,7 @@ def test_wide_categorical_alphabet_is_published_without_wrapping(values):
     engine, the chunk codec, the checksum and the consumer: what the consumer reads back equals the
     library synthesizer's columns (int8 would wrap 300 values)."""
     from pipeline.consumer import PanelStore
-    from pipeline.stream.release.engine import batch_reference
+    from pipeline.stream.releaser.engine import batch_reference
     from pipeline.stream.ingest.reports import ParsedReports
 
     n, horizon = 60, 3

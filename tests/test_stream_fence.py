@@ -32,7 +32,7 @@ from pipeline.connections import redis_client as connect_redis
 from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
-from pipeline.stream.release.fence import ReleaseStamp, check_fence, read_release_stamps, unknown_releases
+from pipeline.stream.releaser.fence import ReleaseStamp, check_fence, read_release_stamps, unknown_releases
 from pipeline.stream.state.fingerprint import config_changes, fingerprint, portable_fingerprint, privacy_config
 from pipeline.stream.state.identity import ConfigurationChanged, StateLost, establish_identity
 from pipeline.stream.ingest.roster import Roster

@@ -13,7 +13,7 @@ from pipeline.privacy.neighbours import Neighbours
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.sim.panel import simulate_categorical_panel
 from pipeline.plan import release_seed
-from pipeline.stream.release.engine import ReleaseEngine
+from pipeline.stream.releaser.engine import ReleaseEngine
 from pipeline.stream.ingest.partition_state import PartitionState
 from pipeline.stream.ingest.reports import ParsedReports
 from pipeline.stream.ingest.roster import Roster

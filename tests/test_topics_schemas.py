@@ -27,7 +27,7 @@ from pipeline.schemas import PARTS, SCHEMA_TOPICS, load_schema  # noqa: E402
 from pipeline.stream.local.cluster import LocalCluster  # noqa: E402
 from pipeline.stream.local.driver import StepDriver  # noqa: E402
 from pipeline.stream.local.embedded import EmbeddedServices  # noqa: E402
-from pipeline.stream.release.engine import batch_reference  # noqa: E402
+from pipeline.stream.releaser.engine import batch_reference  # noqa: E402
 from pipeline.stream.kafka.log_end import log_ends  # noqa: E402
 from pipeline.stream.ingest.roster import Roster  # noqa: E402
 from pipeline.stream.state.store import ReleaseStore  # noqa: E402

@@ -212,7 +212,7 @@ class Soak:
         from pipeline.connections import kafka_security
         from pipeline.consumer import read_topics
         from pipeline.stream.kafka.topics import PUBLIC_TOPICS, topic_names
-        from pipeline.stream.release.engine import batch_reference
+        from pipeline.stream.releaser.engine import batch_reference
 
         problems = []
         dep, broker = load_config(self.path), self.record()["broker"]

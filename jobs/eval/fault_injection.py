@@ -163,7 +163,7 @@ def _drive(run: Run, cluster) -> None:
 
 
 def _verify(run: Run) -> dict[str, bool]:
-    from pipeline.stream.release.engine import batch_reference
+    from pipeline.stream.releaser.engine import batch_reference
     from pipeline.stream.state.store import ReleaseStore
 
     T = run.args.horizon

@@ -2,7 +2,7 @@
 
 One binary attribute ``pov`` with a fixed-window release (window ``window``) and a cumulative
 release sharing ρ = 0.5, seeded, so a run can be compared bit for bit with
-``pipeline.stream.release.engine.batch_reference``.
+``pipeline.stream.releaser.engine.batch_reference``.
 """
 
 from __future__ import annotations

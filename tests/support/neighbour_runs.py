@@ -70,7 +70,7 @@ class CoupledWorlds:
 
 def run_stream(deployment, reports: dict[str, np.ndarray], engine) -> list[list]:
     """Every step of ``reports`` through a worker state and ``engine`` (a fresh
-    :class:`pipeline.stream.release.engine.ReleaseEngine`), feeding each release's feedback back to the
+    :class:`pipeline.stream.releaser.engine.ReleaseEngine`), feeding each release's feedback back to the
     worker as the stream does. Returns the engine's outputs per step."""
     state = whole_roster_state(deployment)
     steps = next(iter(reports.values())).shape[1]

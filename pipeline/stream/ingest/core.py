@@ -516,7 +516,7 @@ class IngestCore:
 
     def _released(self, partition: int, step: int) -> None:
         """Step ``step`` is committed in Redis (a feedback message of it exists: the releaser publishes
-        feedback only after the commit, ``pipeline.stream.release.coordinator``), so no re-driven close
+        feedback only after the commit, ``pipeline.stream.releaser.coordinator``), so no re-driven close
         asks for its partial, nor for an earlier one's: drop them (from Redis with the next checkpoint)."""
         if step <= self.released.get(partition, 0):
             return

@@ -11,7 +11,7 @@ random id when it is created (KIP-516, Metadata v10+; Apache Kafka since 2.8); t
 
 The jobs save the topic id with each position and compare it at assignment
 (:class:`pipeline.stream.ingest.coordinator.IngestCoordinator`,
-:class:`pipeline.stream.release.coordinator.ReleaseCoordinator`); a broker without topic ids
+:class:`pipeline.stream.releaser.coordinator.ReleaseCoordinator`); a broker without topic ids
 (the all-zero id) gives ``None`` and the offset comparison is kept as the only evidence.
 
 A broker that does not answer is not "nothing was lost": :func:`topic_ids_async` retries for

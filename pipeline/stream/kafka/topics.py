@@ -36,7 +36,7 @@ KAFKA_ROLES = ("worker", "releaser", "operator", "producer", "analyst")
 GROUP_ROLES = {INGEST: "worker", RELEASER: "releaser"}  # consumer group -> the role whose job is in it
 LAG_ROLE = "releaser"  # runs the consumer-lag gauge (describes every group: pipeline.stream.process.metrics)
 
-# The public topics are the product and the fence's evidence (pipeline.stream.release.fence): Kafka's default
+# The public topics are the product and the fence's evidence (pipeline.stream.releaser.fence): Kafka's default
 # retention (7 days) would delete old manifests, and with them what a wiped state is checked against.
 KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 
@@ -81,7 +81,7 @@ TOPICS: dict[str, Topic] = {t.name: t for t in (
     Topic("control", 1, "none", "json", public=False, reader=RELEASER, writers=("operator",), readers=("releaser",)),
     Topic("step-partials", 1, "<step>:<partition>:<chunk>", "binary", public=False, reader=RELEASER,  # in order
           writers=("worker",), readers=("releaser",)),
-    # the releaser reads its own manifests back: the fence (pipeline.stream.release.fence)
+    # the releaser reads its own manifests back: the fence (pipeline.stream.releaser.fence)
     Topic("releases", 1, "<release>:<step>", "json", public=True, reader=None, writers=("releaser",),
           readers=("releaser", *_ANALYSTS)),
     Topic("synthetic", 1, "<release>:<step>:<chunk>", "json", public=True, reader=None, writers=("releaser",),

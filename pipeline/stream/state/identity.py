@@ -19,7 +19,7 @@ under it: the releaser refuses (exit code 2) naming the changed keys, and ``dpst
 with it.
 
 The instance id is random (``uuid4``), independent of the data, and public: the releaser stamps it
-into every manifest, and the fence (:mod:`pipeline.stream.release.fence`) uses it to recognise releases
+into every manifest, and the fence (:mod:`pipeline.stream.releaser.fence`) uses it to recognise releases
 of this deployment that the state in Redis does not know.
 """
 

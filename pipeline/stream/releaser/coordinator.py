@@ -16,7 +16,7 @@ so the job (``jobs/releaser.py``) is the Kafka consumer around it and the tests 
 
 The protocol, per step t once every partition's partial of t is in:
 
-1. the mechanisms run (:class:`pipeline.stream.release.engine.ReleaseEngine`: noise is drawn here, once);
+1. the mechanisms run (:class:`pipeline.stream.releaser.engine.ReleaseEngine`: noise is drawn here, once);
 2. the complete release — records, ledger entries, engine state — is committed to Redis in one
    transaction **before** anything is published; a step someone already committed is taken from
    Redis instead (its noise is the release: never redrawn, never spent twice);
@@ -29,7 +29,7 @@ The protocol, per step t once every partition's partial of t is in:
 Closing: a close command for step t writes close markers for every step not yet closed up to t to
 every reports partition, then (acknowledged) moves ``closing`` and records the step's public close
 time and marker; with ``steps.close: deadline`` a step also closes ``deadline_seconds`` after the
-previous close (:mod:`pipeline.stream.release.closing`). With a ``verifier`` (the job always has
+previous close (:mod:`pipeline.stream.releaser.closing`). With a ``verifier`` (the job always has
 one)
 a close command counts only when it carries the curator's signature for every step it closes, and
 the markers are those signed statements (:mod:`pipeline.stream.control.signatures`); an unverified
@@ -64,9 +64,9 @@ from pipeline.stream.kafka.codecs import (CONTROL_HEADER, PartialAssembler, clos
 from pipeline.stream.process.limits import DEAD_LETTER_COPY_BYTES
 from pipeline.stream.process.faults import crash_point
 from pipeline.stream.process.metrics import METRICS
-from pipeline.stream.release.closing import DeadlineClock, now_ms
-from pipeline.stream.release.engine import ReleaseEngine, ReleaseOutput, needs_records, restore_records, stored_state
-from pipeline.stream.release.fence import check_fence
+from pipeline.stream.releaser.closing import DeadlineClock, now_ms
+from pipeline.stream.releaser.engine import ReleaseEngine, ReleaseOutput, needs_records, restore_records, stored_state
+from pipeline.stream.releaser.fence import check_fence
 from pipeline.stream.state.checkpoint import Checkpoint
 from pipeline.stream.state.store import StepAlreadyReleased, StepRecord
 
@@ -237,7 +237,7 @@ class ReleaseCoordinator:
 
     async def check_fence(self, stamps) -> int:
         """Before the first release: refuse (StateLost) when the ``releases`` topic, read as ``stamps``,
-        holds releases this state does not know (see :mod:`pipeline.stream.release.fence`); the last released step."""
+        holds releases this state does not know (see :mod:`pipeline.stream.releaser.fence`); the last released step."""
         released = await self.store.last_released()
         check_fence(stamps, self.engine.instance, released, self.names["releases"])
         return released
@@ -455,7 +455,7 @@ async def _committed_step(store: AsyncReleaseStore, step: int) -> StepRecord:
 
 async def _engine_from(deployment: Deployment, store: AsyncReleaseStore, step: int, blob: bytes) -> ReleaseEngine:
     """The engine as step ``step``'s record stored it, its synthesizers' released records read back
-    from the records of steps 1..``step`` (:func:`pipeline.stream.release.engine.stored_state`)."""
+    from the records of steps 1..``step`` (:func:`pipeline.stream.releaser.engine.stored_state`)."""
     state = loads_state(blob, f"{store.keys.step(step)} __state__")
     names = needs_records(state)
     if names:

@@ -21,7 +21,7 @@ from pipeline.privacy.ledger import PrivacyLedger
 from pipeline.releases import StepInput, kind_of
 from pipeline.releases.codecs import synthetic_columns, synthetic_entry
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.stream.release.closing import public_close_time
+from pipeline.stream.releaser.closing import public_close_time
 
 if TYPE_CHECKING:
     from pipeline.releases import ReleaseConfig
