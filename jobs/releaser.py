@@ -36,7 +36,7 @@ from pipeline.stream.process.runtime import Runtime
 from pipeline.stream.kafka.topics import RELEASER, group_id, read_by
 from pipeline.stream.releaser.coordinator import ReleaseCoordinator
 from pipeline.stream.releaser.fence import read_release_stamps
-from pipeline.stream.state.checkpoint import Checkpoint
+from pipeline.stream.state.commit_order import CommitOrder
 from pipeline.stream.state.identity import establish_identity
 
 log = logging.getLogger("dpstream.releaser")
@@ -127,7 +127,7 @@ class Releaser:
         store = rt.async_store()
         producer = make_producer(rt.broker, linger_ms=2)
         self.coordinator = await ReleaseCoordinator.create(
-            rt.deployment, rt.roster.n, identity.instance, store, Checkpoint(producer), self.names,
+            rt.deployment, rt.roster.n, identity.instance, store, CommitOrder(producer), self.names,
             self._log_end, verifier=verifier, deadline_signer=deadline, log_id=self._log_id)
         consumer = BulkConsumer(rt.broker, self.group, [self.names[t] for t in read_by(RELEASER)],
                                 on_assign=self._on_assign, on_revoke=self._on_revoke)

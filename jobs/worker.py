@@ -43,7 +43,7 @@ from pipeline.stream.kafka.job_producer import make_producer
 from pipeline.stream.process.supervision import run_job, supervise
 from pipeline.stream.process.runtime import Runtime
 from pipeline.stream.kafka.topics import INGEST, group_id, read_by
-from pipeline.stream.state.checkpoint import Checkpoint
+from pipeline.stream.state.commit_order import CommitOrder
 from pipeline.stream.state.identity import establish_identity
 
 log = logging.getLogger("dpstream.worker")
@@ -72,7 +72,7 @@ class IngestWorker:
         self.producer = make_producer(rt.broker, linger_ms=5)
         self.redis = rt.async_store()  # checkpoint writes from the event loop
         # partials and dead letters acknowledged, then Redis
-        self.coordinator = IngestCoordinator(self.core, self.redis, Checkpoint(self.producer), self._log_ends,
+        self.coordinator = IngestCoordinator(self.core, self.redis, CommitOrder(self.producer), self._log_ends,
                                              seek=lambda tp, offset: self.consumer.consumer.seek(tp, offset),
                                              log_ids=lambda topics: topic_ids_async(rt.broker, topics))
         # The roster, its id index and the loaded modules live as long as the process: frozen out of

@@ -40,7 +40,7 @@ from pipeline.stream.kafka.producer import ReportProducer
 from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
-from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.state.store import StateStore
 
 N, T, PARTITIONS = 400, 3, 2
 
@@ -85,7 +85,7 @@ def test_forged_markers_and_commands_are_dead_lettered_and_close_nothing(service
     )
     dep = load_config(path)
     roster = Roster.from_config(dep.roster)
-    store = ReleaseStore.from_url(services.redis.url, dep.name)
+    store = StateStore.from_url(services.redis.url, dep.name)
     with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs") as cluster:
         names = cluster.names
         drv = StepDriver(cluster.broker, dep, roster, names, cluster=cluster)

@@ -11,7 +11,7 @@ from pipeline.serialization import dumps_state
 from pipeline.stream.kafka.log_end import log_ends
 from pipeline.stream.local.embedded import OBJECT_STORE_BUCKET, EmbeddedServices
 from pipeline.stream.local.retention import LogRetention, deletable
-from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.state.store import StateStore
 
 NAMES = {"reports": "r-reports", "repartition": "r-repartition"}
 
@@ -46,7 +46,7 @@ def test_retention_trims_to_the_checkpoints_read_before_the_last_release(tmp_pat
             kept = _batches(svc, NAMES["reports"])
             assert kept[0] <= offset < kept[1] and kept == [b for b in stored if b >= kept[0]]
             assert kept[-1] == stored[-1]
-        store = ReleaseStore(redis_client, "retention-test")
+        store = StateStore(redis_client, "retention-test")
         retention = LogRetention(svc.storage, store, NAMES, partitions=1)
 
         def checkpoint(next_offset: int) -> None:

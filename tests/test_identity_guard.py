@@ -30,7 +30,7 @@ from pipeline.stream.local.cluster import LocalCluster, ProcessFailed
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.state.fingerprint import fingerprint, privacy_config
 from pipeline.stream.state.keys import Keys
-from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.state.store import StateStore
 
 N, T = 200, 3
 PASSWORDS = {"worker": "pw-worker-7", "releaser": "pw-releaser-8", "operator": "pw-operator-9"}
@@ -158,7 +158,7 @@ def test_the_worker_login_cannot_get_a_changed_configuration_accepted(
     assert "budget.rho: 0.5 -> 1.0" in str(refused) and keys.release_identity in str(refused), (
         refused
     )
-    admin = ReleaseStore(
+    admin = StateStore(
         redis.Redis.from_url(server.url, username="admin", password="pw-admin"), NAME
     )
     assert (admin.last_released(), sorted(admin.ledger())) == (

@@ -37,10 +37,10 @@ class Worker:
     def __init__(self, dep, redis_client, store, log: MemoryLog, ends=None):
         self.dep, self.log, self.names = dep, log, topic_names(dep)
         self.ends = ends  # tp -> log end the broker reports (None: the in-memory log's length)
-        self.sync = ReleaseStore(redis_client, dep.name)
+        self.sync = StateStore(redis_client, dep.name)
         core = IngestCore(dep, Roster.from_config(dep.roster), self.names, store=self.sync, isolated=True)
         self.seeks = []
-        self.coordinator = IngestCoordinator(core, store, Checkpoint(log), self._log_ends,
+        self.coordinator = IngestCoordinator(core, store, CommitOrder(log), self._log_ends,
                                              seek=lambda tp, offset: self.seeks.append((tp, offset)))
         self.reports = TP(self.names["reports"], 0)
 
@@ -243,8 +243,8 @@ def test_forwarded_through_markers_wait_only_for_forwarded_reports(redis_client,
     async def main():
         log, names = MemoryLog(auto_ack=False), topic_names(dep)
         roster = Roster.from_config(dep.roster)
-        core = IngestCore(dep, roster, names, store=ReleaseStore(redis_client, dep.name))
-        coordinator = IngestCoordinator(core, store_of(dep), Checkpoint(log), lambda tps: asyncio.sleep(0, {}))
+        core = IngestCore(dep, roster, names, store=StateStore(redis_client, dep.name))
+        coordinator = IngestCoordinator(core, store_of(dep), CommitOrder(log), lambda tps: asyncio.sleep(0, {}))
         tps = [TP(names["reports"], p) for p in (0, 1)]
         await coordinator.on_assign(set(tps))
         owners = roster.owners(2)
@@ -284,8 +284,8 @@ def test_forwards_are_awaited_by_the_next_fetch_and_before_any_marker_or_checkpo
 
     async def main():
         store, log = store_of(dep), MemoryLog(auto_ack=False)
-        core = IngestCore(dep, roster, names, store=ReleaseStore(redis_client, dep.name))
-        coordinator = IngestCoordinator(core, store, Checkpoint(log), lambda tps: asyncio.sleep(0, {}))
+        core = IngestCore(dep, roster, names, store=StateStore(redis_client, dep.name))
+        coordinator = IngestCoordinator(core, store, CommitOrder(log), lambda tps: asyncio.sleep(0, {}))
         tps = [TP(names[t], p) for t in ("reports", "repartition") for p in (0, 1)]
         await coordinator.on_assign(set(tps))
         reports = [Record(i, orjson.dumps({"user": u, "step": 1, "values": {"pov": 1}})) for i, u in enumerate(theirs)]

@@ -63,7 +63,7 @@ def _lose_every_log(svc, cluster: LocalCluster, dep) -> None:
 def test_releaser_reads_a_replaced_partials_log_that_grew_to_its_resume_offset(tmp_path):
     with EmbeddedServices(data_dir=tmp_path / "svc") as svc:
         path, dep, X, roster = scenario(tmp_path, svc, "lost-log-releaser", seed=31, horizon=3)
-        store = ReleaseStore.from_url(svc.redis.url, dep.name)
+        store = StateStore.from_url(svc.redis.url, dep.name)
         cluster = LocalCluster(path, dep, workers=2, log_dir=tmp_path / "logs")
         try:
             cluster.start(releaser_env={"DPSTREAM_FAULT": "releaser.before_commit@2"})
@@ -109,7 +109,7 @@ def test_releaser_reads_a_replaced_partials_log_that_grew_to_its_resume_offset(t
 def test_worker_reads_a_replaced_reports_log_that_grew_past_its_checkpoint(tmp_path):
     with EmbeddedServices(data_dir=tmp_path / "svc") as svc:
         path, dep, X, roster = scenario(tmp_path, svc, "lost-log-worker", seed=32, horizon=3)
-        store = ReleaseStore.from_url(svc.redis.url, dep.name)
+        store = StateStore.from_url(svc.redis.url, dep.name)
         with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs") as cluster:
             drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
             run_steps(drv, X, (1,), cluster)

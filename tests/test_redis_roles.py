@@ -19,8 +19,8 @@ from pipeline.stream.kafka.topics import topic_names
 from pipeline.stream.local.embedded import EmbeddedRedis
 from pipeline.stream.state.identity import establish_identity
 from pipeline.stream.state.keys import KEY_CLASSES, Keys
-from pipeline.stream.state.store import ReleaseStore, StepRecord
-from pipeline.stream.state.store_async import AsyncReleaseStore
+from pipeline.stream.state.store import StateStore, StepRecord
+from pipeline.stream.state.store_async import AsyncStateStore
 
 PASSWORDS = {"worker": "pw-w", "releaser": "pw-r", "operator": "pw-o"}
 NAME, OTHER = "roles", "another"
@@ -89,7 +89,7 @@ def test_the_worker_runs_its_calls_and_reaches_nothing_else(server, admin, monke
     dep = _dep()
     keys = Keys(NAME)  # a fresh deployment: the worker is the first to start and claims the identity
     admin.set(Keys(OTHER).checkpoint(0), b"other-deployment")
-    sync = ReleaseStore(login(server, "worker", monkeypatch), NAME)
+    sync = StateStore(login(server, "worker", monkeypatch), NAME)
     roster = Roster.from_config(dep.roster)
     identity = establish_identity(dep, roster.ids, sync, "worker")  # GET, EXISTS, SCAN, SET NX, SET
     assert sync.identity()["instance"] == identity.instance
@@ -97,7 +97,7 @@ def test_the_worker_runs_its_calls_and_reaches_nothing_else(server, admin, monke
     core = IngestCore(dep, roster, topic_names(dep), store=sync, isolated=True)
 
     async def job_writes():  # what jobs/worker.py writes through the asyncio store
-        store = AsyncReleaseStore(login(server, "worker", monkeypatch, redis.asyncio.Redis), NAME)
+        store = AsyncStateStore(login(server, "worker", monkeypatch, redis.asyncio.Redis), NAME)
         try:
             core.assign(0)
             await store.save_checkpoint(0, core.checkpoint(0))
@@ -134,11 +134,11 @@ def test_the_releaser_runs_its_calls_and_reaches_nothing_else(server, admin, mon
     keys = Keys(NAME)
     admin.set(keys.checkpoint(0), b"per-user-state")
     admin.hset(keys.intake, "0", "{}")
-    sync = ReleaseStore(login(server, "releaser", monkeypatch), NAME)
+    sync = StateStore(login(server, "releaser", monkeypatch), NAME)
     identity = establish_identity(dep, Roster.from_config(dep.roster).ids, sync, "releaser")
 
     async def job():
-        store = AsyncReleaseStore(login(server, "releaser", monkeypatch, redis.asyncio.Redis), NAME)
+        store = AsyncStateStore(login(server, "releaser", monkeypatch, redis.asyncio.Redis), NAME)
         try:
             assert await store.latest_state() == (0, None)
             assert await store.partials_resume() == 0
@@ -167,7 +167,7 @@ def test_the_operator_reads_counts_ledger_and_pointers_never_noise(server, admin
     keys = seed_state(admin)
     admin.set(keys.identity, '{"instance": "i", "fingerprint": "f", "layout": 2}')
     admin.set(keys.pointer("closing"), 1)
-    store = ReleaseStore(login(server, "operator", monkeypatch), NAME)
+    store = StateStore(login(server, "operator", monkeypatch), NAME)
     # what `dpstream status` and `close` call
     assert store.ledger() == {"cu:1": {"rho": 0.1}} and store.identity()["instance"] == "i"
     assert store.last_released() == 1 and store.last_published() == 0 and store.last_closing() == 1

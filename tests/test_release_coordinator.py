@@ -27,8 +27,8 @@ from pipeline.stream.kafka.codecs import CONTROL_HEADER, parse_close_marker
 from pipeline.stream.kafka.topics import PUBLIC_TOPICS, topic_names
 from pipeline.stream.releaser.coordinator import ReleaseCoordinator
 from pipeline.stream.releaser.engine import batch_reference
-from pipeline.stream.state.checkpoint import Checkpoint
-from pipeline.stream.state.store_async import AsyncReleaseStore
+from pipeline.stream.state.commit_order import CommitOrder
+from pipeline.stream.state.store_async import AsyncStateStore
 
 N, T, P = 40, 4, 2
 
@@ -46,7 +46,7 @@ def deployment(name: str = "coord", random=None, **steps) -> object:
 class Stream:
     """One deployment around a coordinator: the ingest cores, the logs, and the read positions."""
 
-    def __init__(self, dep, store: AsyncReleaseStore, log: MemoryLog, X: np.ndarray, log_end=None):
+    def __init__(self, dep, store: AsyncStateStore, log: MemoryLog, X: np.ndarray, log_end=None):
         self.dep, self.store, self.log, self.X = dep, store, log, X
         self.names = topic_names(dep)
         self.roster = Roster.from_config(dep.roster)
@@ -64,7 +64,7 @@ class Stream:
         """A (re)started releaser on this Redis state (``log``: a new connection to the broker)."""
         self.log = log or self.log
         self.coordinator = await ReleaseCoordinator.create(self.dep, N, "instance-a", self.store,
-                                                           Checkpoint(self.log), self.names, self.log_end)
+                                                           CommitOrder(self.log), self.names, self.log_end)
         self.read[(self.names["step-partials"], 0)] = await self.coordinator.on_assign_partials()
         return self.coordinator
 
@@ -214,7 +214,7 @@ def test_a_releaser_losing_the_commit_race_publishes_the_committed_record_not_it
     async def main():
         stream = Stream(dep, store_of(dep), MemoryLog(), X)
         winner = await stream.start()
-        loser = await ReleaseCoordinator.create(dep, N, "instance-a", stream.store, Checkpoint(MemoryLog()),
+        loser = await ReleaseCoordinator.create(dep, N, "instance-a", stream.store, CommitOrder(MemoryLog()),
                                                 stream.names, stream.log_end)
         stream.send_reports(1)
         await winner.on_control(orjson.dumps({"command": "close", "step": 1}), CLOSE_MS)
@@ -226,7 +226,7 @@ def test_a_releaser_losing_the_commit_race_publishes_the_committed_record_not_it
         await winner.release_ready_steps()
         await loser.release_ready_steps()  # computes its own release, the commit is refused
         ledger = await stream.store.r.hgetall(stream.store.keys.ledger)
-        return stream.public()["releases"], loser.checkpoint.publisher.logs[(stream.names["releases"], 0)], ledger, loser
+        return stream.public()["releases"], loser.commit_order.publisher.logs[(stream.names["releases"], 0)], ledger, loser
 
     won, lost, ledger, loser = run(main(), store_of)
     assert [m.value for m in lost] == [m.value for m in won]
@@ -262,7 +262,7 @@ def test_deadline_closes_from_the_last_public_close_on_tick(store_of):
 
     async def main():
         stream = Stream(dep, store_of(dep), MemoryLog(), panel())
-        coord = await ReleaseCoordinator.create(dep, N, "instance-a", stream.store, Checkpoint(stream.log),
+        coord = await ReleaseCoordinator.create(dep, N, "instance-a", stream.store, CommitOrder(stream.log),
                                                 stream.names, stream._log_end, clock=lambda: now[0])
         seen = []
         for at in (CLOSE_MS + 9_999, CLOSE_MS + 10_000, CLOSE_MS + 19_000, CLOSE_MS + 20_500):
@@ -307,7 +307,7 @@ def test_checkpoint_writes_only_after_every_acknowledgement():
         async def write(name):
             writes.append(name)
 
-        batch = Checkpoint(log).begin()
+        batch = CommitOrder(log).begin()
         await batch.send("t", b"a")
         await batch.send("t", b"b")
         task = asyncio.create_task(batch.commit(lambda: write("first"), lambda: write("second")))
@@ -315,7 +315,7 @@ def test_checkpoint_writes_only_after_every_acknowledgement():
         held = list(writes)
         log.ack()
         await task
-        failed = Checkpoint(log).begin()
+        failed = CommitOrder(log).begin()
         await failed.send("t", b"c")
         log.ack(ConnectionError("nack"))
         with pytest.raises(ConnectionError):
@@ -366,7 +366,7 @@ def test_a_restarted_releaser_rebuilds_the_released_records_from_the_step_record
         for t in range(1, T + 1):
             assert await stream.close(t)
             await stream.coordinator.release_ready_steps()
-            restarted = await ReleaseCoordinator.create(dep, N, "instance-a", stream.store, Checkpoint(stream.log),
+            restarted = await ReleaseCoordinator.create(dep, N, "instance-a", stream.store, CommitOrder(stream.log),
                                                         stream.names, stream.log_end)
             assert dumps_state(restarted.engine.get_state()) == dumps_state(stream.coordinator.engine.get_state()), t
             stored = loads_state((await stream.store.latest_state())[1])["mechanisms"]
@@ -391,7 +391,7 @@ def test_a_releaser_that_finds_its_step_committed_takes_the_committed_state_whol
         for t in (1, 2):
             assert await stream.close(t)
             await stream.coordinator.release_ready_steps()
-        second = await ReleaseCoordinator.create(dep, N, "instance-a", stream.store, Checkpoint(MemoryLog()),
+        second = await ReleaseCoordinator.create(dep, N, "instance-a", stream.store, CommitOrder(MemoryLog()),
                                                  stream.names, stream.log_end)
         first_public = len(stream.log.logs[(stream.names["synthetic"], 0)])
         assert await stream.close(3)
@@ -403,7 +403,7 @@ def test_a_releaser_that_finds_its_step_committed_takes_the_committed_state_whol
         await second.release_ready_steps()  # finds step 3 committed: takes the record
         assert dumps_state(second.engine.get_state()) == dumps_state(stream.coordinator.engine.get_state())
         mine = stream.log.logs[(stream.names["synthetic"], 0)][first_public:]
-        theirs = second.checkpoint.publisher.logs[(stream.names["synthetic"], 0)]
+        theirs = second.commit_order.publisher.logs[(stream.names["synthetic"], 0)]
         assert [(m.key, m.value) for m in theirs] == [(m.key, m.value) for m in mine]
 
     run(main(), store_of)

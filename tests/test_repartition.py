@@ -21,7 +21,7 @@ from pipeline.stream.kafka.codecs import CONTROL_HEADER
 from pipeline.stream.ingest.repartition import (FORMAT_HEADER, POSITIONS_HEADER, ROWS, SOURCE_HEADER,
                                                 ForwardMarkers)
 from pipeline.stream.ingest.roster import Roster
-from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.state.store import StateStore
 from support.stores import WritableStore
 from pipeline.stream.kafka.topics import topic_names
 

@@ -52,7 +52,7 @@ def run(services, tmp_path, workers: int, X):
             for part, step in re.findall(r"partition (\d+) closed step (\d+)", log_text(tmp_path, f"worker-{i}")):
                 if int(step) == T:
                     closers[int(part)] = i
-    ledger = {k: e["cost"] for k, e in ReleaseStore.from_url(services.redis.url, dep.name).ledger().items()}
+    ledger = {k: e["cost"] for k, e in StateStore.from_url(services.redis.url, dep.name).ledger().items()}
     manifests = {rel: {t: {k: v for k, v in m.items() if k not in ("released_at", "deployment", "instance")}
                        for t, m in drv.panels.panels[rel].manifests.items()} for rel in ("fw", "cu")}
     panels = {rel: drv.panels.panels[rel].as_array() for rel in ("fw", "cu")}

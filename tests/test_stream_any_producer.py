@@ -32,7 +32,7 @@ from pipeline.stream.kafka.log_end import log_ends
 from pipeline.stream.kafka.codecs import CONTROL_HEADER
 from pipeline.stream.ingest.repartition import FORMAT_HEADER, ROWS, Forwarder
 from pipeline.stream.ingest.roster import Roster
-from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.state.store import StateStore
 from jobs.eval.testbed import binary_panel, write_panel_deployment
 
 from support.stream_runs import check_outputs
@@ -124,7 +124,7 @@ def test_every_producer_counts_the_same(services, tmp_path):
             send(t)
             drv.close(t)
         drv.shutdown()
-        store = ReleaseStore.from_url(services.redis.url, dep.name)
+        store = StateStore.from_url(services.redis.url, dep.name)
         check_outputs(dep, X, drv.panels, store)
         assert read_all(cluster.broker, cluster.names["dead-letter"], 1) == []
         steps, markers = forwarded_steps(cluster.broker, cluster.names, dep, roster)
@@ -163,7 +163,7 @@ def test_worker_crash_after_forwarding_loses_and_duplicates_nothing(services, tm
             send_confluent(cluster.broker, topic, roster, X, t)
             drv.close(t)
         drv.shutdown()
-        store = ReleaseStore.from_url(services.redis.url, dep.name)
+        store = StateStore.from_url(services.redis.url, dep.name)
         check_outputs(dep, X, drv.panels, store)
         assert all(count == 1 for count in drv.manifests_seen.values())
         assert read_all(cluster.broker, cluster.names["dead-letter"], 1) == []

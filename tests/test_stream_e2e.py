@@ -94,7 +94,7 @@ def test_stream_equals_batch_and_rejects_bad_input_with_reasons(services, tmp_pa
         assert wrong in by_reason["duplicate"] and "wrong_partition" not in by_reason
 
         # 3. one ledger entry per (release, spending step); the budget is spent exactly
-        ledger = ReleaseStore.from_url(services.redis.url, dep.name).ledger()
+        ledger = StateStore.from_url(services.redis.url, dep.name).ledger()
         assert sorted(ledger) == sorted([f"fw:{t}" for t in range(K, T + 1)] + [f"cu:{t}" for t in range(1, T + 1)])
         assert sum(e["cost"]["rho"] for e in ledger.values()) == pytest.approx(0.5, rel=1e-12)
 
@@ -145,7 +145,7 @@ def test_releaser_crash_at_each_protocol_point_changes_nothing(services, tmp_pat
         drv.producer.send_step(3, {"pov": X[:, 2]})
         drv.close(3, wait=False)
         assert cluster.wait_exit("releaser", timeout=90) == FAULT_EXIT_CODE
-        store = ReleaseStore.from_url(services.redis.url, dep.name)
+        store = StateStore.from_url(services.redis.url, dep.name)
         assert store.last_released() == (2 if fault == "releaser.before_commit" else 3)
         cluster.spawn("releaser", "releaser")  # no fault this time
         drv.wait_released(3)

@@ -32,7 +32,7 @@ from jobs.eval.testbed import binary_panel, write_panel_deployment
 from pipeline.stream.releaser.engine import batch_reference as engine_reference
 from pipeline.stream.process.faults import FAULT_EXIT_CODE
 from pipeline.stream.ingest.roster import Roster
-from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.state.store import StateStore
 from pipeline.stream.kafka.topics import ensure_topics
 from support.stream_runs import (N, T, check_outputs, expected_ledger, log_text, run_steps, scenario,
                                  wait_accepted, wait_until)
@@ -95,7 +95,7 @@ def test_worker_kill9_mid_step_and_before_checkpoint_changes_nothing(services, t
         time.sleep(1.0)
         drv.poll(500)
         drv.shutdown()
-        store = ReleaseStore.from_url(services.redis.url, dep.name)
+        store = StateStore.from_url(services.redis.url, dep.name)
         check_outputs(dep, X, drv.panels, store, drv.manifests_seen)
         assert all(count == 1 for count in drv.manifests_seen.values()), drv.manifests_seen
         assert drv.panels.duplicates == 0
@@ -128,7 +128,7 @@ def test_releaser_kill9_holding_part_of_a_step_rereads_its_partials(services, tm
         drv.close(3, wait=False)
         assert cluster.wait_exit("worker-1", timeout=60) == FAULT_EXIT_CODE
         time.sleep(5.0)  # worker-0's partial consumed and committed; worker-1's missing (session timeout 10 s)
-        store = ReleaseStore.from_url(services.redis.url, dep.name)
+        store = StateStore.from_url(services.redis.url, dep.name)
         assert store.last_released() == 2
         committed = _committed(cluster.broker, f"dpstream-{dep.name}-releaser", cluster.names["step-partials"])
         resume = store.partials_resume()
@@ -162,7 +162,7 @@ def test_redis_restart_between_steps(tmp_path):
         with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs") as cluster:
             drv = StepDriver(cluster.broker, dep, roster, cluster.names)
             run_steps(drv, X, (1, 2))
-            store = ReleaseStore.from_url(svc.redis.url, dep.name)
+            store = StateStore.from_url(svc.redis.url, dep.name)
             before = (store.ledger(), store.load_step(2).releases, store.load_checkpoint(0), store.load_checkpoint(1))
             port = svc.redis.port
             svc.redis.stop()
@@ -235,7 +235,7 @@ def test_broker_restart_memory_only(tmp_path):
             drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
             run_steps(drv, X, (3, 4), timeout=40)
             drv.shutdown()
-            store = ReleaseStore.from_url(svc.redis.url, dep.name)
+            store = StateStore.from_url(svc.redis.url, dep.name)
             check_outputs(dep, X, drv.panels, store, drv.manifests_seen)
     assert time.monotonic() - started < 90
 
@@ -270,7 +270,7 @@ def test_lost_close_is_redriven_from_redis_and_checkpoints(tmp_path):
     unreleased forever and `close --step 3` wrote markers the workers dead-lettered."""
     with EmbeddedServices(data_dir=tmp_path / "svc") as svc:
         path, dep, X, roster = scenario(tmp_path, svc, "faults-lost-close", seed=25, horizon=4)
-        store = ReleaseStore.from_url(svc.redis.url, dep.name)
+        store = StateStore.from_url(svc.redis.url, dep.name)
         with LocalCluster(path, dep, workers=2, log_dir=tmp_path / "logs") as cluster:
             drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
             run_steps(drv, X, (1,), cluster)
@@ -349,7 +349,7 @@ def test_ten_megabyte_message_is_dead_lettered_as_a_bounded_copy(services, tmp_p
         run_steps(drv, X, (2, 3), cluster)
         drv.shutdown()
         cluster.check_alive()  # the worker never stopped
-        store = ReleaseStore.from_url(services.redis.url, dep.name)
+        store = StateStore.from_url(services.redis.url, dep.name)
         check_outputs(dep, X, drv.panels, store, drv.manifests_seen)
 
         from kafka import KafkaConsumer, TopicPartition

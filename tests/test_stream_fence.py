@@ -36,7 +36,7 @@ from pipeline.stream.releaser.fence import ReleaseStamp, check_fence, read_relea
 from pipeline.stream.state.fingerprint import config_changes, fingerprint, portable_fingerprint, privacy_config
 from pipeline.stream.state.identity import ConfigurationChanged, StateLost, establish_identity
 from pipeline.stream.ingest.roster import Roster
-from pipeline.stream.state.store import ReleaseStore, StepRecord
+from pipeline.stream.state.store import StateStore, StepRecord
 from support.stores import WritableStore
 from jobs.eval.testbed import binary_panel
 
@@ -133,7 +133,7 @@ def test_identity_refuses_changes_seeded_state_in_production_and_repeats(redis_c
     cfg = base_config("ident")
     dep = parse_config(cfg)
     ids = Roster.from_config(dep.roster).ids
-    store = ReleaseStore(redis_client, dep.name)
+    store = StateStore(redis_client, dep.name)
     first = establish_identity(dep, ids, store, "releaser")
     assert establish_identity(dep, ids, store, "worker") == first  # unchanged: the same identity
     with pytest.raises(ConfigurationChanged, match=r"releases\.hh\.k: 3 -> 20.*releases\.hh\.method"):
@@ -145,11 +145,11 @@ def test_identity_refuses_changes_seeded_state_in_production_and_repeats(redis_c
 
     # a renamed copy over the same roster: a warning, refused under production unless accepted
     renamed = parse_config(edited(cfg, name="ident-renamed"))
-    establish_identity(renamed, ids, ReleaseStore(redis_client, renamed.name), "releaser")
+    establish_identity(renamed, ids, StateStore(redis_client, renamed.name), "releaser")
     prod_a = parse_config(edited(cfg, name="prod-a", production=True, random={"kind": "secure"}))
-    establish_identity(prod_a, ids, ReleaseStore(redis_client, prod_a.name), "releaser")
+    establish_identity(prod_a, ids, StateStore(redis_client, prod_a.name), "releaser")
     prod_b = parse_config(edited(cfg, name="prod-b", production=True, random={"kind": "secure"}))
-    store_b = ReleaseStore(redis_client, prod_b.name)
+    store_b = StateStore(redis_client, prod_b.name)
     with pytest.raises(StateLost, match="'prod-a' has the same roster and privacy configuration"):
         establish_identity(prod_b, ids, store_b, "worker")
     assert store_b.identity() is None
@@ -202,7 +202,7 @@ def test_wiped_redis_restart_is_fenced(tmp_path):
             releases_topic = cluster.names["releases"]
             before = asyncio_run(read_release_stamps(cluster.broker, releases_topic))
             assert sorted((s.release, s.step) for s in before) == [(r, t) for r in ("cu", "fw", "hh") for t in (1, 2)]
-            instance = ReleaseStore.from_url(svc.redis.url, dep.name).identity()["instance"]
+            instance = StateStore.from_url(svc.redis.url, dep.name).identity()["instance"]
             assert {s.instance for s in before} == {instance}
 
             cluster.kill("releaser")
@@ -221,7 +221,7 @@ def test_wiped_redis_restart_is_fenced(tmp_path):
             assert "Restore the Redis state from a backup" in text
             after = asyncio_run(read_release_stamps(cluster.broker, releases_topic))
             assert after == before  # no manifest published again
-            assert ReleaseStore.from_url(svc.redis.url, dep.name).ledger() == {}  # nothing spent again
+            assert StateStore.from_url(svc.redis.url, dep.name).ledger() == {}  # nothing spent again
 
 
 def test_edited_configuration_is_refused_by_releaser_and_worker(services, tmp_path):
@@ -235,7 +235,7 @@ def test_edited_configuration_is_refused_by_releaser_and_worker(services, tmp_pa
         drv.producer.send_step(1, reports(1))
         drv.close(1)
         drv.shutdown()
-    store = ReleaseStore.from_url(services.redis.url, dep.name)
+    store = StateStore.from_url(services.redis.url, dep.name)
     state = (store.identity(), store.ledger(), store.last_released())
     assert state[2] == 1
 
@@ -350,7 +350,7 @@ def test_a_state_of_another_key_layout_is_refused_naming_the_key(redis_client):
 
     dep = parse_config(base_config("layout"))
     ids = Roster.from_config(dep.roster).ids
-    store = ReleaseStore(redis_client, dep.name)
+    store = StateStore(redis_client, dep.name)
     current = establish_identity(dep, ids, store, "releaser")
     assert store.identity()["layout"] == 2
     old = {k: v for k, v in store.identity().items() if k != "layout"}

@@ -12,7 +12,7 @@ from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore, Re
 from pipeline.stream.kafka.codecs import CONTROL_HEADER
 from pipeline.stream.ingest.reports import REASONS
 from pipeline.stream.ingest.roster import Roster
-from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.state.store import StateStore
 from support.stores import WritableStore
 from pipeline.stream.kafka.topics import topic_names
 from pipeline.stream.state.keys import Keys

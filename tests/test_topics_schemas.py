@@ -30,7 +30,7 @@ from pipeline.stream.local.embedded import EmbeddedServices  # noqa: E402
 from pipeline.stream.releaser.engine import batch_reference  # noqa: E402
 from pipeline.stream.kafka.log_end import log_ends  # noqa: E402
 from pipeline.stream.ingest.roster import Roster  # noqa: E402
-from pipeline.stream.state.store import ReleaseStore  # noqa: E402
+from pipeline.stream.state.store import StateStore  # noqa: E402
 from jobs.eval.testbed import binary_panel, write_panel_deployment  # noqa: E402
 from pipeline.stream.kafka.topics import PUBLIC_TOPICS  # noqa: E402
 
@@ -93,7 +93,7 @@ def run(tmp_path_factory):
             drv.shutdown()
             cluster.check_alive()
             records = {topic: read_all(cluster.broker, cluster.names[topic]) for topic in PUBLIC_TOPICS}
-            ledger = ReleaseStore.from_url(services.redis.url, dep.name).ledger()
+            ledger = StateStore.from_url(services.redis.url, dep.name).ledger()
             yield {"dep": dep, "pov": pov, "records": records, "broker": cluster.broker, "names": cluster.names,
                    "ledger": ledger}
 

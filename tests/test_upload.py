@@ -126,7 +126,7 @@ def finish(drv, cluster, services, dep, X, expected, steps) -> None:
         dep,
         expected,
         drv.panels,
-        ReleaseStore.from_url(services.redis.url, dep.name),
+        StateStore.from_url(services.redis.url, dep.name),
         drv.manifests_seen,
     )
 
@@ -155,7 +155,7 @@ def test_csv_jsonl_and_parquet_files_go_as_batches_to_the_owners_and_every_row_c
             dep,
             X,
             drv.panels,
-            ReleaseStore.from_url(services.redis.url, dep.name),
+            StateStore.from_url(services.redis.url, dep.name),
             drv.manifests_seen,
         )
         owners = roster.owners(dep.topics.partitions)

@@ -118,7 +118,7 @@ def one_storage(storage: str, n: int, steps: int, kinds, workers: int, partition
     from pipeline.stream.local.driver import StepDriver
     from pipeline.stream.local.embedded import FSYNC_ENV, EmbeddedServices
     from pipeline.stream.local.retention import LogRetention
-    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.state.store import StateStore
 
     out.mkdir(parents=True, exist_ok=True)
     row: dict = {"storage": storage, "steps": []}

@@ -352,9 +352,9 @@ def main(argv=None) -> dict:
                 print(f"  step {t}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()) + " s", flush=True)
             result["worker_rss_mb"] = _rss_mb(cluster.procs["worker-0"].pid)
             from pipeline.serialization import loads_state
-            from pipeline.stream.state.store import ReleaseStore
+            from pipeline.stream.state.store import StateStore
 
-            store = ReleaseStore.from_url(svc.redis.url, dep.name)
+            store = StateStore.from_url(svc.redis.url, dep.name)
             state_bytes = kept_bytes = 0
             for p in range(args.partitions):
                 st = loads_state(store.load_checkpoint(p))

@@ -164,7 +164,7 @@ def _drive(run: Run, cluster) -> None:
 
 def _verify(run: Run) -> dict[str, bool]:
     from pipeline.stream.releaser.engine import batch_reference
-    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.state.store import StateStore
 
     T = run.args.horizon
     ref = batch_reference(run.dep, {"pov": run.X})
@@ -176,7 +176,7 @@ def _verify(run: Run) -> dict[str, bool]:
         np.array_equal(panels[rel].as_array(), ref[rel]) for rel in ("fw", "cu"))
     checks["each_step_seen"] = sorted(run.drv.manifests_seen) == sorted(
         (r, t) for r in ("fw", "cu") for t in range(1, T + 1))
-    store = ReleaseStore.from_url(run.svc.redis.url, run.dep.name)
+    store = StateStore.from_url(run.svc.redis.url, run.dep.name)
     ledger = store.ledger()
     want = sorted([f"fw:{t}" for t in range(K, T + 1)] + [f"cu:{t}" for t in range(1, T + 1)])
     checks["ledger_once"] = sorted(ledger) == want

@@ -73,7 +73,7 @@ def cmd_up(args) -> int:
     from pipeline.stream.kafka.topics import PartitionCountChanged
     from pipeline.stream.local.cluster import LocalCluster, ProcessFailed, state_dir
     from pipeline.stream.local.file_sd import targets_file
-    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.state.store import StateStore
     from pipeline.upload_time import deadline_warning
 
     from pipeline.stream.local.leftovers import SUPERVISOR_ENV, new_tag
@@ -128,7 +128,7 @@ def cmd_up(args) -> int:
         late = deadline_warning(dep)
         if late:
             print(f"WARNING: {late}", file=sys.stderr, flush=True)
-        last_mark, store = None, ReleaseStore.from_url(cluster.redis_url, dep.name)
+        last_mark, store = None, StateStore.from_url(cluster.redis_url, dep.name)
         while True:
             for line in cluster.supervise() + cluster.housekeeping():
                 print(f"dpstream up: {time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
@@ -166,7 +166,7 @@ def _write_targets(name: str, ports: dict[str, int], written: dict[str, int] | N
 def _check_marker(dep: Deployment, redis_url: str, marker_dir: Path | None) -> str | None:
     """Why this `up` would be a state-less start over a deployment that has released (None: it is not)."""
     from pipeline.stream.local.marker import read_marker, stateless_start
-    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.state.store import StateStore
 
     if marker_dir is None:
         return None
@@ -176,7 +176,7 @@ def _check_marker(dep: Deployment, redis_url: str, marker_dir: Path | None) -> s
         return str(err)
     if marker is None:
         return None
-    store = ReleaseStore.from_url(redis_url, dep.name)
+    store = StateStore.from_url(redis_url, dep.name)
     return stateless_start(marker, store.identity(), store.last_released())
 
 

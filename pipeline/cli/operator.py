@@ -30,11 +30,11 @@ def _producer(dep: Deployment):
 def _intake(dep: Deployment, wait: float):
     """(store, view): the workers' intake counts once they have handled the reports sent so far."""
     from pipeline.stream.ingest.intake_view import intake_view
-    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.state.store import StateStore
     from pipeline.stream.kafka.topics import topic_names
 
     broker, redis_url = _endpoints(dep)
-    store = ReleaseStore.from_url(redis_url, dep.name)
+    store = StateStore.from_url(redis_url, dep.name)
     refuse_other_configuration(dep, store)  # before any count or spend is shown for it
     names = topic_names(dep)
     from pipeline.producer import progress_printer
@@ -325,14 +325,14 @@ def cmd_status(args) -> int:
     nothing runs, from the embedded Redis's data directory (started briefly, read, stopped)."""
     from pipeline.status_view import format_status, status_document
     from pipeline.stream.ingest.intake_view import IntakeView
-    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.state.store import StateStore
 
     dep = _load(args.config)
     rec = _up_record(dep.name)
     running = dep.redis or os.environ.get("DPSTREAM_REDIS") or (rec and rec["alive"])
     if running:
         _, redis_url = _endpoints(dep)
-        store = ReleaseStore.from_url(redis_url, dep.name)
+        store = StateStore.from_url(redis_url, dep.name)
         try:
             intake = _intake(dep, wait=args.wait)[1].as_json()  # curator-side counts: the operator's terminal only
         except Exception as err:  # noqa: BLE001 - e.g. the broker is down: the rest of the status still shows
@@ -342,7 +342,7 @@ def cmd_status(args) -> int:
         if rec:  # a killed `up` may have left its Redis running on the data directory
             raise SystemExit(_fail(EXIT_CONFIG, _stale(rec)))
         with _redis_at_rest(dep) as (redis_url, where):
-            store = ReleaseStore.from_url(redis_url, dep.name)
+            store = StateStore.from_url(redis_url, dep.name)
             refuse_other_configuration(dep, store)
             view = IntakeView(store.last_closing(), dep.topics.partitions, store.intake())
             status = status_document(dep, store, view.as_json(), f"{where} (`dpstream up` is not running: the "

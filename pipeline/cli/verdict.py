@@ -54,10 +54,10 @@ def report_fates(dep: Deployment, receipt, mark, timeout: float) -> int:
     from pipeline.fates import await_fates
     from pipeline.producer import progress_printer
     from pipeline.stream.kafka.topics import topic_names
-    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.state.store import StateStore
 
     broker, redis_url = _endpoints(dep)
-    store = ReleaseStore.from_url(redis_url, dep.name)
+    store = StateStore.from_url(redis_url, dep.name)
     waiting = progress_printer("waiting for the workers' verdict: handled", " reports")
     fates = await_fates(store, broker, topic_names(dep), dep.topics.partitions, receipt, mark,
                         timeout, progress=waiting)

@@ -1,5 +1,5 @@
 """Tests that set up Redis state write it the way the jobs do, through the one writer
-(:class:`pipeline.stream.state.store_async.AsyncReleaseStore`), from synchronous test code."""
+(:class:`pipeline.stream.state.store_async.AsyncStateStore`), from synchronous test code."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import asyncio
 
 import redis.asyncio as aioredis
 
-from pipeline.stream.state.store import ReleaseStore
-from pipeline.stream.state.store_async import AsyncReleaseStore
+from pipeline.stream.state.store import StateStore
+from pipeline.stream.state.store_async import AsyncStateStore
 
 
-class WritableStore(ReleaseStore):
+class WritableStore(StateStore):
     """The synchronous reader plus the asyncio store's writes, each run to completion on a fresh client
     connected like the reader's."""
 
@@ -24,7 +24,7 @@ class WritableStore(ReleaseStore):
         async def run():
             client = aioredis.Redis(**kwargs)
             try:
-                return await getattr(AsyncReleaseStore(client, self.deployment), name)(*args)
+                return await getattr(AsyncStateStore(client, self.deployment), name)(*args)
             finally:
                 await client.aclose()
 

@@ -5,9 +5,9 @@ of a fetch (docs/streaming.md, "Processes").
 revoked (:meth:`on_revoke`), a fetch arrived (:meth:`handle`) — around one transport-free
 :class:`pipeline.stream.ingest.core.IngestCore`, and reaches the outside only through
 
-* a :class:`pipeline.stream.state.checkpoint.Checkpoint` over a publisher (the broker, in the job),
+* a :class:`pipeline.stream.state.commit_order.CommitOrder` over a publisher (the broker, in the job),
   which owns the order "publish, await the acknowledgements, then write the checkpoint";
-* an :class:`pipeline.stream.state.store_async.AsyncReleaseStore` (Redis: checkpoints, intake counts);
+* an :class:`pipeline.stream.state.store_async.AsyncStateStore` (Redis: checkpoints, intake counts);
 * ``log_ends(tps)``: where each assigned partition's log truly ends, and ``log_ids(topics)``: the
   broker's topic ids (None: it has none), to notice a broker that lost or replaced its logs: a
   checkpoint records the topic ids of the logs its offsets are in
@@ -39,7 +39,7 @@ from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore
 from pipeline.stream.ingest.repartition import ForwardMarkers
 from pipeline.stream.process.faults import crash_point
 from pipeline.stream.process.metrics import METRICS, forget_partition, observe_partition
-from pipeline.stream.state.checkpoint import Batch, Checkpoint
+from pipeline.stream.state.commit_order import Batch, CommitOrder
 
 if TYPE_CHECKING:
     from pipeline.stream.state.store_async import AsyncReleaseStore
@@ -59,7 +59,7 @@ class IngestCoordinator:
         self.core = core
         self.names = core.names
         self.store = store
-        self.checkpoint = checkpoint
+        self.commit_order = commit_order
         self.log_ends = log_ends
         self.log_ids = log_ids
         self.seek = seek
@@ -191,7 +191,7 @@ class IngestCoordinator:
         """Handle the partitions' backlogs; publish everything, then write the checkpoints.
 
         A checkpoint is written only once the broker has acknowledged the partials and dead letters
-        before it (:class:`Checkpoint` keeps that order). The partials of every partition go out before
+        before it (:class:`CommitOrder` keeps that order). The partials of every partition go out before
         any checkpoint, which keeps checkpoint writes off the release's critical path; only a
         partition's last checkpoint of the fetch is written.
 

@@ -230,9 +230,9 @@ class LocalCluster:
         ensure_topics(self.broker, self.deployment)
         if self.services is not None and self.services.storage is not None:
             from pipeline.stream.local.retention import LogRetention
-            from pipeline.stream.state.store import ReleaseStore
+            from pipeline.stream.state.store import StateStore
 
-            self.retention = LogRetention(self.services.storage, ReleaseStore.from_url(self.redis_url,
+            self.retention = LogRetention(self.services.storage, StateStore.from_url(self.redis_url,
                                           self.deployment.name), self.names, self.deployment.topics.partitions)
         self.spawn("releaser", "releaser", releaser_env)
         for i in range(self.workers):
@@ -360,9 +360,9 @@ class LocalCluster:
 
     def _unhandled(self) -> int:
         from pipeline.stream.ingest.intake_view import intake_view
-        from pipeline.stream.state.store import ReleaseStore
+        from pipeline.stream.state.store import StateStore
 
-        store = ReleaseStore.from_url(self.redis_url, self.deployment.name)
+        store = StateStore.from_url(self.redis_url, self.deployment.name)
         view = intake_view(store, self.broker, self.names["reports"], self.deployment.topics.partitions, wait=0,
                            repartition_topic=self.names["repartition"])
         return sum(view.unhandled.values())

@@ -90,12 +90,12 @@ class Runtime:
 
     def store(self):
         """The synchronous store: the identity claim at start and reads (a worker's checkpoints when assigned)."""
-        from pipeline.stream.state.store import ReleaseStore
+        from pipeline.stream.state.store import StateStore
 
-        return ReleaseStore.from_url(self.redis_url, self.deployment.name)
+        return StateStore.from_url(self.redis_url, self.deployment.name)
 
     def async_store(self):
         """The asyncio store: every Redis call from a running job's event loop."""
-        from pipeline.stream.state.store_async import AsyncReleaseStore
+        from pipeline.stream.state.store_async import AsyncStateStore
 
-        return AsyncReleaseStore.from_url(self.redis_url, self.deployment.name)
+        return AsyncStateStore.from_url(self.redis_url, self.deployment.name)

@@ -5,9 +5,9 @@ commit it, publish it; republish after a restart; close steps (docs/streaming.md
 close command (:meth:`on_control`), time passed (:meth:`tick`), the consumer was (re)assigned
 (:meth:`on_assign_partials`) — and reaches the outside only through
 
-* a :class:`pipeline.stream.state.checkpoint.Checkpoint` over a publisher (the broker, in the job), which
+* a :class:`pipeline.stream.state.commit_order.CommitOrder` over a publisher (the broker, in the job), which
   owns the order "publish, await the acknowledgements, then write the Redis pointer";
-* an :class:`pipeline.stream.state.store_async.AsyncReleaseStore` (Redis);
+* an :class:`pipeline.stream.state.store_async.AsyncStateStore` (Redis);
 * ``log_end(topic)``: where partition 0 of a topic ends (None: cannot tell), and ``log_id(topic)``:
   the broker's topic id (None: it has none), to notice a broker that lost or replaced a log
   (:mod:`pipeline.stream.kafka.log_identity`);
@@ -67,7 +67,7 @@ from pipeline.stream.process.metrics import METRICS
 from pipeline.stream.releaser.closing import DeadlineClock, now_ms
 from pipeline.stream.releaser.engine import ReleaseEngine, ReleaseOutput, needs_records, restore_records, stored_state
 from pipeline.stream.releaser.fence import check_fence
-from pipeline.stream.state.checkpoint import Checkpoint
+from pipeline.stream.state.commit_order import CommitOrder
 from pipeline.stream.state.store import StepAlreadyReleased, StepRecord
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class ReleaseCoordinator:
         self.deadline_signer = deadline_signer
         self.engine = engine
         self.store = store
-        self.checkpoint = checkpoint
+        self.commit_order = commit_order
         self.names = names
         self.log_end = log_end
         self.log_id = log_id or _no_log_id
@@ -130,7 +130,7 @@ class ReleaseCoordinator:
         last, blob = await store.latest_state()
         engine = await _engine_from(deployment, store, last, blob) if blob else ReleaseEngine(deployment, n)
         engine.instance = instance
-        return cls(deployment, engine, store, checkpoint, names, log_end, clock, verifier,
+        return cls(deployment, engine, store, commit_order, names, log_end, clock, verifier,
                    deadline_signer, log_id)
 
     # -- events ------------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ class ReleaseCoordinator:
         control log is re-read), its reason and detail in the headers, as the workers write
         theirs."""
         headers = dead_letter_headers(err.reason, str(err), self.names["control"], 0, offset, None)
-        batch = self.checkpoint.begin()
+        batch = self.commit_order.begin()
         await batch.send(self.names["dead-letter"], bytes(value or b"")[:DEAD_LETTER_COPY_BYTES],
                          key=f"control:0:{offset}".encode(), headers=headers)
         await batch.acknowledged()
@@ -306,7 +306,7 @@ class ReleaseCoordinator:
             if out.feedback is not None:
                 body = _canonical({"release": out.release, "step": step, **out.feedback})
                 messages += [("feedback", key, body, p, None) for p in range(self.partitions)]
-        batch, half = self.checkpoint.begin(), len(messages) // 2
+        batch, half = self.commit_order.begin(), len(messages) // 2
         for i, (topic, key, value, partition, timestamp) in enumerate(messages):
             if i == half:
                 await batch.acknowledged()
@@ -439,7 +439,7 @@ class ReleaseCoordinator:
     async def _send_markers(self, step: int, body: bytes):
         """Send the close marker ``body`` of ``step`` to every reports partition; the batch (not yet
         acknowledged)."""
-        batch = self.checkpoint.begin()
+        batch = self.commit_order.begin()
         for p in range(self.partitions):
             await batch.send(self.names["reports"], body, partition=p, headers=[(CONTROL_HEADER, b"close")])
         return batch

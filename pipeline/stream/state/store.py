@@ -2,7 +2,7 @@
 
 Release protocol (docs/streaming.md, "Releasing a step"): the releaser computes step t's complete
 release — every release's manifest, synthetic columns, alerts and feedback, the ledger entries, and
-the mechanism state after step t — and commits it with :meth:`~pipeline.stream.state.store_async.AsyncReleaseStore.commit_step`
+the mechanism state after step t — and commits it with :meth:`~pipeline.stream.state.store_async.AsyncStateStore.commit_step`
 in ONE Redis transaction
 (WATCH/MULTI/EXEC) **before** publishing anything. A step whose record exists is republished from
 the record, never recomputed, so noise is never redrawn and budget never spent twice. The
@@ -12,8 +12,8 @@ the race and must republish instead).
 Keys: :mod:`pipeline.stream.state.keys` lays them out by secrecy (one prefix per class, so that ACL
 key patterns separate the drawn noise from what the workers and the operator read).
 
-One writer: :class:`pipeline.stream.state.store_async.AsyncReleaseStore`, from the jobs' event loops, owns
-every write (the commit transaction, the pointers, checkpoints, intake counts). :class:`ReleaseStore` here
+One writer: :class:`pipeline.stream.state.store_async.AsyncStateStore`, from the jobs' event loops, owns
+every write (the commit transaction, the pointers, checkpoints, intake counts). :class:`StateStore` here
 is the synchronous reader of the command-line tools (``status``, ``close``) and the identity claim a process
 makes once at start (:mod:`pipeline.stream.state.identity`).
 
@@ -32,7 +32,7 @@ import redis
 from pipeline.connections import redis_client
 from pipeline.stream.state.keys import Keys
 
-__all__ = ["StoreLayout", "ReleaseStore", "StepAlreadyReleased", "StepOutOfOrder", "StepRecord"]
+__all__ = ["StoreLayout", "StateStore", "StepAlreadyReleased", "StepOutOfOrder", "StepRecord"]
 
 
 class StepAlreadyReleased(RuntimeError):
@@ -52,8 +52,8 @@ class StepRecord:
 
 class StoreLayout:
     """The keys and encodings of a deployment's Redis state, shared by the synchronous reader
-    (:class:`ReleaseStore`: command-line tools, the identity claim) and the asyncio writer the jobs use
-    (:class:`pipeline.stream.state.store_async.AsyncReleaseStore`)."""
+    (:class:`StateStore`: command-line tools, the identity claim) and the asyncio writer the jobs use
+    (:class:`pipeline.stream.state.store_async.AsyncStateStore`)."""
 
     client_class: Any = None  # the redis-py client class of the subclass (synchronous or asyncio)
     client_options: dict[str, Any] = {}  # and its options
@@ -109,8 +109,10 @@ class StoreLayout:
         return {str(p): json.dumps(s, sort_keys=True) for p, s in summaries.items()}
 
 
-class ReleaseStore(StoreLayout):
-    """Reads (command-line tools, tests) and the identity claim; every other write is the asyncio store's."""
+class StateStore(StoreLayout):
+    """A deployment's whole Redis state (release records, ledger, worker checkpoints, intake counts,
+    identity): reads (command-line tools, tests) and the identity claim; every other write is the
+    asyncio store's."""
 
     client_class = redis.Redis
 

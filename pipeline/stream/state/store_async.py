@@ -2,8 +2,8 @@
 (``redis.asyncio``): a Redis round trip in the commit path must not block the loop that also feeds the
 consumer and the producer.
 
-Same keys and encodings as the synchronous reader :class:`pipeline.stream.state.store.ReleaseStore`
-(they share :class:`~pipeline.stream.state.store.StoreLayout`). :meth:`AsyncReleaseStore.commit_step`
+Same keys and encodings as the synchronous reader :class:`pipeline.stream.state.store.StateStore`
+(they share :class:`~pipeline.stream.state.store.StoreLayout`). :meth:`AsyncStateStore.commit_step`
 stores a step's record, ledger entries and pointer in one WATCH/MULTI/EXEC transaction and refuses any
 step but the next one; the pointers, checkpoints and intake counts are written here too, and only here
 (the identity claim at start is the synchronous store's).
@@ -22,10 +22,12 @@ from redis.backoff import ExponentialBackoff
 
 from pipeline.stream.state.store import StepRecord, StoreLayout
 
-__all__ = ["AsyncReleaseStore"]
+__all__ = ["AsyncStateStore"]
 
 
-class AsyncReleaseStore(StoreLayout):
+class AsyncStateStore(StoreLayout):
+    """The one writer of a deployment's Redis state, from the jobs' event loops."""
+
     client_class = aioredis.Redis
     # A Redis restart takes a few seconds; a command retries for about 8 s (0.2, 0.4, 0.8, then 1 s
     # apart) before its ConnectionError ends the job (a supervisor restarts it). The synchronous client

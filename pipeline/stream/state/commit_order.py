@@ -8,7 +8,7 @@ broker's acknowledgement of those messages: written earlier, a crash in between 
 crash that came before the write is harmless: every message has a deterministic key and the same
 bytes, and consumers deduplicate.
 
-:class:`Checkpoint` is that order, and nothing else: :meth:`Checkpoint.begin` opens a
+:class:`CommitOrder` is that order, and nothing else: :meth:`CommitOrder.begin` opens a
 :class:`Batch` that collects the acknowledgement futures of the messages handed to the producer and
 runs the Redis writes only once all of them are acknowledged. A batch belongs to one operation (a
 fetch's closes, a step's publication, a step's close markers): concurrent operations never wait on,
@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable, Protocol
 
-__all__ = ["Publisher", "Checkpoint", "Batch"]
+__all__ = ["Publisher", "CommitOrder", "Batch"]
 
 
 class Publisher(Protocol):
@@ -31,7 +31,7 @@ class Publisher(Protocol):
                    timestamp_ms: int | None = None, headers: list | None = None) -> Awaitable[Any]: ...
 
 
-class Checkpoint:
+class CommitOrder:
     def __init__(self, publisher: Publisher):
         self.publisher = publisher
 
