@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 if TYPE_CHECKING:
-    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.state.store import StateStore
 
 __all__ = ["Receipt", "Fates", "dead_letter_mark", "await_fates"]
 
@@ -122,7 +122,7 @@ def dead_letter_mark(broker: str, topic: str, partitions: int) -> dict:
     return log_ends(broker, [TopicPartition(topic, p) for p in range(partitions)])
 
 
-def await_fates(store: ReleaseStore, broker: str, names: dict[str, str], partitions: int, receipt: Receipt,
+def await_fates(store: StateStore, broker: str, names: dict[str, str], partitions: int, receipt: Receipt,
                 mark: dict, timeout: float,
                 progress: Callable[[int, int], None] | None = None) -> Fates:
     """Wait up to ``timeout`` seconds for the workers to handle ``receipt``'s messages, then
@@ -149,7 +149,7 @@ def await_fates(store: ReleaseStore, broker: str, names: dict[str, str], partiti
     return fates
 
 
-def _forwards_applied(store: ReleaseStore, broker: str, topic: str, partitions: int, deadline: float) -> bool:
+def _forwards_applied(store: StateStore, broker: str, topic: str, partitions: int, deadline: float) -> bool:
     """Wait until every owner has handled the ``repartition`` log to its end now (the reports
     other partitions forwarded to it); False if not by ``deadline``."""
     from kafka import TopicPartition

@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.state.store import StateStore
     from pipeline.config import Deployment
 
 __all__ = ["status_document", "format_status"]
 
 
-def status_document(dep: Deployment, store: ReleaseStore, intake: dict[str, Any], source: str) -> dict[str, Any]:
+def status_document(dep: Deployment, store: StateStore, intake: dict[str, Any], source: str) -> dict[str, Any]:
     """The status of ``dep`` from its Redis ``store``; ``intake`` is ``IntakeView.as_json()`` (or says why
     it is unavailable) and ``source`` where the state was read."""
     from pipeline.error_bounds import spend_as_approx_dp

@@ -29,7 +29,7 @@ from pipeline.stream.kafka.topics import RELEASER, ensure_topics, group_id
 from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
-from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.state.store import StateStore
 from support.stream_runs import check_outputs, log_text, run_steps, scenario, wait_until
 
 

@@ -23,7 +23,7 @@ from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
 from pipeline.stream.ingest.roster import Roster
-from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.state.store import StateStore
 from support.stream_runs import batch_reference, expected_ledger, log_text, panel_data, write_config
 
 N, T, PARTITIONS = 800, 4, 8

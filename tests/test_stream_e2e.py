@@ -23,7 +23,7 @@ from pipeline.plan import release_seed
 from pipeline.stream.releaser.engine import batch_reference
 from pipeline.stream.process.faults import FAULT_EXIT_CODE
 from pipeline.stream.ingest.roster import Roster
-from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.state.store import StateStore
 from support.stream_runs import read_dead_letters
 
 N, T, K = 1500, 6, 3

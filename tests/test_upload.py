@@ -28,7 +28,7 @@ from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
-from pipeline.stream.state.store import ReleaseStore
+from pipeline.stream.state.store import StateStore
 from support.stream_runs import (check_outputs, panel_data, read_dead_letters, run_steps,
                                  wait_accepted, write_config)
 

@@ -144,7 +144,7 @@ def one_storage(storage: str, n: int, steps: int, kinds, workers: int, partition
         with LocalCluster(cfg_path, dep, workers=workers, log_dir=out / "logs", metrics=True) as cluster:
             if durable:
                 assert svc.storage is not None  # durable_log=True starts the object store
-                retention = _Retention(LogRetention(svc.storage, ReleaseStore.from_url(svc.redis.url, dep.name),
+                retention = _Retention(LogRetention(svc.storage, StateStore.from_url(svc.redis.url, dep.name),
                                                     cluster.names, partitions))
                 retention.start()
             drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)

@@ -22,7 +22,7 @@ from pipeline.cli.common import EXIT_CONFIG, _endpoints, _fail, _up_record
 
 if TYPE_CHECKING:
     from pipeline.config import Deployment
-    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.state.store import StateStore
 
 __all__ = ["refuse_if_started_differently", "refuse_other_configuration"]
 
@@ -36,7 +36,7 @@ def refuse_if_started_differently(dep: Deployment, hint: str = "") -> None:
     import redis
 
     from pipeline.connections import redis_client
-    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.state.store import StateStore
 
     rec = _up_record(dep.name)
     if not (os.environ.get("DPSTREAM_REDIS") or dep.redis or (rec and rec["alive"] and "redis" in rec)):
@@ -50,10 +50,10 @@ def refuse_if_started_differently(dep: Deployment, hint: str = "") -> None:
         print(f"WARNING: the configuration was not checked against deployment {dep.name!r}'s: its "
               f"Redis did not answer ({type(err).__name__})", file=sys.stderr)
         return
-    refuse_other_configuration(dep, ReleaseStore.from_url(redis_url, dep.name), hint)
+    refuse_other_configuration(dep, StateStore.from_url(redis_url, dep.name), hint)
 
 
-def refuse_other_configuration(dep: Deployment, store: ReleaseStore, hint: str = "") -> None:
+def refuse_other_configuration(dep: Deployment, store: StateStore, hint: str = "") -> None:
     """SystemExit(2) naming the differing keys when ``dep`` is not the configuration ``store``'s
     state was created under; nothing when it is, or when no process has started yet."""
     from pipeline.stream.ingest.roster import Roster

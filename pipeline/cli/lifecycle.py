@@ -16,7 +16,7 @@ from pipeline.cli.common import (EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME, EXIT_STATE_
 
 if TYPE_CHECKING:
     from pipeline.config import Deployment
-    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.state.store import StateStore
 
 
 # -- stream processes ---------------------------------------------------------------------------
@@ -180,7 +180,7 @@ def _check_marker(dep: Deployment, redis_url: str, marker_dir: Path | None) -> s
     return stateless_start(marker, store.identity(), store.last_released())
 
 
-def _update_marker(store: ReleaseStore, marker_dir: Path, last):
+def _update_marker(store: StateStore, marker_dir: Path, last):
     """Record the instance and last released step outside the Redis directory when they change."""
     import redis
 

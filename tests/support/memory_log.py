@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 import redis.asyncio as aioredis
 
-from pipeline.stream.state.store_async import AsyncReleaseStore
+from pipeline.stream.state.store_async import AsyncStateStore
 
 CLOSE_MS = 1_800_000_000_000  # step t closes at CLOSE_MS + t seconds (public close times)
 
@@ -56,9 +56,9 @@ class MemoryLog:
 @pytest.fixture
 def store_of(redis_client):
     """Async stores on the session's real Redis (emptied per test); ``run`` closes them."""
-    def make(dep) -> AsyncReleaseStore:
+    def make(dep) -> AsyncStateStore:
         client = aioredis.Redis(unix_socket_path=redis_client.socket_file)
-        store = AsyncReleaseStore(client, dep.name)
+        store = AsyncStateStore(client, dep.name)
         make.opened.append(store)
         return store
     make.opened = []

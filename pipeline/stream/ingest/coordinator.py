@@ -42,7 +42,7 @@ from pipeline.stream.process.metrics import METRICS, forget_partition, observe_p
 from pipeline.stream.state.commit_order import Batch, CommitOrder
 
 if TYPE_CHECKING:
-    from pipeline.stream.state.store_async import AsyncReleaseStore
+    from pipeline.stream.state.store_async import AsyncStateStore
 
 __all__ = ["IngestCoordinator"]
 
@@ -52,7 +52,7 @@ log = logging.getLogger("dpstream.worker")
 class IngestCoordinator:
     """One worker's protocol state around its :class:`IngestCore`."""
 
-    def __init__(self, core: IngestCore, store: AsyncReleaseStore, checkpoint: Checkpoint,
+    def __init__(self, core: IngestCore, store: AsyncStateStore, commit_order: CommitOrder,
                  log_ends: Callable[[list], Awaitable[dict[Any, int]]],
                  seek: Callable[[Any, int], None] = lambda tp, offset: None,
                  log_ids: Callable[[list[str]], Awaitable[dict[str, str | None]]] | None = None):
@@ -204,7 +204,7 @@ class IngestCoordinator:
         acknowledgement replays the source from its checkpoint, which restores and recounts them.
         """
         started = time.perf_counter()
-        sends, forwards = self.checkpoint.begin(), self.checkpoint.begin()
+        sends, forwards = self.commit_order.begin(), self.commit_order.begin()
         checkpoints: dict[int, CloseOutput] = {}  # partition -> its last close of this fetch
         forwarded: set[int] = set()  # open steps with reports forwarded in this fetch
         for partition in partitions:

@@ -22,7 +22,7 @@ from statistics import median
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.state.store import StateStore
     from pipeline.config import Deployment
 
 __all__ = ["IntakeView", "intake_view", "StepCheck", "close_assessment", "open_window"]
@@ -108,7 +108,7 @@ def _sum_reasons(dicts) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def intake_view(store: ReleaseStore, broker: str, reports_topic: str, partitions: int, wait: float = 10.0,
+def intake_view(store: StateStore, broker: str, reports_topic: str, partitions: int, wait: float = 10.0,
                 repartition_topic: str | None = None, progress=None) -> IntakeView:
     """The partitions' intake snapshots, once each worker has caught up with the reports log and the
     ``repartition`` log (reports forwarded from other partitions; or after ``wait`` seconds:

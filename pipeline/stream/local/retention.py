@@ -40,7 +40,7 @@ from urllib.parse import quote
 from pipeline.stream.local.embedded import OBJECT_STORE_BUCKET, EmbeddedObjectStore
 
 if TYPE_CHECKING:
-    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.state.store import StateStore
 
 __all__ = ["RetentionPoints", "LogRetention", "deletable"]
 
@@ -63,7 +63,7 @@ def deletable(bases: list[int], point: int) -> list[int]:
     return [base for base, following in zip(bases, bases[1:]) if following <= point]
 
 
-def checkpoint_points(store: ReleaseStore, names: dict[str, str], partitions: int) -> dict[tuple[str, int], int]:
+def checkpoint_points(store: StateStore, names: dict[str, str], partitions: int) -> dict[tuple[str, int], int]:
     """Where each partition's checkpoint resumes `reports` and `repartition` (0 without a checkpoint)."""
     from pipeline.serialization import loads_state
 
@@ -114,7 +114,7 @@ class _ObjectStoreClient:
 class LogRetention:
     """One deployment's retention, run from ``dpstream up``'s supervision loop (:meth:`round`)."""
 
-    def __init__(self, storage: EmbeddedObjectStore, store: ReleaseStore, names: dict[str, str], partitions: int):
+    def __init__(self, storage: EmbeddedObjectStore, store: StateStore, names: dict[str, str], partitions: int):
         self.client = _ObjectStoreClient(storage)
         self.store = store
         self.names = names

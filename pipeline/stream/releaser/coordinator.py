@@ -71,7 +71,7 @@ from pipeline.stream.state.commit_order import CommitOrder
 from pipeline.stream.state.store import StepAlreadyReleased, StepRecord
 
 if TYPE_CHECKING:
-    from pipeline.stream.state.store_async import AsyncReleaseStore
+    from pipeline.stream.state.store_async import AsyncStateStore
     from pipeline.config import Deployment
 
 __all__ = ["ReleaseCoordinator"]
@@ -88,7 +88,7 @@ def _canonical(obj) -> bytes:
 class ReleaseCoordinator:
     """One releaser's protocol state; build it with :meth:`create` (it reads Redis)."""
 
-    def __init__(self, deployment: Deployment, engine: ReleaseEngine, store: AsyncReleaseStore, checkpoint: Checkpoint, names: dict[str, str],
+    def __init__(self, deployment: Deployment, engine: ReleaseEngine, store: AsyncStateStore, commit_order: CommitOrder, names: dict[str, str],
                  log_end: Callable[[str], Awaitable[int | None]], clock: Callable[[], int] = now_ms,
                  verifier: CloseVerifier | None = None, deadline_signer: CloseSigner | None = None,
                  log_id: Callable[[str], Awaitable[str | None]] | None = None):
@@ -120,7 +120,7 @@ class ReleaseCoordinator:
                                        else None, clock())
 
     @classmethod
-    async def create(cls, deployment: Deployment, n: int, instance: str, store: AsyncReleaseStore, checkpoint: Checkpoint, names: dict[str, str],
+    async def create(cls, deployment: Deployment, n: int, instance: str, store: AsyncStateStore, commit_order: CommitOrder, names: dict[str, str],
                      log_end: Callable[[str], Awaitable[int | None]],
                      clock: Callable[[], int] = now_ms, verifier: CloseVerifier | None = None,
                      deadline_signer: CloseSigner | None = None,
@@ -445,7 +445,7 @@ class ReleaseCoordinator:
         return batch
 
 
-async def _committed_step(store: AsyncReleaseStore, step: int) -> StepRecord:
+async def _committed_step(store: AsyncStateStore, step: int) -> StepRecord:
     """The stored record of a committed step (committed records are never deleted)."""
     record = await store.load_step(step)
     if record is None:
@@ -453,7 +453,7 @@ async def _committed_step(store: AsyncReleaseStore, step: int) -> StepRecord:
     return record
 
 
-async def _engine_from(deployment: Deployment, store: AsyncReleaseStore, step: int, blob: bytes) -> ReleaseEngine:
+async def _engine_from(deployment: Deployment, store: AsyncStateStore, step: int, blob: bytes) -> ReleaseEngine:
     """The engine as step ``step``'s record stored it, its synthesizers' released records read back
     from the records of steps 1..``step`` (:func:`pipeline.stream.releaser.engine.stored_state`)."""
     state = loads_state(blob, f"{store.keys.step(step)} __state__")

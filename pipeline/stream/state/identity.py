@@ -36,7 +36,7 @@ from pipeline.stream.state.keys import LAYOUT
 from pipeline.stream.state.fingerprint import config_changes, fingerprint, portable_fingerprint, privacy_config
 
 if TYPE_CHECKING:
-    from pipeline.stream.state.store import ReleaseStore
+    from pipeline.stream.state.store import StateStore
     from pipeline.config import Deployment
 
 __all__ = ["StateRefused", "ConfigurationChanged", "StateLost", "DeploymentIdentity", "establish_identity",
@@ -73,7 +73,7 @@ class DeploymentIdentity:
     config: dict[str, Any]
 
 
-def establish_identity(deployment: Deployment, roster_ids: list[str], store: ReleaseStore, role: str) -> DeploymentIdentity:
+def establish_identity(deployment: Deployment, roster_ids: list[str], store: StateStore, role: str) -> DeploymentIdentity:
     """Register this deployment's identity on first start, or check the configuration against it.
 
     Raises :class:`ConfigurationChanged` when the privacy-relevant configuration changed or when a
@@ -120,7 +120,7 @@ def _changed(role: str, deployment: Deployment, stored: dict[str, Any], current:
         "configuration, or start a new deployment (new name, new budget).")
 
 
-def _check_release_copy(deployment: Deployment, store: ReleaseStore, identity: DeploymentIdentity,
+def _check_release_copy(deployment: Deployment, store: StateStore, identity: DeploymentIdentity,
                         current: dict[str, Any]) -> None:
     """The releaser's own copy of the identity (see the module docstring): kept at its first start,
     then
@@ -138,7 +138,7 @@ def _check_release_copy(deployment: Deployment, store: ReleaseStore, identity: D
                        f"{store.keys.identity} was rewritten to agree with the new one)")
 
 
-def _check_no_orphaned_state(deployment: Deployment, store: ReleaseStore, role: str) -> None:
+def _check_no_orphaned_state(deployment: Deployment, store: StateStore, role: str) -> None:
     """State without an identity record was written by a dpstream whose identity was deleted: the configuration
     it was calibrated under cannot be checked. Each role looks at the state it can read."""
     if role == "releaser":
@@ -153,7 +153,7 @@ def _check_no_orphaned_state(deployment: Deployment, store: ReleaseStore, role: 
             "calibrated under cannot be checked; restore the whole Redis state from a backup (docs/streaming.md)")
 
 
-def _check_not_a_repeat(deployment: Deployment, store: ReleaseStore, current: dict[str, Any], role: str) -> None:
+def _check_not_a_repeat(deployment: Deployment, store: StateStore, current: dict[str, Any], role: str) -> None:
     """A deployment seen for the first time whose configuration and roster equal another deployment's on this
     Redis is probably that deployment renamed: its releases would spend a second budget over the same people
     with fresh noise. Refused under ``production: true`` unless the operator accepts the new spend."""
