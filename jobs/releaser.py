@@ -12,7 +12,7 @@ At start: the configuration is checked against the one the Redis state was creat
 (:mod:`pipeline.stream.state.identity`, exit code 2), and before the first release the ``releases`` topic
 is checked for releases the state does not know (:mod:`pipeline.stream.releaser.fence`, exit code 4).
 
-Transport: an aiokafka group consumer (:mod:`pipeline.stream.kafka.consumer`) and producer. Positions come
+Transport: an aiokafka group consumer (:mod:`pipeline.stream.kafka.bulk_consumer`) and producer. Positions come
 from Redis (the partials resume offset) in the assignment callback (docs/streaming.md, "Processes").
 """
 
@@ -25,7 +25,7 @@ from aiokafka import TopicPartition
 
 from pipeline import descriptor
 from pipeline.stream.control.signatures import job_keys
-from pipeline.stream.kafka.consumer import BulkConsumer
+from pipeline.stream.kafka.bulk_consumer import BulkConsumer
 from pipeline.stream.kafka.log_end import log_ends_async
 from pipeline.stream.kafka.log_identity import topic_ids_async
 from pipeline.stream.kafka.consumer_lag import start_lag_monitor

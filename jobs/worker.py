@@ -18,7 +18,7 @@ the order of a fetch (publish partials, forwards and dead letters; await the ack
 write the checkpoints) — is :class:`pipeline.stream.ingest.coordinator.IngestCoordinator`. This module
 is its Kafka side: it feeds the coordinator the fetches and gives it a producer and the asyncio Redis store.
 
-Transport: a plain aiokafka group consumer reading whole fetches (:mod:`pipeline.stream.kafka.consumer`) and
+Transport: a plain aiokafka group consumer reading whole fetches (:mod:`pipeline.stream.kafka.bulk_consumer`) and
 an aiokafka producer; the hot path is vectorised per fetch (docs/streaming.md, "Processes").
 Positions come only from the Redis checkpoints (read in the assignment callback); the offsets this
 worker commits are for lag monitoring, never read back.
@@ -35,7 +35,7 @@ from aiokafka import TopicPartition
 from pipeline.stream.control.signatures import job_keys
 from pipeline.stream.ingest.coordinator import IngestCoordinator
 from pipeline.stream.ingest.core import IngestCore
-from pipeline.stream.kafka.consumer import INGEST_FETCH_MAX_WAIT_MS, BulkConsumer
+from pipeline.stream.kafka.bulk_consumer import INGEST_FETCH_MAX_WAIT_MS, BulkConsumer
 from pipeline.stream.kafka.log_end import log_ends_async
 from pipeline.stream.kafka.log_identity import topic_ids_async
 from pipeline.stream.process.metrics import serve_metrics, unexport_releaser_series

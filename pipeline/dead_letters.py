@@ -1,7 +1,7 @@
 """``dpstream dead-letters``: what the workers rejected, summarised by reason (curator side).
 
 The dead-letter topic holds the original reports (private) with the reason in headers
-(:func:`pipeline.stream.kafka.codecs.dead_letter_headers`); it is not a public topic, and this summary
+(:func:`pipeline.stream.kafka.messages.dead_letter_headers`); it is not a public topic, and this summary
 is for the operator's terminal: counts by reason, the first and last source offset of each, and
 (with ``--examples``) the first few details of each reason.
 """

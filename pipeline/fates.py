@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Receipt", "Fates", "dead_letter_mark", "await_fates"]
 
-# the dead-letter headers (pipeline.stream.kafka.codecs.dead_letter_headers)
+# the dead-letter headers (pipeline.stream.kafka.messages.dead_letter_headers)
 SOURCE_HEADER, ITEM_HEADER = "dpstream-source", "dpstream-batch-index"
 REASON_HEADER = "dpstream-reason"
 

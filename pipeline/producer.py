@@ -135,7 +135,7 @@ class ReportSender:
         if total is None and isinstance(reports, Sized):
             total = len(reports)
         if self._producer is None:
-            # not idempotent, as pipeline.stream.kafka.producer: the embedded broker acknowledges a batch retried
+            # not idempotent, as pipeline.stream.kafka.report_producer: the embedded broker acknowledges a batch retried
             # after a kill -9 as a duplicate it never stored (docs/streaming.md, "What is durable where")
             self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, **kafka_security(), linger_ms=5,
                                            batch_size=1 << 20, acks="all", enable_idempotence=False)

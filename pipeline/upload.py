@@ -283,7 +283,7 @@ def _lines_in(path: Path, block: int = 1 << 20) -> int:
 # -- sending ------------------------------------------------------------------------------
 def batch_producer(bootstrap: str):
     """The kafka-python producer of the upload's batch messages (and of its benchmark's raw
-    baseline): acks=all, ~1 MB batches. Not idempotent, as pipeline.stream.kafka.producer: the
+    baseline): acks=all, ~1 MB batches. Not idempotent, as pipeline.stream.kafka.report_producer: the
     embedded broker acknowledges a batch retried after a kill -9 as a duplicate it never stored
     (docs/streaming.md, "What is durable where")."""
     from kafka import KafkaProducer

@@ -42,7 +42,7 @@ def released_store(dep, values: dict, steps=None):
     from pipeline.consumer import PanelStore
     from pipeline.stream.ingest.partition_state import PartitionState
     from pipeline.stream.ingest.reports import ParsedReports
-    from pipeline.stream.kafka.codecs import synthetic_chunks
+    from pipeline.stream.kafka.messages import synthetic_chunks
     from pipeline.stream.releaser.engine import ReleaseEngine
 
     n = next(iter(values.values())).shape[0]

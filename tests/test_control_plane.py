@@ -18,7 +18,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from jobs.eval.testbed import binary_panel, write_panel_deployment
 from pipeline.config import load_config
-from pipeline.stream.control.keys import (
+from pipeline.stream.control.signing_keys import (
     CONTROL_KEY_ENV,
     CONTROL_PUBLIC_KEY_ENV,
     DEADLINE_KEY_ENV,
@@ -35,8 +35,8 @@ from pipeline.stream.control.signatures import (
     deployment_fingerprint,
 )
 from pipeline.stream.ingest.roster import Roster
-from pipeline.stream.kafka.codecs import CONTROL_HEADER
-from pipeline.stream.kafka.producer import ReportProducer
+from pipeline.stream.kafka.messages import CONTROL_HEADER
+from pipeline.stream.kafka.report_producer import ReportProducer
 from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
@@ -210,7 +210,7 @@ def test_a_signature_binds_deployment_fingerprint_step_action_and_close_time(tmp
     keys = ensure_keys(tmp_path / "keys")
     curator = load_private(keys.curator.private)
     signer = CloseSigner(curator, "dep-a", "f" * 64, "close")
-    from pipeline.stream.control.keys import load_public
+    from pipeline.stream.control.signing_keys import load_public
 
     verifier = CloseVerifier("dep-a", "f" * 64, {"close": load_public(keys.curator.public)})
     good = signer.sign(2, 1000)

@@ -13,7 +13,7 @@ import time
 from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from pipeline.stream.kafka.consumer import INGEST_FETCH_MAX_WAIT_MS, BulkConsumer
+from pipeline.stream.kafka.bulk_consumer import INGEST_FETCH_MAX_WAIT_MS, BulkConsumer
 from pipeline.stream.local.embedded import FSYNC_ENV, EmbeddedObjectStore, EmbeddedServices, OBJECT_STORE_BUCKET
 
 FOLDER = "clusters/c/topics/reports/partitions/0000000000/records/"

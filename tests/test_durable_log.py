@@ -85,7 +85,7 @@ def test_nothing_acknowledged_is_lost_when_the_broker_or_its_storage_is_killed(t
 
         def produce(tag: str) -> None:
             # two producers writing the same partitions at once: concurrent watermark updates. Not idempotent,
-            # as pipeline.stream.kafka.producer: Tansu 0.6 acknowledges a batch retried after a kill -9 as a
+            # as pipeline.stream.kafka.report_producer: Tansu 0.6 acknowledges a batch retried after a kill -9 as a
             # duplicate although it never stored it (its sequence bookkeeping precedes the write).
             producer = KafkaProducer(bootstrap_servers=boot, acks="all", retries=10, linger_ms=20,
                                      reconnect_backoff_ms=50, request_timeout_ms=5000, enable_idempotence=False)

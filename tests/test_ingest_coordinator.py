@@ -22,7 +22,7 @@ from pipeline.config import parse_config
 from pipeline.stream.ingest.coordinator import IngestCoordinator
 from pipeline.stream.ingest.core import IngestCore, Record
 from pipeline.stream.ingest.roster import Roster
-from pipeline.stream.kafka.codecs import CONTROL_HEADER, close_marker
+from pipeline.stream.kafka.messages import CONTROL_HEADER, close_marker
 from pipeline.stream.kafka.topics import topic_names
 from pipeline.stream.state.checkpoint import CommitOrder
 from pipeline.stream.state.store import StateStore

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from pipeline.config import load_config
 from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore, Record
-from pipeline.stream.kafka.codecs import CONTROL_HEADER
+from pipeline.stream.kafka.messages import CONTROL_HEADER
 from pipeline.stream.ingest.reports import REASONS, ReportParser, public_hash
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.kafka.topics import topic_names

@@ -11,7 +11,7 @@ from pipeline.plan import planned_schedule, spend_of_steps
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.ingest.core import IngestCore, Record
 from pipeline.stream.ingest.intake_view import IntakeView, close_assessment, open_window
-from pipeline.stream.kafka.codecs import CONTROL_HEADER
+from pipeline.stream.kafka.messages import CONTROL_HEADER
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.kafka.topics import topic_names
 

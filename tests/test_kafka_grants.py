@@ -205,7 +205,7 @@ def test_the_security_docs_table_is_the_declaration():
 # topic the role may write (the coordinator's sends by computed name are checked at run time in
 # tests/test_release_coordinator.py).
 SENDERS = {"pipeline/stream/ingest/coordinator.py": "worker", "pipeline/stream/releaser/coordinator.py": "releaser",
-           "pipeline/stream/kafka/producer.py": "operator"}
+           "pipeline/stream/kafka/report_producer.py": "operator"}
 
 
 @pytest.mark.parametrize("module, role", sorted(SENDERS.items()))

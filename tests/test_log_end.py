@@ -112,7 +112,7 @@ def test_worker_resumes_at_its_checkpoint_inside_the_last_batch(tmp_path, monkey
     from jobs.eval.testbed import write_panel_deployment
     from pipeline.stream.kafka.topics import ensure_topics
 
-    from pipeline.stream.control.keys import ensure_keys
+    from pipeline.stream.control.signing_keys import ensure_keys
 
     # the public keys, as `up` gives a worker
     for variable, path in ensure_keys(tmp_path / "control").public_env().items():

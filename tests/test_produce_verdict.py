@@ -106,7 +106,7 @@ def test_late_reports_and_batch_rows_are_judged_per_report(deployment, tmp_path,
     from pipeline.fates import Receipt, dead_letter_mark
     from pipeline.producer import ReportSender
     from pipeline.stream.ingest.roster import Roster
-    from pipeline.stream.kafka.producer import ReportProducer
+    from pipeline.stream.kafka.report_producer import ReportProducer
     from pipeline.stream.kafka.topics import topic_names
 
     path, env = deployment

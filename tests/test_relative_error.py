@@ -23,7 +23,7 @@ from pipeline.releases import relative_error as re_kind
 from pipeline.releases import kind_of
 from pipeline.releases.codecs import columns_checksum
 from pipeline.stream.releaser.engine import ReleaseEngine, ReleaseOutput
-from pipeline.stream.kafka.codecs import synthetic_chunks
+from pipeline.stream.kafka.messages import synthetic_chunks
 from support.neighbour_runs import CoupledWorlds
 from pipeline.attributes import public_hash
 from pipeline.synth.prem import PREM

@@ -23,7 +23,7 @@ from pipeline.config import parse_config
 from pipeline.consumer import PanelStore
 from pipeline.stream.ingest.core import CloseOutput, IngestCore, Record
 from pipeline.stream.ingest.roster import Roster
-from pipeline.stream.kafka.codecs import CONTROL_HEADER, parse_close_marker
+from pipeline.stream.kafka.messages import CONTROL_HEADER, parse_close_marker
 from pipeline.stream.kafka.topics import PUBLIC_TOPICS, topic_names
 from pipeline.stream.releaser.coordinator import ReleaseCoordinator
 from pipeline.stream.releaser.engine import batch_reference

@@ -17,7 +17,7 @@ import orjson
 from pipeline.config import parse_config
 from pipeline.serialization import loads_state
 from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore, Record
-from pipeline.stream.kafka.codecs import CONTROL_HEADER
+from pipeline.stream.kafka.messages import CONTROL_HEADER
 from pipeline.stream.ingest.repartition import (FORMAT_HEADER, POSITIONS_HEADER, ROWS, SOURCE_HEADER,
                                                 ForwardMarkers)
 from pipeline.stream.ingest.roster import Roster

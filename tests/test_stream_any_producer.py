@@ -29,7 +29,7 @@ from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
 from pipeline.stream.process.faults import FAULT_EXIT_CODE
 from pipeline.stream.kafka.log_end import log_ends
-from pipeline.stream.kafka.codecs import CONTROL_HEADER
+from pipeline.stream.kafka.messages import CONTROL_HEADER
 from pipeline.stream.ingest.repartition import FORMAT_HEADER, ROWS, Forwarder
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import StateStore

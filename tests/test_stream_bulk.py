@@ -9,7 +9,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
-from pipeline.stream.kafka.consumer import BulkConsumer
+from pipeline.stream.kafka.bulk_consumer import BulkConsumer
 from pipeline.stream.local.embedded import EmbeddedServices
 
 P = 4

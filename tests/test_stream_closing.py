@@ -8,7 +8,7 @@ import pytest
 from pipeline.config import parse_config
 from pipeline.stream.releaser.closing import DeadlineClock, public_close_time
 from pipeline.stream.ingest.core import IngestCore, Record
-from pipeline.stream.kafka.codecs import CONTROL_HEADER, close_marker, parse_close_marker
+from pipeline.stream.kafka.messages import CONTROL_HEADER, close_marker, parse_close_marker
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.kafka.topics import topic_names
 

@@ -16,7 +16,7 @@ from pipeline.serialization import dumps_state, loads_state
 from pipeline.releases.codecs import columns_checksum
 from pipeline.releases.histograms import merge_histograms
 from pipeline.stream.releaser.engine import ReleaseEngine, ReleaseOutput
-from pipeline.stream.kafka.codecs import synthetic_chunks
+from pipeline.stream.kafka.messages import synthetic_chunks
 from pipeline.stream.ingest.partition_state import PartitionState
 from pipeline.stream.ingest.reports import ReportParser
 from pipeline.stream.ingest.roster import Roster

@@ -9,7 +9,7 @@ import pytest
 from pipeline.config import parse_config
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore, Record, is_marker
-from pipeline.stream.kafka.codecs import CONTROL_HEADER
+from pipeline.stream.kafka.messages import CONTROL_HEADER
 from pipeline.stream.ingest.reports import REASONS
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import StateStore

@@ -12,7 +12,7 @@ import pytest
 from pipeline.consumer import IncompleteStep, PanelStore
 from pipeline.releases.codecs import columns_checksum, synthetic_columns
 from pipeline.serialization import dumps_state
-from pipeline.stream.kafka.codecs import PartialAssembler, dead_letter_headers, encode_partial, synthetic_chunks
+from pipeline.stream.kafka.messages import PartialAssembler, dead_letter_headers, encode_partial, synthetic_chunks
 
 
 def partial(step, partition, rng, bins=64, horizon=12):

@@ -34,7 +34,7 @@ def run(n: int, steps: int) -> list[dict]:
     from pipeline.serialization import dumps_state
     from pipeline.stream.ingest.core import IngestCore, Record
     from pipeline.stream.ingest.roster import Roster
-    from pipeline.stream.kafka.codecs import PartialAssembler, synthetic_chunks
+    from pipeline.stream.kafka.messages import PartialAssembler, synthetic_chunks
     from pipeline.stream.kafka.topics import topic_names
     from pipeline.stream.releaser.engine import ReleaseEngine, stored_state
     from jobs.bench.bench_stream import DOMAIN, HORIZON, _config

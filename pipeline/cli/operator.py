@@ -290,7 +290,7 @@ def cmd_close(args) -> int:
             return _fail(EXIT_REFUSED, f"refusing to close step(s) {lost or list(steps)}: reports the workers had "
                                       "counted were lost with the broker's log (LOST above); send them again, or "
                                       "pass --force to close with those users imputed")
-    from pipeline.stream.control.keys import KeyUnavailable
+    from pipeline.stream.control.signing_keys import KeyUnavailable
     from pipeline.stream.control.signatures import MAX_COMMAND_STEPS
 
     # signed for every step not released yet: the releaser may be behind the closes this view saw

@@ -3,7 +3,7 @@
 A kind's new synthetic columns (codes, m records × the step's new columns) or its float64 histogram
 over the codes (records = codes 0..|X|−1, one column) are published in chunks of
 :data:`SYNTHETIC_CHUNK_RECORDS` records (the chunk messages themselves: ``synthetic_chunks`` in
-:mod:`pipeline.stream.kafka.codecs`); the step's manifest carries a ``synthetic`` entry
+:mod:`pipeline.stream.kafka.messages`); the step's manifest carries a ``synthetic`` entry
 (:func:`synthetic_entry`) with the chunk count and the SHA-256 of the values (:func:`columns_checksum`),
 which a reader recomputes before it accepts the step (else :class:`IncompleteStep`).
 """

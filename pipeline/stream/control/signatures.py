@@ -11,7 +11,7 @@ configuration (:mod:`pipeline.stream.state.fingerprint`), so a signature made fo
 deployment or one configuration verifies for no other; ``closed_at`` is the public close time (ms)
 the step's records are stamped with; ``action`` says which key signed it: ``close`` (the curator's
 ``dpstream close``) or ``deadline`` (the releaser's own deadline close, ``steps.close: deadline``),
-each verified against its own public key (:mod:`pipeline.stream.control.keys`).
+each verified against its own public key (:mod:`pipeline.stream.control.signing_keys`).
 
 The close marker on ``reports`` is the statement's fields with the signature (base64, 64 bytes), the
 fields the worker does not know itself (``deployment`` and ``fingerprint`` it takes from its own
@@ -41,7 +41,7 @@ import orjson
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from pipeline.stream.control.keys import (
+from pipeline.stream.control.signing_keys import (
     CONTROL_KEY_ENV,
     CONTROL_PUBLIC_KEY_ENV,
     DEADLINE_KEY_ENV,

@@ -33,7 +33,7 @@ import orjson
 
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.control.signatures import CloseVerifier, Unverified
-from pipeline.stream.kafka.codecs import CONTROL_HEADER, dead_letter_headers, encode_partial, parse_close_marker
+from pipeline.stream.kafka.messages import CONTROL_HEADER, dead_letter_headers, encode_partial, parse_close_marker
 from pipeline.stream.process.limits import DEAD_LETTER_COPY_BYTES, MAX_REPORT_BYTES
 from pipeline.stream.ingest.corrections import REPLACE_HEADER, is_replacement
 from pipeline.stream.ingest.partition_state import OwnedRows, PartitionState

@@ -45,7 +45,7 @@ import orjson
 
 from pipeline.releases.aggregators import narrow_int
 from pipeline.stream.ingest.reports import ParsedReports
-from pipeline.stream.kafka.codecs import CONTROL_HEADER
+from pipeline.stream.kafka.messages import CONTROL_HEADER
 
 __all__ = ["SOURCE_HEADER", "POSITIONS_HEADER", "FORMAT_HEADER", "ROWS", "FORWARDED", "FORWARD_CHUNK", "Forwarder",
            "ForwardMarkers", "Inbox", "is_rows", "source_of", "positions_of", "source_positions"]

@@ -6,7 +6,7 @@ Every user of a topic takes it from here: the jobs (what they subscribe to, thei
 :func:`ensure_topics` and ``deploy/create_topics.py`` (partitions, retention), the lag metric
 (:func:`consumer_groups`, :func:`offsets_only`), the broker ACLs (:mod:`pipeline.acl`, which grants a
 role exactly the operations declared here), the demo driver and the downstream consumer (the public
-topics). The message formats themselves are described in :mod:`pipeline.stream.kafka.codecs`.
+topics). The message formats themselves are described in :mod:`pipeline.stream.kafka.messages`.
 
 Roles (docs/security.md): ``worker`` and ``releaser`` are the stream jobs; ``operator`` is ``dpstream
 produce|close|status|dead-letters`` (the intake view reads the true ends of ``reports`` and
@@ -50,7 +50,7 @@ class PartitionCountChanged(RuntimeError):
 class Topic:
     name: str  # logical name; the broker's is ``<prefix>.<deployment>.<name>``
     partitions: int | None  # None: the deployment's ``topics.partitions``
-    key: str  # what the key is (see pipeline.stream.kafka.codecs)
+    key: str  # what the key is (see pipeline.stream.kafka.messages)
     value: str  # the value's codec: "json", or "binary" (a state blob, packed rows, a dead letter's bytes)
     public: bool  # part of the product (kept forever, read by analysts); else curator-side
     reader: str | None  # the dpstream consumer group (role) that reads it; None: downstream only

@@ -103,7 +103,7 @@ def curator_key_path(deployment_name: str) -> Path | None:
     running
     ``dpstream up`` (or a test's cluster) of the deployment generated (its endpoints file names
     it)."""
-    from pipeline.stream.control.keys import CONTROL_KEY_ENV, env_path
+    from pipeline.stream.control.signing_keys import CONTROL_KEY_ENV, env_path
 
     given = env_path(CONTROL_KEY_ENV)
     if given is not None:
@@ -175,8 +175,8 @@ class LocalCluster:
         line): the
         control plane's public keys, never the curator's private key; the deadline key to the
         releaser of a
-        deployment that closes on a deadline (:mod:`pipeline.stream.control.keys`)."""
-        from pipeline.stream.control.keys import DEADLINE_KEY_ENV, PRIVATE_ENVS
+        deployment that closes on a deadline (:mod:`pipeline.stream.control.signing_keys`)."""
+        from pipeline.stream.control.signing_keys import DEADLINE_KEY_ENV, PRIVATE_ENVS
 
         env = {k: v for k, v in os.environ.items() if k not in PRIVATE_ENVS}
         keys = self.control_keys()
@@ -191,7 +191,7 @@ class LocalCluster:
         directory (markers kept for a re-drive must verify after a restart), else in this process
         tree's
         owner-only secrets directory."""
-        from pipeline.stream.control.keys import ensure_keys
+        from pipeline.stream.control.signing_keys import ensure_keys
         from pipeline.stream.local.embedded import local_secrets_dir
 
         if self._keys is None:

@@ -16,7 +16,7 @@ import orjson
 from pipeline.connections import kafka_security
 from pipeline.consumer import PanelStore
 from pipeline.releases import kind_of
-from pipeline.stream.kafka.producer import ReportProducer
+from pipeline.stream.kafka.report_producer import ReportProducer
 
 if TYPE_CHECKING:
     from pipeline.config import Deployment

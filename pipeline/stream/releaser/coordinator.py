@@ -59,7 +59,7 @@ from pipeline.releases import get_kind
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.control.signatures import (CloseCommand, CloseSigner, CloseVerifier,
                                                 SignedClose, Unverified)
-from pipeline.stream.kafka.codecs import (CONTROL_HEADER, PartialAssembler, close_marker,
+from pipeline.stream.kafka.messages import (CONTROL_HEADER, PartialAssembler, close_marker,
                                           dead_letter_headers, synthetic_chunks)
 from pipeline.stream.process.limits import DEAD_LETTER_COPY_BYTES
 from pipeline.stream.process.faults import crash_point
