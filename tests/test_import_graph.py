@@ -1,4 +1,6 @@
-"""The import graph of pipeline/ and jobs/ has no circle, and the release kinds sit below the stream.
+"""The import graph of pipeline/ and jobs/ has no circle, the release kinds sit below the stream, and
+the stream's packages keep their boundaries (process plumbing and the protocols without Kafka clients,
+the releaser wired only by jobs/, the wire below the roles).
 
 Read from the source with ``ast`` (nothing is imported): every ``import`` and ``from ... import``
 anywhere in a module counts, inside functions and ``if TYPE_CHECKING:`` blocks too, since an
@@ -150,3 +152,76 @@ def test_the_command_line_is_split_by_audience_over_a_common_base():
     assert all("pipeline.cli.common" in graph[m] for m in audiences)
     assert not {t for t in graph["pipeline.cli.common"] if t.startswith("pipeline.cli")}
     assert not {t for m in audiences for t in graph[m] if t in audiences or t == "pipeline.cli"}
+
+
+KAFKA_CLIENTS = frozenset({"kafka", "aiokafka"})
+
+
+def external_imports(module: str) -> dict[str, int]:
+    """Top-level names of the libraries ``module`` imports (anywhere in it) -> first line."""
+    path = _modules()[module]
+    found: dict[str, int] = {}
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            if top not in PACKAGES:
+                found.setdefault(top, node.lineno)
+    return found
+
+
+def _in(package: str, graph) -> list[str]:
+    members = [m for m in graph if m == package or m.startswith(package + ".")]
+    assert members, f"no package {package}"
+    return members
+
+
+def test_process_plumbing_uses_no_kafka_client():
+    """pipeline.stream.process (settings, supervision, metrics, limits, fault hooks) is what every
+    stream process has around its work; the Kafka clients live in pipeline.stream.kafka, of which it
+    reads only the topic declarations."""
+    graph = import_graph()
+    found = [f"{m} imports {lib} (line {line})" for m in _in("pipeline.stream.process", graph)
+             for lib, line in external_imports(m).items() if lib in KAFKA_CLIENTS]
+    found += [f"{m} -> {t} (line {line})" for m in _in("pipeline.stream.process", graph)
+              for t, line in graph[m].items()
+              if t.startswith("pipeline.stream.kafka") and t != "pipeline.stream.kafka.topics"]
+    assert not found, "\n".join(found)
+
+
+def test_the_coordinators_and_the_commit_order_use_no_kafka_client():
+    """The ingest and release protocols run without Kafka (tests drive them over an in-memory log);
+    the job hands them a producer."""
+    graph = import_graph()
+    modules = ["pipeline.stream.ingest.coordinator", "pipeline.stream.releaser.coordinator",
+               "pipeline.stream.state.commit_order"]
+    assert set(modules) <= set(graph)
+    found = [f"{m} imports {lib} (line {line})" for m in modules
+             for lib, line in external_imports(m).items() if lib in KAFKA_CLIENTS]
+    assert not found, "\n".join(found)
+
+
+def test_the_releaser_package_is_imported_only_by_jobs():
+    """pipeline.stream.releaser (the releaser's logic) is wired by jobs.releaser and driven by the
+    benchmarks and evaluations in jobs/; nothing else in pipeline/ reaches into it."""
+    graph = import_graph()
+    members = set(_in("pipeline.stream.releaser", graph))
+    found = [f"{m} -> {t} (line {line})" for m, edges in graph.items()
+             if m.startswith("pipeline") and m not in members
+             for t, line in edges.items() if t in members]
+    assert not found, "\n".join(found)
+
+
+def test_the_wire_imports_no_role_of_the_stream():
+    """pipeline.stream.kafka (topics, message formats, clients) sits below the roles that use it:
+    it imports nothing of ingest/, releaser/ or state/."""
+    graph = import_graph()
+    roles = ("pipeline.stream.ingest", "pipeline.stream.releaser", "pipeline.stream.state")
+    found = [f"{m} -> {t} (line {line})" for m in _in("pipeline.stream.kafka", graph)
+             for t, line in graph[m].items() if t.startswith(roles)]
+    assert not found, "\n".join(found)
