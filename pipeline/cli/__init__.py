@@ -24,7 +24,7 @@ import sys
 
 from pipeline.cli.analyst import (_analyst, add_alerts_args, add_hash_parser, add_source_args, cmd_alerts,
                                    cmd_export, cmd_query, cmd_report)
-from pipeline.cli.common import (_CONFIG_ARG, _REACH_TIMEOUT, EXIT_BUDGET, EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME,
+from pipeline.cli.common import (_CONFIG_ARG, _REACH_TIMEOUT, EXIT_CONFIG, EXIT_OK, EXIT_REFUSED, EXIT_RUNTIME,
                                  EXIT_STATE_LOST, _check_reachable, _endpoints, _fail, _load, _reached, _redacted,
                                  _stale, _unreachable, _up_record)
 from pipeline.cli.lifecycle import (_check_marker, _claim, _interrupt, _run_job, _stop_leftovers, _update_marker,
@@ -34,7 +34,7 @@ from pipeline.cli.operator import (_intake, _producer, _redis_at_rest, _send_fil
                                    cmd_dead_letters, cmd_plan, cmd_produce, cmd_status)
 from pipeline.connections import SecretUnavailable
 
-__all__ = ["EXIT_BUDGET", "EXIT_CONFIG", "EXIT_OK", "EXIT_RUNTIME", "EXIT_STATE_LOST", "build_parser", "main",
+__all__ = ["EXIT_CONFIG", "EXIT_OK", "EXIT_REFUSED", "EXIT_RUNTIME", "EXIT_STATE_LOST", "build_parser", "main",
            "cmd_alerts", "cmd_batch", "cmd_close", "cmd_dead_letters", "cmd_demo", "cmd_down", "cmd_export",
            "cmd_plan", "cmd_produce", "cmd_query", "cmd_releaser", "cmd_report", "cmd_status", "cmd_up", "cmd_worker",
            "_CONFIG_ARG", "_REACH_TIMEOUT", "_analyst", "_check_marker", "_check_reachable", "_claim", "_endpoints",

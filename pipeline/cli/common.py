@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG = 0, 1, 2
 EXIT_REFUSED = 3  # refused by the deployment's state now, nothing done (pipeline.cli: exit codes)
-EXIT_BUDGET = EXIT_REFUSED  # its former name: no budget is exhausted at run time (the plan is checked at load)
 EXIT_STATE_LOST = 4
 EXIT_REJECTED = 5  # produce: the workers dead-lettered some of the reports it sent (or a dry run: would)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), the shells' convention
