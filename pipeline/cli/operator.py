@@ -137,14 +137,14 @@ def _produce(args, stage: list[str]) -> int:
     if step is None:  # the next open step without reports yet
         step = next((t for t in window if view.reported(t) == 0), None)
         if step is None:
-            return _fail(f"nothing sent: the steps the workers accept now ({window.start}.."
+            return _fail(EXIT_REFUSED, f"nothing sent: the steps the workers accept now ({window.start}.."
                                       f"{window.stop - 1}) already have reports; close step {window.start} first")
     why = _step_refused(dep, step, window)
     if why is None and view.reported(step):
         why = (f"step {step} already has {view.reported(step):,} accepted reports: sending it again would only "
                f"be dead-lettered as duplicate")
     if why:
-        return _fail(f"nothing sent: {why}")
+        return _fail(EXIT_REFUSED, f"nothing sent: {why}")
     if args.dry_run:
         print(f"dry run: would send {dep.n:,} simulated reports for step {step}; nothing sent")
         return EXIT_OK
