@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from pipeline.connections import kafka_security
 from pipeline.stream.kafka.topics import LAG_ROLE, TOPICS, consumer_groups
@@ -39,7 +40,8 @@ class ConsumerLagMonitor(threading.Thread):
         self.readable = frozenset(readable)
         self.interval = interval
         self._stop = threading.Event()
-        self._admin = self._consumer = self._ends = None
+        self._admin = self._consumer = None
+        self._ends: Any = None  # a LogEnds once connected
 
     def _clients(self):
         if self._admin is None:
