@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 # -- producing and controlling ------------------------------------------------------------------
 def _producer(dep: Deployment):
-    from pipeline.stream.kafka.producer import ReportProducer
+    from pipeline.stream.kafka.report_producer import ReportProducer
     from pipeline.stream.ingest.roster import Roster
     from pipeline.stream.kafka.topics import topic_names
 
@@ -122,7 +122,7 @@ def _produce(args, stage: list[str]) -> int:
     _, view = _intake(dep, wait=args.wait)
     window = open_window(dep, view.closing)
     if not len(window):
-        return _fail(EXIT_BUDGET, f"nothing sent: every step (1..{dep.horizon}) is closed")
+        return _fail(EXIT_REFUSED, f"nothing sent: every step (1..{dep.horizon}) is closed")
     if found is not None:
         if args.step is not None:
             found = found.only_step(args.step)
@@ -131,7 +131,7 @@ def _produce(args, stage: list[str]) -> int:
         for file_step, line in sorted(found.first_lines.items(), key=lambda kv: kv[1]):  # the first refused line
             why = _step_refused(dep, file_step, window)
             if why:
-                return _fail(EXIT_BUDGET, f"nothing sent: {path}:{line}: {why}")
+                return _fail(EXIT_REFUSED, f"nothing sent: {path}:{line}: {why}")
         return _send_file(dep, found, args, view, stage)
     step: int | None = args.step
     if step is None:  # the next open step without reports yet

@@ -32,7 +32,7 @@ from pipeline.stream.local.embedded import (LOCAL_SECRETS_ENV, EmbeddedServices,
                                              private_file)
 
 if TYPE_CHECKING:
-    from pipeline.stream.control.keys import ControlKeys
+    from pipeline.stream.control.signing_keys import ControlKeys
     from pipeline.stream.local.retention import LogRetention
 
 __all__ = ["LocalCluster", "ProcessFailed", "endpoints_file", "state_dir", "dpstream_home", "private_home",
