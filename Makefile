@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "dpstream needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,embedded]"
+	$(PY) -m pip install --quiet -e ".[test,embedded,plots,report,files]"
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -64,7 +64,10 @@ def test_dockerfile_installs_the_project_and_runs_dpstream():
     entry = re.search(r"^ENTRYPOINT\s+(\[.*\])\s*$", text, re.M)
     assert entry and json.loads(entry.group(1)) == ["dpstream"]
     assert scripts["dpstream"] == "pipeline.cli:main"
-    assert re.search(r"^RUN pip install \.", text, re.M)
+    install = re.search(r"^RUN pip install \"?\.(\[[a-z,]+\])?\"?", text, re.M)
+    assert install
+    # the stream processes need no plots and no analyst page; `produce --csv` (deploy/README.md) needs files
+    assert install.group(1) == "[files]"
     for line in re.findall(r"^COPY\s+(.+)$", text, re.M):  # every source exists in the build context (repo root)
         for src in line.split()[:-1]:
             assert (REPO / src).exists(), src

@@ -1,7 +1,8 @@
 """``dpstream`` command line.
 
 Exit codes: 0 success; 1 runtime failure (a process died, a timeout, nothing published yet); 2 usage
-or configuration error (including a budget plan that exceeds the budget, and a privacy-relevant
+or configuration error (an optional dependency not installed, the line naming the extra to install,
+pipeline/extras.py; a budget plan that exceeds the budget; a privacy-relevant
 configuration that differs from the one the deployment's state was created under or from its
 published descriptor, each differing key named); 3 refused by the deployment's state now, nothing
 done (a step already closed or too far ahead, every step closed, a close that needs ``--force``: several
@@ -33,6 +34,7 @@ from pipeline.cli.verdict import DEFAULT_FATE_TIMEOUT
 from pipeline.cli.operator import (_intake, _producer, _redis_at_rest, _send_file, _step_refused, cmd_close,
                                    cmd_dead_letters, cmd_plan, cmd_produce, cmd_status)
 from pipeline.connections import SecretUnavailable
+from pipeline.extras import extra_of_error
 
 __all__ = ["EXIT_CONFIG", "EXIT_OK", "EXIT_REFUSED", "EXIT_RUNTIME", "EXIT_STATE_LOST", "build_parser", "main",
            "cmd_alerts", "cmd_batch", "cmd_close", "cmd_dead_letters", "cmd_demo", "cmd_down", "cmd_export",
@@ -206,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     except OverflowError as err:  # e.g. budget.epsilon: 1e9 under allow_large: e^ε overflows a calibration
         return _fail(EXIT_CONFIG, f"configuration refused: a budget too large to calibrate ({err}); check budget.rho "
                                   "and budget.epsilon")
+    except ModuleNotFoundError as err:  # an optional dependency (pipeline.extras): the extra to install
+        line = extra_of_error(err, f"dpstream {args.func.__name__.removeprefix('cmd_').replace('_', '-')}")
+        if line is None:
+            raise
+        return _fail(EXIT_CONFIG, line)
     except Exception as err:  # noqa: BLE001 - expected connection failures become one line; the rest a traceback
         why = _unreachable(err)
         if why is None:

@@ -90,7 +90,8 @@ def _analyst(command: str, args) -> int:
 
 
 def cmd_export(args) -> int:
-    return _analyst("export", args)
+    missing = missing_extra("dpstream export to Parquet", "pyarrow") if args.out.endswith(".parquet") else None
+    return _fail(EXIT_CONFIG, missing) if missing else _analyst("export", args)
 
 
 def cmd_query(args) -> int:
@@ -102,7 +103,8 @@ def cmd_alerts(args) -> int:
 
 
 def cmd_report(args) -> int:
-    return _analyst("report", args)
+    missing = missing_extra("dpstream report", "plotly")
+    return _fail(EXIT_CONFIG, missing) if missing else _analyst("report", args)
 
 
 def cmd_hash(args) -> int:

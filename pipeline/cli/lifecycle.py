@@ -262,6 +262,9 @@ def cmd_down(args) -> int:
 
 # -- batch and demo ------------------------------------------------------------------------------
 def cmd_batch(args) -> int:
+    missing = missing_extra("dpstream batch", "matplotlib", "tqdm")
+    if missing:
+        return _fail(EXIT_CONFIG, missing)
     cmd = [sys.executable, "-m", "jobs.eval.sipp_batch", *args.rest]  # a job: started, never imported by the library
     sys.stdout.flush()
     os.execv(cmd[0], cmd)
@@ -269,6 +272,9 @@ def cmd_batch(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    missing = missing_extra("dpstream demo", "matplotlib")
+    if missing:
+        return _fail(EXIT_CONFIG, missing)
     from pipeline.demo import run_demo
 
     return run_demo(args)
