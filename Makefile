@@ -20,8 +20,11 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/dpstream demo
 
-# The static checks ([tool.mypy] in pyproject.toml); `make test` runs them first.
+# The static checks: ruff (lint and format check) and mypy, configured in pyproject.toml; `make test`
+# runs them first.
 lint: $(STAMP)
+	$(VENV)/bin/ruff check pipeline jobs
+	$(VENV)/bin/ruff format --check pipeline jobs
 	$(VENV)/bin/mypy pipeline jobs
 
 # tests/test_metrics.py scrapes the processes with a real Prometheus server (Debian package);

@@ -26,14 +26,14 @@ from aiokafka import TopicPartition
 from pipeline import descriptor
 from pipeline.stream.control.signatures import job_keys
 from pipeline.stream.kafka.bulk_consumer import BulkConsumer
+from pipeline.stream.kafka.consumer_lag import start_lag_monitor
+from pipeline.stream.kafka.job_producer import make_producer
 from pipeline.stream.kafka.log_end import log_ends_async
 from pipeline.stream.kafka.log_identity import topic_ids_async
-from pipeline.stream.kafka.consumer_lag import start_lag_monitor
-from pipeline.stream.process.metrics import serve_metrics
-from pipeline.stream.kafka.job_producer import make_producer
-from pipeline.stream.process.supervision import run_job, supervise
-from pipeline.stream.process.runtime import Runtime
 from pipeline.stream.kafka.topics import RELEASER, group_id, read_by
+from pipeline.stream.process.metrics import serve_metrics
+from pipeline.stream.process.runtime import Runtime
+from pipeline.stream.process.supervision import run_job, supervise
 from pipeline.stream.releaser.coordinator import ReleaseCoordinator
 from pipeline.stream.releaser.fence import read_release_stamps
 from pipeline.stream.state.commit_order import CommitOrder

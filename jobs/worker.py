@@ -36,13 +36,13 @@ from pipeline.stream.control.signatures import job_keys
 from pipeline.stream.ingest.coordinator import IngestCoordinator
 from pipeline.stream.ingest.core import IngestCore
 from pipeline.stream.kafka.bulk_consumer import INGEST_FETCH_MAX_WAIT_MS, BulkConsumer
+from pipeline.stream.kafka.job_producer import make_producer
 from pipeline.stream.kafka.log_end import log_ends_async
 from pipeline.stream.kafka.log_identity import topic_ids_async
-from pipeline.stream.process.metrics import serve_metrics, unexport_releaser_series
-from pipeline.stream.kafka.job_producer import make_producer
-from pipeline.stream.process.supervision import run_job, supervise
-from pipeline.stream.process.runtime import Runtime
 from pipeline.stream.kafka.topics import INGEST, group_id, read_by
+from pipeline.stream.process.metrics import serve_metrics, unexport_releaser_series
+from pipeline.stream.process.runtime import Runtime
+from pipeline.stream.process.supervision import run_job, supervise
 from pipeline.stream.state.commit_order import CommitOrder
 from pipeline.stream.state.identity import establish_identity
 

@@ -27,7 +27,8 @@ string there is a label or a hashed value, never a number.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterable, Literal, Union
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field, ValidationInfo, field_validator
@@ -270,4 +271,4 @@ class HashedAttribute(StrictModel, _AttributeMethods):
         return f"allowed: any string (hashed to an id) or an integer id in 0..{self.size - 1}"
 
 
-Attribute = Annotated[Union[BinaryAttribute, CategoricalAttribute, HashedAttribute], Field(discriminator="type")]
+Attribute = Annotated[BinaryAttribute | CategoricalAttribute | HashedAttribute, Field(discriminator="type")]

@@ -8,7 +8,7 @@ of the budget, checked against it) is checked by :func:`load_config` before anyt
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -16,8 +16,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pipeline.attributes import Attribute, BinaryAttribute, CategoricalAttribute, HashedAttribute
 from pipeline.privacy.budget import BudgetPlan, PlannedRelease, PrivacyBudget
 from pipeline.privacy.neighbours import Neighbours, check_neighbours
-from pipeline.security import Security, check_broker, check_redis_url
 from pipeline.releases import ReleaseConfig, kind_of, kinds
+from pipeline.security import Security, check_broker, check_redis_url
 from pipeline.validation import StrictModel
 
 __all__ = [
@@ -44,7 +44,7 @@ _Strict = StrictModel
 if TYPE_CHECKING:  # the union of the registered kinds' models is built at import; each is a ReleaseConfig
     Release = ReleaseConfig
 else:
-    Release = Annotated[Union[tuple(kind.config for kind in kinds().values())], Field(discriminator="type")]
+    Release = Annotated[tuple(kind.config for kind in kinds().values()), Field(discriminator="type")]
 
 
 # --- the rest ---------------------------------------------------------------------------------
@@ -66,7 +66,7 @@ class Budget(_Strict):
     allow_large: bool = Field(default=False, description=f"accept a total ε above {EPSILON_CEILING:g} (at report_delta)")
 
     @model_validator(mode="after")
-    def _pairs(self) -> "Budget":
+    def _pairs(self) -> Budget:
         if (self.epsilon is None) != (self.delta is None):
             raise ValueError("epsilon and delta are set together")
         if self.rho is None and self.epsilon is None:
@@ -100,7 +100,7 @@ class Roster(_Strict):
     id_prefix: str = "u"
 
     @model_validator(mode="after")
-    def _source(self) -> "Roster":
+    def _source(self) -> Roster:
         if self.source == "range" and self.size is None:
             raise ValueError("a 'range' roster needs size")
         if self.source == "file" and not self.path:
@@ -132,7 +132,7 @@ class Steps(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _deadline(self) -> "Steps":
+    def _deadline(self) -> Steps:
         if self.close == "deadline" and self.deadline_seconds is None:
             raise ValueError("close: deadline needs deadline_seconds")
         return self
@@ -172,7 +172,7 @@ class RandomSourceConfig(_Strict):
     seed: int | None = None
 
     @model_validator(mode="after")
-    def _seed(self) -> "RandomSourceConfig":
+    def _seed(self) -> RandomSourceConfig:
         if self.kind == "seeded" and self.seed is None:
             raise ValueError("a seeded random source needs seed")
         if self.kind == "secure" and self.seed is not None:
@@ -227,7 +227,7 @@ class Deployment(_Strict):
         return relation
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "Deployment":
+    def _cross_checks(self) -> Deployment:
         check_broker(self.broker, self.security)
         check_redis_url(self.redis, self.security)
         names = [r.name for r in self.releases]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ssl
 from typing import Any
 
-from pipeline.security import Security, SecretUnavailable, TlsFiles
+from pipeline.security import SecretUnavailable, Security, TlsFiles
 
 __all__ = ["use_security", "active_security", "kafka_security", "redis_client", "tls_context",
            "connection_failure", "check_secrets", "SecretUnavailable"]

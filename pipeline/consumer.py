@@ -13,9 +13,10 @@ Queries work on the synthetic records as ordinary data. For fixed-window release
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import orjson

@@ -59,9 +59,9 @@ def demo_config(n: int, seed: int | None, partitions: int = 4) -> dict:
 def run_demo(args) -> int:
     from pipeline.config import load_config
     from pipeline.sim.panel import simulate_categorical_panel, simulate_poverty_panel
+    from pipeline.stream.ingest.roster import Roster
     from pipeline.stream.local.cluster import LocalCluster
     from pipeline.stream.local.driver import StepDriver
-    from pipeline.stream.ingest.roster import Roster
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -174,7 +174,12 @@ def _plots(out: Path, reader, poverty, occupation, planted) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pipeline.queries import QUARTERLY_QUANTITIES, cumulative_at_least, quarterly_masks, quarterly_poverty
+    from pipeline.queries import (
+        QUARTERLY_QUANTITIES,
+        cumulative_at_least,
+        quarterly_masks,
+        quarterly_poverty,
+    )
 
     dep, panels = reader.dep, reader.store
     n = poverty.shape[0]

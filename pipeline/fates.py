@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.privacy.events import ApproxDP, ZCDP
+from pipeline.privacy.events import ZCDP, ApproxDP
 from pipeline.privacy.rng import derive_seed
 from pipeline.releases import Setting, kind_of, kinds
 

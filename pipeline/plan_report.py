@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config import EPSILON_CEILING
 from pipeline.error_bounds import planned_spend, release_bounds, warnings
-from pipeline.upload_time import deadline_warning
 from pipeline.plan import planned_schedule
 from pipeline.privacy.events import ZCDP
 from pipeline.releases import kind_of
+from pipeline.upload_time import deadline_warning
 
 if TYPE_CHECKING:
     from pipeline.config import Deployment

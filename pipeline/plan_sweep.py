@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from pipeline.config import ConfigError, Deployment, parse_config
 from pipeline.error_bounds import planned_spend, release_bounds

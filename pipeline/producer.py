@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Iterable, Sized
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sized
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -90,7 +91,7 @@ class ReportSender:
         self.topic = topic or topic_names(deployment)["reports"]
         self._producer: Any = None  # a kafka.KafkaProducer, made on the first send
 
-    def __enter__(self) -> "ReportSender":
+    def __enter__(self) -> ReportSender:
         return self
 
     def __exit__(self, kind, *exc) -> None:

@@ -37,7 +37,7 @@ Cumulative queries (Algorithm 2)
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

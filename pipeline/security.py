@@ -58,7 +58,7 @@ class SecretRef(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "SecretRef":
+    def _exactly_one(self) -> SecretRef:
         if (self.env is None) == (self.file is None):
             raise ValueError("set exactly one of env or file")
         if self.env is not None and not self.env:
@@ -101,7 +101,7 @@ class TlsFiles(_Strict):
     check_hostname: bool = True
 
     @model_validator(mode="after")
-    def _pair(self) -> "TlsFiles":
+    def _pair(self) -> TlsFiles:
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("cert_file and key_file are set together (the client certificate and its key)")
         if self.key_password is not None and self.key_file is None:
@@ -125,7 +125,7 @@ class BrokerSecurity(_Strict):
     sasl: SaslSettings | None = None
 
     @model_validator(mode="after")
-    def _plain_in_clear(self) -> "BrokerSecurity":
+    def _plain_in_clear(self) -> BrokerSecurity:
         if self.sasl is not None and self.sasl.mechanism == "PLAIN" and self.tls is None:
             raise ValueError("sasl: mechanism PLAIN without tls sends the password in clear; add tls "
                              "(or use SCRAM-SHA-256/512)")
@@ -153,7 +153,7 @@ class RedisSecurity(_Strict):
         return value if value is None or isinstance(value, str) else SecretRef.model_validate(value)
 
     @model_validator(mode="after")
-    def _user_needs_password(self) -> "RedisSecurity":
+    def _user_needs_password(self) -> RedisSecurity:
         if self.username is not None and self.password is None:
             raise ValueError("username: an ACL user needs password")
         return self

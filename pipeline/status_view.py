@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pipeline.stream.state.store import StateStore
     from pipeline.config import Deployment
+    from pipeline.stream.state.store import StateStore
 
 __all__ = ["status_document", "format_status"]
 

@@ -115,9 +115,9 @@ def jax_privacy_blt(T: int, rho: float, neighbours: str):
         import jax
 
         jax.config.update("jax_enable_x64", True)
-        import jax.numpy as jnp
         from importlib.metadata import version
 
+        import jax.numpy as jnp
         from jax_privacy.matrix_factorization import buffered_toeplitz as bt
     except Exception as exc:  # optional dependency
         return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}

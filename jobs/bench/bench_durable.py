@@ -34,9 +34,17 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from jobs.bench.bench_stream import HORIZON, _burst_rate, _close, _config, _ingest_rate, _produce, _raw_consume, \
-    _single_messages
 from jobs.bench import write_json
+from jobs.bench.bench_stream import (
+    HORIZON,
+    _burst_rate,
+    _close,
+    _config,
+    _ingest_rate,
+    _produce,
+    _raw_consume,
+    _single_messages,
+)
 
 
 def one_storage(durable: bool, n: int, partitions: int, out: Path, pov: np.ndarray, item: np.ndarray) -> dict:

@@ -8,11 +8,11 @@
 
 from __future__ import annotations
 
-from typing import Any
 import argparse
 import json
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 

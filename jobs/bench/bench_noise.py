@@ -21,7 +21,8 @@ import math
 import platform
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import os
 import signal
-import time
 import zlib
 from pathlib import Path
 
@@ -43,8 +42,8 @@ import numpy as np
 import orjson
 import yaml
 
-from jobs.bench.bench_stream import _accepted, _gauge, _samples
 from jobs.bench import write_json
+from jobs.bench.bench_stream import _accepted, _gauge, _samples
 
 PRODUCERS = ("crc32", "random")
 
@@ -115,10 +114,10 @@ async def _produce(bootstrap: str, topic: str, roster, step: int, pov: np.ndarra
 
 def main(argv=None) -> dict:
     from pipeline.config import load_config
+    from pipeline.stream.ingest.roster import Roster
     from pipeline.stream.local.cluster import LocalCluster
     from pipeline.stream.local.driver import StepDriver
     from pipeline.stream.local.embedded import EmbeddedServices
-    from pipeline.stream.ingest.roster import Roster
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=200_000)

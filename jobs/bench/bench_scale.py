@@ -15,17 +15,17 @@ the plot shows each against n on log-log axes.
 
 from __future__ import annotations
 
-from typing import Any
 import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
 
-from jobs.bench.bench_stream import _accepted, _close, _config
 from jobs.bench import write_json
+from jobs.bench.bench_stream import _accepted, _close, _config
 
 
 def _accepted_sum(ports: list[int]) -> float:

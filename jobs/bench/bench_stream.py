@@ -35,7 +35,6 @@ Measured in one run on the embedded broker and Redis:
 
 from __future__ import annotations
 
-from typing import Any
 import argparse
 import asyncio
 import re
@@ -43,13 +42,14 @@ import signal
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
 import yaml
 
-from pipeline.connections import kafka_security
 from jobs.bench import write_json
+from pipeline.connections import kafka_security
 
 HORIZON = 12
 DOMAIN = 1_000_000
@@ -276,11 +276,11 @@ def _fw_step(s, counts):
 
 def main(argv=None) -> dict:
     from pipeline.config import load_config
+    from pipeline.stream.ingest.roster import Roster
+    from pipeline.stream.kafka.topics import ensure_topics
     from pipeline.stream.local.cluster import LocalCluster
     from pipeline.stream.local.driver import StepDriver
     from pipeline.stream.local.embedded import EmbeddedServices
-    from pipeline.stream.ingest.roster import Roster
-    from pipeline.stream.kafka.topics import ensure_topics
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=1_000_000)

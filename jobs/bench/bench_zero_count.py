@@ -20,8 +20,13 @@ import time
 
 from scipy import special
 
-from pipeline.privacy.laws import DiscreteGaussianLaw, DiscreteLaplaceLaw, binomial_draw, geometric_draw
 from pipeline.monitors.heavy_hitters import heavy_hitter_plan
+from pipeline.privacy.laws import (
+    DiscreteGaussianLaw,
+    DiscreteLaplaceLaw,
+    binomial_draw,
+    geometric_draw,
+)
 from pipeline.privacy.rng import as_random_source
 
 

@@ -29,6 +29,7 @@ PARTS = ("close_ms_per_partition", "checkpoint_mb_per_partition", "partials_deco
 
 
 def run(n: int, steps: int) -> list[dict]:
+    from jobs.bench.bench_stream import DOMAIN, HORIZON, _config
     from pipeline.config import parse_config
     from pipeline.consumer import PanelStore
     from pipeline.serialization import dumps_state
@@ -37,7 +38,6 @@ def run(n: int, steps: int) -> list[dict]:
     from pipeline.stream.kafka.messages import PartialAssembler, synthetic_chunks
     from pipeline.stream.kafka.topics import topic_names
     from pipeline.stream.releaser.engine import ReleaseEngine, stored_state
-    from jobs.bench.bench_stream import DOMAIN, HORIZON, _config
 
     P = 4
     nowhere = SimpleNamespace(broker=SimpleNamespace(bootstrap="unused:0"), redis=SimpleNamespace(url="unused"))

@@ -22,12 +22,12 @@ occurrences of the stream (an oracle value, generous to it).
 
 from __future__ import annotations
 
-from typing import Any
 import argparse
 import json
 import math
 import os
 import time
+from typing import Any
 
 import numpy as np
 

@@ -29,7 +29,6 @@ Not part of the test suite (minutes, not seconds).
 
 from __future__ import annotations
 
-from typing import Any
 import argparse
 import os
 import signal
@@ -38,6 +37,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 

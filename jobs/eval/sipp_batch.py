@@ -32,13 +32,13 @@ Outputs in ``--out``: ``fig1_quarterly.png``, ``fig2_cumulative.png``, ``fig3_wi
 
 from __future__ import annotations
 
-from typing import Any
 import argparse
 import json
 import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 

@@ -10,11 +10,10 @@ does not exist or cannot be written, is refused before anything is read.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 

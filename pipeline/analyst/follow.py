@@ -9,7 +9,7 @@ words, so "flag j of k" counts every earlier flag.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["follow_alerts"]
 

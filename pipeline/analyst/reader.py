@@ -18,8 +18,8 @@ from pipeline.releases import kind_of
 from pipeline.releases.reading import Answer, Context
 
 if TYPE_CHECKING:
-    from pipeline.releases import ReleaseConfig
     from pipeline.config import Deployment
+    from pipeline.releases import ReleaseConfig
 
 __all__ = ["AnalystError", "NotReleased", "PublicReader"]
 
@@ -40,7 +40,7 @@ class PublicReader:
         self.store = store
 
     @classmethod
-    def from_broker(cls, deployment: Deployment, broker: str, timeout: float = 30.0) -> "PublicReader":
+    def from_broker(cls, deployment: Deployment, broker: str, timeout: float = 30.0) -> PublicReader:
         from pipeline.consumer import read_topics
         from pipeline.stream.kafka.topics import topic_names
 

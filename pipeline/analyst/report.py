@@ -13,10 +13,9 @@ without JavaScript and a test can read the numbers back from the DOM.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import html
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.releases import kind_of
 

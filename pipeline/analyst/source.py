@@ -10,8 +10,8 @@ curator files (the roster) are not needed: n comes from the descriptor.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from .reader import AnalystError, NotReleased, PublicReader
 

@@ -23,16 +23,61 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.cli.analyst import (_analyst, add_alerts_args, add_hash_parser, add_source_args, cmd_alerts,
-                                   cmd_export, cmd_query, cmd_report)
-from pipeline.cli.common import (_CONFIG_ARG, _REACH_TIMEOUT, EXIT_CONFIG, EXIT_OK, EXIT_REFUSED, EXIT_RUNTIME,
-                                 EXIT_STATE_LOST, _check_reachable, _endpoints, _fail, _load, _reached, _redacted,
-                                 _stale, _unreachable, _up_record)
-from pipeline.cli.lifecycle import (_check_marker, _claim, _interrupt, _run_job, _stop_leftovers, _update_marker,
-                                    cmd_batch, cmd_demo, cmd_down, cmd_releaser, cmd_up, cmd_worker)
+from pipeline.cli.analyst import (
+    _analyst,
+    add_alerts_args,
+    add_hash_parser,
+    add_source_args,
+    cmd_alerts,
+    cmd_export,
+    cmd_query,
+    cmd_report,
+)
+from pipeline.cli.common import (
+    _CONFIG_ARG,
+    _REACH_TIMEOUT,
+    EXIT_CONFIG,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_RUNTIME,
+    EXIT_STATE_LOST,
+    _check_reachable,
+    _endpoints,
+    _fail,
+    _load,
+    _reached,
+    _redacted,
+    _stale,
+    _unreachable,
+    _up_record,
+)
+from pipeline.cli.lifecycle import (
+    _check_marker,
+    _claim,
+    _interrupt,
+    _run_job,
+    _stop_leftovers,
+    _update_marker,
+    cmd_batch,
+    cmd_demo,
+    cmd_down,
+    cmd_releaser,
+    cmd_up,
+    cmd_worker,
+)
+from pipeline.cli.operator import (
+    _intake,
+    _producer,
+    _redis_at_rest,
+    _send_file,
+    _step_refused,
+    cmd_close,
+    cmd_dead_letters,
+    cmd_plan,
+    cmd_produce,
+    cmd_status,
+)
 from pipeline.cli.verdict import DEFAULT_FATE_TIMEOUT
-from pipeline.cli.operator import (_intake, _producer, _redis_at_rest, _send_file, _step_refused, cmd_close,
-                                   cmd_dead_letters, cmd_plan, cmd_produce, cmd_status)
 from pipeline.connections import SecretUnavailable
 from pipeline.extras import extra_of_error
 

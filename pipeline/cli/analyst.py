@@ -8,8 +8,16 @@ from __future__ import annotations
 import os
 import sys
 
-from pipeline.cli.common import (EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME, _check_reachable, _endpoints,
-                                 _fail, _load)
+from pipeline.cli.common import (
+    EXIT_CONFIG,
+    EXIT_OK,
+    EXIT_RUNTIME,
+    _check_reachable,
+    _endpoints,
+    _fail,
+    _load,
+)
+from pipeline.extras import missing_extra
 
 
 def add_source_args(sp):

@@ -13,7 +13,13 @@ import os
 import sys
 from typing import TYPE_CHECKING, Literal, overload
 
-from pipeline.connections import check_secrets, connection_failure, kafka_security, redis_client, use_security
+from pipeline.connections import (
+    check_secrets,
+    connection_failure,
+    kafka_security,
+    redis_client,
+    use_security,
+)
 from pipeline.security import check_no_password_in_url, redact_url
 
 if TYPE_CHECKING:

@@ -11,8 +11,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.cli.common import (EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME, EXIT_STATE_LOST, _endpoints, _fail, _load,
-                                 _stale, _up_record)
+from pipeline.cli.common import (
+    EXIT_CONFIG,
+    EXIT_OK,
+    EXIT_RUNTIME,
+    EXIT_STATE_LOST,
+    _endpoints,
+    _fail,
+    _load,
+    _stale,
+    _up_record,
+)
+from pipeline.extras import missing_extra
 
 if TYPE_CHECKING:
     from pipeline.config import Deployment
@@ -73,10 +83,9 @@ def cmd_up(args) -> int:
     from pipeline.stream.kafka.topics import PartitionCountChanged
     from pipeline.stream.local.cluster import LocalCluster, ProcessFailed, state_dir
     from pipeline.stream.local.file_sd import targets_file
+    from pipeline.stream.local.leftovers import SUPERVISOR_ENV, new_tag
     from pipeline.stream.state.store import StateStore
     from pipeline.upload_time import deadline_warning
-
-    from pipeline.stream.local.leftovers import SUPERVISOR_ENV, new_tag
 
     dep = _load(args.config)
     rec = _up_record(dep.name)

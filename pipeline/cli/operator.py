@@ -6,11 +6,22 @@ import contextlib
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any
 import time
+from typing import TYPE_CHECKING, Any
 
-from pipeline.cli.common import (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_REJECTED,
-                                 EXIT_RUNTIME, _endpoints, _fail, _load, _stale, _up_record)
+from pipeline.cli.common import (
+    EXIT_CONFIG,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_REJECTED,
+    EXIT_RUNTIME,
+    _endpoints,
+    _fail,
+    _load,
+    _stale,
+    _up_record,
+)
 from pipeline.cli.config_check import refuse_if_started_differently, refuse_other_configuration
 
 if TYPE_CHECKING:
@@ -19,8 +30,8 @@ if TYPE_CHECKING:
 
 # -- producing and controlling ------------------------------------------------------------------
 def _producer(dep: Deployment):
-    from pipeline.stream.kafka.report_producer import ReportProducer
     from pipeline.stream.ingest.roster import Roster
+    from pipeline.stream.kafka.report_producer import ReportProducer
     from pipeline.stream.kafka.topics import topic_names
 
     broker, _ = _endpoints(dep)
@@ -30,8 +41,8 @@ def _producer(dep: Deployment):
 def _intake(dep: Deployment, wait: float):
     """(store, view): the workers' intake counts once they have handled the reports sent so far."""
     from pipeline.stream.ingest.intake_view import intake_view
-    from pipeline.stream.state.store import StateStore
     from pipeline.stream.kafka.topics import topic_names
+    from pipeline.stream.state.store import StateStore
 
     broker, redis_url = _endpoints(dep)
     store = StateStore.from_url(redis_url, dep.name)
@@ -290,8 +301,8 @@ def cmd_close(args) -> int:
             return _fail(EXIT_REFUSED, f"refusing to close step(s) {lost or list(steps)}: reports the workers had "
                                       "counted were lost with the broker's log (LOST above); send them again, or "
                                       "pass --force to close with those users imputed")
-    from pipeline.stream.control.signing_keys import KeyUnavailable
     from pipeline.stream.control.signatures import MAX_COMMAND_STEPS
+    from pipeline.stream.control.signing_keys import KeyUnavailable
 
     # signed for every step not released yet: the releaser may be behind the closes this view saw
     first = min(store.last_released(), view.closing) + 1

@@ -46,17 +46,16 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from pipeline.privacy import noise as _noise  # module reference: tests may swap the sampler
 from pipeline.privacy.neighbours import check_neighbours
 from pipeline.privacy.rng import RandomSource, as_random_source, restore_random_source
 from pipeline.validation import check_int, check_rho
 
 from .factorization import (
-    NOISE_BLOCK,
     LatticeCounterBase,
     check_increment,
     check_sampler_range,
@@ -208,7 +207,7 @@ class BLTCounter(LatticeCounterBase):
         }
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any], rng: RandomSource | int | None = None) -> "BLTCounter":
+    def from_state(cls, state: Mapping[str, Any], rng: RandomSource | int | None = None) -> BLTCounter:
         rng = restore_random_source(state, cls._kind, rng)
         c = cls(state["horizon"], state["rho"], seed=rng, neighbours=state["neighbours"], width=state["width"],
                 buffers=state["buffers"], scale=state["scale"])

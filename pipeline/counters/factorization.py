@@ -54,8 +54,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from fractions import Fraction
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 

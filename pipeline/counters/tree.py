@@ -39,7 +39,8 @@ its node closes, so restoring a checkpoint never redraws released noise.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -226,7 +227,7 @@ class TreeCounter:
         }
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any], rng: RandomSource | int | None = None) -> "TreeCounter":
+    def from_state(cls, state: Mapping[str, Any], rng: RandomSource | int | None = None) -> TreeCounter:
         """Restore a counter from :meth:`get_state`. ``rng``, if given, replaces the stored source
         (needed when the state was taken with ``include_rng=False``)."""
         rng = restore_random_source(state, _STATE_KIND, rng, what="tree counter")

@@ -22,7 +22,14 @@ from .calibration import (
     threshold_monitor_privacy,
 )
 from .heavy_hitters import METHODS, ShiftingHeavyHitters, heavy_hitter_plan
-from .interval import ABOVE, BELOW, BETWEEN, BandMonitor, OutsideIntervalMonitor, OutsideIntervalMonitorPure
+from .interval import (
+    ABOVE,
+    BELOW,
+    BETWEEN,
+    BandMonitor,
+    OutsideIntervalMonitor,
+    OutsideIntervalMonitorPure,
+)
 from .tct import IndividualChargingSVT
 from .threshold import AboveThreshold, ThresholdMonitor, ThresholdMonitorEvolving
 

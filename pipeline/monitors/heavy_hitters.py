@@ -36,10 +36,6 @@ from typing import Any
 import numpy as np
 
 from pipeline.privacy.events import ApproxDP
-from pipeline.privacy.neighbours import check_neighbours
-from pipeline.privacy.noise import discrete_gaussian, discrete_laplace
-
-from . import calibration as cal
 from pipeline.privacy.laws import (
     CappedSumLaw,
     DiscreteGaussianLaw,
@@ -48,13 +44,15 @@ from pipeline.privacy.laws import (
     lower_quantile,
     upper_quantile,
 )
-from pipeline.privacy.noise import used_scale
+from pipeline.privacy.neighbours import check_neighbours
+from pipeline.privacy.noise import discrete_gaussian, discrete_laplace, used_scale
 from pipeline.validation import check_int, check_real, check_values
 
+from . import calibration as cal
 from .sparse import active_histogram, sparse_flags
 from .state import StatefulMixin
-from .threshold import ThresholdMonitorEvolving
 from .tct import IndividualChargingSVT
+from .threshold import ThresholdMonitorEvolving
 
 __all__ = ["ShiftingHeavyHitters", "METHODS", "heavy_hitter_plan"]
 

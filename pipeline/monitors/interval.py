@@ -20,13 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.privacy.noise import discrete_laplace
-
-from . import calibration as cal
 from pipeline.privacy.laws import DiscreteLaplaceLaw
-from pipeline.privacy.noise import used_scale
+from pipeline.privacy.noise import discrete_laplace, used_scale
 from pipeline.validation import check_int, check_real
 
+from . import calibration as cal
 from .state import StatefulMixin
 
 __all__ = ["OutsideIntervalMonitor", "OutsideIntervalMonitorPure", "BandMonitor",

@@ -16,16 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.privacy.noise import discrete_laplace
-
-from . import calibration as cal
 from pipeline.privacy.laws import DiscreteLaplaceLaw
-from pipeline.privacy.noise import used_scale
+from pipeline.privacy.noise import discrete_laplace, used_scale
 from pipeline.validation import check_contributions, check_int, check_real, check_values
 
+from . import calibration as cal
+from .calibration import TargetChargingAccountant
 from .sparse import active_histogram, sparse_flags
 from .state import StatefulMixin
-from .calibration import TargetChargingAccountant
 
 __all__ = ["IndividualChargingSVT", "TargetChargingAccountant"]
 

@@ -17,13 +17,11 @@ from typing import Any
 import numpy as np
 
 from pipeline.privacy.events import ApproxDP
-from pipeline.privacy.noise import discrete_laplace
-
-from . import calibration as cal
 from pipeline.privacy.laws import CappedSumLaw, lower_quantile, upper_quantile
-from pipeline.privacy.noise import used_scale
+from pipeline.privacy.noise import discrete_laplace, used_scale
 from pipeline.validation import check_contributions, check_int, check_real, check_values
 
+from . import calibration as cal
 from .sparse import active_histogram, sparse_flags
 from .state import StatefulMixin
 

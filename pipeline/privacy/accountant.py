@@ -12,7 +12,7 @@ the monitors' (Σε_i, Σδ_i) by basic composition. The caller chooses the tota
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from pipeline.privacy.checks import check_real
 from pipeline.privacy.conversions import zcdp_to_approx_dp

@@ -11,8 +11,9 @@ that shares such as ten times 0.1 fill a budget exactly; nothing larger is forgi
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Literal
 
 from pipeline.privacy.accountant import compose
 from pipeline.privacy.checks import check_real
@@ -69,7 +70,7 @@ class PrivacyBudget:
         return {"rho": self.rho, "epsilon": self.epsilon, "delta": self.delta}
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> "PrivacyBudget":
+    def from_state(cls, state: Mapping[str, Any]) -> PrivacyBudget:
         return cls(rho=state["rho"], epsilon=state["epsilon"], delta=state["delta"])
 
 
@@ -144,7 +145,7 @@ class BudgetPlan:
     def totals(self) -> tuple[ZCDP, ApproxDP]:
         return compose(self.allotments().values())
 
-    def check(self) -> "BudgetPlan":
+    def check(self) -> BudgetPlan:
         """Raise unless the plan fits the budget (relative tolerance :data:`BUDGET_RTOL`); return self."""
         allot = self.allotments()  # raises BudgetKindError naming the release
         rho_total, approx_total = compose(allot.values())

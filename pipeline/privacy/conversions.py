@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 
-from pipeline.privacy.roots import increasing_root
-
 from pipeline.privacy.checks import check_real
+from pipeline.privacy.roots import increasing_root
 
 __all__ = ["zcdp_to_approx_dp", "approx_dp_delta", "classic_zcdp_to_approx_dp"]
 

@@ -28,15 +28,15 @@ class ZCDP:
     def __post_init__(self) -> None:
         object.__setattr__(self, "rho", check_real(self.rho, "rho"))
 
-    def __add__(self, other: "ZCDP") -> "ZCDP":
+    def __add__(self, other: ZCDP) -> ZCDP:
         if not isinstance(other, ZCDP):
             return NotImplemented
         return ZCDP(self.rho + other.rho)
 
-    def scaled(self, factor: float) -> "ZCDP":
+    def scaled(self, factor: float) -> ZCDP:
         return ZCDP(self.rho * check_real(factor, "factor"))
 
-    def to_approx_dp(self, delta: float) -> "ApproxDP":
+    def to_approx_dp(self, delta: float) -> ApproxDP:
         """(ε, δ) implied by this cost at ``delta`` (see :func:`zcdp_to_approx_dp`)."""
         return ApproxDP(zcdp_to_approx_dp(self.rho, delta), delta)
 
@@ -52,12 +52,12 @@ class ApproxDP:
         object.__setattr__(self, "epsilon", check_real(self.epsilon, "epsilon", allow_inf=True))
         object.__setattr__(self, "delta", check_real(self.delta, "delta", high=1.0))
 
-    def __add__(self, other: "ApproxDP") -> "ApproxDP":
+    def __add__(self, other: ApproxDP) -> ApproxDP:
         if not isinstance(other, ApproxDP):
             return NotImplemented
         return ApproxDP(self.epsilon + other.epsilon, min(1.0, self.delta + other.delta))
 
-    def scaled(self, factor: float) -> "ApproxDP":
+    def scaled(self, factor: float) -> ApproxDP:
         f = check_real(factor, "factor")
         return ApproxDP(self.epsilon * f, min(1.0, self.delta * f))
 

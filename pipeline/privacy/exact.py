@@ -24,9 +24,9 @@ start), so the expected cost is that of a few decimal operations per draw.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
 from fractions import Fraction
-from typing import Callable
 
 from pipeline.privacy.rng import RandomSource
 
@@ -66,34 +66,34 @@ class Interval:
 
     # -- construction ------------------------------------------------------------------------------
     @classmethod
-    def of(cls, value: int | float | Fraction, digits: int) -> "Interval":
+    def of(cls, value: int | float | Fraction, digits: int) -> Interval:
         """The tightest interval at ``digits`` around an exact rational (floats are exact binary rationals)."""
         frac = Fraction(value)
         num, den = Decimal(frac.numerator), Decimal(frac.denominator)
         return cls(_ctx(digits, ROUND_FLOOR).divide(num, den), _ctx(digits, ROUND_CEILING).divide(num, den), digits)
 
-    def _mk(self, other: "Interval | int | Fraction") -> "Interval":
+    def _mk(self, other: Interval | int | Fraction) -> Interval:
         return other if isinstance(other, Interval) else Interval.of(other, self.digits)
 
     # -- arithmetic ----------------------------------------------------------------------------------
-    def __add__(self, other) -> "Interval":
+    def __add__(self, other) -> Interval:
         o = self._mk(other)
         d = max(self.digits, o.digits)
         return Interval(_ctx(d, ROUND_FLOOR).add(self.lo, o.lo), _ctx(d, ROUND_CEILING).add(self.hi, o.hi), d)
 
     __radd__ = __add__
 
-    def __neg__(self) -> "Interval":
+    def __neg__(self) -> Interval:
         # copy_negate is exact; unary minus would round to the default context's 28 digits
         return Interval(self.hi.copy_negate(), self.lo.copy_negate(), self.digits)
 
-    def __sub__(self, other) -> "Interval":
+    def __sub__(self, other) -> Interval:
         return self + (-self._mk(other))
 
-    def __rsub__(self, other) -> "Interval":
+    def __rsub__(self, other) -> Interval:
         return self._mk(other) + (-self)
 
-    def __mul__(self, other) -> "Interval":
+    def __mul__(self, other) -> Interval:
         o = self._mk(other)
         d = max(self.digits, o.digits)
         dn, up = _ctx(d, ROUND_FLOOR), _ctx(d, ROUND_CEILING)
@@ -102,7 +102,7 @@ class Interval:
 
     __rmul__ = __mul__
 
-    def __truediv__(self, other) -> "Interval":
+    def __truediv__(self, other) -> Interval:
         o = self._mk(other)
         if o.lo <= 0 <= o.hi:
             raise ZeroDivisionError("divisor interval contains 0")
@@ -111,29 +111,29 @@ class Interval:
         pairs = [(self.lo, o.lo), (self.lo, o.hi), (self.hi, o.lo), (self.hi, o.hi)]
         return Interval(min(dn.divide(a, b) for a, b in pairs), max(up.divide(a, b) for a, b in pairs), d)
 
-    def __rtruediv__(self, other) -> "Interval":
+    def __rtruediv__(self, other) -> Interval:
         return self._mk(other) / self
 
     # -- monotone functions (correctly rounded in decimal, widened by one unit in the last place) ----
-    def _monotone(self, name: str) -> "Interval":
+    def _monotone(self, name: str) -> Interval:
         ctx = _ctx(self.digits + 2, ROUND_FLOOR)  # rounding mode irrelevant: exp/ln/sqrt round half-even
         lo, hi = getattr(ctx, name)(self.lo), getattr(ctx, name)(self.hi)
         return Interval(ctx.next_minus(lo), ctx.next_plus(hi), self.digits)
 
-    def exp(self) -> "Interval":
+    def exp(self) -> Interval:
         return self._monotone("exp")
 
-    def ln(self) -> "Interval":
+    def ln(self) -> Interval:
         if self.lo <= 0:
             raise ValueError("ln of an interval reaching 0")
         return self._monotone("ln")
 
-    def sqrt(self) -> "Interval":
+    def sqrt(self) -> Interval:
         if self.lo < 0:
             raise ValueError("sqrt of an interval reaching below 0")
         return self._monotone("sqrt")
 
-    def clamp01(self) -> "Interval":
+    def clamp01(self) -> Interval:
         """Intersect with [0, 1] (for a quantity known to be a probability)."""
         return Interval(max(self.lo, Decimal(0)), min(self.hi, Decimal(1)), self.digits)
 

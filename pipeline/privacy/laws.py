@@ -30,10 +30,17 @@ from fractions import Fraction
 import numpy as np
 from scipy import special
 
+from pipeline.privacy.exact import (
+    PI_DIGITS,
+    Interval,
+    ProbabilityFn,
+    _ctx,
+    binomial_exact,
+    geometric_exact,
+    pi_interval,
+)
 from pipeline.privacy.noise import exact_scale, exact_sigma2
 from pipeline.privacy.rng import RandomSource
-
-from pipeline.privacy.exact import PI_DIGITS, Interval, ProbabilityFn, _ctx, binomial_exact, geometric_exact, pi_interval
 
 __all__ = [
     "DiscreteLaplaceLaw",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numbers
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from pipeline.privacy.budget import BudgetPlan, PlannedRelease, PrivacyBudget, exceeds
 from pipeline.privacy.checks import check_real
@@ -43,7 +44,7 @@ class LedgerEntry:
         return {"release": self.release, "step": self.step, "cost": cost, "timestamp": self.timestamp}
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> "LedgerEntry":
+    def from_state(cls, state: Mapping[str, Any]) -> LedgerEntry:
         c = state["cost"]
         if c["kind"] == "zcdp":
             cost: Cost = ZCDP(c["rho"])
@@ -195,7 +196,7 @@ class PrivacyLedger:
                 "entries": [e.get_state() for e in self._entries]}
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> "PrivacyLedger":
+    def from_state(cls, state: Mapping[str, Any]) -> PrivacyLedger:
         budget = PrivacyBudget.from_state(state["budget"])
         plan = None
         if state.get("plan") is not None:

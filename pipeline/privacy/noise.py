@@ -52,8 +52,8 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from fractions import Fraction
-from typing import Callable
 
 import numpy as np
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 import hashlib
 import os
 from abc import ABC, abstractmethod
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -170,7 +171,7 @@ class SeededRandom(RandomSource):
         return f"SeededRandom(seed={self.seed})"
 
 
-def as_random_source(rng: "RandomSource | int | None" = None) -> RandomSource:
+def as_random_source(rng: RandomSource | int | None = None) -> RandomSource:
     """Resolve the ``rng``/``seed`` argument every mechanism accepts (see module docstring)."""
     if rng is None:
         return SecureRandom()

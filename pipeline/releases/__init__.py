@@ -3,9 +3,23 @@
 Importing this package registers the built-in kinds, in the order the configuration lists them.
 """
 
-from .base import (AlertsKind, CountsKind, ReleaseConfig, ReleaseKind, ReleaseReader, ReleaseWriter,
-                   Setting, StepInput, StepOutput, PrivacyEvent, get_kind, kind_of, kinds, register)
-from . import fixed_window, cumulative, heavy_hitters, band_monitor, relative_error  # noqa: F401  (registration)
+from . import band_monitor, cumulative, fixed_window, heavy_hitters, relative_error  # noqa: F401  (registration)
+from .base import (
+                   AlertsKind,
+                   CountsKind,
+                   PrivacyEvent,
+                   ReleaseConfig,
+                   ReleaseKind,
+                   ReleaseReader,
+                   ReleaseWriter,
+                   Setting,
+                   StepInput,
+                   StepOutput,
+                   get_kind,
+                   kind_of,
+                   kinds,
+                   register,
+)
 
 __all__ = ["AlertsKind", "CountsKind", "ReleaseConfig", "ReleaseKind", "ReleaseReader", "ReleaseWriter",
            "Setting", "StepInput", "StepOutput", "PrivacyEvent", "get_kind", "kind_of", "kinds", "register"]

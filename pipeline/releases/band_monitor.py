@@ -18,8 +18,16 @@ from pydantic import Field, model_validator
 from pipeline.attributes import Attribute
 
 from .aggregators import ActiveSetAggregator, Aggregator
-from .base import (AlertsKind, PrivacyEvent, ReleaseConfig, Setting, StepInput, StepOutput,
-                  charged_at_step_one, register)
+from .base import (
+    AlertsKind,
+    PrivacyEvent,
+    ReleaseConfig,
+    Setting,
+    StepInput,
+    StepOutput,
+    charged_at_step_one,
+    register,
+)
 from .bounds import BAND_BETA, ReleaseBounds
 from .reading import Context
 
@@ -39,7 +47,7 @@ class BandMonitorRelease(ReleaseConfig):
     high: float
 
     @model_validator(mode="after")
-    def _band(self) -> "BandMonitorRelease":
+    def _band(self) -> BandMonitorRelease:
         if not self.low < self.high:
             raise ValueError(f"low ({self.low}) must be below high ({self.high})")
         return self

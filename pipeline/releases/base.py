@@ -40,7 +40,7 @@ from pydantic import Field
 
 from pipeline.attributes import Attribute
 from pipeline.privacy.budget import BUDGET_RTOL
-from pipeline.privacy.events import ApproxDP, ZCDP
+from pipeline.privacy.events import ZCDP, ApproxDP
 from pipeline.privacy.neighbours import Neighbours
 from pipeline.validation import StrictModel
 
@@ -110,7 +110,7 @@ class Setting:
         return self.allotment
 
     @classmethod
-    def of(cls, deployment, release, allotment: PrivacyEvent, n: int | None, seed) -> "Setting":
+    def of(cls, deployment, release, allotment: PrivacyEvent, n: int | None, seed) -> Setting:
         """The setting of ``release`` (a configured release of ``deployment``) with ``allotment``, for
         ``n`` users and randomness ``seed``: the one place a setting is made, for the releaser
         (``pipeline.plan.mechanism_setting``, seeded per release) and for ``dpstream plan``

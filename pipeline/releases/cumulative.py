@@ -88,7 +88,7 @@ class CumulativeKind(CountsKind[CumulativeRelease]):
         (b, t) at once with probability ≥ 1 − β); the records are n, no padding (``raw`` changes nothing)."""
         from pipeline.queries import cumulative_counts
 
-        from .reading import Answer, CLIPPING, Row, binary_word, cumulative_label, interval
+        from .reading import CLIPPING, Answer, Row, binary_word, cumulative_label, interval
 
         arr = panel.as_array()
         if not 1 <= step <= arr.shape[1]:

@@ -99,7 +99,7 @@ class FixedWindowKind(CountsKind[FixedWindowRelease]):
         every step at once, with probability ≥ 1 − β)."""
         from pipeline.queries import window_histogram
 
-        from .reading import Answer, CLIPPING, Row, interval, pattern_labels
+        from .reading import CLIPPING, Answer, Row, interval, pattern_labels
 
         if step < release.window:
             raise ValueError(f"release {release.name!r} counts windows of {release.window} steps: the first full "

@@ -20,8 +20,16 @@ from pipeline.attributes import Attribute
 from pipeline.privacy.events import ApproxDP
 
 from .aggregators import ActiveSetAggregator, Aggregator
-from .base import (AlertsKind, PrivacyEvent, ReleaseConfig, Setting, StepInput, StepOutput,
-                  charged_at_step_one, register)
+from .base import (
+    AlertsKind,
+    PrivacyEvent,
+    ReleaseConfig,
+    Setting,
+    StepInput,
+    StepOutput,
+    charged_at_step_one,
+    register,
+)
 from .bounds import ReleaseBounds
 from .histograms import merge_histograms
 from .reading import Context

@@ -51,8 +51,16 @@ from pipeline.privacy.events import ApproxDP
 from pipeline.privacy.rng import derive_seed
 
 from .aggregators import Aggregator, FixedWindowAggregator
-from .base import (BudgetKeys, CountsKind, PrivacyEvent, ReleaseConfig, Setting, StepInput,
-                  StepOutput, register)
+from .base import (
+    BudgetKeys,
+    CountsKind,
+    PrivacyEvent,
+    ReleaseConfig,
+    Setting,
+    StepInput,
+    StepOutput,
+    register,
+)
 from .bounds import ReleaseBounds
 from .reading import Answer, Context, Panel
 
@@ -232,7 +240,7 @@ class RelativeErrorKind(CountsKind[RelativeErrorRelease]):
         partitions). No per-user state is carried between steps."""
         return FixedWindowAggregator(rows, 1, attribute.size)
 
-    def build(self, release: RelativeErrorRelease, setting: Setting) -> "RelativeErrorMechanism":
+    def build(self, release: RelativeErrorRelease, setting: Setting) -> RelativeErrorMechanism:
         return RelativeErrorMechanism(mechanism_params(release, setting))
 
     def events(self, release: RelativeErrorRelease, mechanism: Any,
@@ -392,7 +400,7 @@ class RelativeErrorMechanism:
         return {"kind": KIND, "version": _STATE_VERSION, "params": dict(self.params), "step": self.step}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> "RelativeErrorMechanism":
+    def from_state(cls, state: dict[str, Any]) -> RelativeErrorMechanism:
         if state.get("kind") != KIND:
             raise ValueError(f"not a {KIND} state (kind={state.get('kind')!r})")
         obj = cls(state["params"])

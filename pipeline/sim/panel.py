@@ -195,7 +195,7 @@ def simulate_categorical_panel(
     if heavy_per_phase > categories:
         raise ValueError(f"heavy_per_phase={heavy_per_phase} exceeds the domain size categories={categories}")
     holders = int(round(heavy_share * n))
-    if not 0.0 < heavy_share or holders < 1 or holders * heavy_per_phase > n:
+    if not heavy_share > 0.0 or holders < 1 or holders * heavy_per_phase > n:
         raise ValueError(
             f"heavy_share={heavy_share!r} must give between 1 and n/heavy_per_phase holders per element "
             f"(n={n}, heavy_per_phase={heavy_per_phase})"

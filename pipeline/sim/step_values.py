@@ -15,8 +15,9 @@ at a time (a loop over steps, vectorised over users).
 
 from __future__ import annotations
 
-import numpy as np
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from pipeline.sim.panel import simulate_poverty_panel
 
@@ -52,7 +53,7 @@ def _persistent_step(n: int, size: int, step: int, seed: list[int], planted: boo
         phase = (step - 1) // PHASE
         holders = int(round(HEAVY_SHARE * n))
         heavy = np.random.default_rng([*seed, phase])  # the same ids and holders all phase long
-        if holders and holders * HEAVY_PER_PHASE <= n and HEAVY_PER_PHASE <= size:
+        if holders and holders * HEAVY_PER_PHASE <= n and size >= HEAVY_PER_PHASE:
             elements = heavy.choice(size, size=HEAVY_PER_PHASE, replace=False)
             groups = heavy.permutation(n)[: holders * HEAVY_PER_PHASE]
             groups = groups.reshape(HEAVY_PER_PHASE, holders)

@@ -53,9 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.privacy.rng import RandomSource, as_random_source, random_source_from_state
-
 from pipeline.privacy.neighbours import check_neighbours
+from pipeline.privacy.rng import RandomSource, as_random_source, random_source_from_state
 from pipeline.validation import check_beta, check_int, check_rho, coerce_counts, coerce_values
 
 from .postprocess import assign_groups
@@ -361,7 +360,7 @@ class CumulativeSynthesizer:
         }
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> "CumulativeSynthesizer":
+    def from_state(cls, state: dict[str, Any]) -> CumulativeSynthesizer:
         if state.get("kind") != _STATE_KIND:
             raise ValueError(f"not a {_STATE_KIND} state (kind={state.get('kind')!r})")
         from pipeline.counters import check_counter, counter_from_state

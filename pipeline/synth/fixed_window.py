@@ -33,9 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.privacy.rng import RandomSource, as_random_source, random_source_from_state
-
 from pipeline.privacy.neighbours import check_neighbours, sensitivity_factor
+from pipeline.privacy.rng import RandomSource, as_random_source, random_source_from_state
 from pipeline.validation import check_beta, check_int, check_rho, coerce_counts, coerce_values
 
 from .postprocess import assign_groups, clamp_children, project_children, synthetic_dtype
@@ -345,7 +344,7 @@ class FixedWindowSynthesizer:
         }
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], rng: RandomSource | None = None) -> "FixedWindowSynthesizer":
+    def from_state(cls, state: dict[str, Any], rng: RandomSource | None = None) -> FixedWindowSynthesizer:
         """Rebuild from :meth:`get_state`. A secure source resumes with fresh OS randomness; noise
         already drawn is part of the state and never redrawn."""
         if state.get("kind") != _STATE_KIND:

@@ -25,11 +25,10 @@ from typing import Any
 import numpy as np
 from scipy import sparse
 
+from pipeline.privacy.events import ApproxDP
 from pipeline.privacy.noise import discrete_gaussian, discrete_laplace, used_scale
 from pipeline.privacy.rng import RandomSource, as_random_source
 from pipeline.validation import check_int
-
-from pipeline.privacy.events import ApproxDP
 
 from .prem_privacy import ACCOUNTINGS, MONITORS, PremPlan, charged_plan, paper_plan, plan_privacy
 

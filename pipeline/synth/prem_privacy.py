@@ -26,12 +26,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.monitors import calibration as cal
-from pipeline.privacy.laws import DiscreteGaussianLaw, DiscreteLaplaceLaw, upper_quantile
-from pipeline.privacy.noise import used_scale
-from pipeline.monitors.interval import OutsideIntervalMonitor, OutsideIntervalMonitorPure, _two_sided_margin
+from pipeline.monitors.interval import (
+    OutsideIntervalMonitor,
+    OutsideIntervalMonitorPure,
+    _two_sided_margin,
+)
 from pipeline.privacy.conversions import zcdp_to_approx_dp
 from pipeline.privacy.events import ApproxDP
+from pipeline.privacy.laws import DiscreteGaussianLaw, DiscreteLaplaceLaw, upper_quantile
 from pipeline.privacy.neighbours import sensitivity_factor
+from pipeline.privacy.noise import used_scale
 from pipeline.validation import check_int, check_real
 
 __all__ = ["PremPlan", "advanced_composition", "calibrate_advanced_composition", "paper_plan",

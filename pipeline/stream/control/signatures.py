@@ -134,7 +134,7 @@ class SignedClose:
         )
 
     @classmethod
-    def from_marker(cls, value: bytes) -> "SignedClose":
+    def from_marker(cls, value: bytes) -> SignedClose:
         """The fields of a marker (not yet verified); :class:`Unverified` when they are not
         there."""
         msg = _json(value, "close marker")
@@ -202,7 +202,7 @@ class CloseVerifier:
         self.deployment, self.fingerprint, self.keys = deployment, fingerprint, dict(keys)
 
     @classmethod
-    def from_environment(cls, deployment: Deployment, fingerprint: str) -> "CloseVerifier":
+    def from_environment(cls, deployment: Deployment, fingerprint: str) -> CloseVerifier:
         """The verifier of a stream process: the curator's public key always; the deadline key's
         when the
         deployment closes on a deadline. :class:`KeyUnavailable` naming the variable when one is
@@ -257,7 +257,7 @@ class CloseCommand:
     signatures: dict[int, bytes]
 
     @classmethod
-    def signed(cls, signer: CloseSigner, steps: range, closed_at: int) -> "CloseCommand":
+    def signed(cls, signer: CloseSigner, steps: range, closed_at: int) -> CloseCommand:
         if len(steps) > MAX_COMMAND_STEPS:
             raise ValueError(f"steps: {len(steps):,} signatures in one command, at most "
                              f"{MAX_COMMAND_STEPS:,}")
@@ -278,7 +278,7 @@ class CloseCommand:
         )
 
     @classmethod
-    def parse(cls, value: bytes) -> "CloseCommand":
+    def parse(cls, value: bytes) -> CloseCommand:
         msg = _json(value, "control message")
         if type(msg) is not dict or msg.get("command") != "close":
             what = msg.get("command") if type(msg) is dict else msg

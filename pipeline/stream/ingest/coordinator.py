@@ -33,7 +33,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, AbstractSet, Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, AbstractSet, Any
 
 from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore
 from pipeline.stream.ingest.repartition import ForwardMarkers

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import logging
 import time
-from itertools import groupby
 from dataclasses import dataclass, field
+from itertools import groupby
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -33,13 +33,24 @@ import orjson
 
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.control.signatures import CloseVerifier, Unverified
-from pipeline.stream.kafka.messages import CONTROL_HEADER, dead_letter_headers, encode_partial, parse_close_marker
-from pipeline.stream.process.limits import DEAD_LETTER_COPY_BYTES, MAX_REPORT_BYTES
 from pipeline.stream.ingest.corrections import REPLACE_HEADER, is_replacement
 from pipeline.stream.ingest.partition_state import OwnedRows, PartitionState
+from pipeline.stream.ingest.repartition import (
+    Forwarder,
+    ForwardMarkers,
+    Inbox,
+    is_rows,
+    positions_of,
+    source_positions,
+)
 from pipeline.stream.ingest.reports import ReportParser
-from pipeline.stream.ingest.repartition import (Forwarder, ForwardMarkers, Inbox, is_rows, positions_of,
-                                                source_positions)
+from pipeline.stream.kafka.messages import (
+    CONTROL_HEADER,
+    dead_letter_headers,
+    encode_partial,
+    parse_close_marker,
+)
+from pipeline.stream.process.limits import DEAD_LETTER_COPY_BYTES, MAX_REPORT_BYTES
 
 if TYPE_CHECKING:
     from pipeline.config import Deployment

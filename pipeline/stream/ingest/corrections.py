@@ -70,7 +70,7 @@ class Corrections:
         return {"origin": self.origin.copy(), "position": self.position.copy()}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> "Corrections":
+    def from_state(cls, state: dict[str, Any]) -> Corrections:
         out = cls.__new__(cls)
         out.origin = np.array(state["origin"], dtype=np.int32)
         out.position = np.array(state["position"], dtype=np.int64)

@@ -22,8 +22,8 @@ from statistics import median
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pipeline.stream.state.store import StateStore
     from pipeline.config import Deployment
+    from pipeline.stream.state.store import StateStore
 
 __all__ = ["IntakeView", "intake_view", "StepCheck", "close_assessment", "open_window"]
 

@@ -37,7 +37,7 @@ class PartitionState:
     per user in memory with the benchmark's releases, 37 in the checkpoint (docs/streaming.md,
     "Worker memory")."""
 
-    def __init__(self, deployment: Deployment, partition: int, rows: np.ndarray, n_total: int, owned: "OwnedRows | None" = None):
+    def __init__(self, deployment: Deployment, partition: int, rows: np.ndarray, n_total: int, owned: OwnedRows | None = None):
         """``owned``: the roster-wide row -> (owner, position) map shared by a worker's partitions
         (:class:`OwnedRows`); built from ``rows`` alone when not given."""
         self.deployment = deployment
@@ -339,7 +339,7 @@ class OwnedRows:
         self.positions = positions
 
     @classmethod
-    def of_roster(cls, owners: np.ndarray) -> "OwnedRows":
+    def of_roster(cls, owners: np.ndarray) -> OwnedRows:
         """From every row's owner (``Roster.owners``): positions count up within each partition."""
         owners = np.asarray(owners)
         positions = np.zeros(owners.size, dtype=np.int32)
@@ -349,7 +349,7 @@ class OwnedRows:
         return cls(owners, positions)
 
     @classmethod
-    def of_partition(cls, rows: np.ndarray, n_total: int, partition: int) -> "OwnedRows":
+    def of_partition(cls, rows: np.ndarray, n_total: int, partition: int) -> OwnedRows:
         """Only ``rows`` known, as owned by ``partition`` (every other row as owned by none, -1)."""
         owners = np.full(n_total, -1, dtype=np.int32)
         positions = np.zeros(n_total, dtype=np.int32)

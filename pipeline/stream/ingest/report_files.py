@@ -19,10 +19,11 @@ import csv
 import difflib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -57,7 +58,7 @@ class FileReports:
     def steps(self) -> set[int]:
         return {int(r["step"]) for r in self.reports}
 
-    def only_step(self, step: int) -> "FileReports":
+    def only_step(self, step: int) -> FileReports:
         keep = [i for i, r in enumerate(self.reports) if r["step"] == step]
         return FileReports([self.reports[i] for i in keep], [self.lines[i] for i in keep])
 
@@ -80,7 +81,7 @@ class ReportFile:
     def steps(self) -> set[int]:
         return set(self.counts)
 
-    def only_step(self, step: int) -> "ReportFile":
+    def only_step(self, step: int) -> ReportFile:
         return replace(self, counts={step: self.counts[step]} if step in self.counts else {},
                        first_lines={step: self.first_lines[step]} if step in self.first_lines else {}, step=step)
 

@@ -25,8 +25,8 @@ comes back as a :class:`Rejection` carrying its original bytes.
 
 from __future__ import annotations
 
-from operator import attrgetter
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, cast
 
 import msgspec
@@ -71,7 +71,7 @@ class ParsedReports:
     rejections: list[Rejection] = field(default_factory=list)
 
     @classmethod
-    def of_singles(cls, rows, steps, codes: dict) -> "ParsedReports":
+    def of_singles(cls, rows, steps, codes: dict) -> ParsedReports:
         """Reports given directly as arrays, each standing for an (empty) single-report message."""
         rows = np.asarray(rows, dtype=np.int64)
         return cls(rows=rows, steps=np.asarray(steps, dtype=np.int64), codes=codes,
@@ -97,7 +97,7 @@ class ParsedReports:
             self.rejections.append(Rejection(reason, detail, bytes(self.original(int(i))), None if j < 0 else j,
                                              int(self.message[i])))
 
-    def take(self, mask: np.ndarray) -> "ParsedReports":
+    def take(self, mask: np.ndarray) -> ParsedReports:
         keep = np.flatnonzero(mask)
         return ParsedReports(rows=self.rows[keep], steps=self.steps[keep],
                              codes={a: c[keep] for a, c in self.codes.items()}, message=self.message[keep],

@@ -52,16 +52,16 @@ class Roster:
         return self._rows_by_id
 
     @classmethod
-    def from_range(cls, size: int, prefix: str = "u") -> "Roster":
+    def from_range(cls, size: int, prefix: str = "u") -> Roster:
         return cls([f"{prefix}{i}" for i in range(size)], distinct=True)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "Roster":
+    def from_file(cls, path: str | Path) -> Roster:
         ids = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
         return cls(ids)
 
     @classmethod
-    def from_config(cls, roster_cfg) -> "Roster":
+    def from_config(cls, roster_cfg) -> Roster:
         if roster_cfg.source == "range":
             return cls.from_range(roster_cfg.size, roster_cfg.id_prefix)
         return cls.from_file(roster_cfg.path)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
@@ -46,7 +46,7 @@ Handled = Callable[[], dict[TopicPartition, int]]
 
 
 class _Listener(ConsumerRebalanceListener):
-    def __init__(self, owner: "BulkConsumer"):
+    def __init__(self, owner: BulkConsumer):
         self.owner = owner
 
     async def on_partitions_revoked(self, revoked):

@@ -30,7 +30,8 @@ Internal topics (curator-side, never exposed):
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import orjson
@@ -63,7 +64,7 @@ def synthetic_chunks(release: str, step: int, column_steps: list[int], columns: 
     byte what orjson writes, without building a Python int per value (~10⁶ per column per step)."""
     m = columns.shape[0]
     chunks = max(1, -(-m // chunk_records))
-    digits = columns.dtype.kind in "iu" and columns.size and 0 <= columns.min() and columns.max() <= 9
+    digits = columns.dtype.kind in "iu" and columns.size and columns.min() >= 0 and columns.max() <= 9
     lists = [_digit_lists(columns[:, j]) for j in range(len(column_steps))] if digits else None
     for c in range(chunks):
         start, stop = c * chunk_records, min(m, (c + 1) * chunk_records)

@@ -9,9 +9,10 @@ ingest), one or more per owning partition, written to that partition explicitly.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import orjson
-from typing import TYPE_CHECKING
 
 from pipeline.connections import kafka_security
 from pipeline.stream.process.limits import MAX_MESSAGE_BYTES

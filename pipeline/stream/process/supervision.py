@@ -8,7 +8,7 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 __all__ = ["run_job", "supervise"]
 
@@ -68,7 +68,7 @@ async def supervise(tasks: list[asyncio.Task], name: str, drain: Callable[[], Aw
         if drain is not None:
             try:
                 await asyncio.wait_for(drain(), drain_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.warning("%s: the work in hand did not finish within %g s; stopping anyway", name, drain_timeout)
     finally:
         for task in (*tasks, stopper):

@@ -50,29 +50,46 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import orjson
 
 from pipeline.privacy.errors import BudgetExhaustedError
 from pipeline.releases import get_kind
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.stream.control.signatures import (CloseCommand, CloseSigner, CloseVerifier,
-                                                SignedClose, Unverified)
-from pipeline.stream.kafka.messages import (CONTROL_HEADER, PartialAssembler, close_marker,
-                                          dead_letter_headers, synthetic_chunks)
-from pipeline.stream.process.limits import DEAD_LETTER_COPY_BYTES
+from pipeline.stream.control.signatures import (
+    CloseCommand,
+    CloseSigner,
+    CloseVerifier,
+    SignedClose,
+    Unverified,
+)
+from pipeline.stream.kafka.messages import (
+    CONTROL_HEADER,
+    PartialAssembler,
+    close_marker,
+    dead_letter_headers,
+    synthetic_chunks,
+)
 from pipeline.stream.process.faults import crash_point
+from pipeline.stream.process.limits import DEAD_LETTER_COPY_BYTES
 from pipeline.stream.process.metrics import METRICS
 from pipeline.stream.releaser.closing import DeadlineClock, now_ms
-from pipeline.stream.releaser.engine import ReleaseEngine, ReleaseOutput, needs_records, restore_records, stored_state
+from pipeline.stream.releaser.engine import (
+    ReleaseEngine,
+    ReleaseOutput,
+    needs_records,
+    restore_records,
+    stored_state,
+)
 from pipeline.stream.releaser.fence import check_fence
 from pipeline.stream.state.commit_order import CommitOrder
 from pipeline.stream.state.store import StepAlreadyReleased, StepRecord
 
 if TYPE_CHECKING:
-    from pipeline.stream.state.store_async import AsyncStateStore
     from pipeline.config import Deployment
+    from pipeline.stream.state.store_async import AsyncStateStore
 
 __all__ = ["ReleaseCoordinator"]
 

@@ -24,8 +24,8 @@ from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.releaser.closing import public_close_time
 
 if TYPE_CHECKING:
-    from pipeline.releases import ReleaseConfig
     from pipeline.config import Deployment
+    from pipeline.releases import ReleaseConfig
 
 __all__ = ["ReleaseEngine", "ReleaseOutput", "batch_reference", "stored_state", "needs_records", "restore_records"]
 
@@ -72,7 +72,7 @@ class ReleaseOutput:
         })
 
     @classmethod
-    def from_bytes(cls, blob: bytes, what: str = "release record") -> "ReleaseOutput":
+    def from_bytes(cls, blob: bytes, what: str = "release record") -> ReleaseOutput:
         s = loads_state(blob, what)
         return cls(
             release=s["release"], step=int(s["step"]), manifest=s["manifest"],
@@ -192,7 +192,7 @@ class ReleaseEngine:
         }
 
     @classmethod
-    def from_state(cls, deployment: Deployment, state: dict[str, Any]) -> "ReleaseEngine":
+    def from_state(cls, deployment: Deployment, state: dict[str, Any]) -> ReleaseEngine:
         engine = cls(deployment, int(state["n"]))
         engine.step = int(state["step"])
         engine.instance = state.get("instance")

@@ -19,7 +19,8 @@ delivery future (``AIOKafkaProducer.send``) will do; tests pass an in-memory one
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 __all__ = ["Publisher", "CommitOrder", "Batch"]
 
@@ -35,7 +36,7 @@ class CommitOrder:
     def __init__(self, publisher: Publisher):
         self.publisher = publisher
 
-    def begin(self) -> "Batch":
+    def begin(self) -> Batch:
         """A new batch of messages whose acknowledgements the batch's commit awaits."""
         return Batch(self.publisher)
 

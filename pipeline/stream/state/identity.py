@@ -32,12 +32,17 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pipeline.stream.state.fingerprint import (
+    config_changes,
+    fingerprint,
+    portable_fingerprint,
+    privacy_config,
+)
 from pipeline.stream.state.keys import LAYOUT
-from pipeline.stream.state.fingerprint import config_changes, fingerprint, portable_fingerprint, privacy_config
 
 if TYPE_CHECKING:
-    from pipeline.stream.state.store import StateStore
     from pipeline.config import Deployment
+    from pipeline.stream.state.store import StateStore
 
 __all__ = ["StateRefused", "ConfigurationChanged", "StateLost", "DeploymentIdentity", "establish_identity",
            "ACCEPT_NEW_SPEND_ENV"]

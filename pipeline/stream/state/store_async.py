@@ -12,7 +12,6 @@ step but the next one; the pointers, checkpoints and intake counts are written h
 from __future__ import annotations
 
 import json
-
 from typing import Any
 
 import redis
