@@ -181,7 +181,7 @@ def _plots(out: Path, reader, poverty, occupation, planted) -> list[Path]:
         quarterly_poverty,
     )
 
-    dep, panels = reader.dep, reader.store
+    panels = reader.store
     n = poverty.shape[0]
     paths = []
     fw = panels.panels.get("poverty-quarterly")

@@ -102,9 +102,9 @@ def coerce_counts(counts: Any, size: int, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be a 1-D array of length {size}, got shape {arr.shape}")
     if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
         raise TypeError(f"{name} must be an integer array, got dtype {arr.dtype}")
-    if np.issubdtype(arr.dtype, np.floating):
-        if not np.all(np.isfinite(arr)) or np.any(arr != np.floor(arr)):
-            raise ValueError(f"{name} must hold non-negative integer counts")
+    if np.issubdtype(arr.dtype, np.floating) and (not np.all(np.isfinite(arr))
+                                                  or np.any(arr != np.floor(arr))):
+        raise ValueError(f"{name} must hold non-negative integer counts")
     if np.any(arr < 0):
         raise ValueError(f"{name} must hold non-negative counts")
     return arr.astype(np.int64)

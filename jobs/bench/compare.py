@@ -237,7 +237,7 @@ def main(argv=None) -> dict:
         if args.keep:
             print(f"kept {work}")
         else:
-            for side, tree in trees.items():
+            for tree in trees.values():
                 if tree != repo:
                     subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)],
                                    capture_output=True)

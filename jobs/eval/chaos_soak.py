@@ -113,7 +113,7 @@ class Soak:
         with self.lock:
             if self.up is not None and self.up.poll() is None:
                 return
-            log = open(self.dir / "up.out", "ab")
+            log = open(self.dir / "up.out", "ab")  # noqa: SIM115  (the child keeps it)
             self.up = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "up", "--config", str(self.path),
                                         "--workers", "2", "--log-dir", str(self.dir / "logs")], env=self.env,
                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

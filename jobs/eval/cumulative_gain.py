@@ -167,7 +167,7 @@ def main(argv=None) -> dict:
     res: dict = {"horizon": T, "n": n, "rho": rho, "neighbours": nb, "runs": args.runs, "data_seed": args.data_seed,
                  "configs": {}}
     t0 = time.perf_counter()
-    for name, (counter, split) in configs.items():
+    for name, (counter, _split) in configs.items():
         nz, mo = np.empty(args.runs), np.empty(args.runs)
         for i in range(args.runs):
             noisy, mono, counters = run_once(z, n, counter, ws[name], rho, nb, args.seed + i)

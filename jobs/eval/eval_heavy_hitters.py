@@ -146,8 +146,8 @@ def run(stream: dict, method: str, seed: int) -> dict:
     reliable = None
     for label in sorted(det, key=lambda v: stream["sizes"][v] if "sizes" in stream else v):
         w = stream["sizes"][label] if "sizes" in stream else label
-        if all(np.mean(det[l]) >= 0.95 for l in det
-               if (stream["sizes"][l] if "sizes" in stream else l) >= w):
+        if all(np.mean(det[other]) >= 0.95 for other in det
+               if (stream["sizes"][other] if "sizes" in stream else other) >= w):
             reliable = w
             break
     return dict(method=method, tau=hh.tau, threshold=hh.threshold, recall_at_tau=recall_tau,

@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     width = max(len(r[0]) for r in rows)
     print(f"{'scenario':<{width}}  result  seconds  checks")
-    for sc, ok, checks, notes, secs in rows:
+    for sc, ok, checks, _notes, secs in rows:
         marks = " ".join(f"{k}:{'ok' if v else 'FAIL'}" for k, v in checks.items())
         print(f"{sc:<{width}}  {'passed' if ok else 'FAILED':<6}  {secs:7.1f}  {marks}")
     failed = [r[0] for r in rows if not r[1]]

@@ -238,10 +238,11 @@ def print_table(summary: dict, out=None) -> None:
     out = sys.stdout if out is None else out  # resolved at call time so redirection works
     cfg = summary["config"]
     fw = summary["fixed_window"]
+    seeds = "secure" if cfg["secure"] else f"seeds {cfg['seed_base']}..{cfg['seed_base'] + cfg['runs'] - 1}"
     print(
         f"n={cfg['n']} T={cfg['horizon']} k={cfg['window']} rho={cfg['rho']} runs={cfg['runs']} "
         f"n_pad={fw['n_pad']} m≈{fw['m_mean']:.0f} σ_bin={fw['sigma_bin']:.1f} "
-        f"({'secure' if cfg['secure'] else 'seeds %d..%d' % (cfg['seed_base'], cfg['seed_base'] + cfg['runs'] - 1)})",
+        f"({seeds})",
         file=out,
     )
     quarterly = summary["quarterly"]

@@ -56,7 +56,7 @@ def export_release(reader, name: str, out: str | Path) -> tuple[Path, dict]:
     panel = reader.panel(rel)
     dictionary = reader.dictionary(name)
     flags = padding_columns(rel, panel)
-    for column, f in flags.items():
+    for column, _f in flags.items():
         step = column.rsplit("_", 1)[1]
         dictionary["columns"][column] = ("true for a choice of the records the padding stands for "
                                          f"in the window ending at step {step} (see padding)")

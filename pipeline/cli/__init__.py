@@ -21,7 +21,6 @@ parser and ``main``, and re-exports the commands' names under ``pipeline.cli``.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from pipeline.cli.analyst import (
     _analyst,

@@ -40,9 +40,9 @@ def _load(path: str):
     try:
         dep = load_config(path)  # includes the budget plan: refused before anything starts
     except FileNotFoundError:
-        raise SystemExit(_fail(EXIT_CONFIG, f"no such configuration file: {path}"))
+        raise SystemExit(_fail(EXIT_CONFIG, f"no such configuration file: {path}")) from None
     except (ConfigError, PrivacyBudgetError) as err:
-        raise SystemExit(_fail(EXIT_CONFIG, f"configuration refused: {err}"))
+        raise SystemExit(_fail(EXIT_CONFIG, f"configuration refused: {err}")) from None
     use_security(dep.security)  # every client this command builds connects as configured (pipeline.connections)
     return dep
 
@@ -102,7 +102,7 @@ def _check_reachable(broker: str, redis_url: str | None) -> None:
             redis_client(redis_url, socket_connect_timeout=_REACH_TIMEOUT, socket_timeout=_REACH_TIMEOUT).ping()
         except redis.RedisError as err:
             raise SystemExit(_fail(EXIT_RUNTIME, connection_failure(err)
-                                   or f"Redis unreachable at {redact_url(redis_url)} ({_redacted(err, redis_url)})"))
+                                   or f"Redis unreachable at {redact_url(redis_url)} ({_redacted(err, redis_url)})")) from None
         _reached.add(redis_url)
 
 

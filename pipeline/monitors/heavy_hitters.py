@@ -109,9 +109,9 @@ def heavy_hitter_plan(method: str, domain_size: int, epsilon: float, delta: floa
         sigma2 = cal.calibrate_naive(epsilon, delta, horizon, neighbours)
         law = DiscreteGaussianLaw(sigma2)
         plan.update(sigma2=sigma2, privacy=cal.naive_privacy(sigma2, horizon, delta, neighbours))
-    u, l = upper_quantile(law, log_p), lower_quantile(law, log_p)
+    u, low = upper_quantile(law, log_p), lower_quantile(law, log_p)
     t = u + charge_weight - 1
-    plan.update(threshold=t, tau=t + l - 1, upper=u, lower=l)
+    plan.update(threshold=t, tau=t + low - 1, upper=u, lower=low)
     return plan
 
 
@@ -316,7 +316,7 @@ class ShiftingHeavyHitters(StatefulMixin):
             j = _first_at_least(noisy, s_idx, level)
             cand_support = int(support[j]) if j >= 0 else None
             rank0 = pos - int(np.searchsorted(support, pos))  # zero ids below pos
-            g = geometric_draw(self._source, lambda digits: nu_law.sf_interval(level, digits), limit=n_zero - rank0)
+            g = geometric_draw(self._source, lambda digits: nu_law.sf_interval(level, digits), limit=n_zero - rank0)  # noqa: B023  (drawn now)
             cand_zero = None
             if rank0 + g < n_zero:
                 r = int(rank0 + g)

@@ -11,7 +11,6 @@ Costs compose by addition (:mod:`pipeline.privacy.accountant` composes both kind
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from pipeline.privacy.checks import check_real
 from pipeline.privacy.conversions import zcdp_to_approx_dp
@@ -62,4 +61,4 @@ class ApproxDP:
         return ApproxDP(self.epsilon * f, min(1.0, self.delta * f))
 
 
-Cost = Union[ZCDP, ApproxDP]
+Cost = ZCDP | ApproxDP

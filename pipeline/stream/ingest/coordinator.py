@@ -34,7 +34,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, AbstractSet, Any
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING, Any
 
 from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore
 from pipeline.stream.ingest.repartition import ForwardMarkers

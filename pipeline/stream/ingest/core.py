@@ -69,10 +69,7 @@ class Record:
 
 
 def is_marker(headers) -> bool:
-    for key, value in headers or ():
-        if key == CONTROL_HEADER and value == b"close":
-            return True
-    return False
+    return any(key == CONTROL_HEADER and value == b"close" for key, value in headers or ())
 
 
 @dataclass
@@ -553,7 +550,6 @@ class IngestCore:
         a later restart — until the state holds as many again (sent again) or the step closes, so
         ``dpstream status`` and ``close`` can say so rather than show counts of reports that no longer
         exist. Returns open step -> users reported before the loss, for the steps short of it."""
-        state = self.states[partition]
         before: dict[str, int] = {}
         if previous:
             before = {t: int(n) for t, n in previous.get("lost", {}).items()}

@@ -40,10 +40,7 @@ REPLACE_HEADER = "dpstream-replace"
 
 def is_replacement(headers) -> bool:
     """The record carries the correction header (any other header value is no correction)."""
-    for key, value in headers or ():
-        if key == REPLACE_HEADER and value == b"1":
-            return True
-    return False
+    return any(key == REPLACE_HEADER and value == b"1" for key, value in headers or ())
 
 
 class Corrections:

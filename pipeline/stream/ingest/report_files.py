@@ -100,7 +100,7 @@ class ReportFile:
 
     def line_of(self, index: int) -> int | None:
         """Line of the ``index``-th report read by :meth:`chunks` (for error messages: reads the file again)."""
-        for reports, lines in self.chunks():
+        for _reports, lines in self.chunks():
             if index < len(lines):
                 return lines[index]
             index -= len(lines)

@@ -385,7 +385,7 @@ class LocalCluster:
         return BACKOFF[min(len(recent), len(BACKOFF)) - 1]
 
     def stop(self) -> None:
-        for name, proc in list(self.procs.items()):
+        for _name, proc in list(self.procs.items()):
             if proc.poll() is None:
                 try:
                     os.killpg(proc.pid, signal.SIGTERM)

@@ -67,7 +67,7 @@ def private_file(path: Path, text: str) -> None:
 def open_private_log(path: Path):
     """``path`` opened for appending, owner-only (0600, an existing file's mode narrowed too): logs name
     endpoints and what the processes did."""
-    fh = open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+    fh = open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")  # noqa: SIM115  (returned)
     os.chmod(path, 0o600)
     return fh
 
@@ -146,7 +146,7 @@ def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 20.0) -> 
                 return
         except OSError:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"nothing answered on {host}:{port} within {timeout:.0f} s")
+                raise TimeoutError(f"nothing answered on {host}:{port} within {timeout:.0f} s") from None
             time.sleep(0.05)
 
 

@@ -35,10 +35,10 @@ def run_job(job: Callable[[], Awaitable[None]], loglevel: str = "info") -> None:
         asyncio.run(main())
     except StateRefused as err:
         print(f"dpstream: {err.label}: {err}", file=sys.stderr)
-        raise SystemExit(err.exit_code)
+        raise SystemExit(err.exit_code) from None
     except StateFormatError as err:  # a state of another format version (pipeline.serialization)
         print(f"dpstream: state refused: {err}", file=sys.stderr)
-        raise SystemExit(StateLost.exit_code)
+        raise SystemExit(StateLost.exit_code) from None
     except Exception as err:  # a refused login, a TLS failure, an unreadable secret: one line naming the key
         line = connection_failure(err)
         if line is None:

@@ -288,7 +288,7 @@ class ReleaseCoordinator:
             # Someone (an earlier incarnation) committed it: the stored record is the release.
             record = await _committed_step(self.store, step)
             if record.state is None:  # the last committed step always carries the releaser's state
-                raise RuntimeError(f"step {step}'s stored record has no releaser state")
+                raise RuntimeError(f"step {step}'s stored record has no releaser state") from None
             self.engine = await _engine_from(self.dep, self.store, step, record.state)
             outputs = self._outputs(record)
             METRICS.republished.inc()
@@ -408,7 +408,7 @@ class ReleaseCoordinator:
                           "the deadline key)", t)
                 return
             batch = await self._send_markers(t, marker)
-            await batch.commit(lambda: self.store.mark_closing(t, closed_at, marker))
+            await batch.commit(lambda: self.store.mark_closing(t, closed_at, marker))  # noqa: B023  (awaited here)
             log.info("close markers for step %d written to %d partitions", t, self.partitions)
         if first <= step:
             self._deadline.closed(closed_at)

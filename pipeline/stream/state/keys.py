@@ -14,10 +14,10 @@ key                             what it holds                                   
                                 (:mod:`pipeline.stream.kafka.log_identity`)
 ``{p}:release:close-times``     hash: step -> its public close time (ms), as its markers       releaser rw
                                 carry it (a close re-driven after a lost log writes it again)
-``{p}:release:close-markers``  hash: step -> its close marker as written (signed by the       
+``{p}:release:close-markers``  hash: step -> its close marker as written (signed by the
 releaser rw
                                 curator or the deadline key): a re-driven close re-sends it
-``{p}:release:identity``        the releaser's own copy of the identity record (fingerprint    
+``{p}:release:identity``        the releaser's own copy of the identity record (fingerprint
 releaser rw
                                 and configuration), written at its first start: the workers
                                 may rewrite ``{p}:identity``, never this (docs/security.md)
