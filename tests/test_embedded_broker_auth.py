@@ -181,6 +181,9 @@ def test_only_the_curator_reaches_the_embedded_broker(deployment, tmp_path):
         closed = subprocess.run([*CLI, "close", "--config", str(path), "--step", "1"], env=env,
                                 capture_output=True, text=True, timeout=180, check=False)
         assert closed.returncode == 0, closed.stderr
+        status = subprocess.run([*CLI, "status", "--config", str(path)], env=env, capture_output=True, text=True,
+                                timeout=120, check=False)
+        assert f"broker access: the embedded broker at {broker} takes only clients" in status.stdout, status.stdout
         # the curator's own tools, with the deployment's client certificate
         read = _curator_reads(broker, tls, names["reports"])
         assert all(count > 0 for count in read.values()), read
@@ -191,6 +194,25 @@ def test_only_the_curator_reaches_the_embedded_broker(deployment, tmp_path):
         through = {what: got for what, got in outcomes.items() if not got.startswith("refused")}
         assert not through, f"a second local user got through: {through}"
         assert len(outcomes) == 11, outcomes
+
+
+def test_up_restarts_a_killed_gate_and_its_broker_behind_it(deployment, tmp_path):
+    path, env = deployment
+    dep = load_config(path)
+    with up(path, env, tmp_path, "--ephemeral") as (broker, _notice, lines):
+        record = json.loads((Path(env["DPSTREAM_HOME"]) / f"{dep.name}.json").read_text())
+        os.kill(record["processes"]["broker-gate"]["pid"], signal.SIGKILL)
+        deadline, said = time.monotonic() + 90, ""
+        while "restarted the embedded broker's gate" not in said and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                said += lines.get(timeout=1)
+        assert "restarted the embedded broker's gate" in said, said
+        sent = subprocess.run([*CLI, "produce", "--config", str(path), "--simulate", "--no-wait"], env=env,
+                              capture_output=True, text=True, timeout=180, check=False)
+        assert sent.returncode == 0, sent.stderr
+        again = json.loads((Path(env["DPSTREAM_HOME"]) / f"{dep.name}.json").read_text())
+        assert again["broker"] == broker and again["processes"]["broker-gate"]["pid"] != \
+            record["processes"]["broker-gate"]["pid"]
 
 
 def test_an_open_broker_is_said_once_and_is_open(deployment, tmp_path):
