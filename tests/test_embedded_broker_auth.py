@@ -196,6 +196,36 @@ def test_only_the_curator_reaches_the_embedded_broker(deployment, tmp_path):
         assert len(outcomes) == 11, outcomes
 
 
+def _private_network_probe() -> dict[str, object]:
+    """What the gate's move does for an unprivileged user: its kind, and a port bound inside."""
+    from pipeline.stream.local.broker_gate import enter_private_network
+
+    host = os.readlink("/proc/self/ns/net")
+    try:
+        mode = enter_private_network()
+    except OSError as err:
+        return {"refused": str(err)}
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 9092))
+        sock.listen()
+        with socket.create_connection(("127.0.0.1", 9092), timeout=2):
+            pass
+    return {"mode": mode, "uid": os.getuid(), "new_network": os.readlink("/proc/self/ns/net") != host}
+
+
+def test_an_unprivileged_user_gets_a_private_network(tmp_path):
+    """The curator is usually not root: the gate's move works for a plain user where the kernel allows
+    user namespaces (the namespace's loopback is up; the uid is root inside, mapped to the user's)."""
+    user = other_user()
+    if user is None:
+        pytest.skip("needs root to make and become a second local user (useradd, setuid)")
+    got = run_as(user, _private_network_probe)
+    if "refused" in got:
+        assert "user namespaces" in got["refused"], got
+        pytest.skip(f"this kernel refuses unprivileged user namespaces ({got['refused']}): `up` refuses too")
+    assert got == {"mode": "user", "uid": 0, "new_network": True}, got
+
+
 def test_up_restarts_a_killed_gate_and_its_broker_behind_it(deployment, tmp_path):
     path, env = deployment
     dep = load_config(path)

@@ -46,9 +46,12 @@ def enter_private_network() -> str:
     libc = ctypes.CDLL(None, use_errno=True)
     uid, gid = os.geteuid(), os.getegid()
     if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
-        Path("/proc/self/setgroups").write_text("deny")
-        Path("/proc/self/uid_map").write_text(f"0 {uid} 1")
-        Path("/proc/self/gid_map").write_text(f"0 {gid} 1")
+        try:
+            Path("/proc/self/setgroups").write_text("deny")
+            Path("/proc/self/uid_map").write_text(f"0 {uid} 1")
+            Path("/proc/self/gid_map").write_text(f"0 {gid} 1")
+        except OSError as err:
+            raise OSError(f"cannot map this user into its new user namespace ({err})") from None
         mode = "user"
     else:
         why = os.strerror(ctypes.get_errno())

@@ -186,7 +186,8 @@ class _ServiceProcess:
     command: list[str] | None = None  # what it was started with (recorded for `down`)
 
     def _launch(self, cmd: list[str], env: dict[str, str], timeout: float) -> None:
-        self.command = list(cmd)
+        # what /proc shows once it runs (`down` compares them): nsenter execs the command after its "--"
+        self.command = cmd[cmd.index("--") + 1:] if cmd[0] == "nsenter" else list(cmd)
         log = open_private_log(self.log_path) if self.log_path else subprocess.DEVNULL
         try:
             self._proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
