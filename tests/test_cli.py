@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -51,15 +52,24 @@ def deployment(tmp_path):
 
 @contextlib.contextmanager
 def running(path, env, tmp_path):
-    """`dpstream up` in the background (one worker); yields the broker address; stops it after."""
+    """`dpstream up` in the background (one worker); yields the broker address; stops it after. Meanwhile
+    this process's clients hold the curator's client certificate of its broker's gate, as the commands
+    do (``pipeline.connections.kafka_security()`` for a test's own Kafka clients)."""
+    from pipeline.stream.local.broker_tls import BROKER_TLS_ENV
+
     up = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "up", "--config", str(path), "--workers", "1",
                            "--log-dir", str(tmp_path / "logs")], env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         banner = up.stdout.readline()
         assert "dpstream up: broker" in banner, banner
+        name = yaml.safe_load(Path(path).read_text())["name"]
+        record = json.loads((Path(env["DPSTREAM_HOME"]) / f"{name}.json").read_text())
+        if record.get("broker_tls"):
+            os.environ[BROKER_TLS_ENV] = record["broker_tls"]
         yield banner.split("broker ", 1)[1].split(",", 1)[0]
     finally:
+        os.environ.pop(BROKER_TLS_ENV, None)
         os.killpg(up.pid, signal.SIGINT)
         up.wait(timeout=60)
 
@@ -206,7 +216,9 @@ def test_never_release_silently_on_lost_data(deployment, tmp_path):
         assert "sent 800 simulated reports for step 3" in dpstream("produce", "--simulate", *cfg, env=env).stdout
         from kafka import KafkaProducer
 
-        producer = KafkaProducer(bootstrap_servers=broker)
+        from pipeline.connections import kafka_security
+
+        producer = KafkaProducer(bootstrap_servers=broker, **kafka_security())
         for i in range(N):
             producer.send("dpstream.cli-test.reports", key=f"u{i}".encode(), value=b"{not json")
         producer.flush()
