@@ -8,7 +8,7 @@ of the budget, checked against it) is checked by :func:`load_config` before anyt
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -44,7 +44,8 @@ _Strict = StrictModel
 if TYPE_CHECKING:  # the union of the registered kinds' models is built at import; each is a ReleaseConfig
     Release = ReleaseConfig
 else:
-    Release = Annotated[tuple(kind.config for kind in kinds().values()), Field(discriminator="type")]
+    # Union over a tuple built at import: the X | Y form cannot take one
+    Release = Annotated[Union[tuple(kind.config for kind in kinds().values())], Field(discriminator="type")]  # noqa: UP007
 
 
 # --- the rest ---------------------------------------------------------------------------------

@@ -14,12 +14,16 @@ handshake into one line naming the configuration key, without the secret.
 
 from __future__ import annotations
 
+import os
 import ssl
+from pathlib import Path
 from typing import Any
 
 from pipeline.security import SecretUnavailable, Security, TlsFiles
+from pipeline.stream.local.broker_tls import BROKER_TLS_ENV, BrokerTls
 
-__all__ = ["use_security", "active_security", "kafka_security", "redis_client", "tls_context",
+__all__ = ["use_security", "active_security", "kafka_security", "embedded_broker_tls", "redis_client",
+           "tls_context",
            "connection_failure", "check_secrets", "SecretUnavailable"]
 
 _active: list[Security] = [Security()]
@@ -58,8 +62,14 @@ def _reason(err: Exception) -> str:
 
 
 def kafka_security(security: Security | None = None) -> dict[str, Any]:
-    """Keyword arguments for any aiokafka or kafka-python client (consumer, producer, admin)."""
+    """Keyword arguments for any aiokafka or kafka-python client (consumer, producer, admin). Without
+    ``security.broker``, the embedded broker's gate when this process tree runs one (mutual TLS with the
+    certificate ``dpstream up`` generated: :mod:`pipeline.stream.local.broker_tls`)."""
     broker = (security or active_security()).broker
+    if not broker.configured:
+        gate = embedded_broker_tls()
+        if gate is not None:
+            return {"security_protocol": "SSL", "ssl_context": tls_context(gate, BROKER_TLS_ENV)}
     kwargs: dict[str, Any] = {"security_protocol": broker.protocol}
     if broker.tls is not None:
         kwargs["ssl_context"] = tls_context(broker.tls, "security.broker.tls")
@@ -70,6 +80,15 @@ def kafka_security(security: Security | None = None) -> dict[str, Any]:
                                          else sasl.username.reveal("security.broker.sasl.username").get_secret_value())
         kwargs["sasl_plain_password"] = sasl.password.reveal("security.broker.sasl.password").get_secret_value()
     return kwargs
+
+
+def embedded_broker_tls() -> TlsFiles | None:
+    """The client files of the embedded broker's gate named by ``DPSTREAM_BROKER_TLS``, if any."""
+    directory = os.environ.get(BROKER_TLS_ENV)
+    if not directory:
+        return None
+    files = BrokerTls(Path(directory))
+    return TlsFiles(ca_file=str(files.ca_file), cert_file=str(files.client_cert), key_file=str(files.client_key))
 
 
 def redis_client(url: str, security: Security | None = None, client_class: Any = None, **options: Any):

@@ -80,7 +80,7 @@ def run_demo(args) -> int:
 
     rows = []
     t0 = time.perf_counter()
-    with LocalCluster(cfg_path, dep, workers=args.workers, log_dir=out / "logs") as cluster:
+    with LocalCluster(cfg_path, dep, workers=args.workers, log_dir=out / "logs", isolated=True) as cluster:
         say(f"embedded broker {cluster.broker}, redis {cluster.redis_url}; "
             f"{args.workers} worker(s) + releaser started (logs: {out / 'logs'})")
         drv = StepDriver(cluster.broker, dep, Roster.from_config(dep.roster), cluster.names, cluster=cluster)

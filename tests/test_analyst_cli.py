@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from pipeline.cli import main
+from pipeline.connections import kafka_security
 from support.cli import running
 
 N, T = 600, 3
@@ -107,7 +108,8 @@ def test_producer_and_analyst_ends(deployment, tmp_path, capsys, monkeypatch):
         with ReportSender(load_config(path), broker, topic="dpstream.analyst-cli.report") as sender:
             with pytest.raises(TopicMissing, match="does not exist"):
                 sender.check_topic()
-        assert "dpstream.analyst-cli.report" not in KafkaConsumer(bootstrap_servers=broker).topics()
+        assert "dpstream.analyst-cli.report" not in KafkaConsumer(bootstrap_servers=broker,
+                                                                 **kafka_security()).topics()
 
         # curator side: nothing was rejected
         assert "no rejected reports" in dpstream("dead-letters", *c, env=env).stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -156,7 +157,9 @@ def test_never_release_silently_on_lost_data(deployment, tmp_path):
         assert "sent 800 simulated reports for step 3" in dpstream("produce", "--simulate", *cfg, env=env).stdout
         from kafka import KafkaProducer
 
-        producer = KafkaProducer(bootstrap_servers=broker)
+        from pipeline.connections import kafka_security
+
+        producer = KafkaProducer(bootstrap_servers=broker, **kafka_security())
         for i in range(N):
             producer.send("dpstream.cli-test.reports", key=f"u{i}".encode(), value=b"{not json")
         producer.flush()

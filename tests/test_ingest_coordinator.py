@@ -24,7 +24,7 @@ from pipeline.stream.ingest.core import IngestCore, Record
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.kafka.messages import CONTROL_HEADER, close_marker
 from pipeline.stream.kafka.topics import topic_names
-from pipeline.stream.state.checkpoint import CommitOrder
+from pipeline.stream.state.commit_order import CommitOrder
 from pipeline.stream.state.store import StateStore
 from support.memory_log import CLOSE_MS, MemoryLog, run, store_of  # noqa: F401 (fixture)
 

@@ -25,7 +25,8 @@ def _start_up(path, env, tmp_path):
     assert "dpstream up: broker" in banner, banner + up.stdout.read()
     record = json.loads((tmp_path / "home" / "cli-test.json").read_text())
     assert record["pid"] == up.pid
-    assert set(record["processes"]) == {"releaser", "worker-0", "worker-1", "broker", "object-store", "redis"}
+    assert set(record["processes"]) == {"releaser", "worker-0", "worker-1", "broker", "object-store", "redis",
+                                        "broker-gate"}  # the embedded broker's mutual-TLS gate
     pids = {name: p["pid"] for name, p in record["processes"].items()}
     assert all(pid_alive(pid) for pid in pids.values()), pids
     return up, pids

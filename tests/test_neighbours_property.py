@@ -33,7 +33,7 @@ from pipeline.config import parse_config
 from pipeline.counters.tree import released_nodes, tree_sigma2
 from pipeline.monitors.calibration import outside_interval_hits_per_user, tct_hits_per_user
 from pipeline.privacy.neighbours import Neighbours, sensitivity_factor
-from pipeline.stream.release.engine import ReleaseEngine
+from pipeline.stream.releaser.engine import ReleaseEngine
 from support.neighbour_runs import CoupledWorlds
 
 CATS = ["a", "b", "c"]

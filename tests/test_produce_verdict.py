@@ -18,6 +18,8 @@ import yaml
 
 from support.cli import N, deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
 
+from pipeline.connections import kafka_security
+
 
 def _csv(path, step: int, users=range(N)) -> str:
     with path.open("w", newline="") as fh:
@@ -144,7 +146,7 @@ def test_late_reports_and_batch_rows_are_judged_per_report(deployment, tmp_path,
         rows = {"columns": {"user": ["u1", "u2", "nobody", "u3"], "step": 2,
                             "poverty": [1, 0, 1, 7]}}
         ragged = {"columns": {"user": ["u4", "u5"], "step": 2, "poverty": [1]}}  # rejected whole
-        producer = KafkaProducer(bootstrap_servers=broker)  # no key: any partition, rows forwarded
+        producer = KafkaProducer(bootstrap_servers=broker, **kafka_security())  # no key: any partition
         for batch, size in ((rows, 4), (ragged, 2)):
             stored = producer.send(names["reports"], json.dumps(batch).encode()).get(timeout=30)
             receipt.add(stored.partition, stored.offset, size)

@@ -18,7 +18,7 @@ from pipeline.config import load_config, parse_config
 from pipeline.connections import redis_client
 from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
-from pipeline.stream.release.engine import batch_reference
+from pipeline.stream.releaser.engine import batch_reference
 from pipeline.stream.ingest.roster import Roster
 from jobs.eval.testbed import binary_panel
 from pipeline.stream.kafka.topics import PUBLIC_TOPICS, topic_names

@@ -1,6 +1,7 @@
 """Stream benchmark: ingest throughput against raw consumption, release latency, memory, releaser cost.
 
     python -m jobs.bench.bench_stream [--n 1000000] [--partitions 4] [--json out/bench_stream.json] [--quick]
+                                      [--gated]
 
 Measured in one run on the embedded broker and Redis:
 
@@ -31,12 +32,17 @@ Measured in one run on the embedded broker and Redis:
 7. **Releaser cost** (in process, no Kafka): one release step against m, T, 2^k and |X|.
 8. **Parser throughput** (in process, one core): single-report messages, row batches and columnar
    batches of the same reports.
+
+``--gated``: the broker as ``dpstream up`` runs it, in its private network behind the mutual-TLS gate
+(:mod:`pipeline.stream.local.broker_gate`): every Kafka byte of (1)-(6) crosses the gate. Run once with
+and once without to read its cost (docs/security.md, "The embedded broker").
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import signal
 import time
@@ -288,17 +294,22 @@ def main(argv=None) -> dict:
     ap.add_argument("--quick", action="store_true", help="n = 100,000 and a smaller releaser sweep")
     ap.add_argument("--json", default=None)
     ap.add_argument("--out", default="out/bench_stream")
+    ap.add_argument("--gated", action="store_true", help="the broker behind its mutual-TLS gate, as `dpstream up`")
     args = ap.parse_args(argv)
     n = 100_000 if args.quick else args.n
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result: dict = {"n": n, "partitions": args.partitions}
+    result: dict = {"n": n, "partitions": args.partitions, "gated": args.gated}
     rng = np.random.default_rng(0)
     pov = (rng.random((n, HORIZON)) < 0.12).astype(np.int8)
     item = rng.integers(0, DOMAIN, size=(n, HORIZON)).astype(np.int32)  # narrow: 60 B per user at n = 10^7
     item[: n // 50] = 12345  # one heavy element held by 2% of users
 
-    with EmbeddedServices(broker_log=out / "broker.log") as svc:
+    with EmbeddedServices(broker_log=out / "broker.log", isolated=args.gated) as svc:
+        if svc.gate is not None:  # this process's clients and the workers it starts: through the gate
+            from pipeline.stream.local.broker_tls import BROKER_TLS_ENV
+
+            os.environ[BROKER_TLS_ENV] = str(svc.gate.tls.directory)
         cfg_path = out / "bench.yaml"
         cfg_path.write_text(yaml.safe_dump(_config(n, args.partitions, svc)))
         dep = load_config(cfg_path)

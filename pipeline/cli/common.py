@@ -152,6 +152,10 @@ def _endpoints(dep: Deployment, check: bool = True, redis: bool = True) -> tuple
         if "broker" not in rec:
             raise SystemExit(_fail(EXIT_RUNTIME, f"`dpstream up` of deployment {dep.name!r} (pid {rec['pid']}) is "
                                                  "still starting; try again in a moment"))
+        if not broker and rec.get("broker_tls"):  # the embedded broker's gate: its client certificate
+            from pipeline.stream.local.broker_tls import BROKER_TLS_ENV
+
+            os.environ.setdefault(BROKER_TLS_ENV, rec["broker_tls"])
         broker, redis_url = broker or rec["broker"], (redis_url or rec["redis"]) if redis else None
         if redis and rec.get("local_secrets") and not redis_url_given:
             from pipeline.stream.local.embedded import LOCAL_SECRETS_ENV

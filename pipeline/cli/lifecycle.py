@@ -103,7 +103,8 @@ def cmd_up(args) -> int:
     data_dir = None if args.ephemeral or not embedded else state_dir(dep.name)
     log_dir = Path(args.log_dir).resolve()
     cluster = LocalCluster(args.config, dep, workers=args.workers, log_dir=log_dir, metrics=True,
-                           data_dir=data_dir, durable_log=data_dir is not None and not dep.broker)
+                           data_dir=data_dir, durable_log=data_dir is not None and not dep.broker,
+                           isolated=True)
     os.environ[SUPERVISOR_ENV] = new_tag(dep.name)  # inherited by every process started from here on
     if not _claim(dep.name):
         return _fail(EXIT_CONFIG, f"another `dpstream up` of deployment {dep.name!r} is starting")
@@ -133,7 +134,7 @@ def cmd_up(args) -> int:
         if not dep.broker:
             from pipeline.stream.local.broker_access import embedded_broker_notice
 
-            print(embedded_broker_notice(cluster.broker), file=sys.stderr, flush=True)
+            print(embedded_broker_notice(cluster.broker, cluster.broker_tls()), file=sys.stderr, flush=True)
         late = deadline_warning(dep)
         if late:
             print(f"WARNING: {late}", file=sys.stderr, flush=True)

