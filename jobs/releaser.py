@@ -61,7 +61,9 @@ class Releaser:
 
     async def _log_end(self, topic: str) -> int | None:
         """End offset of partition 0 of ``topic`` (a broker silent past the bound ends the process)."""
-        tp = TopicPartition(topic, 0)  # the true end: the embedded broker's ListOffsets answer is short
+        tp = TopicPartition(
+            topic, 0
+        )  # the true end: the embedded broker's ListOffsets answer is short
         return (await log_ends_async(self.rt.broker, [tp])).get(tp)
 
     async def _log_id(self, topic: str) -> str | None:
@@ -83,8 +85,10 @@ class Releaser:
         pass  # the assembler keeps what it has: re-read chunks are duplicates, which it ignores
 
     def _handled(self) -> dict[TopicPartition, int]:
-        return {TopicPartition(self.names["step-partials"], 0): self.running.last_partial_offset + 1,
-                TopicPartition(self.names["control"], 0): self._control_done}
+        return {
+            TopicPartition(self.names["step-partials"], 0): self.running.last_partial_offset + 1,
+            TopicPartition(self.names["control"], 0): self._control_done,
+        }
 
     async def _consume(self, consumer: BulkConsumer) -> None:
         coordinator = self.running
@@ -103,15 +107,25 @@ class Releaser:
         state does not know — the Redis state was lost or replaced, and releasing would redraw noise."""
         stamps = await read_release_stamps(self.rt.broker, self.names["releases"])
         released = await self.running.check_fence(stamps)
-        log.info("fence passed: %d manifest(s) on %s, none unknown to this state (instance %s, released through "
-                 "step %d)", len(stamps), self.names["releases"], self.running.engine.instance, released)
+        log.info(
+            "fence passed: %d manifest(s) on %s, none unknown to this state (instance %s, released through "
+            "step %d)",
+            len(stamps),
+            self.names["releases"],
+            self.running.engine.instance,
+            released,
+        )
 
     async def _publish_descriptor(self, producer, instance: str) -> None:
         """The public deployment descriptor (pipeline.descriptor): n, labels and parameters for the
         analysts' commands; the same bytes on every start under the same configuration."""
         record = descriptor.build(self.rt.deployment, self.rt.roster.ids, instance)
-        await producer.send_and_wait(self.names["deployment"], descriptor.encode(record),
-                                     key=descriptor.KEY.encode(), partition=0)
+        await producer.send_and_wait(
+            self.names["deployment"],
+            descriptor.encode(record),
+            key=descriptor.KEY.encode(),
+            partition=0,
+        )
 
     async def run(self) -> None:
         rt = self.rt
@@ -127,23 +141,50 @@ class Releaser:
         store = rt.async_store()
         producer = make_producer(rt.broker, linger_ms=2)
         self.coordinator = await ReleaseCoordinator.create(
-            rt.deployment, rt.roster.n, identity.instance, store, CommitOrder(producer), self.names,
-            self._log_end, verifier=verifier, deadline_signer=deadline, log_id=self._log_id)
-        consumer = BulkConsumer(rt.broker, self.group, [self.names[t] for t in read_by(RELEASER)],
-                                on_assign=self._on_assign, on_revoke=self._on_revoke)
+            rt.deployment,
+            rt.roster.n,
+            identity.instance,
+            store,
+            CommitOrder(producer),
+            self.names,
+            self._log_end,
+            verifier=verifier,
+            deadline_signer=deadline,
+            log_id=self._log_id,
+        )
+        consumer = BulkConsumer(
+            rt.broker,
+            self.group,
+            [self.names[t] for t in read_by(RELEASER)],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+        )
         await producer.start()
         await consumer.start()
-        log.info("releaser started: group %s, engine at step %d", self.group, self.coordinator.engine.step)
+        log.info(
+            "releaser started: group %s, engine at step %d",
+            self.group,
+            self.coordinator.engine.step,
+        )
         try:
             await self._publish_descriptor(producer, identity.instance)
             await self._fence()
-            await self.coordinator.release_ready_steps()  # republishes first, under the same lock as releasing
-            await self.coordinator.redrive_closes()  # before any new close command: markers go out in step order
+            await (
+                self.coordinator.release_ready_steps()
+            )  # republishes first, under the same lock as releasing
+            await (
+                self.coordinator.redrive_closes()
+            )  # before any new close command: markers go out in step order
             # any task failing (e.g. Redis gone) ends the process with an error
-            await supervise([asyncio.create_task(self._consume(consumer)),
-                             asyncio.create_task(_every(0.5, self.coordinator.tick)),
-                             asyncio.create_task(consumer.commit_loop(self._handled)),
-                             asyncio.create_task(consumer.broker_watchdog())], "releaser")
+            await supervise(
+                [
+                    asyncio.create_task(self._consume(consumer)),
+                    asyncio.create_task(_every(0.5, self.coordinator.tick)),
+                    asyncio.create_task(consumer.commit_loop(self._handled)),
+                    asyncio.create_task(consumer.broker_watchdog()),
+                ],
+                "releaser",
+            )
         finally:
             await consumer.stop()
             await producer.stop()

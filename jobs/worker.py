@@ -63,18 +63,28 @@ class IngestWorker:
         # deployment
         # and configuration: a producer cannot close a step (exit code 2 without the public key).
         verifier, _ = job_keys(rt.deployment, identity.fingerprint, "worker")
-        self.core = IngestCore(rt.deployment, rt.roster, self.names, store=self.store,
-                               verifier=verifier)
-        self.consumer = BulkConsumer(rt.broker, group_id(rt.deployment, INGEST),
-                                     [self.names[t] for t in read_by(INGEST)],
-                                     on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                     fetch_max_wait_ms=INGEST_FETCH_MAX_WAIT_MS)
+        self.core = IngestCore(
+            rt.deployment, rt.roster, self.names, store=self.store, verifier=verifier
+        )
+        self.consumer = BulkConsumer(
+            rt.broker,
+            group_id(rt.deployment, INGEST),
+            [self.names[t] for t in read_by(INGEST)],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            fetch_max_wait_ms=INGEST_FETCH_MAX_WAIT_MS,
+        )
         self.producer = make_producer(rt.broker, linger_ms=5)
         self.redis = rt.async_store()  # checkpoint writes from the event loop
         # partials and dead letters acknowledged, then Redis
-        self.coordinator = IngestCoordinator(self.core, self.redis, CommitOrder(self.producer), self._log_ends,
-                                             seek=lambda tp, offset: self.consumer.consumer.seek(tp, offset),
-                                             log_ids=lambda topics: topic_ids_async(rt.broker, topics))
+        self.coordinator = IngestCoordinator(
+            self.core,
+            self.redis,
+            CommitOrder(self.producer),
+            self._log_ends,
+            seek=lambda tp, offset: self.consumer.consumer.seek(tp, offset),
+            log_ids=lambda topics: topic_ids_async(rt.broker, topics),
+        )
         # The roster, its id index and the loaded modules live as long as the process: frozen out of
         # the cyclic collector's sight, so the full passes the fetches' allocations trigger skip them.
         gc.freeze()
@@ -104,12 +114,19 @@ class IngestWorker:
         try:
             if self.names["repartition"] not in await self.consumer.consumer.topics():
                 # without it no close could ever gather the other partitions' forwarded-through markers
-                raise RuntimeError(f"topic {self.names['repartition']} does not exist: create the deployment's topics "
-                                   "(deploy/create_topics.py, or `dpstream up`) before starting workers")
-            await supervise([asyncio.create_task(self._consume()),
-                             asyncio.create_task(self.consumer.commit_loop(self._handled)),
-                             asyncio.create_task(self.consumer.broker_watchdog())], "worker",
-                            drain=self._finish_fetch)
+                raise RuntimeError(
+                    f"topic {self.names['repartition']} does not exist: create the deployment's topics "
+                    "(deploy/create_topics.py, or `dpstream up`) before starting workers"
+                )
+            await supervise(
+                [
+                    asyncio.create_task(self._consume()),
+                    asyncio.create_task(self.consumer.commit_loop(self._handled)),
+                    asyncio.create_task(self.consumer.broker_watchdog()),
+                ],
+                "worker",
+                drain=self._finish_fetch,
+            )
         finally:
             await self.consumer.stop()
             await self.producer.stop()

@@ -34,12 +34,24 @@ from pipeline.stream.state.keys import KEY_CLASSES, REDIS_COMMANDS, REDIS_ROLES,
 if TYPE_CHECKING:
     from pipeline.config import Deployment
 
-__all__ = ["Grant", "ROLES", "kafka_grants", "kafka_acl_commands", "kafka_acl_script", "redis_acl_rules",
-           "redis_key_patterns", "main"]
+__all__ = [
+    "Grant",
+    "ROLES",
+    "kafka_grants",
+    "kafka_acl_commands",
+    "kafka_acl_script",
+    "redis_acl_rules",
+    "redis_key_patterns",
+    "main",
+]
 
 ROLES = (*KAFKA_ROLES, "admin")
 
-_OPERATIONS = {"read": ("Read", "Describe"), "write": ("Write", "Describe"), "offsets": ("Describe",)}
+_OPERATIONS = {
+    "read": ("Read", "Describe"),
+    "write": ("Write", "Describe"),
+    "offsets": ("Describe",),
+}
 
 
 @dataclass(frozen=True)
@@ -60,16 +72,24 @@ def kafka_grants(deployment: Deployment, role: str) -> list[Grant]:
     grants: list[Grant] = []
     if role == "admin":
         prefix = f"{deployment.topics.prefix}.{deployment.name}."
-        grants += [Grant(role, op, "topic", prefix, prefixed=True) for op in ("Create", "Describe", "DescribeConfigs")]
+        grants += [
+            Grant(role, op, "topic", prefix, prefixed=True)
+            for op in ("Create", "Describe", "DescribeConfigs")
+        ]
     names = topic_names(deployment)
     for logical, topic in TOPICS.items():
         for access in topic.access(role):
             grants += [Grant(role, op, "topic", names[logical]) for op in _OPERATIONS[access]]
-    for group, member in GROUP_ROLES.items():  # a job joins its group; the lag gauge reads every group's offsets
+    for (
+        group,
+        member,
+    ) in GROUP_ROLES.items():  # a job joins its group; the lag gauge reads every group's offsets
         ops = (["Read"] if role == member else []) + (["Describe"] if role == LAG_ROLE else [])
         grants += [Grant(role, op, "group", group_id(deployment, group)) for op in ops]
     if role == "analyst":
-        grants.append(Grant(role, "Read", "group", downstream_group_prefix(deployment), prefixed=True))
+        grants.append(
+            Grant(role, "Read", "group", downstream_group_prefix(deployment), prefixed=True)
+        )
     return sorted(set(grants), key=lambda g: (g.resource, g.name, g.operation))
 
 
@@ -80,9 +100,11 @@ def kafka_acl_commands(deployment: Deployment, principals: dict[str, str]) -> li
         user = principals.get(role, f"dpstream-{role}")
         for g in kafka_grants(deployment, role):
             pattern = " --resource-pattern-type prefixed" if g.prefixed else ""
-            lines.append(f'"$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add '
-                         f"--allow-principal {shlex.quote('User:' + user)} --operation {g.operation} "
-                         f"--{g.resource} {shlex.quote(g.name)}{pattern}")
+            lines.append(
+                f'"$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add '
+                f"--allow-principal {shlex.quote('User:' + user)} --operation {g.operation} "
+                f"--{g.resource} {shlex.quote(g.name)}{pattern}"
+            )
     return lines
 
 
@@ -135,17 +157,22 @@ def redis_acl_rules(deployment: Deployment, passwords: dict[str, str]) -> list[s
         if passwords.get(role):
             patterns = " ".join(f"~{p}" for p in redis_key_patterns(deployment, role))
             commands = " ".join(f"+{c}" for c in REDIS_COMMANDS[role])
-            rules.append(f"user dpstream-{role} on {password_hash(passwords[role])} resetchannels resetkeys {patterns} "
-                         f"-@all +@connection -@dangerous {commands}")
+            rules.append(
+                f"user dpstream-{role} on {password_hash(passwords[role])} resetchannels resetkeys {patterns} "
+                f"-@all +@connection -@dangerous {commands}"
+            )
     return rules
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.acl", description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True)
-    ap.add_argument("what", choices=["kafka", "script", "redis"],
-                    help="kafka: kafka-acls.sh commands; script: the whole deploy/kafka-acls.sh; redis: ACL file "
-                         "lines (passwords from DPSTREAM_REDIS_PASSWORD_<ROLE> variables, hashed)")
+    ap.add_argument(
+        "what",
+        choices=["kafka", "script", "redis"],
+        help="kafka: kafka-acls.sh commands; script: the whole deploy/kafka-acls.sh; redis: ACL file "
+        "lines (passwords from DPSTREAM_REDIS_PASSWORD_<ROLE> variables, hashed)",
+    )
     args = ap.parse_args(argv)
     from pipeline.config import load_config
 
@@ -155,10 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     elif args.what == "script":
         sys.stdout.write(kafka_acl_script(dep, args.config))
     else:
-        passwords = {r: os.environ.get(f"DPSTREAM_REDIS_PASSWORD_{r.upper()}", "") for r in REDIS_ROLES}
+        passwords = {
+            r: os.environ.get(f"DPSTREAM_REDIS_PASSWORD_{r.upper()}", "") for r in REDIS_ROLES
+        }
         missing = sorted(r for r, p in passwords.items() if not p)
         if missing:
-            print(f"no password for {', '.join(missing)}: set DPSTREAM_REDIS_PASSWORD_<ROLE>", file=sys.stderr)
+            print(
+                f"no password for {', '.join(missing)}: set DPSTREAM_REDIS_PASSWORD_<ROLE>",
+                file=sys.stderr,
+            )
             return 2
         print("\n".join(redis_acl_rules(dep, passwords)))
     return 0

@@ -41,8 +41,9 @@ def strings(values: list, large: bool = False) -> pa.Array:
     np.cumsum([len(v) for v in encoded], out=offsets[1:])
     data = np.frombuffer(b"".join(encoded) or b"\0", dtype=np.uint8)
     typ = pa.large_string() if large else pa.string()
-    return pa.Array.from_buffers(typ, len(encoded), [None, pa.py_buffer(offsets),
-                                                     pa.py_buffer(data)])
+    return pa.Array.from_buffers(
+        typ, len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
 
 
 def string_scalar(value: str, large: bool = False) -> pa.Scalar:

@@ -35,12 +35,21 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from pipeline.validation import StrictModel
 
-__all__ = ["MISSING", "OUT_OF_DOMAIN", "public_hash", "BinaryAttribute", "CategoricalAttribute",
-           "HashedAttribute", "Attribute"]
+__all__ = [
+    "MISSING",
+    "OUT_OF_DOMAIN",
+    "public_hash",
+    "BinaryAttribute",
+    "CategoricalAttribute",
+    "HashedAttribute",
+    "Attribute",
+]
 
 MISSING = -1  # the report did not carry the attribute (imputed at step close)
 OUT_OF_DOMAIN = -2  # the value is outside the attribute's public domain (rejected)
-HINT_LABELS = 12  # labels an out_of_domain detail lists (a long list is cut: dead-letter details are bounded)
+HINT_LABELS = (
+    12  # labels an out_of_domain detail lists (a long list is cut: dead-letter details are bounded)
+)
 
 
 def public_hash(value: str, size: int) -> int:
@@ -81,6 +90,7 @@ class _AttributeMethods:
     number of codes."""
 
     if TYPE_CHECKING:  # provided by every attribute model
+
         @property
         def size(self) -> int: ...
 
@@ -125,8 +135,11 @@ class _AttributeMethods:
 class BinaryAttribute(StrictModel, _AttributeMethods):
     type: Literal["binary"]
     description: str = ""
-    label: str = Field(default="", max_length=60,
-                       description="what 1 means, in analysts' labels (\"poor\" -> \"poor in all 3 months\"); labels only")
+    label: str = Field(
+        default="",
+        max_length=60,
+        description='what 1 means, in analysts\' labels ("poor" -> "poor in all 3 months"); labels only',
+    )
 
     @property
     def size(self) -> int:
@@ -142,17 +155,26 @@ class BinaryAttribute(StrictModel, _AttributeMethods):
             if type(v) is int and 0 <= v <= 1:
                 return v
             return _coerced_binary(v)
+
         return decode
 
     def column_decoder(self):
-        return lambda col: (MISSING if v is None else v if type(v) is int and 0 <= v <= 1
-                            else int(v) if type(v) is bool else _or_out(_coerced_binary(v)) for v in col)
+        return lambda col: (
+            MISSING
+            if v is None
+            else v
+            if type(v) is int and 0 <= v <= 1
+            else int(v)
+            if type(v) is bool
+            else _or_out(_coerced_binary(v))
+            for v in col
+        )
 
     def code(self, value):
         return self.labels().index(value) if isinstance(value, str) else int(value)
 
     def domain_hint(self) -> str:
-        return "allowed: 0 or 1 (also true/false, \"0\"/\"1\", 0.0/1.0)"
+        return 'allowed: 0 or 1 (also true/false, "0"/"1", 0.0/1.0)'
 
 
 class CategoricalAttribute(StrictModel, _AttributeMethods):
@@ -184,14 +206,22 @@ class CategoricalAttribute(StrictModel, _AttributeMethods):
             if type(v) is int and 0 <= v < size:
                 return v
             return _integral_float(v, size)
+
         return decode
 
     def column_decoder(self):
         table = {label: i for i, label in enumerate(self.values)}
         size = len(self.values)
-        return lambda col: (MISSING if v is None else table.get(v, OUT_OF_DOMAIN) if type(v) is str
-                            else v if type(v) is int and 0 <= v < size else _or_out(_integral_float(v, size))
-                            for v in col)
+        return lambda col: (
+            MISSING
+            if v is None
+            else table.get(v, OUT_OF_DOMAIN)
+            if type(v) is str
+            else v
+            if type(v) is int and 0 <= v < size
+            else _or_out(_integral_float(v, size))
+            for v in col
+        )
 
     def code(self, value):
         return self.values.index(value) if isinstance(value, str) else int(value)
@@ -205,9 +235,15 @@ class CategoricalAttribute(StrictModel, _AttributeMethods):
     def domain_hint(self) -> str:
         """The declared labels (the first ``HINT_LABELS`` of a long list), matched case-sensitively."""
         shown = ", ".join(repr(v) for v in self.values[:HINT_LABELS])
-        more = f", … ({len(self.values):,} labels in all: see the configuration)" if self.size > HINT_LABELS else ""
-        return (f"allowed: {shown}{more}, or a code in 0..{self.size - 1}; labels match exactly "
-                "(case-sensitive, no surrounding spaces)")
+        more = (
+            f", … ({len(self.values):,} labels in all: see the configuration)"
+            if self.size > HINT_LABELS
+            else ""
+        )
+        return (
+            f"allowed: {shown}{more}, or a code in 0..{self.size - 1}; labels match exactly "
+            "(case-sensitive, no surrounding spaces)"
+        )
 
     def wire_values(self, codes):
         return np.asarray(self.values, dtype=object)[np.asarray(codes)].tolist()
@@ -235,7 +271,9 @@ class HashedAttribute(StrictModel, _AttributeMethods):
         size = info.data.get("size")
         bad = sorted(i for i in v if size is not None and not 0 <= i < size)
         if bad:
-            raise ValueError(f"ids {bad[:5]} are outside [0, size={size}): no report can map to them")
+            raise ValueError(
+                f"ids {bad[:5]} are outside [0, size={size}): no report can map to them"
+            )
         return v
 
     def decoder(self):
@@ -247,13 +285,21 @@ class HashedAttribute(StrictModel, _AttributeMethods):
             if type(v) is int and 0 <= v < size:
                 return v
             return _integral_float(v, size)
+
         return decode
 
     def column_decoder(self):
         size = int(self.size)
-        return lambda col: (MISSING if v is None else public_hash(v, size) if type(v) is str
-                            else v if type(v) is int and 0 <= v < size else _or_out(_integral_float(v, size))
-                            for v in col)
+        return lambda col: (
+            MISSING
+            if v is None
+            else public_hash(v, size)
+            if type(v) is str
+            else v
+            if type(v) is int and 0 <= v < size
+            else _or_out(_integral_float(v, size))
+            for v in col
+        )
 
     def code(self, value):
         return public_hash(value, self.size) if isinstance(value, str) else int(value)
@@ -271,4 +317,6 @@ class HashedAttribute(StrictModel, _AttributeMethods):
         return f"allowed: any string (hashed to an id) or an integer id in 0..{self.size - 1}"
 
 
-Attribute = Annotated[BinaryAttribute | CategoricalAttribute | HashedAttribute, Field(discriminator="type")]
+Attribute = Annotated[
+    BinaryAttribute | CategoricalAttribute | HashedAttribute, Field(discriminator="type")
+]

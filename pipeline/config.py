@@ -8,7 +8,7 @@ of the budget, checked against it) is checked by :func:`load_config` before anyt
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -41,11 +41,15 @@ _Strict = StrictModel
 # --- attributes (public domains): pipeline.attributes ------------------------------------------
 # --- releases: one model per registered kind (pipeline.releases) ---------------------------------
 
-if TYPE_CHECKING:  # the union of the registered kinds' models is built at import; each is a ReleaseConfig
+if (
+    TYPE_CHECKING
+):  # the union of the registered kinds' models is built at import; each is a ReleaseConfig
     Release = ReleaseConfig
 else:
     # Union over a tuple built at import: the X | Y form cannot take one
-    Release = Annotated[Union[tuple(kind.config for kind in kinds().values())], Field(discriminator="type")]  # noqa: UP007
+    Release = Annotated[
+        tuple(kind.config for kind in kinds().values()), Field(discriminator="type")
+    ]  # noqa: UP007
 
 
 # --- the rest ---------------------------------------------------------------------------------
@@ -63,8 +67,12 @@ class Budget(_Strict):
     rho: float | None = Field(default=None, gt=0)
     epsilon: float | None = Field(default=None, gt=0)
     delta: float | None = Field(default=None, gt=0, lt=1)
-    report_delta: float = Field(default=1e-6, gt=0, lt=1, description="δ at which ρ is also reported as (ε, δ)")
-    allow_large: bool = Field(default=False, description=f"accept a total ε above {EPSILON_CEILING:g} (at report_delta)")
+    report_delta: float = Field(
+        default=1e-6, gt=0, lt=1, description="δ at which ρ is also reported as (ε, δ)"
+    )
+    allow_large: bool = Field(
+        default=False, description=f"accept a total ε above {EPSILON_CEILING:g} (at report_delta)"
+    )
 
     @model_validator(mode="after")
     def _pairs(self) -> Budget:
@@ -74,22 +82,28 @@ class Budget(_Strict):
             raise ValueError("set rho and/or epsilon+delta")
         total = self.total_epsilon()
         if total > EPSILON_CEILING and not self.allow_large:
-            raise ValueError(f"total ε = {total:.6g} at report_delta = {self.report_delta:g} (ρ = {self.rho or 0:g} "
-                             f"converted, plus ε = {self.epsilon or 0:g}) is above the ceiling ε = {EPSILON_CEILING:g}: "
-                             "such a release protects next to nothing (docs/privacy.md, 'Budget ceiling'); fix the "
-                             "value, or set budget.allow_large: true to acknowledge it")
+            raise ValueError(
+                f"total ε = {total:.6g} at report_delta = {self.report_delta:g} (ρ = {self.rho or 0:g} "
+                f"converted, plus ε = {self.epsilon or 0:g}) is above the ceiling ε = {EPSILON_CEILING:g}: "
+                "such a release protects next to nothing (docs/privacy.md, 'Budget ceiling'); fix the "
+                "value, or set budget.allow_large: true to acknowledge it"
+            )
         return self
 
     def total_epsilon(self) -> float:
         """The whole budget as one ε at ``report_delta``: ρ converted (CKS 2020) plus the monitors' ε."""
         from pipeline.privacy.conversions import zcdp_to_approx_dp
 
-        return (zcdp_to_approx_dp(self.rho, self.report_delta) if self.rho else 0.0) + (self.epsilon or 0.0)
+        return (zcdp_to_approx_dp(self.rho, self.report_delta) if self.rho else 0.0) + (
+            self.epsilon or 0.0
+        )
 
 
 class Topics(_Strict):
     prefix: str = Field(default="dpstream", pattern=r"^[A-Za-z0-9_.-]+$")
-    partitions: int = Field(default=4, ge=1, le=1024, description="partitions of reports and feedback")
+    partitions: int = Field(
+        default=4, ge=1, le=1024, description="partitions of reports and feedback"
+    )
 
 
 class Roster(_Strict):
@@ -117,19 +131,30 @@ class Steps(_Strict):
     close: Literal["control", "deadline"] = "control"
     deadline_seconds: float | None = Field(default=None, gt=0)
     publish_delay_seconds: float = Field(
-        default=0.0, ge=0, description="hold each step's public records until this long after its close, so "
-                                       "when they appear does not depend on how long the release took")
-    max_ahead: int = Field(default=2, ge=0, description="reports at most this many steps past the open step")
-    unit: str = Field(default="step", min_length=1, max_length=40,
-                      description="what a step is called in analysts' labels (\"month\"); labels only")
+        default=0.0,
+        ge=0,
+        description="hold each step's public records until this long after its close, so "
+        "when they appear does not depend on how long the release took",
+    )
+    max_ahead: int = Field(
+        default=2, ge=0, description="reports at most this many steps past the open step"
+    )
+    unit: str = Field(
+        default="step",
+        min_length=1,
+        max_length=40,
+        description='what a step is called in analysts\' labels ("month"); labels only',
+    )
 
     @field_validator("close", mode="before")
     @classmethod
     def _no_coverage(cls, v: Any) -> Any:
         if v == "coverage":
-            raise ValueError("'coverage' is no longer supported: closing when every user has reported makes "
-                             "whether and when a step is published an un-noised function of who reported "
-                             "(one missing user stalls every release); use 'control' or 'deadline'")
+            raise ValueError(
+                "'coverage' is no longer supported: closing when every user has reported makes "
+                "whether and when a step is published an un-noised function of who reported "
+                "(one missing user stalls every release); use 'control' or 'deadline'"
+            )
         return v
 
     @model_validator(mode="after")
@@ -141,7 +166,9 @@ class Steps(_Strict):
 
 class Imputation(_Strict):
     rule: Literal["carry_forward", "default"] = "carry_forward"
-    default: dict[str, str | int] = Field(default_factory=dict, description="per attribute, used when nothing to carry")
+    default: dict[str, str | int] = Field(
+        default_factory=dict, description="per attribute, used when nothing to carry"
+    )
 
 
 class CloseGuard(_Strict):
@@ -153,16 +180,20 @@ class CloseGuard(_Strict):
     (docs/privacy.md, "Closing rules and timing"). Curator-side counts only."""
 
     warn_above: float = Field(default=0.05, ge=0, le=1)
-    refuse_above: float | None = Field(default=None, description="refused unless null: the guard never refuses")
+    refuse_above: float | None = Field(
+        default=None, description="refused unless null: the guard never refuses"
+    )
 
     @field_validator("refuse_above")
     @classmethod
     def _advisory(cls, v: float | None) -> None:
         if v is not None:
-            raise ValueError("a close guard that refuses is no longer supported: whether a step closes would be a "
-                             "hard threshold on an un-noised count of who reported (docs/privacy.md, 'Closing rules "
-                             "and timing'); the guard only warns (warn_above). Remove the key; close on the "
-                             "deadline schedule (steps.close: deadline)")
+            raise ValueError(
+                "a close guard that refuses is no longer supported: whether a step closes would be a "
+                "hard threshold on an un-noised count of who reported (docs/privacy.md, 'Closing rules "
+                "and timing'); the guard only warns (warn_above). Remove the key; close on the "
+                "deadline schedule (steps.close: deadline)"
+            )
         return None
 
 
@@ -184,9 +215,13 @@ class RandomSourceConfig(_Strict):
 class Deployment(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     production: bool = False
-    broker: str | None = Field(default=None, description="bootstrap servers; absent = embedded broker")
+    broker: str | None = Field(
+        default=None, description="bootstrap servers; absent = embedded broker"
+    )
     redis: str | None = Field(default=None, description="redis:// URL; absent = embedded Redis")
-    security: Security = Field(default_factory=Security, description="TLS/SASL/ACL of the connections (pipeline.security)")
+    security: Security = Field(
+        default_factory=Security, description="TLS/SASL/ACL of the connections (pipeline.security)"
+    )
     topics: Topics = Topics()
     roster: Roster
     horizon: int = Field(ge=1, le=100_000)
@@ -207,9 +242,11 @@ class Deployment(_Strict):
         ``.`` or ``..`` would put the deployment's state in ``$DPSTREAM_HOME`` itself or its
         parent."""
         if set(value) == {"."}:
-            raise ValueError(f"{value!r} names the current or parent directory, where the "
-                             "deployment's Redis data and broker log would land; choose a name "
-                             "with a letter or digit")
+            raise ValueError(
+                f"{value!r} names the current or parent directory, where the "
+                "deployment's Redis data and broker log would land; choose a name "
+                "with a letter or digit"
+            )
         return value
 
     @field_validator("neighbours", mode="before")
@@ -224,7 +261,8 @@ class Deployment(_Strict):
                 "user without reports is imputed (carry-forward or the default), so an absent user does not "
                 "disappear — its count moves from its real bin to the imputed bin (L2 sensitivity √2) and n is "
                 "published; the neighbouring relation is replace (one user's whole sequence replaced by any "
-                "other, including the all-missing one). Remove the key or set it to replace; see docs/privacy.md")
+                "other, including the all-missing one). Remove the key or set it to replace; see docs/privacy.md"
+            )
         return relation
 
     @model_validator(mode="after")
@@ -236,7 +274,9 @@ class Deployment(_Strict):
         if dup:
             raise ValueError(f"release names must be unique: {dup}")
         if self.production and self.random.kind != "secure":
-            raise ValueError("random: a seeded (non-secure) random source is refused when production is true")
+            raise ValueError(
+                "random: a seeded (non-secure) random source is refused when production is true"
+            )
         for i, rel in enumerate(self.releases):
             where = f"releases.{i} ({rel.name})"
             attr = self.attributes.get(rel.attribute)
@@ -250,7 +290,9 @@ class Deployment(_Strict):
             if kind.budget == "zcdp" and self.budget.rho is None:
                 raise ValueError(f"{where}: a {rel.type} release needs budget.rho")
             if kind.budget == "approx_dp" and self.budget.epsilon is None:
-                raise ValueError(f"{where}: a {rel.type} release needs budget.epsilon and budget.delta")
+                raise ValueError(
+                    f"{where}: a {rel.type} release needs budget.epsilon and budget.delta"
+                )
             try:
                 kind.check_budget(rel, self.budget, self.horizon)
             except ValueError as err:
@@ -260,7 +302,9 @@ class Deployment(_Strict):
             if attr is None:
                 raise ValueError(f"imputation.default.{attr_name}: unknown attribute")
             if not attr.in_domain(value):
-                raise ValueError(f"imputation.default.{attr_name}: {value!r} is outside the attribute's domain")
+                raise ValueError(
+                    f"imputation.default.{attr_name}: {value!r} is outside the attribute's domain"
+                )
         return self
 
     @property
@@ -281,13 +325,18 @@ class Deployment(_Strict):
 
     def privacy_budget(self) -> PrivacyBudget:
         """The whole budget the ledger charges against."""
-        return PrivacyBudget(rho=self.budget.rho, epsilon=self.budget.epsilon, delta=self.budget.delta)
+        return PrivacyBudget(
+            rho=self.budget.rho, epsilon=self.budget.epsilon, delta=self.budget.delta
+        )
 
     def budget_plan(self) -> BudgetPlan:
         """Each release's share of its kind's part of the budget (ρ or (ε, δ)), checked: raises
         ``BudgetExceededError`` naming the releases over budget. The horizon is known up front, so
         the whole spend is planned here; when each release spends it is :mod:`pipeline.plan`."""
-        releases = [PlannedRelease(rel.name, share=rel.share, kind=kind_of(rel).budget) for rel in self.releases]
+        releases = [
+            PlannedRelease(rel.name, share=rel.share, kind=kind_of(rel).budget)
+            for rel in self.releases
+        ]
         return BudgetPlan(self.privacy_budget(), releases).check()
 
 

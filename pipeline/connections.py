@@ -22,9 +22,17 @@ from typing import Any
 from pipeline.security import SecretUnavailable, Security, TlsFiles
 from pipeline.stream.local.broker_tls import BROKER_TLS_ENV, BrokerTls
 
-__all__ = ["use_security", "active_security", "kafka_security", "embedded_broker_tls", "redis_client",
-           "tls_context",
-           "connection_failure", "check_secrets", "SecretUnavailable"]
+__all__ = [
+    "use_security",
+    "active_security",
+    "kafka_security",
+    "embedded_broker_tls",
+    "redis_client",
+    "tls_context",
+    "connection_failure",
+    "check_secrets",
+    "SecretUnavailable",
+]
 
 _active: list[Security] = [Security()]
 
@@ -44,16 +52,24 @@ def tls_context(tls: TlsFiles, key: str) -> ssl.SSLContext:
     try:
         context = ssl.create_default_context(cafile=tls.ca_file)
     except (OSError, ssl.SSLError) as err:
-        raise SecretUnavailable(f"{key}.ca_file: cannot load {tls.ca_file} ({_reason(err)})") from None
+        raise SecretUnavailable(
+            f"{key}.ca_file: cannot load {tls.ca_file} ({_reason(err)})"
+        ) from None
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.check_hostname = tls.check_hostname
     if tls.cert_file is not None:
-        password = tls.key_password.reveal(f"{key}.key_password").get_secret_value() if tls.key_password else None
+        password = (
+            tls.key_password.reveal(f"{key}.key_password").get_secret_value()
+            if tls.key_password
+            else None
+        )
         try:
             context.load_cert_chain(tls.cert_file, tls.key_file, password=password)
         except (OSError, ssl.SSLError) as err:
-            raise SecretUnavailable(f"{key}.cert_file/key_file: cannot load {tls.cert_file} with {tls.key_file} "
-                                    f"({_reason(err)})") from None
+            raise SecretUnavailable(
+                f"{key}.cert_file/key_file: cannot load {tls.cert_file} with {tls.key_file} "
+                f"({_reason(err)})"
+            ) from None
     return context
 
 
@@ -76,9 +92,14 @@ def kafka_security(security: Security | None = None) -> dict[str, Any]:
     if broker.sasl is not None:
         sasl = broker.sasl
         kwargs["sasl_mechanism"] = sasl.mechanism
-        kwargs["sasl_plain_username"] = (sasl.username if isinstance(sasl.username, str)
-                                         else sasl.username.reveal("security.broker.sasl.username").get_secret_value())
-        kwargs["sasl_plain_password"] = sasl.password.reveal("security.broker.sasl.password").get_secret_value()
+        kwargs["sasl_plain_username"] = (
+            sasl.username
+            if isinstance(sasl.username, str)
+            else sasl.username.reveal("security.broker.sasl.username").get_secret_value()
+        )
+        kwargs["sasl_plain_password"] = sasl.password.reveal(
+            "security.broker.sasl.password"
+        ).get_secret_value()
     return kwargs
 
 
@@ -88,10 +109,14 @@ def embedded_broker_tls() -> TlsFiles | None:
     if not directory:
         return None
     files = BrokerTls(Path(directory))
-    return TlsFiles(ca_file=str(files.ca_file), cert_file=str(files.client_cert), key_file=str(files.client_key))
+    return TlsFiles(
+        ca_file=str(files.ca_file), cert_file=str(files.client_cert), key_file=str(files.client_key)
+    )
 
 
-def redis_client(url: str, security: Security | None = None, client_class: Any = None, **options: Any):
+def redis_client(
+    url: str, security: Security | None = None, client_class: Any = None, **options: Any
+):
     """A ``client_class`` (``redis.Redis`` unless given, e.g. ``redis.asyncio.Redis`` inside the jobs'
     event loops) for ``url`` with the configured ACL user, password and TLS files; ``options`` are passed
     on (timeouts, retries)."""
@@ -103,7 +128,9 @@ def redis_client(url: str, security: Security | None = None, client_class: Any =
         options["username"] = user
     if password is not None:
         options["password"] = password.get_secret_value()
-    elif user is None:  # no login configured: the embedded Redis's generated password, if it is this one
+    elif (
+        user is None
+    ):  # no login configured: the embedded Redis's generated password, if it is this one
         from urllib.parse import urlsplit
 
         from pipeline.stream.local.embedded import local_redis_password
@@ -114,13 +141,20 @@ def redis_client(url: str, security: Security | None = None, client_class: Any =
             options["password"] = generated
     if settings.tls is not None:
         tls = settings.tls
-        tls_context(tls, "security.redis.tls")  # fails early, with the key, if a file cannot be loaded
-        options.update(ssl_ca_certs=tls.ca_file, ssl_check_hostname=tls.check_hostname,
-                       ssl_min_version=ssl.TLSVersion.TLSv1_2)
+        tls_context(
+            tls, "security.redis.tls"
+        )  # fails early, with the key, if a file cannot be loaded
+        options.update(
+            ssl_ca_certs=tls.ca_file,
+            ssl_check_hostname=tls.check_hostname,
+            ssl_min_version=ssl.TLSVersion.TLSv1_2,
+        )
         if tls.cert_file is not None:
             options.update(ssl_certfile=tls.cert_file, ssl_keyfile=tls.key_file)
             if tls.key_password is not None:
-                options["ssl_password"] = tls.key_password.reveal("security.redis.tls.key_password").get_secret_value()
+                options["ssl_password"] = tls.key_password.reveal(
+                    "security.redis.tls.key_password"
+                ).get_secret_value()
     return (client_class or redis.Redis).from_url(url, **options)
 
 
@@ -141,37 +175,64 @@ def connection_failure(err: BaseException) -> str | None:
 
     if isinstance(err, SecretUnavailable):
         return f"cannot read a configured secret: {err}"
-    if isinstance(err, redis.AuthenticationError) or (isinstance(err, redis.ResponseError)
-                                                       and str(err).startswith(("WRONGPASS", "NOAUTH"))):
-        return (f"Redis refused the login ({_first_line(err)}); check security.redis.username/password "
-                "and the ACL user on the server")
+    if isinstance(err, redis.AuthenticationError) or (
+        isinstance(err, redis.ResponseError) and str(err).startswith(("WRONGPASS", "NOAUTH"))
+    ):
+        return (
+            f"Redis refused the login ({_first_line(err)}); check security.redis.username/password "
+            "and the ACL user on the server"
+        )
     if isinstance(err, redis.exceptions.NoPermissionError):
         return f"Redis refused a command to this user ({_first_line(err)}); check its ACL (docs/security.md)"
-    if isinstance(err, redis.ConnectionError) and "SSL" in str(err) or isinstance(err, ssl.SSLError):
+    if (
+        isinstance(err, redis.ConnectionError)
+        and "SSL" in str(err)
+        or isinstance(err, ssl.SSLError)
+    ):
         return f"TLS handshake failed ({_first_line(err)}); check the tls block in security (ca_file, certificates)"
     kafka_auth = _kafka_auth_errors()
     if kafka_auth and isinstance(err, kafka_auth):
         if "Authorization" in type(err).__name__:
-            return (f"the broker's ACLs refused this user ({type(err).__name__}: {_first_line(err)}); "
-                    "see docs/security.md for what each role needs")
-        return (f"the broker refused the login ({type(err).__name__}: {_first_line(err)}); check "
-                "security.broker.sasl (mechanism, username, password) and the broker's users")
+            return (
+                f"the broker's ACLs refused this user ({type(err).__name__}: {_first_line(err)}); "
+                "see docs/security.md for what each role needs"
+            )
+        return (
+            f"the broker refused the login ({type(err).__name__}: {_first_line(err)}); check "
+            "security.broker.sasl (mechanism, username, password) and the broker's users"
+        )
     return None
 
 
 def _kafka_auth_errors() -> tuple[type, ...]:
     from kafka import errors as kerr
 
-    found = [getattr(kerr, n) for n in ("SaslAuthenticationFailedError", "AuthenticationFailedError",
-                                        "IllegalSaslStateError", "UnsupportedSaslMechanismError",
-                                        "TopicAuthorizationFailedError", "GroupAuthorizationFailedError",
-                                        "ClusterAuthorizationFailedError") if hasattr(kerr, n)]
+    found = [
+        getattr(kerr, n)
+        for n in (
+            "SaslAuthenticationFailedError",
+            "AuthenticationFailedError",
+            "IllegalSaslStateError",
+            "UnsupportedSaslMechanismError",
+            "TopicAuthorizationFailedError",
+            "GroupAuthorizationFailedError",
+            "ClusterAuthorizationFailedError",
+        )
+        if hasattr(kerr, n)
+    ]
     try:
         from aiokafka import errors as aerr
 
-        found += [getattr(aerr, n) for n in ("SaslAuthenticationFailedError", "AuthenticationFailedError",
-                                             "TopicAuthorizationFailedError", "GroupAuthorizationFailedError")
-                  if hasattr(aerr, n)]
+        found += [
+            getattr(aerr, n)
+            for n in (
+                "SaslAuthenticationFailedError",
+                "AuthenticationFailedError",
+                "TopicAuthorizationFailedError",
+                "GroupAuthorizationFailedError",
+            )
+            if hasattr(aerr, n)
+        ]
     except ImportError:  # pragma: no cover
         pass
     return tuple(found)

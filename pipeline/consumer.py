@@ -39,7 +39,9 @@ class SyntheticPanel:
     manifests: dict[int, dict[str, Any]] = field(default_factory=dict)
     values: np.ndarray | None = None
     complete_steps: set[int] = field(default_factory=set)
-    histograms: dict[int, np.ndarray] = field(default_factory=dict)  # relative_error: step -> ĥ_t (float64)
+    histograms: dict[int, np.ndarray] = field(
+        default_factory=dict
+    )  # relative_error: step -> ĥ_t (float64)
 
     @property
     def parameters(self) -> dict[str, Any]:
@@ -61,7 +63,9 @@ class SyntheticPanel:
         """The released columns (m, released_through), in the manifest's ``synthetic.dtype`` (relative_error:
         the histograms, codes × steps, float64)."""
         if self.values is None and self.histograms:
-            return np.column_stack([self.histograms[t] for t in range(1, self.released_through + 1)])
+            return np.column_stack(
+                [self.histograms[t] for t in range(1, self.released_through + 1)]
+            )
         if self.values is None:  # the readers ask a panel only once it has released a step
             raise ValueError(f"release {self.release!r} has released nothing yet")
         return self.values[:, : self.released_through]
@@ -99,7 +103,9 @@ class SyntheticPanel:
         return Path(path)
 
     def export_parquet(self, path: str | Path) -> Path:
-        write_parquet(Path(path), self.as_array(), None, {"release": self.release, "type": self.type})
+        write_parquet(
+            Path(path), self.as_array(), None, {"release": self.release, "type": self.type}
+        )
         return Path(path)
 
 
@@ -109,14 +115,20 @@ class PanelStore:
     def __init__(self) -> None:
         self.panels: dict[str, SyntheticPanel] = {}
         self.alerts: dict[tuple[str, int], dict[str, Any]] = {}
-        self.descriptor: dict[str, Any] | None = None  # the last deployment descriptor (pipeline.descriptor)
+        self.descriptor: dict[str, Any] | None = (
+            None  # the last deployment descriptor (pipeline.descriptor)
+        )
         self._chunks: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
         self.duplicates = 0
 
     def handlers(self, topic_names: dict[str, str]) -> dict[str, Any]:
         """Broker topic name -> the method applying its messages, for every public topic named."""
-        by_topic = {"releases": self.add_manifest, "synthetic": self.add_chunk, "alerts": self.add_alert,
-                    "deployment": self.add_descriptor}
+        by_topic = {
+            "releases": self.add_manifest,
+            "synthetic": self.add_chunk,
+            "alerts": self.add_alert,
+            "deployment": self.add_descriptor,
+        }
         return {topic_names[t]: by_topic[t] for t in PUBLIC_TOPICS if t in topic_names}
 
     def _panel(self, release: str, type_: str = "") -> SyntheticPanel:
@@ -181,9 +193,13 @@ class PanelStore:
                         raise ValueError(f"values outside {dtype}")  # would wrap
                     new[int(c["start"]) : int(c["stop"]), j] = values
         except (KeyError, ValueError, TypeError, OverflowError) as err:
-            raise IncompleteStep(f"{release} step {step}: malformed chunk ({type(err).__name__}: {err})") from None
+            raise IncompleteStep(
+                f"{release} step {step}: malformed chunk ({type(err).__name__}: {err})"
+            ) from None
         if columns_checksum(new) != syn["sha256"]:
-            raise IncompleteStep(f"{release} step {step}: checksum mismatch (corrupt or mixed chunks)")
+            raise IncompleteStep(
+                f"{release} step {step}: checksum mismatch (corrupt or mixed chunks)"
+            )
         if panel.values is None:
             panel.values = np.full((m, int(manifest["horizon"])), -1, dtype=new.dtype)
         for j, s in enumerate(cols):
@@ -214,19 +230,23 @@ def _digit_chunk(value: bytes) -> dict[str, Any] | None:
     while True:  # "<step>":[d,d,...] then "," and the next, or the end
         close = value.find(b'":[', pos + 1)
         stop = value.find(b"]", close)
-        if value[pos:pos + 1] != b'"' or close < 0 or stop < 0:
+        if value[pos : pos + 1] != b'"' or close < 0 or stop < 0:
             return None
-        key, text = value[pos + 1:close], raw[close + 3:stop]
+        key, text = value[pos + 1 : close], raw[close + 3 : stop]
         if not key.isdigit() or text.size % 2 == 0 and text.size:
             return None
         digits = text[0::2]
-        if not ((text[1::2] == ord(",")).all() and (digits >= ord("0")).all() and (digits <= ord("9")).all()):
+        if not (
+            (text[1::2] == ord(",")).all()
+            and (digits >= ord("0")).all()
+            and (digits <= ord("9")).all()
+        ):
             return None
         values[key.decode()] = (digits - ord("0")).astype(np.int8)
         pos = stop + 1
         if pos == end:
             break
-        if value[pos:pos + 1] != b"," or stop > end:
+        if value[pos : pos + 1] != b"," or stop > end:
             return None
         pos += 1
     head["values"] = values
@@ -251,7 +271,9 @@ def _complete_histogram(panel: SyntheticPanel, manifest: dict, chunks: dict[int,
     hist = np.full(int(syn["records"]), np.nan)
     try:
         for c in chunks.values():
-            hist[int(c["start"]):int(c["stop"])] = np.asarray(c["values"][str(step)], dtype=np.float64)
+            hist[int(c["start"]) : int(c["stop"])] = np.asarray(
+                c["values"][str(step)], dtype=np.float64
+            )
     except (KeyError, ValueError, TypeError) as err:
         raise IncompleteStep(f"{where}: malformed chunk ({type(err).__name__}: {err})") from None
     if columns_checksum(hist) != syn["sha256"]:
@@ -263,8 +285,14 @@ def _complete_histogram(panel: SyntheticPanel, manifest: dict, chunks: dict[int,
 BOOTSTRAP_TIMEOUT_MS = 8000  # a live broker answers its first request in well under this
 
 
-def read_to_end(bootstrap: str, topics: list[str], handle, timeout: float = 30.0, until=None,
-                start: dict | None = None) -> None:
+def read_to_end(
+    bootstrap: str,
+    topics: list[str],
+    handle,
+    timeout: float = 30.0,
+    until=None,
+    start: dict | None = None,
+) -> None:
     """Call ``handle(message)`` for every record of ``topics`` from the beginning (or from ``start``,
     TopicPartition -> offset) up to their current end (or until ``until()`` is true). The end is
     each partition's true log end
@@ -275,9 +303,15 @@ def read_to_end(bootstrap: str, topics: list[str], handle, timeout: float = 30.0
     from pipeline.stream.kafka.log_end import log_ends
 
     # a listener that is not a broker is one line within seconds, not kafka-python's 30 s bootstrap wait
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False,
-                             auto_offset_reset="earliest", bootstrap_timeout_ms=BOOTSTRAP_TIMEOUT_MS,
-                             max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        **kafka_security(),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        bootstrap_timeout_ms=BOOTSTRAP_TIMEOUT_MS,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+        fetch_max_bytes=64 * 1024 * 1024,
+    )
     try:
         tps = []
         for topic in topics:
@@ -304,12 +338,22 @@ def read_to_end(bootstrap: str, topics: list[str], handle, timeout: float = 30.0
         consumer.close()
 
 
-def read_topics(bootstrap: str, topic_names: dict[str, str], store: PanelStore | None = None,
-                timeout: float = 30.0, until: Callable[[PanelStore], bool] | None = None) -> PanelStore:
+def read_topics(
+    bootstrap: str,
+    topic_names: dict[str, str],
+    store: PanelStore | None = None,
+    timeout: float = 30.0,
+    until: Callable[[PanelStore], bool] | None = None,
+) -> PanelStore:
     """Read the public topics from the beginning up to their current end (or until ``until(store)``)
     into ``store`` (:func:`read_to_end`)."""
     store = store or PanelStore()
     handlers = store.handlers(topic_names)
-    read_to_end(bootstrap, list(handlers), lambda msg: handlers[msg.topic](msg.value), timeout,
-                None if until is None else (lambda: until(store)))
+    read_to_end(
+        bootstrap,
+        list(handlers),
+        lambda msg: handlers[msg.topic](msg.value),
+        timeout,
+        None if until is None else (lambda: until(store)),
+    )
     return store

@@ -43,6 +43,8 @@ def format_summary(summary: dict[str, ReasonSummary], topic: str) -> str:
     lines = [f"{topic}: {total:,} rejected report(s)"]
     width = max(len(r) for r in summary)
     for reason, s in summary.items():
-        lines.append(f"  {reason:<{width}}  {s.count:>9,}  (source {s.first_source} .. {s.last_source})")
+        lines.append(
+            f"  {reason:<{width}}  {s.count:>9,}  (source {s.first_source} .. {s.last_source})"
+        )
         lines += [f"      e.g. {e}" for e in s.examples]
     return "\n".join(lines)

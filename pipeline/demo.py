@@ -38,19 +38,42 @@ def demo_config(n: int, seed: int | None, partitions: int = 4) -> dict:
         "topics": {"partitions": partitions},
         "steps": {"unit": "month"},
         "attributes": {
-            "poverty": {"type": "binary", "label": "poor",
-                        "description": "household below the poverty threshold this month"},
-            "occupation": {"type": "hashed", "size": OCCUPATIONS,
-                           "description": "occupation code of the reference person (public code list)"},
+            "poverty": {
+                "type": "binary",
+                "label": "poor",
+                "description": "household below the poverty threshold this month",
+            },
+            "occupation": {
+                "type": "hashed",
+                "size": OCCUPATIONS,
+                "description": "occupation code of the reference person (public code list)",
+            },
         },
         "neighbours": "replace",
         "budget": {"rho": 0.01, "epsilon": 1.0, "delta": 1e-6, "report_delta": 1e-6},
         "random": {"kind": "seeded", "seed": seed} if seed is not None else {"kind": "secure"},
         "releases": [
-            {"name": "poverty-quarterly", "type": "fixed_window", "attribute": "poverty", "window": 3, "share": 0.5},
-            {"name": "poverty-cumulative", "type": "cumulative", "attribute": "poverty", "share": 0.5},
-            {"name": "occupation-heavy", "type": "heavy_hitters", "attribute": "occupation", "method": "tct",
-             "k": 3, "share": 1.0},
+            {
+                "name": "poverty-quarterly",
+                "type": "fixed_window",
+                "attribute": "poverty",
+                "window": 3,
+                "share": 0.5,
+            },
+            {
+                "name": "poverty-cumulative",
+                "type": "cumulative",
+                "attribute": "poverty",
+                "share": 0.5,
+            },
+            {
+                "name": "occupation-heavy",
+                "type": "heavy_hitters",
+                "attribute": "occupation",
+                "method": "tct",
+                "k": 3,
+                "share": 1.0,
+            },
         ],
     }
     return cfg
@@ -65,7 +88,11 @@ def run_demo(args) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
+    say = (
+        (lambda *a: print(*a, file=sys.stderr, flush=True))
+        if args.json
+        else (lambda *a: print(*a, flush=True))
+    )
     cfg = demo_config(args.n, args.seed if args.seeded else None)
     cfg_path = out / "demo.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -73,17 +100,32 @@ def run_demo(args) -> int:
     n = dep.n
     poverty = simulate_poverty_panel(n=n, horizon=HORIZON, seed=args.seed)
     occupation, planted = simulate_categorical_panel(
-        n, HORIZON, OCCUPATIONS, seed=args.seed + 1, persistence=0.9, heavy_per_phase=2, heavy_share=0.04,
-        phase_length=3)
-    say(f"dpstream demo: n={n} households, T={HORIZON} months, releases: "
-        + ", ".join(r.name for r in dep.releases))
+        n,
+        HORIZON,
+        OCCUPATIONS,
+        seed=args.seed + 1,
+        persistence=0.9,
+        heavy_per_phase=2,
+        heavy_share=0.04,
+        phase_length=3,
+    )
+    say(
+        f"dpstream demo: n={n} households, T={HORIZON} months, releases: "
+        + ", ".join(r.name for r in dep.releases)
+    )
 
     rows = []
     t0 = time.perf_counter()
-    with LocalCluster(cfg_path, dep, workers=args.workers, log_dir=out / "logs", isolated=True) as cluster:
-        say(f"embedded broker {cluster.broker}, redis {cluster.redis_url}; "
-            f"{args.workers} worker(s) + releaser started (logs: {out / 'logs'})")
-        drv = StepDriver(cluster.broker, dep, Roster.from_config(dep.roster), cluster.names, cluster=cluster)
+    with LocalCluster(
+        cfg_path, dep, workers=args.workers, log_dir=out / "logs", isolated=True
+    ) as cluster:
+        say(
+            f"embedded broker {cluster.broker}, redis {cluster.redis_url}; "
+            f"{args.workers} worker(s) + releaser started (logs: {out / 'logs'})"
+        )
+        drv = StepDriver(
+            cluster.broker, dep, Roster.from_config(dep.roster), cluster.names, cluster=cluster
+        )
         for t in range(1, HORIZON + 1):
             values = {"poverty": poverty[:, t - 1]}
             if "occupation" in {r.attribute for r in dep.releases}:
@@ -98,11 +140,20 @@ def run_demo(args) -> int:
     from pipeline.analyst.reader import PublicReader
     from pipeline.analyst.report import write_report
 
-    reader = PublicReader(dep, drv.panels)  # what the demo read back from the public topics, like an analyst
+    reader = PublicReader(
+        dep, drv.panels
+    )  # what the demo read back from the public topics, like an analyst
     report = write_report(reader, out)
-    summary = {"n": n, "horizon": HORIZON, "workers": args.workers, "seconds": round(elapsed, 1),
-               "secure_noise": not args.seeded, "steps": rows, "report": str(report),
-               "plots": [str(p) for p in _plots(out, reader, poverty, occupation, planted)]}
+    summary = {
+        "n": n,
+        "horizon": HORIZON,
+        "workers": args.workers,
+        "seconds": round(elapsed, 1),
+        "secure_noise": not args.seeded,
+        "steps": rows,
+        "report": str(report),
+        "plots": [str(p) for p in _plots(out, reader, poverty, occupation, planted)],
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     say(f"done in {elapsed:.0f} s; the analyst page {report}, plots and summary.json in {out}")
     if args.json:
@@ -148,8 +199,16 @@ def _step_row(dep: Deployment, panels, t, latency, poverty, occupation, planted)
 
 
 def _format_row(row: dict, header: bool) -> str:
-    cols = [("step", 4), ("latency_s", 9), ("window_max_err", 14), ("window_bound", 12), ("cumulative_max_err", 18),
-            ("heavy_found", 11), ("heavy_false", 11), ("epsilon_spent", 13)]
+    cols = [
+        ("step", 4),
+        ("latency_s", 9),
+        ("window_max_err", 14),
+        ("window_bound", 12),
+        ("cumulative_max_err", 18),
+        ("heavy_found", 11),
+        ("heavy_false", 11),
+        ("epsilon_spent", 13),
+    ]
     line = " ".join(str(row.get(c, "-")).rjust(w) for c, w in cols)
     if header:
         return " ".join(c.rjust(w) for c, w in cols) + "\n" + line
@@ -190,22 +249,40 @@ def _plots(out: Path, reader, poverty, occupation, planted) -> list[Path]:
         syn = fw.as_array()
         lam = float(p["accuracy_bound"])
         fig, axes = plt.subplots(1, 4, figsize=(16, 4.6), sharex=True, sharey=True)
-        titles = {"at_least_1": "poor in ≥ 1 month of the quarter", "at_least_2": "poor in ≥ 2 months of the quarter",
-                  "at_least_2_consecutive": "poor in ≥ 2 consecutive months", "all": "poor in all 3 months"}
+        titles = {
+            "at_least_1": "poor in ≥ 1 month of the quarter",
+            "at_least_2": "poor in ≥ 2 months of the quarter",
+            "at_least_2_consecutive": "poor in ≥ 2 consecutive months",
+            "all": "poor in all 3 months",
+        }
         truth = quarterly_poverty(poverty)
         raw = quarterly_poverty(syn)
         deb = quarterly_poverty(syn, n_pad=int(p["n_pad"]), n=n)
         masks = quarterly_masks(3)
         quarters = np.arange(1, len(truth["quarter_end"]) + 1)
         for ax, (name, title) in zip(axes, QUARTERLY_QUANTITIES):
-            half = masks[name].sum() * lam / n  # a sum of |q| pattern counts, each within λ (Bun et al., Thm 3.2)
+            half = (
+                masks[name].sum() * lam / n
+            )  # a sum of |q| pattern counts, each within λ (Bun et al., Thm 3.2)
             d = deb["proportions"][name]
-            ax.fill_between(quarters, np.maximum(d - half, 0), np.minimum(d + half, 1), color="tab:blue", alpha=0.18,
-                            label="interval: ± λ/n per pattern summed (Bun et al. Thm 3.2, 95% for all quarters)")
+            ax.fill_between(
+                quarters,
+                np.maximum(d - half, 0),
+                np.minimum(d + half, 1),
+                color="tab:blue",
+                alpha=0.18,
+                label="interval: ± λ/n per pattern summed (Bun et al. Thm 3.2, 95% for all quarters)",
+            )
             ax.plot(quarters, truth["proportions"][name], "x", ms=9, color="black", label="truth")
             ax.plot(quarters, d, "o-", color="tab:blue", ms=5, label="synthetic, padding removed")
-            ax.plot(quarters, raw["proportions"][name], "s--", color="tab:orange", ms=4,
-                    label="synthetic, raw (with padding)")
+            ax.plot(
+                quarters,
+                raw["proportions"][name],
+                "s--",
+                color="tab:orange",
+                ms=4,
+                label="synthetic, raw (with padding)",
+            )
             ax.set_title(titles.get(name, title), fontsize=10)
             ax.set_xlabel("quarter")
             ax.set_xticks(quarters)
@@ -214,7 +291,9 @@ def _plots(out: Path, reader, poverty, occupation, planted) -> list[Path]:
         axes[0].set_ylim(bottom=0)
         handles, labels = axes[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=9, frameon=False)
-        fig.suptitle(f"Quarterly poverty from the streamed fixed-window synthetic data (k = 3), one run, n = {n:,}")
+        fig.suptitle(
+            f"Quarterly poverty from the streamed fixed-window synthetic data (k = 3), one run, n = {n:,}"
+        )
         fig.tight_layout(rect=(0, 0.08, 1, 1))
         paths.append(_save(fig, out / "demo_quarterly.png", layout=False))
     cu = panels.panels.get("poverty-cumulative")
@@ -226,10 +305,24 @@ def _plots(out: Path, reader, poverty, occupation, planted) -> list[Path]:
         for b, color in ((1, "tab:blue"), (3, "tab:green"), (6, "tab:red")):
             est = cumulative_at_least(syn, b, n=n)[1]
             ax.fill_between(ts, np.maximum(est - error, 0), est + error, color=color, alpha=0.15)
-            ax.plot(ts, cumulative_at_least(poverty[:, :syn.shape[1]], b, n=n)[1], "x", color=color, ms=8)
-            ax.plot(ts, est, "-", color=color, label=f"poor in at least {b} month{'s' if b > 1 else ''} so far")
+            ax.plot(
+                ts,
+                cumulative_at_least(poverty[:, : syn.shape[1]], b, n=n)[1],
+                "x",
+                color=color,
+                ms=8,
+            )
+            ax.plot(
+                ts,
+                est,
+                "-",
+                color=color,
+                label=f"poor in at least {b} month{'s' if b > 1 else ''} so far",
+            )
         ax.plot([], [], "x", color="black", label="truth")
-        ax.fill_between([], [], [], color="gray", alpha=0.15, label=f"interval (± {error:.2%} of n, 95%)")
+        ax.fill_between(
+            [], [], [], color="gray", alpha=0.15, label=f"interval (± {error:.2%} of n, 95%)"
+        )
         ax.set_xlabel("month")
         ax.set_ylabel("share of households")
         ax.set_ylim(bottom=0)
@@ -255,7 +348,9 @@ def _budget_plot(out: Path, reader) -> Path:
     planned = planned_spend(dep, dep.budget_plan().allotments())
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
     ax.plot([s["step"] for s in spend], [s["epsilon"] for s in spend], "o-", label="spent so far")
-    ax.axhline(planned.epsilon, color="tab:red", ls="--", label=f"planned total over {dep.horizon} months")
+    ax.axhline(
+        planned.epsilon, color="tab:red", ls="--", label=f"planned total over {dep.horizon} months"
+    )
     ax.set_xlabel("month")
     ax.set_ylabel(f"ε at δ = {dep.budget.report_delta:g}")
     ax.set_xlim(0.5, dep.horizon + 0.5)
@@ -270,24 +365,48 @@ def _alerts_plot(out: Path, reader, alerts, planted) -> Path:
     """Flagged occupation codes per month against the planted heavy hitters (simulation truth)."""
     import matplotlib.pyplot as plt
 
-    codes = sorted({int(x) for a in alerts for x in a.get("flagged", [])} | {h.element for h in planted})
+    codes = sorted(
+        {int(x) for a in alerts for x in a.get("flagged", [])} | {h.element for h in planted}
+    )
     row = {c: i for i, c in enumerate(codes)}
     fig, ax = plt.subplots(figsize=(7.5, 1.9 + 0.32 * len(codes)))
     for h in planted:
-        ax.barh(row[h.element], h.stop - h.start + 1, left=h.start - 0.5, height=0.6, color="tab:gray", alpha=0.3)
+        ax.barh(
+            row[h.element],
+            h.stop - h.start + 1,
+            left=h.start - 0.5,
+            height=0.6,
+            color="tab:gray",
+            alpha=0.3,
+        )
     xs = [a["step"] for a in alerts for _ in a.get("flagged", [])]
     ys = [row[int(x)] for a in alerts for x in a.get("flagged", [])]
     from matplotlib.patches import Patch
 
     ax.plot(xs, ys, "o", color="tab:red", label="flagged (alerts topic)")
-    handles = [ax.get_lines()[-1], Patch(color="tab:gray", alpha=0.3, label="planted: held by 4% of households "
-                                                                             "(simulation truth)")]
+    handles = [
+        ax.get_lines()[-1],
+        Patch(
+            color="tab:gray",
+            alpha=0.3,
+            label="planted: held by 4% of households (simulation truth)",
+        ),
+    ]
     ax.set_yticks(range(len(codes)))
     ax.set_yticklabels([f"occupation {c}" for c in codes])
     ax.set_xlabel("month")
     ax.set_xlim(0.5, reader.dep.horizon + 0.5)
     ax.set_xticks(range(1, reader.dep.horizon + 1))
-    ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
-    k = next((getattr(r, "k", None) for r in reader.dep.releases if r.name == alerts[0]["release"]), None)
+    ax.legend(
+        handles=handles,
+        fontsize=8,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.22),
+        ncol=2,
+        frameon=False,
+    )
+    k = next(
+        (getattr(r, "k", None) for r in reader.dep.releases if r.name == alerts[0]["release"]), None
+    )
     ax.set_title(f"Heavy-hitter alerts; a household stops counting after k = {k} flags")
     return _save(fig, out / "demo_alerts.png")

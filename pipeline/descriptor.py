@@ -39,9 +39,15 @@ def build(deployment: Deployment, roster_ids: list[str], instance: str) -> dict[
     public = deployment.model_dump(mode="json", exclude=_CURATOR_KEYS)
     public["roster"] = {"source": "range", "size": len(roster_ids)}
     public["random"] = {"kind": deployment.random.kind}
-    return {"format": FORMAT, "deployment": deployment.name, "instance": instance,
-            "n": len(roster_ids), "fingerprint": fingerprint(doc), "privacy_config": doc,
-            "config": public}
+    return {
+        "format": FORMAT,
+        "deployment": deployment.name,
+        "instance": instance,
+        "n": len(roster_ids),
+        "fingerprint": fingerprint(doc),
+        "privacy_config": doc,
+        "config": public,
+    }
 
 
 def encode(descriptor: dict[str, Any]) -> bytes:
@@ -59,13 +65,17 @@ def deployment_from(descriptor: dict[str, Any]):
     from pipeline.config import parse_config
 
     if descriptor.get("format") != FORMAT:
-        raise ValueError(f"deployment descriptor format {descriptor.get('format')!r}; this "
-                         f"dpstream reads format {FORMAT}")
+        raise ValueError(
+            f"deployment descriptor format {descriptor.get('format')!r}; this "
+            f"dpstream reads format {FORMAT}"
+        )
     data = dict(descriptor["config"], random={"kind": "secure"})
     return parse_config(data, source=f"the published descriptor of {descriptor['deployment']!r}")
 
 
-def differences(deployment: Deployment, descriptor: dict[str, Any], roster_ids: list[str] | None) -> list[str]:
+def differences(
+    deployment: Deployment, descriptor: dict[str, Any], roster_ids: list[str] | None
+) -> list[str]:
     """The privacy-relevant keys where ``deployment`` differs from the published descriptor, as
     ``"budget.rho: 0.02 -> 0.05"``. Without ``roster_ids`` (an analyst without the roster file) the
     roster is compared by nothing: n comes from the descriptor."""

@@ -73,6 +73,8 @@ def warnings(bounds: dict[str, ReleaseBounds], n: int) -> list[str]:
     for b in bounds.values():
         value = b.bounds[b.largest]
         if value > n:
-            out.append(f"release {b.release!r}: {b.largest} = {value:,.1f} exceeds the population n = {n:,}, so at "
-                       f"this budget its {b.meaning} carries no information; raise the budget or its share")
+            out.append(
+                f"release {b.release!r}: {b.largest} = {value:,.1f} exceeds the population n = {n:,}, so at "
+                f"this budget its {b.meaning} carries no information; raise the budget or its share"
+            )
     return out

@@ -105,8 +105,10 @@ class Fates:
         by_count = sorted(self.rejected.items(), key=lambda kv: (-kv[1], kv[0]))
         reasons = ", ".join(f"{r} {n:,}" for r, n in by_count)
         rejected = sum(self.rejected.values())
-        text = (f"workers' verdict on the {self.sent:,} reports sent: {self.accepted:,} accepted, "
-                f"{rejected:,} rejected" + (f" ({reasons})" if reasons else ""))
+        text = (
+            f"workers' verdict on the {self.sent:,} reports sent: {self.accepted:,} accepted, "
+            f"{rejected:,} rejected" + (f" ({reasons})" if reasons else "")
+        )
         if self.unknown:
             text += f", {self.unknown:,} not handled yet"
         elif self.unapplied_forwards:
@@ -123,9 +125,16 @@ def dead_letter_mark(broker: str, topic: str, partitions: int) -> dict:
     return log_ends(broker, [TopicPartition(topic, p) for p in range(partitions)])
 
 
-def await_fates(store: StateStore, broker: str, names: dict[str, str], partitions: int, receipt: Receipt,
-                mark: dict, timeout: float,
-                progress: Callable[[int, int], None] | None = None) -> Fates:
+def await_fates(
+    store: StateStore,
+    broker: str,
+    names: dict[str, str],
+    partitions: int,
+    receipt: Receipt,
+    mark: dict,
+    timeout: float,
+    progress: Callable[[int, int], None] | None = None,
+) -> Fates:
     """Wait up to ``timeout`` seconds for the workers to handle ``receipt``'s messages, then
     count its reports' dead letters (written after ``mark``) by reason."""
     start = time.monotonic()
@@ -141,16 +150,20 @@ def await_fates(store: StateStore, broker: str, names: dict[str, str], partition
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    applied = not left and _forwards_applied(store, broker, names["repartition"], partitions,
-                                             deadline)
+    applied = not left and _forwards_applied(
+        store, broker, names["repartition"], partitions, deadline
+    )
     fates = Fates(sent=total, unknown=left, unapplied_forwards=not left and not applied)
-    fates.rejected = _rejections(broker, names["dead-letter"], names["reports"], receipt, mark,
-                                 handled)
+    fates.rejected = _rejections(
+        broker, names["dead-letter"], names["reports"], receipt, mark, handled
+    )
     fates.waited = time.monotonic() - start
     return fates
 
 
-def _forwards_applied(store: StateStore, broker: str, topic: str, partitions: int, deadline: float) -> bool:
+def _forwards_applied(
+    store: StateStore, broker: str, topic: str, partitions: int, deadline: float
+) -> bool:
     """Wait until every owner has handled the ``repartition`` log to its end now (the reports
     other partitions forwarded to it); False if not by ``deadline``."""
     from kafka import TopicPartition
@@ -160,9 +173,12 @@ def _forwards_applied(store: StateStore, broker: str, topic: str, partitions: in
     ends = log_ends(broker, [TopicPartition(topic, p) for p in range(partitions)])
     while True:
         snaps = store.intake()
-        behind = [tp for tp, end in ends.items()
-                  if "forwarded_offset" in snaps.get(tp.partition, {})
-                  and int(snaps[tp.partition]["forwarded_offset"]) + 1 < end]
+        behind = [
+            tp
+            for tp, end in ends.items()
+            if "forwarded_offset" in snaps.get(tp.partition, {})
+            and int(snaps[tp.partition]["forwarded_offset"]) + 1 < end
+        ]
         if not behind:
             return True
         if time.monotonic() > deadline:
@@ -170,8 +186,14 @@ def _forwards_applied(store: StateStore, broker: str, topic: str, partitions: in
         time.sleep(0.2)
 
 
-def _rejections(broker: str, dead_letter_topic: str, reports_topic: str, receipt: Receipt,
-                mark: dict, handled: dict[int, int]) -> dict[str, int]:
+def _rejections(
+    broker: str,
+    dead_letter_topic: str,
+    reports_topic: str,
+    receipt: Receipt,
+    mark: dict,
+    handled: dict[int, int],
+) -> dict[str, int]:
     """Reason -> reports of ``receipt`` in the dead letters past ``mark``. A dead letter replayed
     (a worker's restart repeats it: same position) counts once; one of a whole batch message
     counts all its reports."""
@@ -185,7 +207,7 @@ def _rejections(broker: str, dead_letter_topic: str, reports_topic: str, receipt
         headers = dict(msg.headers or ())
         source = headers.get(SOURCE_HEADER, b"").decode(errors="replace")
         try:
-            partition, offset = map(int, source[len(prefix):].split("/"))
+            partition, offset = map(int, source[len(prefix) :].split("/"))
         except ValueError:
             return
         # positions past what was handled count as unknown; offset -1: a displaced report

@@ -29,11 +29,20 @@ from pipeline.releases import Setting, kind_of, kinds
 if TYPE_CHECKING:
     from pipeline.releases import ReleaseConfig
 
-if TYPE_CHECKING:  # annotations only: the plan works on any deployment model, and loads no YAML machinery
+if (
+    TYPE_CHECKING
+):  # annotations only: the plan works on any deployment model, and loads no YAML machinery
     from pipeline.config import Deployment
 
-__all__ = ["ZCDP_RELEASES", "release_seed", "mechanism_setting", "planned_events", "step_cost", "planned_schedule",
-           "spend_of_steps"]
+__all__ = [
+    "ZCDP_RELEASES",
+    "release_seed",
+    "mechanism_setting",
+    "planned_events",
+    "step_cost",
+    "planned_schedule",
+    "spend_of_steps",
+]
 
 # The release kinds that spend the deployment's ρ (zCDP); the others spend its (ε, δ) (pipeline.releases).
 ZCDP_RELEASES = tuple(name for name, kind in kinds().items() if kind.budget == "zcdp")
@@ -47,12 +56,18 @@ def release_seed(deployment: Deployment, release_name: str) -> int | None:
     return derive_seed(seed, release_name)
 
 
-def mechanism_setting(deployment: Deployment, release: ReleaseConfig, allotment, n: int | None = None) -> Setting:
+def mechanism_setting(
+    deployment: Deployment, release: ReleaseConfig, allotment, n: int | None = None
+) -> Setting:
     """What ``release``'s mechanism is built from besides its own keys (seeded per release)."""
-    return Setting.of(deployment, release, allotment, n=n, seed=release_seed(deployment, release.name))
+    return Setting.of(
+        deployment, release, allotment, n=n, seed=release_seed(deployment, release.name)
+    )
 
 
-def planned_events(deployment: Deployment, release: ReleaseConfig, allotment) -> tuple[ZCDP | ApproxDP | None, ...]:
+def planned_events(
+    deployment: Deployment, release: ReleaseConfig, allotment
+) -> tuple[ZCDP | ApproxDP | None, ...]:
     """The privacy events of ``release`` at steps 1..T: those its kind declares for the mechanism
     built from ``allotment`` (the one the releaser builds), so the plan is the noise drawn."""
     setting = mechanism_setting(deployment, release, allotment, deployment.n)
@@ -69,7 +84,9 @@ def _events(release: ReleaseConfig, setting: Setting) -> tuple:
     return kind.events(release, kind.build(release, setting), setting)
 
 
-def step_cost(deployment: Deployment, release: ReleaseConfig, step: int, allotment) -> ZCDP | ApproxDP | None:
+def step_cost(
+    deployment: Deployment, release: ReleaseConfig, step: int, allotment
+) -> ZCDP | ApproxDP | None:
     """What ``release`` spends at ``step`` (None: nothing), on the schedule in the module docstring."""
     return planned_events(deployment, release, allotment)[step - 1]
 

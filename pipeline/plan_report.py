@@ -48,7 +48,9 @@ def plan_report(deployment: Deployment) -> dict[str, Any]:
     for rel in dep.releases:
         cost = allot[rel.name]
         releases[rel.name] = {
-            "allotment": {"rho": cost.rho} if isinstance(cost, ZCDP) else {"epsilon": cost.epsilon, "delta": cost.delta},
+            "allotment": {"rho": cost.rho}
+            if isinstance(cost, ZCDP)
+            else {"epsilon": cost.epsilon, "delta": cost.delta},
             **bounds[rel.name].as_json(),
             "notes": bounds[rel.name].notes,
             "bound_source": kind_of(rel).bound_source,
@@ -57,12 +59,22 @@ def plan_report(deployment: Deployment) -> dict[str, Any]:
             "schedule": schedule[rel.name].tolist(),
         }
     return {
-        "deployment": dep.name, "n": n, "horizon": dep.horizon, "neighbours": str(dep.neighbours),
+        "deployment": dep.name,
+        "n": n,
+        "horizon": dep.horizon,
+        "neighbours": str(dep.neighbours),
         "releases": releases,
-        "total_as_approx_dp": {"epsilon": total.epsilon, "delta": total.delta, "rho": dep.budget_plan().totals()[0].rho,
-                               "report_delta": dep.budget.report_delta, "ceiling": EPSILON_CEILING,
-                               "allow_large": dep.budget.allow_large},
-        "warnings": deployment_warnings(dep) + warnings(bounds, n) + [w for w in [deadline_warning(dep)] if w],
+        "total_as_approx_dp": {
+            "epsilon": total.epsilon,
+            "delta": total.delta,
+            "rho": dep.budget_plan().totals()[0].rho,
+            "report_delta": dep.budget.report_delta,
+            "ceiling": EPSILON_CEILING,
+            "allow_large": dep.budget.allow_large,
+        },
+        "warnings": deployment_warnings(dep)
+        + warnings(bounds, n)
+        + [w for w in [deadline_warning(dep)] if w],
     }
 
 
@@ -70,31 +82,48 @@ def deployment_warnings(dep: Deployment) -> list[str]:
     """Warnings about the deployment itself rather than a release's accuracy."""
     steps = dep.steps
     if dep.production and steps.close == "deadline" and not steps.publish_delay_seconds:
-        return ["production deployment closing on a deadline without steps.publish_delay_seconds: "
-                "when a step's records appear then depends on how long its release took, which "
-                "depends on the data; set it above the worst release time (docs/privacy.md, "
-                "'When records appear')"]
+        return [
+            "production deployment closing on a deadline without steps.publish_delay_seconds: "
+            "when a step's records appear then depends on how long its release took, which "
+            "depends on the data; set it above the worst release time (docs/privacy.md, "
+            "'When records appear')"
+        ]
     return []
 
 
 def format_plan(report: dict[str, Any]) -> str:
     """The report as text for the operator's terminal (warnings are printed separately)."""
-    lines = [f"deployment {report['deployment']}: n = {report['n']:,} users, horizon T = {report['horizon']} steps, "
-             f"neighbouring relation {report['neighbours']}"]
+    lines = [
+        f"deployment {report['deployment']}: n = {report['n']:,} users, horizon T = {report['horizon']} steps, "
+        f"neighbouring relation {report['neighbours']}"
+    ]
     for name, r in report["releases"].items():
         spend = ", ".join(f"{k} = {v:.6g}" for k, v in r["allotment"].items())
-        lines.append(f"\n{name} ({r['type']}): allotment {spend}; bounds hold with probability ≥ 1 − β, β = {r['beta']:g}")
+        lines.append(
+            f"\n{name} ({r['type']}): allotment {spend}; bounds hold with probability ≥ 1 − β, β = {r['beta']:g}"
+        )
         bound = r["compared_with_n"]
-        lines.append(f"  {_LABEL.get(bound, bound)} = {r['bounds'][bound]:,.2f} users ({r['as_share_of_n']:.2%} of n): "
-                     f"{r['bound_source']}")
+        lines.append(
+            f"  {_LABEL.get(bound, bound)} = {r['bounds'][bound]:,.2f} users ({r['as_share_of_n']:.2%} of n): "
+            f"{r['bound_source']}"
+        )
         lines.append(f"  in words: {r['in_words']}")
         lines += [f"  {note}" for note in r["notes"]]
-        lines.append(f"  charged: {_schedule_text(r['schedule'], 'ρ' if 'rho' in r['allotment'] else 'ε')}")
+        lines.append(
+            f"  charged: {_schedule_text(r['schedule'], 'ρ' if 'rho' in r['allotment'] else 'ε')}"
+        )
     t = report["total_as_approx_dp"]
-    how = (f" (ρ = {t['rho']:.6g} converted at report_delta = {t['report_delta']:.3g}, plus the monitors' (ε, δ))"
-           if t["rho"] else " (the monitors' (ε, δ) by basic composition)")
-    lines.append(f"\ntotal planned spend over the horizon: (ε, δ) = ({t['epsilon']:.6g}, {t['delta']:.3g}){how}")
+    how = (
+        f" (ρ = {t['rho']:.6g} converted at report_delta = {t['report_delta']:.3g}, plus the monitors' (ε, δ))"
+        if t["rho"]
+        else " (the monitors' (ε, δ) by basic composition)"
+    )
+    lines.append(
+        f"\ntotal planned spend over the horizon: (ε, δ) = ({t['epsilon']:.6g}, {t['delta']:.3g}){how}"
+    )
     if t.get("allow_large"):
-        lines.append(f"budget.allow_large: true — a total ε above the ceiling {t['ceiling']:g} is accepted "
-                     f"({'it is' if t['epsilon'] > t['ceiling'] else 'it is not'} above it)")
+        lines.append(
+            f"budget.allow_large: true — a total ε above the ceiling {t['ceiling']:g} is accepted "
+            f"({'it is' if t['epsilon'] > t['ceiling'] else 'it is not'} above it)"
+        )
     return "\n".join(lines)

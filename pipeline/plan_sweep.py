@@ -22,8 +22,15 @@ from pipeline.config import ConfigError, Deployment, parse_config
 from pipeline.error_bounds import planned_spend, release_bounds
 from pipeline.privacy.errors import PrivacyBudgetError
 
-__all__ = ["SweepPoint", "parse_sweep", "sweep", "format_sweep", "find_target", "format_target",
-           "TargetResult"]
+__all__ = [
+    "SweepPoint",
+    "parse_sweep",
+    "sweep",
+    "format_sweep",
+    "find_target",
+    "format_target",
+    "TargetResult",
+]
 
 _RELATIVE_PRECISION = 1e-3
 _MAX_STEPS = 200
@@ -34,8 +41,8 @@ class SweepPoint:
     """One value of the swept key: each release's largest bound as a share of n, or why refused."""
 
     value: float
-    shares: dict[str, float]       # release -> its largest a-priori bound / n
-    bounds: dict[str, float]       # release -> that bound in users
+    shares: dict[str, float]  # release -> its largest a-priori bound / n
+    bounds: dict[str, float]  # release -> that bound in users
     total_epsilon: float
     total_delta: float
     refused: str | None = None
@@ -49,8 +56,9 @@ def parse_sweep(text: str) -> tuple[str, list[float]]:
     try:
         nums = [float(v) for v in values.split(",")]
     except ValueError:
-        raise ValueError(f"--sweep values must be numbers separated by commas, got {values!r}") \
-            from None
+        raise ValueError(
+            f"--sweep values must be numbers separated by commas, got {values!r}"
+        ) from None
     if any(not (v > 0) or not math.isfinite(v) for v in nums):
         raise ValueError(f"--sweep values must be positive and finite, got {values!r}")
     return key.strip(), nums
@@ -62,8 +70,9 @@ def _with_value(data: dict, key: str, value: float) -> dict:
     parts = key.split(".")
     for part in parts[:-1]:
         if not isinstance(node.get(part), dict):
-            raise ValueError(f"--sweep/--vary key {key!r}: {part!r} is not a section of the "
-                             "configuration")
+            raise ValueError(
+                f"--sweep/--vary key {key!r}: {part!r} is not a section of the configuration"
+            )
         node = node[part]
     node[parts[-1]] = value
     return out
@@ -102,17 +111,21 @@ def format_sweep(key: str, points: list[SweepPoint], n: int) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     ok = [p for p in points if not p.refused]
     lines.append("")
-    lines.append(f"Each row plans the deployment (n = {n:,}) with {key} set to the row's value; "
-                 "a bound is the release's largest a-priori error (it holds with probability "
-                 "≥ 1 − β), in users and as a share of n. Nothing is drawn.")
+    lines.append(
+        f"Each row plans the deployment (n = {n:,}) with {key} set to the row's value; "
+        "a bound is the release's largest a-priori error (it holds with probability "
+        "≥ 1 − β), in users and as a share of n. Nothing is drawn."
+    )
     if len(ok) >= 2:
         first, last = ok[0], ok[-1]
         for name in names:
             ratio = last.bounds[name] / first.bounds[name] if first.bounds[name] else math.nan
-            lines.append(f"In words: {name}'s bound goes from {first.bounds[name]:,.1f} users "
-                         f"({first.shares[name]:.2%} of n) at {key} = {first.value:g} to "
-                         f"{last.bounds[name]:,.1f} ({last.shares[name]:.2%}) at {last.value:g}: "
-                         f"×{ratio:.3g} when {key} is ×{last.value / first.value:.3g}.")
+            lines.append(
+                f"In words: {name}'s bound goes from {first.bounds[name]:,.1f} users "
+                f"({first.shares[name]:.2%} of n) at {key} = {first.value:g} to "
+                f"{last.bounds[name]:,.1f} ({last.shares[name]:.2%}) at {last.value:g}: "
+                f"×{ratio:.3g} when {key} is ×{last.value / first.value:.3g}."
+            )
     return "\n".join(lines)
 
 
@@ -121,7 +134,7 @@ class TargetResult:
     release: str
     share: float
     key: str
-    value: float | None            # smallest value found meeting the share (None: not within range)
+    value: float | None  # smallest value found meeting the share (None: not within range)
     point: SweepPoint | None
     low: float
     high: float
@@ -150,8 +163,15 @@ def _log_bisect(evaluate_at, lo: float, hi: float, good, good_high: bool):
     return lo, hi, kept, steps
 
 
-def find_target(data: dict, key: str, release: str, share: float, low: float, high: float,
-                source: str = "<config>") -> TargetResult:
+def find_target(
+    data: dict,
+    key: str,
+    release: str,
+    share: float,
+    low: float,
+    high: float,
+    source: str = "<config>",
+) -> TargetResult:
     """Smallest value of ``key`` in [low, high] (to a relative 10⁻³) at which ``release``'s largest
     bound is ≤ ``share``·n, by bisection on log(value). If the configuration refuses ``high`` (e.g.
     above the budget ceiling) the search first finds the largest accepted value, refusal being
@@ -159,8 +179,9 @@ def find_target(data: dict, key: str, release: str, share: float, low: float, hi
     if not (0 < share < 1):
         raise ValueError(f"--target share must be in (0, 1), got {share!r}")
     if not (0 < low < high) or not math.isfinite(high):
-        raise ValueError("--within must be two positive numbers LOW,HIGH with LOW < HIGH, "
-                         f"got {low!r},{high!r}")
+        raise ValueError(
+            f"--within must be two positive numbers LOW,HIGH with LOW < HIGH, got {low!r},{high!r}"
+        )
 
     def at(value: float) -> SweepPoint:
         return evaluate(data, key, value, source)
@@ -187,15 +208,22 @@ def find_target(data: dict, key: str, release: str, share: float, low: float, hi
 def format_target(result: TargetResult, n: int) -> str:
     r = result
     if r.value is None:
-        why = f" ({r.point.refused})" if r.point and r.point.refused else (
-            f": its bound is {r.point.shares[r.release]:.2%} of n there" if r.point else "")
-        return (f"{r.release}: no {r.key} up to {r.high:.4g} (the largest accepted in the range) "
-                f"brings its bound within {r.share:.2%} of n "
-                f"(n = {n:,}){why}. Raise --within's upper end, or accept a larger share.")
+        why = (
+            f" ({r.point.refused})"
+            if r.point and r.point.refused
+            else (f": its bound is {r.point.shares[r.release]:.2%} of n there" if r.point else "")
+        )
+        return (
+            f"{r.release}: no {r.key} up to {r.high:.4g} (the largest accepted in the range) "
+            f"brings its bound within {r.share:.2%} of n "
+            f"(n = {n:,}){why}. Raise --within's upper end, or accept a larger share."
+        )
     p = r.point
     assert p is not None  # a value is found at a plan point
-    return (f"{r.release}: the smallest {r.key} at which its a-priori bound is within "
-            f"{r.share:.2%} of n (n = {n:,}) is {r.value:.4g} (searched {r.low:g}..{r.high:g}, "
-            f"{r.steps} plans, to a relative {_RELATIVE_PRECISION:g}): bound "
-            f"{p.bounds[r.release]:,.1f} users = {p.shares[r.release]:.2%} of n; the whole "
-            f"deployment then plans (ε, δ) = ({p.total_epsilon:.4g}, {p.total_delta:.2g}).")
+    return (
+        f"{r.release}: the smallest {r.key} at which its a-priori bound is within "
+        f"{r.share:.2%} of n (n = {n:,}) is {r.value:.4g} (searched {r.low:g}..{r.high:g}, "
+        f"{r.steps} plans, to a relative {_RELATIVE_PRECISION:g}): bound "
+        f"{p.bounds[r.release]:,.1f} users = {p.shares[r.release]:.2%} of n; the whole "
+        f"deployment then plans (ε, δ) = ({p.total_epsilon:.4g}, {p.total_delta:.2g})."
+    )

@@ -36,7 +36,14 @@ from pipeline.fates import Receipt
 if TYPE_CHECKING:
     from pipeline.config import Deployment
 
-__all__ = ["ReportSender", "ReportRejected", "TopicMissing", "SendResult", "progress_printer", "SEND_WINDOW"]
+__all__ = [
+    "ReportSender",
+    "ReportRejected",
+    "TopicMissing",
+    "SendResult",
+    "progress_printer",
+    "SEND_WINDOW",
+]
 
 SEND_WINDOW = 10_000  # reports per window: send() has at most two windows of futures in flight
 
@@ -57,12 +64,16 @@ class TopicMissing(RuntimeError):
 class SendResult:
     sent: int = 0
     acknowledged: int = 0
-    failed: list[tuple[int, str]] = field(default_factory=list)  # (index, error) of reports not acknowledged
+    failed: list[tuple[int, str]] = field(
+        default_factory=list
+    )  # (index, error) of reports not acknowledged
     seconds: float = 0.0
     receipt: Receipt | None = None  # where the broker stored the acknowledged ones (pipeline.fates)
 
 
-def progress_printer(label: str, unit: str = "", every: float = 2.0, stream=None) -> Callable[[int, int], None]:
+def progress_printer(
+    label: str, unit: str = "", every: float = 2.0, stream=None
+) -> Callable[[int, int], None]:
     """A callback ``(done, total)`` printing one progress line at most every ``every`` seconds (stderr),
     once the operation has taken longer than that; ``total`` 0: not known, only ``done`` is shown."""
     stream = stream or sys.stderr
@@ -75,13 +86,16 @@ def progress_printer(label: str, unit: str = "", every: float = 2.0, stream=None
                 of = f" of {total:,}" if total else ""
                 print(f"{label}: {done:,}{of}{unit}", file=stream, flush=True)
             last[0] = now
+
     return show
 
 
 class ReportSender:
     """Validates with the workers' own parser, sends keyed by user id, reports what was acknowledged."""
 
-    def __init__(self, deployment: Deployment, bootstrap: str, roster=None, topic: str | None = None):
+    def __init__(
+        self, deployment: Deployment, bootstrap: str, roster=None, topic: str | None = None
+    ):
         from pipeline.stream.ingest.roster import Roster
         from pipeline.stream.kafka.topics import topic_names
 
@@ -95,7 +109,9 @@ class ReportSender:
         return self
 
     def __exit__(self, kind, *exc) -> None:
-        self.close(timeout=0 if kind is KeyboardInterrupt else None)  # an interrupt waits for nothing more
+        self.close(
+            timeout=0 if kind is KeyboardInterrupt else None
+        )  # an interrupt waits for nothing more
 
     def check_topic(self) -> None:
         """TopicMissing unless the reports topic exists. Lists the broker's topics (a metadata request for
@@ -109,9 +125,11 @@ class ReportSender:
         finally:
             consumer.close()
         if self.topic not in topics:
-            raise TopicMissing(f"topic {self.topic!r} does not exist on {self.bootstrap}: is the deployment "
-                               f"{self.deployment.name!r} up (its topics are created at start), and is the name right? "
-                               "nothing sent")
+            raise TopicMissing(
+                f"topic {self.topic!r} does not exist on {self.bootstrap}: is the deployment "
+                f"{self.deployment.name!r} up (its topics are created at start), and is the name right? "
+                "nothing sent"
+            )
 
     def validate(self, reports: list[dict]) -> None:
         """ReportRejected for the first report the workers' parser would reject (stateless checks: format,
@@ -122,8 +140,14 @@ class ReportSender:
         if first is not None:
             raise ReportRejected(*first[:3])
 
-    def send(self, reports: Iterable[dict], progress: Callable[[int, int], None] | None = None,
-             timeout: float = 60.0, total: int | None = None, window: int = SEND_WINDOW) -> SendResult:
+    def send(
+        self,
+        reports: Iterable[dict],
+        progress: Callable[[int, int], None] | None = None,
+        timeout: float = 60.0,
+        total: int | None = None,
+        window: int = SEND_WINDOW,
+    ) -> SendResult:
         """Send every report keyed by its user id and wait for the acknowledgements (acks=all).
 
         ``reports`` may be any iterable (a generator reading a file): they are sent ``window`` at a time,
@@ -138,16 +162,26 @@ class ReportSender:
         if self._producer is None:
             # not idempotent, as pipeline.stream.kafka.report_producer: the embedded broker acknowledges a batch retried
             # after a kill -9 as a duplicate it never stored (docs/streaming.md, "What is durable where")
-            self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, **kafka_security(), linger_ms=5,
-                                           batch_size=1 << 20, acks="all", enable_idempotence=False)
+            self._producer = KafkaProducer(
+                bootstrap_servers=self.bootstrap,
+                **kafka_security(),
+                linger_ms=5,
+                batch_size=1 << 20,
+                acks="all",
+                enable_idempotence=False,
+            )
         start = time.monotonic()
         result = SendResult(receipt=Receipt(self.topic))
         it = iter(reports)
         waiting: list = []  # the previous window's futures: collected while this window is on its way
         while True:
             batch = list(islice(it, window))
-            futures = [self._producer.send(self.topic, key=str(rep["user"]).encode(), value=orjson.dumps(rep))
-                       for rep in batch]
+            futures = [
+                self._producer.send(
+                    self.topic, key=str(rep["user"]).encode(), value=orjson.dumps(rep)
+                )
+                for rep in batch
+            ]
             del batch
             if not futures:
                 self._producer.flush(timeout=timeout)
@@ -158,7 +192,9 @@ class ReportSender:
         result.seconds = time.monotonic() - start
         return result
 
-    def _collect(self, futures: list, result: SendResult, timeout: float, progress, total: int | None) -> None:
+    def _collect(
+        self, futures: list, result: SendResult, timeout: float, progress, total: int | None
+    ) -> None:
         """Wait for a window's acknowledgements (at most ``timeout`` for the window), counting each."""
         start = time.monotonic()
         for future in futures:

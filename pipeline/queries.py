@@ -86,13 +86,17 @@ def pattern_digits(k: int, categories: int = 2) -> np.ndarray:
     return (codes[:, None] // powers[None, :]) % categories
 
 
-def pattern_mask(k: int, predicate: Callable[[np.ndarray], np.ndarray], categories: int = 2) -> np.ndarray:
+def pattern_mask(
+    k: int, predicate: Callable[[np.ndarray], np.ndarray], categories: int = 2
+) -> np.ndarray:
     """Boolean mask over the ``A^k`` pattern codes: ``predicate`` gets the ``(A^k, k)`` digit array
     (see :func:`pattern_digits`) and returns one boolean per row."""
     digits = pattern_digits(k, categories)
     mask = np.asarray(predicate(digits), dtype=bool)
     if mask.shape != (digits.shape[0],):
-        raise ValueError(f"predicate must return one boolean per pattern ({digits.shape[0]}), got shape {mask.shape}")
+        raise ValueError(
+            f"predicate must return one boolean per pattern ({digits.shape[0]}), got shape {mask.shape}"
+        )
     return mask
 
 
@@ -125,7 +129,9 @@ def window_histograms(panel, k: int, categories: int = 2) -> np.ndarray:
     return np.stack([window_histogram(x, t, k, categories) for t in range(k, x.shape[1] + 1)])
 
 
-def padding_per_pattern(n_pad: int, k: int, synth_window: int | None = None, categories: int = 2) -> int:
+def padding_per_pattern(
+    n_pad: int, k: int, synth_window: int | None = None, categories: int = 2
+) -> int:
     """Records the fixed-window padding contributes to each length-k pattern: ``n_pad · A^(K − k)``
     for a synthesizer window ``K = synth_window`` (default ``k``); needs ``k ≤ K``."""
     n_pad = check_int(n_pad, "n_pad", low=0)
@@ -165,7 +171,9 @@ def pattern_query(
     categories = check_int(categories, "categories", low=2)
     mask = np.asarray(mask, dtype=bool)
     if mask.shape != (categories**k,):
-        raise ValueError(f"mask must have one entry per pattern ({categories**k}), got shape {mask.shape}")
+        raise ValueError(
+            f"mask must have one entry per pattern ({categories**k}), got shape {mask.shape}"
+        )
     hist = window_histogram(x, t, k, categories)
     pad = padding_per_pattern(n_pad, k, synth_window, categories)
     count = int(hist[mask].sum()) - pad * int(mask.sum())

@@ -28,8 +28,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, SecretStr, field_validator, model_validator
 
-__all__ = ["SecretRef", "SecretUnavailable", "TlsFiles", "SaslSettings", "BrokerSecurity", "RedisSecurity",
-           "Security", "check_redis_url", "check_broker", "check_no_password_in_url", "redact_url"]
+__all__ = [
+    "SecretRef",
+    "SecretUnavailable",
+    "TlsFiles",
+    "SaslSettings",
+    "BrokerSecurity",
+    "RedisSecurity",
+    "Security",
+    "check_redis_url",
+    "check_broker",
+    "check_no_password_in_url",
+    "redact_url",
+]
 
 
 class SecretUnavailable(ValueError):
@@ -40,8 +51,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-_INLINE = ("give where the secret comes from ({env: VARIABLE} or {file: /path}), never the value itself: "
-           "a value in the YAML ends up in version control, in ConfigMaps and in error reports")
+_INLINE = (
+    "give where the secret comes from ({env: VARIABLE} or {file: /path}), never the value itself: "
+    "a value in the YAML ends up in version control, in ConfigMaps and in error reports"
+)
 
 
 class SecretRef(_Strict):
@@ -73,13 +86,17 @@ class SecretRef(_Strict):
         if self.env is not None:
             value = os.environ.get(self.env)
             if not value:
-                raise SecretUnavailable(f"{key}: environment variable {self.env} is not set or empty")
+                raise SecretUnavailable(
+                    f"{key}: environment variable {self.env} is not set or empty"
+                )
         else:
             assert self.file is not None  # _exactly_one: env or file
             try:
                 value = Path(self.file).read_text().strip()
             except OSError as err:
-                raise SecretUnavailable(f"{key}: cannot read file {self.file} ({err.strerror})") from None
+                raise SecretUnavailable(
+                    f"{key}: cannot read file {self.file} ({err.strerror})"
+                ) from None
             if not value:
                 raise SecretUnavailable(f"{key}: file {self.file} is empty")
         return SecretStr(value)
@@ -103,7 +120,9 @@ class TlsFiles(_Strict):
     @model_validator(mode="after")
     def _pair(self) -> TlsFiles:
         if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("cert_file and key_file are set together (the client certificate and its key)")
+            raise ValueError(
+                "cert_file and key_file are set together (the client certificate and its key)"
+            )
         if self.key_password is not None and self.key_file is None:
             raise ValueError("key_password without key_file")
         return self
@@ -127,15 +146,21 @@ class BrokerSecurity(_Strict):
     @model_validator(mode="after")
     def _plain_in_clear(self) -> BrokerSecurity:
         if self.sasl is not None and self.sasl.mechanism == "PLAIN" and self.tls is None:
-            raise ValueError("sasl: mechanism PLAIN without tls sends the password in clear; add tls "
-                             "(or use SCRAM-SHA-256/512)")
+            raise ValueError(
+                "sasl: mechanism PLAIN without tls sends the password in clear; add tls "
+                "(or use SCRAM-SHA-256/512)"
+            )
         return self
 
     @property
     def protocol(self) -> str:
         """Kafka's ``security_protocol`` for what is configured."""
-        return {(False, False): "PLAINTEXT", (True, False): "SSL", (False, True): "SASL_PLAINTEXT",
-                (True, True): "SASL_SSL"}[(self.tls is not None, self.sasl is not None)]
+        return {
+            (False, False): "PLAINTEXT",
+            (True, False): "SSL",
+            (False, True): "SASL_PLAINTEXT",
+            (True, True): "SASL_SSL",
+        }[(self.tls is not None, self.sasl is not None)]
 
     @property
     def configured(self) -> bool:
@@ -161,7 +186,9 @@ class RedisSecurity(_Strict):
     def credentials(self) -> tuple[str | None, SecretStr | None]:
         """(username, password), read from their sources now."""
         user = None if self.username is None else _name(self.username, "security.redis.username")
-        password = None if self.password is None else self.password.reveal("security.redis.password")
+        password = (
+            None if self.password is None else self.password.reveal("security.redis.password")
+        )
         return user, password
 
 
@@ -176,8 +203,10 @@ def check_redis_url(url: str | None, security: Security) -> None:
 
     if url is None:
         if security.redis.tls is not None:
-            raise ValueError("security.redis.tls: the embedded Redis (no `redis` URL) speaks no TLS; it listens on "
-                             "loopback only. Set `redis: rediss://...` for a Redis with TLS")
+            raise ValueError(
+                "security.redis.tls: the embedded Redis (no `redis` URL) speaks no TLS; it listens on "
+                "loopback only. Set `redis: rediss://...` for a Redis with TLS"
+            )
         return
     parts = urlsplit(url)
     check_no_password_in_url(url, "redis")
@@ -196,9 +225,11 @@ def check_no_password_in_url(url: str, key: str) -> None:
     except ValueError:
         password = None
     if password:
-        raise ValueError(f"{key}: the URL carries a password, which would be printed with the URL, shown in "
-                         "`ps` and stored in files; remove it and set security.redis.password: {env: VARIABLE} "
-                         "(or {file: path}) in the configuration")
+        raise ValueError(
+            f"{key}: the URL carries a password, which would be printed with the URL, shown in "
+            "`ps` and stored in files; remove it and set security.redis.password: {env: VARIABLE} "
+            "(or {file: path}) in the configuration"
+        )
 
 
 def redact_url(url: str) -> str:
@@ -218,5 +249,7 @@ def redact_url(url: str) -> str:
 
 def check_broker(broker: str | None, security: Security) -> None:
     if broker is None and security.broker.configured:
-        raise ValueError("security.broker: the embedded broker (no `broker` set) supports neither TLS nor SASL; it "
-                         "listens on loopback only. Set `broker:` to a Kafka cluster with TLS/SASL listeners")
+        raise ValueError(
+            "security.broker: the embedded broker (no `broker` set) supports neither TLS nor SASL; it "
+            "listens on loopback only. Set `broker:` to a Kafka cluster with TLS/SASL listeners"
+        )

@@ -43,13 +43,22 @@ def _encode(obj: Any, buffers: list[bytes]) -> Any:
         arr = np.ascontiguousarray(obj)
         if arr.dtype.hasobject:
             raise TypeError("object arrays cannot be serialised")
-        dtype = arr.dtype.newbyteorder("<") if arr.dtype.byteorder not in ("|", "<", "=") else arr.dtype
+        dtype = (
+            arr.dtype.newbyteorder("<") if arr.dtype.byteorder not in ("|", "<", "=") else arr.dtype
+        )
         if arr.dtype.kind in "iu" and arr.size >= _NARROW_MIN_SIZE and arr.min() == arr.max():
-            return {"__fill__": {"__int__": str(int(arr.flat[0]))}, "dtype": np.dtype(dtype).str,
-                    "shape": list(arr.shape)}
+            return {
+                "__fill__": {"__int__": str(int(arr.flat[0]))},
+                "dtype": np.dtype(dtype).str,
+                "shape": list(arr.shape),
+            }
         stored = _narrow(arr) or dtype
         buffers.append(arr.astype(stored, copy=False).tobytes())
-        entry = {"__nd__": len(buffers) - 1, "dtype": np.dtype(stored).str, "shape": list(arr.shape)}
+        entry = {
+            "__nd__": len(buffers) - 1,
+            "dtype": np.dtype(stored).str,
+            "shape": list(arr.shape),
+        }
         if stored != dtype:
             entry["as"] = np.dtype(dtype).str
         return entry
@@ -95,7 +104,9 @@ def _decode(obj: Any, buffers: list[memoryview]) -> Any:
         return [_decode(v, buffers) for v in obj]
     if isinstance(obj, dict):
         if "__fill__" in obj:
-            return np.full(obj["shape"], _decode(obj["__fill__"], buffers), dtype=np.dtype(obj["dtype"]))
+            return np.full(
+                obj["shape"], _decode(obj["__fill__"], buffers), dtype=np.dtype(obj["dtype"])
+            )
         if "__nd__" in obj:
             arr = np.frombuffer(buffers[obj["__nd__"]], dtype=np.dtype(obj["dtype"]))
             if "as" in obj:
@@ -114,7 +125,13 @@ def _decode(obj: Any, buffers: list[memoryview]) -> Any:
 def dumps_state(state: dict[str, Any]) -> bytes:
     buffers: list[bytes] = []
     header = json.dumps(_encode(state, buffers), sort_keys=True, separators=(",", ":")).encode()
-    parts = [_MAGIC, b"%d" % FORMAT_VERSION, struct.pack("<I", len(header)), header, struct.pack("<I", len(buffers))]
+    parts = [
+        _MAGIC,
+        b"%d" % FORMAT_VERSION,
+        struct.pack("<I", len(header)),
+        header,
+        struct.pack("<I", len(buffers)),
+    ]
     for buf in buffers:
         parts.append(struct.pack("<Q", len(buf)))
         parts.append(buf)
@@ -131,7 +148,8 @@ def loads_state(data: bytes, what: str = "state blob") -> dict[str, Any]:
         raise StateFormatError(
             f"{what}: state format version {version.decode('latin-1')!r}, this dpstream reads versions "
             f"{' and '.join(v.decode() for v in _READABLE)} only; an older state cannot be continued: start a new "
-            "deployment state (docs/streaming.md, \"State format\")")
+            'deployment state (docs/streaming.md, "State format")'
+        )
     pos = 5
     (hlen,) = struct.unpack_from("<I", view, pos)
     pos += 4

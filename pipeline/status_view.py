@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 __all__ = ["status_document", "format_status"]
 
 
-def status_document(dep: Deployment, store: StateStore, intake: dict[str, Any], source: str) -> dict[str, Any]:
+def status_document(
+    dep: Deployment, store: StateStore, intake: dict[str, Any], source: str
+) -> dict[str, Any]:
     """The status of ``dep`` from its Redis ``store``; ``intake`` is ``IntakeView.as_json()`` (or says why
     it is unavailable) and ``source`` where the state was read."""
     from pipeline.error_bounds import spend_as_approx_dp
@@ -39,7 +41,10 @@ def status_document(dep: Deployment, store: StateStore, intake: dict[str, Any], 
         "plan": {k: v.__dict__ for k, v in dep.budget_plan().allotments().items()},
         "budget_epsilon_at_report_delta": planned,
         "ledger": ledger,
-        "spent_as_approx_dp": {"epsilon": spent.epsilon, "delta": spent.delta},  # as the manifests report it
+        "spent_as_approx_dp": {
+            "epsilon": spent.epsilon,
+            "delta": spent.delta,
+        },  # as the manifests report it
         "intake": intake,
     }
 
@@ -50,36 +55,52 @@ def _steps(first: int, last: int) -> str:
 
 def format_status(s: dict[str, Any]) -> str:
     """The status document as text for an operator who has not read the code."""
-    lines = [f"deployment {s['deployment']} (instance {s['instance'] or 'not created yet'}); state read from "
-             f"{s['source']}",
-             f"released through step {s['released_step']} of {s['horizon']} (published through "
-             f"{s['published_step']}); close markers written through step {s['closing_step']}"]
+    lines = [
+        f"deployment {s['deployment']} (instance {s['instance'] or 'not created yet'}); state read from "
+        f"{s['source']}",
+        f"released through step {s['released_step']} of {s['horizon']} (published through "
+        f"{s['published_step']}); close markers written through step {s['closing_step']}",
+    ]
     if s["closing_step"] > s["released_step"]:
-        lines.append(f"  {_steps(s['released_step'] + 1, s['closing_step'])} closed, not released yet: the "
-                     "releaser gathers their partials; it writes their markers again when it starts, in case the "
-                     "broker lost them (docs/streaming.md, 'A lost close')")
+        lines.append(
+            f"  {_steps(s['released_step'] + 1, s['closing_step'])} closed, not released yet: the "
+            "releaser gathers their partials; it writes their markers again when it starts, in case the "
+            "broker lost them (docs/streaming.md, 'A lost close')"
+        )
     spent = s["spent_as_approx_dp"]
-    lines.append(f"spent so far: (ε, δ) = ({spent['epsilon']:.6g}, {spent['delta']:.3g}) in {len(s['ledger'])} "
-                 f"ledger entries; whole budget: ε = {s['budget_epsilon_at_report_delta']:.6g} at report_delta")
+    lines.append(
+        f"spent so far: (ε, δ) = ({spent['epsilon']:.6g}, {spent['delta']:.3g}) in {len(s['ledger'])} "
+        f"ledger entries; whole budget: ε = {s['budget_epsilon_at_report_delta']:.6g} at report_delta"
+    )
     intake = s["intake"]
     if "unavailable" in intake:
         lines.append(f"workers' counts unavailable: {intake['unavailable']}")
         return "\n".join(lines)
-    lines.append("what the workers hold (their checkpointed state; curator-side counts, never published):")
+    lines.append(
+        "what the workers hold (their checkpointed state; curator-side counts, never published):"
+    )
     for t, c in intake.get("closed", {}).items():
         rejected = sum(c["rejected"].values())
-        lines.append(f"  step {t} closed: {c['reported']:,} of {c['users']:,} users reported, {c['imputed']:,} "
-                     f"imputed; {rejected:,} reports rejected" + (f" {c['rejected']}" if rejected else ""))
+        lines.append(
+            f"  step {t} closed: {c['reported']:,} of {c['users']:,} users reported, {c['imputed']:,} "
+            f"imputed; {rejected:,} reports rejected" + (f" {c['rejected']}" if rejected else "")
+        )
     for t, c in intake.get("open", {}).items():
         lines.append(f"  step {t} open: {c['reported']:,} users reported so far")
     if intake.get("partitions_without_worker_counts"):
-        lines.append(f"  no counts yet from reports partition(s) {intake['partitions_without_worker_counts']}")
+        lines.append(
+            f"  no counts yet from reports partition(s) {intake['partitions_without_worker_counts']}"
+        )
     for p, n in intake.get("unhandled_records", {}).items():
         lines.append(f"  reports partition {p}: {n:,} records not handled yet")
     for t, n in intake.get("lost_reports", {}).items():
-        lines.append(f"LOST: step {t}: {n:,} reports the workers had counted were lost with the broker's log; they "
-                     f"are not in the workers' state: send them again (dpstream produce --step {t}) before closing")
+        lines.append(
+            f"LOST: step {t}: {n:,} reports the workers had counted were lost with the broker's log; they "
+            f"are not in the workers' state: send them again (dpstream produce --step {t}) before closing"
+        )
     for p, n in intake.get("counted_past_log_end", {}).items():
-        lines.append(f"LOST: reports partition {p}: the counts cover {n:,} records past the end of its log: the "
-                     "broker lost it and no worker has restored the partition since (are the workers running?)")
+        lines.append(
+            f"LOST: reports partition {p}: the counts cover {n:,} records past the end of its log: the "
+            "broker lost it and no worker has restored the partition since (are the workers running?)"
+        )
     return "\n".join(lines)

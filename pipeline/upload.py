@@ -163,8 +163,12 @@ class Upload:
             raise self._changed("its reports per step")
 
     def _changed(self, what: str) -> ReportFileError:
-        return ReportFileError(self.path, None, None, f"the file changed after it was checked "
-                                                      f"({what}); nothing more sent")
+        return ReportFileError(
+            self.path,
+            None,
+            None,
+            f"the file changed after it was checked ({what}); nothing more sent",
+        )
 
     @property
     def batches(self) -> tuple[Batch, ...]:
@@ -191,8 +195,12 @@ def read_upload(path: str | Path, deployment, roster=None) -> Upload:
     kind = UPLOAD_SUFFIXES.get(path.suffix.lower())
     if kind is None:
         raise ReportFileError(
-            path, None, None, f"unknown file type {path.suffix!r}: report files end in "
-            + ", ".join(sorted(UPLOAD_SUFFIXES)))
+            path,
+            None,
+            None,
+            f"unknown file type {path.suffix!r}: report files end in "
+            + ", ".join(sorted(UPLOAD_SUFFIXES)),
+        )
     if not path.exists():
         raise ReportFileError(path, None, None, "no such file")
     roster_of = _roster_maker(deployment, roster)
@@ -204,8 +212,13 @@ def read_upload(path: str | Path, deployment, roster=None) -> Upload:
         check_report_file(path, deployment, roster_of())
         upload = dc_replace(upload, tabular=False)
         check = _check(upload)
-    return dc_replace(upload, reports_in_file=check.reports, counts=dict(check.counts),
-                      first_rows=dict(check.first_rows), file_counts=dict(check.counts))
+    return dc_replace(
+        upload,
+        reports_in_file=check.reports,
+        counts=dict(check.counts),
+        first_rows=dict(check.first_rows),
+        file_counts=dict(check.counts),
+    )
 
 
 def _roster_maker(deployment, roster) -> Callable[[], object]:
@@ -248,10 +261,18 @@ def _refuse(upload: Upload, problem: Problem, chunk: Columns):
     at = problem.position
     user = chunk.users[at - chunk.start].as_py()
     detail = _PROBLEMS[problem.reason].format(
-        horizon=dep.horizon, attribute=problem.attribute, value=chunk.cell(at, problem.attribute),
-        user=user, step=int(chunk.steps[at - chunk.start]))
-    raise ReportFileError(upload.path, None, None,
-                          f"row {at + 1}: {detail}; the workers would dead-letter it; nothing sent")
+        horizon=dep.horizon,
+        attribute=problem.attribute,
+        value=chunk.cell(at, problem.attribute),
+        user=user,
+        step=int(chunk.steps[at - chunk.start]),
+    )
+    raise ReportFileError(
+        upload.path,
+        None,
+        None,
+        f"row {at + 1}: {detail}; the workers would dead-letter it; nothing sent",
+    )
 
 
 # -- lines --------------------------------------------------------------------------------
@@ -288,9 +309,15 @@ def batch_producer(bootstrap: str):
     (docs/streaming.md, "What is durable where")."""
     from kafka import KafkaProducer
 
-    return KafkaProducer(bootstrap_servers=bootstrap, **kafka_security(), linger_ms=5,
-                         batch_size=1 << 20, max_request_size=MAX_MESSAGE_BYTES, acks="all",
-                         enable_idempotence=False)
+    return KafkaProducer(
+        bootstrap_servers=bootstrap,
+        **kafka_security(),
+        linger_ms=5,
+        batch_size=1 << 20,
+        max_request_size=MAX_MESSAGE_BYTES,
+        acks="all",
+        enable_idempotence=False,
+    )
 
 
 @dataclass
@@ -336,8 +363,9 @@ def send_upload(
     try:
         try:
             for batch in upload.messages():
-                future = producer.send(topic, value=batch.value, partition=batch.partition,
-                                       headers=headers)
+                future = producer.send(
+                    topic, value=batch.value, partition=batch.partition, headers=headers
+                )
                 pending.append(_Sent(future, batch.index.size, int(batch.index[0])))
                 while pending and pending[0].future.is_done:  # type: ignore[attr-defined]
                     settle(pending.popleft(), 0.1)

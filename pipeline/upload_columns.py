@@ -103,7 +103,9 @@ def _tables(path: Path, kind: str, deployment) -> Iterator[pa.Table]:
             yield pa.Table.from_batches([batch])
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError, OSError) as err:
         if kind == "parquet":
-            raise ReportFileError(path, None, None, f"not a readable Parquet file ({err})") from None
+            raise ReportFileError(
+                path, None, None, f"not a readable Parquet file ({err})"
+            ) from None
         raise NotTabular(str(err)) from None
 
 
@@ -232,9 +234,7 @@ def _codes(attribute, column, csv_cells: bool) -> np.ndarray:
             number = pc.match_substring_regex(pc.utf8_trim_whitespace(arr), r"^[+-]?[0-9]{1,18}$")
             number = values_of(number) & valid_of(number)
             if number.any():
-                ints = pc.cast(
-                    pc.utf8_trim_whitespace(arr.filter(bools(number))), pa.int64()
-                )
+                ints = pc.cast(pc.utf8_trim_whitespace(arr.filter(bools(number))), pa.int64())
                 ints = values_of(ints)
                 out[number] = np.where((ints >= 0) & (ints < size), ints, OUT_OF_DOMAIN)
         out[~present] = MISSING
@@ -269,7 +269,9 @@ def _ints(arr: pa.Array, value: int) -> np.ndarray:
 def report_chunks(path: Path, deployment) -> Iterator[Columns]:
     """The per-report reader's reports as columns, a chunk at a time (the file was checked by
     :func:`pipeline.stream.ingest.report_files.check_report_file`)."""
-    decoders = {name: deployment.attributes[name].column_decoder() for name in deployment.attributes}
+    decoders = {
+        name: deployment.attributes[name].column_decoder() for name in deployment.attributes
+    }
     start = 0
     for recs in _chunks(_records(path, deployment), chunk_rows()):
         reports = [rep for _, rep, _ in recs]

@@ -61,16 +61,29 @@ def chunk_messages(chunk: Columns, keep: np.ndarray, deployment) -> Iterator[Bat
         edges = [lo + (hi - lo) * k // cuts for k in range(cuts + 1)]
         for start, stop in pairwise(edges):
             index = order[start:stop]
-            yield from _messages(int(steps[index[0]]), int(owners[index[0]]), chunk.start + keep,
-                                 index, quoted, start, codes)
+            yield from _messages(
+                int(steps[index[0]]),
+                int(owners[index[0]]),
+                chunk.start + keep,
+                index,
+                quoted,
+                start,
+                codes,
+            )
 
 
 def _per_message(users: pa.Array, codes: dict, deployment) -> int:
     """Reports a message holds, planned from the widest user id and code."""
-    widest = (pc.max(pc.binary_length(users)).as_py() or 0) + 3 + sum(
-        len(orjson.dumps(name)) + 1 + max(len(str(int(deployment.attributes[name].size) - 1)), 4)
-        + 1
-        for name in codes
+    widest = (
+        (pc.max(pc.binary_length(users)).as_py() or 0)
+        + 3
+        + sum(
+            len(orjson.dumps(name))
+            + 1
+            + max(len(str(int(deployment.attributes[name].size) - 1)), 4)
+            + 1
+            for name in codes
+        )
     )
     return max(1, int(_FILL * MAX_REPORT_BYTES // widest))
 
@@ -88,7 +101,8 @@ def _quoted(users: pa.Array) -> pa.Array:
     raw, _ = string_buffers(users)
     if ((raw < 0x20) | (raw == 0x22) | (raw == 0x5C)).any():
         return strings([orjson.dumps(u) for u in users.to_pylist()], large=True).cast(
-            pa.large_binary())
+            pa.large_binary()
+        )
     quote, nothing = strings(['"', ""], large=True)
     return pc.binary_join_element_wise(quote, users, quote, nothing).cast(pa.large_binary())
 
@@ -101,8 +115,15 @@ def _user_list(quoted: pa.Array, start: int, stop: int) -> bytes:
     return b"[" + pc.binary_join(listed, comma)[0].as_py() + b"]"
 
 
-def _messages(step: int, partition: int, positions: np.ndarray, index: np.ndarray, quoted,
-              start: int, codes: dict) -> list[Batch]:
+def _messages(
+    step: int,
+    partition: int,
+    positions: np.ndarray,
+    index: np.ndarray,
+    quoted,
+    start: int,
+    codes: dict,
+) -> list[Batch]:
     """The message of the reports ``index`` (offsets among those kept; ``positions``: their
     places in the file), halved while it is over ``MAX_REPORT_BYTES``."""
     columns = [b'"user":' + _user_list(quoted, start, start + index.size), b'"step":%d' % step]
@@ -119,6 +140,7 @@ def _messages(step: int, partition: int, positions: np.ndarray, index: np.ndarra
     value = b'{"columns":{' + b",".join(columns) + b"}}"
     if len(value) > MAX_REPORT_BYTES and index.size > 1:  # the estimate was short: halve
         half = index.size // 2
-        return _messages(step, partition, positions, index[:half], quoted, start, codes) + \
-            _messages(step, partition, positions, index[half:], quoted, start + half, codes)
+        return _messages(
+            step, partition, positions, index[:half], quoted, start, codes
+        ) + _messages(step, partition, positions, index[half:], quoted, start + half, codes)
     return [Batch(step, partition, positions[index], value)]

@@ -61,8 +61,9 @@ class UserRows:
         index = roster.index() if len(users) and not (raw == 0).any() else None
         if index is not None:
             starts = offsets[:-1] - offsets[0]
-            rows = index.rows_of_spans(raw[offsets[0] : offsets[-1]].tobytes(), starts,
-                                       np.diff(offsets))
+            rows = index.rows_of_spans(
+                raw[offsets[0] : offsets[-1]].tobytes(), starts, np.diff(offsets)
+            )
             if rows is not None:
                 return rows
         return roster.rows_of_ids(users.to_pylist())

@@ -13,8 +13,17 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["check_int", "check_real", "check_rho", "check_beta", "coerce_values", "coerce_counts", "check_values",
-           "check_contributions", "StrictModel"]
+__all__ = [
+    "check_int",
+    "check_real",
+    "check_rho",
+    "check_beta",
+    "coerce_values",
+    "coerce_counts",
+    "check_values",
+    "check_contributions",
+    "StrictModel",
+]
 
 
 def check_int(value: Any, name: str, *, low: int | None = None, high: int | None = None) -> int:
@@ -29,8 +38,15 @@ def check_int(value: Any, name: str, *, low: int | None = None, high: int | None
     return v
 
 
-def check_real(value: Any, name: str, *, low: float | None = None, high: float | None = None,
-               low_open: bool = False, high_open: bool = False) -> float:
+def check_real(
+    value: Any,
+    name: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
     """A finite real number (not a bool) within the given, optionally open, bounds."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
@@ -58,7 +74,9 @@ def check_beta(beta: Any) -> float:
     return beta
 
 
-def coerce_values(values: Any, categories: int, expected_len: int | None, name: str = "values") -> np.ndarray:
+def coerce_values(
+    values: Any, categories: int, expected_len: int | None, name: str = "values"
+) -> np.ndarray:
     """Validate one step of per-user reports and return them as int64.
 
     Accepts integer arrays, float arrays whose entries are all integral (e.g. ``1.0``), and bool
@@ -66,7 +84,9 @@ def coerce_values(values: Any, categories: int, expected_len: int | None, name: 
     """
     arr = np.asarray(values)
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D array with one value per user, got shape {arr.shape}")
+        raise ValueError(
+            f"{name} must be a 1-D array with one value per user, got shape {arr.shape}"
+        )
     if arr.size == 0:
         raise ValueError(f"{name} is empty: at least one user is needed")
     if expected_len is not None and arr.size != expected_len:
@@ -88,7 +108,9 @@ def coerce_values(values: Any, categories: int, expected_len: int | None, name: 
             raise ValueError(f"{name} must hold integer category codes; entry {i} is {arr[i]!r}")
         bad = (arr < 0) | (arr >= categories)
     else:
-        raise TypeError(f"{name} must be an integer (or integral float) array, got dtype {arr.dtype}")
+        raise TypeError(
+            f"{name} must be an integer (or integral float) array, got dtype {arr.dtype}"
+        )
     if np.any(bad):
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(f"{name} must lie in [0, {categories}); entry {i} is {arr[i]!r}")
@@ -100,10 +122,13 @@ def coerce_counts(counts: Any, size: int, name: str) -> np.ndarray:
     arr = np.asarray(counts)
     if arr.ndim != 1 or arr.size != size:
         raise ValueError(f"{name} must be a 1-D array of length {size}, got shape {arr.shape}")
-    if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+    if arr.dtype == np.bool_ or not (
+        np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)
+    ):
         raise TypeError(f"{name} must be an integer array, got dtype {arr.dtype}")
-    if np.issubdtype(arr.dtype, np.floating) and (not np.all(np.isfinite(arr))
-                                                  or np.any(arr != np.floor(arr))):
+    if np.issubdtype(arr.dtype, np.floating) and (
+        not np.all(np.isfinite(arr)) or np.any(arr != np.floor(arr))
+    ):
         raise ValueError(f"{name} must hold non-negative integer counts")
     if np.any(arr < 0):
         raise ValueError(f"{name} must hold non-negative counts")
@@ -119,11 +144,15 @@ def check_values(values: Any, n: int, domain_size: int, name: str = "values") ->
         raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
     arr = arr.astype(np.int64, copy=False)
     if arr.size and (arr.min() < 0 or arr.max() >= domain_size):
-        raise ValueError(f"{name} must lie in [0, {domain_size}), got range [{arr.min()}, {arr.max()}]")
+        raise ValueError(
+            f"{name} must lie in [0, {domain_size}), got range [{arr.min()}, {arr.max()}]"
+        )
     return arr
 
 
-def check_contributions(contributions: Any, n: int, granularity: int, name: str = "contributions") -> np.ndarray:
+def check_contributions(
+    contributions: Any, n: int, granularity: int, name: str = "contributions"
+) -> np.ndarray:
     """f_i(x_r) ∈ [0, 1] per record, rounded to the 1/granularity grid (Kaplan–Mansour–Stemmer footnote 2); returned
     in integer units of 1/granularity so that sums are exact and the discrete noise applies."""
     arr = np.asarray(contributions, dtype=np.float64)

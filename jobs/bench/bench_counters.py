@@ -54,7 +54,9 @@ def honaker_variances(T: int, rho: float, neighbours: str) -> np.ndarray:
     v = [sigma2]
     for _ in range(T.bit_length()):
         v.append(1.0 / (1.0 / sigma2 + 1.0 / (2.0 * v[-1])))
-    return np.array([sum(v[h] for h in range(t.bit_length()) if (t >> h) & 1) for t in range(1, T + 1)])
+    return np.array(
+        [sum(v[h] for h in range(t.bit_length()) if (t >> h) & 1) for t in range(1, T + 1)]
+    )
 
 
 def analytic(counter) -> np.ndarray:
@@ -82,7 +84,9 @@ def empirical(cls, T: int, rho: float, neighbours: str, runs: int, seed: int) ->
     return np.sqrt(sq)
 
 
-def step_time(cls, T: int, rho: float, neighbours: str, pre_drawn: bool, last: int | None = None) -> float:
+def step_time(
+    cls, T: int, rho: float, neighbours: str, pre_drawn: bool, last: int | None = None
+) -> float:
     """Mean seconds per update over the run (or its last ``last`` steps); secure source."""
     real = noise_module.discrete_gaussian
     if pre_drawn:
@@ -122,16 +126,26 @@ def jax_privacy_blt(T: int, rho: float, neighbours: str):
     except Exception as exc:  # optional dependency
         return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
     if neighbours != "add_remove":
-        return {"available": False, "reason": "jax-privacy's BLT sensitivity is for single participation"}
+        return {
+            "available": False,
+            "reason": "jax-privacy's BLT sensitivity is for single participation",
+        }
     t0 = time.perf_counter()
     blt = bt.optimize(n=T)
     fit_s = time.perf_counter() - t0
     sens2 = float(bt.sensitivity_squared(blt, T))
     inv = blt.inverse()
-    per_step = np.array([float(bt.iteration_error(inv, i)) for i in range(T)]) if T <= 2000 else None
+    per_step = (
+        np.array([float(bt.iteration_error(inv, i)) for i in range(T)]) if T <= 2000 else None
+    )
     max_var = float(bt.max_loss(blt, T)) / (2.0 * rho)
-    out = {"available": True, "version": version("jax-privacy"), "buffers": int(blt.buf_decay.size),
-           "fit_seconds": fit_s, "max_std": math.sqrt(max_var)}
+    out = {
+        "available": True,
+        "version": version("jax-privacy"),
+        "buffers": int(blt.buf_decay.size),
+        "fit_seconds": fit_s,
+        "max_std": math.sqrt(max_var),
+    }
     if per_step is not None:
         out["mean_std"] = float(np.mean(np.sqrt(sens2 * per_step / (2.0 * rho))))
     # step: one streaming C⁻¹ multiply of a fresh N(0, σ²) draw, plus the running prefix sum
@@ -167,13 +181,21 @@ def bench(horizons, rho, runs, neighbours, long_horizons):
         row = {"T": T, "counters": {}}
         for name, var in an.items():
             std = np.sqrt(var)
-            entry = {"max_std": float(std.max()), "mean_std": float(std.mean()),
-                     "max_ratio_to_tree": float(std.max() / ref_max)}
+            entry = {
+                "max_std": float(std.max()),
+                "mean_std": float(std.mean()),
+                "max_ratio_to_tree": float(std.max() / ref_max),
+            }
             if name in COUNTERS:
                 emp = empirical(COUNTERS[name], T, rho, neighbours, runs, seed=T)
-                entry.update(emp_max_rmse=float(emp.max()), emp_mean_rmse=float(emp.mean()),
-                             step_seconds=step_time(COUNTERS[name], T, rho, neighbours, pre_drawn=False),
-                             step_seconds_no_sampler=step_time(COUNTERS[name], T, rho, neighbours, pre_drawn=True))
+                entry.update(
+                    emp_max_rmse=float(emp.max()),
+                    emp_mean_rmse=float(emp.mean()),
+                    step_seconds=step_time(COUNTERS[name], T, rho, neighbours, pre_drawn=False),
+                    step_seconds_no_sampler=step_time(
+                        COUNTERS[name], T, rho, neighbours, pre_drawn=True
+                    ),
+                )
             row["counters"][name] = entry
         jp = jax_privacy_blt(T, rho, neighbours)
         if jp.get("available"):
@@ -184,16 +206,24 @@ def bench(horizons, rho, runs, neighbours, long_horizons):
     for T in long_horizons:
         blt = BLTCounter(T, rho, neighbours=neighbours)
         tree = TreeCounter(T, rho, neighbours=neighbours)
-        entry = {"T": T, "blt_max_std": math.sqrt(blt.variance_at(T)),
-                 "tree_max_std": math.sqrt(max(tree.variance_at(t) for t in range(1, T + 1))),
-                 "blt_step_seconds_no_sampler_last_1000": step_time(BLTCounter, T, rho, neighbours, True, last=1000),
-                 "tree_step_seconds_no_sampler_last_1000": step_time(TreeCounter, T, rho, neighbours, True, last=1000)}
+        entry = {
+            "T": T,
+            "blt_max_std": math.sqrt(blt.variance_at(T)),
+            "tree_max_std": math.sqrt(max(tree.variance_at(t) for t in range(1, T + 1))),
+            "blt_step_seconds_no_sampler_last_1000": step_time(
+                BLTCounter, T, rho, neighbours, True, last=1000
+            ),
+            "tree_step_seconds_no_sampler_last_1000": step_time(
+                TreeCounter, T, rho, neighbours, True, last=1000
+            ),
+        }
         if neighbours == "add_remove":
             entry["sqrt_real_max_std"] = math.sqrt(sqrt_real_max_variance(T, rho))
             entry["blt_over_sqrt"] = entry["blt_max_std"] / entry["sqrt_real_max_std"]
         if T <= 10_000:
             entry["sqrt_step_seconds_no_sampler_last_1000"] = step_time(
-                SqrtFactorizationCounter, T, rho, neighbours, True, last=1000)
+                SqrtFactorizationCounter, T, rho, neighbours, True, last=1000
+            )
         jp = jax_privacy_blt(T, rho, neighbours)
         if jp.get("available"):
             entry["jax_privacy_blt_max_std"] = jp["max_std"]
@@ -204,32 +234,49 @@ def bench(horizons, rho, runs, neighbours, long_horizons):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--horizons", type=int, nargs="+", default=[12, 120, 1000])
-    ap.add_argument("--long", type=int, nargs="*", default=[10_000, 100_000], help="BLT-only long horizons")
+    ap.add_argument(
+        "--long", type=int, nargs="*", default=[10_000, 100_000], help="BLT-only long horizons"
+    )
     ap.add_argument("--rho", type=float, default=1.0)
     ap.add_argument("--runs", type=int, default=300)
     ap.add_argument("--neighbours", default="add_remove", choices=["add_remove", "replace"])
     ap.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
     args = ap.parse_args(argv)
     rows, long_rows = bench(args.horizons, args.rho, args.runs, args.neighbours, args.long)
-    print(f"continual counters at rho={args.rho}, {args.neighbours}; python {platform.python_version()}")
-    head = f"{'T':>6} {'counter':<16} {'max sd':>8} {'mean sd':>8} {'/tree':>6} {'emp max':>8} {'emp mean':>8} " \
-           f"{'step ms':>8} {'arith us':>9}"
+    print(
+        f"continual counters at rho={args.rho}, {args.neighbours}; python {platform.python_version()}"
+    )
+    head = (
+        f"{'T':>6} {'counter':<16} {'max sd':>8} {'mean sd':>8} {'/tree':>6} {'emp max':>8} {'emp mean':>8} "
+        f"{'step ms':>8} {'arith us':>9}"
+    )
     print(head)
     for row in rows:
         for name, e in row["counters"].items():
             if not e.get("available", True):
                 print(f"{row['T']:>6} {name:<16} unavailable: {e['reason']}")
                 continue
-            print(f"{row['T']:>6} {name:<16} {e['max_std']:8.3f} {e.get('mean_std', float('nan')):8.3f} "
-                  f"{e['max_ratio_to_tree']:6.3f} {e.get('emp_max_rmse', float('nan')):8.3f} "
-                  f"{e.get('emp_mean_rmse', float('nan')):8.3f} {1e3 * e.get('step_seconds', float('nan')):8.3f} "
-                  f"{1e6 * e.get('step_seconds_no_sampler', float('nan')):9.1f}")
+            print(
+                f"{row['T']:>6} {name:<16} {e['max_std']:8.3f} {e.get('mean_std', float('nan')):8.3f} "
+                f"{e['max_ratio_to_tree']:6.3f} {e.get('emp_max_rmse', float('nan')):8.3f} "
+                f"{e.get('emp_mean_rmse', float('nan')):8.3f} {1e3 * e.get('step_seconds', float('nan')):8.3f} "
+                f"{1e6 * e.get('step_seconds_no_sampler', float('nan')):9.1f}"
+            )
     for e in long_rows:
         print("long horizon:", json.dumps(e))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"rho": args.rho, "neighbours": args.neighbours, "runs": args.runs,
-                       "rows": rows, "long": long_rows}, fh, indent=2)
+            json.dump(
+                {
+                    "rho": args.rho,
+                    "neighbours": args.neighbours,
+                    "runs": args.runs,
+                    "rows": rows,
+                    "long": long_rows,
+                },
+                fh,
+                indent=2,
+            )
     return 0
 
 

@@ -47,7 +47,9 @@ from jobs.bench.bench_stream import (
 )
 
 
-def one_storage(durable: bool, n: int, partitions: int, out: Path, pov: np.ndarray, item: np.ndarray) -> dict:
+def one_storage(
+    durable: bool, n: int, partitions: int, out: Path, pov: np.ndarray, item: np.ndarray
+) -> dict:
     from pipeline.config import load_config
     from pipeline.stream.ingest.roster import Roster
     from pipeline.stream.kafka.topics import ensure_topics
@@ -64,19 +66,29 @@ def one_storage(durable: bool, n: int, partitions: int, out: Path, pov: np.ndarr
         roster = Roster.from_config(dep.roster)
         names = ensure_topics(svc.broker.bootstrap, dep)
         msgs = _single_messages(roster, 1, pov[:, 0], item[:, 0])
-        row["produce_msgs_per_s"] = n / asyncio.run(_produce(svc.broker.bootstrap, names["reports"], msgs))
+        row["produce_msgs_per_s"] = n / asyncio.run(
+            _produce(svc.broker.bootstrap, names["reports"], msgs)
+        )
         del msgs
-        row["raw_consume_msgs_per_s"] = n / asyncio.run(_raw_consume(svc.broker.bootstrap, names["reports"], n))
+        row["raw_consume_msgs_per_s"] = n / asyncio.run(
+            _raw_consume(svc.broker.bootstrap, names["reports"], n)
+        )
         with LocalCluster(cfg_path, dep, workers=1, log_dir=out / "logs", metrics=True) as cluster:
-            row["ingest_single_reports_per_s"] = _ingest_rate([cluster.metrics_ports["worker-0"]], 0.0, n)
+            row["ingest_single_reports_per_s"] = _ingest_rate(
+                [cluster.metrics_ports["worker-0"]], 0.0, n
+            )
             drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
             rport = cluster.metrics_ports["releaser"]
             latencies = [_close(drv, 1, rport)]
-            cluster.kill("worker-0", signal.SIGTERM)  # step 2 waits in the log while the worker is down
+            cluster.kill(
+                "worker-0", signal.SIGTERM
+            )  # step 2 waits in the log while the worker is down
             drv.producer.send_step(2, {"poverty": pov[:, 1], "item": item[:, 1]})
             cluster.spawn("worker", "worker-0")
             try:
-                row["ingest_batch_reports_per_s"] = _burst_rate(cluster.metrics_ports["worker-0"], n)
+                row["ingest_batch_reports_per_s"] = _burst_rate(
+                    cluster.metrics_ports["worker-0"], n
+                )
             except RuntimeError:  # the whole step in one fetch (small n): no rate to take
                 row["ingest_batch_reports_per_s"] = float("nan")
             latencies.append(_close(drv, 2, rport))
@@ -89,7 +101,12 @@ def one_storage(durable: bool, n: int, partitions: int, out: Path, pov: np.ndarr
     return row
 
 
-RATES = ("produce_msgs_per_s", "raw_consume_msgs_per_s", "ingest_single_reports_per_s", "ingest_batch_reports_per_s")
+RATES = (
+    "produce_msgs_per_s",
+    "raw_consume_msgs_per_s",
+    "ingest_single_reports_per_s",
+    "ingest_batch_reports_per_s",
+)
 LATENCIES = ("close_to_publish_s", "close_to_read_back_s")
 
 
@@ -109,19 +126,32 @@ def main(argv=None) -> dict:
     for r in range(args.rounds):
         pair = {}
         for durable in (False, True):
-            row = one_storage(durable, args.n, args.partitions, Path(args.out) / f"r{r}-{'durable' if durable else 'memory'}",
-                              pov, item)
+            row = one_storage(
+                durable,
+                args.n,
+                args.partitions,
+                Path(args.out) / f"r{r}-{'durable' if durable else 'memory'}",
+                pov,
+                item,
+            )
             print(json.dumps(row), flush=True)
             pair[row["storage"]] = row
         pair["ratio"] = {k: pair["durable"][k] / pair["memory"][k] for k in RATES + LATENCIES}
         rounds.append(pair)
-    result = {"n": args.n, "partitions": args.partitions, "rounds": rounds,
-              "median_ratio_durable_over_memory": {k: statistics.median(p["ratio"][k] for p in rounds)
-                                                   for k in RATES + LATENCIES}}
+    result = {
+        "n": args.n,
+        "partitions": args.partitions,
+        "rounds": rounds,
+        "median_ratio_durable_over_memory": {
+            k: statistics.median(p["ratio"][k] for p in rounds) for k in RATES + LATENCIES
+        },
+    }
     print("durable / memory (median over rounds; rates: <1 is slower, latencies: >1 is slower):")
     for k, v in result["median_ratio_durable_over_memory"].items():
-        print(f"  {k}: {v:.2f}  (memory {statistics.median(p['memory'][k] for p in rounds):,.3g}, "
-              f"durable {statistics.median(p['durable'][k] for p in rounds):,.3g})")
+        print(
+            f"  {k}: {v:.2f}  (memory {statistics.median(p['memory'][k] for p in rounds):,.3g}, "
+            f"durable {statistics.median(p['durable'][k] for p in rounds):,.3g})"
+        )
     write_json(args.json, result)
     return result
 

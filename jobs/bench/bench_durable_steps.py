@@ -50,13 +50,18 @@ BATCHED_LIBRDKAFKA = {"linger.ms": 100, "max.in.flight.requests.per.connection":
 
 def _messages(roster, step: int, pov: np.ndarray, item: np.ndarray):
     for uid, p, v in zip(roster.ids, pov.tolist(), item.tolist()):
-        yield uid.encode(), orjson.dumps({"user": uid, "step": step, "values": {"poverty": p, "item": v}})
+        yield (
+            uid.encode(),
+            orjson.dumps({"user": uid, "step": step, "values": {"poverty": p, "item": v}}),
+        )
 
 
 def _send_kafka_python(bootstrap: str, topic: str, messages) -> None:
     from kafka import KafkaProducer
 
-    producer = KafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False)  # linger 0: its default
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap, enable_idempotence=False
+    )  # linger 0: its default
     for key, value in messages:
         producer.send(topic, value=value, key=key)
     producer.flush()
@@ -66,8 +71,14 @@ def _send_kafka_python(bootstrap: str, topic: str, messages) -> None:
 def _send_librdkafka(bootstrap: str, topic: str, messages, settings: dict | None = None) -> None:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": False,
-                         **(settings or {})})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 5,
+            "enable.idempotence": False,
+            **(settings or {}),
+        }
+    )
     for key, value in messages:
         while True:
             try:
@@ -100,17 +111,31 @@ def _wait_assigned(log_dir: Path, partitions: int, timeout: float = 120.0) -> No
     not pay for the workers' start)."""
     deadline, last, still_since = time.monotonic() + timeout, -1, time.monotonic()
     while time.monotonic() < deadline:
-        lines = sum(p.read_text(errors="replace").count("consuming from offset") for p in log_dir.glob("worker-*.log"))
+        lines = sum(
+            p.read_text(errors="replace").count("consuming from offset")
+            for p in log_dir.glob("worker-*.log")
+        )
         if lines != last:
             last, still_since = lines, time.monotonic()
         elif lines >= partitions and time.monotonic() - still_since > 3.0:
             return
         time.sleep(0.2)
-    raise TimeoutError(f"the workers did not take the {partitions} partitions within {timeout:.0f} s")
+    raise TimeoutError(
+        f"the workers did not take the {partitions} partitions within {timeout:.0f} s"
+    )
 
 
-def one_storage(storage: str, n: int, steps: int, kinds, workers: int, partitions: int, out: Path,
-                pov: np.ndarray, item: np.ndarray) -> dict:
+def one_storage(
+    storage: str,
+    n: int,
+    steps: int,
+    kinds,
+    workers: int,
+    partitions: int,
+    out: Path,
+    pov: np.ndarray,
+    item: np.ndarray,
+) -> dict:
     from pipeline.config import load_config
     from pipeline.stream.ingest.roster import Roster
     from pipeline.stream.kafka.topics import ensure_topics
@@ -126,7 +151,9 @@ def one_storage(storage: str, n: int, steps: int, kinds, workers: int, partition
     previous = os.environ.get(FSYNC_ENV)
     os.environ[FSYNC_ENV] = STORAGES[storage] or "on"  # read when the object store is configured
     try:
-        services = EmbeddedServices(data_dir=None, durable_log=durable, broker_log=out / "broker.log")
+        services = EmbeddedServices(
+            data_dir=None, durable_log=durable, broker_log=out / "broker.log"
+        )
     finally:
         if previous is None:
             del os.environ[FSYNC_ENV]
@@ -141,11 +168,19 @@ def one_storage(storage: str, n: int, steps: int, kinds, workers: int, partition
         roster = Roster.from_config(dep.roster)
         names = ensure_topics(svc.broker.bootstrap, dep)
         retention = None
-        with LocalCluster(cfg_path, dep, workers=workers, log_dir=out / "logs", metrics=True) as cluster:
+        with LocalCluster(
+            cfg_path, dep, workers=workers, log_dir=out / "logs", metrics=True
+        ) as cluster:
             if durable:
                 assert svc.storage is not None  # durable_log=True starts the object store
-                retention = _Retention(LogRetention(svc.storage, StateStore.from_url(svc.redis.url, dep.name),
-                                                    cluster.names, partitions))
+                retention = _Retention(
+                    LogRetention(
+                        svc.storage,
+                        StateStore.from_url(svc.redis.url, dep.name),
+                        cluster.names,
+                        partitions,
+                    )
+                )
                 retention.start()
             drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
             _wait_assigned(out / "logs", partitions)
@@ -156,22 +191,38 @@ def one_storage(storage: str, n: int, steps: int, kinds, workers: int, partition
                     t = step - 1
                     started = time.perf_counter()
                     if kind == "batch":
-                        drv.producer.send_step(step, {"poverty": pov[:, t % HORIZON], "item": item[:, t % HORIZON]})
+                        drv.producer.send_step(
+                            step, {"poverty": pov[:, t % HORIZON], "item": item[:, t % HORIZON]}
+                        )
                     else:
-                        messages = _messages(roster, step, pov[:, t % HORIZON], item[:, t % HORIZON])
+                        messages = _messages(
+                            roster, step, pov[:, t % HORIZON], item[:, t % HORIZON]
+                        )
                         if kind == "kafka-python":
                             _send_kafka_python(cluster.broker, names["reports"], messages)
                         else:
-                            _send_librdkafka(cluster.broker, names["reports"], messages,
-                                             BATCHED_LIBRDKAFKA if kind == "librdkafka-batched" else None)
+                            _send_librdkafka(
+                                cluster.broker,
+                                names["reports"],
+                                messages,
+                                BATCHED_LIBRDKAFKA if kind == "librdkafka-batched" else None,
+                            )
                     produced = time.perf_counter() - started
                     drv.close(step, timeout=1800)
-                    entry = {"step": step, "kind": kind, "produce_s": produced,
-                             "time_to_release_s": time.perf_counter() - started}
+                    entry = {
+                        "step": step,
+                        "kind": kind,
+                        "produce_s": produced,
+                        "time_to_release_s": time.perf_counter() - started,
+                    }
                     if durable and svc.storage is not None:
                         root = svc.storage.data_dir
                         entry["stored_batches"] = sum(
-                            1 for _ in root.rglob(f"topics/{names['reports']}/partitions/*/records/*.batch"))
+                            1
+                            for _ in root.rglob(
+                                f"topics/{names['reports']}/partitions/*/records/*.batch"
+                            )
+                        )
                     row["steps"].append(entry)
                     print(json.dumps({"storage": row["storage"], **entry}), flush=True)
             drv.shutdown()
@@ -187,8 +238,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--n", type=int, default=100_000, help="users, each reporting once a step")
     ap.add_argument("--steps", type=int, default=2, help="steps per producer kind")
     ap.add_argument("--kinds", default=",".join(KINDS))
-    ap.add_argument("--storages", default="memory,durable",
-                    help=f"in order, the first the baseline of the ratios; from {', '.join(STORAGES)}")
+    ap.add_argument(
+        "--storages",
+        default="memory,durable",
+        help=f"in order, the first the baseline of the ratios; from {', '.join(STORAGES)}",
+    )
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--json", default=None)
@@ -207,28 +261,59 @@ def main(argv=None) -> dict:
     pov = (rng.random((args.n, HORIZON)) < 0.12).astype(np.int64)
     item = rng.integers(0, 1_000_000, size=(args.n, HORIZON))
     item[: args.n // 50] = 12345
-    rows = {storage: one_storage(storage, args.n, args.steps, kinds, args.workers, args.partitions,
-                                 Path(args.out) / f"n{args.n}-{storage}", pov, item)
-            for storage in storages}
+    rows = {
+        storage: one_storage(
+            storage,
+            args.n,
+            args.steps,
+            kinds,
+            args.workers,
+            args.partitions,
+            Path(args.out) / f"n{args.n}-{storage}",
+            pov,
+            item,
+        )
+        for storage in storages
+    }
     base = storages[0]
-    ratios = {storage: [{"step": b["step"], "kind": b["kind"],
-                         "speed_over_" + base: b["time_to_release_s"] / d["time_to_release_s"]}
-                        for b, d in zip(rows[base]["steps"], rows[storage]["steps"])]
-              for storage in storages[1:]}
-    result = {"n": args.n, "workers": args.workers, "partitions": args.partitions, "rows": rows,
-              "ratios": ratios}
-    print(f"n = {args.n:,}: speed / {base}'s speed per step (time to release; ≥ 0.7 is the target):")
+    ratios = {
+        storage: [
+            {
+                "step": b["step"],
+                "kind": b["kind"],
+                "speed_over_" + base: b["time_to_release_s"] / d["time_to_release_s"],
+            }
+            for b, d in zip(rows[base]["steps"], rows[storage]["steps"])
+        ]
+        for storage in storages[1:]
+    }
+    result = {
+        "n": args.n,
+        "workers": args.workers,
+        "partitions": args.partitions,
+        "rows": rows,
+        "ratios": ratios,
+    }
+    print(
+        f"n = {args.n:,}: speed / {base}'s speed per step (time to release; ≥ 0.7 is the target):"
+    )
     for i, b in enumerate(rows[base]["steps"]):
         line = f"  step {b['step']} {b['kind']:>18}: {base} {b['time_to_release_s']:.1f} s"
         for storage in storages[1:]:
             d = rows[storage]["steps"][i]
-            line += (f"; {storage} {d['time_to_release_s']:.1f} s "
-                     f"({ratios[storage][i]['speed_over_' + base]:.2f}, {d.get('stored_batches', 0):,} batches)")
+            line += (
+                f"; {storage} {d['time_to_release_s']:.1f} s "
+                f"({ratios[storage][i]['speed_over_' + base]:.2f}, {d.get('stored_batches', 0):,} batches)"
+            )
         print(line)
     result["median_ratio_by_kind"] = {
-        storage: {k: statistics.median([r["speed_over_" + base] for r in rs if r["kind"] == k])
-                  for k in kinds if any(r["kind"] == k for r in rs)}
-        for storage, rs in ratios.items()}
+        storage: {
+            k: statistics.median([r["speed_over_" + base] for r in rs if r["kind"] == k])
+            for k in kinds
+            if any(r["kind"] == k for r in rs)
+        }
+        for storage, rs in ratios.items()
+    }
     write_json(args.json, result)
     return result
 

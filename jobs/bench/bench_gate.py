@@ -25,8 +25,14 @@ TOPIC = "bench-gate"
 async def _produce(bootstrap: str, security: dict, payloads: list[bytes]) -> float:
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=1 << 20,
-                                max_request_size=8 << 20, **security)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        linger_ms=5,
+        max_batch_size=1 << 20,
+        max_request_size=8 << 20,
+        **security,
+    )
     await producer.start()
     try:
         began = time.perf_counter()
@@ -39,8 +45,13 @@ async def _produce(bootstrap: str, security: dict, payloads: list[bytes]) -> flo
 async def _consume(bootstrap: str, security: dict, start: int, count: int) -> float:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                max_partition_fetch_bytes=8 << 20, fetch_max_bytes=32 << 20, **security)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=8 << 20,
+        fetch_max_bytes=32 << 20,
+        **security,
+    )
     await consumer.start()
     try:
         tp = TopicPartition(TOPIC, 0)
@@ -66,17 +77,34 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    payloads = [os.urandom(args.message_kb << 10) for _ in range((args.mb << 10) // args.message_kb)]
+    payloads = [
+        os.urandom(args.message_kb << 10) for _ in range((args.mb << 10) // args.message_kb)
+    ]
     megabytes = len(payloads) * args.message_kb / 1024
-    times: dict[str, dict[str, list[float]]] = {"direct": {"produce": [], "consume": []},
-                                                "gated": {"produce": [], "consume": []}}
+    times: dict[str, dict[str, list[float]]] = {
+        "direct": {"produce": [], "consume": []},
+        "gated": {"produce": [], "consume": []},
+    }
     with EmbeddedServices() as direct, EmbeddedServices(isolated=True) as gated:
         assert gated.gate is not None
         tls = gated.gate.tls
-        routes = {"direct": (direct.broker.bootstrap, {}),
-                  "gated": (gated.broker.bootstrap, {"security_protocol": "SSL", "ssl_context": tls_context(
-                      TlsFiles(ca_file=str(tls.ca_file), cert_file=str(tls.client_cert),
-                               key_file=str(tls.client_key)), "gate")})}
+        routes = {
+            "direct": (direct.broker.bootstrap, {}),
+            "gated": (
+                gated.broker.bootstrap,
+                {
+                    "security_protocol": "SSL",
+                    "ssl_context": tls_context(
+                        TlsFiles(
+                            ca_file=str(tls.ca_file),
+                            cert_file=str(tls.client_cert),
+                            key_file=str(tls.client_key),
+                        ),
+                        "gate",
+                    ),
+                },
+            ),
+        }
         from kafka import KafkaAdminClient
         from kafka.admin import NewTopic
 
@@ -88,14 +116,23 @@ def main(argv: list[str] | None = None) -> dict:
             for name, (bootstrap, security) in routes.items():
                 start = round_ * len(payloads)
                 times[name]["produce"].append(asyncio.run(_produce(bootstrap, security, payloads)))
-                times[name]["consume"].append(asyncio.run(_consume(bootstrap, security, start, len(payloads))))
-    result: dict = {"megabytes_per_round": megabytes, "message_kb": args.message_kb, "rounds": args.rounds}
+                times[name]["consume"].append(
+                    asyncio.run(_consume(bootstrap, security, start, len(payloads)))
+                )
+    result: dict = {
+        "megabytes_per_round": megabytes,
+        "message_kb": args.message_kb,
+        "rounds": args.rounds,
+    }
     for what in ("produce", "consume"):
         rates = {name: megabytes / statistics.median(times[name][what]) for name in times}
         result[f"{what}_mb_per_s"] = rates
         result[f"{what}_gated_over_direct"] = rates["gated"] / rates["direct"]
-        print(f"{what}: direct {rates['direct']:.1f} MB/s, gated {rates['gated']:.1f} MB/s "
-              f"(gated/direct {rates['gated'] / rates['direct']:.2f}; medians of {args.rounds} rounds)", flush=True)
+        print(
+            f"{what}: direct {rates['direct']:.1f} MB/s, gated {rates['gated']:.1f} MB/s "
+            f"(gated/direct {rates['gated'] / rates['direct']:.2f}; medians of {args.rounds} rounds)",
+            flush=True,
+        )
     write_json(args.json, result)
     return result
 

@@ -30,7 +30,9 @@ def bench_large(n: int, domain: int, steps: int, seed: int, secure: bool = False
     data = [_stream(rng, n, domain, 20_000) for _ in range(steps)]
     out = {}
     for method in METHODS:
-        hh = ShiftingHeavyHitters(domain, 1.0, 1e-6, 3, 10_000, method=method, seed=None if secure else seed)
+        hh = ShiftingHeavyHitters(
+            domain, 1.0, 1e-6, 3, 10_000, method=method, seed=None if secure else seed
+        )
         times = []
         for vals in data:
             t0 = time.perf_counter()
@@ -70,16 +72,20 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     results = {"users": args.users, "secure": args.secure, "large": {}, "loop": None}
     src = "secure" if args.secure else "seeded"
-    print(f"median step time, n = {args.users:,} users, eps=1, delta=1e-6, k=3, horizon 1e4, {src} source")
+    print(
+        f"median step time, n = {args.users:,} users, eps=1, delta=1e-6, k=3, horizon 1e4, {src} source"
+    )
     print(f"{'|X|':>12} | " + " | ".join(f"{m:>11}" for m in METHODS))
     for domain in (1_000_000, 2**32):
         r = bench_large(args.users, domain, args.steps, args.seed, args.secure)
         results["large"][str(domain)] = r
-        print(f"{domain:>12} | " + " | ".join(f"{r[m]*1e3:>9.0f}ms" for m in METHODS))
+        print(f"{domain:>12} | " + " | ".join(f"{r[m] * 1e3:>9.0f}ms" for m in METHODS))
     loop = bench_loop_ratio(2000, 500, 3, args.seed)
     results["loop"] = loop
-    print(f"\nper-element loop of Alg. 5 vs sparse step (n={loop['n']}, |X|={loop['domain']}): "
-          f"{loop['loop_s']*1e3:.0f} ms vs {loop['sparse_s']*1e3:.1f} ms, ratio {loop['ratio']:.0f}x")
+    print(
+        f"\nper-element loop of Alg. 5 vs sparse step (n={loop['n']}, |X|={loop['domain']}): "
+        f"{loop['loop_s'] * 1e3:.0f} ms vs {loop['sparse_s'] * 1e3:.1f} ms, ratio {loop['ratio']:.0f}x"
+    )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)

@@ -85,11 +85,18 @@ def run(sizes: list[int], repeats: int, sigma2: float, scale: float, with_opendp
                 var = float(np.var(np.asarray(out, dtype=np.float64)))
                 timings[path] = seconds
                 rows.append(
-                    {"sampler": sampler, "param": param, "path": path, "n": n, "seconds": seconds,
-                     "draws_per_second": n / seconds, "sample_variance": var}
+                    {
+                        "sampler": sampler,
+                        "param": param,
+                        "path": path,
+                        "n": n,
+                        "seconds": seconds,
+                        "draws_per_second": n / seconds,
+                        "sample_variance": var,
+                    }
                 )
             if "opendp" in timings:
-                for r in rows[-len(cases):]:
+                for r in rows[-len(cases) :]:
                     r["speedup_vs_opendp"] = timings["opendp"] / r["seconds"]
     return {
         "sigma2": sigma2,
@@ -120,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--sigma2", type=float, default=1000.0, help="discrete Gaussian variance parameter")
+    ap.add_argument(
+        "--sigma2", type=float, default=1000.0, help="discrete Gaussian variance parameter"
+    )
     ap.add_argument("--scale", type=float, default=10.0, help="discrete Laplace scale")
     ap.add_argument("--json", metavar="PATH", help="also write the numbers as JSON")
     ap.add_argument("--no-opendp", action="store_true", help="skip the OpenDP baseline")
@@ -128,8 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1 or any(n < 1 for n in args.sizes):
         ap.error("--repeats and --sizes must be positive")
     result = run(args.sizes, args.repeats, args.sigma2, args.scale, not args.no_opendp)
-    print(f"sigma2={args.sigma2:g} (OpenDP scale=sqrt(sigma2)), laplace scale={args.scale:g}, "
-          f"best of {args.repeats}, opendp {result['opendp']}")
+    print(
+        f"sigma2={args.sigma2:g} (OpenDP scale=sqrt(sigma2)), laplace scale={args.scale:g}, "
+        f"best of {args.repeats}, opendp {result['opendp']}"
+    )
     print(format_table(result))
     if args.json:
         with open(args.json, "w") as fh:

@@ -50,12 +50,25 @@ PRODUCERS = ("crc32", "random")
 
 def _config(n: int, partitions: int, horizon: int, services) -> dict:
     return {
-        "name": "bench-repartition", "broker": services.broker.bootstrap, "redis": services.redis.url,
-        "roster": {"size": n}, "horizon": horizon, "topics": {"partitions": partitions},
+        "name": "bench-repartition",
+        "broker": services.broker.bootstrap,
+        "redis": services.redis.url,
+        "roster": {"size": n},
+        "horizon": horizon,
+        "topics": {"partitions": partitions},
         "attributes": {"poverty": {"type": "binary"}},
-        "budget": {"rho": 0.5}, "random": {"kind": "seeded", "seed": 1},
-        "releases": [{"name": "fw", "type": "fixed_window", "attribute": "poverty", "window": 3, "share": 0.5},
-                     {"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 0.5}],
+        "budget": {"rho": 0.5},
+        "random": {"kind": "seeded", "seed": 1},
+        "releases": [
+            {
+                "name": "fw",
+                "type": "fixed_window",
+                "attribute": "poverty",
+                "window": 3,
+                "share": 0.5,
+            },
+            {"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 0.5},
+        ],
     }
 
 
@@ -78,8 +91,12 @@ def _rate_and_cpu(port: int, pids: dict[str, int], expected: int) -> tuple[float
             assert first is not None  # set once got > 0
             done = got - first[1]
             if done <= 0:
-                raise RuntimeError("the whole step was accepted between two samples: rate not measurable")
-            return done / (now - first[0]), {k: (_cpu_seconds(p) - first[2][k]) / done * 1e6 for k, p in pids.items()}
+                raise RuntimeError(
+                    "the whole step was accepted between two samples: rate not measurable"
+                )
+            return done / (now - first[0]), {
+                k: (_cpu_seconds(p) - first[2][k]) / done * 1e6 for k, p in pids.items()
+            }
     raise TimeoutError("ingest did not finish")  # _samples raises first
 
 
@@ -88,25 +105,42 @@ def placements(roster, partitions: int, seed: int) -> dict[str, np.ndarray]:
     keys = [uid.encode() for uid in roster.ids]
     return {
         "matched": roster.owners(partitions).astype(np.int64),
-        "crc32": np.fromiter((zlib.crc32(k) % partitions for k in keys), dtype=np.int64, count=len(keys)),
+        "crc32": np.fromiter(
+            (zlib.crc32(k) % partitions for k in keys), dtype=np.int64, count=len(keys)
+        ),
         "random": np.random.default_rng(seed).integers(0, partitions, size=len(keys)),
     }
 
 
-async def _produce(bootstrap: str, topic: str, roster, step: int, pov: np.ndarray, where: np.ndarray) -> None:
+async def _produce(
+    bootstrap: str, topic: str, roster, step: int, pov: np.ndarray, where: np.ndarray
+) -> None:
     from aiokafka import AIOKafkaProducer
 
     from pipeline.connections import kafka_security
 
-    prod = AIOKafkaProducer(bootstrap_servers=bootstrap, **kafka_security(), linger_ms=20, max_batch_size=1 << 20,
-                            max_request_size=8 << 20)
+    prod = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        **kafka_security(),
+        linger_ms=20,
+        max_batch_size=1 << 20,
+        max_request_size=8 << 20,
+    )
     await prod.start()
     try:
         ids, values, parts = roster.ids, pov.tolist(), where.tolist()
         for i in range(0, len(ids), 10_000):
-            batch = [await prod.send(topic, key=ids[j].encode(), partition=parts[j],
-                                     value=orjson.dumps({"user": ids[j], "step": step, "values": {"poverty": values[j]}}))
-                     for j in range(i, min(i + 10_000, len(ids)))]
+            batch = [
+                await prod.send(
+                    topic,
+                    key=ids[j].encode(),
+                    partition=parts[j],
+                    value=orjson.dumps(
+                        {"user": ids[j], "step": step, "values": {"poverty": values[j]}}
+                    ),
+                )
+                for j in range(i, min(i + 10_000, len(ids)))
+            ]
             await asyncio.gather(*batch)
     finally:
         await prod.stop()
@@ -122,7 +156,9 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--partitions", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=2, help="rounds of matched, crc32, random (then matched)")
+    ap.add_argument(
+        "--rounds", type=int, default=2, help="rounds of matched, crc32, random (then matched)"
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--out", default="out/bench_repartition")
     args = ap.parse_args(argv)
@@ -143,47 +179,91 @@ def main(argv=None) -> dict:
             drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
             for step, producer in enumerate(order, start=1):
                 misplaced = float((where[producer] != where["matched"]).mean())
-                asyncio.run(_produce(cluster.broker, cluster.names["reports"], roster, step, pov[:, step - 1],
-                                     where[producer]))
+                asyncio.run(
+                    _produce(
+                        cluster.broker,
+                        cluster.names["reports"],
+                        roster,
+                        step,
+                        pov[:, step - 1],
+                        where[producer],
+                    )
+                )
                 cluster.spawn("worker", "worker-0")
                 port = cluster.metrics_ports["worker-0"]
                 assert svc.broker.pid is not None  # started with the services
-                rate, cpu = _rate_and_cpu(port, {"worker": cluster.procs["worker-0"].pid,
-                                                 "broker": svc.broker.pid}, n)
+                rate, cpu = _rate_and_cpu(
+                    port, {"worker": cluster.procs["worker-0"].pid, "broker": svc.broker.pid}, n
+                )
                 drv.close(step)
                 dead = _gauge(port, 'dpstream_reports_total{status="rejected"}')
                 forwarded = _gauge(port, 'dpstream_reports_total{status="forwarded"}')
                 if _accepted(port) != n or dead:
-                    raise RuntimeError(f"step {step} ({producer}): {_accepted(port):,.0f} accepted, {dead:,.0f} "
-                                       f"rejected of {n:,}")
-                cluster.kill("worker-0", signal.SIGTERM)  # the step is checkpointed; the next waits in the log
+                    raise RuntimeError(
+                        f"step {step} ({producer}): {_accepted(port):,.0f} accepted, {dead:,.0f} "
+                        f"rejected of {n:,}"
+                    )
+                cluster.kill(
+                    "worker-0", signal.SIGTERM
+                )  # the step is checkpointed; the next waits in the log
                 cluster.wait_exit("worker-0")
-                row = {"step": step, "producer": producer, "misplaced": misplaced, "forwarded": forwarded,
-                       "reports_per_s": rate, "cpu_us_per_report": cpu}
+                row = {
+                    "step": step,
+                    "producer": producer,
+                    "misplaced": misplaced,
+                    "forwarded": forwarded,
+                    "reports_per_s": rate,
+                    "cpu_us_per_report": cpu,
+                }
                 result["steps"].append(row)
-                print(f"step {step} {producer:>8}: {misplaced:.1%} on the wrong partition, {forwarded:,.0f} forwarded, "
-                      f"{rate:,.0f} reports/s; CPU per report: worker {cpu['worker']:.2f} µs, broker "
-                      f"{cpu['broker']:.2f} µs", flush=True)
+                print(
+                    f"step {step} {producer:>8}: {misplaced:.1%} on the wrong partition, {forwarded:,.0f} forwarded, "
+                    f"{rate:,.0f} reports/s; CPU per report: worker {cpu['worker']:.2f} µs, broker "
+                    f"{cpu['broker']:.2f} µs",
+                    flush=True,
+                )
             drv.shutdown()
     rates = [r["reports_per_s"] for r in result["steps"]]
     cpus = [sum(r["cpu_us_per_report"].values()) for r in result["steps"]]  # worker + broker
     result["ratio_to_matched"], result["cpu_ratio_to_matched"], result["rounds_detail"] = {}, {}, []
-    for k in range(args.rounds):  # round k: matched at 3k, the producers after it, matched again at 3k + 3
+    for k in range(
+        args.rounds
+    ):  # round k: matched at 3k, the producers after it, matched again at 3k + 3
         before, after = rates[3 * k], rates[3 * k + 3]
         ratios = {p: rates[3 * k + 1 + j] / ((before + after) / 2) for j, p in enumerate(PRODUCERS)}
-        cpu_ratios = {p: (cpus[3 * k] + cpus[3 * k + 3]) / 2 / cpus[3 * k + 1 + j] for j, p in enumerate(PRODUCERS)}
-        result["rounds_detail"].append({"matched_before": before, "matched_after": after, "ratio": ratios,
-                                        "cpu_ratio": cpu_ratios})
-        print(f"round {k + 1}: matched {before:,.0f} reports/s before, {after:,.0f} after; of their mean: "
-              + ", ".join(f"{p} {r:.2f}x" for p, r in ratios.items()) + "; matched CPU per report (worker + broker) "
-              "over theirs: " + ", ".join(f"{p} {r:.2f}x" for p, r in cpu_ratios.items()), flush=True)
+        cpu_ratios = {
+            p: (cpus[3 * k] + cpus[3 * k + 3]) / 2 / cpus[3 * k + 1 + j]
+            for j, p in enumerate(PRODUCERS)
+        }
+        result["rounds_detail"].append(
+            {
+                "matched_before": before,
+                "matched_after": after,
+                "ratio": ratios,
+                "cpu_ratio": cpu_ratios,
+            }
+        )
+        print(
+            f"round {k + 1}: matched {before:,.0f} reports/s before, {after:,.0f} after; of their mean: "
+            + ", ".join(f"{p} {r:.2f}x" for p, r in ratios.items())
+            + "; matched CPU per report (worker + broker) "
+            "over theirs: " + ", ".join(f"{p} {r:.2f}x" for p, r in cpu_ratios.items()),
+            flush=True,
+        )
     for p in PRODUCERS:
-        result["ratio_to_matched"][p] = float(np.mean([d["ratio"][p] for d in result["rounds_detail"]]))
-        result["cpu_ratio_to_matched"][p] = float(np.mean([d["cpu_ratio"][p] for d in result["rounds_detail"]]))
-    print("ratio to the matched producer (mean over rounds; target >= 0.9x): reports/s "
-          + ", ".join(f"{p} {r:.2f}x" for p, r in result["ratio_to_matched"].items())
-          + "; per CPU second of worker and broker "
-          + ", ".join(f"{p} {r:.2f}x" for p, r in result["cpu_ratio_to_matched"].items()), flush=True)
+        result["ratio_to_matched"][p] = float(
+            np.mean([d["ratio"][p] for d in result["rounds_detail"]])
+        )
+        result["cpu_ratio_to_matched"][p] = float(
+            np.mean([d["cpu_ratio"][p] for d in result["rounds_detail"]])
+        )
+    print(
+        "ratio to the matched producer (mean over rounds; target >= 0.9x): reports/s "
+        + ", ".join(f"{p} {r:.2f}x" for p, r in result["ratio_to_matched"].items())
+        + "; per CPU second of worker and broker "
+        + ", ".join(f"{p} {r:.2f}x" for p, r in result["cpu_ratio_to_matched"].items()),
+        flush=True,
+    )
     write_json(args.json, result)
     return result
 

@@ -58,18 +58,25 @@ def run_n(n: int, steps: int, workers: int, out: Path) -> dict:
         cfg_path.write_text(yaml.safe_dump(_config(n, 4, svc)))
         dep = load_config(cfg_path)
         roster = Roster.from_config(dep.roster)
-        with LocalCluster(cfg_path, dep, workers=workers, log_dir=out / "logs", metrics=True) as cluster:
+        with LocalCluster(
+            cfg_path, dep, workers=workers, log_dir=out / "logs", metrics=True
+        ) as cluster:
             ports = [cluster.metrics_ports[f"worker-{i}"] for i in range(workers)]
             drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
             sizes: dict[str, int] = {}
             poll = drv.poll
 
-            def counting_poll(timeout_ms: int = 100) -> None:  # bytes per public topic, as read back
+            def counting_poll(
+                timeout_ms: int = 100,
+            ) -> None:  # bytes per public topic, as read back
                 for tp, msgs in drv._consumer.poll(timeout_ms=timeout_ms).items():
                     for msg in msgs:
-                        sizes[tp.topic] = sizes.get(tp.topic, 0) + len(msg.value) + len(msg.key or b"")
+                        sizes[tp.topic] = (
+                            sizes.get(tp.topic, 0) + len(msg.value) + len(msg.key or b"")
+                        )
                         drv.timestamps.setdefault((tp.topic, msg.key), int(msg.timestamp))
                         drv._handlers[tp.topic](msg.value)
+
             drv.poll = counting_poll  # type: ignore[method-assign]  # wrapped to count the bytes read
             rport = cluster.metrics_ports["releaser"]
             total = 0.0
@@ -87,18 +94,30 @@ def run_n(n: int, steps: int, workers: int, out: Path) -> dict:
                 total += n
                 before = dict(sizes)
                 manifests, whole = _close(drv, t, rport)
-                step: dict[str, Any] = {"step": t, "send_s": sent, "ingest_reports_per_s": n / ingest,
-                        "close_to_manifests_s": manifests, "close_to_whole_step_s": whole,
-                        "public_bytes": {k.rsplit(".", 1)[-1]: v - before.get(k, 0) for k, v in sizes.items()}}
+                step: dict[str, Any] = {
+                    "step": t,
+                    "send_s": sent,
+                    "ingest_reports_per_s": n / ingest,
+                    "close_to_manifests_s": manifests,
+                    "close_to_whole_step_s": whole,
+                    "public_bytes": {
+                        k.rsplit(".", 1)[-1]: v - before.get(k, 0) for k, v in sizes.items()
+                    },
+                }
                 for name, proc in cluster.procs.items():
                     step[f"{name}_rss_mb"] = _status_kb(proc.pid, "VmRSS") / 1024
                     step[f"{name}_peak_mb"] = _status_kb(proc.pid, "VmHWM") / 1024
                 row["steps"].append(step)
-                print(f"n={n:,} step {t}: ingest {n / ingest:,.0f} reports/s, close -> manifests {manifests:.2f} s, "
-                      f"-> whole step {whole:.2f} s; RSS " + ", ".join(
-                          f"{k[:-7]} {v:.0f} MB" for k, v in step.items() if k.endswith("_rss_mb")) +
-                      "; public bytes " + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in step["public_bytes"].items()),
-                      flush=True)
+                print(
+                    f"n={n:,} step {t}: ingest {n / ingest:,.0f} reports/s, close -> manifests {manifests:.2f} s, "
+                    f"-> whole step {whole:.2f} s; RSS "
+                    + ", ".join(
+                        f"{k[:-7]} {v:.0f} MB" for k, v in step.items() if k.endswith("_rss_mb")
+                    )
+                    + "; public bytes "
+                    + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in step["public_bytes"].items()),
+                    flush=True,
+                )
             drv.poll = poll  # type: ignore[method-assign]  # the driver's own again
             drv.shutdown()
     return row
@@ -113,25 +132,48 @@ def plot(rows: list[dict], path: Path) -> None:
     ns = [r["n"] for r in rows]
 
     def med(r, key):
-        values = [s[key] for s in r["steps"][1:] or r["steps"] if key in s]  # step 1 includes group joins
+        values = [
+            s[key] for s in r["steps"][1:] or r["steps"] if key in s
+        ]  # step 1 includes group joins
         return float(np.median(values)) if values else float("nan")
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     ax = axes[0]
-    ax.plot(ns, [med(r, "close_to_manifests_s") for r in rows], "o-", label="close → manifests published")
-    ax.plot(ns, [med(r, "close_to_whole_step_s") for r in rows], "s-", label="close → whole step read back")
+    ax.plot(
+        ns,
+        [med(r, "close_to_manifests_s") for r in rows],
+        "o-",
+        label="close → manifests published",
+    )
+    ax.plot(
+        ns,
+        [med(r, "close_to_whole_step_s") for r in rows],
+        "s-",
+        label="close → whole step read back",
+    )
     ax.set_title("release latency per step (median)")
     ax.set_ylabel("seconds")
     ax = axes[1]
-    for name in sorted({k[:-7] for r in rows for s in r["steps"] for k in s if k.endswith("_rss_mb")}):
+    for name in sorted(
+        {k[:-7] for r in rows for s in r["steps"] for k in s if k.endswith("_rss_mb")}
+    ):
         ax.plot(ns, [med(r, f"{name}_peak_mb") for r in rows], "o-", label=f"{name} (peak RSS)")
     ax.set_title("process memory")
     ax.set_ylabel("MB")
     ax = axes[2]
     for topic in ("releases", "synthetic"):
-        ax.plot(ns, [max(s["public_bytes"].get(topic, 0) for s in r["steps"]) / 1e6 for r in rows],
-                "o-", label=f"{topic} topic (largest step)")
-    ax.plot(ns, [med(r, "ingest_reports_per_s") / 1e3 for r in rows], "^--", label="send → all accepted (k reports/s)")
+        ax.plot(
+            ns,
+            [max(s["public_bytes"].get(topic, 0) for s in r["steps"]) / 1e6 for r in rows],
+            "o-",
+            label=f"{topic} topic (largest step)",
+        )
+    ax.plot(
+        ns,
+        [med(r, "ingest_reports_per_s") / 1e3 for r in rows],
+        "^--",
+        label="send → all accepted (k reports/s)",
+    )
     ax.set_title("public MB per step; ingest rate")
     for ax in axes:
         ax.set_xscale("log")
@@ -139,8 +181,11 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_xlabel("users n")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"dpstream against n: embedded broker and Redis, {rows[0]['workers']} workers, fixed window + "
-                 "cumulative + heavy hitters (one run per n)", fontsize=10)
+    fig.suptitle(
+        f"dpstream against n: embedded broker and Redis, {rows[0]['workers']} workers, fixed window + "
+        "cumulative + heavy hitters (one run per n)",
+        fontsize=10,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

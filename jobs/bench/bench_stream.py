@@ -63,15 +63,33 @@ DOMAIN = 1_000_000
 
 def _config(n: int, partitions: int, services) -> dict:
     return {
-        "name": "bench", "broker": services.broker.bootstrap, "redis": services.redis.url,
-        "roster": {"size": n}, "horizon": HORIZON, "topics": {"partitions": partitions},
+        "name": "bench",
+        "broker": services.broker.bootstrap,
+        "redis": services.redis.url,
+        "roster": {"size": n},
+        "horizon": HORIZON,
+        "topics": {"partitions": partitions},
         "attributes": {"poverty": {"type": "binary"}, "item": {"type": "hashed", "size": DOMAIN}},
-        "budget": {"rho": 0.01, "epsilon": 1.0, "delta": 1e-6}, "random": {"kind": "seeded", "seed": 1},
+        "budget": {"rho": 0.01, "epsilon": 1.0, "delta": 1e-6},
+        "random": {"kind": "seeded", "seed": 1},
         "steps": {"max_ahead": 3},
         "releases": [
-            {"name": "fw", "type": "fixed_window", "attribute": "poverty", "window": 3, "share": 0.5},
+            {
+                "name": "fw",
+                "type": "fixed_window",
+                "attribute": "poverty",
+                "window": 3,
+                "share": 0.5,
+            },
             {"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 0.5},
-            {"name": "hh", "type": "heavy_hitters", "attribute": "item", "method": "tct", "k": 3, "share": 1.0},
+            {
+                "name": "hh",
+                "type": "heavy_hitters",
+                "attribute": "item",
+                "method": "tct",
+                "k": 3,
+                "share": 1.0,
+            },
         ],
     }
 
@@ -82,17 +100,30 @@ _CHUNK = 10_000  # messages built and in flight at a time: the job's memory does
 def _single_messages(roster, step: int, pov: np.ndarray, item: np.ndarray):
     """The step's single-report messages, ``_CHUNK`` (key, value) pairs at a time."""
     for i in range(0, roster.n, _CHUNK):
-        yield [(uid.encode(), orjson.dumps({"user": uid, "step": step, "values": {"poverty": p, "item": v}}))
-               for uid, p, v in zip(roster.ids[i : i + _CHUNK], pov[i : i + _CHUNK].tolist(),
-                                    item[i : i + _CHUNK].tolist())]
+        yield [
+            (
+                uid.encode(),
+                orjson.dumps({"user": uid, "step": step, "values": {"poverty": p, "item": v}}),
+            )
+            for uid, p, v in zip(
+                roster.ids[i : i + _CHUNK],
+                pov[i : i + _CHUNK].tolist(),
+                item[i : i + _CHUNK].tolist(),
+            )
+        ]
 
 
 async def _produce(bootstrap: str, topic: str, chunks) -> float:
     """Send chunks of (key, value) messages, each chunk acknowledged before the next is built."""
     from aiokafka import AIOKafkaProducer
 
-    prod = AIOKafkaProducer(bootstrap_servers=bootstrap, **kafka_security(), linger_ms=20, max_batch_size=1 << 20,
-                            max_request_size=8 << 20)
+    prod = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        **kafka_security(),
+        linger_ms=20,
+        max_batch_size=1 << 20,
+        max_request_size=8 << 20,
+    )
     await prod.start()
     started = time.perf_counter()
     try:
@@ -107,26 +138,40 @@ async def _produce(bootstrap: str, topic: str, chunks) -> float:
 async def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False
+    )
     await consumer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or {0})]
+        tps = [
+            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or {0})
+        ]
         return {tp.partition: off for tp, off in (await consumer.end_offsets(tps)).items()}
     finally:
         await consumer.stop()
 
 
-async def _raw_consume(bootstrap: str, topic: str, expected: int, start: dict[int, int] | None = None) -> float:
+async def _raw_consume(
+    bootstrap: str, topic: str, expected: int, start: dict[int, int] | None = None
+) -> float:
     """Seconds an aiokafka consumer takes to read ``expected`` records with ``getmany``, no
     processing, from the beginning of each partition or from the offsets ``start``: the broker-side
     ceiling for the messages that lie there."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False, auto_offset_reset="earliest",
-                                max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        **kafka_security(),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=8 << 20,
+        fetch_max_bytes=64 << 20,
+    )
     await consumer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or {0})]
+        tps = [
+            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or {0})
+        ]
         consumer.assign(tps)
         if start is None:
             await consumer.seek_to_beginning(*tps)
@@ -189,7 +234,9 @@ def _burst_rate(port: int, expected: int) -> float:
         if got >= expected:
             assert first is not None  # set once got > 0
             if got <= first[1]:
-                raise RuntimeError("the whole step was accepted between two samples: rate not measurable")
+                raise RuntimeError(
+                    "the whole step was accepted between two samples: rate not measurable"
+                )
             return (got - first[1]) / (now - first[0])
     raise TimeoutError("ingest did not finish")  # _samples raises first
 
@@ -217,27 +264,47 @@ def releaser_cost(quick: bool) -> list[dict]:
             best = min(best, time.perf_counter() - t)
         return best
 
-    for m in ([10_000, 100_000] if quick else [10_000, 100_000, 1_000_000]):
+    for m in [10_000, 100_000] if quick else [10_000, 100_000, 1_000_000]:
         for k in (3, 6, 9):
             s = FixedWindowSynthesizer(HORIZON, k, 1.0, seed=1, n=m)
             rng = np.random.default_rng(0)
             counts = rng.multinomial(m, np.full(2**k, 2.0**-k))
             s.release_counts(counts)  # step k: builds the m records
             counts2 = rng.multinomial(m, np.full(2**k, 2.0**-k))
-            rows.append({"mechanism": "fixed_window", "m": m, "bins": 2**k,
-                         "seconds": timed(lambda: _fw_step(s, counts2), reps=1)})
+            rows.append(
+                {
+                    "mechanism": "fixed_window",
+                    "m": m,
+                    "bins": 2**k,
+                    "seconds": timed(lambda: _fw_step(s, counts2), reps=1),
+                }
+            )
     for horizon in (12, 120) if quick else (12, 120, 365):
         cs = CumulativeSynthesizer(horizon, 1.0, seed=1, n=100_000)
         z = np.zeros(horizon + 1, dtype=np.int64)
         z[1] = 30_000
-        rows.append({"mechanism": "cumulative", "m": 100_000, "T": horizon,
-                     "seconds": timed(lambda: cs.release_counts(z), reps=1)})
+        rows.append(
+            {
+                "mechanism": "cumulative",
+                "m": 100_000,
+                "T": horizon,
+                "seconds": timed(lambda: cs.release_counts(z), reps=1),
+            }
+        )
     for domain in (10**4, 10**6, 2**32):
-        hh = ShiftingHeavyHitters(domain, 1.0, 1e-6, 3, 10_000, method="tct", seed=1, neighbours="replace")
+        hh = ShiftingHeavyHitters(
+            domain, 1.0, 1e-6, 3, 10_000, method="tct", seed=1, neighbours="replace"
+        )
         support = np.unique(np.random.default_rng(1).integers(0, domain, 200_000))
         counts = np.ones(support.size, dtype=np.int64)
-        rows.append({"mechanism": "heavy_hitters(tct)", "domain": domain, "support": int(support.size),
-                     "seconds": timed(lambda: hh.release_histogram(support, counts))})
+        rows.append(
+            {
+                "mechanism": "heavy_hitters(tct)",
+                "domain": domain,
+                "support": int(support.size),
+                "seconds": timed(lambda: hh.release_histogram(support, counts)),
+            }
+        )
     return rows
 
 
@@ -247,20 +314,48 @@ def parser_throughput(n: int = 200_000) -> dict[str, float]:
     from pipeline.stream.ingest.reports import ReportParser
     from pipeline.stream.ingest.roster import Roster
 
-    dep = parse_config({"name": "p", "roster": {"size": n}, "horizon": HORIZON,
-                        "attributes": {"poverty": {"type": "binary"}, "item": {"type": "hashed", "size": DOMAIN}},
-                        "budget": {"rho": 1.0},
-                        "releases": [{"name": "fw", "type": "fixed_window", "attribute": "poverty", "window": 3,
-                                      "share": 1.0}]})
+    dep = parse_config(
+        {
+            "name": "p",
+            "roster": {"size": n},
+            "horizon": HORIZON,
+            "attributes": {
+                "poverty": {"type": "binary"},
+                "item": {"type": "hashed", "size": DOMAIN},
+            },
+            "budget": {"rho": 1.0},
+            "releases": [
+                {
+                    "name": "fw",
+                    "type": "fixed_window",
+                    "attribute": "poverty",
+                    "window": 3,
+                    "share": 1.0,
+                }
+            ],
+        }
+    )
     parser = ReportParser(Roster.from_config(dep.roster), dep.attributes, HORIZON)
-    reps: list[dict[str, Any]] = [{"user": f"u{i}", "step": 1, "values": {"poverty": i % 2, "item": i % 1000}} for i in range(n)]
+    reps: list[dict[str, Any]] = [
+        {"user": f"u{i}", "step": 1, "values": {"poverty": i % 2, "item": i % 1000}}
+        for i in range(n)
+    ]
     formats = {
         "single": [orjson.dumps(r) for r in reps],
         "row_batch": [orjson.dumps({"reports": reps[j : j + 5000]}) for j in range(0, n, 5000)],
-        "columnar_batch": [orjson.dumps({"columns": {"user": [r["user"] for r in reps[j : j + 5000]], "step": 1,
-                                                     "poverty": [r["values"]["poverty"] for r in reps[j : j + 5000]],
-                                                     "item": [r["values"]["item"] for r in reps[j : j + 5000]]}})
-                           for j in range(0, n, 5000)],
+        "columnar_batch": [
+            orjson.dumps(
+                {
+                    "columns": {
+                        "user": [r["user"] for r in reps[j : j + 5000]],
+                        "step": 1,
+                        "poverty": [r["values"]["poverty"] for r in reps[j : j + 5000]],
+                        "item": [r["values"]["item"] for r in reps[j : j + 5000]],
+                    }
+                }
+            )
+            for j in range(0, n, 5000)
+        ],
     }
     out = {}
     for name, messages in formats.items():
@@ -294,7 +389,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--quick", action="store_true", help="n = 100,000 and a smaller releaser sweep")
     ap.add_argument("--json", default=None)
     ap.add_argument("--out", default="out/bench_stream")
-    ap.add_argument("--gated", action="store_true", help="the broker behind its mutual-TLS gate, as `dpstream up`")
+    ap.add_argument(
+        "--gated",
+        action="store_true",
+        help="the broker behind its mutual-TLS gate, as `dpstream up`",
+    )
     args = ap.parse_args(argv)
     n = 100_000 if args.quick else args.n
     out = Path(args.out)
@@ -302,11 +401,15 @@ def main(argv=None) -> dict:
     result: dict = {"n": n, "partitions": args.partitions, "gated": args.gated}
     rng = np.random.default_rng(0)
     pov = (rng.random((n, HORIZON)) < 0.12).astype(np.int8)
-    item = rng.integers(0, DOMAIN, size=(n, HORIZON)).astype(np.int32)  # narrow: 60 B per user at n = 10^7
+    item = rng.integers(0, DOMAIN, size=(n, HORIZON)).astype(
+        np.int32
+    )  # narrow: 60 B per user at n = 10^7
     item[: n // 50] = 12345  # one heavy element held by 2% of users
 
     with EmbeddedServices(broker_log=out / "broker.log", isolated=args.gated) as svc:
-        if svc.gate is not None:  # this process's clients and the workers it starts: through the gate
+        if (
+            svc.gate is not None
+        ):  # this process's clients and the workers it starts: through the gate
             from pipeline.stream.local.broker_tls import BROKER_TLS_ENV
 
             os.environ[BROKER_TLS_ENV] = str(svc.gate.tls.directory)
@@ -315,9 +418,14 @@ def main(argv=None) -> dict:
         dep = load_config(cfg_path)
         roster = Roster.from_config(dep.roster)
         names = ensure_topics(svc.broker.bootstrap, dep)
-        print(f"n={n:,} users, {args.partitions} partitions; producing step 1 as single-report messages ...", flush=True)
+        print(
+            f"n={n:,} users, {args.partitions} partitions; producing step 1 as single-report messages ...",
+            flush=True,
+        )
         msgs = _single_messages(roster, 1, pov[:, 0], item[:, 0])
-        result["produce_single_s"] = asyncio.run(_produce(svc.broker.bootstrap, names["reports"], msgs))
+        result["produce_single_s"] = asyncio.run(
+            _produce(svc.broker.bootstrap, names["reports"], msgs)
+        )
         raw_s = asyncio.run(_raw_consume(svc.broker.bootstrap, names["reports"], n))
         result["raw_consume_msgs_per_s"] = n / raw_s
         print(f"raw aiokafka consumption: {n / raw_s:,.0f} msgs/s", flush=True)
@@ -327,40 +435,60 @@ def main(argv=None) -> dict:
             rate = _ingest_rate([port], 0.0, n)
             result["ingest_single_reports_per_s"] = rate
             result["single_vs_raw"] = rate / result["raw_consume_msgs_per_s"]
-            print(f"ingest, single-report messages: {rate:,.0f} reports/s ({rate / result['raw_consume_msgs_per_s']:.1%} of raw)", flush=True)
+            print(
+                f"ingest, single-report messages: {rate:,.0f} reports/s ({rate / result['raw_consume_msgs_per_s']:.1%} of raw)",
+                flush=True,
+            )
             drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
             rport = cluster.metrics_ports["releaser"]
             latencies = {1: _close(drv, 1, rport)}
-            cluster.kill("worker-0", signal.SIGTERM)  # step 1 is checkpointed; step 2 waits in the log
+            cluster.kill(
+                "worker-0", signal.SIGTERM
+            )  # step 1 is checkpointed; step 2 waits in the log
             before_step = asyncio.run(_end_offsets(svc.broker.bootstrap, names["reports"]))
             drv.producer.send_step(2, {"poverty": pov[:, 1], "item": item[:, 1]})
             after_step = asyncio.run(_end_offsets(svc.broker.bootstrap, names["reports"]))
             sent = sum(after_step[p] - before_step.get(p, 0) for p in after_step)
-            raw_b = n / asyncio.run(_raw_consume(svc.broker.bootstrap, names["reports"], sent, start=before_step))
+            raw_b = n / asyncio.run(
+                _raw_consume(svc.broker.bootstrap, names["reports"], sent, start=before_step)
+            )
             result["raw_consume_batch_reports_per_s"] = raw_b
-            print(f"raw aiokafka consumption of the batch messages: {raw_b:,.0f} reports/s", flush=True)
+            print(
+                f"raw aiokafka consumption of the batch messages: {raw_b:,.0f} reports/s",
+                flush=True,
+            )
             cluster.spawn("worker", "worker-0")
             port = cluster.metrics_ports["worker-0"]
             rate_b = _burst_rate(port, n)
             result["ingest_batch_reports_per_s"] = rate_b
             result["batch_vs_raw"] = rate_b / raw_b
-            print(f"ingest, batch messages: {rate_b:,.0f} reports/s ({rate_b / raw_b:.1%} of their raw consumption)",
-                  flush=True)
+            print(
+                f"ingest, batch messages: {rate_b:,.0f} reports/s ({rate_b / raw_b:.1%} of their raw consumption)",
+                flush=True,
+            )
             latencies[2] = _close(drv, 2, rport)
             for t in (3, 4):
                 before = _accepted(port)
                 drv.producer.send_step(t, {"poverty": pov[:, t - 1], "item": item[:, t - 1]})
-                while _accepted(port) < before + n:  # latency is measured from a fully ingested step
+                while (
+                    _accepted(port) < before + n
+                ):  # latency is measured from a fully ingested step
                     time.sleep(0.05)
                 latencies[t] = _close(drv, t, rport)
             result["release_latency_s"] = latencies
-            print("release latency, close -> manifests / whole step read back: " +
-                  ", ".join(f"t={t}: {m:.2f} / {c:.2f} s" for t, (m, c) in latencies.items()), flush=True)
+            print(
+                "release latency, close -> manifests / whole step read back: "
+                + ", ".join(f"t={t}: {m:.2f} / {c:.2f} s" for t, (m, c) in latencies.items()),
+                flush=True,
+            )
             result["latency_breakdown_s"] = latency_breakdown(out / "logs", latencies)
             for t, row in result["latency_breakdown_s"].items():  # the reading side's own share
                 row["read_back"] = latencies[t][1] - latencies[t][0]
             for t, row in result["latency_breakdown_s"].items():
-                print(f"  step {t}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()) + " s", flush=True)
+                print(
+                    f"  step {t}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()) + " s",
+                    flush=True,
+                )
             result["worker_rss_mb"] = _rss_mb(cluster.procs["worker-0"].pid)
             from pipeline.serialization import loads_state
             from pipeline.stream.state.store import StateStore
@@ -370,26 +498,47 @@ def main(argv=None) -> dict:
             for p in range(args.partitions):
                 st = loads_state(store.load_checkpoint(p))
                 state_bytes += sum(a.nbytes for a in _arrays(st))
-                kept_bytes += sum(map(len, store.load_kept_partials(p, range(1, HORIZON + 1)).values())) \
-                    if hasattr(store, "load_kept_partials") else 0  # an earlier tree keeps them in the state
+                kept_bytes += (
+                    sum(map(len, store.load_kept_partials(p, range(1, HORIZON + 1)).values()))
+                    if hasattr(store, "load_kept_partials")
+                    else 0
+                )  # an earlier tree keeps them in the state
             partial = asyncio.run(_partial_bytes(svc.broker.bootstrap, names["step-partials"], 4))
-            result.update(state_bytes_per_user=state_bytes / n, kept_partials_bytes_per_user=kept_bytes / n,
-                          state_after_close_bytes_per_user=(state_bytes + partial) / n,
-                          partial_bytes_per_user_per_step=partial / n)
-            print(f"worker state: {state_bytes / n:.1f} bytes/user (kept partials beside it now: {kept_bytes / n:.1f} "
-                  f"bytes/user; right after a close, with the closed step's partial kept until its feedback: "
-                  f"{(state_bytes + partial) / n:.1f}; with 8 steps' partials kept, as without a feedback release: "
-                  f"{(state_bytes + 8 * partial) / n:.1f}); worker RSS {result['worker_rss_mb']:.0f} MB", flush=True)
-            rate_2 = _two_worker_rate(cluster, svc.broker.bootstrap, names["reports"], roster, pov[:, 4], item[:, 4], n)
+            result.update(
+                state_bytes_per_user=state_bytes / n,
+                kept_partials_bytes_per_user=kept_bytes / n,
+                state_after_close_bytes_per_user=(state_bytes + partial) / n,
+                partial_bytes_per_user_per_step=partial / n,
+            )
+            print(
+                f"worker state: {state_bytes / n:.1f} bytes/user (kept partials beside it now: {kept_bytes / n:.1f} "
+                f"bytes/user; right after a close, with the closed step's partial kept until its feedback: "
+                f"{(state_bytes + partial) / n:.1f}; with 8 steps' partials kept, as without a feedback release: "
+                f"{(state_bytes + 8 * partial) / n:.1f}); worker RSS {result['worker_rss_mb']:.0f} MB",
+                flush=True,
+            )
+            rate_2 = _two_worker_rate(
+                cluster, svc.broker.bootstrap, names["reports"], roster, pov[:, 4], item[:, 4], n
+            )
             result["ingest_single_two_workers_reports_per_s"] = rate_2
-            print(f"ingest, single-report messages, two workers: {rate_2:,.0f} reports/s "
-                  f"({rate_2 / result['raw_consume_msgs_per_s']:.1%} of raw)", flush=True)
+            print(
+                f"ingest, single-report messages, two workers: {rate_2:,.0f} reports/s "
+                f"({rate_2 / result['raw_consume_msgs_per_s']:.1%} of raw)",
+                flush=True,
+            )
             drv.shutdown()
     result["parser_reports_per_s"] = parser_throughput()
-    print("parser (one core): " + ", ".join(f"{k} {v:,.0f} reports/s" for k, v in result["parser_reports_per_s"].items()))
+    print(
+        "parser (one core): "
+        + ", ".join(f"{k} {v:,.0f} reports/s" for k, v in result["parser_reports_per_s"].items())
+    )
     result["releaser_cost"] = releaser_cost(args.quick)
     for row in result["releaser_cost"]:
-        print("releaser step:", {k: v for k, v in row.items() if k != "seconds"}, f"{row['seconds'] * 1000:.1f} ms")
+        print(
+            "releaser step:",
+            {k: v for k, v in row.items() if k != "seconds"},
+            f"{row['seconds'] * 1000:.1f} ms",
+        )
     write_json(args.json, result)
     return result
 
@@ -399,8 +548,13 @@ async def _partial_bytes(bootstrap: str, topic: str, step: int) -> int:
     the step in its checkpoint until the step's feedback proves it released."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False,
-                                auto_offset_reset="earliest", max_partition_fetch_bytes=8 << 20)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        **kafka_security(),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=8 << 20,
+    )
     await consumer.start()
     try:
         tp = TopicPartition(topic, 0)
@@ -410,13 +564,17 @@ async def _partial_bytes(bootstrap: str, topic: str, step: int) -> int:
         chunks: dict[bytes, int] = {}
         while await consumer.position(tp) < end:
             for msgs in (await consumer.getmany(timeout_ms=500)).values():
-                chunks.update((m.key, len(m.value)) for m in msgs if m.key.startswith(f"{step}:".encode()))
+                chunks.update(
+                    (m.key, len(m.value)) for m in msgs if m.key.startswith(f"{step}:".encode())
+                )
         return sum(chunks.values())
     finally:
         await consumer.stop()
 
 
-def _two_worker_rate(cluster, bootstrap: str, topic: str, roster, pov: np.ndarray, item: np.ndarray, n: int) -> float:
+def _two_worker_rate(
+    cluster, bootstrap: str, topic: str, roster, pov: np.ndarray, item: np.ndarray, n: int
+) -> float:
     """Step 5 as single-report messages, produced while the worker is stopped, then ingested by two."""
     cluster.kill("worker-0", signal.SIGTERM)
     cluster.wait_exit("worker-0")
@@ -426,14 +584,18 @@ def _two_worker_rate(cluster, bootstrap: str, topic: str, roster, pov: np.ndarra
     ports = [cluster.metrics_ports[name] for name in ("worker-0", "worker-1")]
     rate = _ingest_rate(ports, 0.0, n)
     settled, last = None, -1.0
-    for now, got in _samples(ports, 0.2):  # a rebalance after the first worker started would replay reports
+    for now, got in _samples(
+        ports, 0.2
+    ):  # a rebalance after the first worker started would replay reports
         if got != last:
             settled, last = now, got
         elif now - settled > 2.0:
             break
     if last != n:
-        raise RuntimeError(f"two workers accepted {last:,.0f} reports for {n:,} users: a rebalance replayed "
-                           "reports (one worker started consuming before the other joined); rate not measurable")
+        raise RuntimeError(
+            f"two workers accepted {last:,.0f} reports for {n:,} users: a rebalance replayed "
+            "reports (one worker started consuming before the other joined); rate not measurable"
+        )
     return rate
 
 
@@ -475,21 +637,33 @@ def latency_breakdown(log_dir: Path, steps) -> dict[int, dict[str, float]]:
     workers = [e for path in sorted(log_dir.glob("worker-*.log")) for e in events(path)]
     out = {}
     for step in steps:
+
         def first(evs, pattern):
             return next((t for t, msg in evs if re.fullmatch(pattern, msg)), None)
+
         cmd = first(rel, rf"close command for step {step}")
         markers = first(rel, rf"close markers for step {step} written to \d+ partitions")
         closed = [t for t, msg in workers if re.match(rf"partition \d+ closed step {step}:", msg)]
         complete = first(rel, rf"partials of step {step} complete")
-        released = next(((t, msg) for t, msg in rel if msg.startswith(f"released step {step} ")), None)
+        released = next(
+            ((t, msg) for t, msg in rel if msg.startswith(f"released step {step} ")), None
+        )
         if None in (cmd, markers, complete) or released is None:
             continue
-        row = {"markers": markers - cmd, "partitions_closed": (max(closed) - markers) if closed else float("nan"),
-               "partials_at_releaser": complete - markers}
-        split = re.search(r"mechanisms ([\d.]+) s, Redis commit ([\d.]+) s, publish ([\d.]+) s", released[1])
+        row = {
+            "markers": markers - cmd,
+            "partitions_closed": (max(closed) - markers) if closed else float("nan"),
+            "partials_at_releaser": complete - markers,
+        }
+        split = re.search(
+            r"mechanisms ([\d.]+) s, Redis commit ([\d.]+) s, publish ([\d.]+) s", released[1]
+        )
         if split:
-            row.update(mechanisms=float(split.group(1)), redis_commit=float(split.group(2)),
-                       publish=float(split.group(3)))
+            row.update(
+                mechanisms=float(split.group(1)),
+                redis_commit=float(split.group(2)),
+                publish=float(split.group(3)),
+            )
         row["total_logged"] = released[0] - cmd
         out[step] = row
     return out

@@ -234,8 +234,9 @@ def main(argv=None) -> dict:
         flush=True,
     )
     print(f"ratio raw / upload: {raw / upload:.2f}", flush=True)
-    print(f"one pass (no check before the send): {single:.2f} s, ratio {raw / single:.2f}",
-          flush=True)
+    print(
+        f"one pass (no check before the send): {single:.2f} s, ratio {raw / single:.2f}", flush=True
+    )
     write_json(args.json, result)
     return result
 

@@ -36,7 +36,11 @@ def _float_binomial(source, n: int, log_p: float) -> int:
     u = ((int(source.words(1)[0]) >> 11) + 0.5) * 2.0**-53
     k = 0
     while True:
-        sf = -math.expm1(n * math.log1p(-p)) if k == 0 else float(special.betainc(k + 1.0, float(n - k), p))
+        sf = (
+            -math.expm1(n * math.log1p(-p))
+            if k == 0
+            else float(special.betainc(k + 1.0, float(n - k), p))
+        )
         if sf < u:
             return k
         k += 1
@@ -67,25 +71,50 @@ def main(argv=None) -> None:
         plan = heavy_hitter_plan("tct", domain, 1.0, 1e-6, 4, 12)
         law, t = DiscreteLaplaceLaw(plan["scale"]), plan["threshold"]
         law_float = law.log_sf(t)
-        exact = _per_draw_us(lambda: binomial_draw(src, domain, lambda d: law.sf_interval(t, d)), args.repeats)
+        exact = _per_draw_us(
+            lambda: binomial_draw(src, domain, lambda d: law.sf_interval(t, d)), args.repeats
+        )
         flt = _per_draw_us(lambda: _float_binomial(src, domain, law_float), args.repeats)
-        rows.append({"draw": "binomial (tct step)", "domain": domain, "p": math.exp(law_float),
-                     "exact_us": exact, "float_us": flt, "ratio": exact / flt})
+        rows.append(
+            {
+                "draw": "binomial (tct step)",
+                "domain": domain,
+                "p": math.exp(law_float),
+                "exact_us": exact,
+                "float_us": flt,
+                "ratio": exact / flt,
+            }
+        )
         level = t // 2  # restarted AboveThreshold: a lower level, gaps of ~1/p ids
         g_log = law.log_sf(level)
-        exact = _per_draw_us(lambda: geometric_draw(src, lambda d: law.sf_interval(level, d), limit=domain),
-                             args.repeats)
+        exact = _per_draw_us(
+            lambda: geometric_draw(src, lambda d: law.sf_interval(level, d), limit=domain),
+            args.repeats,
+        )
         flt = _per_draw_us(lambda: _float_geometric(src, g_log), args.repeats)
-        rows.append({"draw": "geometric (svt gap)", "domain": domain, "p": math.exp(g_log),
-                     "exact_us": exact, "float_us": flt, "ratio": exact / flt})
+        rows.append(
+            {
+                "draw": "geometric (svt gap)",
+                "domain": domain,
+                "p": math.exp(g_log),
+                "exact_us": exact,
+                "float_us": flt,
+                "ratio": exact / flt,
+            }
+        )
     for row in rows:
-        print(f"{row['draw']:<22} |X|={row['domain']:<11,} p={row['p']:.2e}  exact {row['exact_us']:8.1f} µs  "
-              f"float {row['float_us']:7.1f} µs  ratio {row['ratio']:5.1f}x", flush=True)
+        print(
+            f"{row['draw']:<22} |X|={row['domain']:<11,} p={row['p']:.2e}  exact {row['exact_us']:8.1f} µs  "
+            f"float {row['float_us']:7.1f} µs  ratio {row['ratio']:5.1f}x",
+            flush=True,
+        )
     plan = heavy_hitter_plan("naive", 10**6, 1.0, 1e-6, 4, 12)
     started = time.perf_counter()
     DiscreteGaussianLaw(plan["sigma2"]).sf_interval(plan["threshold"], 34)
     once = time.perf_counter() - started
-    print(f"naive: discrete Gaussian tail interval (σ² = {plan['sigma2']:.0f}, once per process): {once * 1e3:.1f} ms")
+    print(
+        f"naive: discrete Gaussian tail interval (σ² = {plan['sigma2']:.0f}, once per process): {once * 1e3:.1f} ms"
+    )
     print(json.dumps({"rows": rows, "naive_tail_once_s": once}))
 
 

@@ -119,25 +119,40 @@ out["users_in_partition"] = len(ids)
 print("RESULT " + json.dumps(out), flush=True)
 """
 
-FIGURES = {"single_us_per_report": "ingest, single-report messages (CPU µs per report)",
-           "columnar_us_per_report": "ingest, columnar batches (CPU µs per report)",
-           "forwarded_us_per_report": "ingest, single-report messages on the wrong partition, forwarded (CPU µs)",
-           "close_ms_per_partition": "close of a partition: partials + checkpoint (CPU ms)"}
+FIGURES = {
+    "single_us_per_report": "ingest, single-report messages (CPU µs per report)",
+    "columnar_us_per_report": "ingest, columnar batches (CPU µs per report)",
+    "forwarded_us_per_report": "ingest, single-report messages on the wrong partition, forwarded (CPU µs)",
+    "close_ms_per_partition": "close of a partition: partials + checkpoint (CPU ms)",
+}
 
 
 def run(tree: Path, n: int) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree))
-    proc = subprocess.run([sys.executable, "-c", _HARNESS, str(n)], cwd=tree, env=env, capture_output=True,
-                          text=True, timeout=3600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _HARNESS, str(n)],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if proc.returncode or line is None:
-        raise RuntimeError(f"{tree}: the harness failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(line[len("RESULT "):])
+        raise RuntimeError(
+            f"{tree}: the harness failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+        )
+    return json.loads(line[len("RESULT ") :])
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--base", action="append", default=None, help="commit to compare with (repeatable; default main)")
+    ap.add_argument(
+        "--base",
+        action="append",
+        default=None,
+        help="commit to compare with (repeatable; default main)",
+    )
     ap.add_argument("--head", default=None, help="measure this commit instead of the working tree")
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--reps", type=int, default=5)
@@ -148,34 +163,57 @@ def main(argv=None) -> dict:
     trees: dict[str, Path] = {}
     try:
         if args.head:
-            trees[f"{args.head} ({resolve(repo, args.head)})"] = add_worktree(repo, args.head, work / "head")
+            trees[f"{args.head} ({resolve(repo, args.head)})"] = add_worktree(
+                repo, args.head, work / "head"
+            )
         else:
             trees["working tree"] = repo
         for base in args.base or ["main"]:
-            trees[f"{base} ({resolve(repo, base)})"] = add_worktree(repo, base, work / f"base-{resolve(repo, base)}")
+            trees[f"{base} ({resolve(repo, base)})"] = add_worktree(
+                repo, base, work / f"base-{resolve(repo, base)}"
+            )
         sides = list(trees)
         runs: dict[str, list[dict]] = {s: [] for s in sides}
         for rep in range(args.reps):
-            for side in sides[rep % len(sides):] + sides[: rep % len(sides)]:
+            for side in sides[rep % len(sides) :] + sides[: rep % len(sides)]:
                 runs[side].append(run(trees[side], args.n))
-                print(f"[{rep + 1}/{args.reps}] {side}: " + ", ".join(
-                    f"{k} {v:.3f}" for k, v in runs[side][-1].items() if k in FIGURES), flush=True)
+                print(
+                    f"[{rep + 1}/{args.reps}] {side}: "
+                    + ", ".join(f"{k} {v:.3f}" for k, v in runs[side][-1].items() if k in FIGURES),
+                    flush=True,
+                )
         med = {s: {k: statistics.median(r[k] for r in runs[s]) for k in FIGURES} for s in sides}
         head, bases = sides[0], sides[1:]
-        print(f"\nn = {args.n:,} (one partition of 4: {runs[head][0]['users_in_partition']:,} users), "
-              f"{args.reps} interleaved runs per side, medians; lower is better:")
-        print("| figure | " + " | ".join(sides) + " | " + " | ".join(f"{head} ÷ {b}" for b in bases) + " |")
+        print(
+            f"\nn = {args.n:,} (one partition of 4: {runs[head][0]['users_in_partition']:,} users), "
+            f"{args.reps} interleaved runs per side, medians; lower is better:"
+        )
+        print(
+            "| figure | "
+            + " | ".join(sides)
+            + " | "
+            + " | ".join(f"{head} ÷ {b}" for b in bases)
+            + " |"
+        )
         print("|---" * (1 + len(sides) + len(bases)) + "|")
         for k, label in FIGURES.items():
-            print(f"| {label} | " + " | ".join(f"{med[s][k]:.3f}" for s in sides) + " | "
-                  + " | ".join(f"{med[head][k] / med[b][k]:.2f}×" for b in bases) + " |")
+            print(
+                f"| {label} | "
+                + " | ".join(f"{med[s][k]:.3f}" for s in sides)
+                + " | "
+                + " | ".join(f"{med[head][k] / med[b][k]:.2f}×" for b in bases)
+                + " |"
+            )
         result = {"n": args.n, "reps": args.reps, "runs": runs, "medians": med}
         write_json(args.json, result)
         return result
     finally:
         for tree in trees.values():
             if tree != repo:
-                subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], capture_output=True)
+                subprocess.run(
+                    ["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)],
+                    capture_output=True,
+                )
         shutil.rmtree(work, ignore_errors=True)
 
 

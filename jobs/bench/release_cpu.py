@@ -24,8 +24,17 @@ import orjson
 
 from jobs.bench import write_json
 
-PARTS = ("close_ms_per_partition", "checkpoint_mb_per_partition", "partials_decode_ms", "mechanisms_ms",
-         "record_encode_ms", "record_mb", "publish_encode_ms", "public_mb", "reader_ms")
+PARTS = (
+    "close_ms_per_partition",
+    "checkpoint_mb_per_partition",
+    "partials_decode_ms",
+    "mechanisms_ms",
+    "record_encode_ms",
+    "record_mb",
+    "publish_encode_ms",
+    "public_mb",
+    "reader_ms",
+)
 
 
 def run(n: int, steps: int) -> list[dict]:
@@ -40,7 +49,9 @@ def run(n: int, steps: int) -> list[dict]:
     from pipeline.stream.releaser.engine import ReleaseEngine, stored_state
 
     P = 4
-    nowhere = SimpleNamespace(broker=SimpleNamespace(bootstrap="unused:0"), redis=SimpleNamespace(url="unused"))
+    nowhere = SimpleNamespace(
+        broker=SimpleNamespace(bootstrap="unused:0"), redis=SimpleNamespace(url="unused")
+    )
     dep = parse_config(_config(n, P, nowhere))  # the stream benchmark's deployment
     roster = Roster.from_config(dep.roster)
     core = IngestCore(dep, roster, topic_names(dep), isolated=True)
@@ -60,10 +71,22 @@ def run(n: int, steps: int) -> list[dict]:
         for p in range(P):
             batches = []
             for j in range(0, rows[p].size, 5000):
-                r = rows[p][j:j + 5000]
-                batches.append(Record(offsets[p], orjson.dumps({"columns": {
-                    "user": [roster.ids[i] for i in r.tolist()], "step": t,
-                    "poverty": pov[r, t - 1].tolist(), "item": item[r, t - 1].tolist()}})))
+                r = rows[p][j : j + 5000]
+                batches.append(
+                    Record(
+                        offsets[p],
+                        orjson.dumps(
+                            {
+                                "columns": {
+                                    "user": [roster.ids[i] for i in r.tolist()],
+                                    "step": t,
+                                    "poverty": pov[r, t - 1].tolist(),
+                                    "item": item[r, t - 1].tolist(),
+                                }
+                            }
+                        ),
+                    )
+                )
                 offsets[p] += 1
             core.enqueue(p, batches)
             core.drain_all(p)
@@ -97,7 +120,10 @@ def run(n: int, steps: int) -> list[dict]:
         for o in outputs:
             public.append(("releases", orjson.dumps(o.manifest, option=orjson.OPT_SORT_KEYS)))
             if o.columns is not None:
-                public += [("synthetic", v) for _, v in synthetic_chunks(o.release, t, o.column_steps, o.columns)]
+                public += [
+                    ("synthetic", v)
+                    for _, v in synthetic_chunks(o.release, t, o.column_steps, o.columns)
+                ]
         row["publish_encode_ms"], row["public_mb"] = lap(), sum(len(v) for _, v in public) / 1e6
         store = PanelStore()
         for topic, value in public:

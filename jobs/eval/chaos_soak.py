@@ -53,20 +53,41 @@ TARGETS = ("broker", "object-store", "redis", "releaser", "worker-0", "worker-1"
 
 
 def _config(directory: Path, name: str, n: int, horizon: int, seed: int) -> Path:
-    cfg = {"name": name, "roster": {"size": n}, "horizon": horizon, "topics": {"partitions": 2},
-           "attributes": {"pov": {"type": "binary"}}, "budget": {"rho": 0.5},
-           "random": {"kind": "seeded", "seed": seed},
-           "releases": [{"name": "fw", "type": "fixed_window", "attribute": "pov", "window": K, "share": 0.5},
-                        {"name": "cu", "type": "cumulative", "attribute": "pov", "share": 0.5}]}
+    cfg = {
+        "name": name,
+        "roster": {"size": n},
+        "horizon": horizon,
+        "topics": {"partitions": 2},
+        "attributes": {"pov": {"type": "binary"}},
+        "budget": {"rho": 0.5},
+        "random": {"kind": "seeded", "seed": seed},
+        "releases": [
+            {"name": "fw", "type": "fixed_window", "attribute": "pov", "window": K, "share": 0.5},
+            {"name": "cu", "type": "cumulative", "attribute": "pov", "share": 0.5},
+        ],
+    }
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
 
 class Soak:
-    def __init__(self, directory: Path, n: int, horizon: int, seed: int, fault_every: float, stall: float,
-                 max_faults: int | None = None):
-        self.dir, self.horizon, self.stall, self.fault_every = directory, horizon, stall, fault_every
+    def __init__(
+        self,
+        directory: Path,
+        n: int,
+        horizon: int,
+        seed: int,
+        fault_every: float,
+        stall: float,
+        max_faults: int | None = None,
+    ):
+        self.dir, self.horizon, self.stall, self.fault_every = (
+            directory,
+            horizon,
+            stall,
+            fault_every,
+        )
         self.max_faults = max_faults
         self.name = f"chaos-{seed}"
         self.path = _config(directory, self.name, n, horizon, seed)
@@ -86,14 +107,21 @@ class Soak:
     # -- the deployment ------------------------------------------------------------------------
     def dpstream(self, *args, timeout: float = 120) -> subprocess.CompletedProcess:
         try:
-            proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *args, "--config", str(self.path)],
-                                  capture_output=True, text=True, env=self.env, timeout=timeout)
+            proc = subprocess.run(
+                [sys.executable, "-m", "pipeline.cli", *args, "--config", str(self.path)],
+                capture_output=True,
+                text=True,
+                env=self.env,
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired as err:
             proc = subprocess.CompletedProcess(err.cmd, 124, "", "timed out")
         if args[0] != "status":  # what the operator saw, for the record
             with (self.dir / "driver.log").open("a") as fh:
-                fh.write(f"{time.strftime('%H:%M:%S')} dpstream {' '.join(args)} -> {proc.returncode}\n"
-                         f"{proc.stdout[-500:]}{proc.stderr[-500:]}\n")
+                fh.write(
+                    f"{time.strftime('%H:%M:%S')} dpstream {' '.join(args)} -> {proc.returncode}\n"
+                    f"{proc.stdout[-500:]}{proc.stderr[-500:]}\n"
+                )
         return proc
 
     def record(self) -> dict:
@@ -114,9 +142,24 @@ class Soak:
             if self.up is not None and self.up.poll() is None:
                 return
             log = open(self.dir / "up.out", "ab")  # noqa: SIM115  (the child keeps it)
-            self.up = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "up", "--config", str(self.path),
-                                        "--workers", "2", "--log-dir", str(self.dir / "logs")], env=self.env,
-                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.up = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "pipeline.cli",
+                    "up",
+                    "--config",
+                    str(self.path),
+                    "--workers",
+                    "2",
+                    "--log-dir",
+                    str(self.dir / "logs"),
+                ],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             log.close()
             self.up_starts += 1
         deadline = time.monotonic() + 60
@@ -137,9 +180,14 @@ class Soak:
         url = self.record().get("redis")
         if not url:
             return None
-        keys, password = Keys(self.name), (self.dir / "home" / self.name / "redis" / "password").read_text().strip()
+        keys, password = (
+            Keys(self.name),
+            (self.dir / "home" / self.name / "redis" / "password").read_text().strip(),
+        )
         try:
-            client = redis.Redis.from_url(url, password=password, socket_timeout=3, socket_connect_timeout=3)
+            client = redis.Redis.from_url(
+                url, password=password, socket_timeout=3, socket_connect_timeout=3
+            )
             released, closing = client.mget(keys.pointer("released"), keys.pointer("closing"))
             client.close()
         except redis.RedisError:
@@ -154,8 +202,11 @@ class Soak:
             target, kind = self.rng.choice(TARGETS), self.rng.choice(("kill", "kill", "stop"))
             pause = self.rng.uniform(2.0, 8.0)
             with self.lock:
-                pid = self.up.pid if target == "up" and self.up else \
-                    ((self.record().get("processes") or {}).get(target) or {}).get("pid")
+                pid = (
+                    self.up.pid
+                    if target == "up" and self.up
+                    else ((self.record().get("processes") or {}).get(target) or {}).get("pid")
+                )
                 if not pid:
                     continue
                 try:
@@ -179,7 +230,9 @@ class Soak:
         path = self.dir / f"step-{step}.jsonl"
         with path.open("w") as fh:
             for user, value in zip(ids, self.panel[:, step - 1].tolist()):
-                fh.write(json.dumps({"user": user, "step": step, "values": {"pov": int(value)}}) + "\n")
+                fh.write(
+                    json.dumps({"user": user, "step": step, "values": {"pov": int(value)}}) + "\n"
+                )
         return path
 
     def run_step(self, step: int) -> None:
@@ -217,9 +270,14 @@ class Soak:
         problems = []
         dep, broker = load_config(self.path), self.record()["broker"]
         names = topic_names(dep)
-        consumer = KafkaConsumer(bootstrap_servers=broker, **kafka_security(), enable_auto_commit=False,
-                                 auto_offset_reset="earliest", consumer_timeout_ms=5000,
-                                 max_partition_fetch_bytes=16 << 20)
+        consumer = KafkaConsumer(
+            bootstrap_servers=broker,
+            **kafka_security(),
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            consumer_timeout_ms=5000,
+            max_partition_fetch_bytes=16 << 20,
+        )
         tps = [TopicPartition(names[t], 0) for t in PUBLIC_TOPICS]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
@@ -227,18 +285,26 @@ class Soak:
         for msg in consumer:
             values.setdefault((msg.topic, msg.key), set()).add(msg.value)
         consumer.close()
-        problems += [f"public key {key!r} of {topic} holds {len(v)} different values"
-                     for (topic, key), v in values.items() if len(v) > 1]
+        problems += [
+            f"public key {key!r} of {topic} holds {len(v)} different values"
+            for (topic, key), v in values.items()
+            if len(v) > 1
+        ]
         panels = read_topics(broker, names, timeout=60)
         reference = batch_reference(dep, {"pov": self.panel})
         for rel in ("fw", "cu"):
             got = panels.panels[rel]
             if got.complete_steps != set(range(1, self.horizon + 1)):
                 problems.append(f"{rel}: complete steps {sorted(got.complete_steps)}")
-            elif not np.array_equal(got.as_array()[:, :self.horizon], reference[rel]):
-                problems.append(f"{rel}: the released panel differs from the batch run over every report")
+            elif not np.array_equal(got.as_array()[:, : self.horizon], reference[rel]):
+                problems.append(
+                    f"{rel}: the released panel differs from the batch run over every report"
+                )
         ledger = sorted((self.status() or {}).get("ledger") or {})
-        want = sorted([f"fw:{t}" for t in range(K, self.horizon + 1)] + [f"cu:{t}" for t in range(1, self.horizon + 1)])
+        want = sorted(
+            [f"fw:{t}" for t in range(K, self.horizon + 1)]
+            + [f"cu:{t}" for t in range(1, self.horizon + 1)]
+        )
         if ledger != want:
             problems.append(f"ledger {ledger} != one entry per release and step {want}")
         return problems
@@ -250,8 +316,14 @@ class Soak:
         deadline = time.monotonic() + 15
         while True:
             left = {pid: cmd for tag in self.tags for pid, cmd in tagged_processes(tag).items()}
-            left.update({pid: "redis-server" for pid in self.redis_pids if pid_alive(pid)
-                         and b"redis-server" in Path(f"/proc/{pid}/cmdline").read_bytes()})
+            left.update(
+                {
+                    pid: "redis-server"
+                    for pid in self.redis_pids
+                    if pid_alive(pid)
+                    and b"redis-server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                }
+            )
             if not left or time.monotonic() > deadline:
                 return [f"orphan process {pid}: {cmd[:100]}" for pid, cmd in left.items()]
             time.sleep(0.5)
@@ -282,9 +354,14 @@ class Soak:
             except subprocess.TimeoutExpired:
                 problems.append("up did not stop")
         problems += self.check_orphans()
-        return {"steps": self.horizon, "faults": dict(sorted(self.faults.items())),
-                "fault_total": sum(self.faults.values()), "up_starts": self.up_starts,
-                "release_seconds": {t: round(s, 1) for t, s in self.latency.items()}, "problems": problems}
+        return {
+            "steps": self.horizon,
+            "faults": dict(sorted(self.faults.items())),
+            "fault_total": sum(self.faults.values()),
+            "up_starts": self.up_starts,
+            "release_seconds": {t: round(s, 1) for t, s in self.latency.items()},
+            "problems": problems,
+        }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -294,15 +371,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fault-every", type=float, default=15.0, help="mean seconds between faults")
     ap.add_argument("--max-faults", type=int, default=None, help="stop injecting after this many")
-    ap.add_argument("--stall", type=float, default=240.0, help="seconds a step may take to be released")
+    ap.add_argument(
+        "--stall", type=float, default=240.0, help="seconds a step may take to be released"
+    )
     ap.add_argument("--dir", default=None, help="working directory (default: a new temporary one)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     directory = Path(args.dir or tempfile.mkdtemp(prefix="dpstream-chaos-"))
     directory.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    result = Soak(directory, args.n, args.horizon, args.seed, args.fault_every, args.stall,
-                  args.max_faults).run()
+    result = Soak(
+        directory, args.n, args.horizon, args.seed, args.fault_every, args.stall, args.max_faults
+    ).run()
     result["seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(result, indent=2))
     if args.json:

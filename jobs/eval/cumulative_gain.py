@@ -87,13 +87,17 @@ def _unit_variance(counter: str, h: int, neighbours: str) -> float:
     return unit_rho_max_variance(h, neighbours)
 
 
-def run_once(z: np.ndarray, n: int, counter: str, w: np.ndarray, rho: float, neighbours: str, seed: int):
+def run_once(
+    z: np.ndarray, n: int, counter: str, w: np.ndarray, rho: float, neighbours: str, seed: int
+):
     """Noisy S̃ and monotone Ŝ (T × (T+1)) of one synthesizer-like run with the given split."""
     T = z.shape[0]
     rhos = rho * w / w.sum()
     src = SeededRandom(seed)
-    counters = [make_counter(counter, T - b + 1, float(rhos[b - 1]), seed=src, neighbours=neighbours)
-                for b in range(1, T + 1)]
+    counters = [
+        make_counter(counter, T - b + 1, float(rhos[b - 1]), seed=src, neighbours=neighbours)
+        for b in range(1, T + 1)
+    ]
     noisy = np.zeros((T, T + 1))
     for t in range(1, T + 1):
         noisy[t - 1, 0] = n
@@ -136,17 +140,24 @@ def a_priori_bound(counters, counter: str, beta: float = 0.05) -> float:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m jobs.eval.cumulative_gain", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m jobs.eval.cumulative_gain", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--horizon", type=int, default=120)
     p.add_argument("--n", type=int, default=5000)
     p.add_argument("--rho", type=float, default=0.05)
     p.add_argument("--neighbours", default="add_remove", choices=("add_remove", "replace"))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data-seed", type=int, default=DATA_SEED, help="panel seed (7120 and 8240: unseen)")
-    p.add_argument("--configs", default="factorization/minimax,factorization/shipped,factorization/horizon",
-                   help="counter/split pairs besides tree/paper (splits: paper, minimax, shipped, quantile, "
-                        "horizon, horizon^γ)")
+    p.add_argument(
+        "--data-seed", type=int, default=DATA_SEED, help="panel seed (7120 and 8240: unseen)"
+    )
+    p.add_argument(
+        "--configs",
+        default="factorization/minimax,factorization/shipped,factorization/horizon",
+        help="counter/split pairs besides tree/paper (splits: paper, minimax, shipped, quantile, "
+        "horizon, horizon^γ)",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     T, n, rho, nb = args.horizon, args.n, args.rho, args.neighbours
@@ -154,43 +165,75 @@ def main(argv=None) -> dict:
     z = z_matrix(panel)
     truth = true_counts(z)
     configs = {name: tuple(name.split("/")) for name in args.configs.split(",")}
-    configs.setdefault("factorization/shipped", ("factorization", "shipped"))  # the synthesizer's split
+    configs.setdefault(
+        "factorization/shipped", ("factorization", "shipped")
+    )  # the synthesizer's split
     configs = {"tree/paper": ("tree", "paper"), **configs}  # the baseline, first
     ws = {name: weights(split, counter, T, nb) for name, (counter, split) in configs.items()}
     # the job's recurrence is the synthesizer's: same seed, same split, same output
-    syn = CumulativeSynthesizer(T, rho, neighbours=nb, seed=SeededRandom(args.seed), n=n, counter="factorization")
+    syn = CumulativeSynthesizer(
+        T, rho, neighbours=nb, seed=SeededRandom(args.seed), n=n, counter="factorization"
+    )
     for t in range(T):
         syn.release_counts(z[t])
-    assert np.allclose(syn.rhos, rho * ws["factorization/shipped"] / ws["factorization/shipped"].sum()), "split differs"
-    assert np.array_equal(np.array([syn.monotone_counts[t + 1] for t in range(T)]),
-                          monotonise(np.array([syn.noisy_counts[t + 1] for t in range(T)]), n)), "recurrence differs"
-    res: dict = {"horizon": T, "n": n, "rho": rho, "neighbours": nb, "runs": args.runs, "data_seed": args.data_seed,
-                 "configs": {}}
+    assert np.allclose(
+        syn.rhos, rho * ws["factorization/shipped"] / ws["factorization/shipped"].sum()
+    ), "split differs"
+    assert np.array_equal(
+        np.array([syn.monotone_counts[t + 1] for t in range(T)]),
+        monotonise(np.array([syn.noisy_counts[t + 1] for t in range(T)]), n),
+    ), "recurrence differs"
+    res: dict = {
+        "horizon": T,
+        "n": n,
+        "rho": rho,
+        "neighbours": nb,
+        "runs": args.runs,
+        "data_seed": args.data_seed,
+        "configs": {},
+    }
     t0 = time.perf_counter()
     for name, (counter, _split) in configs.items():
         nz, mo = np.empty(args.runs), np.empty(args.runs)
         for i in range(args.runs):
             noisy, mono, counters = run_once(z, n, counter, ws[name], rho, nb, args.seed + i)
             nz[i], mo[i] = max_errors(noisy, truth), max_errors(mono, truth)
-        res["configs"][name] = {"noisy_p90": float(np.percentile(nz, 90)), "monotone_p90": float(np.percentile(mo, 90)),
-                                "noisy_mean": float(nz.mean()), "monotone_mean": float(mo.mean()),
-                                "analytic_max_sd": analytic_max_sd(counters),
-                                "bound": a_priori_bound(counters, counter)}
-    single = {c: math.sqrt(max(make_counter(c, T, rho, seed=0, neighbours=nb).variance_at(t) for t in range(1, T + 1)))
-              for c in ("tree", "factorization")}
+        res["configs"][name] = {
+            "noisy_p90": float(np.percentile(nz, 90)),
+            "monotone_p90": float(np.percentile(mo, 90)),
+            "noisy_mean": float(nz.mean()),
+            "monotone_mean": float(mo.mean()),
+            "analytic_max_sd": analytic_max_sd(counters),
+            "bound": a_priori_bound(counters, counter),
+        }
+    single = {
+        c: math.sqrt(
+            max(
+                make_counter(c, T, rho, seed=0, neighbours=nb).variance_at(t)
+                for t in range(1, T + 1)
+            )
+        )
+        for c in ("tree", "factorization")
+    }
     res["single_counter_max_sd"] = single
     res["seconds"] = time.perf_counter() - t0
     base = res["configs"]["tree/paper"]
-    print(f"T = {T}, n = {n}, ρ = {rho}, {nb}, {args.runs} runs (panel seed {args.data_seed}); "
-          f"single counter at the whole ρ: factorization/tree max sd {single['factorization'] / single['tree']:.3f}")
-    print("| counter / split | analytic max sd (÷ tree) | p90 max |S̃−S| (÷ tree) | p90 max |Ŝ−S| (÷ tree) "
-          "| a-priori bound, β = 0.05 (÷ tree) |")
+    print(
+        f"T = {T}, n = {n}, ρ = {rho}, {nb}, {args.runs} runs (panel seed {args.data_seed}); "
+        f"single counter at the whole ρ: factorization/tree max sd {single['factorization'] / single['tree']:.3f}"
+    )
+    print(
+        "| counter / split | analytic max sd (÷ tree) | p90 max |S̃−S| (÷ tree) | p90 max |Ŝ−S| (÷ tree) "
+        "| a-priori bound, β = 0.05 (÷ tree) |"
+    )
     print("|---|---|---|---|---|")
     for name, r in res["configs"].items():
-        print(f"| {name} | {r['analytic_max_sd']:.1f} ({r['analytic_max_sd'] / base['analytic_max_sd']:.3f}) | "
-              f"{r['noisy_p90']:.1f} ({r['noisy_p90'] / base['noisy_p90']:.3f}) | "
-              f"{r['monotone_p90']:.1f} ({r['monotone_p90'] / base['monotone_p90']:.3f}) | "
-              f"{r['bound']:.0f} ({r['bound'] / base['bound']:.3f}) |")
+        print(
+            f"| {name} | {r['analytic_max_sd']:.1f} ({r['analytic_max_sd'] / base['analytic_max_sd']:.3f}) | "
+            f"{r['noisy_p90']:.1f} ({r['noisy_p90'] / base['noisy_p90']:.3f}) | "
+            f"{r['monotone_p90']:.1f} ({r['monotone_p90'] / base['monotone_p90']:.3f}) | "
+            f"{r['bound']:.0f} ({r['bound'] / base['bound']:.3f}) |"
+        )
     print(f"{res['seconds']:.0f} s")
     if args.json:
         with open(args.json, "w") as fh:

@@ -54,7 +54,7 @@ def example_1_4_stream(quick: bool, seed: int):
     for label, s in sizes.items():
         perm = rng.permutation(n)
         for g in range(n // s):
-            events.append((label, perm[g * s:(g + 1) * s]))
+            events.append((label, perm[g * s : (g + 1) * s]))
     steps = rng.choice(horizon, size=len(events), replace=False)
     schedule = {int(st): ev for st, ev in zip(steps, events)}
 
@@ -69,8 +69,17 @@ def example_1_4_stream(quick: bool, seed: int):
                 heavy.append((x, label))
             yield vals, heavy
 
-    return dict(name="example_1_4", n=n, domain=domain, horizon=horizon, k=3, occurrences=len(events),
-                labels=list(sizes), sizes=sizes, gen=gen)
+    return dict(
+        name="example_1_4",
+        n=n,
+        domain=domain,
+        horizon=horizon,
+        k=3,
+        occurrences=len(events),
+        labels=list(sizes),
+        sizes=sizes,
+        gen=gen,
+    )
 
 
 def live_stream(quick: bool, seed: int):
@@ -98,8 +107,8 @@ def live_stream(quick: bool, seed: int):
     order = np.tile(rng.permutation(pool), k // 3)
     ptr = 0
     active: dict[int, list] = {}
-    for (start, d, w) in events:
-        users = order[ptr:ptr + w]
+    for start, d, w in events:
+        users = order[ptr : ptr + w]
         ptr += w
         for s in range(start, start + d):
             active.setdefault(s, []).append((users, w))
@@ -115,13 +124,31 @@ def live_stream(quick: bool, seed: int):
                 heavy.append((x, w))
             yield vals, heavy
 
-    return dict(name="live", n=n, domain=domain, horizon=horizon, k=k, occurrences=occurrences,
-                labels=grid, gen=gen)
+    return dict(
+        name="live",
+        n=n,
+        domain=domain,
+        horizon=horizon,
+        k=k,
+        occurrences=occurrences,
+        labels=grid,
+        gen=gen,
+    )
 
 
 def run(stream: dict, method: str, seed: int) -> dict:
-    hh = ShiftingHeavyHitters(stream["domain"], EPS, DELTA, stream["k"], stream["horizon"], BETA, method, seed,
-                              charge_weight=CW, max_tops=max(1, stream["occurrences"]))
+    hh = ShiftingHeavyHitters(
+        stream["domain"],
+        EPS,
+        DELTA,
+        stream["k"],
+        stream["horizon"],
+        BETA,
+        method,
+        seed,
+        charge_weight=CW,
+        max_tops=max(1, stream["occurrences"]),
+    )
     det: dict = {}
     heavy_weights: list[tuple[int, bool]] = []
     fp = 0
@@ -146,21 +173,36 @@ def run(stream: dict, method: str, seed: int) -> dict:
     reliable = None
     for label in sorted(det, key=lambda v: stream["sizes"][v] if "sizes" in stream else v):
         w = stream["sizes"][label] if "sizes" in stream else label
-        if all(np.mean(det[other]) >= 0.95 for other in det
-               if (stream["sizes"][other] if "sizes" in stream else other) >= w):
+        if all(
+            np.mean(det[other]) >= 0.95
+            for other in det
+            if (stream["sizes"][other] if "sizes" in stream else other) >= w
+        ):
             reliable = w
             break
-    return dict(method=method, tau=hh.tau, threshold=hh.threshold, recall_at_tau=recall_tau,
-                n_at_tau=int(above.sum()), recall_by_weight=by_label, false_positives_weight0=fp,
-                smallest_reliable_weight=reliable, seconds=elapsed)
+    return dict(
+        method=method,
+        tau=hh.tau,
+        threshold=hh.threshold,
+        recall_at_tau=recall_tau,
+        n_at_tau=int(above.sum()),
+        recall_by_weight=by_label,
+        false_positives_weight0=fp,
+        smallest_reliable_weight=reliable,
+        seconds=elapsed,
+    )
 
 
 def tau_vs_horizon(domain: int, k: int, rate: float) -> dict:
     horizons = [10, 30, 100, 300, 1000, 3000, 10_000, 30_000, 100_000]
     out = {}
     for m in METHODS:
-        out[m] = [heavy_hitter_plan(m, domain, EPS, DELTA, k, h, BETA, "replace", CW,
-                                    max(1, int(rate * h)))["tau"] for h in horizons]
+        out[m] = [
+            heavy_hitter_plan(
+                m, domain, EPS, DELTA, k, h, BETA, "replace", CW, max(1, int(rate * h))
+            )["tau"]
+            for h in horizons
+        ]
     return {"horizons": horizons, "tau": out}
 
 
@@ -186,15 +228,25 @@ def plot(curves: dict, path: str, k: int, rate: float) -> None:
 
 
 def _table(results: list[dict], stream: dict) -> str:
-    lines = [f"### {stream['name']} (n={stream['n']:,}, |X|={stream['domain']:,}, horizon={stream['horizon']:,}, "
-             f"k={stream['k']}, heavy occurrences={stream['occurrences']})", "",
-             "| method | τ | threshold | recall at weight ≥ τ (#) | FP on weight 0 | smallest reliable weight | "
-             "recall by weight | time |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### {stream['name']} (n={stream['n']:,}, |X|={stream['domain']:,}, horizon={stream['horizon']:,}, "
+        f"k={stream['k']}, heavy occurrences={stream['occurrences']})",
+        "",
+        "| method | τ | threshold | recall at weight ≥ τ (#) | FP on weight 0 | smallest reliable weight | "
+        "recall by weight | time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         rb = ", ".join(f"{k}:{v:.2f}" for k, v in r["recall_by_weight"].items())
-        rec = "n/a (0)" if math.isnan(r["recall_at_tau"]) else f"{r['recall_at_tau']:.3f} ({r['n_at_tau']})"
-        lines.append(f"| {r['method']} | {r['tau']:,} | {r['threshold']:,} | {rec} | {r['false_positives_weight0']} | "
-                     f"{r['smallest_reliable_weight']} | {rb} | {r['seconds']:.0f}s |")
+        rec = (
+            "n/a (0)"
+            if math.isnan(r["recall_at_tau"])
+            else f"{r['recall_at_tau']:.3f} ({r['n_at_tau']})"
+        )
+        lines.append(
+            f"| {r['method']} | {r['tau']:,} | {r['threshold']:,} | {rec} | {r['false_positives_weight0']} | "
+            f"{r['smallest_reliable_weight']} | {rb} | {r['seconds']:.0f}s |"
+        )
     return "\n".join(lines)
 
 
@@ -217,9 +269,11 @@ def main(argv=None) -> int:
     by = {r["method"]: r for r in live}
     best = min(("tme", "tct", "svt_restart"), key=lambda m: by[m]["tau"])
     ratio = by[best]["tau"] / by["naive"]["tau"]
-    print(f"live stream: best threshold monitor '{best}' τ = {by[best]['tau']:,} vs naive {by['naive']['tau']:,} "
-          f"(ratio {ratio:.2f}; goal < 0.5: {'met' if ratio < 0.5 else 'NOT met'}); "
-          f"smallest reliable weight {by[best]['smallest_reliable_weight']} vs naive {by['naive']['smallest_reliable_weight']}")
+    print(
+        f"live stream: best threshold monitor '{best}' τ = {by[best]['tau']:,} vs naive {by['naive']['tau']:,} "
+        f"(ratio {ratio:.2f}; goal < 0.5: {'met' if ratio < 0.5 else 'NOT met'}); "
+        f"smallest reliable weight {by[best]['smallest_reliable_weight']} vs naive {by['naive']['smallest_reliable_weight']}"
+    )
     rate = 0.03
     curves = tau_vs_horizon(1_000_000, 20, rate)
     png = os.path.join(args.out, "heavy_hitters_tau_vs_horizon.png")

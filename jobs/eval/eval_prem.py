@@ -74,7 +74,9 @@ def population_dataset(n: int, rng: np.random.Generator):
     x0, y0 = rng.integers(0, SIDE - w + 1), rng.integers(0, SIDE - v + 1)
     rows, cols = [], []
     for j in range(N_QUERIES):
-        gx, gy = np.meshgrid(np.arange(x0[j], x0[j] + w[j]), np.arange(y0[j], y0[j] + v[j]), indexing="ij")
+        gx, gy = np.meshgrid(
+            np.arange(x0[j], x0[j] + w[j]), np.arange(y0[j], y0[j] + v[j]), indexing="ij"
+        )
         c = (gx * SIDE + gy).ravel()
         rows.append(np.full(c.size, j))
         cols.append(c)
@@ -87,9 +89,13 @@ def _matrix(rows: np.ndarray, cols: np.ndarray) -> sparse.csr_matrix:
 
 def baselines(h: np.ndarray, seed: int) -> dict[str, np.ndarray]:
     rho = max_rho(EPS, DELTA)
-    gauss = h + discrete_gaussian(1.0 / rho, h.size, seed)      # Δ₂² = 2 under replace: σ² = 2/(2ρ)
-    lap = h + discrete_laplace(2.0 / EPS, h.size, seed + 1)      # Δ₁ = 2 under replace
-    return {"gauss_clip": np.maximum(gauss, 0), "laplace_clip": np.maximum(lap, 0), "gauss_signed": gauss}
+    gauss = h + discrete_gaussian(1.0 / rho, h.size, seed)  # Δ₂² = 2 under replace: σ² = 2/(2ρ)
+    lap = h + discrete_laplace(2.0 / EPS, h.size, seed + 1)  # Δ₁ = 2 under replace
+    return {
+        "gauss_clip": np.maximum(gauss, 0),
+        "laplace_clip": np.maximum(lap, 0),
+        "gauss_signed": gauss,
+    }
 
 
 def _errors(q, truth, est, mask, size):
@@ -97,9 +103,12 @@ def _errors(q, truth, est, mask, size):
         return {"max_rel": None, "median_rel": None, "max_rel_wide": None, "max_rel_narrow": None}
     rel = np.abs(q @ est - truth)[mask] / truth[mask]
     wide, narrow = size[mask] >= 1024, size[mask] <= 64
-    return {"max_rel": float(rel.max()), "median_rel": float(np.median(rel)),
-            "max_rel_wide": float(rel[wide].max()) if wide.any() else None,
-            "max_rel_narrow": float(rel[narrow].max()) if narrow.any() else None}
+    return {
+        "max_rel": float(rel.max()),
+        "median_rel": float(np.median(rel)),
+        "max_rel_wide": float(rel[wide].max()) if wide.any() else None,
+        "max_rel_narrow": float(rel[narrow].max()) if narrow.any() else None,
+    }
 
 
 def evaluate(name: str, h: np.ndarray, q: sparse.csr_matrix, seeds: int) -> tuple[list[dict], dict]:
@@ -121,18 +130,39 @@ def evaluate(name: str, h: np.ndarray, q: sparse.csr_matrix, seeds: int) -> tupl
         t_base = time.perf_counter() - t0
         methods = {"prem": out, "prem_paper": np.zeros(DOMAIN), **base}
         for method, est in methods.items():
-            row = {"dataset": name, "seed": s, "method": method, "n": int(h.sum()), "alpha": a_priori,
-                   "alpha_realised": prem.alpha, "paper_alpha": paper.alpha, "queries_at_2alpha": int(mask.sum()),
-                   **_errors(q, truth, est, mask, size)}
+            row = {
+                "dataset": name,
+                "seed": s,
+                "method": method,
+                "n": int(h.sum()),
+                "alpha": a_priori,
+                "alpha_realised": prem.alpha,
+                "paper_alpha": paper.alpha,
+                "queries_at_2alpha": int(mask.sum()),
+                **_errors(q, truth, est, mask, size),
+            }
             if method == "prem":
                 got = q @ est
-                broken = (got < (1 - ZETA) * truth - prem.alpha) | (got > (1 + ZETA) * truth + prem.alpha)
-                row.update(calls=prem.calls, rounds=prem.rounds_used, exhausted=prem.exhausted,
-                           guarantee_violations=int(broken.sum()),
-                           plan_seconds=t_plan, fit_seconds=t_fit, baseline_seconds=t_base)
+                broken = (got < (1 - ZETA) * truth - prem.alpha) | (
+                    got > (1 + ZETA) * truth + prem.alpha
+                )
+                row.update(
+                    calls=prem.calls,
+                    rounds=prem.rounds_used,
+                    exhausted=prem.exhausted,
+                    guarantee_violations=int(broken.sum()),
+                    plan_seconds=t_plan,
+                    fit_seconds=t_fit,
+                    baseline_seconds=t_base,
+                )
             results.append(row)
         if s == 0:
-            scatter = {"truth": truth, "prem": q @ out, "gauss_clip": q @ base["gauss_clip"], "alpha": a_priori}
+            scatter = {
+                "truth": truth,
+                "prem": q @ out,
+                "gauss_clip": q @ base["gauss_clip"],
+                "alpha": a_priori,
+            }
     return results, scatter
 
 
@@ -164,20 +194,27 @@ def _plot(scatters: dict, path: str) -> None:
 
 
 def _table(results: list[dict]) -> str:
-    lines = ["| dataset | method | α (realised) | queries ≥ 2α | max rel. err. | median | max, wide | max, narrow |",
-             "|---|---|---|---|---|---|---|---|"]
-    keys = sorted({(r["dataset"], r["method"]) for r in results}, key=lambda k: (k[0], k[1] != "prem", k[1]))
+    lines = [
+        "| dataset | method | α (realised) | queries ≥ 2α | max rel. err. | median | max, wide | max, narrow |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    keys = sorted(
+        {(r["dataset"], r["method"]) for r in results}, key=lambda k: (k[0], k[1] != "prem", k[1])
+    )
     for ds, method in keys:
         rows = [r for r in results if r["dataset"] == ds and r["method"] == method]
 
         def worst(k):
             vals = [r[k] for r in rows if r[k] is not None]
             return f"{max(vals):.3f}" if vals else "–"
+
         alpha = f"{rows[0]['alpha']:.0f} ({max(r['alpha_realised'] for r in rows):.0f})"
         if method == "prem_paper":
             alpha = f"{rows[0]['paper_alpha']:.2e}"
-        lines.append(f"| {ds} | {method} | {alpha} | {rows[0]['queries_at_2alpha']} | {worst('max_rel')} | "
-                     f"{worst('median_rel')} | {worst('max_rel_wide')} | {worst('max_rel_narrow')} |")
+        lines.append(
+            f"| {ds} | {method} | {alpha} | {rows[0]['queries_at_2alpha']} | {worst('max_rel')} | "
+            f"{worst('median_rel')} | {worst('max_rel_wide')} | {worst('max_rel_narrow')} |"
+        )
     return "\n".join(lines)
 
 
@@ -199,10 +236,13 @@ def main(argv=None) -> int:
         results += rows
         for r in rows:
             if r["method"] == "prem":
-                print(f"{name} seed {r['seed']}: alpha {r['alpha']:.0f} (realised {r['alpha_realised']:.0f}), "
-                      f"{r['calls']} calls, {r['rounds']} rounds, exhausted {r['exhausted']}, "
-                      f"(zeta, alpha) violations {r['guarantee_violations']}, fit {r['fit_seconds']:.2f}s "
-                      f"(plan {r['plan_seconds']:.2f}s; baseline {r['baseline_seconds']:.2f}s)", flush=True)
+                print(
+                    f"{name} seed {r['seed']}: alpha {r['alpha']:.0f} (realised {r['alpha_realised']:.0f}), "
+                    f"{r['calls']} calls, {r['rounds']} rounds, exhausted {r['exhausted']}, "
+                    f"(zeta, alpha) violations {r['guarantee_violations']}, fit {r['fit_seconds']:.2f}s "
+                    f"(plan {r['plan_seconds']:.2f}s; baseline {r['baseline_seconds']:.2f}s)",
+                    flush=True,
+                )
     table = _table(results)
     print(table)
     _plot(scatters, args.png)
@@ -210,8 +250,18 @@ def main(argv=None) -> int:
     path = args.json or os.path.join(args.out, "eval_prem.json")
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as fh:
-        json.dump({"epsilon": EPS, "delta": DELTA, "zeta": ZETA, "beta": BETA, "results": results,
-                   "table": table}, fh, indent=1)
+        json.dump(
+            {
+                "epsilon": EPS,
+                "delta": DELTA,
+                "zeta": ZETA,
+                "beta": BETA,
+                "results": results,
+                "table": table,
+            },
+            fh,
+            indent=1,
+        )
     print(f"wrote {path}")
     return 0
 

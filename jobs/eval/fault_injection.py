@@ -44,16 +44,30 @@ import numpy as np
 from jobs.eval.testbed import write_panel_deployment
 
 K = 3
-FAULT_POINTS = {"releaser-before-commit": "releaser.before_commit", "releaser-after-commit": "releaser.after_commit",
-                "releaser-mid-publish": "releaser.mid_publish"}
-SCENARIOS = ("baseline", "releaser-before-commit", "releaser-after-commit", "releaser-mid-publish",
-             "releaser-kill9", "releaser-kill9-partial-step", "worker-before-checkpoint", "worker-kill9-mid-step",
-             "redis-restart")
+FAULT_POINTS = {
+    "releaser-before-commit": "releaser.before_commit",
+    "releaser-after-commit": "releaser.after_commit",
+    "releaser-mid-publish": "releaser.mid_publish",
+}
+SCENARIOS = (
+    "baseline",
+    "releaser-before-commit",
+    "releaser-after-commit",
+    "releaser-mid-publish",
+    "releaser-kill9",
+    "releaser-kill9-partial-step",
+    "worker-before-checkpoint",
+    "worker-kill9-mid-step",
+    "redis-restart",
+)
 
 
-def _config(directory: Path, svc, name: str, n: int, horizon: int, partitions: int, seed: int) -> str:
-    return write_panel_deployment(directory, svc, name, n=n, horizon=horizon, partitions=partitions, seed=seed,
-                                  window=K)
+def _config(
+    directory: Path, svc, name: str, n: int, horizon: int, partitions: int, seed: int
+) -> str:
+    return write_panel_deployment(
+        directory, svc, name, n=n, horizon=horizon, partitions=partitions, seed=seed, window=K
+    )
 
 
 class Run:
@@ -67,7 +81,9 @@ class Run:
         self.workdir = workdir / scenario
         self.workdir.mkdir(parents=True, exist_ok=True)
         name = f"fi-{scenario}-{args.seed}-{int(time.time())}"
-        self.path = _config(self.workdir, svc, name, args.n, args.horizon, args.partitions, args.seed + 1)
+        self.path = _config(
+            self.workdir, svc, name, args.n, args.horizon, args.partitions, args.seed + 1
+        )
         self.dep = load_config(self.path)
         self.roster = Roster.from_config(self.dep.roster)
         self.notes: list[str] = []
@@ -86,7 +102,9 @@ def _drive(run: Run, cluster) -> None:
     from pipeline.stream.process.faults import FAULT_EXIT_CODE
 
     T, rng, sc = run.args.horizon, run.rng, run.scenario
-    at = int(rng.integers(2, T + 1))  # the faulty step (never step 1 alone: something to lose before it)
+    at = int(
+        rng.integers(2, T + 1)
+    )  # the faulty step (never step 1 alone: something to lose before it)
     victim = f"worker-{int(rng.integers(0, run.args.workers))}"
     run.notes.append(f"step {at}")
     drv = run.drv
@@ -104,7 +122,9 @@ def _drive(run: Run, cluster) -> None:
         if sc in FAULT_POINTS:
             run.send(t)
             drv.close(t, wait=False)
-            run.fault_fired = cluster.wait_exit("releaser", timeout=run.args.timeout) == FAULT_EXIT_CODE
+            run.fault_fired = (
+                cluster.wait_exit("releaser", timeout=run.args.timeout) == FAULT_EXIT_CODE
+            )
             cluster.spawn("releaser", "releaser")
             drv.wait_released(t, timeout=run.args.timeout)
         elif sc == "releaser-kill9":
@@ -170,12 +190,15 @@ def _verify(run: Run) -> dict[str, bool]:
     ref = batch_reference(run.dep, {"pov": run.X})
     panels = run.drv.panels.panels
     checks = {}
-    checks["complete"] = all(rel in panels and panels[rel].complete_steps == set(range(1, T + 1))
-                             for rel in ("fw", "cu"))
+    checks["complete"] = all(
+        rel in panels and panels[rel].complete_steps == set(range(1, T + 1)) for rel in ("fw", "cu")
+    )
     checks["equals_batch"] = checks["complete"] and all(
-        np.array_equal(panels[rel].as_array(), ref[rel]) for rel in ("fw", "cu"))
+        np.array_equal(panels[rel].as_array(), ref[rel]) for rel in ("fw", "cu")
+    )
     checks["each_step_seen"] = sorted(run.drv.manifests_seen) == sorted(
-        (r, t) for r in ("fw", "cu") for t in range(1, T + 1))
+        (r, t) for r in ("fw", "cu") for t in range(1, T + 1)
+    )
     store = StateStore.from_url(run.svc.redis.url, run.dep.name)
     ledger = store.ledger()
     want = sorted([f"fw:{t}" for t in range(K, T + 1)] + [f"cu:{t}" for t in range(1, T + 1)])
@@ -189,7 +212,9 @@ def _verify(run: Run) -> dict[str, bool]:
     return checks
 
 
-def run_scenario(scenario: str, args, svc, X, rng, workdir: Path) -> tuple[bool, dict[str, bool], str, float]:
+def run_scenario(
+    scenario: str, args, svc, X, rng, workdir: Path
+) -> tuple[bool, dict[str, bool], str, float]:
     from pipeline.stream.local.cluster import LocalCluster
     from pipeline.stream.local.driver import StepDriver
 
@@ -199,7 +224,9 @@ def run_scenario(scenario: str, args, svc, X, rng, workdir: Path) -> tuple[bool,
     cwd = os.getcwd()
     os.chdir(run.workdir)  # anything a process writes stays in the run's directory
     try:
-        with LocalCluster(run.path, run.dep, workers=args.workers, log_dir=run.workdir / "logs") as cluster:
+        with LocalCluster(
+            run.path, run.dep, workers=args.workers, log_dir=run.workdir / "logs"
+        ) as cluster:
             run.drv = StepDriver(cluster.broker, run.dep, run.roster, cluster.names)
             try:
                 _drive(run, cluster)
@@ -216,18 +243,33 @@ def run_scenario(scenario: str, args, svc, X, rng, workdir: Path) -> tuple[bool,
     finally:
         os.chdir(cwd)
     ok = bool(checks) and all(checks.values())
-    return ok, checks, "; ".join(run.notes) + f" (logs: {run.workdir / 'logs'})", time.monotonic() - started
+    return (
+        ok,
+        checks,
+        "; ".join(run.notes) + f" (logs: {run.workdir / 'logs'})",
+        time.monotonic() - started,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jobs.eval.fault_injection", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m jobs.eval.fault_injection", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--n", type=int, default=100_000, help="roster size")
     ap.add_argument("--horizon", type=int, default=12)
-    ap.add_argument("--seed", type=int, default=0, help="fault steps, victims and moments; the panel")
+    ap.add_argument(
+        "--seed", type=int, default=0, help="fault steps, victims and moments; the panel"
+    )
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated, of {', '.join(SCENARIOS)}")
-    ap.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for one step's release")
+    ap.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help=f"comma-separated, of {', '.join(SCENARIOS)}",
+    )
+    ap.add_argument(
+        "--timeout", type=float, default=240.0, help="seconds to wait for one step's release"
+    )
     ap.add_argument("--log-dir", default=None, help="keep configurations and process logs here")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
@@ -242,13 +284,19 @@ def main(argv: list[str] | None = None) -> int:
     X = rng.integers(0, 2, size=(args.n, args.horizon))
     workdir = Path(args.log_dir or tempfile.mkdtemp(prefix="dpstream-faults-")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    print(f"fault injection: n={args.n} T={args.horizon} seed={args.seed} workers={args.workers} "
-          f"partitions={args.partitions}; logs in {workdir}", flush=True)
-    rows: list[tuple[str, bool, dict[str, bool], str, float]] = []  # scenario, ok, checks, notes, seconds
+    print(
+        f"fault injection: n={args.n} T={args.horizon} seed={args.seed} workers={args.workers} "
+        f"partitions={args.partitions}; logs in {workdir}",
+        flush=True,
+    )
+    rows: list[
+        tuple[str, bool, dict[str, bool], str, float]
+    ] = []  # scenario, ok, checks, notes, seconds
     with EmbeddedServices(data_dir=workdir / "services") as svc:
         for sc in scenarios:
-            ok, checks, notes, secs = run_scenario(sc, args, svc, X, np.random.default_rng([args.seed, len(rows)]),
-                                                   workdir)
+            ok, checks, notes, secs = run_scenario(
+                sc, args, svc, X, np.random.default_rng([args.seed, len(rows)]), workdir
+            )
             rows.append((sc, ok, checks, notes, secs))
             print(f"  {sc:<26} {'passed' if ok else 'FAILED'}  {secs:6.1f} s  {notes}", flush=True)
     print()
@@ -258,10 +306,15 @@ def main(argv: list[str] | None = None) -> int:
         marks = " ".join(f"{k}:{'ok' if v else 'FAIL'}" for k, v in checks.items())
         print(f"{sc:<{width}}  {'passed' if ok else 'FAILED':<6}  {secs:7.1f}  {marks}")
     failed = [r[0] for r in rows if not r[1]]
-    print(f"\n{len(rows) - len(failed)}/{len(rows)} scenarios passed" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    print(
+        f"\n{len(rows) - len(failed)}/{len(rows)} scenarios passed"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the cluster and services on SIGTERM
+    signal.signal(
+        signal.SIGTERM, lambda *_: sys.exit(143)
+    )  # stop the cluster and services on SIGTERM
     sys.exit(main())

@@ -32,14 +32,18 @@ def heavy_hitters_table() -> str:
     for method in ("tme", "tct", "svt_restart", "naive"):
         p = heavy_hitter_plan(method, DOMAIN, EPSILON, DELTA, K, HORIZON, BETA)
         if method == "tme":
-            noise = (f"ε̃ = {p['epsilon_tilde']:.4f}, δ̃ = {p['delta_tilde']:.3g}; "
-                     f"w ~ DL({_num(p['scale_w'])}), v ~ DL({_num(p['scale_v'])}), "
-                     f"cap Δ = {_num(p['Delta'])}")
+            noise = (
+                f"ε̃ = {p['epsilon_tilde']:.4f}, δ̃ = {p['delta_tilde']:.3g}; "
+                f"w ~ DL({_num(p['scale_w'])}), v ~ DL({_num(p['scale_v'])}), "
+                f"cap Δ = {_num(p['Delta'])}"
+            )
         elif method == "tct":
             bound = cal.individual_charging_privacy(p["epsilon0"], K, DELTA)
             hits = cal.tct_hits_per_user(K, "replace")
-            noise = (f"ε₀ = {p['epsilon0']:.5f} (DL scale {p['scale']:.1f}), {hits} hits, "
-                     f"cap m = {int(bound.r)} calls, {bound.form} composition")
+            noise = (
+                f"ε₀ = {p['epsilon0']:.5f} (DL scale {p['scale']:.1f}), {hits} hits, "
+                f"cap m = {int(bound.r)} calls, {bound.form} composition"
+            )
         elif method == "svt_restart":
             noise = f"ε₁ = {p['epsilon1']:.5f}, max_tops = {_num(p['max_tops'])}"
         else:
@@ -50,23 +54,32 @@ def heavy_hitters_table() -> str:
 
 def target_charging_examples() -> str:
     """§2/§4: how the tct heavy-hitter monitor and the band monitor split δ at the example."""
-    rows = ["| monitor | noise | hits | cap m | δ* = P[Bin(m, q) < hits] | δ to the m calls "
-            "| ε by form: advanced / zCDP / optimal | used |", "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| monitor | noise | hits | cap m | δ* = P[Bin(m, q) < hits] | δ to the m calls "
+        "| ε by form: advanced / zCDP / optimal | used |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     eps0 = cal.calibrate_individual_charging(EPSILON, DELTA, K)
     a = cal.calibrate_outside_interval(EPSILON, DELTA)
-    for name, e, hits in (("tct (k = 3)", eps0, cal.tct_hits_per_user(K, "replace")),
-                          ("band", a, cal.outside_interval_hits_per_user("replace"))):
+    for name, e, hits in (
+        ("tct (k = 3)", eps0, cal.tct_hits_per_user(K, "replace")),
+        ("band", a, cal.outside_interval_hits_per_user("replace")),
+    ):
         b = cal.TargetChargingAccountant(e, hits).best(DELTA)
         m, d_c = int(b.r), b.delta_composition
         theorems = (advanced_epsilon, zcdp_epsilon, optimal_epsilon)
         forms = " / ".join(f"{f(e, m, d_c):.3f}" for f in theorems)
-        rows.append(f"| {name} | DL scale {1 / e:.2f} (ε₀ = {e:.5f}) | {hits} | {m} | "
-                    f"{b.delta_star:.2e} | {d_c:.2e} | {forms} | {b.form}, ε = {b.epsilon:.3f} |")
+        rows.append(
+            f"| {name} | DL scale {1 / e:.2f} (ε₀ = {e:.5f}) | {hits} | {m} | "
+            f"{b.delta_star:.2e} | {d_c:.2e} | {forms} | {b.form}, ε = {b.epsilon:.3f} |"
+        )
     return "\n".join(rows)
 
 
-BLOCKS = {"heavy-hitters-table": heavy_hitters_table,
-          "target-charging-examples": target_charging_examples}
+BLOCKS = {
+    "heavy-hitters-table": heavy_hitters_table,
+    "target-charging-examples": target_charging_examples,
+}
 
 
 def _pattern(name: str) -> re.Pattern:
@@ -89,8 +102,9 @@ def regenerate(text: str) -> str:
         body = render()
         text, count = _pattern(name).subn(lambda mt: f"{mt.group(1)}\n{body}\n{mt.group(3)}", text)
         if count != 1:
-            raise SystemExit(f"docs: the markers of block {name!r} appear {count} times "
-                             "(need exactly 1)")
+            raise SystemExit(
+                f"docs: the markers of block {name!r} appear {count} times (need exactly 1)"
+            )
     return text
 
 
@@ -98,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     group = ap.add_mutually_exclusive_group()
     group.add_argument("--write", type=Path, help="replace the generated blocks in this file")
-    group.add_argument("--check", type=Path,
-                       help="exit 1 if a generated block in this file is stale")
+    group.add_argument(
+        "--check", type=Path, help="exit 1 if a generated block in this file is stale"
+    )
     args = ap.parse_args(argv)
     if args.write:
         args.write.write_text(regenerate(args.write.read_text()))
@@ -107,8 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = stale_blocks(args.check.read_text())
         if stale:
-            print(f"{args.check}: stale generated blocks: {', '.join(stale)} "
-                  f"(python -m jobs.eval.monitors_table --write {args.check})", file=sys.stderr)
+            print(
+                f"{args.check}: stale generated blocks: {', '.join(stale)} "
+                f"(python -m jobs.eval.monitors_table --write {args.check})",
+                file=sys.stderr,
+            )
             return 1
         return 0
     for name, render in BLOCKS.items():

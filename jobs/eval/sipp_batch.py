@@ -60,13 +60,29 @@ CUMULATIVE_COUNTERS = ("tree", "factorization")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m jobs.eval.sipp_batch", description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", type=int, default=None, help=f"repetitions (default {DEFAULT_RUNS}; {QUICK_RUNS} with --quick)")
-    p.add_argument("--seed", type=int, default=0, help="seed base: run i uses seed+i (simulation only, not secure)")
-    p.add_argument("--secure", action="store_true", help="draw noise from the OS CSPRNG instead of seeds")
+    p = argparse.ArgumentParser(
+        prog="python -m jobs.eval.sipp_batch", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help=f"repetitions (default {DEFAULT_RUNS}; {QUICK_RUNS} with --quick)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed base: run i uses seed+i (simulation only, not secure)",
+    )
+    p.add_argument(
+        "--secure", action="store_true", help="draw noise from the OS CSPRNG instead of seeds"
+    )
     p.add_argument("--out", type=Path, default=Path("out/sipp_batch"), help="output directory")
     p.add_argument("--quick", action="store_true", help=f"fast run ({QUICK_RUNS} repetitions)")
-    p.add_argument("--rho", type=float, default=RHO, help="zCDP budget of each synthesizer (default 0.005)")
+    p.add_argument(
+        "--rho", type=float, default=RHO, help="zCDP budget of each synthesizer (default 0.005)"
+    )
     p.add_argument("--data-seed", type=int, default=DATA_SEED, help="seed of the simulated panel")
     p.add_argument("--n", type=int, default=N_HOUSEHOLDS, help="households in the simulated panel")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -74,7 +90,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.runs is None:
         args.runs = QUICK_RUNS if args.quick else DEFAULT_RUNS
     if args.runs < 2:
-        p.error(f"--runs must be at least 2 (got {args.runs}): the summary reports spreads over runs")
+        p.error(
+            f"--runs must be at least 2 (got {args.runs}): the summary reports spreads over runs"
+        )
     if not args.rho > 0:
         p.error(f"--rho must be positive (got {args.rho})")
     if args.n < 1:
@@ -82,7 +100,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def theorem_3_2_bound(n: int, horizon: int, k: int, rho: float, beta: float, categories: int = 2) -> float:
+def theorem_3_2_bound(
+    n: int, horizon: int, k: int, rho: float, beta: float, categories: int = 2
+) -> float:
     """Theorem 3.2 (add/remove neighbours): w.p. ≥ 1 − β, max_{s,t} |p_s^t − C_s^t − n_pad| ≤ this · n."""
     r = horizon - k + 1
     lam = (math.sqrt(r / rho) + 1 / math.sqrt(2)) * math.sqrt(math.log(categories**k * r / beta))
@@ -102,7 +122,9 @@ def _synthesizers():
     return FixedWindowSynthesizer, CumulativeSynthesizer
 
 
-def run_experiment(panel: np.ndarray, *, runs: int, seed: int, secure: bool, rho: float, progress: bool = True) -> dict:
+def run_experiment(
+    panel: np.ndarray, *, runs: int, seed: int, secure: bool, rho: float, progress: bool = True
+) -> dict:
     """Run both synthesizers ``runs`` times on ``panel``; return per-run answers as arrays."""
     from tqdm import tqdm
 
@@ -129,9 +151,21 @@ def run_experiment(panel: np.ndarray, *, runs: int, seed: int, secure: bool, rho
     t0 = time.perf_counter()
     for i in tqdm(range(runs), desc="synthesizer runs", unit="run", disable=not progress):
         source = SecureRandom() if secure else SeededRandom(seed + i)
-        fw = FixedWindow(horizon=horizon, window=WINDOW, rho=rho, beta=BETA, categories=2, neighbours=NEIGHBOURS, seed=source)
-        cus = {c: Cumulative(horizon=horizon, rho=rho, beta=BETA, neighbours=NEIGHBOURS, seed=source, counter=c)
-               for c in CUMULATIVE_COUNTERS}
+        fw = FixedWindow(
+            horizon=horizon,
+            window=WINDOW,
+            rho=rho,
+            beta=BETA,
+            categories=2,
+            neighbours=NEIGHBOURS,
+            seed=source,
+        )
+        cus = {
+            c: Cumulative(
+                horizon=horizon, rho=rho, beta=BETA, neighbours=NEIGHBOURS, seed=source, counter=c
+            )
+            for c in CUMULATIVE_COUNTERS
+        }
         for col in columns:
             fw.update(col)
             for cu in cus.values():
@@ -146,17 +180,30 @@ def run_experiment(panel: np.ndarray, *, runs: int, seed: int, secure: bool, rho
         for c, cu in cus.items():
             cum[c][i] = Q.cumulative_counts(np.asarray(cu.synthetic)) / n
             if i == 0:  # the counters' largest error sd over (b, t), from their variances
-                cum_max_sd[c] = max(math.sqrt(cu.counter_variance(b, t)) for b in range(1, horizon + 1)
-                                    for t in range(b, horizon + 1)) / n
+                cum_max_sd[c] = (
+                    max(
+                        math.sqrt(cu.counter_variance(b, t))
+                        for b in range(1, horizon + 1)
+                        for t in range(b, horizon + 1)
+                    )
+                    / n
+                )
         synth_hists = Q.window_histograms(synth, WINDOW)
         err_deb[i] = np.abs(synth_hists - fw.n_pad - true_hists).max(axis=1) / n
         err_raw[i] = np.abs(synth_hists / synth.shape[0] - true_hists / n).max(axis=1)
     elapsed = time.perf_counter() - t0
     return {
-        "raw": raw, "debiased": deb, "cumulative": cum[resolve_counter(DEFAULT_COUNTER, horizon)],
+        "raw": raw,
+        "debiased": deb,
+        "cumulative": cum[resolve_counter(DEFAULT_COUNTER, horizon)],
         "cumulative_by_counter": cum,
-        "cumulative_max_sd": cum_max_sd, "err_debiased": err_deb, "err_raw": err_raw,
-        "n_pad": n_pads, "m": ms, "clamps": clamps, "seconds": elapsed,
+        "cumulative_max_sd": cum_max_sd,
+        "err_debiased": err_deb,
+        "err_raw": err_raw,
+        "n_pad": n_pads,
+        "m": ms,
+        "clamps": clamps,
+        "seconds": elapsed,
     }
 
 
@@ -191,23 +238,43 @@ def summarise(panel: np.ndarray, res: dict, args: argparse.Namespace) -> dict:
     counters: dict[str, Any] = {}
     worst: dict[str, np.ndarray] = {}
     for c, vals in res["cumulative_by_counter"].items():
-        worst[c] = np.abs(vals - truth_cum[None])[:, :, 1:].max(axis=(1, 2))  # per run, over (t, b ≥ 1)
-        counters[c] = {"max_error_mean": float(worst[c].mean()), "max_error_median": float(np.median(worst[c])),
-                       "max_error_p95": float(np.percentile(worst[c], 95)), "max_error_sd": float(worst[c].std(ddof=1)),
-                       "counter_max_sd": res["cumulative_max_sd"][c]}
-    counters["factorization_over_tree"] = counters["factorization"]["max_error_mean"] / counters["tree"]["max_error_mean"]
+        worst[c] = np.abs(vals - truth_cum[None])[:, :, 1:].max(
+            axis=(1, 2)
+        )  # per run, over (t, b ≥ 1)
+        counters[c] = {
+            "max_error_mean": float(worst[c].mean()),
+            "max_error_median": float(np.median(worst[c])),
+            "max_error_p95": float(np.percentile(worst[c], 95)),
+            "max_error_sd": float(worst[c].std(ddof=1)),
+            "counter_max_sd": res["cumulative_max_sd"][c],
+        }
+    counters["factorization_over_tree"] = (
+        counters["factorization"]["max_error_mean"] / counters["tree"]["max_error_mean"]
+    )
     # the same runs (seeds, panel) for both counters: the paired difference's spread
-    counters["tree_minus_factorization_sd"] = float((worst["tree"] - worst["factorization"]).std(ddof=1))
+    counters["tree_minus_factorization_sd"] = float(
+        (worst["tree"] - worst["factorization"]).std(ddof=1)
+    )
     return {
         "config": {
-            "n": n, "horizon": horizon, "window": WINDOW, "rho": args.rho, "beta": BETA,
-            "neighbours": NEIGHBOURS, "runs": runs, "seed_base": None if args.secure else args.seed,
-            "secure": bool(args.secure), "data_seed": args.data_seed,
+            "n": n,
+            "horizon": horizon,
+            "window": WINDOW,
+            "rho": args.rho,
+            "beta": BETA,
+            "neighbours": NEIGHBOURS,
+            "runs": runs,
+            "seed_base": None if args.secure else args.seed,
+            "secure": bool(args.secure),
+            "data_seed": args.data_seed,
         },
         "fixed_window": {
-            "n_pad": n_pad, "n_pad_constant": bool(np.all(res["n_pad"] == n_pad)),
-            "m_mean": m_mean, "m_sd": float(res["m"].std(ddof=1)),
-            "sigma_bin": sigma, "theorem_3_2_bound": bound,
+            "n_pad": n_pad,
+            "n_pad_constant": bool(np.all(res["n_pad"] == n_pad)),
+            "m_mean": m_mean,
+            "m_sd": float(res["m"].std(ddof=1)),
+            "sigma_bin": sigma,
+            "theorem_3_2_bound": bound,
             # Bins whose projected count left [0, |I_z|] (padding too small; probability ≤ β per run).
             "runs_with_clamping": int((res["clamps"] > 0).sum()),
         },
@@ -238,7 +305,11 @@ def print_table(summary: dict, out=None) -> None:
     out = sys.stdout if out is None else out  # resolved at call time so redirection works
     cfg = summary["config"]
     fw = summary["fixed_window"]
-    seeds = "secure" if cfg["secure"] else f"seeds {cfg['seed_base']}..{cfg['seed_base'] + cfg['runs'] - 1}"
+    seeds = (
+        "secure"
+        if cfg["secure"]
+        else f"seeds {cfg['seed_base']}..{cfg['seed_base'] + cfg['runs'] - 1}"
+    )
     print(
         f"n={cfg['n']} T={cfg['horizon']} k={cfg['window']} rho={cfg['rho']} runs={cfg['runs']} "
         f"n_pad={fw['n_pad']} m≈{fw['m_mean']:.0f} σ_bin={fw['sigma_bin']:.1f} "
@@ -247,7 +318,10 @@ def print_table(summary: dict, out=None) -> None:
     )
     quarterly = summary["quarterly"]
     print("\nQuarterly poverty proportions (fixed-window synthesizer)", file=out)
-    print(f"{'quantity':<24}{'Q':>2} {'truth':>8} {'debiased':>9} {'sd':>7} {'raw':>8} {'raw pred':>9}", file=out)
+    print(
+        f"{'quantity':<24}{'Q':>2} {'truth':>8} {'debiased':>9} {'sd':>7} {'raw':>8} {'raw pred':>9}",
+        file=out,
+    )
     for name, label in Q.QUARTERLY_QUANTITIES:
         rec = quarterly[name]
         for j, _end in enumerate(quarterly["quarter_end"]):
@@ -257,33 +331,52 @@ def print_table(summary: dict, out=None) -> None:
                 file=out,
             )
     cum = summary["cumulative"]
-    print(f"\nCumulative: proportion ≥ {cum['b']} months in poverty up to month t (cumulative synthesizer)", file=out)
+    print(
+        f"\nCumulative: proportion ≥ {cum['b']} months in poverty up to month t (cumulative synthesizer)",
+        file=out,
+    )
     print(f"{'t':>3} {'truth':>8} {'mean':>8} {'sd':>7}", file=out)
     for t, tr, mu, sd in zip(cum["t"], cum["truth"], cum["mean"], cum["sd"]):
         print(f"{t:>3} {tr:8.4f} {mu:8.4f} {sd:7.4f}", file=out)
     cc = summary["cumulative_counters"]
-    print("\nCumulative synthesizer, max over (t, b) of |Ŝ_b^t − S_b^t| / n per run, by counter", file=out)
+    print(
+        "\nCumulative synthesizer, max over (t, b) of |Ŝ_b^t − S_b^t| / n per run, by counter",
+        file=out,
+    )
     print(f"{'counter':<14} {'mean':>8} {'median':>8} {'p95':>8} {'counter max sd':>15}", file=out)
     for c in CUMULATIVE_COUNTERS:
         r = cc[c]
-        print(f"{c:<14} {r['max_error_mean']:8.5f} {r['max_error_median']:8.5f} {r['max_error_p95']:8.5f} "
-              f"{r['counter_max_sd']:15.5f}", file=out)
+        print(
+            f"{c:<14} {r['max_error_mean']:8.5f} {r['max_error_median']:8.5f} {r['max_error_p95']:8.5f} "
+            f"{r['counter_max_sd']:15.5f}",
+            file=out,
+        )
     print(f"factorization / tree (mean max error): {cc['factorization_over_tree']:.3f}", file=out)
     we = summary["window_error"]
     print("\nFixed-window error max_s |p_s - n_pad - C_s| / n (median [2.5%, 97.5%])", file=out)
-    for t, med, lo, hi, rawm in zip(we["t"], we["median"], we["p2_5"], we["p97_5"], we["raw_median"]):
-        print(f"t={t:>2}: {med:.4f} [{lo:.4f}, {hi:.4f}]   raw (no debiasing) median {rawm:.4f}", file=out)
+    for t, med, lo, hi, rawm in zip(
+        we["t"], we["median"], we["p2_5"], we["p97_5"], we["raw_median"]
+    ):
+        print(
+            f"t={t:>2}: {med:.4f} [{lo:.4f}, {hi:.4f}]   raw (no debiasing) median {rawm:.4f}",
+            file=out,
+        )
     print(
         f"Theorem 3.2 bound (β={cfg['beta']}): {we['bound']:.4f}; runs exceeding it: "
         f"{we['runs_exceeding_bound']}/{cfg['runs']}",
         file=out,
     )
-    print(f"runs with a clamped (padding too small) bin: {fw['runs_with_clamping']}/{cfg['runs']}", file=out)
+    print(
+        f"runs with a clamped (padding too small) bin: {fw['runs_with_clamping']}/{cfg['runs']}",
+        file=out,
+    )
     print(f"synthesizer runs took {summary['seconds']['synthesizer_runs']:.1f} s", file=out)
 
 
 def _violins(ax, data: np.ndarray, positions, color: str):
-    parts = ax.violinplot(data, positions=positions, widths=0.32, showextrema=False, showmedians=True)
+    parts = ax.violinplot(
+        data, positions=positions, widths=0.32, showextrema=False, showmedians=True
+    )
     for body in parts["bodies"]:
         body.set_facecolor(color)
         body.set_edgecolor(color)
@@ -351,7 +444,9 @@ def plot_figures(panel: np.ndarray, res: dict, summary: dict, out: Path) -> list
         ax.legend(
             handles=[
                 Patch(color=deb_c, alpha=0.55, label="cumulative synthetic data"),
-                Line2D([], [], marker="x", color=truth_c, linestyle="none", markersize=8, label="truth"),
+                Line2D(
+                    [], [], marker="x", color=truth_c, linestyle="none", markersize=8, label="truth"
+                ),
             ],
             loc="upper left",
         )
@@ -360,7 +455,9 @@ def plot_figures(panel: np.ndarray, res: dict, summary: dict, out: Path) -> list
         vals = res["cumulative"][:, :, bb]
         lo, hi = np.percentile(vals, [2.5, 97.5], axis=0)
         ax3.fill_between(ts, lo, hi, color=color, alpha=0.2)
-        ax3.plot(ts, vals.mean(axis=0), color=color, label=f"≥ {bb} months: synthetic mean (95% band)")
+        ax3.plot(
+            ts, vals.mean(axis=0), color=color, label=f"≥ {bb} months: synthetic mean (95% band)"
+        )
         ax3.scatter(ts, truth_cum[:, bb], marker="x", color=color, s=40, zorder=5)
     ax3.set_title("≥ b months up to month t: mean over runs vs truth (X)")
     ax3.set_ylabel("proportion of households")
@@ -386,13 +483,26 @@ def plot_figures(panel: np.ndarray, res: dict, summary: dict, out: Path) -> list
     ):
         e = res[key]
         ax.plot(tw, np.median(e, axis=0), color=deb_c, label="median over runs")
-        ax.plot(tw, np.percentile(e, 2.5, axis=0), color=deb_c, linestyle=":", label="2.5 / 97.5 percentiles")
+        ax.plot(
+            tw,
+            np.percentile(e, 2.5, axis=0),
+            color=deb_c,
+            linestyle=":",
+            label="2.5 / 97.5 percentiles",
+        )
         ax.plot(tw, np.percentile(e, 97.5, axis=0), color=deb_c, linestyle=":")
-        ax.axhline(bound, color="black", linestyle="--", label=f"Theorem 3.2 bound on the debiased error (β = {BETA})")
+        ax.axhline(
+            bound,
+            color="black",
+            linestyle="--",
+            label=f"Theorem 3.2 bound on the debiased error (β = {BETA})",
+        )
         ax.set_title(title)
         ax.set_xlabel("month t")
         ax.set_xticks(tw)
-        ax.set_ylim(0, 1.6 * max(bound, float(np.percentile(e, 97.5, axis=0).max())))  # headroom for the legend
+        ax.set_ylim(
+            0, 1.6 * max(bound, float(np.percentile(e, 97.5, axis=0).max()))
+        )  # headroom for the legend
         ax.set_ylabel("max error over length-3 patterns (proportion)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="upper right")
@@ -408,7 +518,14 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     panel = simulate_poverty_panel(n=args.n, horizon=HORIZON, seed=args.data_seed)
-    res = run_experiment(panel, runs=args.runs, seed=args.seed, secure=args.secure, rho=args.rho, progress=not args.no_progress)
+    res = run_experiment(
+        panel,
+        runs=args.runs,
+        seed=args.seed,
+        secure=args.secure,
+        rho=args.rho,
+        progress=not args.no_progress,
+    )
     summary = summarise(panel, res, args)
     t0 = time.perf_counter()
     summary["figures"] = [str(p) for p in plot_figures(panel, res, summary, args.out)]

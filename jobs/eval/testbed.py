@@ -15,16 +15,36 @@ import yaml
 __all__ = ["write_panel_deployment", "binary_panel"]
 
 
-def write_panel_deployment(directory, services, name: str, n: int, horizon: int, partitions: int = 2,
-                           seed: int = 11, window: int = 3, **extra) -> str:
+def write_panel_deployment(
+    directory,
+    services,
+    name: str,
+    n: int,
+    horizon: int,
+    partitions: int = 2,
+    seed: int = 11,
+    window: int = 3,
+    **extra,
+) -> str:
     """Write ``<directory>/<name>.yaml`` for ``services`` (embedded or not); returns its path."""
     cfg = {
-        "name": name, "broker": services.broker.bootstrap, "redis": services.redis.url,
-        "roster": {"size": n}, "horizon": horizon, "topics": {"partitions": partitions},
-        "attributes": {"pov": {"type": "binary"}}, "budget": {"rho": 0.5},
+        "name": name,
+        "broker": services.broker.bootstrap,
+        "redis": services.redis.url,
+        "roster": {"size": n},
+        "horizon": horizon,
+        "topics": {"partitions": partitions},
+        "attributes": {"pov": {"type": "binary"}},
+        "budget": {"rho": 0.5},
         "random": {"kind": "seeded", "seed": seed},
         "releases": [
-            {"name": "fw", "type": "fixed_window", "attribute": "pov", "window": window, "share": 0.5},
+            {
+                "name": "fw",
+                "type": "fixed_window",
+                "attribute": "pov",
+                "window": window,
+                "share": 0.5,
+            },
             {"name": "cu", "type": "cumulative", "attribute": "pov", "share": 0.5},
         ],
         **extra,

@@ -35,10 +35,15 @@ def export(source, args) -> int:
     check_destination(args.out)  # before reading the topics
     reader = source.read()
     path, dictionary = export_release(reader, args.release, args.out)
-    where = "in the Parquet schema metadata (key 'dpstream')" if path.suffix.lower() == ".parquet" else \
-        f"in {sidecar(path)}"
-    print(f"wrote {dictionary['records']} records x {dictionary['released_through']} steps to {path}; "
-          f"data dictionary {where}")
+    where = (
+        "in the Parquet schema metadata (key 'dpstream')"
+        if path.suffix.lower() == ".parquet"
+        else f"in {sidecar(path)}"
+    )
+    print(
+        f"wrote {dictionary['records']} records x {dictionary['released_through']} steps to {path}; "
+        f"data dictionary {where}"
+    )
     return 0
 
 
@@ -51,8 +56,11 @@ def alerts(source, args) -> int:
 
         reader.dep = with_names(reader.dep, read_names(args.names))
     found = reader.alerts(args.release, args.step)
-    rels = [reader.release(args.release, "alerts")] if args.release else \
-        [r for r in reader.dep.releases if kind_of(r).output == "alerts"]
+    rels = (
+        [reader.release(args.release, "alerts")]
+        if args.release
+        else [r for r in reader.dep.releases if kind_of(r).output == "alerts"]
+    )
     explain = {r.name: [reader.explain(r), kind_of(r).flag_limit(r)] for r in rels}
     if args.json:
         print(json.dumps({"alerts": found, "explain": explain}), flush=True)
@@ -61,8 +69,11 @@ def alerts(source, args) -> int:
     if args.follow:
         from .follow import follow_alerts
 
-        show = (lambda a: print(json.dumps(a), flush=True)) if args.json else \
-            (lambda a: print(alert_line(a), flush=True))
+        show = (
+            (lambda a: print(json.dumps(a), flush=True))
+            if args.json
+            else (lambda a: print(alert_line(a), flush=True))
+        )
         if not args.json:
             print("following: new alerts below as they are published (Ctrl-C stops)", flush=True)
         shown = {(r, s) for (r, s) in reader.store.alerts}

@@ -25,8 +25,14 @@ from .tables import METADATA_KEY, write_csv, write_parquet
 if TYPE_CHECKING:
     from pipeline.releases import ReleaseConfig
 
-__all__ = ["FORMATS", "METADATA_KEY", "check_destination", "export_release", "padding_columns",
-           "sidecar"]
+__all__ = [
+    "FORMATS",
+    "METADATA_KEY",
+    "check_destination",
+    "export_release",
+    "padding_columns",
+    "sidecar",
+]
 
 FORMATS = (".csv", ".parquet")
 
@@ -39,8 +45,10 @@ def check_destination(out: str | Path) -> Path:
     """The export's path, or AnalystError in one line (unknown format, missing or unwritable directory)."""
     path = Path(out)
     if path.suffix.lower() not in FORMATS:
-        raise AnalystError(f"--out {out}: unknown export format {path.suffix or '(none)'!r}; "
-                           f"write {' or '.join(FORMATS)}")
+        raise AnalystError(
+            f"--out {out}: unknown export format {path.suffix or '(none)'!r}; "
+            f"write {' or '.join(FORMATS)}"
+        )
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise AnalystError(f"--out {out}: directory {parent} does not exist")
@@ -58,8 +66,10 @@ def export_release(reader, name: str, out: str | Path) -> tuple[Path, dict]:
     flags = padding_columns(rel, panel)
     for column, _f in flags.items():
         step = column.rsplit("_", 1)[1]
-        dictionary["columns"][column] = ("true for a choice of the records the padding stands for "
-                                         f"in the window ending at step {step} (see padding)")
+        dictionary["columns"][column] = (
+            "true for a choice of the records the padding stands for "
+            f"in the window ending at step {step} (see padding)"
+        )
     if flags:
         dictionary["padding_records"] = {column: int(f.sum()) for column, f in flags.items()}
     arr = panel.as_array()

@@ -14,17 +14,27 @@ from collections.abc import Callable
 __all__ = ["follow_alerts"]
 
 
-def follow_alerts(reader, broker: str, topic: str, shown: set[tuple[str, int]],
-                  show: Callable[[dict], None], release: str | None = None,
-                  poll_ms: int = 500) -> None:
+def follow_alerts(
+    reader,
+    broker: str,
+    topic: str,
+    shown: set[tuple[str, int]],
+    show: Callable[[dict], None],
+    release: str | None = None,
+    poll_ms: int = 500,
+) -> None:
     """``show(alert)`` for each alert of ``topic`` (of ``release``) not in ``shown``, forever."""
     import orjson
     from kafka import KafkaConsumer, TopicPartition
 
     from pipeline.connections import kafka_security
 
-    consumer = KafkaConsumer(bootstrap_servers=broker, **kafka_security(), enable_auto_commit=False,
-                             auto_offset_reset="earliest")
+    consumer = KafkaConsumer(
+        bootstrap_servers=broker,
+        **kafka_security(),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
     try:
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])

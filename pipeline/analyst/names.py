@@ -29,8 +29,9 @@ def read_names(path: str | Path) -> list[str]:
     except OSError as err:
         raise AnalystError(f"--names {path}: {err.strerror or err}") from None
     except UnicodeDecodeError as err:
-        raise AnalystError(f"--names {path}: not UTF-8 text ({err.reason} at byte "
-                           f"{err.start})") from None
+        raise AnalystError(
+            f"--names {path}: not UTF-8 text ({err.reason} at byte {err.start})"
+        ) from None
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
@@ -56,8 +57,10 @@ def hashed_attribute(deployment: Deployment, attribute: str | None):
             raise AnalystError(f"--attribute: say which hashed attribute ({which})")
         attribute = next(iter(hashed))
     if attribute not in hashed:
-        raise AnalystError(f"--attribute {attribute}: not a hashed attribute of deployment "
-                           f"{deployment.name!r} (hashed: {', '.join(hashed) or 'none'})")
+        raise AnalystError(
+            f"--attribute {attribute}: not a hashed attribute of deployment "
+            f"{deployment.name!r} (hashed: {', '.join(hashed) or 'none'})"
+        )
     return attribute, hashed[attribute]
 
 

@@ -40,7 +40,9 @@ class PublicReader:
         self.store = store
 
     @classmethod
-    def from_broker(cls, deployment: Deployment, broker: str, timeout: float = 30.0) -> PublicReader:
+    def from_broker(
+        cls, deployment: Deployment, broker: str, timeout: float = 30.0
+    ) -> PublicReader:
         from pipeline.consumer import read_topics
         from pipeline.stream.kafka.topics import topic_names
 
@@ -63,15 +65,26 @@ class PublicReader:
         if name not in releases:
             hint = ""
             if name in {r.name for r in self.dep.releases}:
-                hint = (" (it publishes alerts: `dpstream alerts` reads them)" if output == "counts"
-                        else " (it publishes counts: `dpstream query` reads them)")
-            what = {"counts": "releases with counts", "alerts": "releases with alerts"}.get(output or "", "releases")
-            raise AnalystError(f"no such release {name!r}{hint}; {what} are {', '.join(releases) or 'none'}")
+                hint = (
+                    " (it publishes alerts: `dpstream alerts` reads them)"
+                    if output == "counts"
+                    else " (it publishes counts: `dpstream query` reads them)"
+                )
+            what = {"counts": "releases with counts", "alerts": "releases with alerts"}.get(
+                output or "", "releases"
+            )
+            raise AnalystError(
+                f"no such release {name!r}{hint}; {what} are {', '.join(releases) or 'none'}"
+            )
         return releases[name]
 
     def context(self, release: ReleaseConfig) -> Context:
-        return Context(self.dep.attributes[release.attribute], self.dep.n, self.bounds[release.name],
-                       self.dep.steps.unit)
+        return Context(
+            self.dep.attributes[release.attribute],
+            self.dep.n,
+            self.bounds[release.name],
+            self.dep.steps.unit,
+        )
 
     def released_through(self, release: ReleaseConfig) -> int:
         panel = self.store.panels.get(release.name)
@@ -86,8 +99,10 @@ class PublicReader:
             raise AnalystError(f"--step must be in 1..{self.dep.horizon}, got {step}")
         through = self.released_through(release)
         if through < (step or 1):
-            raise NotReleased(f"release {release.name!r} has not released step {step or 1} yet "
-                              f"({f'released through step {through}' if through else 'nothing released'})")
+            raise NotReleased(
+                f"release {release.name!r} has not released step {step or 1} yet "
+                f"({f'released through step {through}' if through else 'nothing released'})"
+            )
         return self.store.panels[release.name]
 
     # -- answers -------------------------------------------------------------------------------
@@ -95,15 +110,19 @@ class PublicReader:
         rel = self.release(name, "counts")
         kind = kind_of(rel)
         if step is not None and 1 <= step < kind.first_step(rel):
-            raise AnalystError(f"release {rel.name!r} answers from step {kind.first_step(rel)} on "
-                               f"({kind.questions(rel, self.dep.steps.unit)[0][0]}), got --step {step}")
+            raise AnalystError(
+                f"release {rel.name!r} answers from step {kind.first_step(rel)} on "
+                f"({kind.questions(rel, self.dep.steps.unit)[0][0]}), got --step {step}"
+            )
         panel = self.panel(rel, step)
         try:
             answer = kind.answer(rel, panel, step, self.context(rel), raw=raw, group=group)
         except ValueError as err:
             raise AnalystError(str(err)) from None
         not_answered = kind.questions(rel, self.dep.steps.unit)[1]
-        return dataclasses.replace(answer, notes=answer.notes + [f"this release does not answer {'; '.join(not_answered)}"])
+        return dataclasses.replace(
+            answer, notes=answer.notes + [f"this release does not answer {'; '.join(not_answered)}"]
+        )
 
     def series(self, name: str) -> list[Answer]:
         """The release's answer at every released step it answers at (debiased)."""
@@ -113,8 +132,11 @@ class PublicReader:
 
     def alerts(self, name: str | None = None, step: int | None = None) -> list[dict[str, Any]]:
         """The alert records (of ``name``, at ``step``), by step then release, each with ``text`` in words."""
-        rels = [self.release(name, "alerts")] if name else [r for r in self.dep.releases
-                                                             if kind_of(r).output == "alerts"]
+        rels = (
+            [self.release(name, "alerts")]
+            if name
+            else [r for r in self.dep.releases if kind_of(r).output == "alerts"]
+        )
         out = []
         for rel in rels:
             kind, ctx = kind_of(rel), self.context(rel)
@@ -136,7 +158,8 @@ class PublicReader:
             for t, m in panel.manifests.items():
                 priv = m.get("privacy", {})
                 spent = priv.get("deployment_spent_as_approx_dp") or {
-                    k: priv.get("deployment_spent", {}).get(k) for k in ("epsilon", "delta")}
+                    k: priv.get("deployment_spent", {}).get(k) for k in ("epsilon", "delta")
+                }
                 if spent.get("epsilon") is not None:
                     by_step[t] = max(by_step.get(t, spent), spent, key=lambda s: s["epsilon"])
         return [dict(step=t, **by_step[t]) for t in sorted(by_step)]
@@ -154,22 +177,51 @@ class PublicReader:
         last = panel.manifests[max(panel.manifests)]
         attribute = ctx.attribute
         answers, not_answered = kind.questions(rel, self.dep.steps.unit)
-        values = {} if attribute.type == "hashed" else dict(enumerate(code_labels(attribute, range(attribute.size))))
+        values = (
+            {}
+            if attribute.type == "hashed"
+            else dict(enumerate(code_labels(attribute, range(attribute.size))))
+        )
         through = panel.released_through
         return {
-            "deployment": self.dep.name, "release": rel.name, "type": rel.type, "attribute": rel.attribute,
-            "attribute_description": attribute.description, "unit": ctx.unit, "horizon": self.dep.horizon,
-            "released_through": through, "n": self.dep.n, "records": int(panel.as_array().shape[0]),
-            "privacy": {k: last.get("privacy", {}).get(k) for k in
-                        ("release_spent", "release_allotment", "deployment_spent", "deployment_spent_as_approx_dp")},
+            "deployment": self.dep.name,
+            "release": rel.name,
+            "type": rel.type,
+            "attribute": rel.attribute,
+            "attribute_description": attribute.description,
+            "unit": ctx.unit,
+            "horizon": self.dep.horizon,
+            "released_through": through,
+            "n": self.dep.n,
+            "records": int(panel.as_array().shape[0]),
+            "privacy": {
+                k: last.get("privacy", {}).get(k)
+                for k in (
+                    "release_spent",
+                    "release_allotment",
+                    "deployment_spent",
+                    "deployment_spent_as_approx_dp",
+                )
+            },
             "report_delta": self.dep.budget.report_delta,
-            "answers": answers, "does_not_answer": not_answered,
-            "error_bound": {"name": b.largest, "value": b.bounds[b.largest], "beta": b.beta,
-                            "share_of_n": b.bounds[b.largest] / self.dep.n, "all_bounds": dict(b.bounds),
-                            "in_words": kind.explain(b, self.dep.n)},
-            "values": values, "clipping": CLIPPING,
-            "columns": {"record": "synthetic record id (not a user)",
-                        **{f"step_{t}": f"the record's {rel.attribute} code at {ctx.unit} {t} (see values)"
-                           for t in range(1, through + 1)}},
+            "answers": answers,
+            "does_not_answer": not_answered,
+            "error_bound": {
+                "name": b.largest,
+                "value": b.bounds[b.largest],
+                "beta": b.beta,
+                "share_of_n": b.bounds[b.largest] / self.dep.n,
+                "all_bounds": dict(b.bounds),
+                "in_words": kind.explain(b, self.dep.n),
+            },
+            "values": values,
+            "clipping": CLIPPING,
+            "columns": {
+                "record": "synthetic record id (not a user)",
+                **{
+                    f"step_{t}": f"the record's {rel.attribute} code at {ctx.unit} {t} (see values)"
+                    for t in range(1, through + 1)
+                },
+            },
             **kind.dictionary(rel, panel, ctx),
         }

@@ -60,7 +60,8 @@ class PublicSource:
                     "privacy-relevant keys differ from the published descriptor "
                     f"({self.names['deployment']}): {'; '.join(changes)}. Its answers would be "
                     "read with the wrong n, bounds or spend; drop --config (the descriptor says "
-                    "everything the commands need) or fix it")
+                    "everything the commands need) or fix it"
+                )
         try:
             return descriptor.deployment_from(published)
         except ValueError as err:
@@ -70,15 +71,19 @@ class PublicSource:
         """No descriptor published yet: the configuration, if it is usable."""
         where, name = self.names["deployment"], self.deployment_name
         if self.config is None:
-            raise NotReleased(f"deployment {name!r} has published no descriptor on {where} yet "
-                              "(its releaser has not started, or is of a version before the "
-                              "descriptor): pass the deployment's --config")
+            raise NotReleased(
+                f"deployment {name!r} has published no descriptor on {where} yet "
+                "(its releaser has not started, or is of a version before the "
+                "descriptor): pass the deployment's --config"
+            )
         try:
             self.config.n  # noqa: B018 - a roster file is read here
         except OSError as err:
-            raise AnalystError(f"deployment {name!r} has published no descriptor on {where}, and n "
-                               "cannot be read from the configuration: roster file "
-                               f"{err.filename}: {err.strerror}") from None
+            raise AnalystError(
+                f"deployment {name!r} has published no descriptor on {where}, and n "
+                "cannot be read from the configuration: roster file "
+                f"{err.filename}: {err.strerror}"
+            ) from None
         return self.config
 
 

@@ -22,16 +22,24 @@ def write_csv(path: Path, arr: np.ndarray, flags: dict[str, np.ndarray] | None) 
         cols.append(f.astype(np.int64)[:, None])
     with path.open("w") as fh:
         fh.write(header + "\n")
-        np.savetxt(fh, np.hstack(cols), fmt="%d" if arr.dtype.kind in "iu" else "%.17g", delimiter=",")
+        np.savetxt(
+            fh, np.hstack(cols), fmt="%d" if arr.dtype.kind in "iu" else "%.17g", delimiter=","
+        )
 
 
-def write_parquet(path: Path, arr: np.ndarray, flags: dict[str, np.ndarray] | None, dictionary: dict) -> None:
+def write_parquet(
+    path: Path, arr: np.ndarray, flags: dict[str, np.ndarray] | None, dictionary: dict
+) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    columns = {"record": np.arange(arr.shape[0], dtype=np.int64),
-               **{f"step_{t}": arr[:, t - 1] for t in range(1, arr.shape[1] + 1)}}
+    columns = {
+        "record": np.arange(arr.shape[0], dtype=np.int64),
+        **{f"step_{t}": arr[:, t - 1] for t in range(1, arr.shape[1] + 1)},
+    }
     columns.update(flags or {})
     table = pa.table(columns)
-    table = table.replace_schema_metadata({METADATA_KEY: json.dumps(dictionary, default=str).encode()})
+    table = table.replace_schema_metadata(
+        {METADATA_KEY: json.dumps(dictionary, default=str).encode()}
+    )
     pq.write_table(table, str(path))

@@ -22,28 +22,46 @@ from pipeline.extras import missing_extra
 
 def add_source_args(sp):
     """Where an analyst's command reads: a configuration, or the broker and deployment name."""
-    sp.add_argument("--config", help="deployment YAML (optional: checked against the published "
-                    "descriptor; its roster file is not needed)")
-    sp.add_argument("--broker", help="bootstrap servers (default: the configuration's, or its "
-                    "`dpstream up`)")
+    sp.add_argument(
+        "--config",
+        help="deployment YAML (optional: checked against the published "
+        "descriptor; its roster file is not needed)",
+    )
+    sp.add_argument(
+        "--broker", help="bootstrap servers (default: the configuration's, or its `dpstream up`)"
+    )
     sp.add_argument("--deployment", help="the deployment's name (default: the configuration's)")
-    sp.add_argument("--topic-prefix", default=None, help="the deployment's topics.prefix (default: "
-                    "the configuration's, else dpstream)")
+    sp.add_argument(
+        "--topic-prefix",
+        default=None,
+        help="the deployment's topics.prefix (default: the configuration's, else dpstream)",
+    )
     return sp
 
 
 def add_alerts_args(sp):
-    sp.add_argument("--names", help="a file of candidate names, one a line: hashed codes are shown "
-                    "by the names that hash to them (the deployment's public hash; names from the "
-                    "file, never the reports)")
-    sp.add_argument("--follow", action="store_true", help="keep running and print each new alert "
-                    "as it is published (Ctrl-C stops)")
+    sp.add_argument(
+        "--names",
+        help="a file of candidate names, one a line: hashed codes are shown "
+        "by the names that hash to them (the deployment's public hash; names from the "
+        "file, never the reports)",
+    )
+    sp.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep running and print each new alert as it is published (Ctrl-C stops)",
+    )
     return sp
 
 
 def add_hash_parser(sub):
-    h = add_source_args(sub.add_parser("hash", help="the code of each value of a hashed attribute "
-                                       "under the deployment's public hash (public topics only)"))
+    h = add_source_args(
+        sub.add_parser(
+            "hash",
+            help="the code of each value of a hashed attribute "
+            "under the deployment's public hash (public topics only)",
+        )
+    )
     h.add_argument("values", nargs="*", help="values to hash")
     h.add_argument("--names", help="a file of values, one a line")
     h.add_argument("--attribute", help="the hashed attribute (default: the only one)")
@@ -60,9 +78,14 @@ def _source(args):
     if args.config:
         dep = _load(args.config)
         if args.deployment and args.deployment != dep.name:
-            raise SystemExit(_fail(EXIT_CONFIG, f"--deployment {args.deployment} names another "
-                                                f"deployment than --config {args.config} "
-                                                f"({dep.name})"))
+            raise SystemExit(
+                _fail(
+                    EXIT_CONFIG,
+                    f"--deployment {args.deployment} names another "
+                    f"deployment than --config {args.config} "
+                    f"({dep.name})",
+                )
+            )
         broker = args.broker or _endpoints(dep, redis=False)[0]
         prefix = args.topic_prefix
         names = topic_names(dep) if prefix is None else public_names(prefix, dep.name)
@@ -71,8 +94,9 @@ def _source(args):
         names = public_names(args.topic_prefix or "dpstream", args.deployment)
         source = PublicSource(args.broker, names, args.deployment)
     else:
-        raise SystemExit(_fail(EXIT_CONFIG, "say where to read: --broker and --deployment, or "
-                                            "--config"))
+        raise SystemExit(
+            _fail(EXIT_CONFIG, "say where to read: --broker and --deployment, or --config")
+        )
     _check_reachable(source.broker, None)
     return source
 
@@ -98,7 +122,11 @@ def _analyst(command: str, args) -> int:
 
 
 def cmd_export(args) -> int:
-    missing = missing_extra("dpstream export to Parquet", "pyarrow") if args.out.endswith(".parquet") else None
+    missing = (
+        missing_extra("dpstream export to Parquet", "pyarrow")
+        if args.out.endswith(".parquet")
+        else None
+    )
     return _fail(EXIT_CONFIG, missing) if missing else _analyst("export", args)
 
 

@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_RUNTIME, EXIT_CONFIG = 0, 1, 2
 EXIT_REFUSED = 3  # refused by the deployment's state now, nothing done (pipeline.cli: exit codes)
 EXIT_STATE_LOST = 4
-EXIT_REJECTED = 5  # produce: the workers dead-lettered some of the reports it sent (or a dry run: would)
+EXIT_REJECTED = (
+    5  # produce: the workers dead-lettered some of the reports it sent (or a dry run: would)
+)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), the shells' convention
 _CONFIG_ARG: list[str] = []  # the --config as typed, for the hints in messages
 
@@ -43,7 +45,9 @@ def _load(path: str):
         raise SystemExit(_fail(EXIT_CONFIG, f"no such configuration file: {path}")) from None
     except (ConfigError, PrivacyBudgetError) as err:
         raise SystemExit(_fail(EXIT_CONFIG, f"configuration refused: {err}")) from None
-    use_security(dep.security)  # every client this command builds connects as configured (pipeline.connections)
+    use_security(
+        dep.security
+    )  # every client this command builds connects as configured (pipeline.connections)
     return dep
 
 
@@ -71,11 +75,15 @@ def _up_record(name: str) -> dict | None:
 
 def _stale(rec: dict) -> str:
     config = _CONFIG_ARG[0] if _CONFIG_ARG else "<config>"
-    return (f"stale endpoints file {rec['path']}: the `dpstream up` that wrote it (pid {rec['pid']}) is no longer "
-            f"running; `dpstream down --config {config}` removes it and stops anything it left behind")
+    return (
+        f"stale endpoints file {rec['path']}: the `dpstream up` that wrote it (pid {rec['pid']}) is no longer "
+        f"running; `dpstream down --config {config}` removes it and stops anything it left behind"
+    )
 
 
-_REACH_TIMEOUT = 5.0  # seconds per service: a command against a dead broker or Redis fails in well under 15 s
+_REACH_TIMEOUT = (
+    5.0  # seconds per service: a command against a dead broker or Redis fails in well under 15 s
+)
 _reached: set[str] = set()
 
 
@@ -90,7 +98,9 @@ def _check_reachable(broker: str, redis_url: str | None) -> None:
         for address in broker.split(","):
             host, _, port = address.strip().rpartition(":")
             try:
-                socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=_REACH_TIMEOUT).close()
+                socket.create_connection(
+                    (host.strip("[]") or "127.0.0.1", int(port)), timeout=_REACH_TIMEOUT
+                ).close()
                 break
             except (OSError, ValueError) as err:
                 errors.append(f"{address}: {err}")
@@ -99,10 +109,17 @@ def _check_reachable(broker: str, redis_url: str | None) -> None:
         _reached.add(broker)
     if redis_url is not None and redis_url not in _reached:
         try:
-            redis_client(redis_url, socket_connect_timeout=_REACH_TIMEOUT, socket_timeout=_REACH_TIMEOUT).ping()
+            redis_client(
+                redis_url, socket_connect_timeout=_REACH_TIMEOUT, socket_timeout=_REACH_TIMEOUT
+            ).ping()
         except redis.RedisError as err:
-            raise SystemExit(_fail(EXIT_RUNTIME, connection_failure(err)
-                                   or f"Redis unreachable at {redact_url(redis_url)} ({_redacted(err, redis_url)})")) from None
+            raise SystemExit(
+                _fail(
+                    EXIT_RUNTIME,
+                    connection_failure(err)
+                    or f"Redis unreachable at {redact_url(redis_url)} ({_redacted(err, redis_url)})",
+                )
+            ) from None
         _reached.add(redis_url)
 
 
@@ -119,11 +136,15 @@ def _redacted(err: BaseException, url: str) -> str:
 
 
 @overload
-def _endpoints(dep: Deployment, check: bool = ..., redis: Literal[True] = ...) -> tuple[str, str]: ...
+def _endpoints(
+    dep: Deployment, check: bool = ..., redis: Literal[True] = ...
+) -> tuple[str, str]: ...
 
 
 @overload
-def _endpoints(dep: Deployment, check: bool = ..., *, redis: Literal[False]) -> tuple[str, None]: ...
+def _endpoints(
+    dep: Deployment, check: bool = ..., *, redis: Literal[False]
+) -> tuple[str, None]: ...
 
 
 def _endpoints(dep: Deployment, check: bool = True, redis: bool = True) -> tuple[str, str | None]:
@@ -145,14 +166,26 @@ def _endpoints(dep: Deployment, check: bool = True, redis: bool = True) -> tuple
     if not (broker and (redis_url or not redis)):
         rec = _up_record(dep.name)
         if rec is None:
-            raise SystemExit(_fail(EXIT_CONFIG, f"deployment {dep.name!r} names no broker/Redis and no `dpstream up` "
-                                                f"is running for it (no {endpoints_file(dep.name)})"))
+            raise SystemExit(
+                _fail(
+                    EXIT_CONFIG,
+                    f"deployment {dep.name!r} names no broker/Redis and no `dpstream up` "
+                    f"is running for it (no {endpoints_file(dep.name)})",
+                )
+            )
         if not rec["alive"]:
             raise SystemExit(_fail(EXIT_CONFIG, _stale(rec)))
         if "broker" not in rec:
-            raise SystemExit(_fail(EXIT_RUNTIME, f"`dpstream up` of deployment {dep.name!r} (pid {rec['pid']}) is "
-                                                 "still starting; try again in a moment"))
-        if not broker and rec.get("broker_tls"):  # the embedded broker's gate: its client certificate
+            raise SystemExit(
+                _fail(
+                    EXIT_RUNTIME,
+                    f"`dpstream up` of deployment {dep.name!r} (pid {rec['pid']}) is "
+                    "still starting; try again in a moment",
+                )
+            )
+        if not broker and rec.get(
+            "broker_tls"
+        ):  # the embedded broker's gate: its client certificate
             from pipeline.stream.local.broker_tls import BROKER_TLS_ENV
 
             os.environ.setdefault(BROKER_TLS_ENV, rec["broker_tls"])
@@ -160,7 +193,9 @@ def _endpoints(dep: Deployment, check: bool = True, redis: bool = True) -> tuple
         if redis and rec.get("local_secrets") and not redis_url_given:
             from pipeline.stream.local.embedded import LOCAL_SECRETS_ENV
 
-            os.environ.setdefault(LOCAL_SECRETS_ENV, rec["local_secrets"])  # the embedded Redis's password file
+            os.environ.setdefault(
+                LOCAL_SECRETS_ENV, rec["local_secrets"]
+            )  # the embedded Redis's password file
     if check:
         _check_reachable(broker, redis_url)
     return broker, redis_url
@@ -172,7 +207,9 @@ def _unreachable(err: BaseException) -> str | None:
     from kafka import errors as kafka_errors
     from kafka.errors import KafkaConnectionError, KafkaTimeoutError
 
-    NoBrokersAvailable = getattr(kafka_errors, "NoBrokersAvailable", KafkaConnectionError)  # gone in kafka-python 3
+    NoBrokersAvailable = getattr(
+        kafka_errors, "NoBrokersAvailable", KafkaConnectionError
+    )  # gone in kafka-python 3
 
     try:
         from aiokafka.errors import KafkaConnectionError as AioConnectionError
@@ -183,7 +220,8 @@ def _unreachable(err: BaseException) -> str | None:
         return refused
     if isinstance(err, (redis.ConnectionError, redis.TimeoutError)):
         return f"Redis unreachable ({err})"
-    if isinstance(err, (NoBrokersAvailable, KafkaConnectionError, KafkaTimeoutError, AioConnectionError)):
+    if isinstance(
+        err, (NoBrokersAvailable, KafkaConnectionError, KafkaTimeoutError, AioConnectionError)
+    ):
         return f"broker unreachable ({type(err).__name__}: {err})"
     return None
-

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 
 __all__ = ["refuse_if_started_differently", "refuse_other_configuration"]
 
-_PROBE_TIMEOUT = 3.0  # seconds: a Redis that does not answer leaves these commands unchecked, not stuck
+_PROBE_TIMEOUT = (
+    3.0  # seconds: a Redis that does not answer leaves these commands unchecked, not stuck
+)
 
 
 def refuse_if_started_differently(dep: Deployment, hint: str = "") -> None:
@@ -39,16 +41,22 @@ def refuse_if_started_differently(dep: Deployment, hint: str = "") -> None:
     from pipeline.stream.state.store import StateStore
 
     rec = _up_record(dep.name)
-    if not (os.environ.get("DPSTREAM_REDIS") or dep.redis or (rec and rec["alive"] and "redis" in rec)):
+    if not (
+        os.environ.get("DPSTREAM_REDIS") or dep.redis or (rec and rec["alive"] and "redis" in rec)
+    ):
         return
     _, redis_url = _endpoints(dep, check=False)
     assert redis_url is not None  # _endpoints(redis=True) names one or exits
     try:
-        redis_client(redis_url, socket_connect_timeout=_PROBE_TIMEOUT,
-                     socket_timeout=_PROBE_TIMEOUT).ping()
+        redis_client(
+            redis_url, socket_connect_timeout=_PROBE_TIMEOUT, socket_timeout=_PROBE_TIMEOUT
+        ).ping()
     except redis.RedisError as err:
-        print(f"WARNING: the configuration was not checked against deployment {dep.name!r}'s: its "
-              f"Redis did not answer ({type(err).__name__})", file=sys.stderr)
+        print(
+            f"WARNING: the configuration was not checked against deployment {dep.name!r}'s: its "
+            f"Redis did not answer ({type(err).__name__})",
+            file=sys.stderr,
+        )
         return
     refuse_other_configuration(dep, StateStore.from_url(redis_url, dep.name), hint)
 
@@ -65,14 +73,24 @@ def refuse_other_configuration(dep: Deployment, store: StateStore, hint: str = "
     try:
         ids = Roster.from_config(dep.roster).ids
     except OSError as err:
-        raise SystemExit(_fail(EXIT_CONFIG, f"roster.path: {err.filename}: {err.strerror} (the "
-                                            "operator's commands check the roster against the "
-                                            "deployment's)")) from None
+        raise SystemExit(
+            _fail(
+                EXIT_CONFIG,
+                f"roster.path: {err.filename}: {err.strerror} (the "
+                "operator's commands check the roster against the "
+                "deployment's)",
+            )
+        ) from None
     current = privacy_config(dep, ids)
     if fingerprint(current) == identity.get("fingerprint"):
         return
     changes = "; ".join(config_changes(identity.get("config", {}), current))
-    raise SystemExit(_fail(EXIT_CONFIG, "configuration refused: the privacy-relevant configuration "
-                                        f"differs from the one deployment {dep.name!r} was started "
-                                        f"with: {changes}. Use the deployment's own configuration "
-                                        f"file (the processes refuse this one too){hint}"))
+    raise SystemExit(
+        _fail(
+            EXIT_CONFIG,
+            "configuration refused: the privacy-relevant configuration "
+            f"differs from the one deployment {dep.name!r} was started "
+            f"with: {changes}. Use the deployment's own configuration "
+            f"file (the processes refuse this one too){hint}",
+        )
+    )

@@ -90,8 +90,11 @@ def cmd_up(args) -> int:
     dep = _load(args.config)
     rec = _up_record(dep.name)
     if rec and rec["alive"]:  # two would share one Redis data directory
-        return _fail(EXIT_CONFIG, f"`dpstream up` is already running for deployment {dep.name!r} (pid {rec['pid']}); "
-                                  f"`dpstream down --config {args.config}` stops it")
+        return _fail(
+            EXIT_CONFIG,
+            f"`dpstream up` is already running for deployment {dep.name!r} (pid {rec['pid']}); "
+            f"`dpstream down --config {args.config}` stops it",
+        )
     if rec:
         print(f"dpstream up: replacing {_stale(rec).split(';')[0]}", file=sys.stderr)
         _stop_leftovers(rec)
@@ -102,10 +105,19 @@ def cmd_up(args) -> int:
     embedded = not (dep.redis and dep.broker)
     data_dir = None if args.ephemeral or not embedded else state_dir(dep.name)
     log_dir = Path(args.log_dir).resolve()
-    cluster = LocalCluster(args.config, dep, workers=args.workers, log_dir=log_dir, metrics=True,
-                           data_dir=data_dir, durable_log=data_dir is not None and not dep.broker,
-                           isolated=True)
-    os.environ[SUPERVISOR_ENV] = new_tag(dep.name)  # inherited by every process started from here on
+    cluster = LocalCluster(
+        args.config,
+        dep,
+        workers=args.workers,
+        log_dir=log_dir,
+        metrics=True,
+        data_dir=data_dir,
+        durable_log=data_dir is not None and not dep.broker,
+        isolated=True,
+    )
+    os.environ[SUPERVISOR_ENV] = new_tag(
+        dep.name
+    )  # inherited by every process started from here on
     if not _claim(dep.name):
         return _fail(EXIT_CONFIG, f"another `dpstream up` of deployment {dep.name!r} is starting")
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -116,33 +128,56 @@ def cmd_up(args) -> int:
         marker_dir = data_dir if data_dir is not None and not dep.redis else None
         refused = _check_marker(dep, cluster.redis_url, marker_dir)
         if refused and marker_dir is not None:  # a refusal needs a marker (_check_marker)
-            code = _fail(EXIT_STATE_LOST, f"up: state lost: {refused}. Restore {marker_dir / 'redis'} from a backup "
-                                          "(docs/streaming.md, Backup and restore), or start a new deployment under a "
-                                          "new name with a new budget; nothing was started")
+            code = _fail(
+                EXIT_STATE_LOST,
+                f"up: state lost: {refused}. Restore {marker_dir / 'redis'} from a backup "
+                "(docs/streaming.md, Backup and restore), or start a new deployment under a "
+                "new name with a new budget; nothing was started",
+            )
             return code
         cluster.start()
         targets = _write_targets(dep.name, cluster.metrics_ports, None)
-        redis_where = ("configured" if dep.redis else f"data in {data_dir / 'redis'}" if data_dir
-                       else "ephemeral: deleted on stop")
-        log_where = ("configured" if dep.broker
-                     else f"log in {data_dir / 'log'}" if cluster.durable_log and data_dir
-                     else "memory-only: its log is lost on stop")
-        print(f"dpstream up: broker {cluster.broker}, redis {cluster.redis_url} ({redis_where}), "
-              f"{args.workers} worker(s) + releaser; broker {log_where}; process logs in {log_dir}; "
-              f"metrics ports {cluster.metrics_ports} (Prometheus file_sd: {targets_file(dep.name)}). Ctrl-C or "
-              "`dpstream down` stops.", flush=True)
+        redis_where = (
+            "configured"
+            if dep.redis
+            else f"data in {data_dir / 'redis'}"
+            if data_dir
+            else "ephemeral: deleted on stop"
+        )
+        log_where = (
+            "configured"
+            if dep.broker
+            else f"log in {data_dir / 'log'}"
+            if cluster.durable_log and data_dir
+            else "memory-only: its log is lost on stop"
+        )
+        print(
+            f"dpstream up: broker {cluster.broker}, redis {cluster.redis_url} ({redis_where}), "
+            f"{args.workers} worker(s) + releaser; broker {log_where}; process logs in {log_dir}; "
+            f"metrics ports {cluster.metrics_ports} (Prometheus file_sd: {targets_file(dep.name)}). Ctrl-C or "
+            "`dpstream down` stops.",
+            flush=True,
+        )
         if not dep.broker:
             from pipeline.stream.local.broker_access import embedded_broker_notice
 
-            print(embedded_broker_notice(cluster.broker, cluster.broker_tls()), file=sys.stderr, flush=True)
+            print(
+                embedded_broker_notice(cluster.broker, cluster.broker_tls()),
+                file=sys.stderr,
+                flush=True,
+            )
         late = deadline_warning(dep)
         if late:
             print(f"WARNING: {late}", file=sys.stderr, flush=True)
         last_mark, store = None, StateStore.from_url(cluster.redis_url, dep.name)
         while True:
             for line in cluster.supervise() + cluster.housekeeping():
-                print(f"dpstream up: {time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
-            targets = _write_targets(dep.name, cluster.metrics_ports, targets)  # a restart takes a new port
+                print(
+                    f"dpstream up: {time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True
+                )
+            targets = _write_targets(
+                dep.name, cluster.metrics_ports, targets
+            )  # a restart takes a new port
             if marker_dir is not None:
                 last_mark = _update_marker(store, marker_dir, last_mark)
             time.sleep(0.5)
@@ -164,7 +199,9 @@ def cmd_up(args) -> int:
     return code
 
 
-def _write_targets(name: str, ports: dict[str, int], written: dict[str, int] | None) -> dict[str, int]:
+def _write_targets(
+    name: str, ports: dict[str, int], written: dict[str, int] | None
+) -> dict[str, int]:
     """The Prometheus file_sd targets of this `up` (pipeline.stream.local.file_sd), when they changed."""
     from pipeline.stream.local.file_sd import targets_file, write_targets
 
@@ -258,7 +295,10 @@ def cmd_down(args) -> int:
         deadline = time.monotonic() + args.wait
         while pid_alive(rec["pid"]):
             if time.monotonic() > deadline:
-                return _fail(EXIT_RUNTIME, f"`dpstream up` (pid {rec['pid']}) did not stop within {args.wait:g} s")
+                return _fail(
+                    EXIT_RUNTIME,
+                    f"`dpstream up` (pid {rec['pid']}) did not stop within {args.wait:g} s",
+                )
             time.sleep(0.2)
         print(f"stopped `dpstream up` (pid {rec['pid']}) of deployment {dep.name!r}")
     else:
@@ -275,7 +315,12 @@ def cmd_batch(args) -> int:
     missing = missing_extra("dpstream batch", "matplotlib", "tqdm")
     if missing:
         return _fail(EXIT_CONFIG, missing)
-    cmd = [sys.executable, "-m", "jobs.eval.sipp_batch", *args.rest]  # a job: started, never imported by the library
+    cmd = [
+        sys.executable,
+        "-m",
+        "jobs.eval.sipp_batch",
+        *args.rest,
+    ]  # a job: started, never imported by the library
     sys.stdout.flush()
     os.execv(cmd[0], cmd)
     return EXIT_RUNTIME  # not reached

@@ -50,10 +50,17 @@ def _intake(dep: Deployment, wait: float):
     names = topic_names(dep)
     from pipeline.producer import progress_printer
 
-    return store, intake_view(store, broker, names["reports"], dep.topics.partitions, wait=wait,
-                              repartition_topic=names["repartition"],
-                              progress=_changes_only(progress_printer("waiting for the workers: handled",
-                                                                      " records sent before")))
+    return store, intake_view(
+        store,
+        broker,
+        names["reports"],
+        dep.topics.partitions,
+        wait=wait,
+        repartition_topic=names["repartition"],
+        progress=_changes_only(
+            progress_printer("waiting for the workers: handled", " records sent before")
+        ),
+    )
 
 
 def _changes_only(show, every: float = 2.1):
@@ -72,6 +79,7 @@ def _changes_only(show, every: float = 2.1):
         elif not last[2] and now - last[1] >= every:
             last[2] = True
             show(done, total)
+
     return call
 
 
@@ -80,9 +88,11 @@ def _step_refused(dep: Deployment, step: int, window: range) -> str | None:
     if step < window.start:
         return f"step {step} is closed (steps up to {window.start - 1} are): the workers would dead-letter it as late"
     if step > window.stop - 1:
-        return (f"step {step} is more than steps.max_ahead = {dep.steps.max_ahead} step(s) past the open step "
-                f"{window.start}: the workers would dead-letter every report as future_step. Close step "
-                f"{step - dep.steps.max_ahead - 1} first (dpstream close), then send it")
+        return (
+            f"step {step} is more than steps.max_ahead = {dep.steps.max_ahead} step(s) past the open step "
+            f"{window.start}: the workers would dead-letter every report as future_step. Close step "
+            f"{step - dep.steps.max_ahead - 1} first (dpstream close), then send it"
+        )
     return None
 
 
@@ -93,10 +103,13 @@ def cmd_produce(args) -> int:
     try:
         return _produce(args, stage)
     except KeyboardInterrupt:
-        return _fail(EXIT_INTERRUPTED, f"interrupted (Ctrl-C) while {stage[0]}: whatever the "
-                                       "broker acknowledged before stays on the log and the "
-                                       "workers take or reject it; `dpstream status` and "
-                                       "`dpstream dead-letters` show what they hold")
+        return _fail(
+            EXIT_INTERRUPTED,
+            f"interrupted (Ctrl-C) while {stage[0]}: whatever the "
+            "broker acknowledged before stays on the log and the "
+            "workers take or reject it; `dpstream status` and "
+            "`dpstream dead-letters` show what they hold",
+        )
 
 
 def _produce(args, stage: list[str]) -> int:
@@ -107,21 +120,32 @@ def _produce(args, stage: list[str]) -> int:
     dep = _load(args.config)
     path = args.jsonl or args.csv or args.parquet
     if args.simulate and dep.production:
-        return _fail(EXIT_CONFIG, f"--simulate is refused: deployment {dep.name!r} has production: "
-                                  "true and takes only the curator's data (--csv, --jsonl or --parquet "
-                                  "FILE; docs/own-data.md)")
+        return _fail(
+            EXIT_CONFIG,
+            f"--simulate is refused: deployment {dep.name!r} has production: "
+            "true and takes only the curator's data (--csv, --jsonl or --parquet "
+            "FILE; docs/own-data.md)",
+        )
     if not path and not args.simulate:
-        return _fail(EXIT_CONFIG, "produce needs the reports to send: --csv, --jsonl or --parquet FILE "
-                                  "(your data; docs/own-data.md), or --simulate for simulated "
-                                  "reports (not on a production deployment)")
+        return _fail(
+            EXIT_CONFIG,
+            "produce needs the reports to send: --csv, --jsonl or --parquet FILE "
+            "(your data; docs/own-data.md), or --simulate for simulated "
+            "reports (not on a production deployment)",
+        )
     if args.step is not None and not 1 <= args.step <= dep.horizon:
         return _fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {args.step}")
     if args.attribute is not None and args.attribute not in dep.attributes:
-        return _fail(EXIT_CONFIG, f"--attribute {args.attribute!r} is not an attribute of "
-                                  f"deployment {dep.name!r} ({', '.join(dep.attributes)})")
+        return _fail(
+            EXIT_CONFIG,
+            f"--attribute {args.attribute!r} is not an attribute of "
+            f"deployment {dep.name!r} ({', '.join(dep.attributes)})",
+        )
     if args.replace and not path:
-        return _fail(EXIT_CONFIG, "--replace needs a file (--csv, --jsonl or --parquet) of the "
-                                  "corrected reports")
+        return _fail(
+            EXIT_CONFIG,
+            "--replace needs a file (--csv, --jsonl or --parquet) of the corrected reports",
+        )
     found = None
     if path:  # the whole file is checked before anything is sent (pipeline.upload)
         stage[0] = f"checking {path}"
@@ -138,8 +162,12 @@ def _produce(args, stage: list[str]) -> int:
         if args.step is not None:
             found = found.only_step(args.step)
             if not len(found):
-                return _fail(EXIT_CONFIG, f"nothing sent: {path} has no report for step {args.step}")
-        for file_step, line in sorted(found.first_lines.items(), key=lambda kv: kv[1]):  # the first refused line
+                return _fail(
+                    EXIT_CONFIG, f"nothing sent: {path} has no report for step {args.step}"
+                )
+        for file_step, line in sorted(
+            found.first_lines.items(), key=lambda kv: kv[1]
+        ):  # the first refused line
             why = _step_refused(dep, file_step, window)
             if why:
                 return _fail(EXIT_REFUSED, f"nothing sent: {path}:{line}: {why}")
@@ -148,12 +176,17 @@ def _produce(args, stage: list[str]) -> int:
     if step is None:  # the next open step without reports yet
         step = next((t for t in window if view.reported(t) == 0), None)
         if step is None:
-            return _fail(EXIT_REFUSED, f"nothing sent: the steps the workers accept now ({window.start}.."
-                                      f"{window.stop - 1}) already have reports; close step {window.start} first")
+            return _fail(
+                EXIT_REFUSED,
+                f"nothing sent: the steps the workers accept now ({window.start}.."
+                f"{window.stop - 1}) already have reports; close step {window.start} first",
+            )
     why = _step_refused(dep, step, window)
     if why is None and view.reported(step):
-        why = (f"step {step} already has {view.reported(step):,} accepted reports: sending it again would only "
-               f"be dead-lettered as duplicate")
+        why = (
+            f"step {step} already has {view.reported(step):,} accepted reports: sending it again would only "
+            f"be dead-lettered as duplicate"
+        )
     if why:
         return _fail(EXIT_REFUSED, f"nothing sent: {why}")
     if args.dry_run:
@@ -193,8 +226,10 @@ def _verdict(dep: Deployment, receipt, mark, args, stage: list[str]) -> int:
     from pipeline.cli.verdict import report_fates
 
     if args.no_wait:
-        print("not waiting for the workers' verdict (--no-wait): `dpstream dead-letters` lists "
-              "rejections")
+        print(
+            "not waiting for the workers' verdict (--no-wait): `dpstream dead-letters` lists "
+            "rejections"
+        )
         return EXIT_OK
     stage[0] = "waiting for the workers' verdict on the reports sent (on the broker's log)"
     return report_fates(dep, receipt, mark, args.timeout)
@@ -216,10 +251,15 @@ def _send_file(dep: Deployment, found, args, view, stage: list[str]) -> int:
         for line in held:
             print(f"dry run: {line}")
         if certain:
-            return _fail(EXIT_REJECTED, f"dry run: at least {certain:,} of the {len(found):,} "
-                                        "reports would be rejected as duplicate; nothing sent")
-        print(f"dry run: {len(found):,} reports for step{plural} {steps} pass the workers' "
-              "checks" + (" (see above: some may be duplicates)" if held else "") + "; nothing sent")
+            return _fail(
+                EXIT_REJECTED,
+                f"dry run: at least {certain:,} of the {len(found):,} "
+                "reports would be rejected as duplicate; nothing sent",
+            )
+        print(
+            f"dry run: {len(found):,} reports for step{plural} {steps} pass the workers' "
+            "checks" + (" (see above: some may be duplicates)" if held else "") + "; nothing sent"
+        )
         return EXIT_OK
     for line in held:
         print(f"WARNING: {line}", file=sys.stderr)
@@ -232,17 +272,28 @@ def _send_file(dep: Deployment, found, args, view, stage: list[str]) -> int:
         mark = mark_dead_letters(dep, broker)
         stage[0] = f"sending {found.path}"
         try:
-            result = send_upload(found, broker, sender.topic, args.replace,
-                                 progress_printer("acknowledged", " reports"))
+            result = send_upload(
+                found,
+                broker,
+                sender.topic,
+                args.replace,
+                progress_printer("acknowledged", " reports"),
+            )
         except UploadStopped as stop:
-            return _fail(EXIT_RUNTIME, f"{stop}: {stop.result.acknowledged:,} reports were "
-                                       "acknowledged before; the workers take or reject them "
-                                       "(`dpstream status`, `dpstream dead-letters`)")
+            return _fail(
+                EXIT_RUNTIME,
+                f"{stop}: {stop.result.acknowledged:,} reports were "
+                "acknowledged before; the workers take or reject them "
+                "(`dpstream status`, `dpstream dead-letters`)",
+            )
     if result.failed:
         at, why = result.failed[0]
-        return _fail(EXIT_RUNTIME, f"sent {result.sent:,} reports, {result.acknowledged:,} acknowledged; "
-                                   f"{len(result.failed):,} not (first: line {found.line_of_row(at)}: {why}); "
-                                   "resend those")
+        return _fail(
+            EXIT_RUNTIME,
+            f"sent {result.sent:,} reports, {result.acknowledged:,} acknowledged; "
+            f"{len(result.failed):,} not (first: line {found.line_of_row(at)}: {why}); "
+            "resend those",
+        )
     what = "corrections" if args.replace else "reports"
     print(f"sent {result.acknowledged} {what} for step{plural} {steps} (all acknowledged)")
     return _verdict(dep, result.receipt, mark, args, stage)
@@ -258,58 +309,91 @@ def cmd_close(args) -> int:
     dep = _load(args.config)
     if not 1 <= args.step <= dep.horizon:
         return _fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {args.step}")
-    if dep.steps.close == "deadline" and not args.force:  # before anything is read: nothing depends on counts
-        return _fail(EXIT_REFUSED, f"refusing a manual close: deployment {dep.name!r} closes its steps on a "
-                                   f"deadline (steps.close: deadline, every {dep.steps.deadline_seconds:g} s); a "
-                                   "close now is irreversible and would cut the step's upload short. Pass --force "
-                                   "to close anyway")
+    if (
+        dep.steps.close == "deadline" and not args.force
+    ):  # before anything is read: nothing depends on counts
+        return _fail(
+            EXIT_REFUSED,
+            f"refusing a manual close: deployment {dep.name!r} closes its steps on a "
+            f"deadline (steps.close: deadline, every {dep.steps.deadline_seconds:g} s); a "
+            "close now is irreversible and would cut the step's upload short. Pass --force "
+            "to close anyway",
+        )
     store, view = _intake(dep, wait=args.wait)
     steps = range(view.closing + 1, args.step + 1)
     if not len(steps):
         released = store.last_released()
-        which = (f"step {view.closing} is" if released + 1 == view.closing
-                 else f"steps {released + 1}..{view.closing} are")
-        pending = (f"; {which} closed but not released yet: the releaser is "
-                   "gathering their partials, or they were lost with the broker's log — it writes their close "
-                   "markers again when it starts (docs/streaming.md, 'A lost close'): if they are not released "
-                   "soon, restart it (`dpstream down`, then `dpstream up`)" if released < view.closing else "")
+        which = (
+            f"step {view.closing} is"
+            if released + 1 == view.closing
+            else f"steps {released + 1}..{view.closing} are"
+        )
+        pending = (
+            f"; {which} closed but not released yet: the releaser is "
+            "gathering their partials, or they were lost with the broker's log — it writes their close "
+            "markers again when it starts (docs/streaming.md, 'A lost close'): if they are not released "
+            "soon, restart it (`dpstream down`, then `dpstream up`)"
+            if released < view.closing
+            else ""
+        )
         print(f"steps through {view.closing} are already closed; nothing to do{pending}")
         return EXIT_OK
     for p, count in view.unhandled.items():
         if count:
-            print(f"WARNING: reports partition {p} has {count:,} records no worker has handled yet; "
-                  "the counts below miss them", file=sys.stderr)
+            print(
+                f"WARNING: reports partition {p} has {count:,} records no worker has handled yet; "
+                "the counts below miss them",
+                file=sys.stderr,
+            )
     checks = close_assessment(dep, view, steps)
     for c in checks:
-        print(f"step {c.step}: {c.reported:,} of {c.users:,} users reported ({c.imputed_share:.1%} imputed, as the "
-              f"workers' state holds it); rejected while open: {sum(c.rejected.values()):,} {c.rejected or ''}".rstrip())
+        print(
+            f"step {c.step}: {c.reported:,} of {c.users:,} users reported ({c.imputed_share:.1%} imputed, as the "
+            f"workers' state holds it); rejected while open: {sum(c.rejected.values()):,} {c.rejected or ''}".rstrip()
+        )
         for w in c.warnings:
             print(f"WARNING: {w}", file=sys.stderr)
     for line in view.log_lost_warnings():
         print(f"LOST: {line}", file=sys.stderr)
     spend = spend_of_steps(dep, steps)
     label = f"steps {steps.start}..{steps.stop - 1}" if len(steps) > 1 else f"step {steps.start}"
-    print(f"closing {label} releases {'them' if len(steps) > 1 else 'it'} and spends: "
-          + (", ".join(f"{name} {next(iter(v))}={v[next(iter(v))]:.6g} ({v['share_of_release']:.1%} of its budget)"
-                       for name, v in spend.items()) or "nothing"))
+    print(
+        f"closing {label} releases {'them' if len(steps) > 1 else 'it'} and spends: "
+        + (
+            ", ".join(
+                f"{name} {next(iter(v))}={v[next(iter(v))]:.6g} ({v['share_of_release']:.1%} of its budget)"
+                for name, v in spend.items()
+            )
+            or "nothing"
+        )
+    )
     if not args.force:
         if len(steps) > 1:
-            return _fail(EXIT_REFUSED, f"refusing to close {len(steps)} steps at once without --force "
-                                      f"(steps {steps.start}..{steps.stop - 1})")
+            return _fail(
+                EXIT_REFUSED,
+                f"refusing to close {len(steps)} steps at once without --force "
+                f"(steps {steps.start}..{steps.stop - 1})",
+            )
         lost = [t for t in steps if t in view.lost()]
         if lost or any(view.stale.values()):
-            return _fail(EXIT_REFUSED, f"refusing to close step(s) {lost or list(steps)}: reports the workers had "
-                                      "counted were lost with the broker's log (LOST above); send them again, or "
-                                      "pass --force to close with those users imputed")
+            return _fail(
+                EXIT_REFUSED,
+                f"refusing to close step(s) {lost or list(steps)}: reports the workers had "
+                "counted were lost with the broker's log (LOST above); send them again, or "
+                "pass --force to close with those users imputed",
+            )
     from pipeline.stream.control.signatures import MAX_COMMAND_STEPS
     from pipeline.stream.control.signing_keys import KeyUnavailable
 
     # signed for every step not released yet: the releaser may be behind the closes this view saw
     first = min(store.last_released(), view.closing) + 1
     if args.step - first + 1 > MAX_COMMAND_STEPS:
-        return _fail(EXIT_CONFIG, "nothing closed: a close command carries one signature per "
-                                  f"step, at most {MAX_COMMAND_STEPS:,}; close through step "
-                                  f"{first + MAX_COMMAND_STEPS - 1} first")
+        return _fail(
+            EXIT_CONFIG,
+            "nothing closed: a close command carries one signature per "
+            f"step, at most {MAX_COMMAND_STEPS:,}; close through step "
+            f"{first + MAX_COMMAND_STEPS - 1} first",
+        )
     prod = _producer(dep)
     try:
         prod.close_step(args.step, first=first)
@@ -320,12 +404,17 @@ def cmd_close(args) -> int:
     from pipeline.producer import progress_printer
 
     deadline, started = time.monotonic() + args.wait, time.monotonic()
-    waiting = progress_printer(f"waiting for the releaser's close markers of step {args.step}", " s")
+    waiting = progress_printer(
+        f"waiting for the releaser's close markers of step {args.step}", " s"
+    )
     while store.last_closing() < args.step:
         waiting(int(time.monotonic() - started), int(args.wait))
         if time.monotonic() > deadline:
-            return _fail(EXIT_RUNTIME, f"close of step {args.step} requested, but the releaser has not written its "
-                                       f"close markers within {args.wait:g} s (is it running?)")
+            return _fail(
+                EXIT_RUNTIME,
+                f"close of step {args.step} requested, but the releaser has not written its "
+                f"close markers within {args.wait:g} s (is it running?)",
+            )
         time.sleep(0.1)
     print(f"closed through step {args.step} (close markers written)")
     return EXIT_OK
@@ -345,7 +434,9 @@ def cmd_status(args) -> int:
         _, redis_url = _endpoints(dep)
         store = StateStore.from_url(redis_url, dep.name)
         try:
-            intake = _intake(dep, wait=args.wait)[1].as_json()  # curator-side counts: the operator's terminal only
+            intake = _intake(dep, wait=args.wait)[
+                1
+            ].as_json()  # curator-side counts: the operator's terminal only
         except Exception as err:  # noqa: BLE001 - e.g. the broker is down: the rest of the status still shows
             intake = {"unavailable": f"{type(err).__name__}: {err}"}
         status = status_document(dep, store, intake, f"Redis at {redis_url}")
@@ -356,28 +447,43 @@ def cmd_status(args) -> int:
             store = StateStore.from_url(redis_url, dep.name)
             refuse_other_configuration(dep, store)
             view = IntakeView(store.last_closing(), dep.topics.partitions, store.intake())
-            status = status_document(dep, store, view.as_json(), f"{where} (`dpstream up` is not running: the "
-                                     "workers' counts are as they last wrote them; the broker's log is not checked)")
+            status = status_document(
+                dep,
+                store,
+                view.as_json(),
+                f"{where} (`dpstream up` is not running: the "
+                "workers' counts are as they last wrote them; the broker's log is not checked)",
+            )
     access = _broker_access(dep, rec)
     if access:
         status["broker_access"] = access
     print(json.dumps(status, indent=2, sort_keys=True) if args.json else format_status(status))
     if access and not args.json:
         print(f"broker access: {access}")
-    if rec and rec.get("alive") and rec.get("falling_behind"):  # `up`'s lag watch (docs/streaming.md)
+    if (
+        rec and rec.get("alive") and rec.get("falling_behind")
+    ):  # `up`'s lag watch (docs/streaming.md)
         print(f"WARNING: since {rec['falling_behind']}", file=sys.stderr)
     return EXIT_OK
 
 
 def _broker_access(dep, rec: dict | None) -> str | None:
     """Who can reach the embedded broker of a running `up` (None: a configured broker, or none running)."""
-    if dep.broker or os.environ.get("DPSTREAM_BROKER") or not (rec and rec.get("alive") and rec.get("broker")):
+    if (
+        dep.broker
+        or os.environ.get("DPSTREAM_BROKER")
+        or not (rec and rec.get("alive") and rec.get("broker"))
+    ):
         return None
     if rec.get("broker_tls"):
-        return (f"the embedded broker at {rec['broker']} takes only clients with this deployment's certificate "
-                f"(mutual TLS; files in {rec['broker_tls']}); no other local user reaches it")
-    return (f"the embedded broker at {rec['broker']} asks for no credentials: every local user reads and writes "
-            "every topic (DPSTREAM_EMBEDDED_BROKER=open)")
+        return (
+            f"the embedded broker at {rec['broker']} takes only clients with this deployment's certificate "
+            f"(mutual TLS; files in {rec['broker_tls']}); no other local user reaches it"
+        )
+    return (
+        f"the embedded broker at {rec['broker']} asks for no credentials: every local user reads and writes "
+        "every topic (DPSTREAM_EMBEDDED_BROKER=open)"
+    )
 
 
 @contextlib.contextmanager
@@ -388,9 +494,14 @@ def _redis_at_rest(dep: Deployment):
 
     data = dpstream_home() / dep.name / "redis"
     if not data.is_dir():
-        raise SystemExit(_fail(EXIT_CONFIG, f"deployment {dep.name!r} names no broker/Redis, no `dpstream up` is "
-                                            f"running for it (no {endpoints_file(dep.name)}) and it has no state in "
-                                            f"{data}"))
+        raise SystemExit(
+            _fail(
+                EXIT_CONFIG,
+                f"deployment {dep.name!r} names no broker/Redis, no `dpstream up` is "
+                f"running for it (no {endpoints_file(dep.name)}) and it has no state in "
+                f"{data}",
+            )
+        )
     redis = EmbeddedRedis(data).start()
     try:
         yield redis.url, f"the embedded Redis's data in {data}"
@@ -426,8 +537,9 @@ def cmd_plan(args) -> int:
     dep = _load(args.config)
     # a started deployment's plan is the one it runs under: another file's would be read as its own
     # (a sweep varies a key of the deployment's own file); not started: any file is planned
-    refuse_if_started_differently(dep, "; to plan another configuration, give it a deployment "
-                                       "name of its own")
+    refuse_if_started_differently(
+        dep, "; to plan another configuration, give it a deployment name of its own"
+    )
     if getattr(args, "sweep", None) or getattr(args, "target", None):
         from pipeline.cli.plan_search import cmd_plan_search
 

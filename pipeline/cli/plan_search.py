@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 def _default_key(dep: Deployment, release: str) -> str:
     rel = next((r for r in dep.releases if r.name == release), None)
     if rel is None:
-        raise ValueError(f"--target: no release named {release!r} "
-                         f"(releases: {', '.join(r.name for r in dep.releases)})")
+        raise ValueError(
+            f"--target: no release named {release!r} "
+            f"(releases: {', '.join(r.name for r in dep.releases)})"
+        )
     return "budget.rho" if kind_of(rel).budget == "zcdp" else "budget.epsilon"
 
 
@@ -29,8 +31,9 @@ def _current(data: dict, key: str) -> float:
     for part in key.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     if not isinstance(node, (int, float)) or isinstance(node, bool) or node <= 0:
-        raise ValueError(f"--vary {key!r} is not a positive number in the configuration; "
-                         "give --within LOW,HIGH")
+        raise ValueError(
+            f"--vary {key!r} is not a positive number in the configuration; give --within LOW,HIGH"
+        )
     return float(node)
 
 
@@ -52,8 +55,10 @@ def cmd_plan_search(args, dep: Deployment) -> int:
             return EXIT_OK
         release, sep, share_text = args.target.partition("=")
         if not sep:
-            raise ValueError("--target must look like RELEASE=SHARE (e.g. poverty-quarterly=0.02), "
-                             f"got {args.target!r}")
+            raise ValueError(
+                "--target must look like RELEASE=SHARE (e.g. poverty-quarterly=0.02), "
+                f"got {args.target!r}"
+            )
         try:
             share = float(share_text)
         except ValueError:

@@ -31,10 +31,12 @@ def held_conflicts(dep: Deployment, view, counts: dict[int, int]) -> tuple[list[
             continue
         sure = max(0, sending + held - dep.n)
         certain += sure
-        lines.append(f"step {step}: the workers already hold accepted reports of {held:,} of "
-                     f"{dep.n:,} users; a report of one of them is rejected as duplicate (the "
-                     f"first report of a (user, step) wins): at least {sure:,} of the "
-                     f"{sending:,} to send" + (", all of them" if sure == sending else ""))
+        lines.append(
+            f"step {step}: the workers already hold accepted reports of {held:,} of "
+            f"{dep.n:,} users; a report of one of them is rejected as duplicate (the "
+            f"first report of a (user, step) wins): at least {sure:,} of the "
+            f"{sending:,} to send" + (", all of them" if sure == sending else "")
+        )
     return lines, certain
 
 
@@ -43,8 +45,9 @@ def mark_dead_letters(dep: Deployment, broker: str) -> dict:
     from pipeline.fates import dead_letter_mark
     from pipeline.stream.kafka.topics import topic_names, topic_partitions
 
-    return dead_letter_mark(broker, topic_names(dep)["dead-letter"],
-                            topic_partitions(dep)["dead-letter"])
+    return dead_letter_mark(
+        broker, topic_names(dep)["dead-letter"], topic_partitions(dep)["dead-letter"]
+    )
 
 
 def report_fates(dep: Deployment, receipt, mark, timeout: float) -> int:
@@ -59,21 +62,38 @@ def report_fates(dep: Deployment, receipt, mark, timeout: float) -> int:
     broker, redis_url = _endpoints(dep)
     store = StateStore.from_url(redis_url, dep.name)
     waiting = progress_printer("waiting for the workers' verdict: handled", " reports")
-    fates = await_fates(store, broker, topic_names(dep), dep.topics.partitions, receipt, mark,
-                        timeout, progress=waiting)
+    fates = await_fates(
+        store,
+        broker,
+        topic_names(dep),
+        dep.topics.partitions,
+        receipt,
+        mark,
+        timeout,
+        progress=waiting,
+    )
     print(fates.summary())
     rejected = sum(fates.rejected.values())
     if rejected:
-        return _fail(EXIT_REJECTED, f"{rejected:,} of the {fates.sent:,} reports sent were "
-                                    "rejected by the workers (dead-lettered); `dpstream "
-                                    "dead-letters --examples 3` shows why")
+        return _fail(
+            EXIT_REJECTED,
+            f"{rejected:,} of the {fates.sent:,} reports sent were "
+            "rejected by the workers (dead-lettered); `dpstream "
+            "dead-letters --examples 3` shows why",
+        )
     if fates.unknown:
-        return _fail(EXIT_RUNTIME, f"{fates.unknown:,} reports sent and acknowledged were not "
-                                   f"handled by the workers within {timeout:g} s (are they "
-                                   "running? `dpstream status`); their fate is not known: "
-                                   "`dpstream dead-letters` lists rejections later")
+        return _fail(
+            EXIT_RUNTIME,
+            f"{fates.unknown:,} reports sent and acknowledged were not "
+            f"handled by the workers within {timeout:g} s (are they "
+            "running? `dpstream status`); their fate is not known: "
+            "`dpstream dead-letters` lists rejections later",
+        )
     if fates.unapplied_forwards:
-        return _fail(EXIT_RUNTIME, "reports forwarded between partitions were not all applied "
-                                   f"within {timeout:g} s: some counted as accepted may still be "
-                                   "rejected; `dpstream dead-letters` lists rejections later")
+        return _fail(
+            EXIT_RUNTIME,
+            "reports forwarded between partitions were not all applied "
+            f"within {timeout:g} s: some counted as accepted may still be "
+            "rejected; `dpstream dead-letters` lists rejections later",
+        )
     return EXIT_OK

@@ -33,8 +33,11 @@ COUNTERS = ("tree", "factorization", "blt", "auto")
 #: step is cheap; beyond, its step and memory grow with T while the BLT's stay constant.
 BLT_ABOVE_HORIZON = 1024
 _BY_NAME = {"tree": TreeCounter, "factorization": SqrtFactorizationCounter, "blt": BLTCounter}
-_BY_KIND: dict[str, type[TreeCounter | SqrtFactorizationCounter | BLTCounter]] = {"tree_counter": TreeCounter, SqrtFactorizationCounter._kind: SqrtFactorizationCounter,
-            BLTCounter._kind: BLTCounter}
+_BY_KIND: dict[str, type[TreeCounter | SqrtFactorizationCounter | BLTCounter]] = {
+    "tree_counter": TreeCounter,
+    SqrtFactorizationCounter._kind: SqrtFactorizationCounter,
+    BLTCounter._kind: BLTCounter,
+}
 
 
 def check_counter(counter, name: str = "counter") -> str:
@@ -55,7 +58,9 @@ def resolve_counter(counter: str, horizon: int) -> str:
 
 def make_counter(counter: str, horizon: int, rho: float, seed=None, neighbours: str = "add_remove"):
     """A ρ-zCDP continual counter of the named kind (or "auto", :func:`resolve_counter`) over ``horizon`` steps."""
-    return _BY_NAME[resolve_counter(counter, horizon)](horizon, rho, seed=seed, neighbours=neighbours)
+    return _BY_NAME[resolve_counter(counter, horizon)](
+        horizon, rho, seed=seed, neighbours=neighbours
+    )
 
 
 def counter_from_state(state, rng=None):

@@ -68,7 +68,13 @@ from .factorization import (
     toeplitz_delta2,
 )
 
-__all__ = ["BLTCounter", "DEFAULT_BUFFERS", "DEFAULT_BLT_SCALE", "blt_parameters", "blt_coefficients"]
+__all__ = [
+    "BLTCounter",
+    "DEFAULT_BUFFERS",
+    "DEFAULT_BLT_SCALE",
+    "blt_parameters",
+    "blt_coefficients",
+]
 
 DEFAULT_BUFFERS = 6
 DEFAULT_BLT_SCALE = 1 << 24
@@ -77,13 +83,19 @@ _EPS_BITS = 20  # ε ≤ 2^−20
 
 
 @functools.lru_cache(maxsize=64)
-def blt_parameters(horizon: int, buffers: int = DEFAULT_BUFFERS) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def blt_parameters(
+    horizon: int, buffers: int = DEFAULT_BUFFERS
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Dyadic BLT numerators (a_j, w_j), θ_j = a_j/2^48, ω_j = w_j/2^48, fitting the square-root
     coefficients over ``horizon`` steps (module docstring). Deterministic."""
     from scipy.optimize import nnls
 
     T = check_int(horizon, "horizon", low=1)
-    if isinstance(buffers, bool) or not isinstance(buffers, (int, np.integer)) or not 1 <= buffers <= 16:
+    if (
+        isinstance(buffers, bool)
+        or not isinstance(buffers, (int, np.integer))
+        or not 1 <= buffers <= 16
+    ):
         raise ValueError(f"buffers must be an int in [1, 16], got {buffers!r}")
     u = np.linspace(0.3, math.log(T) + 0.5, int(buffers))
     theta = -np.expm1(-u)
@@ -117,9 +129,16 @@ class BLTCounter(LatticeCounterBase):
 
     _kind = "blt_counter"
 
-    def __init__(self, horizon: int, rho: float, seed: RandomSource | int | None = None,
-                 neighbours: str = "add_remove", width: int | None = None, buffers: int = DEFAULT_BUFFERS,
-                 scale: int = DEFAULT_BLT_SCALE):
+    def __init__(
+        self,
+        horizon: int,
+        rho: float,
+        seed: RandomSource | int | None = None,
+        neighbours: str = "add_remove",
+        width: int | None = None,
+        buffers: int = DEFAULT_BUFFERS,
+        scale: int = DEFAULT_BLT_SCALE,
+    ):
         self.horizon = check_int(horizon, "horizon", low=1)
         self.rho = check_rho(rho)
         self.neighbours = check_neighbours(neighbours)
@@ -133,9 +152,13 @@ class BLTCounter(LatticeCounterBase):
         # F: fractional bits of the integer buffers, so that ε = sΣω/(2^F(1−θ)) ≤ 2^−20
         spread = self.scale * float(np.sum(self.omega / (1.0 - self.theta))) + 1.0
         self.frac_bits = max(0, math.ceil(math.log2(spread))) + _EPS_BITS
-        self.delta_c2 = toeplitz_delta2(blt_coefficients(self._a, self._w, self.horizon), self.neighbours)
+        self.delta_c2 = toeplitz_delta2(
+            blt_coefficients(self._a, self._w, self.horizon), self.neighbours
+        )
         eps = 2.0**-_EPS_BITS
-        delta_q = (self.scale * math.sqrt(self.delta_c2) + (1.0 + eps) * math.sqrt(self.horizon)) * (1 + 1e-12)
+        delta_q = (
+            self.scale * math.sqrt(self.delta_c2) + (1.0 + eps) * math.sqrt(self.horizon)
+        ) * (1 + 1e-12)
         self.sensitivity2 = delta_q * delta_q
         self.sigma2 = sigma2_for(self.sensitivity2, self.rho)
         check_sampler_range(self.sigma2, self.rho)
@@ -153,8 +176,10 @@ class BLTCounter(LatticeCounterBase):
         x = [int(v) for v in check_increment(z, self.width)]
         s, shift, F = self.scale, _PARAM_BITS + self.frac_bits, self.frac_bits
         # the integer query q_t(x), exact (Python integers)
-        q = [s * x[i] + (sum(self._w[j] * s * self._h[j][i] for j in range(self.buffers)) >> shift)
-             for i in range(len(x))]
+        q = [
+            s * x[i] + (sum(self._w[j] * s * self._h[j][i] for j in range(self.buffers)) >> shift)
+            for i in range(len(x))
+        ]
         noise, rest = self._next_noise()
         y = np.array([float(qi + int(zi)) for qi, zi in zip(q, noise)])
         # decoding from y alone: u_t = y_t − Σ_j ω_j G_j, then G_j ← θ_j G_j + u_t
@@ -162,8 +187,10 @@ class BLTCounter(LatticeCounterBase):
         total = self._sum + u
         out = rounded_output(total / s, self.width)
         # commit
-        self._h = [[((self._a[j] * self._h[j][i]) >> _PARAM_BITS) + (x[i] << F) for i in range(len(x))]
-                   for j in range(self.buffers)]
+        self._h = [
+            [((self._a[j] * self._h[j][i]) >> _PARAM_BITS) + (x[i] << F) for i in range(len(x))]
+            for j in range(self.buffers)
+        ]
         self._g = self.theta[:, None] * self._g + u[None, :]
         self._sum = total
         self._pending = rest
@@ -200,19 +227,40 @@ class BLTCounter(LatticeCounterBase):
     # -- state ------------------------------------------------------------------------------
     def get_state(self, include_rng: bool = True) -> dict[str, Any]:
         return {
-            "kind": self._kind, "horizon": self.horizon, "rho": self.rho, "neighbours": self.neighbours,
-            "width": self.width, "buffers": self.buffers, "scale": self.scale, "sigma2": self.sigma2,
-            "t": self.t, "h": [list(row) for row in self._h], "g": self._g.copy(), "sum": self._sum.copy(),
-            "pending": self._pending.copy(), "rng": self.rng.get_state() if include_rng else None,
+            "kind": self._kind,
+            "horizon": self.horizon,
+            "rho": self.rho,
+            "neighbours": self.neighbours,
+            "width": self.width,
+            "buffers": self.buffers,
+            "scale": self.scale,
+            "sigma2": self.sigma2,
+            "t": self.t,
+            "h": [list(row) for row in self._h],
+            "g": self._g.copy(),
+            "sum": self._sum.copy(),
+            "pending": self._pending.copy(),
+            "rng": self.rng.get_state() if include_rng else None,
         }
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any], rng: RandomSource | int | None = None) -> BLTCounter:
+    def from_state(
+        cls, state: Mapping[str, Any], rng: RandomSource | int | None = None
+    ) -> BLTCounter:
         rng = restore_random_source(state, cls._kind, rng)
-        c = cls(state["horizon"], state["rho"], seed=rng, neighbours=state["neighbours"], width=state["width"],
-                buffers=state["buffers"], scale=state["scale"])
+        c = cls(
+            state["horizon"],
+            state["rho"],
+            seed=rng,
+            neighbours=state["neighbours"],
+            width=state["width"],
+            buffers=state["buffers"],
+            scale=state["scale"],
+        )
         if c.sigma2 != state["sigma2"]:
-            raise ValueError(f"stored sigma2={state['sigma2']!r} differs from this version's {c.sigma2!r}")
+            raise ValueError(
+                f"stored sigma2={state['sigma2']!r} differs from this version's {c.sigma2!r}"
+            )
         c.t = check_stored_step(state["t"], c.horizon)
         h = [[int(v) for v in row] for row in state["h"]]
         if len(h) != c.buffers or any(len(row) != len(c._h[0]) for row in h):
@@ -220,12 +268,16 @@ class BLTCounter(LatticeCounterBase):
         for name in ("g", "sum"):
             ref, arr = getattr(c, "_" + name), np.asarray(state[name])
             if arr.shape != ref.shape or arr.dtype != ref.dtype:
-                raise ValueError(f"stored {name} has shape {arr.shape} dtype {arr.dtype}, expected {ref.shape} {ref.dtype}")
+                raise ValueError(
+                    f"stored {name} has shape {arr.shape} dtype {arr.dtype}, expected {ref.shape} {ref.dtype}"
+                )
             setattr(c, "_" + name, arr.copy())
         c._h = h
         c._restore_pending(state)
         return c
 
     def __repr__(self) -> str:
-        return (f"BLTCounter(horizon={self.horizon}, rho={self.rho}, neighbours={self.neighbours!r}, "
-                f"buffers={self.buffers}, width={self.width}, t={self.t})")
+        return (
+            f"BLTCounter(horizon={self.horizon}, rho={self.rho}, neighbours={self.neighbours!r}, "
+            f"buffers={self.buffers}, width={self.width}, t={self.t})"
+        )

@@ -95,7 +95,9 @@ def lattice_coefficients(coefficients: np.ndarray, scale: int) -> np.ndarray:
     """round(scale·c) as int64; refuses a zero diagonal (C_int must be invertible)."""
     c = np.rint(np.asarray(coefficients, dtype=np.float64) * int(scale)).astype(np.int64)
     if c.size == 0 or c[0] == 0:
-        raise ValueError("the lattice factor's diagonal round(scale·c_0) is 0: C_int would be singular")
+        raise ValueError(
+            "the lattice factor's diagonal round(scale·c_0) is 0: C_int would be singular"
+        )
     return c
 
 
@@ -148,7 +150,9 @@ def sigma2_for(delta2, rho: float) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def unit_rho_max_variance(horizon: int, neighbours: str = "add_remove", scale: int = 1 << 16) -> float:
+def unit_rho_max_variance(
+    horizon: int, neighbours: str = "add_remove", scale: int = 1 << 16
+) -> float:
     """ρ·max_t Var(S̃_t − S_t) of :class:`SqrtFactorizationCounter` (the σ² bound): Δ²·Σ_{k<T} β_k²/2.
     Independent of ρ; the max is at t = T since every step adds a β² term."""
     T = check_int(horizon, "horizon", low=1)
@@ -188,7 +192,9 @@ def check_sampler_range(sigma2: float, rho: float) -> None:
     try:
         _noise.exact_sigma2(sigma2)
     except ValueError as exc:
-        raise ValueError(f"rho={rho} gives sigma2={sigma2!r}, outside the sampler's range: {exc}") from None
+        raise ValueError(
+            f"rho={rho} gives sigma2={sigma2!r}, outside the sampler's range: {exc}"
+        ) from None
 
 
 def rounded_output(total: np.ndarray, width: int | None):
@@ -249,9 +255,15 @@ class LatticeCounterBase:
 
     def _restore_pending(self, state: Mapping[str, Any]) -> None:
         pending = np.asarray(state.get("pending", np.zeros((0, self._lanes()))), dtype=np.int64)
-        if pending.ndim != 2 or pending.shape[1] != self._lanes() or pending.shape[0] > self.horizon - self.t:
-            raise ValueError(f"stored pending noise has shape {pending.shape}, expected "
-                             f"(≤ {self.horizon - self.t}, {self._lanes()})")
+        if (
+            pending.ndim != 2
+            or pending.shape[1] != self._lanes()
+            or pending.shape[0] > self.horizon - self.t
+        ):
+            raise ValueError(
+                f"stored pending noise has shape {pending.shape}, expected "
+                f"(≤ {self.horizon - self.t}, {self._lanes()})"
+            )
         self._pending = pending.copy()
 
     @property
@@ -262,7 +274,8 @@ class LatticeCounterBase:
     def _refuse_past_horizon(self) -> None:
         if self.t >= self.horizon:
             raise HorizonExceededError(
-                f"update for step {self.t + 1} refused: the counter's horizon is {self.horizon}")
+                f"update for step {self.t + 1} refused: the counter's horizon is {self.horizon}"
+            )
 
 
 class SqrtFactorizationCounter(LatticeCounterBase):
@@ -279,8 +292,15 @@ class SqrtFactorizationCounter(LatticeCounterBase):
 
     _kind = "sqrt_factorization_counter"
 
-    def __init__(self, horizon: int, rho: float, seed: RandomSource | int | None = None,
-                 neighbours: str = "add_remove", width: int | None = None, scale: int = DEFAULT_SCALE):
+    def __init__(
+        self,
+        horizon: int,
+        rho: float,
+        seed: RandomSource | int | None = None,
+        neighbours: str = "add_remove",
+        width: int | None = None,
+        scale: int = DEFAULT_SCALE,
+    ):
         self.horizon = check_int(horizon, "horizon", low=1)
         self.rho = check_rho(rho)
         self.neighbours = check_neighbours(neighbours)
@@ -351,9 +371,18 @@ class SqrtFactorizationCounter(LatticeCounterBase):
     def get_state(self, include_rng: bool = True) -> dict[str, Any]:
         """Everything needed to continue bit-for-bit (see :mod:`pipeline.serialization`)."""
         return {
-            "kind": self._kind, "horizon": self.horizon, "rho": self.rho, "neighbours": self.neighbours,
-            "width": self.width, "scale": self.scale, "sigma2": self.sigma2, "t": self.t,
-            "x": self._x.copy(), "u": self._u.copy(), "sum": self._sum.copy(), "pending": self._pending.copy(),
+            "kind": self._kind,
+            "horizon": self.horizon,
+            "rho": self.rho,
+            "neighbours": self.neighbours,
+            "width": self.width,
+            "scale": self.scale,
+            "sigma2": self.sigma2,
+            "t": self.t,
+            "x": self._x.copy(),
+            "u": self._u.copy(),
+            "sum": self._sum.copy(),
+            "pending": self._pending.copy(),
             "rng": self.rng.get_state() if include_rng else None,
         }
 
@@ -362,21 +391,33 @@ class SqrtFactorizationCounter(LatticeCounterBase):
         """Restore from :meth:`get_state`; ``rng`` replaces the stored source (needed when the
         state was taken with ``include_rng=False``)."""
         rng = restore_random_source(state, cls._kind, rng)
-        c = cls(state["horizon"], state["rho"], seed=rng, neighbours=state["neighbours"],
-                width=state["width"], scale=state["scale"])
+        c = cls(
+            state["horizon"],
+            state["rho"],
+            seed=rng,
+            neighbours=state["neighbours"],
+            width=state["width"],
+            scale=state["scale"],
+        )
         if c.sigma2 != state["sigma2"]:  # never mix two noise calibrations in one stream
-            raise ValueError(f"stored sigma2={state['sigma2']!r} differs from this version's {c.sigma2!r}")
+            raise ValueError(
+                f"stored sigma2={state['sigma2']!r} differs from this version's {c.sigma2!r}"
+            )
         c.t = check_stored_step(state["t"], c.horizon)
         for name in ("x", "u", "sum"):
             ref = getattr(c, "_" + name)
             arr = np.asarray(state[name])
             if arr.shape != ref.shape or arr.dtype != ref.dtype:
-                raise ValueError(f"stored {name} has shape {arr.shape} dtype {arr.dtype}, "
-                                 f"expected {ref.shape} {ref.dtype}")
+                raise ValueError(
+                    f"stored {name} has shape {arr.shape} dtype {arr.dtype}, "
+                    f"expected {ref.shape} {ref.dtype}"
+                )
             setattr(c, "_" + name, arr.copy())
         c._restore_pending(state)
         return c
 
     def __repr__(self) -> str:
-        return (f"SqrtFactorizationCounter(horizon={self.horizon}, rho={self.rho}, "
-                f"neighbours={self.neighbours!r}, width={self.width}, t={self.t})")
+        return (
+            f"SqrtFactorizationCounter(horizon={self.horizon}, rho={self.rho}, "
+            f"neighbours={self.neighbours!r}, width={self.width}, t={self.t})"
+        )

@@ -75,7 +75,11 @@ def tree_levels(horizon: int) -> int:
 
 def tree_sigma2(horizon: int, rho: float, neighbours: str = "add_remove") -> float:
     """Per-node σ² making the counter ρ-zCDP: σ² = factor·L/(2ρ), factor 1 (add_remove) or 2 (replace)."""
-    return sensitivity_factor(check_neighbours(neighbours)) * tree_levels(horizon) / (2.0 * check_rho(rho))
+    return (
+        sensitivity_factor(check_neighbours(neighbours))
+        * tree_levels(horizon)
+        / (2.0 * check_rho(rho))
+    )
 
 
 def released_nodes(horizon: int) -> list[tuple[int, int, int]]:
@@ -103,8 +107,14 @@ class TreeCounter:
     ρ/(2L) for replace), ``t`` (steps consumed), ``rng``.
     """
 
-    def __init__(self, horizon: int, rho: float, seed: RandomSource | int | None = None,
-                 neighbours: str = "add_remove", width: int | None = None):
+    def __init__(
+        self,
+        horizon: int,
+        rho: float,
+        seed: RandomSource | int | None = None,
+        neighbours: str = "add_remove",
+        width: int | None = None,
+    ):
         self.horizon = check_int(horizon, "horizon", low=1)
         self.rho = check_rho(rho)
         self.neighbours = check_neighbours(neighbours)
@@ -120,8 +130,10 @@ class TreeCounter:
         try:  # fail at construction, not at the first update, if the sampler cannot use this σ²
             _noise.exact_sigma2(self.sigma2)
         except ValueError as exc:
-            raise ValueError(f"rho={self.rho} with horizon={self.horizon} gives per-node sigma2="
-                             f"{self.sigma2!r}, outside the sampler's range: {exc}") from None
+            raise ValueError(
+                f"rho={self.rho} with horizon={self.horizon} gives per-node sigma2="
+                f"{self.sigma2!r}, outside the sampler's range: {exc}"
+            ) from None
         self._n = 1 if width is None else width
         shape = (self.levels, self._n)  # one column per counter (a single counter: one column)
         self._alpha = np.zeros(shape, dtype=np.int64)  # true node sums α
@@ -133,7 +145,8 @@ class TreeCounter:
         """Consume the increment of step t = self.t + 1 and return the noisy prefix sum S̃_t."""
         if self.t >= self.horizon:
             raise HorizonExceededError(
-                f"update for step {self.t + 1} refused: the counter's horizon is {self.horizon}")
+                f"update for step {self.t + 1} refused: the counter's horizon is {self.horizon}"
+            )
         z = self._check_z(z)
         t = self.t + 1
         i = (t & -t).bit_length() - 1
@@ -149,7 +162,9 @@ class TreeCounter:
         return self._prefix(t)
 
     def _discrete_gaussian(self, n: int) -> np.ndarray:
-        return np.asarray(_noise.discrete_gaussian(self.sigma2, n, rng=self.rng), dtype=np.int64).reshape(n)
+        return np.asarray(
+            _noise.discrete_gaussian(self.sigma2, n, rng=self.rng), dtype=np.int64
+        ).reshape(n)
 
     def _prefix(self, t: int):
         bits = [j for j in range(self.levels) if (t >> j) & 1]
@@ -197,7 +212,11 @@ class TreeCounter:
     def variance_at(self, t: int) -> float:
         """popcount(t)·σ²: variance of S̃_t − S_t for the continuous Gaussian and an upper bound for
         the discrete one used here (whose variance is < σ²)."""
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 1 <= t <= self.horizon:
+        if (
+            isinstance(t, bool)
+            or not isinstance(t, (int, np.integer))
+            or not 1 <= t <= self.horizon
+        ):
             raise ValueError(f"t must be an int in [1, {self.horizon}], got {t!r}")
         return bin(int(t)).count("1") * self.sigma2
 
@@ -227,28 +246,42 @@ class TreeCounter:
         }
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any], rng: RandomSource | int | None = None) -> TreeCounter:
+    def from_state(
+        cls, state: Mapping[str, Any], rng: RandomSource | int | None = None
+    ) -> TreeCounter:
         """Restore a counter from :meth:`get_state`. ``rng``, if given, replaces the stored source
         (needed when the state was taken with ``include_rng=False``)."""
         rng = restore_random_source(state, _STATE_KIND, rng, what="tree counter")
-        c = cls(state["horizon"], state["rho"], seed=rng, neighbours=state["neighbours"], width=state["width"])
+        c = cls(
+            state["horizon"],
+            state["rho"],
+            seed=rng,
+            neighbours=state["neighbours"],
+            width=state["width"],
+        )
         # Released noise was calibrated with the stored σ²; refuse to continue under another
         # calibration rather than mix two noise scales in one tree.
         if c.sigma2 != state["sigma2"]:
-            raise ValueError(f"stored sigma2={state['sigma2']!r} differs from this version's {c.sigma2!r}")
+            raise ValueError(
+                f"stored sigma2={state['sigma2']!r} differs from this version's {c.sigma2!r}"
+            )
         t = int(state["t"])
         if not 0 <= t <= c.horizon:
             raise ValueError(f"stored t={t} is outside [0, {c.horizon}]")
         for name in ("alpha", "alpha_noisy"):
             arr = np.asarray(state[name])
             if arr.shape != c._alpha.shape or arr.dtype != np.int64:
-                raise ValueError(f"stored {name} has shape {arr.shape} dtype {arr.dtype}, "
-                                 f"expected {c._alpha.shape} int64")
+                raise ValueError(
+                    f"stored {name} has shape {arr.shape} dtype {arr.dtype}, "
+                    f"expected {c._alpha.shape} int64"
+                )
         c._alpha = np.array(state["alpha"], dtype=np.int64)
         c._alpha_noisy = np.array(state["alpha_noisy"], dtype=np.int64)
         c.t = t
         return c
 
     def __repr__(self) -> str:
-        return (f"TreeCounter(horizon={self.horizon}, rho={self.rho}, neighbours={self.neighbours!r}, "
-                f"width={self.width}, t={self.t})")
+        return (
+            f"TreeCounter(horizon={self.horizon}, rho={self.rho}, neighbours={self.neighbours!r}, "
+            f"width={self.width}, t={self.t})"
+        )

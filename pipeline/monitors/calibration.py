@@ -109,12 +109,16 @@ def threshold_monitor_noise(epsilon: float, delta: float) -> tuple[float, float,
     b = math.log(1.0 / delta) / epsilon
     if b <= math.e:
         # Δ = b·ln b must exceed b for the cap to sit above the scale of v (and be positive at all).
-        raise ValueError(f"epsilon must satisfy ln(1/delta)/epsilon > e, got epsilon={epsilon!r}, delta={delta!r}")
+        raise ValueError(
+            f"epsilon must satisfy ln(1/delta)/epsilon > e, got epsilon={epsilon!r}, delta={delta!r}"
+        )
     big_delta = b * math.log(b)
     return big_delta, 10.0 * big_delta, b
 
 
-def threshold_monitor_privacy(epsilon: float, delta: float, k: float, neighbours: str = "replace") -> ApproxDP:
+def threshold_monitor_privacy(
+    epsilon: float, delta: float, k: float, neighbours: str = "replace"
+) -> ApproxDP:
     """(ε, δ) of ThresholdMonitor / ThresholdMonitorEvolving with internal parameters (ε̃, δ̃) = (epsilon, delta).
 
     * ``add_remove``: Theorem 3.2 directly, (ξ, 3δ̃) (and Theorem 4.4's reduction, which encodes user
@@ -132,7 +136,9 @@ def threshold_monitor_privacy(epsilon: float, delta: float, k: float, neighbours
     return ApproxDP(2.0 * xi, min(1.0, (1.0 + math.exp(xi)) * 3.0 * delta))
 
 
-def calibrate_threshold_monitor(epsilon: float, delta: float, k: float, neighbours: str = "replace") -> tuple[float, float]:
+def calibrate_threshold_monitor(
+    epsilon: float, delta: float, k: float, neighbours: str = "replace"
+) -> tuple[float, float]:
     """Internal (ε̃, δ̃) of ThresholdMonitor(Evolving) so that :func:`threshold_monitor_privacy`
     (Kaplan–Mansour–Stemmer Theorem 3.2, with group privacy for ``replace``) equals the target (ε, δ).
 
@@ -147,8 +153,10 @@ def calibrate_threshold_monitor(epsilon: float, delta: float, k: float, neighbou
         xi, delta_t = epsilon, delta / 3.0
     else:
         if epsilon / 2.0 > 700.0:  # e^{ε/2} overflows a double and δ̃ would underflow to 0
-            raise ValueError(f"epsilon={epsilon} is too large for the replace calibration: "
-                             "δ̃ = δ/(3(1 + e^(ε/2))) underflows")
+            raise ValueError(
+                f"epsilon={epsilon} is too large for the replace calibration: "
+                "δ̃ = δ/(3(1 + e^(ε/2))) underflows"
+            )
         xi, delta_t = epsilon / 2.0, delta / (3.0 * (1.0 + math.exp(epsilon / 2.0)))
     eps_t = xi / (75.0 * (k + 1.0) / math.log(1.0 / delta_t) + 25.0)
     return eps_t, delta_t
@@ -227,7 +235,9 @@ class TargetChargingAccountant:
     def basic(self, alpha: float, exact: bool = True) -> TCTBound:
         r = self.r(alpha)
         ds = self.delta_star(alpha, exact)
-        return TCTBound(float(r * self.epsilon), float(self.c_delta + ds), "basic", alpha, r, ds, 0.0)
+        return TCTBound(
+            float(r * self.epsilon), float(self.c_delta + ds), "basic", alpha, r, ds, 0.0
+        )
 
     def advanced(self, alpha: float, delta: float, exact: bool = True) -> TCTBound:
         delta = _pos(delta, "delta", high=1.0, high_open=True)
@@ -236,8 +246,9 @@ class TargetChargingAccountant:
         eps = 0.5 * r * self.epsilon**2 + self.epsilon * math.sqrt(2.0 * r * math.log(1.0 / delta))
         return TCTBound(eps, delta + self.c_delta + ds, "advanced", alpha, r, ds, delta)
 
-    def best(self, delta: float, exact: bool = True,
-             forms: tuple[str, ...] = TCT_FORMS) -> TCTBound:
+    def best(
+        self, delta: float, exact: bool = True, forms: tuple[str, ...] = TCT_FORMS
+    ) -> TCTBound:
         """Smallest ε over whole caps m of data-holder calls (α = mq/τ − 1) and over the
         composition theorems in ``forms`` for the m ε-DP calls, such that the total δ ≤
         ``delta``.
@@ -273,8 +284,14 @@ class TargetChargingAccountant:
         assert refined is not None  # at least ``best``
         return refined
 
-    def _best_over(self, caps: np.ndarray, budget: float, exact: bool, forms: tuple[str, ...],
-                   best: TCTBound | None) -> TCTBound | None:
+    def _best_over(
+        self,
+        caps: np.ndarray,
+        budget: float,
+        exact: bool,
+        forms: tuple[str, ...],
+        best: TCTBound | None,
+    ) -> TCTBound | None:
         """Scan ascending ``caps``; stop once the optimal composition at the whole ``budget`` (a
         lower bound for every form at every larger cap: it grows with m) reaches the best ε."""
         eps0 = self.epsilon
@@ -291,13 +308,23 @@ class TargetChargingAccountant:
                 break
             cands: list[TCTBound] = []
             if "basic" in forms:
-                cands.append(TCTBound(m * eps0, self.c_delta + ds, "basic", alpha, float(m), ds,
-                                      0.0))
+                cands.append(
+                    TCTBound(m * eps0, self.c_delta + ds, "basic", alpha, float(m), ds, 0.0)
+                )
             if composed_forms:
                 d_comp = budget - ds
                 composed = tightest_epsilon(eps0, m, d_comp, composed_forms)
-                cands.append(TCTBound(composed.epsilon, self.c_delta + ds + d_comp, composed.form, alpha,
-                                      float(m), ds, d_comp))
+                cands.append(
+                    TCTBound(
+                        composed.epsilon,
+                        self.c_delta + ds + d_comp,
+                        composed.form,
+                        alpha,
+                        float(m),
+                        ds,
+                        d_comp,
+                    )
+                )
             for cand in cands:
                 if best is None or cand.epsilon < best.epsilon:
                     best = cand
@@ -323,8 +350,9 @@ def tct_hits_per_user(tau: int, neighbours: str) -> int:
     return tau if neighbours == "add_remove" else 2 * tau
 
 
-def individual_charging_privacy(epsilon0: float, tau: int, delta: float, neighbours: str = "replace",
-                                exact: bool = True) -> TCTBound:
+def individual_charging_privacy(
+    epsilon0: float, tau: int, delta: float, neighbours: str = "replace", exact: bool = True
+) -> TCTBound:
     """(ε, δ) of SVT with individual charging (Cohen–Lyu Algorithm 5) with noise Lap(1/ε₀) and removal
     after τ hits, at total δ: Theorem B.4 per user with NotPrior q = 1/(e^{ε₀}+1) and
     :func:`tct_hits_per_user` hits, the cap and the composition theorem optimised
@@ -333,8 +361,9 @@ def individual_charging_privacy(epsilon0: float, tau: int, delta: float, neighbo
     return TargetChargingAccountant(epsilon0, hits).best(delta, exact=exact)
 
 
-def calibrate_individual_charging(epsilon: float, delta: float, tau: int, neighbours: str = "replace",
-                                  exact: bool = True) -> float:
+def calibrate_individual_charging(
+    epsilon: float, delta: float, tau: int, neighbours: str = "replace", exact: bool = True
+) -> float:
     """Largest ε₀ such that :func:`individual_charging_privacy` (Cohen–Lyu Theorem B.4) ≤ (ε, δ)."""
     epsilon = _pos(epsilon, "epsilon")
     delta = _pos(delta, "delta", high=1.0, high_open=True)
@@ -344,7 +373,9 @@ def calibrate_individual_charging(epsilon: float, delta: float, tau: int, neighb
 
 
 @lru_cache(maxsize=256)
-def _calibrate_individual_charging(epsilon: float, delta: float, tau: int, neighbours: str, exact: bool) -> float:
+def _calibrate_individual_charging(
+    epsilon: float, delta: float, tau: int, neighbours: str, exact: bool
+) -> float:
     def eps_of(e0: float) -> float:
         try:
             return individual_charging_privacy(e0, tau, delta, neighbours, exact).epsilon
@@ -353,7 +384,9 @@ def _calibrate_individual_charging(epsilon: float, delta: float, tau: int, neigh
 
     lo = epsilon * 1e-9
     if eps_of(lo) > epsilon:
-        raise ValueError(f"delta={delta!r} is too small for tau={tau} (no alpha makes delta* small enough)")
+        raise ValueError(
+            f"delta={delta!r} is too small for tau={tau} (no alpha makes delta* small enough)"
+        )
     return _bisect_max(eps_of, lo, epsilon, epsilon, iters=80)
 
 
@@ -383,10 +416,14 @@ def calibrate_svt_restart(epsilon: float, delta: float, max_tops: int) -> float:
     epsilon = _pos(epsilon, "epsilon")
     delta = _pos(delta, "delta", high=1.0, high_open=True)
     max_tops = _posint(max_tops, "max_tops")
-    return _bisect_max(lambda e1: svt_restart_privacy(e1, max_tops, delta).epsilon, 0.0, epsilon, epsilon)
+    return _bisect_max(
+        lambda e1: svt_restart_privacy(e1, max_tops, delta).epsilon, 0.0, epsilon, epsilon
+    )
 
 
-def naive_privacy(sigma2: float, horizon: int, delta: float, neighbours: str = "replace") -> ApproxDP:
+def naive_privacy(
+    sigma2: float, horizon: int, delta: float, neighbours: str = "replace"
+) -> ApproxDP:
     """Per-step histogram with discrete Gaussian noise DG(σ²) per bin over ``horizon`` steps.
     Each step is Δ₂²/(2σ²)-zCDP (CKS 2020 Thm 14; Δ₂² = 1 add_remove, 2 replace), composition adds ρ
     (Bun–Steinke Lemma 2.3), and the total is converted with the tight CKS conversion."""
@@ -397,7 +434,9 @@ def naive_privacy(sigma2: float, horizon: int, delta: float, neighbours: str = "
     return ApproxDP(zcdp_to_approx_dp(rho, delta), delta)
 
 
-def calibrate_naive(epsilon: float, delta: float, horizon: int, neighbours: str = "replace") -> float:
+def calibrate_naive(
+    epsilon: float, delta: float, horizon: int, neighbours: str = "replace"
+) -> float:
     """σ² of the naive per-step histogram so that :func:`naive_privacy` = (ε, δ): the largest total ρ
     with zcdp_to_approx_dp(ρ, δ) ≤ ε, then σ² = horizon·Δ₂²/(2ρ)."""
     epsilon = _pos(epsilon, "epsilon")
@@ -416,14 +455,18 @@ def calibrate_naive(epsilon: float, delta: float, horizon: int, neighbours: str 
 # ------------------------------------------------------------------------------------------------
 
 
-def outside_interval_privacy(a: float, delta: float, neighbours: str = "replace", exact: bool = True) -> TCTBound:
+def outside_interval_privacy(
+    a: float, delta: float, neighbours: str = "replace", exact: bool = True
+) -> TCTBound:
     """Approx-DP OutsideIntervalMonitor (Ghazi et al. Alg. 1) with noise Lap(1/a), via target charging
     (the proof of Proposition 2.2 made explicit): each call touching a record is a-DP; the non-Inside
     answers are a NotPrior target with q = 1/(1+e^a); a record's value leaves S_active at the first
     non-Inside answer it contributes to, so one hit per record (two under replace: the old and the
     new value). Theorem B.4 with those hits, α optimised."""
     a = _pos(a, "a")
-    return TargetChargingAccountant(a, outside_interval_hits_per_user(neighbours)).best(delta, exact=exact)
+    return TargetChargingAccountant(a, outside_interval_hits_per_user(neighbours)).best(
+        delta, exact=exact
+    )
 
 
 def outside_interval_hits_per_user(neighbours: str) -> int:
@@ -433,7 +476,9 @@ def outside_interval_hits_per_user(neighbours: str) -> int:
     return 1 if check_neighbours(neighbours) is Neighbours.ADD_REMOVE else 2
 
 
-def outside_interval_privacy_simplified(a: float, delta: float, neighbours: str = "replace") -> ApproxDP:
+def outside_interval_privacy_simplified(
+    a: float, delta: float, neighbours: str = "replace"
+) -> ApproxDP:
     """The notes' explicit constant (Ghazi et al. Theorem C.6 route): τ = ⌈4·ln(1/δ)⌉ hits budget,
     ε = 2τ(1+e^a)·a for add/remove, doubled (and δ doubled) for replace. Looser; for comparison."""
     a = _pos(a, "a")

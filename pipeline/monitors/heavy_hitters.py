@@ -60,9 +60,18 @@ METHODS = ("tme", "tct", "svt_restart", "naive")
 MAX_DOMAIN = 1 << 40
 
 
-def heavy_hitter_plan(method: str, domain_size: int, epsilon: float, delta: float, k: int, horizon: int,
-                      beta: float = 0.05, neighbours: str = "replace", charge_weight: int = 1,
-                      max_tops: int | None = None) -> dict[str, Any]:
+def heavy_hitter_plan(
+    method: str,
+    domain_size: int,
+    epsilon: float,
+    delta: float,
+    k: int,
+    horizon: int,
+    beta: float = 0.05,
+    neighbours: str = "replace",
+    charge_weight: int = 1,
+    max_tops: int | None = None,
+) -> dict[str, Any]:
     """Calibration, threshold and τ of a method without building the mechanism (used by the
     evaluation to plot τ against the horizon). Returns a dict with ``threshold``, ``tau``,
     ``privacy`` (ApproxDP) and the internal parameters."""
@@ -77,7 +86,11 @@ def heavy_hitter_plan(method: str, domain_size: int, epsilon: float, delta: floa
     neighbours = check_neighbours(neighbours)
     charge_weight = check_int(charge_weight, "charge_weight", low=1)
     queries = float(horizon) * float(domain_size)
-    plan: dict[str, Any] = {"method": method, "neighbours": neighbours, "charge_weight": charge_weight}
+    plan: dict[str, Any] = {
+        "method": method,
+        "neighbours": neighbours,
+        "charge_weight": charge_weight,
+    }
     if method == "svt_restart":
         max_tops = horizon if max_tops is None else check_int(max_tops, "max_tops", low=1)
         eps1 = cal.calibrate_svt_restart(epsilon, delta, max_tops)
@@ -88,8 +101,15 @@ def heavy_hitter_plan(method: str, domain_size: int, epsilon: float, delta: floa
         u_eta, l_eta = upper_quantile(eta_law, log_eta), lower_quantile(eta_law, log_eta)
         u_nu, l_nu = upper_quantile(nu_law, log_nu), lower_quantile(nu_law, log_nu)
         t = u_nu + l_eta + charge_weight - 2
-        plan.update(epsilon1=eps1, scale_eta=s_eta, scale_nu=s_nu, max_tops=max_tops, threshold=t,
-                    tau=t + u_eta + l_nu - 2, privacy=cal.svt_restart_privacy(eps1, max_tops, delta))
+        plan.update(
+            epsilon1=eps1,
+            scale_eta=s_eta,
+            scale_nu=s_nu,
+            max_tops=max_tops,
+            threshold=t,
+            tau=t + u_eta + l_nu - 2,
+            privacy=cal.svt_restart_privacy(eps1, max_tops, delta),
+        )
         return plan
     log_p = math.log(beta / (2.0 * queries))
     law: CappedSumLaw | DiscreteLaplaceLaw | DiscreteGaussianLaw
@@ -97,14 +117,25 @@ def heavy_hitter_plan(method: str, domain_size: int, epsilon: float, delta: floa
         eps_t, delta_t = cal.calibrate_threshold_monitor(epsilon, delta, k, neighbours)
         big_delta, s_w, s_v = cal.threshold_monitor_noise(eps_t, delta_t)
         law = CappedSumLaw(used_scale(s_w), used_scale(s_v), big_delta)
-        plan.update(epsilon_tilde=eps_t, delta_tilde=delta_t, Delta=big_delta, scale_w=s_w, scale_v=s_v,
-                    privacy=cal.threshold_monitor_privacy(eps_t, delta_t, k, neighbours))
+        plan.update(
+            epsilon_tilde=eps_t,
+            delta_tilde=delta_t,
+            Delta=big_delta,
+            scale_w=s_w,
+            scale_v=s_v,
+            privacy=cal.threshold_monitor_privacy(eps_t, delta_t, k, neighbours),
+        )
     elif method == "tct":
         eps0 = cal.calibrate_individual_charging(epsilon, delta, k, neighbours)
         law = DiscreteLaplaceLaw(used_scale(1.0 / eps0))
         bound = cal.individual_charging_privacy(eps0, k, delta, neighbours)
-        plan.update(epsilon0=eps0, scale=1.0 / eps0, tct_alpha=bound.alpha, tct_form=bound.form,
-                    privacy=bound.as_approx_dp())
+        plan.update(
+            epsilon0=eps0,
+            scale=1.0 / eps0,
+            tct_alpha=bound.alpha,
+            tct_form=bound.form,
+            privacy=bound.as_approx_dp(),
+        )
     else:
         sigma2 = cal.calibrate_naive(epsilon, delta, horizon, neighbours)
         law = DiscreteGaussianLaw(sigma2)
@@ -126,18 +157,61 @@ class ShiftingHeavyHitters(StatefulMixin):
     holds the published noisy counts of the last step's flagged elements.
     """
 
-    _state_fields = ("domain_size", "epsilon", "delta", "k", "horizon", "beta", "method", "neighbours",
-                     "charge_weight", "max_tops_arg", "step", "n", "engine_state", "eta", "tops", "halted",
-                     "noisy_counts", "mode")
+    _state_fields = (
+        "domain_size",
+        "epsilon",
+        "delta",
+        "k",
+        "horizon",
+        "beta",
+        "method",
+        "neighbours",
+        "charge_weight",
+        "max_tops_arg",
+        "step",
+        "n",
+        "engine_state",
+        "eta",
+        "tops",
+        "halted",
+        "noisy_counts",
+        "mode",
+    )
 
-    def __init__(self, domain_size: int, epsilon: float, delta: float, k: int, horizon: int, beta: float = 0.05,
-                 method: str = "tme", seed: Any = None, *, neighbours: str = "replace", charge_weight: int = 1,
-                 max_tops: int | None = None):
-        self.plan = heavy_hitter_plan(method, domain_size, epsilon, delta, k, horizon, beta, neighbours,
-                                      charge_weight, max_tops)
+    def __init__(
+        self,
+        domain_size: int,
+        epsilon: float,
+        delta: float,
+        k: int,
+        horizon: int,
+        beta: float = 0.05,
+        method: str = "tme",
+        seed: Any = None,
+        *,
+        neighbours: str = "replace",
+        charge_weight: int = 1,
+        max_tops: int | None = None,
+    ):
+        self.plan = heavy_hitter_plan(
+            method,
+            domain_size,
+            epsilon,
+            delta,
+            k,
+            horizon,
+            beta,
+            neighbours,
+            charge_weight,
+            max_tops,
+        )
         self.domain_size, self.epsilon, self.delta = int(domain_size), float(epsilon), float(delta)
         self.k, self.horizon, self.beta, self.method = int(k), int(horizon), float(beta), method
-        self.neighbours, self.charge_weight, self.max_tops_arg = self.plan["neighbours"], int(charge_weight), max_tops
+        self.neighbours, self.charge_weight, self.max_tops_arg = (
+            self.plan["neighbours"],
+            int(charge_weight),
+            max_tops,
+        )
         self._rng_init(seed)
         self.step = 0
         self.n = -1  # fixed at the first update (the roster size)
@@ -175,8 +249,18 @@ class ShiftingHeavyHitters(StatefulMixin):
         return super().get_state()
 
     def _after_restore(self) -> None:
-        self.plan = heavy_hitter_plan(self.method, self.domain_size, self.epsilon, self.delta, self.k, self.horizon,
-                                      self.beta, self.neighbours, self.charge_weight, self.max_tops_arg)
+        self.plan = heavy_hitter_plan(
+            self.method,
+            self.domain_size,
+            self.epsilon,
+            self.delta,
+            self.k,
+            self.horizon,
+            self.beta,
+            self.neighbours,
+            self.charge_weight,
+            self.max_tops_arg,
+        )
         self._engine = None
         if self.engine_state is not None:
             cls = ThresholdMonitorEvolving if self.method == "tme" else IndividualChargingSVT
@@ -187,15 +271,25 @@ class ShiftingHeavyHitters(StatefulMixin):
 
     def _make_engine(self, n: int) -> None:
         if self.method == "tme":
-            self._engine = ThresholdMonitorEvolving(n, self.plan["epsilon_tilde"], self.plan["delta_tilde"],
-                                                    self.threshold, self.k, seed=self._source)
+            self._engine = ThresholdMonitorEvolving(
+                n,
+                self.plan["epsilon_tilde"],
+                self.plan["delta_tilde"],
+                self.threshold,
+                self.k,
+                seed=self._source,
+            )
         elif self.method == "tct":
-            self._engine = IndividualChargingSVT(n, self.plan["epsilon0"], self.k, seed=self._source)
+            self._engine = IndividualChargingSVT(
+                n, self.plan["epsilon0"], self.k, seed=self._source
+            )
 
     # -- the step -------------------------------------------------------------------------------------
     def _set_mode(self, mode: str) -> None:
         if self.mode and self.mode != mode:
-            raise RuntimeError(f"this monitor is driven by {self.mode}; do not mix update() and release_histogram()")
+            raise RuntimeError(
+                f"this monitor is driven by {self.mode}; do not mix update() and release_histogram()"
+            )
         self.mode = mode
 
     @property
@@ -214,16 +308,24 @@ class ShiftingHeavyHitters(StatefulMixin):
         the engines do, the stream reproduces the library run bit for bit.
         """
         if self.step >= self.horizon:
-            raise RuntimeError(f"horizon={self.horizon} steps reached: the calibration covers no more")
+            raise RuntimeError(
+                f"horizon={self.horizon} steps reached: the calibration covers no more"
+            )
         sup = np.asarray(support)
         cnt = np.asarray(counts)
         if sup.ndim != 1 or cnt.shape != sup.shape:
-            raise ValueError(f"support and counts must be 1-d arrays of one length, got {sup.shape} and {cnt.shape}")
-        if sup.size and (not np.issubdtype(sup.dtype, np.integer) or not np.issubdtype(cnt.dtype, np.integer)):
+            raise ValueError(
+                f"support and counts must be 1-d arrays of one length, got {sup.shape} and {cnt.shape}"
+            )
+        if sup.size and (
+            not np.issubdtype(sup.dtype, np.integer) or not np.issubdtype(cnt.dtype, np.integer)
+        ):
             raise ValueError("support and counts must be integer arrays")
         sup, cnt = sup.astype(np.int64), cnt.astype(np.int64)
         if sup.size and (sup[0] < 0 or sup[-1] >= self.domain_size or np.any(np.diff(sup) <= 0)):
-            raise ValueError(f"support must be sorted distinct ids in [0, domain_size={self.domain_size})")
+            raise ValueError(
+                f"support must be sorted distinct ids in [0, domain_size={self.domain_size})"
+            )
         if np.any(cnt < 1):
             raise ValueError("counts must be >= 1 (elements absent from the support have count 0)")
         self._set_mode("counts")
@@ -239,7 +341,9 @@ class ShiftingHeavyHitters(StatefulMixin):
             return engine.flag_histogram(support, counts, self.domain_size)
         if self.method == "tct":
             assert isinstance(engine, IndividualChargingSVT)  # made by _make_engine for tct
-            flagged, self.noisy_counts = engine.flag_histogram(support, counts, self.domain_size, self.threshold)
+            flagged, self.noisy_counts = engine.flag_histogram(
+                support, counts, self.domain_size, self.threshold
+            )
             return flagged
         if self.method == "naive":
             return self._naive_flags(support, counts)
@@ -247,7 +351,9 @@ class ShiftingHeavyHitters(StatefulMixin):
 
     def update(self, values: Any) -> np.ndarray:
         if self.step >= self.horizon:
-            raise RuntimeError(f"horizon={self.horizon} steps reached: the calibration covers no more")
+            raise RuntimeError(
+                f"horizon={self.horizon} steps reached: the calibration covers no more"
+            )
         self._set_mode("values")
         arr = np.asarray(values)
         if self.n < 0:
@@ -263,7 +369,9 @@ class ShiftingHeavyHitters(StatefulMixin):
             flagged = engine.query_all_elements(vals, self.domain_size)
         elif self.method == "tct":
             assert isinstance(engine, IndividualChargingSVT)  # made by _make_engine for tct
-            flagged, self.noisy_counts = engine.query_all_elements(vals, self.domain_size, self.threshold)
+            flagged, self.noisy_counts = engine.query_all_elements(
+                vals, self.domain_size, self.threshold
+            )
         elif self.method == "naive":
             flagged = self._naive_step(vals)
         else:
@@ -277,8 +385,13 @@ class ShiftingHeavyHitters(StatefulMixin):
         """Every element's count + DG(σ²) compared with the threshold; zero-count elements sparsely."""
         noisy = counts + discrete_gaussian(self.plan["sigma2"], support.size, self._source)
         law = self._naive_law()
-        flagged, _ = sparse_flags(self._source, self.domain_size, support, noisy >= self.threshold,
-                                  lambda digits: law.sf_interval(self.threshold, digits))
+        flagged, _ = sparse_flags(
+            self._source,
+            self.domain_size,
+            support,
+            noisy >= self.threshold,
+            lambda digits: law.sf_interval(self.threshold, digits),
+        )
         return flagged
 
     def _naive_law(self) -> DiscreteGaussianLaw:
@@ -316,14 +429,22 @@ class ShiftingHeavyHitters(StatefulMixin):
             j = _first_at_least(noisy, s_idx, level)
             cand_support = int(support[j]) if j >= 0 else None
             rank0 = pos - int(np.searchsorted(support, pos))  # zero ids below pos
-            g = geometric_draw(self._source, lambda digits: nu_law.sf_interval(level, digits), limit=n_zero - rank0)  # noqa: B023  (drawn now)
+            g = geometric_draw(
+                self._source,
+                lambda digits: nu_law.sf_interval(level, digits),  # noqa: B023  (drawn now)
+                limit=n_zero - rank0,
+            )
             cand_zero = None
             if rank0 + g < n_zero:
                 r = int(rank0 + g)
                 cand_zero = r + int(np.searchsorted(zeros_before, r, side="right"))
             if cand_support is None and cand_zero is None:
                 break
-            x = cand_support if cand_zero is None or (cand_support is not None and cand_support < cand_zero) else cand_zero
+            x = (
+                cand_support
+                if cand_zero is None or (cand_support is not None and cand_support < cand_zero)
+                else cand_zero
+            )
             assert x is not None  # one of the candidates (the loop ended above otherwise)
             flagged.append(x)
             self.tops += 1
@@ -342,7 +463,7 @@ def _first_at_least(arr: np.ndarray, start: int, level: float) -> int:
     block = 64
     n = arr.size
     while start < n:
-        seg = arr[start:start + block]
+        seg = arr[start : start + block]
         hit = np.flatnonzero(seg >= level)
         if hit.size:
             return start + int(hit[0])

@@ -27,8 +27,14 @@ from pipeline.validation import check_int, check_real
 from . import calibration as cal
 from .state import StatefulMixin
 
-__all__ = ["OutsideIntervalMonitor", "OutsideIntervalMonitorPure", "BandMonitor",
-           "BETWEEN", "ABOVE", "BELOW"]
+__all__ = [
+    "OutsideIntervalMonitor",
+    "OutsideIntervalMonitorPure",
+    "BandMonitor",
+    "BETWEEN",
+    "ABOVE",
+    "BELOW",
+]
 
 BETWEEN, ABOVE, BELOW = "between", "above", "below"
 
@@ -111,14 +117,20 @@ class OutsideIntervalMonitor(_LaplaceIntervalNoise):
         self.histogram = _check_histogram(histogram)
         self.a = check_real(a, "a", low=0.0, high=1.0, low_open=True)
         size = self.histogram.size
-        self.active_mask = np.ones(size, dtype=bool) if active is None else _check_mask(active, size, "active").copy()
+        self.active_mask = (
+            np.ones(size, dtype=bool)
+            if active is None
+            else _check_mask(active, size, "active").copy()
+        )
         self._rng_init(seed)
         self.queries = 0
         self.outside = 0
         self._after_restore()
 
     @classmethod
-    def from_target(cls, histogram: Any, epsilon: float, delta: float, neighbours: str = "replace", **kw):
+    def from_target(
+        cls, histogram: Any, epsilon: float, delta: float, neighbours: str = "replace", **kw
+    ):
         return cls(histogram, cal.calibrate_outside_interval(epsilon, delta, neighbours), **kw)
 
     def true_value(self, f: Any) -> int:
@@ -148,12 +160,18 @@ class OutsideIntervalMonitorPure(StatefulMixin):
 
     _state_fields = ("histogram", "a", "max_outside", "active_mask", "eta", "counter", "queries")
 
-    def __init__(self, histogram: Any, a: float, max_outside: int, active: Any = None, seed: Any = None):
+    def __init__(
+        self, histogram: Any, a: float, max_outside: int, active: Any = None, seed: Any = None
+    ):
         self.histogram = _check_histogram(histogram)
         self.a = check_real(a, "a", low=0.0, low_open=True)
         self.max_outside = check_int(max_outside, "max_outside", low=1)
         size = self.histogram.size
-        self.active_mask = np.ones(size, dtype=bool) if active is None else _check_mask(active, size, "active").copy()
+        self.active_mask = (
+            np.ones(size, dtype=bool)
+            if active is None
+            else _check_mask(active, size, "active").copy()
+        )
         self._rng_init(seed)
         self.counter = 0
         self.queries = 0
@@ -162,7 +180,9 @@ class OutsideIntervalMonitorPure(StatefulMixin):
 
     @classmethod
     def from_target(cls, histogram: Any, epsilon: float, max_outside: int, **kw):
-        return cls(histogram, cal.calibrate_outside_interval_pure(epsilon, max_outside), max_outside, **kw)
+        return cls(
+            histogram, cal.calibrate_outside_interval_pure(epsilon, max_outside), max_outside, **kw
+        )
 
     def _after_restore(self) -> None:
         self._scale_eta = used_scale(2.0 / self.a)
@@ -185,7 +205,9 @@ class OutsideIntervalMonitorPure(StatefulMixin):
         rounds = check_int(rounds, "rounds", low=1)
         runs = check_int(runs, "runs", low=1)
         beta = check_real(beta, "beta", low=0.0, high=1.0, low_open=True, high_open=True)
-        c_eta = _two_sided_margin(DiscreteLaplaceLaw(self._scale_eta), beta / (2.0 * runs * (self.max_outside + 1)))
+        c_eta = _two_sided_margin(
+            DiscreteLaplaceLaw(self._scale_eta), beta / (2.0 * runs * (self.max_outside + 1))
+        )
         c_nu = _two_sided_margin(DiscreteLaplaceLaw(self._scale_nu), beta / (4.0 * rounds))
         return c_eta, c_nu
 
@@ -195,7 +217,9 @@ class OutsideIntervalMonitorPure(StatefulMixin):
 
     def query(self, f: Any, lo: float, hi: float) -> str:
         if self.counter >= self.max_outside:
-            raise RuntimeError("OutsideIntervalMonitorPure has halted after max_outside Above/Below answers")
+            raise RuntimeError(
+                "OutsideIntervalMonitorPure has halted after max_outside Above/Below answers"
+            )
         mask = _check_mask(f, self.histogram.size)
         lo, hi = _check_band(lo, hi)
         value = int(self.histogram[mask & self.active_mask].sum())
@@ -235,7 +259,9 @@ class BandMonitor(_LaplaceIntervalNoise):
         self._after_restore()
 
     @classmethod
-    def from_target(cls, n_users: int, epsilon: float, delta: float, neighbours: str = "replace", **kw):
+    def from_target(
+        cls, n_users: int, epsilon: float, delta: float, neighbours: str = "replace", **kw
+    ):
         return cls(n_users, cal.calibrate_outside_interval(epsilon, delta, neighbours), **kw)
 
     def update_mask(self, mask: Any, lo: float, hi: float) -> str:

@@ -25,8 +25,13 @@ def active_histogram(vals: np.ndarray, domain_size: int) -> tuple[np.ndarray, np
     return support.astype(np.int64), counts.astype(np.int64)
 
 
-def sparse_flags(source: RandomSource, domain_size: int, support: np.ndarray, support_flagged: np.ndarray,
-                 p_zero: ProbabilityFn) -> tuple[np.ndarray, np.ndarray]:
+def sparse_flags(
+    source: RandomSource,
+    domain_size: int,
+    support: np.ndarray,
+    support_flagged: np.ndarray,
+    p_zero: ProbabilityFn,
+) -> tuple[np.ndarray, np.ndarray]:
     """Add the zero-count elements to a step's flags without touching them one by one.
 
     Every element x outside ``support`` has count 0 and is flagged iff its own fresh noise N_x

@@ -36,7 +36,9 @@ class IndividualChargingSVT(StatefulMixin):
 
     _state_fields = ("n", "epsilon0", "tau", "granularity", "counters", "queries", "hits")
 
-    def __init__(self, n_records: int, epsilon0: float, tau: int, granularity: int = 1, seed: Any = None):
+    def __init__(
+        self, n_records: int, epsilon0: float, tau: int, granularity: int = 1, seed: Any = None
+    ):
         self.n = check_int(n_records, "n_records", low=0)
         self.epsilon0 = check_real(epsilon0, "epsilon0", low=0.0, low_open=True)
         self.tau = check_int(tau, "tau", low=1)
@@ -48,9 +50,19 @@ class IndividualChargingSVT(StatefulMixin):
         self._after_restore()
 
     @classmethod
-    def from_target(cls, n_records: int, epsilon: float, delta: float, tau: int, neighbours: str = "replace", **kw):
+    def from_target(
+        cls,
+        n_records: int,
+        epsilon: float,
+        delta: float,
+        tau: int,
+        neighbours: str = "replace",
+        **kw,
+    ):
         """ε₀ from :func:`calibrate_individual_charging` (Theorem B.4 per user)."""
-        return cls(n_records, cal.calibrate_individual_charging(epsilon, delta, tau, neighbours), tau, **kw)
+        return cls(
+            n_records, cal.calibrate_individual_charging(epsilon, delta, tau, neighbours), tau, **kw
+        )
 
     def _after_restore(self) -> None:
         self._scale = used_scale(self.granularity / self.epsilon0)
@@ -78,7 +90,9 @@ class IndividualChargingSVT(StatefulMixin):
         self.counters[act & (units > 0)] += 1
         return noisy
 
-    def query_all_elements(self, values: Any, domain_size: int, threshold: int) -> tuple[np.ndarray, np.ndarray]:
+    def query_all_elements(
+        self, values: Any, domain_size: int, threshold: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The |X| indicator queries f_x(y) = 1{y = x} of one step with threshold T (an integer).
 
         Same sequential-equivalence as ThresholdMonitorEvolving.query_all_elements: a hit on f_x only
@@ -100,8 +114,9 @@ class IndividualChargingSVT(StatefulMixin):
             self.counters[act & np.isin(vals, flagged)] += 1
         return flagged, published
 
-    def flag_histogram(self, support: np.ndarray, counts: np.ndarray, domain_size: int,
-                       threshold: int) -> tuple[np.ndarray, np.ndarray]:
+    def flag_histogram(
+        self, support: np.ndarray, counts: np.ndarray, domain_size: int, threshold: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The noisy part of :meth:`query_all_elements` from the active users' histogram alone
         (sorted ``support`` ids, their ``counts``); per-user counters are not touched (the stream's
         workers charge their users from the flagged set). Same draws, same order."""
@@ -110,15 +125,26 @@ class IndividualChargingSVT(StatefulMixin):
         counts = np.asarray(counts, dtype=np.int64)
         noisy = counts + discrete_laplace(self._scale, support.size, self._source)
         hit = noisy >= threshold
-        flagged, zeros = sparse_flags(self._source, domain_size, support, hit,
-                                      lambda digits: self.noise_law.sf_interval(threshold, digits))
+        flagged, zeros = sparse_flags(
+            self._source,
+            domain_size,
+            support,
+            hit,
+            lambda digits: self.noise_law.sf_interval(threshold, digits),
+        )
         published = np.empty(flagged.size, dtype=np.int64)
         if flagged.size:
             pos = np.searchsorted(support, flagged)
             pos_c = np.minimum(pos, max(support.size - 1, 0))
-            in_support = (support.size > 0) & (support[pos_c] == flagged) if support.size else np.zeros(flagged.size, bool)
+            in_support = (
+                (support.size > 0) & (support[pos_c] == flagged)
+                if support.size
+                else np.zeros(flagged.size, bool)
+            )
             published[in_support] = noisy[pos_c[in_support]]
-            published[~in_support] = self.noise_law.sample_conditional_tail(self._source, threshold, int((~in_support).sum()))
+            published[~in_support] = self.noise_law.sample_conditional_tail(
+                self._source, threshold, int((~in_support).sum())
+            )
         self.queries += domain_size
         self.hits += int(flagged.size)
         return flagged, published

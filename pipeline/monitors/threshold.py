@@ -40,7 +40,9 @@ class AboveThreshold(StatefulMixin):
         self.epsilon = check_real(epsilon, "epsilon", low=0.0, low_open=True)
         self.threshold = check_int(threshold, "threshold")
         self._rng_init(seed)
-        self.noisy_threshold = int(self.threshold + discrete_laplace(2.0 / self.epsilon, 1, self._source)[0])
+        self.noisy_threshold = int(
+            self.threshold + discrete_laplace(2.0 / self.epsilon, 1, self._source)[0]
+        )
         self.halted = False
         self.queries = 0
 
@@ -74,10 +76,28 @@ class ThresholdMonitor(StatefulMixin):
     deleting records with c(r) ≥ k.
     """
 
-    _state_fields = ("n", "epsilon", "delta", "threshold", "k", "granularity", "counters", "queries", "tops")
+    _state_fields = (
+        "n",
+        "epsilon",
+        "delta",
+        "threshold",
+        "k",
+        "granularity",
+        "counters",
+        "queries",
+        "tops",
+    )
 
-    def __init__(self, n_records: int, epsilon: float, delta: float, threshold: float, k: float,
-                 granularity: int = 1, seed: Any = None):
+    def __init__(
+        self,
+        n_records: int,
+        epsilon: float,
+        delta: float,
+        threshold: float,
+        k: float,
+        granularity: int = 1,
+        seed: Any = None,
+    ):
         self.n = check_int(n_records, "n_records", low=0)
         self.epsilon = check_real(epsilon, "epsilon", low=0.0, low_open=True)
         self.delta = check_real(delta, "delta", low=0.0, high=1.0, low_open=True, high_open=True)
@@ -92,8 +112,16 @@ class ThresholdMonitor(StatefulMixin):
         self._after_restore()
 
     @classmethod
-    def from_target(cls, n_records: int, epsilon: float, delta: float, threshold: float, k: float,
-                    neighbours: str = "replace", **kwargs):
+    def from_target(
+        cls,
+        n_records: int,
+        epsilon: float,
+        delta: float,
+        threshold: float,
+        k: float,
+        neighbours: str = "replace",
+        **kwargs,
+    ):
         """Calibrate (ε̃, δ̃) so the monitor is (epsilon, delta)-DP (:func:`calibrate_threshold_monitor`)."""
         eps_t, delta_t = cal.calibrate_threshold_monitor(epsilon, delta, k, neighbours)
         return cls(n_records, eps_t, delta_t, threshold, k, **kwargs)
@@ -183,7 +211,9 @@ class ThresholdMonitorEvolving(ThresholdMonitor):
             self.counters[np.isin(vals, flagged)] += 1
         return flagged
 
-    def flag_histogram(self, support: np.ndarray, counts: np.ndarray, domain_size: int) -> np.ndarray:
+    def flag_histogram(
+        self, support: np.ndarray, counts: np.ndarray, domain_size: int
+    ) -> np.ndarray:
         """The noisy part of :meth:`query_all_elements` from the active users' histogram alone
         (sorted distinct ``support`` ids and their ``counts``); per-user counters are not touched.
 
@@ -198,8 +228,13 @@ class ThresholdMonitorEvolving(ThresholdMonitor):
         noisy = counts + self._noise(support.size)
         hit = noisy >= self._t_units
         t_units = self._t_units
-        flagged, _ = sparse_flags(self._source, domain_size, support, hit,
-                                  lambda digits: self.noise_law.sf_interval(t_units, digits))
+        flagged, _ = sparse_flags(
+            self._source,
+            domain_size,
+            support,
+            hit,
+            lambda digits: self.noise_law.sf_interval(t_units, digits),
+        )
         self.queries += domain_size
         self.tops += int(flagged.size)
         return flagged

@@ -45,4 +45,7 @@ def reported_approx_dp(rho: float, monitors: ApproxDP, report_delta: float) -> A
         raise TypeError(f"monitors must be an ApproxDP, got {type(monitors).__name__}")
     if check_real(rho, "rho") == 0.0:
         return monitors
-    return ApproxDP(zcdp_to_approx_dp(rho, report_delta) + monitors.epsilon, min(1.0, report_delta + monitors.delta))
+    return ApproxDP(
+        zcdp_to_approx_dp(rho, report_delta) + monitors.epsilon,
+        min(1.0, report_delta + monitors.delta),
+    )

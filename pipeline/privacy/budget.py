@@ -48,8 +48,10 @@ class PrivacyBudget:
         if self.rho is not None:
             object.__setattr__(self, "rho", check_real(self.rho, "rho", low_open=True))
         if (self.epsilon is None) != (self.delta is None):
-            raise ValueError("epsilon and delta must be set together (delta=0.0 for pure DP), "
-                             f"got epsilon={self.epsilon!r}, delta={self.delta!r}")
+            raise ValueError(
+                "epsilon and delta must be set together (delta=0.0 for pure DP), "
+                f"got epsilon={self.epsilon!r}, delta={self.delta!r}"
+            )
         if self.epsilon is not None:
             object.__setattr__(self, "epsilon", check_real(self.epsilon, "epsilon", low_open=True))
             delta = check_real(self.delta, "delta", high=1.0)
@@ -62,9 +64,13 @@ class PrivacyBudget:
     def require(self, cost: Cost, who: str) -> None:
         """Raise :class:`BudgetKindError` if ``cost``'s kind is not budgeted (``who`` names the asker)."""
         if isinstance(cost, ZCDP) and self.rho is None:
-            raise BudgetKindError(f"{who} asks for a zCDP budget (rho) but the deployment sets no rho")
+            raise BudgetKindError(
+                f"{who} asks for a zCDP budget (rho) but the deployment sets no rho"
+            )
         if isinstance(cost, ApproxDP) and self.epsilon is None:
-            raise BudgetKindError(f"{who} asks for an (epsilon, delta) budget but the deployment sets none")
+            raise BudgetKindError(
+                f"{who} asks for an (epsilon, delta) budget but the deployment sets none"
+            )
 
     def get_state(self) -> dict[str, Any]:
         return {"rho": self.rho, "epsilon": self.epsilon, "delta": self.delta}
@@ -95,16 +101,23 @@ class PlannedRelease:
             raise ValueError(f"release {self.name!r}: give exactly one of cost or share")
         if self.cost is not None:
             if not isinstance(self.cost, (ZCDP, ApproxDP)):
-                raise TypeError(f"release {self.name!r}: cost must be ZCDP or ApproxDP, "
-                                f"got {type(self.cost).__name__}")
+                raise TypeError(
+                    f"release {self.name!r}: cost must be ZCDP or ApproxDP, "
+                    f"got {type(self.cost).__name__}"
+                )
             if self.kind is not None:
                 raise ValueError(f"release {self.name!r}: kind is only used with share")
         else:
-            object.__setattr__(self, "share", check_real(self.share, f"share of release {self.name!r}",
-                                                          low_open=True, high=1.0))
+            object.__setattr__(
+                self,
+                "share",
+                check_real(self.share, f"share of release {self.name!r}", low_open=True, high=1.0),
+            )
             if self.kind not in ("zcdp", "approx_dp"):
-                raise ValueError(f"release {self.name!r}: kind must be 'zcdp' or 'approx_dp' with share, "
-                                 f"got {self.kind!r}")
+                raise ValueError(
+                    f"release {self.name!r}: kind must be 'zcdp' or 'approx_dp' with share, "
+                    f"got {self.kind!r}"
+                )
 
     def allotment(self, budget: PrivacyBudget) -> Cost:
         """This release's cost under ``budget`` (raises :class:`BudgetKindError` if unbudgeted)."""
@@ -115,11 +128,15 @@ class PlannedRelease:
         assert share is not None  # __post_init__: exactly one of cost and share
         if self.kind == "zcdp":
             if budget.rho is None:
-                raise BudgetKindError(f"release {self.name!r} asks for a share of rho but the deployment sets no rho")
+                raise BudgetKindError(
+                    f"release {self.name!r} asks for a share of rho but the deployment sets no rho"
+                )
             return ZCDP(share * budget.rho)
         if budget.epsilon is None or budget.delta is None:  # set together (PrivacyBudget)
-            raise BudgetKindError(f"release {self.name!r} asks for a share of (epsilon, delta) "
-                                  "but the deployment sets none")
+            raise BudgetKindError(
+                f"release {self.name!r} asks for a share of (epsilon, delta) "
+                "but the deployment sets none"
+            )
         return ApproxDP(share * budget.epsilon, share * budget.delta)
 
 
@@ -157,20 +174,27 @@ class BudgetPlan:
             names = list(zcdp)
             involved += names
             parts = ", ".join(f"{n}: {c.rho:.6g}" for n, c in zcdp.items())
-            problems.append(f"zCDP releases plan rho={rho_total.rho:.12g} > budget rho={b.rho:.12g} ({parts})")
+            problems.append(
+                f"zCDP releases plan rho={rho_total.rho:.12g} > budget rho={b.rho:.12g} ({parts})"
+            )
         if b.epsilon is not None and b.delta is not None:  # set together (PrivacyBudget)
             approx = {n: c for n, c in allot.items() if isinstance(c, ApproxDP)}
             names = list(approx)
             parts = ", ".join(f"{n}: ({c.epsilon:.6g}, {c.delta:.6g})" for n, c in approx.items())
             if exceeds(approx_total.epsilon, b.epsilon):
                 involved += names
-                problems.append(f"(epsilon, delta) releases plan epsilon={approx_total.epsilon:.12g} > "
-                                f"budget epsilon={b.epsilon:.12g} ({parts})")
+                problems.append(
+                    f"(epsilon, delta) releases plan epsilon={approx_total.epsilon:.12g} > "
+                    f"budget epsilon={b.epsilon:.12g} ({parts})"
+                )
             if exceeds(approx_total.delta, b.delta):
                 involved += [n for n in names if n not in involved]
-                problems.append(f"(epsilon, delta) releases plan delta={approx_total.delta:.12g} > "
-                                f"budget delta={b.delta:.12g} ({parts})")
+                problems.append(
+                    f"(epsilon, delta) releases plan delta={approx_total.delta:.12g} > "
+                    f"budget delta={b.delta:.12g} ({parts})"
+                )
         if problems:
-            raise BudgetExceededError("privacy plan exceeds the budget: " + "; ".join(problems),
-                                      releases=involved)
+            raise BudgetExceededError(
+                "privacy plan exceeds the budget: " + "; ".join(problems), releases=involved
+            )
         return self

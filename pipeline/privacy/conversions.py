@@ -99,7 +99,9 @@ def approx_dp_delta(rho: float, epsilon: float) -> float:
     u = increasing_root(h, u_lo, u_hi, xtol=1e-15, rtol=_RTOL)
     alpha_m1 = math.exp(u)
     log_1m_inv_alpha = u - _log1pexp(u)
-    log_delta = alpha_m1 * ((1.0 + alpha_m1) * rho - epsilon) + (1.0 + alpha_m1) * log_1m_inv_alpha - u
+    log_delta = (
+        alpha_m1 * ((1.0 + alpha_m1) * rho - epsilon) + (1.0 + alpha_m1) * log_1m_inv_alpha - u
+    )
     return min(1.0, math.exp(log_delta), _kl_delta(rho))
 
 
@@ -108,4 +110,3 @@ def classic_zcdp_to_approx_dp(rho: float, delta: float) -> float:
     rho = check_real(rho, "rho")
     delta = check_real(delta, "delta", low=0.0, low_open=True, high=1.0)
     return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
-

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["PrivacyBudgetError", "BudgetExceededError", "BudgetExhaustedError", "BudgetKindError",
-           "DuplicateLedgerEntryError"]
+__all__ = [
+    "PrivacyBudgetError",
+    "BudgetExceededError",
+    "BudgetExhaustedError",
+    "BudgetKindError",
+    "DuplicateLedgerEntryError",
+]
 
 
 class PrivacyBudgetError(ValueError):

@@ -30,17 +30,27 @@ from fractions import Fraction
 
 from pipeline.privacy.rng import RandomSource
 
-__all__ = ["Interval", "LazyUniform", "ProbabilityFn", "exact_probability", "inverse_search",
-           "binomial_exact", "geometric_exact", "START_DIGITS"]
+__all__ = [
+    "Interval",
+    "LazyUniform",
+    "ProbabilityFn",
+    "exact_probability",
+    "inverse_search",
+    "binomial_exact",
+    "geometric_exact",
+    "START_DIGITS",
+]
 
 START_DIGITS = 34  # decimal digits of the first evaluation; doubled on each refinement
 _CTX: dict[tuple[int, str], Context] = {}
 
 # π to 200 digits (for the discrete Gaussian's normaliser by Poisson summation); the interval
 # [_PI, _PI + 10^-199] contains π.
-_PI = Decimal("3.14159265358979323846264338327950288419716939937510582097494459230781640628620899862803"
-              "4825342117067982148086513282306647093844609550582231725359408128481117450284102701938521"
-              "10555964462294895493038196")
+_PI = Decimal(
+    "3.14159265358979323846264338327950288419716939937510582097494459230781640628620899862803"
+    "4825342117067982148086513282306647093844609550582231725359408128481117450284102701938521"
+    "10555964462294895493038196"
+)
 PI_DIGITS = 199
 
 
@@ -48,7 +58,7 @@ def _ctx(digits: int, rounding: str) -> Context:
     key = (digits, rounding)
     ctx = _CTX.get(key)
     if ctx is None:
-        ctx = _CTX[key] = Context(prec=digits, rounding=rounding, Emin=-10**9, Emax=10**9)
+        ctx = _CTX[key] = Context(prec=digits, rounding=rounding, Emin=-(10**9), Emax=10**9)
     return ctx
 
 
@@ -70,7 +80,11 @@ class Interval:
         """The tightest interval at ``digits`` around an exact rational (floats are exact binary rationals)."""
         frac = Fraction(value)
         num, den = Decimal(frac.numerator), Decimal(frac.denominator)
-        return cls(_ctx(digits, ROUND_FLOOR).divide(num, den), _ctx(digits, ROUND_CEILING).divide(num, den), digits)
+        return cls(
+            _ctx(digits, ROUND_FLOOR).divide(num, den),
+            _ctx(digits, ROUND_CEILING).divide(num, den),
+            digits,
+        )
 
     def _mk(self, other: Interval | int | Fraction) -> Interval:
         return other if isinstance(other, Interval) else Interval.of(other, self.digits)
@@ -79,7 +93,9 @@ class Interval:
     def __add__(self, other) -> Interval:
         o = self._mk(other)
         d = max(self.digits, o.digits)
-        return Interval(_ctx(d, ROUND_FLOOR).add(self.lo, o.lo), _ctx(d, ROUND_CEILING).add(self.hi, o.hi), d)
+        return Interval(
+            _ctx(d, ROUND_FLOOR).add(self.lo, o.lo), _ctx(d, ROUND_CEILING).add(self.hi, o.hi), d
+        )
 
     __radd__ = __add__
 
@@ -98,7 +114,9 @@ class Interval:
         d = max(self.digits, o.digits)
         dn, up = _ctx(d, ROUND_FLOOR), _ctx(d, ROUND_CEILING)
         pairs = [(self.lo, o.lo), (self.lo, o.hi), (self.hi, o.lo), (self.hi, o.hi)]
-        return Interval(min(dn.multiply(a, b) for a, b in pairs), max(up.multiply(a, b) for a, b in pairs), d)
+        return Interval(
+            min(dn.multiply(a, b) for a, b in pairs), max(up.multiply(a, b) for a, b in pairs), d
+        )
 
     __rmul__ = __mul__
 
@@ -109,14 +127,18 @@ class Interval:
         d = max(self.digits, o.digits)
         dn, up = _ctx(d, ROUND_FLOOR), _ctx(d, ROUND_CEILING)
         pairs = [(self.lo, o.lo), (self.lo, o.hi), (self.hi, o.lo), (self.hi, o.hi)]
-        return Interval(min(dn.divide(a, b) for a, b in pairs), max(up.divide(a, b) for a, b in pairs), d)
+        return Interval(
+            min(dn.divide(a, b) for a, b in pairs), max(up.divide(a, b) for a, b in pairs), d
+        )
 
     def __rtruediv__(self, other) -> Interval:
         return self._mk(other) / self
 
     # -- monotone functions (correctly rounded in decimal, widened by one unit in the last place) ----
     def _monotone(self, name: str) -> Interval:
-        ctx = _ctx(self.digits + 2, ROUND_FLOOR)  # rounding mode irrelevant: exp/ln/sqrt round half-even
+        ctx = _ctx(
+            self.digits + 2, ROUND_FLOOR
+        )  # rounding mode irrelevant: exp/ln/sqrt round half-even
         lo, hi = getattr(ctx, name)(self.lo), getattr(ctx, name)(self.hi)
         return Interval(ctx.next_minus(lo), ctx.next_plus(hi), self.digits)
 
@@ -177,7 +199,9 @@ class LazyUniform:
         """Whether U < x: True/False when decided by the known bits and the interval, None if not."""
         # exact products: the context holds every digit of x·2^b
         width = max(len(x.lo.as_tuple().digits), len(x.hi.as_tuple().digits))
-        ctx = _ctx(-(-(width + self.bits) // 32) * 32, ROUND_FLOOR)  # a multiple of 32: few cached contexts
+        ctx = _ctx(
+            -(-(width + self.bits) // 32) * 32, ROUND_FLOOR
+        )  # a multiple of 32: few cached contexts
         scale = Decimal(1 << self.bits)
         if ctx.multiply(x.lo, scale) >= self.u + 1:  # U < (u+1)/2^b ≤ lo ≤ x
             return True
@@ -196,10 +220,16 @@ def _decide(u: LazyUniform, value: Callable[[int], Interval], digits: int) -> tu
         digits *= 2
 
 
-def inverse_search(u: LazyUniform, cdf: Callable[[int, int], Interval], guess: int, digits: int = START_DIGITS,
-                   upper: int | None = None) -> int:
+def inverse_search(
+    u: LazyUniform,
+    cdf: Callable[[int, int], Interval],
+    guess: int,
+    digits: int = START_DIGITS,
+    upper: int | None = None,
+) -> int:
     """min{k ≥ 0 : U < F(k)} for a non-decreasing F given as intervals ``cdf(k, digits)``, by
     galloping from ``guess``; ``upper`` (optional) is a k with F(k) = 1, returned if reached."""
+
     def hit(k: int) -> bool:
         nonlocal digits
         if upper is not None and k >= upper:

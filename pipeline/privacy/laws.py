@@ -152,8 +152,10 @@ class DiscreteLaplaceLaw:
         (memoryless), G drawn exactly (:func:`pipeline.privacy.exact.geometric_exact`)."""
         if t < 1:
             raise ValueError("t must be at least 1")
-        return np.asarray([t + geometric_exact(source, self.rho_interval) for _ in range(int(size))],
-                          dtype=np.int64)
+        return np.asarray(
+            [t + geometric_exact(source, self.rho_interval) for _ in range(int(size))],
+            dtype=np.int64,
+        )
 
 
 class DiscreteGaussianLaw:
@@ -247,7 +249,10 @@ class CappedSumLaw:
         key = (float(y), digits)
         if key in self._sf_cache:
             return self._sf_cache[key]
-        w_inv, v_inv = Interval.of(self.w._inv_scale, digits), Interval.of(self.v._inv_scale, digits)
+        w_inv, v_inv = (
+            Interval.of(self.w._inv_scale, digits),
+            Interval.of(self.v._inv_scale, digits),
+        )
         rho_w, rho_v = (-w_inv).exp(), (-v_inv).exp()
         c = (1 - rho_v) / (1 + rho_v)
         big_y, m = math.ceil(Fraction(y)), self._m
@@ -267,7 +272,9 @@ class CappedSumLaw:
             for v in range(big_y, m + 1):
                 w_tail = 1 - (-(w_inv * (1 - big_y + v))).exp() / (1 + rho_w)
                 total = total + c * (-(v_inv * abs(v))).exp() * w_tail
-        total = total + self.v.sf_interval(m + 1, digits) * self.w.sf_interval(Fraction(y) - Fraction(self.cap), digits)
+        total = total + self.v.sf_interval(m + 1, digits) * self.w.sf_interval(
+            Fraction(y) - Fraction(self.cap), digits
+        )
         if len(self._sf_cache) > 256:
             self._sf_cache.clear()
         self._sf_cache[key] = total.clamp01()
@@ -300,7 +307,11 @@ class CappedSumLaw:
         m = self._m
         lw1 = w._log1p_rho
         # v ≥ X + 1: P(W ≥ v − X) = ρ_w^{v−X}/(1+ρ_w)
-        log_c = -big_x * w.log_rho - lw1 + v.log_pmf_sum(big_x + 1, m, w.log_rho) if big_x + 1 <= m else _NEG_INF
+        log_c = (
+            -big_x * w.log_rho - lw1 + v.log_pmf_sum(big_x + 1, m, w.log_rho)
+            if big_x + 1 <= m
+            else _NEG_INF
+        )
         log_atom = self._log_atom + w.log_cdf(x - self.cap)
         total = _log_add(log_c, log_atom)
         hi = min(big_x, m)
@@ -373,6 +384,7 @@ def _gauss_sum(c: Interval, start: int, digits: int) -> Interval:
 # Draws from a RandomSource (same code on the secure and the seeded path), all exact
 # ------------------------------------------------------------------------------------------------
 
+
 def binomial_draw(source: RandomSource, n: int, p: ProbabilityFn) -> int:
     """K ~ Binomial(n, p) exactly, p given as intervals at any precision (e.g. a law's
     ``lambda d: law.sf_interval(t, d)``); see :func:`pipeline.privacy.exact.binomial_exact`."""
@@ -385,7 +397,9 @@ def geometric_draw(source: RandomSource, p: ProbabilityFn, limit: int | None = N
     return geometric_exact(source, lambda d: 1 - p(d), limit)
 
 
-def choose_absent_ids(source: RandomSource, domain_size: int, support: np.ndarray, count: int) -> np.ndarray:
+def choose_absent_ids(
+    source: RandomSource, domain_size: int, support: np.ndarray, count: int
+) -> np.ndarray:
     """A uniformly random ``count``-subset of [0, domain_size) \\ support (support sorted, unique).
 
     Rejection from the id space: draw uniform ids in order, keep an id if it is neither in the
@@ -408,7 +422,9 @@ def choose_absent_ids(source: RandomSource, domain_size: int, support: np.ndarra
         mask[support] = False
         pool = np.flatnonzero(mask)
         # position i swaps with a uniform position in [i, |pool|): the first `count` are a uniform subset
-        swaps = np.arange(count, dtype=np.int64) + source.integers(pool.size - np.arange(count, dtype=np.int64))
+        swaps = np.arange(count, dtype=np.int64) + source.integers(
+            pool.size - np.arange(count, dtype=np.int64)
+        )
         for i, j in enumerate(swaps.tolist()):
             pool[i], pool[j] = pool[j], pool[i]
         return np.sort(pool[:count]).astype(np.int64)

@@ -29,7 +29,11 @@ class LedgerEntry:
     def __post_init__(self) -> None:
         if not isinstance(self.release, str) or not self.release:
             raise ValueError(f"release must be a non-empty str, got {self.release!r}")
-        if isinstance(self.step, bool) or not isinstance(self.step, numbers.Integral) or self.step < 0:
+        if (
+            isinstance(self.step, bool)
+            or not isinstance(self.step, numbers.Integral)
+            or self.step < 0
+        ):
             raise ValueError(f"step must be an int >= 0, got {self.step!r}")
         object.__setattr__(self, "step", int(self.step))
         if not isinstance(self.cost, (ZCDP, ApproxDP)):
@@ -39,9 +43,17 @@ class LedgerEntry:
 
     def get_state(self) -> dict[str, Any]:
         c = self.cost
-        cost = ({"kind": "zcdp", "rho": c.rho} if isinstance(c, ZCDP)
-                else {"kind": "approx_dp", "epsilon": c.epsilon, "delta": c.delta})
-        return {"release": self.release, "step": self.step, "cost": cost, "timestamp": self.timestamp}
+        cost = (
+            {"kind": "zcdp", "rho": c.rho}
+            if isinstance(c, ZCDP)
+            else {"kind": "approx_dp", "epsilon": c.epsilon, "delta": c.delta}
+        )
+        return {
+            "release": self.release,
+            "step": self.step,
+            "cost": cost,
+            "timestamp": self.timestamp,
+        }
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> LedgerEntry:
@@ -64,8 +76,12 @@ class PrivacyLedger:
     given, that release's own total — beyond its limit (:class:`BudgetExhaustedError`).
     """
 
-    def __init__(self, budget: PrivacyBudget, plan: BudgetPlan | None = None,
-                 entries: Iterable[LedgerEntry] = ()):
+    def __init__(
+        self,
+        budget: PrivacyBudget,
+        plan: BudgetPlan | None = None,
+        entries: Iterable[LedgerEntry] = (),
+    ):
         if not isinstance(budget, PrivacyBudget):
             raise TypeError(f"budget must be a PrivacyBudget, got {type(budget).__name__}")
         if plan is not None and plan.budget != budget:
@@ -83,7 +99,9 @@ class PrivacyLedger:
             self.append(e)
 
     # -- recording --------------------------------------------------------------------------
-    def record(self, release: str, step: int, cost: Cost, timestamp: float | None = None) -> LedgerEntry:
+    def record(
+        self, release: str, step: int, cost: Cost, timestamp: float | None = None
+    ) -> LedgerEntry:
         """Record ``release``'s spend at ``step`` (timestamp defaults to now, seconds since the epoch)."""
         entry = LedgerEntry(release, step, cost, time.time() if timestamp is None else timestamp)
         return self.append(entry)
@@ -104,18 +122,27 @@ class PrivacyLedger:
                 raise BudgetKindError(f"{who}: release {entry.release!r} is not in the plan")
             limit = self._allot[entry.release]
             if type(limit) is not type(c):
-                raise BudgetKindError(f"{who} spends {type(c).__name__} but its plan allots {type(limit).__name__}")
+                raise BudgetKindError(
+                    f"{who} spends {type(c).__name__} but its plan allots {type(limit).__name__}"
+                )
         budget = self.budget
         if isinstance(c, ZCDP):
             assert budget.rho is not None  # require() refused a zCDP spend without a rho budget
             new_total = self._rho + c.rho
             if exceeds(new_total, budget.rho):
-                raise BudgetExhaustedError(f"{who} would spend rho={c.rho:.6g}: total {new_total:.12g} "
-                                           f"> budget rho={budget.rho:.12g}", entry.release, entry.step)
+                raise BudgetExhaustedError(
+                    f"{who} would spend rho={c.rho:.6g}: total {new_total:.12g} "
+                    f"> budget rho={budget.rho:.12g}",
+                    entry.release,
+                    entry.step,
+                )
             if isinstance(limit, ZCDP) and exceeds(mine[0] + c.rho, limit.rho):
-                raise BudgetExhaustedError(f"{who} would spend rho={c.rho:.6g}: release total "
-                                           f"{mine[0] + c.rho:.12g} > its allotment rho={limit.rho:.12g}",
-                                           entry.release, entry.step)
+                raise BudgetExhaustedError(
+                    f"{who} would spend rho={c.rho:.6g}: release total "
+                    f"{mine[0] + c.rho:.12g} > its allotment rho={limit.rho:.12g}",
+                    entry.release,
+                    entry.step,
+                )
             self._rho = new_total
             mine = [mine[0] + c.rho, mine[1], mine[2]]
         else:
@@ -126,13 +153,21 @@ class PrivacyLedger:
                 raise BudgetExhaustedError(
                     f"{who} would spend (epsilon, delta)=({c.epsilon:.6g}, {c.delta:.6g}): total "
                     f"({new_eps:.12g}, {new_delta:.12g}) > budget ({budget.epsilon:.12g}, "
-                    f"{budget.delta:.12g})", entry.release, entry.step)
-            if isinstance(limit, ApproxDP) and (exceeds(mine[1] + c.epsilon, limit.epsilon)
-                                                or exceeds(mine[2] + c.delta, limit.delta)):
+                    f"{budget.delta:.12g})",
+                    entry.release,
+                    entry.step,
+                )
+            if isinstance(limit, ApproxDP) and (
+                exceeds(mine[1] + c.epsilon, limit.epsilon)
+                or exceeds(mine[2] + c.delta, limit.delta)
+            ):
                 raise BudgetExhaustedError(
                     f"{who} would spend (epsilon, delta)=({c.epsilon:.6g}, {c.delta:.6g}): release total "
                     f"({mine[1] + c.epsilon:.12g}, {mine[2] + c.delta:.12g}) > its allotment "
-                    f"({limit.epsilon:.12g}, {limit.delta:.12g})", entry.release, entry.step)
+                    f"({limit.epsilon:.12g}, {limit.delta:.12g})",
+                    entry.release,
+                    entry.step,
+                )
             self._eps, self._delta = new_eps, new_delta
             mine = [mine[0], mine[1] + c.epsilon, mine[2] + c.delta]
         self._by_release[entry.release] = mine
@@ -176,8 +211,10 @@ class PrivacyLedger:
         mon = self.spent_approx_dp()
         delta_z = delta - mon.delta
         if delta_z < 0.0 or (delta_z == 0.0 and self._rho > 0.0):
-            raise ValueError(f"delta={delta:.6g} leaves nothing for the zCDP part: the monitors "
-                             f"already used delta={mon.delta:.6g}")
+            raise ValueError(
+                f"delta={delta:.6g} leaves nothing for the zCDP part: the monitors "
+                f"already used delta={mon.delta:.6g}"
+            )
         return zcdp_to_approx_dp(self._rho, delta_z) + mon.epsilon
 
     def total_approx_dp(self, delta: float) -> ApproxDP:
@@ -189,11 +226,22 @@ class PrivacyLedger:
         """Budget, optional plan and entries; serialisable with :mod:`pipeline.serialization`."""
         plan = None
         if self.plan is not None:
-            plan = [{"name": r.name, "share": r.share, "kind": r.kind,
-                     "cost": None if r.cost is None else LedgerEntry(r.name, 0, r.cost).get_state()["cost"]}
-                    for r in self.plan.releases]
-        return {"budget": self.budget.get_state(), "plan": plan,
-                "entries": [e.get_state() for e in self._entries]}
+            plan = [
+                {
+                    "name": r.name,
+                    "share": r.share,
+                    "kind": r.kind,
+                    "cost": None
+                    if r.cost is None
+                    else LedgerEntry(r.name, 0, r.cost).get_state()["cost"],
+                }
+                for r in self.plan.releases
+            ]
+        return {
+            "budget": self.budget.get_state(),
+            "plan": plan,
+            "entries": [e.get_state() for e in self._entries],
+        }
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> PrivacyLedger:
@@ -204,8 +252,11 @@ class PrivacyLedger:
             for r in state["plan"]:
                 cost = None
                 if r["cost"] is not None:
-                    cost = LedgerEntry.from_state({"release": r["name"], "step": 0, "cost": r["cost"],
-                                                   "timestamp": None}).cost
-                releases.append(PlannedRelease(r["name"], cost=cost, share=r["share"], kind=r["kind"]))
+                    cost = LedgerEntry.from_state(
+                        {"release": r["name"], "step": 0, "cost": r["cost"], "timestamp": None}
+                    ).cost
+                releases.append(
+                    PlannedRelease(r["name"], cost=cost, share=r["share"], kind=r["kind"])
+                )
             plan = BudgetPlan(budget, releases)
         return cls(budget, plan, [LedgerEntry.from_state(e) for e in state["entries"]])

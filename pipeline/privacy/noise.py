@@ -101,7 +101,9 @@ def _as_fraction(value, name: str) -> Fraction:
             raise ValueError(f"{name} must be a finite positive number, got {value!r}")
         frac = Fraction(float(value))
     else:
-        raise TypeError(f"{name} must be a finite positive number (int, float or Fraction), got {type(value).__name__}")
+        raise TypeError(
+            f"{name} must be a finite positive number (int, float or Fraction), got {type(value).__name__}"
+        )
     if frac <= 0:
         raise ValueError(f"{name} must be a finite positive number, got {value!r}")
     return frac
@@ -208,7 +210,9 @@ def _resolve(src: RandomSource, p: Fraction, u: int) -> bool:
 # --------------------------------------------------------------------------------------------
 # Algorithm 1: Bernoulli(exp(-gamma))
 # --------------------------------------------------------------------------------------------
-def _bern_exp_unit(pool: _Pool, lo, hi, exact_gamma: Callable[[int], Fraction], n: int, k0: int = 1) -> np.ndarray:
+def _bern_exp_unit(
+    pool: _Pool, lo, hi, exact_gamma: Callable[[int], Fraction], n: int, k0: int = 1
+) -> np.ndarray:
     """Bernoulli(exp(−γ_i)) for γ_i ∈ [0, 1], one per lane (Algorithm 1, first part).
 
     ``lo``/``hi`` (arrays of length n, or scalars) enclose γ_i·2**_UBITS; ``exact_gamma(i)`` gives
@@ -307,7 +311,9 @@ def _uniform_below(pool: _Pool, t: int, m: int) -> np.ndarray:
     for bits, draw, dtype in ((16, pool.u16, np.uint16), (32, pool.u32, np.uint32)):
         if t <= 1 << bits:
             w = draw(m)
-            floor = (1 << bits) % t  # accept w ≥ 2**bits mod t: a multiple of t equally likely words
+            floor = (
+                1 << bits
+            ) % t  # accept w ≥ 2**bits mod t: a multiple of t equally likely words
             if floor:
                 w = w[w >= floor]
             return (w % dtype(t) if t < 1 << bits else w).astype(np.int64)
@@ -320,12 +326,18 @@ def _laplace_attempts(pool: _Pool, t: int, s: int, m: int) -> np.ndarray:
     # u, t ≤ 2**52 are exact floats: g = γ·2**_UBITS up to two roundings, inside the 2**-48 slack
     g = u.astype(np.float64) * (float(1 << _UBITS) / t)
     keep = _bern_exp_unit(
-        pool, g * (1.0 - _REL_SLACK), g * (1.0 + _REL_SLACK), lambda i: Fraction(int(u[i]), t), u.size
+        pool,
+        g * (1.0 - _REL_SLACK),
+        g * (1.0 + _REL_SLACK),
+        lambda i: Fraction(int(u[i]), t),
+        u.size,
     )
     u = u[keep]
     v = _geometric_e1(pool, u.size)
     if v.size and int(v.max()) > (_INT64_MAX - t) // t:
-        raise OverflowError("discrete Laplace: U + t*V exceeds int64 (probability below exp(-2048))")
+        raise OverflowError(
+            "discrete Laplace: U + t*V exceeds int64 (probability below exp(-2048))"
+        )
     x = u + t * v
     y = x // s if s != 1 else x
     neg = pool.bits(y.size)
@@ -393,7 +405,9 @@ def _gauss_accept(pool: _Pool, y: np.ndarray, prm: _GaussParams) -> np.ndarray:
 
     lanes = np.flatnonzero(ok & one)
     cells = float(1 << _UBITS)
-    ok[lanes] = _bern_exp_unit(pool, r_lo[lanes] * cells, r_hi[lanes] * cells, remainder(lanes, 1), lanes.size)
+    ok[lanes] = _bern_exp_unit(
+        pool, r_lo[lanes] * cells, r_hi[lanes] * cells, remainder(lanes, 1), lanes.size
+    )
     lanes = np.flatnonzero(ok & two)
     lo, hi = r_lo[lanes] * (cells / 2), r_hi[lanes] * (cells / 2)
     first = _bern_exp_unit(pool, lo, hi, remainder(lanes, 2), lanes.size)

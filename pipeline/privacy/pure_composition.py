@@ -31,8 +31,15 @@ from scipy.special import gammaln
 
 from pipeline.privacy.conversions import zcdp_to_approx_dp
 
-__all__ = ["ComposedBound", "FORMS", "advanced_epsilon", "zcdp_epsilon", "optimal_delta",
-           "optimal_epsilon", "tightest_epsilon"]
+__all__ = [
+    "ComposedBound",
+    "FORMS",
+    "advanced_epsilon",
+    "zcdp_epsilon",
+    "optimal_delta",
+    "optimal_epsilon",
+    "tightest_epsilon",
+]
 
 FORMS = ("advanced", "zcdp", "optimal")
 _SAFETY = 1.0 - 1e-9  # solve for a δ this much below the target (float error of the sum)
@@ -102,8 +109,8 @@ def optimal_epsilon(eps0: float, m: int, delta: float) -> float:
     if optimal_delta(eps0, m, 0.0) <= target:
         return 0.0
     log_p, loss = _randomized_response_terms(eps0, m)
-    log_a = np.logaddexp.accumulate(log_p)            # log_a[i] = ln Σ_{l≤i} P_l
-    log_b = np.logaddexp.accumulate(log_p - loss)     # log_b[i] = ln Σ_{l≤i} P_l e^{−loss_l}
+    log_a = np.logaddexp.accumulate(log_p)  # log_a[i] = ln Σ_{l≤i} P_l
+    log_b = np.logaddexp.accumulate(log_p - loss)  # log_b[i] = ln Σ_{l≤i} P_l e^{−loss_l}
     # δ at ε = loss_j for j = 1..m: A − e^{loss_j}·B over l ≤ j − 1
     # (each term P_l·(1 − e^{loss_j − loss_l}) > 0, so no cancellation)
     with np.errstate(divide="ignore"):
@@ -115,8 +122,9 @@ def optimal_epsilon(eps0: float, m: int, delta: float) -> float:
     return max(0.0, float(log_rest - log_b[j - 1]))
 
 
-def tightest_epsilon(eps0: float, m: int, delta: float,
-                     forms: tuple[str, ...] = FORMS) -> ComposedBound:
+def tightest_epsilon(
+    eps0: float, m: int, delta: float, forms: tuple[str, ...] = FORMS
+) -> ComposedBound:
     """The smallest ε of the named composition theorems for m ε₀-DP calls at ``delta``."""
     funcs = {"advanced": advanced_epsilon, "zcdp": zcdp_epsilon, "optimal": optimal_epsilon}
     unknown = [f for f in forms if f not in funcs]

@@ -28,8 +28,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RandomSource", "SecureRandom", "SeededRandom", "as_random_source", "random_source_from_state",
-           "restore_random_source", "derive_seed"]
+__all__ = [
+    "RandomSource",
+    "SecureRandom",
+    "SeededRandom",
+    "as_random_source",
+    "random_source_from_state",
+    "restore_random_source",
+    "derive_seed",
+]
 
 _U64 = np.uint64
 
@@ -86,7 +93,9 @@ class RandomSource(ABC):
 
     def bernoulli(self, num, den, size: int | None = None) -> np.ndarray:
         """Exact Bernoulli(num/den) draws for integers 0 ≤ num ≤ den, den ≥ 1 (scalars or arrays)."""
-        num_arr, den_arr = np.broadcast_arrays(np.asarray(num, dtype=np.int64), np.asarray(den, dtype=np.int64))
+        num_arr, den_arr = np.broadcast_arrays(
+            np.asarray(num, dtype=np.int64), np.asarray(den, dtype=np.int64)
+        )
         if size is None:
             size = int(num_arr.size)
         if num_arr.ndim == 0 or num_arr.size == 1:
@@ -123,7 +132,9 @@ class SecureRandom(RandomSource):
 
     def set_state(self, state: dict[str, Any]) -> None:
         if state.get("kind") != "secure":
-            raise ValueError(f"cannot restore a {state.get('kind')!r} random state into a secure source")
+            raise ValueError(
+                f"cannot restore a {state.get('kind')!r} random state into a secure source"
+            )
 
     def __repr__(self) -> str:
         return "SecureRandom()"
@@ -158,7 +169,9 @@ class SeededRandom(RandomSource):
 
     def set_state(self, state: dict[str, Any]) -> None:
         if state.get("kind") != "seeded":
-            raise ValueError(f"cannot restore a {state.get('kind')!r} random state into a seeded source")
+            raise ValueError(
+                f"cannot restore a {state.get('kind')!r} random state into a seeded source"
+            )
         self.seed = int(state["seed"])
         self._bitgen.state = {
             "bit_generator": "PCG64",
@@ -179,7 +192,9 @@ def as_random_source(rng: RandomSource | int | None = None) -> RandomSource:
         return rng
     if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
         return SeededRandom(int(rng))
-    raise TypeError(f"rng must be None (secure), an int seed or a RandomSource, got {type(rng).__name__}")
+    raise TypeError(
+        f"rng must be None (secure), an int seed or a RandomSource, got {type(rng).__name__}"
+    )
 
 
 def random_source_from_state(state: dict[str, Any]) -> RandomSource:
@@ -198,7 +213,9 @@ def random_source_from_state(state: dict[str, Any]) -> RandomSource:
     raise ValueError(f"unknown random source kind {kind!r} in state")
 
 
-def restore_random_source(state: Mapping[str, Any], kind: str, rng=None, what: str | None = None) -> RandomSource:
+def restore_random_source(
+    state: Mapping[str, Any], kind: str, rng=None, what: str | None = None
+) -> RandomSource:
     """For a mechanism's ``from_state``: check that ``state`` is of ``kind`` and return its random
     source — ``rng`` if given (it replaces the stored one), else the stored one."""
     if state.get("kind") != kind:
@@ -214,5 +231,7 @@ def derive_seed(seed: int, *labels) -> int:
     """The seed of the part named by ``labels`` (e.g. a release's name, then a step) of a run seeded
     with ``seed``: the 64-bit BLAKE2b digest of ``"seed:label:..."`` read little-endian, less its
     lowest bit (a non-negative int64). Simulation only, as any seed: a secure run derives nothing."""
-    digest = hashlib.blake2b(":".join(str(part) for part in (seed, *labels)).encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(
+        ":".join(str(part) for part in (seed, *labels)).encode(), digest_size=8
+    ).digest()
     return int.from_bytes(digest, "little") >> 1

@@ -17,8 +17,15 @@ from collections.abc import Callable
 __all__ = ["increasing_root"]
 
 
-def increasing_root(f: Callable[[float], float], lo: float, hi: float, *, xtol: float,
-                    rtol: float, maxiter: int = 500) -> float:
+def increasing_root(
+    f: Callable[[float], float],
+    lo: float,
+    hi: float,
+    *,
+    xtol: float,
+    rtol: float,
+    maxiter: int = 500,
+) -> float:
     """The root of ``f``, increasing on [lo, hi] with f(lo) ≤ 0 ≤ f(hi), within
     ``xtol + rtol·|root|`` (the stopping rule of scipy.optimize.brentq).
 
@@ -36,8 +43,10 @@ def increasing_root(f: Callable[[float], float], lo: float, hi: float, *, xtol: 
     """
     f_lo, f_hi = f(lo), f(hi)
     if f_lo > 0.0 or f_hi < 0.0:
-        raise ValueError(f"increasing_root: f({lo}) = {f_lo} and f({hi}) = {f_hi} do not bracket a "
-                         "root of an increasing function")
+        raise ValueError(
+            f"increasing_root: f({lo}) = {f_lo} and f({hi}) = {f_hi} do not bracket a "
+            "root of an increasing function"
+        )
     if f_lo == 0.0:
         return lo
     if f_hi == 0.0:

@@ -15,8 +15,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Aggregator",
-           "narrow_int", "FixedWindowAggregator", "CumulativeAggregator", "ActiveSetAggregator"]
+__all__ = [
+    "Aggregator",
+    "narrow_int",
+    "FixedWindowAggregator",
+    "CumulativeAggregator",
+    "ActiveSetAggregator",
+]
 
 
 class Aggregator(Protocol):
@@ -61,7 +66,11 @@ class FixedWindowAggregator:
         counts = None
         if step >= self.window:
             counts = np.bincount(pattern, minlength=self.categories**self.window).astype(np.int64)
-        self.suffix = (pattern % self._mod).astype(self.suffix.dtype) if self._mod > 1 else np.zeros_like(self.suffix)
+        self.suffix = (
+            (pattern % self._mod).astype(self.suffix.dtype)
+            if self._mod > 1
+            else np.zeros_like(self.suffix)
+        )
         return {"counts": counts}
 
     def apply_feedback(self, step: int, x: np.ndarray, feedback: dict[str, Any]) -> None:

@@ -48,9 +48,24 @@ from .aggregators import Aggregator
 from .bounds import ReleaseBounds
 from .reading import Answer, Context, Panel
 
-__all__ = ["ReleaseConfig", "ReleaseWriter", "ReleaseReader", "ReleaseKind", "CountsKind",
-           "AlertsKind", "BudgetKeys", "Setting", "StepInput", "StepOutput", "PrivacyEvent", "register",
-           "kinds", "kind_of", "get_kind", "charged_at_step_one"]
+__all__ = [
+    "ReleaseConfig",
+    "ReleaseWriter",
+    "ReleaseReader",
+    "ReleaseKind",
+    "CountsKind",
+    "AlertsKind",
+    "BudgetKeys",
+    "Setting",
+    "StepInput",
+    "StepOutput",
+    "PrivacyEvent",
+    "register",
+    "kinds",
+    "kind_of",
+    "get_kind",
+    "charged_at_step_one",
+]
 
 PrivacyEvent = ZCDP | ApproxDP
 
@@ -60,7 +75,9 @@ class ReleaseConfig(StrictModel):
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     attribute: str
-    share: float = Field(gt=0, le=1, description="fraction of the deployment budget of this release's kind")
+    share: float = Field(
+        gt=0, le=1, description="fraction of the deployment budget of this release's kind"
+    )
     if TYPE_CHECKING:  # each kind's model declares it as Literal[<name>]; not a field here
         type: str
 
@@ -116,8 +133,15 @@ class Setting:
         (``pipeline.plan.mechanism_setting``, seeded per release) and for ``dpstream plan``
         (``pipeline.error_bounds``), so the bounds the plan shows are the ones the releases run with."""
         attribute = deployment.attributes[release.attribute]
-        return cls(horizon=deployment.horizon, neighbours=deployment.neighbours, domain_size=attribute.size,
-                   allotment=allotment, seed=seed, n=n, attribute=attribute)
+        return cls(
+            horizon=deployment.horizon,
+            neighbours=deployment.neighbours,
+            domain_size=attribute.size,
+            allotment=allotment,
+            seed=seed,
+            n=n,
+            attribute=attribute,
+        )
 
 
 @dataclass
@@ -221,8 +245,9 @@ class ReleaseWriter(ABC, Generic[R]):
         """
 
     @abstractmethod
-    def events(self, release: R, mechanism: Any,
-               setting: Setting) -> tuple[PrivacyEvent | None, ...]:
+    def events(
+        self, release: R, mechanism: Any, setting: Setting
+    ) -> tuple[PrivacyEvent | None, ...]:
         """The privacy events of each step, read off the built mechanism's noise (module docstring).
 
         Args:
@@ -305,8 +330,15 @@ class ReleaseReader(ABC, Generic[R]):
             The sentence (no final full stop).
         """
 
-    def answer(self, release: R, panel: Panel, step: int, ctx: Context, raw: bool = False,
-               group: str | None = None) -> Answer:
+    def answer(
+        self,
+        release: R,
+        panel: Panel,
+        step: int,
+        ctx: Context,
+        raw: bool = False,
+        group: str | None = None,
+    ) -> Answer:
         """One released step as labelled rows with intervals from the mechanism's bound at its β,
         and shares of n. Counts kinds implement it; alerts kinds answer through :meth:`alert_text`.
 
@@ -322,8 +354,10 @@ class ReleaseReader(ABC, Generic[R]):
         Raises:
             ValueError: (one line) for a question the kind does not answer.
         """
-        raise ValueError(f"release {release.name!r} ({release.type}) publishes alerts, not counts: "
-                         "`dpstream alerts` reads them")
+        raise ValueError(
+            f"release {release.name!r} ({release.type}) publishes alerts, not counts: "
+            "`dpstream alerts` reads them"
+        )
 
     def alert_text(self, release: R, alert: dict[str, Any], ctx: Context) -> str:
         """One alert record in words (labels, what a flag means). Alerts kinds implement it.
@@ -394,8 +428,15 @@ class CountsKind(ReleaseKind[R]):
     ``"histogram"``), read back through :meth:`answer`."""
 
     @abstractmethod
-    def answer(self, release: R, panel: Panel, step: int, ctx: Context, raw: bool = False,
-               group: str | None = None) -> Answer:
+    def answer(
+        self,
+        release: R,
+        panel: Panel,
+        step: int,
+        ctx: Context,
+        raw: bool = False,
+        group: str | None = None,
+    ) -> Answer:
         """See :meth:`ReleaseReader.answer`."""
 
 
@@ -419,10 +460,13 @@ def charged_at_step_one(target: ApproxDP, guarantee: ApproxDP, horizon: int, who
     per step: ``target`` at step 1, nothing after. ``guarantee`` is what the theorem gives for the
     noise the mechanism was built with; it must not exceed the target the noise was calibrated to
     (else the charge would understate the cost, and this raises)."""
-    if (guarantee.epsilon > target.epsilon * (1 + BUDGET_RTOL)
-            or guarantee.delta > target.delta * (1 + BUDGET_RTOL)):
-        raise ValueError(f"{who}: the noise's guarantee ({guarantee.epsilon!r}, {guarantee.delta!r}) exceeds "
-                         f"the charged ({target.epsilon!r}, {target.delta!r})")
+    if guarantee.epsilon > target.epsilon * (1 + BUDGET_RTOL) or guarantee.delta > target.delta * (
+        1 + BUDGET_RTOL
+    ):
+        raise ValueError(
+            f"{who}: the noise's guarantee ({guarantee.epsilon!r}, {guarantee.delta!r}) exceeds "
+            f"the charged ({target.epsilon!r}, {target.delta!r})"
+        )
     return (target,) + (None,) * (horizon - 1)
 
 
@@ -437,18 +481,26 @@ def register(cls: type[K]) -> type[K]:
     at import."""
     if not isinstance(cls, type) or not issubclass(cls, (CountsKind, AlertsKind)):
         raise TypeError(f"release kind {cls!r} must subclass CountsKind or AlertsKind")
-    missing = sorted(set(getattr(cls, "__abstractmethods__", ())) |
-                     {a for a in _CLASS_ATTRIBUTES if not getattr(cls, a, None)})
+    missing = sorted(
+        set(getattr(cls, "__abstractmethods__", ()))
+        | {a for a in _CLASS_ATTRIBUTES if not getattr(cls, a, None)}
+    )
     if missing:
-        raise TypeError(f"release kind {cls.__name__} lacks {', '.join(missing)} "
-                        "(the contract: pipeline.releases.base)")
+        raise TypeError(
+            f"release kind {cls.__name__} lacks {', '.join(missing)} "
+            "(the contract: pipeline.releases.base)"
+        )
     if cls.name in _REGISTRY:
         raise ValueError(f"release kind {cls.name!r} is registered twice")
     if cls.budget not in ("zcdp", "approx_dp"):
-        raise ValueError(f"release kind {cls.name!r}: budget must be 'zcdp' or 'approx_dp', got {cls.budget!r}")
+        raise ValueError(
+            f"release kind {cls.name!r}: budget must be 'zcdp' or 'approx_dp', got {cls.budget!r}"
+        )
     if cls.output not in ("records", "histogram", "alerts"):
-        raise ValueError(f"release kind {cls.name!r}: output must be 'records', 'histogram' or "
-                         f"'alerts', got {cls.output!r}")
+        raise ValueError(
+            f"release kind {cls.name!r}: output must be 'records', 'histogram' or "
+            f"'alerts', got {cls.output!r}"
+        )
     _REGISTRY[cls.name] = cls()
     return cls
 

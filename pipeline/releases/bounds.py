@@ -22,8 +22,15 @@ class ReleaseBounds:
     largest: str
     padding: int = 0
     notes: list[str] = field(default_factory=list)
-    meaning: str = "outputs"  # what a bound above n leaves without information (the warning's words)
+    meaning: str = (
+        "outputs"  # what a bound above n leaves without information (the warning's words)
+    )
 
     def as_json(self) -> dict:
-        return {"type": self.type, "beta": self.beta, "padding": self.padding, "bounds": dict(self.bounds),
-                "compared_with_n": self.largest}
+        return {
+            "type": self.type,
+            "beta": self.beta,
+            "padding": self.padding,
+            "bounds": dict(self.bounds),
+            "compared_with_n": self.largest,
+        }

@@ -17,8 +17,14 @@ import numpy as np
 
 from pipeline.synth.postprocess import synthetic_dtype
 
-__all__ = ["SYNTHETIC_CHUNK_RECORDS", "SYNTHETIC_DTYPES", "IncompleteStep", "synthetic_columns", "columns_checksum",
-           "synthetic_entry"]
+__all__ = [
+    "SYNTHETIC_CHUNK_RECORDS",
+    "SYNTHETIC_DTYPES",
+    "IncompleteStep",
+    "synthetic_columns",
+    "columns_checksum",
+    "synthetic_entry",
+]
 
 SYNTHETIC_CHUNK_RECORDS = 20_000  # ~60 KB of JSON per chunk per column
 
@@ -37,7 +43,9 @@ def synthetic_columns(columns, categories: int) -> np.ndarray:
     values, int16 up to 32,768); a value outside the alphabet is refused, never wrapped."""
     arr = np.asarray(columns)
     if arr.size and (arr.min() < 0 or arr.max() >= categories):
-        raise ValueError(f"synthetic values outside 0..{categories - 1}: [{arr.min()}, {arr.max()}]")
+        raise ValueError(
+            f"synthetic values outside 0..{categories - 1}: [{arr.min()}, {arr.max()}]"
+        )
     return arr.astype(synthetic_dtype(categories), copy=False)
 
 
@@ -46,9 +54,13 @@ def columns_checksum(columns: np.ndarray) -> str:
     columns (one of ``SYNTHETIC_DTYPES``) or a histogram (float64). The manifest's completeness
     check. For int8 columns these are the bytes earlier versions hashed."""
     if columns.dtype.name not in _CHECKED_DTYPES:
-        raise TypeError(f"synthetic columns must be one of {SYNTHETIC_DTYPES} (a histogram float64), "
-                        f"got {columns.dtype}")
-    return hashlib.sha256(np.ascontiguousarray(columns, dtype=columns.dtype.newbyteorder("<")).tobytes()).hexdigest()
+        raise TypeError(
+            f"synthetic columns must be one of {SYNTHETIC_DTYPES} (a histogram float64), "
+            f"got {columns.dtype}"
+        )
+    return hashlib.sha256(
+        np.ascontiguousarray(columns, dtype=columns.dtype.newbyteorder("<")).tobytes()
+    ).hexdigest()
 
 
 def synthetic_entry(values: np.ndarray, column_steps: list[int]) -> dict[str, Any]:

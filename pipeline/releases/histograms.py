@@ -23,4 +23,3 @@ def merge_histograms(parts: list[dict], domain_size: int) -> tuple[np.ndarray, n
         return support, dense[support].astype(np.int64)
     support, inverse = np.unique(elements, return_inverse=True)
     return support, np.bincount(inverse, weights=counts, minlength=support.size).astype(np.int64)
-

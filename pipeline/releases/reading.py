@@ -26,11 +26,22 @@ import numpy as np
 if TYPE_CHECKING:
     from pipeline.attributes import Attribute
 
-__all__ = ["Panel",
-           "Context", "Row", "Answer", "CLIPPING", "binary_word", "pattern_labels", "cumulative_label", "code_labels"]
+__all__ = [
+    "Panel",
+    "Context",
+    "Row",
+    "Answer",
+    "CLIPPING",
+    "binary_word",
+    "pattern_labels",
+    "cumulative_label",
+    "code_labels",
+]
 
-CLIPPING = ("estimates are shown unclipped (a debiased count can be negative: clipping at 0 would bias sums "
-            "upward); only the interval is clipped to [0, n]")
+CLIPPING = (
+    "estimates are shown unclipped (a debiased count can be negative: clipping at 0 would bias sums "
+    "upward); only the interval is clipped to [0, n]"
+)
 
 
 class Panel(Protocol):
@@ -69,7 +80,9 @@ class Row:
     low: float | None = None
     high: float | None = None
     n: int | None = None
-    key: str | int | None = None  # the machine name of the row (a pattern code, b, a group): same across steps
+    key: str | int | None = (
+        None  # the machine name of the row (a pattern code, b, a group): same across steps
+    )
     series: str = ""  # the label of the row's series over steps, when it differs from ``label``
 
     def share(self, value: float | None) -> float | None:
@@ -97,12 +110,21 @@ class Answer:
     rows: list[Row]
     bound: str = ""  # which bound the intervals come from, in words
     notes: list[str] = field(default_factory=list)
-    legacy: dict[str, Any] = field(default_factory=dict)  # the earlier JSON keys (counts, at_least, answers)
+    legacy: dict[str, Any] = field(
+        default_factory=dict
+    )  # the earlier JSON keys (counts, at_least, answers)
 
     def as_json(self) -> dict[str, Any]:
-        return {"release": self.release, "type": self.type, "step": self.step, "question": self.question,
-                "bound": self.bound, "notes": list(self.notes), "rows": [r.as_json() for r in self.rows],
-                **self.legacy}
+        return {
+            "release": self.release,
+            "type": self.type,
+            "step": self.step,
+            "question": self.question,
+            "bound": self.bound,
+            "notes": list(self.notes),
+            "rows": [r.as_json() for r in self.rows],
+            **self.legacy,
+        }
 
 
 def interval(estimate: float, half_width: float, n: int | None) -> tuple[float, float]:

@@ -64,18 +64,36 @@ from .base import (
 from .bounds import ReleaseBounds
 from .reading import Answer, Context, Panel
 
-__all__ = ["RelativeErrorRelease", "RelativeErrorKind", "resolve_groups", "query_family", "family_size",
-           "dyadic_blocks", "dyadic_pieces", "step_plan", "plan_of", "step_seed", "RelativeErrorMechanism",
-           "mechanism_params", "group_interval", "answer_query", "MAX_DOMAIN", "MAX_NNZ"]
+__all__ = [
+    "RelativeErrorRelease",
+    "RelativeErrorKind",
+    "resolve_groups",
+    "query_family",
+    "family_size",
+    "dyadic_blocks",
+    "dyadic_pieces",
+    "step_plan",
+    "plan_of",
+    "step_seed",
+    "RelativeErrorMechanism",
+    "mechanism_params",
+    "group_interval",
+    "answer_query",
+    "MAX_DOMAIN",
+    "MAX_NNZ",
+]
 
 KIND = "relative_error"
 QUERY_FAMILIES = ("groups", "dyadic", "singletons")
-MAX_DOMAIN = 1 << 20  # PREM keeps dense float vectors over the domain, and partials are dense counts
-MAX_NNZ = 1 << 22     # F is held as a sparse 0/1 matrix in two layouts; a call costs O(nnz(F))
+MAX_DOMAIN = (
+    1 << 20
+)  # PREM keeps dense float vectors over the domain, and partials are dense counts
+MAX_NNZ = 1 << 22  # F is held as a sparse 0/1 matrix in two layouts; a call costs O(nnz(F))
 _STATE_VERSION = 1
 
 
 # --- configuration ---------------------------------------------------------------------------
+
 
 class RelativeErrorRelease(ReleaseConfig):
     """``type: relative_error``: a relative-error synthetic histogram of the attribute's current values
@@ -84,14 +102,21 @@ class RelativeErrorRelease(ReleaseConfig):
     type: Literal["relative_error"]
     queries: Literal["groups", "dyadic", "singletons"] = Field(
         description="groups: the declared groups of codes; dyadic: every dyadic range of the codes; "
-                    "singletons: every single code")
+        "singletons: every single code"
+    )
     groups: dict[str, list[str | int]] = Field(
-        default_factory=dict, description="queries: groups — name -> the attribute values (labels or codes) it counts")
+        default_factory=dict,
+        description="queries: groups — name -> the attribute values (labels or codes) it counts",
+    )
     zeta: float = Field(default=0.1, gt=0, lt=0.5, description="multiplicative error ζ")
     beta: float = Field(default=0.05, gt=0, lt=1, description="failure probability per step")
     accounting: Literal["charged", "paper"] = Field(
-        default="charged", description="PREM's accounting (docs/prem.md): charged, or the paper's constants")
-    max_calls: int = Field(default=20, ge=1, description="charged: FindMarginExample calls per step")
+        default="charged",
+        description="PREM's accounting (docs/prem.md): charged, or the paper's constants",
+    )
+    max_calls: int = Field(
+        default=20, ge=1, description="charged: FindMarginExample calls per step"
+    )
     max_rounds: int = Field(default=3, ge=1, description="charged: certified rounds per step")
 
 
@@ -108,12 +133,16 @@ def _resolve_code(value: str | int, attribute: Attribute) -> int:
         return public_hash(value, attribute.size)
     labels = attribute.labels()
     if value not in labels:
-        raise ValueError(f"{value!r} is not a value of the attribute (values: {labels[:8]}"
-                         f"{' ...' if len(labels) > 8 else ''})")
+        raise ValueError(
+            f"{value!r} is not a value of the attribute (values: {labels[:8]}"
+            f"{' ...' if len(labels) > 8 else ''})"
+        )
     return labels.index(value)
 
 
-def resolve_groups(release: RelativeErrorRelease, attribute: Attribute, where: str = "") -> dict[str, list[int]]:
+def resolve_groups(
+    release: RelativeErrorRelease, attribute: Attribute, where: str = ""
+) -> dict[str, list[int]]:
     """The declared groups as sorted code lists; a bad member names ``<where>.groups.<name>``."""
     out = {}
     for name, members in release.groups.items():
@@ -133,6 +162,7 @@ def resolve_groups(release: RelativeErrorRelease, attribute: Attribute, where: s
 
 
 # --- query family ----------------------------------------------------------------------------
+
 
 def dyadic_blocks(domain_size: int) -> tuple[np.ndarray, np.ndarray]:
     """(lo, hi) of every distinct range [k·2^j, min((k+1)·2^j, |X|)), j = 0..⌈log₂|X|⌉, level by level.
@@ -170,7 +200,9 @@ def query_family(queries: str, domain_size: int, groups: list | None = None):
         lengths = hi - lo
         indptr = np.concatenate([[0], np.cumsum(lengths)])
         indices = np.arange(indptr[-1], dtype=np.int64) - np.repeat(indptr[:-1] - lo, lengths)
-        return sparse.csr_matrix((np.ones(indices.size), indices, indptr), shape=(lo.size, domain_size))
+        return sparse.csr_matrix(
+            (np.ones(indices.size), indices, indptr), shape=(lo.size, domain_size)
+        )
     raise ValueError(f"queries must be one of {QUERY_FAMILIES}, got {queries!r}")
 
 
@@ -192,7 +224,9 @@ def dyadic_pieces(lo: int, hi: int, domain_size: int) -> list[tuple[int, int]]:
     pieces = []
     while lo < hi:
         width = 1
-        while lo % (2 * width) == 0 and min(lo + 2 * width, domain_size) <= hi and width < domain_size:
+        while (
+            lo % (2 * width) == 0 and min(lo + 2 * width, domain_size) <= hi and width < domain_size
+        ):
             width *= 2
         stop = min(lo + width, domain_size)
         pieces.append((lo, stop))
@@ -202,6 +236,7 @@ def dyadic_pieces(lo: int, hi: int, domain_size: int) -> list[tuple[int, int]]:
 
 # --- the kind ------------------------------------------------------------------------------------
 
+
 @register
 class RelativeErrorKind(CountsKind[RelativeErrorRelease]):
     name = KIND
@@ -210,31 +245,42 @@ class RelativeErrorKind(CountsKind[RelativeErrorRelease]):
 
     def check(self, release: RelativeErrorRelease, attribute: Attribute, horizon: int) -> None:
         if attribute.type not in ("categorical", "hashed"):
-            raise ValueError("attribute: relative_error releases need a categorical or hashed attribute")
+            raise ValueError(
+                "attribute: relative_error releases need a categorical or hashed attribute"
+            )
         if attribute.size > MAX_DOMAIN:
-            raise ValueError(f"attribute: {attribute.size} codes is more than the {MAX_DOMAIN} a "
-                             "relative_error release supports (dense histograms)")
+            raise ValueError(
+                f"attribute: {attribute.size} codes is more than the {MAX_DOMAIN} a "
+                "relative_error release supports (dense histograms)"
+            )
         if release.queries == "groups":
             if not release.groups:
                 raise ValueError("groups: queries: groups needs at least one declared group")
             resolve_groups(release, attribute)
         elif release.groups:
-            raise ValueError(f"groups: only for queries: groups (this release asks for {release.queries})")
+            raise ValueError(
+                f"groups: only for queries: groups (this release asks for {release.queries})"
+            )
         _, nnz = family_size(release, attribute)
         if nnz > MAX_NNZ:
-            raise ValueError(f"queries: {release.queries} over {attribute.size} codes has {nnz} (query, code) "
-                             f"pairs, more than the {MAX_NNZ} supported")
+            raise ValueError(
+                f"queries: {release.queries} over {attribute.size} codes has {nnz} (query, code) "
+                f"pairs, more than the {MAX_NNZ} supported"
+            )
 
     def check_budget(self, release: RelativeErrorRelease, budget: BudgetKeys, horizon: int) -> None:
         if budget.epsilon is None:  # the configuration refuses an approx_dp kind without it first
             raise ValueError("share: a relative_error release needs budget.epsilon")
         eps_step = release.share * budget.epsilon / horizon
         if eps_step > 1.0:
-            raise ValueError(f"share: the per-step epsilon share·epsilon/horizon = {eps_step:.4g} exceeds 1, "
-                             "the range PREM's calibration covers")
+            raise ValueError(
+                f"share: the per-step epsilon share·epsilon/horizon = {eps_step:.4g} exceeds 1, "
+                "the range PREM's calibration covers"
+            )
 
-    def aggregator(self, release: RelativeErrorRelease, attribute: Attribute, rows: int,
-                   horizon: int) -> Aggregator:
+    def aggregator(
+        self, release: RelativeErrorRelease, attribute: Attribute, rows: int, horizon: int
+    ) -> Aggregator:
         """The step's histogram of current values: the fixed-window aggregator with a one-step window
         (pattern = the current code; counts from step 1 on, dense over the domain, additive across
         partitions). No per-user state is carried between steps."""
@@ -243,68 +289,122 @@ class RelativeErrorKind(CountsKind[RelativeErrorRelease]):
     def build(self, release: RelativeErrorRelease, setting: Setting) -> RelativeErrorMechanism:
         return RelativeErrorMechanism(mechanism_params(release, setting))
 
-    def events(self, release: RelativeErrorRelease, mechanism: Any,
-               setting: Setting) -> tuple[PrivacyEvent | None, ...]:
+    def events(
+        self, release: RelativeErrorRelease, mechanism: Any, setting: Setting
+    ) -> tuple[PrivacyEvent | None, ...]:
         """The same ``ApproxDP`` at every step 1..T: the cost the plan's noise parameters imply
         (:func:`pipeline.synth.prem_privacy.plan_privacy`), at most the per-step target (ε_r/T, δ_r/T)."""
         cost = mechanism.step_cost()
         if not isinstance(cost, ApproxDP):
-            raise TypeError(f"release {release.name!r}: a PREM step costs an ApproxDP, got {cost!r}")
+            raise TypeError(
+                f"release {release.name!r}: a PREM step costs an ApproxDP, got {cost!r}"
+            )
         return (cost,) * setting.horizon
 
     def bounds(self, release: RelativeErrorRelease, mechanism: Any, horizon: int) -> ReleaseBounds:
         plan = mechanism.plan
-        return ReleaseBounds(release.name, release.type, plan.beta, {"alpha": plan.alpha, "zeta": plan.zeta}, "alpha",
-                             meaning="relative-error intervals",
-                             notes=[f"per step: (1 − ζ)f(h) − α ≤ f(ĥ) ≤ (1 + ζ)f(h) + α for each of its "
-                                    f"{mechanism.queries.shape[0]} queries, ζ = {plan.zeta:g}, α = {plan.alpha:,.0f} "
-                                    "(a priori; manifests carry each run's)"])
+        return ReleaseBounds(
+            release.name,
+            release.type,
+            plan.beta,
+            {"alpha": plan.alpha, "zeta": plan.zeta},
+            "alpha",
+            meaning="relative-error intervals",
+            notes=[
+                f"per step: (1 − ζ)f(h) − α ≤ f(ĥ) ≤ (1 + ζ)f(h) + α for each of its "
+                f"{mechanism.queries.shape[0]} queries, ζ = {plan.zeta:g}, α = {plan.alpha:,.0f} "
+                "(a priori; manifests carry each run's)"
+            ],
+        )
 
     # -- reading side ---------------------------------------------------------------------------
-    bound_source = ("per step, (1 − ζ)f(h) − α ≤ f(ĥ) ≤ (1 + ζ)f(h) + α for every query of the family "
-                    "(Ghazi et al., PREM, arXiv 2502.14809, Thm 3.1; docs/prem.md)")
+    bound_source = (
+        "per step, (1 − ζ)f(h) − α ≤ f(ĥ) ≤ (1 + ζ)f(h) + α for every query of the family "
+        "(Ghazi et al., PREM, arXiv 2502.14809, Thm 3.1; docs/prem.md)"
+    )
 
     output = "histogram"
 
-    def questions(self, release: RelativeErrorRelease, unit: str = "step") -> tuple[list[str],
-                  list[str]]:
-        what = {"groups": f"each declared group ({', '.join(release.groups)})", "dyadic": "any range of codes lo:hi",
-                "singletons": "each single value"}[release.queries]
-        return ([f"how many users hold {what} at step t, within (1 ± ζ) of the truth plus α, at each step"],
-                ["questions across steps (each step's histogram is released on its own)",
-                 "other sets of values than the query family the release was calibrated for"])
+    def questions(
+        self, release: RelativeErrorRelease, unit: str = "step"
+    ) -> tuple[list[str], list[str]]:
+        what = {
+            "groups": f"each declared group ({', '.join(release.groups)})",
+            "dyadic": "any range of codes lo:hi",
+            "singletons": "each single value",
+        }[release.queries]
+        return (
+            [
+                f"how many users hold {what} at step t, within (1 ± ζ) of the truth plus α, at each step"
+            ],
+            [
+                "questions across steps (each step's histogram is released on its own)",
+                "other sets of values than the query family the release was calibrated for",
+            ],
+        )
 
-    def answer(self, release: RelativeErrorRelease, panel: Panel, step: int, ctx: Context,
-               raw: bool = False,
-               group: str | None = None) -> Answer:
+    def answer(
+        self,
+        release: RelativeErrorRelease,
+        panel: Panel,
+        step: int,
+        ctx: Context,
+        raw: bool = False,
+        group: str | None = None,
+    ) -> Answer:
         """Each declared group's count (or ``group``'s) with its (ζ, α) interval (:func:`answer_query`)."""
         from .reading import Answer, Row
 
         params = panel.manifests[step]["parameters"]
         if group is None and params["queries"] != "groups":
-            raise ValueError(f"name a code, value or range (lo:hi) of a release with queries: {params['queries']}")
+            raise ValueError(
+                f"name a code, value or range (lo:hi) of a release with queries: {params['queries']}"
+            )
         groups = list(params["groups"]) if group is None else [group]
-        answers = [answer_query(panel.manifests[step], panel.histograms[step], g, ctx.attribute) for g in groups]
-        rows = [Row(a["group"], a["estimate"], a["interval"][0], a["interval"][1], ctx.n, key=a["group"])
-                for a in answers]
-        return Answer(release.name, release.type, step, f"users by {release.attribute} at {ctx.unit} {step}", rows,
-                      bound=f"(1 − ζ)·truth − α ≤ estimate ≤ (1 + ζ)·truth + α with ζ = {params['zeta']:g}, α = "
-                            f"{params['alpha']:,.1f} (this step's run), probability ≥ {1 - params['beta']:g} per step "
-                            "(Ghazi et al., PREM, arXiv 2502.14809, Thm 3.1), solved for the truth",
-                      notes=["a synthetic histogram, not records: no padding"], legacy={"answers": answers})
+        answers = [
+            answer_query(panel.manifests[step], panel.histograms[step], g, ctx.attribute)
+            for g in groups
+        ]
+        rows = [
+            Row(
+                a["group"], a["estimate"], a["interval"][0], a["interval"][1], ctx.n, key=a["group"]
+            )
+            for a in answers
+        ]
+        return Answer(
+            release.name,
+            release.type,
+            step,
+            f"users by {release.attribute} at {ctx.unit} {step}",
+            rows,
+            bound=f"(1 − ζ)·truth − α ≤ estimate ≤ (1 + ζ)·truth + α with ζ = {params['zeta']:g}, α = "
+            f"{params['alpha']:,.1f} (this step's run), probability ≥ {1 - params['beta']:g} per step "
+            "(Ghazi et al., PREM, arXiv 2502.14809, Thm 3.1), solved for the truth",
+            notes=["a synthetic histogram, not records: no padding"],
+            legacy={"answers": answers},
+        )
 
-    def dictionary(self, release: RelativeErrorRelease, panel: Panel, ctx: Context) -> dict[str,
-                   Any]:
-        return {"columns": {"record": f"the {release.attribute} code (a histogram, not records of users)",
-                            **{f"step_{t}": f"the released (synthetic) count of users holding the code at {ctx.unit} {t}"
-                               for t in range(1, panel.released_through + 1)}}}
+    def dictionary(
+        self, release: RelativeErrorRelease, panel: Panel, ctx: Context
+    ) -> dict[str, Any]:
+        return {
+            "columns": {
+                "record": f"the {release.attribute} code (a histogram, not records of users)",
+                **{
+                    f"step_{t}": f"the released (synthetic) count of users holding the code at {ctx.unit} {t}"
+                    for t in range(1, panel.released_through + 1)
+                },
+            }
+        }
 
     def explain(self, bounds: ReleaseBounds, n: int) -> str:
         from .reading import confidence, points
 
         alpha, zeta = bounds.bounds["alpha"], bounds.bounds["zeta"]
-        return (f"with probability {confidence(bounds.beta)} at each step, every query's published count is within "
-                f"{zeta:.0%} of the truth plus α = {alpha:,.0f} users ({points(alpha, n)} of n = {n:,})")
+        return (
+            f"with probability {confidence(bounds.beta)} at each step, every query's published count is within "
+            f"{zeta:.0%} of the truth plus α = {alpha:,.0f} users ({points(alpha, n)} of n = {n:,})"
+        )
 
     def release_step(self, s: StepInput) -> StepOutput:
         """Sum the partitions' histograms, run PREM, and describe ĥ_t in the manifest (ζ, α, β, |F|,
@@ -318,17 +418,35 @@ class RelativeErrorKind(CountsKind[RelativeErrorRelease]):
 
 # --- mechanism ---------------------------------------------------------------------------------
 
+
 @functools.lru_cache(maxsize=32)
-def step_plan(accounting: str, domain_size: int, n_queries: int, zeta: float, epsilon: float,
-              delta: float,
-              beta: float, n: int, max_calls: int, max_rounds: int):
+def step_plan(
+    accounting: str,
+    domain_size: int,
+    n_queries: int,
+    zeta: float,
+    epsilon: float,
+    delta: float,
+    beta: float,
+    n: int,
+    max_calls: int,
+    max_rounds: int,
+):
     """The per-step PREM plan (noise parameters, margins, α) — the calibration takes seconds, and every
     step of a release has the same arguments, so it is made once per process."""
     from pipeline.synth.prem_privacy import charged_plan, paper_plan
 
     if accounting == "charged":
-        return charged_plan(domain_size, n_queries, zeta, epsilon, delta, beta,
-                            max_calls=max_calls, max_rounds=max_rounds)
+        return charged_plan(
+            domain_size,
+            n_queries,
+            zeta,
+            epsilon,
+            delta,
+            beta,
+            max_calls=max_calls,
+            max_rounds=max_rounds,
+        )
     return paper_plan(max(n, 2), domain_size, n_queries, zeta, epsilon, delta, beta)
 
 
@@ -348,8 +466,9 @@ class RelativeErrorMechanism:
 
     def __init__(self, params: dict[str, Any]):
         self.params = dict(params)
-        self.queries = query_family(self.params["queries"], int(self.params["domain_size"]),
-                                    self.params.get("groups"))
+        self.queries = query_family(
+            self.params["queries"], int(self.params["domain_size"]), self.params.get("groups")
+        )
         self.step = 0
 
     @property
@@ -368,11 +487,22 @@ class RelativeErrorMechanism:
         from pipeline.synth.prem import PREM
 
         if step != self.step + 1:
-            raise ValueError(f"relative_error release of step {step}, but the next step is {self.step + 1}")
+            raise ValueError(
+                f"relative_error release of step {step}, but the next step is {self.step + 1}"
+            )
         p = self.params
-        prem = PREM(int(p["domain_size"]), self.queries, float(p["zeta"]), float(p["epsilon"]), float(p["delta"]),
-                    beta=float(p["beta"]), seed=step_seed(p["seed"], step), accounting=p["accounting"],
-                    n=int(p["n"]), plan=self.plan)
+        prem = PREM(
+            int(p["domain_size"]),
+            self.queries,
+            float(p["zeta"]),
+            float(p["epsilon"]),
+            float(p["delta"]),
+            beta=float(p["beta"]),
+            seed=step_seed(p["seed"], step),
+            accounting=p["accounting"],
+            n=int(p["n"]),
+            plan=self.plan,
+        )
         out = prem.fit(np.asarray(histogram, dtype=np.int64))
         self.step = step
         return np.asarray(out, dtype=np.float64), prem
@@ -381,23 +511,46 @@ class RelativeErrorMechanism:
         """The manifest's public parameters: ζ, α (the run's, and the a-priori one), β, |F|, the noise."""
         p, plan = self.params, self.plan
         out = {
-            "mechanism": "prem", "accounting": p["accounting"], "monitor": plan.monitor, "queries": p["queries"],
-            "n_queries": self.queries.shape[0], "domain_size": int(p["domain_size"]), "n": int(p["n"]),
-            "zeta": plan.zeta, "alpha_planned": plan.alpha, "beta": plan.beta,
-            "epsilon_target": plan.epsilon, "delta_target": plan.delta,
-            "noise": {"monitor_a": plan.a, "mass_noise": plan.mass_noise, "mass_param": plan.mass_param,
-                      "init_sigma2": plan.init_sigma2, "max_calls": plan.max_calls, "rounds": plan.rounds,
-                      "max_passes": plan.max_passes},
+            "mechanism": "prem",
+            "accounting": p["accounting"],
+            "monitor": plan.monitor,
+            "queries": p["queries"],
+            "n_queries": self.queries.shape[0],
+            "domain_size": int(p["domain_size"]),
+            "n": int(p["n"]),
+            "zeta": plan.zeta,
+            "alpha_planned": plan.alpha,
+            "beta": plan.beta,
+            "epsilon_target": plan.epsilon,
+            "delta_target": plan.delta,
+            "noise": {
+                "monitor_a": plan.a,
+                "mass_noise": plan.mass_noise,
+                "mass_param": plan.mass_param,
+                "init_sigma2": plan.init_sigma2,
+                "max_calls": plan.max_calls,
+                "rounds": plan.rounds,
+                "max_passes": plan.max_passes,
+            },
         }
         if p["queries"] == "groups":
             out["groups"] = {name: [int(c) for c in codes] for name, codes in p["groups"]}
         if prem is not None:
-            out.update(alpha=prem.alpha, calls=prem.calls, rounds_certified=prem.rounds_used,
-                       exhausted=prem.exhausted)
+            out.update(
+                alpha=prem.alpha,
+                calls=prem.calls,
+                rounds_certified=prem.rounds_used,
+                exhausted=prem.exhausted,
+            )
         return out
 
     def get_state(self) -> dict[str, Any]:
-        return {"kind": KIND, "version": _STATE_VERSION, "params": dict(self.params), "step": self.step}
+        return {
+            "kind": KIND,
+            "version": _STATE_VERSION,
+            "params": dict(self.params),
+            "step": self.step,
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> RelativeErrorMechanism:
@@ -411,33 +564,57 @@ class RelativeErrorMechanism:
 def mechanism_params(release: RelativeErrorRelease, setting: Setting) -> dict[str, Any]:
     """The mechanism's parameters: the allotment (ε_r, δ_r) split evenly over the horizon."""
     if setting.n is None or setting.attribute is None:
-        raise ValueError(f"release {release.name!r}: a relative_error mechanism needs the roster size and the attribute")
+        raise ValueError(
+            f"release {release.name!r}: a relative_error mechanism needs the roster size and the attribute"
+        )
     T, allotment, attribute = setting.horizon, setting.approx_dp, setting.attribute
     return {
-        "domain_size": setting.domain_size, "queries": release.queries,
-        "groups": list(resolve_groups(release, attribute).items()) if release.queries == "groups" else None,
-        "zeta": release.zeta, "epsilon": allotment.epsilon / T, "delta": allotment.delta / T,
-        "beta": release.beta, "accounting": release.accounting, "n": int(setting.n),
-        "max_calls": release.max_calls, "max_rounds": release.max_rounds, "seed": setting.seed,
+        "domain_size": setting.domain_size,
+        "queries": release.queries,
+        "groups": list(resolve_groups(release, attribute).items())
+        if release.queries == "groups"
+        else None,
+        "zeta": release.zeta,
+        "epsilon": allotment.epsilon / T,
+        "delta": allotment.delta / T,
+        "beta": release.beta,
+        "accounting": release.accounting,
+        "n": int(setting.n),
+        "max_calls": release.max_calls,
+        "max_rounds": release.max_rounds,
+        "seed": setting.seed,
     }
 
 
 def plan_of(params: dict[str, Any], n_queries: int):
     """The plan of a mechanism with ``params`` and |F| = ``n_queries`` (:func:`step_plan`)."""
-    return step_plan(params["accounting"], int(params["domain_size"]), int(n_queries), float(params["zeta"]),
-                     float(params["epsilon"]), float(params["delta"]), float(params["beta"]), int(params["n"]),
-                     int(params["max_calls"]), int(params["max_rounds"]))
+    return step_plan(
+        params["accounting"],
+        int(params["domain_size"]),
+        int(n_queries),
+        float(params["zeta"]),
+        float(params["epsilon"]),
+        float(params["delta"]),
+        float(params["beta"]),
+        int(params["n"]),
+        int(params["max_calls"]),
+        int(params["max_rounds"]),
+    )
 
 
 # --- consumer ----------------------------------------------------------------------------------
 
-def group_interval(estimate: float, zeta: float, alpha: float, n: int,
-                   pieces: int = 1) -> tuple[float, float]:
+
+def group_interval(
+    estimate: float, zeta: float, alpha: float, n: int, pieces: int = 1
+) -> tuple[float, float]:
     """The interval for f(h) given f(ĥ) = ``estimate``: the guarantee (1 − ζ)f(h) − kα ≤ f(ĥ) ≤
     (1 + ζ)f(h) + kα (k = ``pieces`` disjoint family queries summed, k = 1 for one query) solved for
     f(h): [(f(ĥ) − kα)/(1 + ζ), (f(ĥ) + kα)/(1 − ζ)], clipped to [0, n] (a count of users)."""
     slack = pieces * alpha
-    return max(0.0, (estimate - slack) / (1.0 + zeta)), min(float(n), (estimate + slack) / (1.0 - zeta))
+    return max(0.0, (estimate - slack) / (1.0 + zeta)), min(
+        float(n), (estimate + slack) / (1.0 - zeta)
+    )
 
 
 def _query_codes(params: dict, group: str, attribute=None) -> tuple[np.ndarray, int]:
@@ -467,12 +644,20 @@ def _query_codes(params: dict, group: str, attribute=None) -> tuple[np.ndarray, 
     return np.array([code], dtype=np.int64), 1
 
 
-def answer_query(manifest: dict, histogram: np.ndarray, group: str, attribute=None) -> dict[str,
-                 Any]:
+def answer_query(
+    manifest: dict, histogram: np.ndarray, group: str, attribute=None
+) -> dict[str, Any]:
     """A group's count from a released histogram with its (ζ, α) interval (post-processing only)."""
     params = manifest["parameters"]
     codes, pieces = _query_codes(params, group, attribute)
     estimate = float(histogram[codes].sum())
     lo, hi = group_interval(estimate, params["zeta"], params["alpha"], params["n"], pieces)
-    return {"group": group, "estimate": estimate, "interval": [lo, hi], "zeta": params["zeta"],
-            "alpha": params["alpha"], "pieces": pieces, "beta": params["beta"]}
+    return {
+        "group": group,
+        "estimate": estimate,
+        "interval": [lo, hi],
+        "zeta": params["zeta"],
+        "alpha": params["alpha"],
+        "pieces": pieces,
+        "beta": params["beta"],
+    }

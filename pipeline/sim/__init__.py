@@ -7,4 +7,9 @@ from .panel import (
     simulate_poverty_panel,
 )
 
-__all__ = ["POVERTY_TYPES", "PlantedHeavyHitter", "simulate_categorical_panel", "simulate_poverty_panel"]
+__all__ = [
+    "POVERTY_TYPES",
+    "PlantedHeavyHitter",
+    "simulate_categorical_panel",
+    "simulate_poverty_panel",
+]

@@ -161,7 +161,11 @@ def simulate_categorical_panel(
     categories = check_int(categories, "categories", low=1)
     if not 0.0 <= persistence <= 1.0:
         raise ValueError(f"persistence must be in [0, 1], got {persistence!r}")
-    if isinstance(heavy_per_phase, bool) or not isinstance(heavy_per_phase, (int, np.integer)) or heavy_per_phase < 0:
+    if (
+        isinstance(heavy_per_phase, bool)
+        or not isinstance(heavy_per_phase, (int, np.integer))
+        or heavy_per_phase < 0
+    ):
         raise ValueError(f"heavy_per_phase must be a non-negative integer, got {heavy_per_phase!r}")
     rng = _as_generator(seed)
 
@@ -170,7 +174,9 @@ def simulate_categorical_panel(
     else:
         probs = np.asarray(weights, dtype=float)
         if probs.shape != (categories,) or np.any(probs < 0) or probs.sum() <= 0:
-            raise ValueError(f"weights must be {categories} non-negative numbers with a positive sum")
+            raise ValueError(
+                f"weights must be {categories} non-negative numbers with a positive sum"
+            )
         probs = probs / probs.sum()
 
     def draw(size: int) -> np.ndarray:
@@ -193,7 +199,9 @@ def simulate_categorical_panel(
 
     phase_length = check_int(phase_length, "phase_length", low=1)
     if heavy_per_phase > categories:
-        raise ValueError(f"heavy_per_phase={heavy_per_phase} exceeds the domain size categories={categories}")
+        raise ValueError(
+            f"heavy_per_phase={heavy_per_phase} exceeds the domain size categories={categories}"
+        )
     holders = int(round(heavy_share * n))
     if not heavy_share > 0.0 or holders < 1 or holders * heavy_per_phase > n:
         raise ValueError(

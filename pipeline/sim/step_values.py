@@ -38,8 +38,9 @@ def simulated_step(deployment: Deployment, n: int, step: int, seed: int) -> dict
             rng = np.random.default_rng([seed, index])
             out[name] = simulate_poverty_panel(n=n, horizon=step, seed=rng)[:, step - 1]
         else:
-            out[name] = _persistent_step(n, int(attr.size), step, [seed, index],
-                                         planted=attr.type == "hashed")
+            out[name] = _persistent_step(
+                n, int(attr.size), step, [seed, index], planted=attr.type == "hashed"
+            )
     return out
 
 

@@ -59,8 +59,14 @@ from pipeline.validation import check_beta, check_int, check_rho, coerce_counts,
 
 from .postprocess import assign_groups
 
-__all__ = ["CumulativeSynthesizer", "DEFAULT_COUNTER", "SPLIT_EXPONENT", "counter_weights", "split_rhos",
-           "union_bound_quantile"]
+__all__ = [
+    "CumulativeSynthesizer",
+    "DEFAULT_COUNTER",
+    "SPLIT_EXPONENT",
+    "counter_weights",
+    "split_rhos",
+    "union_bound_quantile",
+]
 
 _STATE_KIND = "CumulativeSynthesizer"
 _STATE_VERSION = 1
@@ -75,8 +81,12 @@ DEFAULT_COUNTER = "auto"
 SPLIT_EXPONENT = 0.5
 
 
-def counter_weights(horizon: int, counter: str = "tree", neighbours: str = "add_remove",
-                    exponent: float = SPLIT_EXPONENT) -> np.ndarray:
+def counter_weights(
+    horizon: int,
+    counter: str = "tree",
+    neighbours: str = "add_remove",
+    exponent: float = SPLIT_EXPONENT,
+) -> np.ndarray:
     """w_b for b = 1..T as float64 (index b − 1); ρ_b = ρ·w_b/Σw (module docstring).
 
     "tree": w_b = max(⌈log2(T − b + 1)⌉, 1)^3 (Appendix B as printed).
@@ -180,8 +190,15 @@ class CumulativeSynthesizer:
         self.rhos = split_rhos(self.rho, w)  # ρ_b at index b − 1, Σ_b ρ_b = ρ
         self._counters = []
         for b in range(1, self.horizon + 1):  # counter b runs over t = b..T; one shared source
-            self._counters.append(make_counter(self.counter, self.horizon - b + 1, float(self.rhos[b - 1]),
-                                               seed=self._rng, neighbours=self.neighbours))
+            self._counters.append(
+                make_counter(
+                    self.counter,
+                    self.horizon - b + 1,
+                    float(self.rhos[b - 1]),
+                    seed=self._rng,
+                    neighbours=self.neighbours,
+                )
+            )
         self.t = 0
         self._mode: str | None = None
         self._weights: np.ndarray | None = None  # curator-side real weights
@@ -244,7 +261,9 @@ class CumulativeSynthesizer:
         """
         beta = self.beta if beta is None else check_beta(beta)
         T = self.horizon
-        cells = np.array([self.counter_variance(b, t) for b in range(1, T + 1) for t in range(b, T + 1)])
+        cells = np.array(
+            [self.counter_variance(b, t) for b in range(1, T + 1) for t in range(b, T + 1)]
+        )
         rounding = 0.0 if self.counter == "tree" else 0.5
         if self.counter == "blt":
             rounding += max(c.residual_bound() for c in self._counters)
@@ -273,7 +292,9 @@ class CumulativeSynthesizer:
         if self._mode is None:
             self._mode = mode
         elif self._mode != mode:
-            raise RuntimeError(f"this synthesizer is driven by {self._mode}; do not mix update() and release_counts()")
+            raise RuntimeError(
+                f"this synthesizer is driven by {self._mode}; do not mix update() and release_counts()"
+            )
 
     def update(self, values) -> np.ndarray:
         """Consume one step of bits (one per user) and release the new synthetic column (n, 1)."""
@@ -295,7 +316,9 @@ class CumulativeSynthesizer:
         if self.t >= self.horizon:
             raise RuntimeError(f"horizon reached: all {self.horizon} steps were already consumed")
         if self.n is None:
-            raise ValueError("n (the roster size) must be given to the constructor to use release_counts")
+            raise ValueError(
+                "n (the roster size) must be given to the constructor to use release_counts"
+            )
         z = coerce_counts(z_t, self.horizon + 1, "z_t")
         step = self.t + 1
         if z[0] != 0:
@@ -345,8 +368,15 @@ class CumulativeSynthesizer:
         return {
             "kind": _STATE_KIND,
             "version": _STATE_VERSION,
-            "params": {"horizon": T, "rho": self.rho, "beta": self.beta, "neighbours": self.neighbours, "n": self.n,
-                       "counter": self.counter, "split_exponent": self.split_exponent},
+            "params": {
+                "horizon": T,
+                "rho": self.rho,
+                "beta": self.beta,
+                "neighbours": self.neighbours,
+                "n": self.n,
+                "counter": self.counter,
+                "split_exponent": self.split_exponent,
+            },
             "t": self.t,
             "mode": self._mode,
             "weights": self._weights,
@@ -381,18 +411,32 @@ class CumulativeSynthesizer:
         obj._counters = [counter_from_state(s, rng=obj._rng) for s in state["counters"]]
         obj.t = int(state["t"])
         obj._mode = state["mode"]
-        obj._weights = None if state["weights"] is None else np.asarray(state["weights"], dtype=np.int64).copy()
+        obj._weights = (
+            None
+            if state["weights"] is None
+            else np.asarray(state["weights"], dtype=np.int64).copy()
+        )
         obj._syn = None
         if state["synthetic"] is not None:
             syn = np.asarray(state["synthetic"])
             obj._syn = np.zeros((syn.shape[0], obj.horizon), dtype=np.int8)
             obj._syn[:, : syn.shape[1]] = syn
-        obj._syn_weights = None if state["syn_weights"] is None else np.asarray(state["syn_weights"], dtype=np.int64).copy()
-        obj._s_hat = None if state["s_hat"] is None else np.asarray(state["s_hat"], dtype=np.int64).copy()
+        obj._syn_weights = (
+            None
+            if state["syn_weights"] is None
+            else np.asarray(state["syn_weights"], dtype=np.int64).copy()
+        )
+        obj._s_hat = (
+            None if state["s_hat"] is None else np.asarray(state["s_hat"], dtype=np.int64).copy()
+        )
         obj._noisy = [np.asarray(r, dtype=np.int64).copy() for r in np.asarray(state["noisy"])]
-        obj._monotone = [np.asarray(r, dtype=np.int64).copy() for r in np.asarray(state["monotone"])]
+        obj._monotone = [
+            np.asarray(r, dtype=np.int64).copy() for r in np.asarray(state["monotone"])
+        ]
         return obj
 
     def __repr__(self) -> str:
-        return (f"CumulativeSynthesizer(horizon={self.horizon}, rho={self.rho}, neighbours={self.neighbours!r}, "
-                f"counter={self.counter!r}, t={self.t}, n={self.n})")
+        return (
+            f"CumulativeSynthesizer(horizon={self.horizon}, rho={self.rho}, neighbours={self.neighbours!r}, "
+            f"counter={self.counter!r}, t={self.t}, n={self.n})"
+        )

@@ -126,11 +126,13 @@ class FixedWindowSynthesizer:
         self.horizon = check_int(horizon, "horizon", low=1)
         self.window = check_int(window, "window", low=1)
         if self.window > self.horizon:
-            raise ValueError(f"window must be <= horizon, got window={self.window} > horizon={self.horizon}")
+            raise ValueError(
+                f"window must be <= horizon, got window={self.window} > horizon={self.horizon}"
+            )
         self.rho = check_rho(rho)
         self.beta = check_beta(beta)
         self.categories = check_int(categories, "categories", low=2)
-        if self.categories ** self.window > MAX_BINS:
+        if self.categories**self.window > MAX_BINS:
             raise ValueError(
                 f"categories**window = {self.categories}**{self.window} bins exceeds the limit of {MAX_BINS}; "
                 "use a smaller window or alphabet"
@@ -139,7 +141,7 @@ class FixedWindowSynthesizer:
         self.n = None if n is None else check_int(n, "n", low=1)
         self._rng = as_random_source(seed)
 
-        self.n_bins = self.categories ** self.window
+        self.n_bins = self.categories**self.window
         self.n_groups = self.categories ** (self.window - 1)
         self.update_steps = self.horizon - self.window + 1  # R
         self.sensitivity_factor = sensitivity_factor(self.neighbours)
@@ -147,7 +149,12 @@ class FixedWindowSynthesizer:
         self.rounding_constant = rounding_constant(self.categories, self.sigma2)
         self.padding_overridden = n_pad is not None
         if n_pad is None:
-            self.n_pad = int(math.ceil(self._bound_factor() * math.sqrt(math.log(self.n_bins * self.update_steps / self.beta))))
+            self.n_pad = int(
+                math.ceil(
+                    self._bound_factor()
+                    * math.sqrt(math.log(self.n_bins * self.update_steps / self.beta))
+                )
+            )
         else:
             self.n_pad = check_int(n_pad, "n_pad", low=0)
 
@@ -171,7 +178,9 @@ class FixedWindowSynthesizer:
     @property
     def accuracy_bound(self) -> float:
         """λ of Theorem 3.2 (two-sided, generalised): (√(2σ²) + c_A)·√ln(2·A^k·R/β)."""
-        return self._bound_factor() * math.sqrt(math.log(2.0 * self.n_bins * self.update_steps / self.beta))
+        return self._bound_factor() * math.sqrt(
+            math.log(2.0 * self.n_bins * self.update_steps / self.beta)
+        )
 
     @property
     def rho_per_step(self) -> float:
@@ -344,7 +353,9 @@ class FixedWindowSynthesizer:
         }
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], rng: RandomSource | None = None) -> FixedWindowSynthesizer:
+    def from_state(
+        cls, state: dict[str, Any], rng: RandomSource | None = None
+    ) -> FixedWindowSynthesizer:
         """Rebuild from :meth:`get_state`. A secure source resumes with fresh OS randomness; noise
         already drawn is part of the state and never redrawn."""
         if state.get("kind") != _STATE_KIND:
@@ -352,23 +363,40 @@ class FixedWindowSynthesizer:
         p = state["params"]
         source = rng if rng is not None else random_source_from_state(state["rng"])
         obj = cls(
-            p["horizon"], p["window"], p["rho"], p["beta"], p["categories"], p["neighbours"], source,
-            n=p["n"], n_pad=p["n_pad"],
+            p["horizon"],
+            p["window"],
+            p["rho"],
+            p["beta"],
+            p["categories"],
+            p["neighbours"],
+            source,
+            n=p["n"],
+            n_pad=p["n_pad"],
         )
         if obj.n_pad != int(state["n_pad"]):
             raise ValueError("state n_pad does not match the recomputed padding")
         obj.t = int(state["t"])
         obj.m = None if state["m"] is None else int(state["m"])
         obj._mode = state["mode"]
-        obj._user_codes = None if state["user_codes"] is None else np.asarray(state["user_codes"], dtype=np.int64).copy()
+        obj._user_codes = (
+            None
+            if state["user_codes"] is None
+            else np.asarray(state["user_codes"], dtype=np.int64).copy()
+        )
         if state["synthetic"] is not None:
             syn = np.asarray(state["synthetic"])
             obj._syn = np.zeros((syn.shape[0], obj.horizon), dtype=synthetic_dtype(obj.categories))
             obj._syn[:, : syn.shape[1]] = syn
-        obj._syn_codes = None if state["syn_codes"] is None else np.asarray(state["syn_codes"], dtype=np.int64).copy()
+        obj._syn_codes = (
+            None
+            if state["syn_codes"] is None
+            else np.asarray(state["syn_codes"], dtype=np.int64).copy()
+        )
         obj._steps = [int(s) for s in np.asarray(state["steps"])]
         obj._noisy = [np.asarray(r, dtype=np.int64).copy() for r in np.asarray(state["noisy"])]
-        obj._projected = [np.asarray(r, dtype=np.int64).copy() for r in np.asarray(state["projected"])]
+        obj._projected = [
+            np.asarray(r, dtype=np.int64).copy() for r in np.asarray(state["projected"])
+        ]
         obj._clamped = [int(c) for c in np.asarray(state["clamped"])]
         return obj
 

@@ -27,6 +27,7 @@ def synthetic_dtype(categories: int) -> np.dtype:
 # categorical consistency projection (Algorithm 1 generalised; docs/synthesizers.md §3)
 # --------------------------------------------------------------------------------------------
 
+
 def project_children(parents: np.ndarray, noisy: np.ndarray, rng: RandomSource) -> np.ndarray:
     """Integer children counts that sum exactly to their parents.
 
@@ -135,7 +136,9 @@ def _group_runs(group_codes: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray
     m = group_codes.size
     labels_sorted = np.repeat(np.tile(np.arange(a, dtype=np.int64), groups), counts.ravel())
     if labels_sorted.size != m:
-        raise RuntimeError(f"internal error: counts sum to {labels_sorted.size}, expected {m} records")
+        raise RuntimeError(
+            f"internal error: counts sum to {labels_sorted.size}, expected {m} records"
+        )
     sizes = np.bincount(group_codes, minlength=groups) if m else np.zeros(groups, dtype=np.int64)
     if sizes.size != groups or np.any(sizes != counts.sum(axis=1)):
         raise RuntimeError("internal error: the counts' row sums differ from the groups' sizes")
@@ -148,7 +151,9 @@ def _group_order(group_codes: np.ndarray, groups: int) -> np.ndarray:
     return np.argsort(group_codes.astype(narrow), kind="stable")
 
 
-def _assign_groups_sorted(group_codes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> np.ndarray:
+def _assign_groups_sorted(
+    group_codes: np.ndarray, counts: np.ndarray, keys: np.ndarray
+) -> np.ndarray:
     """Labels from one sort of the records by (group, key); ties in key broken by record index."""
     groups = counts.shape[0]
     labels_sorted, _ = _group_runs(group_codes, counts)
@@ -161,7 +166,9 @@ def _assign_groups_sorted(group_codes: np.ndarray, counts: np.ndarray, keys: np.
     return labels
 
 
-def _assign_groups_partitioned(group_codes: np.ndarray, counts: np.ndarray, keys: np.ndarray) -> np.ndarray:
+def _assign_groups_partitioned(
+    group_codes: np.ndarray, counts: np.ndarray, keys: np.ndarray
+) -> np.ndarray:
     """Labels from ordering the records by group, then selecting key ranks group by group.
 
     After ``np.argpartition(k, kth)`` with every interior label boundary in ``kth``, the positions

@@ -32,8 +32,16 @@ from pipeline.validation import check_int
 
 from .prem_privacy import ACCOUNTINGS, MONITORS, PremPlan, charged_plan, paper_plan, plan_privacy
 
-__all__ = ["PREM", "find_margin_example", "MarginExample", "IntervalNoise", "as_query_matrix",
-           "APPROX", "PLUS", "MINUS"]
+__all__ = [
+    "PREM",
+    "find_margin_example",
+    "MarginExample",
+    "IntervalNoise",
+    "as_query_matrix",
+    "APPROX",
+    "PLUS",
+    "MINUS",
+]
 
 APPROX, PLUS, MINUS = 0, 1, -1
 
@@ -52,7 +60,9 @@ def as_query_matrix(queries: Any, domain_size: int) -> sparse.csr_matrix:
         try:
             rows = [np.unique(np.asarray(q, dtype=np.int64).ravel()) for q in queries]
         except (TypeError, ValueError) as exc:
-            raise TypeError("queries must be a scipy.sparse 0/1 matrix or a list of integer id arrays") from exc
+            raise TypeError(
+                "queries must be a scipy.sparse 0/1 matrix or a list of integer id arrays"
+            ) from exc
         if not rows:
             raise ValueError("queries must hold at least one query")
         for j, r in enumerate(rows):
@@ -60,7 +70,9 @@ def as_query_matrix(queries: Any, domain_size: int) -> sparse.csr_matrix:
                 raise ValueError(f"queries[{j}] has ids outside [0, {domain_size})")
         indptr = np.concatenate([[0], np.cumsum([r.size for r in rows])])
         indices = np.concatenate(rows) if indptr[-1] else np.zeros(0, np.int64)
-        mat = sparse.csr_matrix((np.ones(indices.size), indices, indptr), shape=(len(rows), domain_size))
+        mat = sparse.csr_matrix(
+            (np.ones(indices.size), indices, indptr), shape=(len(rows), domain_size)
+        )
     if mat.shape[0] == 0:
         raise ValueError("queries must hold at least one query")
     return mat.astype(np.float64)
@@ -110,14 +122,18 @@ class IntervalNoise:
             return discrete_laplace(self.scale, size, self.source)
         return discrete_laplace(self.scale, 2 * size, self.source).reshape(2, size)
 
-    def answers(self, values: np.ndarray, noise: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    def answers(
+        self, values: np.ndarray, noise: np.ndarray, lo: np.ndarray, hi: np.ndarray
+    ) -> np.ndarray:
         """PLUS (Above), MINUS (Below) or APPROX (Inside) per query, without side effects."""
         if self.kind == "approx":
             noisy = values + noise
             above, below = noisy >= hi, noisy <= lo
         else:
             if self.eta is None:
-                raise RuntimeError("IntervalNoise: call start_call() before the pure monitor's first answer")
+                raise RuntimeError(
+                    "IntervalNoise: call start_call() before the pure monitor's first answer"
+                )
             above = values + noise[0] >= hi + self.eta
             below = ~above & (values + noise[1] <= lo - self.eta)
         return np.where(above, PLUS, np.where(below, MINUS, APPROX))
@@ -132,18 +148,26 @@ class MarginExample:
     """FindMarginExample's output (θ, S) and the partition it was chosen from."""
 
     theta: int
-    support: np.ndarray       # S (bool mask over the domain)
-    plus: np.ndarray          # S^{+1}
-    minus: np.ndarray         # S^{-1}
-    active: np.ndarray        # S_active at the end
-    certified: bool           # the last pass was all Inside (S_active is (ζ, α₀)-accurate)
+    support: np.ndarray  # S (bool mask over the domain)
+    plus: np.ndarray  # S^{+1}
+    minus: np.ndarray  # S^{-1}
+    active: np.ndarray  # S_active at the end
+    certified: bool  # the last pass was all Inside (S_active is (ζ, α₀)-accurate)
     queries: int
     passes: int
 
 
-def find_margin_example(queries: sparse.csr_matrix, histogram: np.ndarray, estimate: np.ndarray,
-                        active: np.ndarray, zeta: float, alpha0: float, noise: IntervalNoise,
-                        max_passes: int | None = None, columns: sparse.csc_matrix | None = None) -> MarginExample:
+def find_margin_example(
+    queries: sparse.csr_matrix,
+    histogram: np.ndarray,
+    estimate: np.ndarray,
+    active: np.ndarray,
+    zeta: float,
+    alpha0: float,
+    noise: IntervalNoise,
+    max_passes: int | None = None,
+    columns: sparse.csc_matrix | None = None,
+) -> MarginExample:
     """Algorithm 2 of Ghazi et al. on the active set Y = ``active``.
 
     Pass over F_active in order: τ_u = (f(ĥ|S) + α₀/2)/(1−ζ), τ_ℓ = (f(ĥ|S) − α₀/2)/(1+ζ); a
@@ -188,7 +212,7 @@ def find_margin_example(queries: sparse.csr_matrix, histogram: np.ndarray, estim
                 break
             k = int(outside[0])
             j = int(rest[k])
-            elems = indices[indptr[j]:indptr[j + 1]]
+            elems = indices[indptr[j] : indptr[j + 1]]
             elems = elems[active[elems]]
             (plus if ans[k] == PLUS else minus)[elems] = True
             if elems.size:
@@ -237,9 +261,21 @@ class PREM:
     field by field, so that repeated releases with one budget calibrate once.
     """
 
-    def __init__(self, domain_size: int, queries: Any, zeta: float, epsilon: float, delta: float,
-                 beta: float = 0.05, seed: Any = None, accounting: str = "charged", monitor: str = "approx",
-                 n: int | None = None, plan: PremPlan | None = None, **charged_options: Any):
+    def __init__(
+        self,
+        domain_size: int,
+        queries: Any,
+        zeta: float,
+        epsilon: float,
+        delta: float,
+        beta: float = 0.05,
+        seed: Any = None,
+        accounting: str = "charged",
+        monitor: str = "approx",
+        n: int | None = None,
+        plan: PremPlan | None = None,
+        **charged_options: Any,
+    ):
         self.domain_size = check_int(domain_size, "domain_size", low=2)
         self.queries = as_query_matrix(queries, self.domain_size)
         if accounting not in ACCOUNTINGS:
@@ -258,11 +294,21 @@ class PREM:
         self.plan: PremPlan | None = None
         if plan is not None:  # a plan made earlier for the same arguments: skips the calibration
             if charged_options:
-                raise TypeError("pass either plan or the charged options it was made with, not both")
+                raise TypeError(
+                    "pass either plan or the charged options it was made with, not both"
+                )
             self.plan = self._check_plan(plan, n)
         elif accounting == "charged":
-            self.plan = charged_plan(self.domain_size, self.queries.shape[0], zeta, epsilon, delta, beta,
-                                     monitor=monitor, **charged_options)
+            self.plan = charged_plan(
+                self.domain_size,
+                self.queries.shape[0],
+                zeta,
+                epsilon,
+                delta,
+                beta,
+                monitor=monitor,
+                **charged_options,
+            )
         elif n is not None:
             self.plan = self._paper(n)
         self._n = n
@@ -279,20 +325,38 @@ class PREM:
         if not isinstance(plan, PremPlan):
             raise TypeError(f"plan must be a PremPlan, got {type(plan).__name__}")
         zeta, epsilon, delta, beta = self._args
-        made_for = {"accounting": plan.accounting, "monitor": plan.monitor, "zeta": plan.zeta,
-                    "epsilon": plan.epsilon, "delta": plan.delta, "beta": plan.beta, "n_queries": plan.n_queries}
-        asked = {"accounting": self.accounting, "monitor": self.monitor, "zeta": zeta, "epsilon": epsilon,
-                 "delta": delta, "beta": beta, "n_queries": self.queries.shape[0] + 1}
+        made_for = {
+            "accounting": plan.accounting,
+            "monitor": plan.monitor,
+            "zeta": plan.zeta,
+            "epsilon": plan.epsilon,
+            "delta": plan.delta,
+            "beta": plan.beta,
+            "n_queries": plan.n_queries,
+        }
+        asked = {
+            "accounting": self.accounting,
+            "monitor": self.monitor,
+            "zeta": zeta,
+            "epsilon": epsilon,
+            "delta": delta,
+            "beta": beta,
+            "n_queries": self.queries.shape[0] + 1,
+        }
         wrong = sorted(k for k in asked if made_for[k] != asked[k])
         if wrong:
-            raise ValueError(f"plan was made for other arguments: {', '.join(f'{k}={made_for[k]!r} (here {asked[k]!r})' for k in wrong)}")
+            raise ValueError(
+                f"plan was made for other arguments: {', '.join(f'{k}={made_for[k]!r} (here {asked[k]!r})' for k in wrong)}"
+            )
         if plan.accounting == "paper" and n is None:
             raise ValueError("a paper plan depends on n: pass the n it was made for")
         return plan
 
     def _paper(self, n: int) -> PremPlan:
         zeta, epsilon, delta, beta = self._args
-        return paper_plan(n, self.domain_size, self.queries.shape[0], zeta, epsilon, delta, beta, self.monitor)
+        return paper_plan(
+            n, self.domain_size, self.queries.shape[0], zeta, epsilon, delta, beta, self.monitor
+        )
 
     @property
     def zeta(self) -> float:
@@ -301,7 +365,9 @@ class PREM:
     @property
     def alpha(self) -> float:
         if self.plan is None:
-            raise AttributeError("alpha of accounting='paper' depends on n: pass n= or call fit first")
+            raise AttributeError(
+                "alpha of accounting='paper' depends on n: pass n= or call fit first"
+            )
         return self.plan.alpha if self._alpha is None else self._alpha
 
     @property
@@ -322,7 +388,9 @@ class PREM:
     def _check_histogram(self, histogram: Any) -> np.ndarray:
         h = np.asarray(histogram)
         if h.ndim != 1 or h.shape[0] != self.domain_size:
-            raise ValueError(f"histogram must be a 1-d array of length {self.domain_size}, got shape {h.shape}")
+            raise ValueError(
+                f"histogram must be a 1-d array of length {self.domain_size}, got shape {h.shape}"
+            )
         if h.dtype.kind not in "iu":
             raise TypeError(f"histogram must hold integers, got dtype {h.dtype}")
         if h.size and h.min() < 0:
@@ -356,8 +424,10 @@ class PREM:
     def fit(self, histogram: Any) -> np.ndarray:
         """One release: ĥ for ``histogram``. A second call would spend the budget again: refused."""
         if self.fitted:
-            raise RuntimeError("PREM.fit was already called: a second release would spend the privacy budget "
-                               "again; build a new PREM (with its own budget) instead")
+            raise RuntimeError(
+                "PREM.fit was already called: a second release would spend the privacy budget "
+                "again; build a new PREM (with its own budget) instead"
+            )
         h = self._check_histogram(histogram)
         self.fitted = True
         n = int(h.sum())
@@ -373,7 +443,7 @@ class PREM:
         remaining = np.ones(self.domain_size, dtype=bool)
         rounds_certified = 0
         fresh_mass = False  # is masses[-1] the noisy mass of the current remaining set?
-        shape = start       # the remainder's shape if it is kept (charged)
+        shape = start  # the remainder's shape if it is kept (charged)
         budget_calls = p.max_calls
         for _ in range(p.rounds):
             n_tilde = self._noisy_mass(int(h[remaining].sum()))
@@ -383,8 +453,17 @@ class PREM:
             est = self._scaled(start, remaining, n_tilde)
             certified = False
             for _t in range(p.steps if p.steps else budget_calls):
-                ex = find_margin_example(self._family, h, est, remaining, zeta, p.alpha0, noise,
-                                         max_passes=p.max_passes, columns=self._columns)
+                ex = find_margin_example(
+                    self._family,
+                    h,
+                    est,
+                    remaining,
+                    zeta,
+                    p.alpha0,
+                    noise,
+                    max_passes=p.max_passes,
+                    columns=self._columns,
+                )
                 budget_calls -= 1
                 self.calls += 1
                 if self._certifies(ex, est, remaining):
@@ -396,8 +475,10 @@ class PREM:
                 est = self._mwu(est, ex, n_tilde)
             if not certified:
                 if p.accounting == "paper":
-                    raise RuntimeError("PREM failed: T multiplicative-weights steps without a certified "
-                                       "round (Claim 3.3 bounds this by beta)")
+                    raise RuntimeError(
+                        "PREM failed: T multiplicative-weights steps without a certified "
+                        "round (Claim 3.3 bounds this by beta)"
+                    )
                 shape = est  # charged: call budget spent inside this round
                 break
         self.rounds_used = rounds_certified
@@ -429,8 +510,12 @@ class PREM:
         self._alpha = rounds_certified * p.alpha0 + max(n_rem, 0) + p.mass_margin
         if self._alpha > p.alpha:
             self.exhausted = True
-            warnings.warn(f"PREM: call/round cap reached with noisy remainder {n_rem}; the guarantee holds "
-                          f"with alpha = {self._alpha:.0f} instead of {p.alpha:.0f}", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"PREM: call/round cap reached with noisy remainder {n_rem}; the guarantee holds "
+                f"with alpha = {self._alpha:.0f} instead of {p.alpha:.0f}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     @staticmethod
     def _scaled(shape: np.ndarray, mask: np.ndarray, mass: float) -> np.ndarray:

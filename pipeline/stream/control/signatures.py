@@ -259,8 +259,9 @@ class CloseCommand:
     @classmethod
     def signed(cls, signer: CloseSigner, steps: range, closed_at: int) -> CloseCommand:
         if len(steps) > MAX_COMMAND_STEPS:
-            raise ValueError(f"steps: {len(steps):,} signatures in one command, at most "
-                             f"{MAX_COMMAND_STEPS:,}")
+            raise ValueError(
+                f"steps: {len(steps):,} signatures in one command, at most {MAX_COMMAND_STEPS:,}"
+            )
         return cls(
             steps.stop - 1, closed_at, {t: signer.sign(t, closed_at).signature for t in steps}
         )
@@ -355,7 +356,9 @@ def deadline_signer(deployment: Deployment, fingerprint: str) -> CloseSigner | N
     return CloseSigner(load_private(path, "deadline key"), deployment.name, fingerprint, "deadline")
 
 
-def job_keys(deployment: Deployment, fingerprint: str, role: str) -> tuple[CloseVerifier, CloseSigner | None]:
+def job_keys(
+    deployment: Deployment, fingerprint: str, role: str
+) -> tuple[CloseVerifier, CloseSigner | None]:
     """A stream process's verifier (and, for the releaser of a deadline deployment, its deadline
     signer);
     a missing or unusable key refuses the start with exit code 2, naming the variable or file."""

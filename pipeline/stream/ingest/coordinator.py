@@ -54,10 +54,15 @@ log = logging.getLogger("dpstream.worker")
 class IngestCoordinator:
     """One worker's protocol state around its :class:`IngestCore`."""
 
-    def __init__(self, core: IngestCore, store: AsyncStateStore, commit_order: CommitOrder,
-                 log_ends: Callable[[list], Awaitable[dict[Any, int]]],
-                 seek: Callable[[Any, int], None] = lambda tp, offset: None,
-                 log_ids: Callable[[list[str]], Awaitable[dict[str, str | None]]] | None = None):
+    def __init__(
+        self,
+        core: IngestCore,
+        store: AsyncStateStore,
+        commit_order: CommitOrder,
+        log_ends: Callable[[list], Awaitable[dict[Any, int]]],
+        seek: Callable[[Any, int], None] = lambda tp, offset: None,
+        log_ids: Callable[[list[str]], Awaitable[dict[str, str | None]]] | None = None,
+    ):
         self.core = core
         self.names = core.names
         self.store = store
@@ -68,7 +73,9 @@ class IngestCoordinator:
         # Held while a fetch is handled: a revocation waits for it, so a partition's old owner has
         # written its last checkpoint before the new owner reads it.
         self.busy = asyncio.Lock()
-        self.feedback_done: dict[int, int] = {}  # feedback partition -> next offset (lag metric only)
+        self.feedback_done: dict[
+            int, int
+        ] = {}  # feedback partition -> next offset (lag metric only)
         # Forwards of the last fetch, not yet awaited: the next fetch is parsed while the broker
         # acknowledges them (see drain).
         self.forwarding: tuple[Batch, set[int]] | None = None
@@ -82,14 +89,26 @@ class IngestCoordinator:
         reports = [tp for tp in tps if tp.topic == self.names["reports"]]
         forwarded = [tp for tp in tps if tp.topic == self.names["repartition"]]
         ends = await self.log_ends(reports + forwarded)
-        ids = await self.log_ids([self.names["reports"], self.names["repartition"]]) if self.log_ids else {}
-        current = {"reports": ids.get(self.names["reports"]), "repartition": ids.get(self.names["repartition"])}
-        previous = await self.store.intake_of(tp.partition for tp in reports)  # the counts before this assignment
+        ids = (
+            await self.log_ids([self.names["reports"], self.names["repartition"]])
+            if self.log_ids
+            else {}
+        )
+        current = {
+            "reports": ids.get(self.names["reports"]),
+            "repartition": ids.get(self.names["repartition"]),
+        }
+        previous = await self.store.intake_of(
+            tp.partition for tp in reports
+        )  # the counts before this assignment
         snapshots = {}
-        for tp in sorted(tps, key=lambda tp: tp.topic == self.names["repartition"]):  # reports partitions first
+        for tp in sorted(
+            tps, key=lambda tp: tp.topic == self.names["repartition"]
+        ):  # reports partitions first
             if tp.topic == self.names["repartition"]:
-                positions[tp] = self._forwarded_position(tp, ends.get(tp), self._replaced(tp.partition, current,
-                                                                                          "repartition"))
+                positions[tp] = self._forwarded_position(
+                    tp, ends.get(tp), self._replaced(tp.partition, current, "repartition")
+                )
                 continue
             if tp.topic == self.names["feedback"]:
                 # Re-read feedback from the start (one small message per release and step): the last
@@ -106,29 +125,50 @@ class IngestCoordinator:
                 # a log that ends before the marker, is a new log (a memory-only broker restarted;
                 # durable Kafka never shrinks a log). Keep the checkpointed state and read the new log
                 # from its start, however far it has grown meanwhile.
-                log.warning("reports partition %d: %s: the broker lost or replaced the log (memory-only broker "
-                            "restarted?). Keeping the checkpointed state (step %d closed) and reading the new log "
-                            "from its start; reports in flight at the loss must be sent again.", tp.partition,
-                            replaced or f"it ends at offset {end}, before its checkpoint's close marker "
-                            f"(offset {resume - 1})", state.closed)
+                log.warning(
+                    "reports partition %d: %s: the broker lost or replaced the log (memory-only broker "
+                    "restarted?). Keeping the checkpointed state (step %d closed) and reading the new log "
+                    "from its start; reports in flight at the loss must be sent again.",
+                    tp.partition,
+                    replaced
+                    or f"it ends at offset {end}, before its checkpoint's close marker "
+                    f"(offset {resume - 1})",
+                    state.closed,
+                )
                 state.offset = -1
                 resume = 0
-                self.core.inboxes[tp.partition].reset(state.closed)  # the broker lost `repartition` too
+                self.core.inboxes[tp.partition].reset(
+                    state.closed
+                )  # the broker lost `repartition` too
                 if replaced:
-                    end = 0  # whatever the new log holds now, the counted reports were on the old one
+                    end = (
+                        0  # whatever the new log holds now, the counted reports were on the old one
+                    )
             self.core.log_ids[tp.partition] = {k: v for k, v in current.items() if v is not None}
             positions[tp] = resume
             lost = self.core.note_lost_log(tp.partition, previous.get(tp.partition), end)
             if lost:
-                log.error("reports partition %d: the broker lost reports this worker had counted (users reported per "
-                          "open step before the loss: %s; the log ends at %s, the last count was at offset %d): they "
-                          "are not in the state and must be sent again; `dpstream close` refuses those steps until "
-                          "then (or --force)",
-                          tp.partition, lost, end, previous[tp.partition].get("offset", -1))
+                log.error(
+                    "reports partition %d: the broker lost reports this worker had counted (users reported per "
+                    "open step before the loss: %s; the log ends at %s, the last count was at offset %d): they "
+                    "are not in the state and must be sent again; `dpstream close` refuses those steps until "
+                    "then (or --force)",
+                    tp.partition,
+                    lost,
+                    end,
+                    previous[tp.partition].get("offset", -1),
+                )
             snapshots[tp.partition] = self.core.intake_snapshot(tp.partition)
             observe_partition(tp.partition, state)
-            log.info("partition %d at step %d, consuming from offset %d", tp.partition, state.closed, resume)
-        await self.store.save_intake(snapshots)  # status/close show what the restored state holds, from now on
+            log.info(
+                "partition %d at step %d, consuming from offset %d",
+                tp.partition,
+                state.closed,
+                resume,
+            )
+        await self.store.save_intake(
+            snapshots
+        )  # status/close show what the restored state holds, from now on
         return positions
 
     def _replaced(self, partition: int, current: dict[str, str | None], topic: str) -> str | None:
@@ -145,9 +185,14 @@ class IngestCoordinator:
         if inbox is None:
             return 0
         resume = inbox.resume()
-        if replaced or (end is not None and resume > end):  # lost with a memory-only broker, as for reports
-            log.warning("repartition partition %d: %s: reading the new log from its start", tp.partition,
-                        replaced or f"it ends at offset {end}, before its checkpoint ({resume})")
+        if replaced or (
+            end is not None and resume > end
+        ):  # lost with a memory-only broker, as for reports
+            log.warning(
+                "repartition partition %d: %s: reading the new log from its start",
+                tp.partition,
+                replaced or f"it ends at offset {end}, before its checkpoint ({resume})",
+            )
             inbox.reset(self.core.states[tp.partition].closed)
             resume = 0
         return resume
@@ -172,18 +217,33 @@ class IngestCoordinator:
                         touched.add(tp.partition)
             due = self.core.feedback_checkpoints()
             if due:
-                await self._forwards_acknowledged()  # a checkpoint covers the reports forwarded so far
+                await (
+                    self._forwards_acknowledged()
+                )  # a checkpoint covers the reports forwarded so far
             for partition, blob in due.items():
-                await self.store.save_checkpoint(partition, blob, None, self.core.take_dropped(partition))
+                await self.store.save_checkpoint(
+                    partition, blob, None, self.core.take_dropped(partition)
+                )
             for tp, messages in batch.items():
-                if tp.topic not in (self.names["reports"], self.names["repartition"]) \
-                        or tp.partition not in self.core.states:
+                if (
+                    tp.topic not in (self.names["reports"], self.names["repartition"])
+                    or tp.partition not in self.core.states
+                ):
                     continue  # revoked meanwhile: its new owner replays it
-                enqueue = self.core.enqueue if tp.topic == self.names["reports"] else self.core.enqueue_forwarded
+                enqueue = (
+                    self.core.enqueue
+                    if tp.topic == self.names["reports"]
+                    else self.core.enqueue_forwarded
+                )
                 rewind = enqueue(tp.partition, messages)
                 if rewind is not None:
-                    log.warning("partition %d: fetched from offset %d, past the next offset to handle (%d): seeking "
-                                "back", tp.partition, messages[0].offset, rewind)
+                    log.warning(
+                        "partition %d: fetched from offset %d, past the next offset to handle (%d): seeking "
+                        "back",
+                        tp.partition,
+                        messages[0].offset,
+                        rewind,
+                    )
                     self.seek(tp, rewind)
                     continue
                 touched.add(tp.partition)
@@ -217,20 +277,28 @@ class IngestCoordinator:
                     # the markers go at once)
                     await self._forwards_acknowledged(forwards, forwarded)
                     for p, value, headers in out.messages:
-                        await sends.send(self.names["repartition"], value, headers=headers, partition=p)
+                        await sends.send(
+                            self.names["repartition"], value, headers=headers, partition=p
+                        )
                 elif isinstance(out, CloseOutput):
                     if out.checkpoint:
                         crash_point("worker.before_partial", out.step)
                     for key, value in out.messages:
                         await sends.send(self.names["step-partials"], value, key=key)
                     if out.checkpoint:  # empty for a replayed close of a step already closed
-                        earlier = checkpoints.get(partition)  # only the last checkpoint is written: with
+                        earlier = checkpoints.get(
+                            partition
+                        )  # only the last checkpoint is written: with
                         if earlier is not None:  # the kept partials of every close of the fetch
-                            out.kept = {**{t: b for t, b in earlier.kept.items() if t not in out.dropped},
-                                        **out.kept}
+                            out.kept = {
+                                **{t: b for t, b in earlier.kept.items() if t not in out.dropped},
+                                **out.kept,
+                            }
                             out.dropped = sorted(set(earlier.dropped) | set(out.dropped))
                         checkpoints[partition] = out
-                        log.info("partition %d closed step %d: %s", out.partition, out.step, out.summary)
+                        log.info(
+                            "partition %d closed step %d: %s", out.partition, out.step, out.summary
+                        )
                 else:
                     await self._apply(out, sends, forwards)
                     if out.forwards:
@@ -248,16 +316,26 @@ class IngestCoordinator:
             log.info("partials acknowledged: %s", {p: out.step for p, out in checkpoints.items()})
         # then the checkpoints, and the intake counts for `dpstream status` / `close` (a replay restores
         # and recounts them exactly)
-        await sends.commit(*[lambda out=out: save(out) for out in checkpoints.values()],
-                           lambda: self.store.save_intake({p: self.core.intake_snapshot(p)
-                                                           for p in partitions if p in self.core.states}))
+        await sends.commit(
+            *[lambda out=out: save(out) for out in checkpoints.values()],
+            lambda: self.store.save_intake(
+                {p: self.core.intake_snapshot(p) for p in partitions if p in self.core.states}
+            ),
+        )
 
-    async def _forwards_acknowledged(self, current: Batch | None = None, steps: AbstractSet[int] = frozenset(),
-                                     keep: bool = False) -> None:
+    async def _forwards_acknowledged(
+        self,
+        current: Batch | None = None,
+        steps: AbstractSet[int] = frozenset(),
+        keep: bool = False,
+    ) -> None:
         """Wait for the forwards in flight since the previous fetch, then for ``current`` (this fetch's,
         of reports of the open ``steps``) — or, with ``keep``, leave those in flight until the next fetch."""
         previous, self.forwarding = self.forwarding, None
-        for batch, batch_steps in [*([previous] if previous else []), *([(current, steps)] if current else [])]:
+        for batch, batch_steps in [
+            *([previous] if previous else []),
+            *([(current, steps)] if current else []),
+        ]:
             if keep and batch is current:
                 self.forwarding = (current, set(steps)) if steps else None
                 continue

@@ -90,9 +90,13 @@ class CloseOutput:
 class ApplyResult:
     partition: int = -1
     accepted: int = 0
-    dead_letters: list[tuple[bytes, bytes, list]] = field(default_factory=list)  # (key, value, headers)
+    dead_letters: list[tuple[bytes, bytes, list]] = field(
+        default_factory=list
+    )  # (key, value, headers)
     reasons: dict[str, int] = field(default_factory=dict)
-    forwards: list[tuple[int, bytes, list]] = field(default_factory=list)  # (repartition partition, value, headers)
+    forwards: list[tuple[int, bytes, list]] = field(
+        default_factory=list
+    )  # (repartition partition, value, headers)
     forwarded: int = 0  # reports of users owned elsewhere, in ``forwards``
 
 
@@ -103,8 +107,15 @@ class IngestCore:
     # as soon as its partials are in).
     KEEP_PARTIALS = 8
 
-    def __init__(self, deployment: Deployment, roster, topic_names: dict[str, str], store=None,
-                 isolated: bool = False, verifier: CloseVerifier | None = None):
+    def __init__(
+        self,
+        deployment: Deployment,
+        roster,
+        topic_names: dict[str, str],
+        store=None,
+        isolated: bool = False,
+        verifier: CloseVerifier | None = None,
+    ):
         """``isolated``: neither send nor wait for forwarded-through markers — only for driving
         partitions in isolation, as unit tests do (nothing is forwarded to them); a worker never is.
         ``verifier``: a close marker counts only when its signature verifies; one that does not is
@@ -127,14 +138,26 @@ class IngestCore:
         self.backlog: dict[int, list[Record]] = {}
         self._rewinds: dict = {}  # partition (or ("repartition", p)) -> (offset sought back to, since when)
         # Reports of users owned elsewhere go to their owner through `repartition` (pipeline.stream.ingest.repartition).
-        self.forwarder = Forwarder(roster, deployment.attributes, self.partitions_total, deployment.horizon)
+        self.forwarder = Forwarder(
+            roster, deployment.attributes, self.partitions_total, deployment.horizon
+        )
         self.inboxes: dict[int, Inbox] = {}
-        self.emitted: dict[int, int] = {}  # partition -> last step whose forwarded-through markers it sent
+        self.emitted: dict[
+            int, int
+        ] = {}  # partition -> last step whose forwarded-through markers it sent
         self._strays: dict[int, list[Record]] = {}  # repartition records naming no source partition
-        self.kept: dict[int, dict[int, list]] = {}  # partition -> step -> its partial messages (kept in Redis)
-        self._kept_changes: dict[int, tuple[set, set]] = {}  # partition -> (steps to write, steps to delete)
-        self.released: dict[int, int] = {}  # partition -> last step a feedback message proved released
-        self.lost: dict[int, dict[str, int]] = {}  # partition -> open step -> reports counted on a log since lost
+        self.kept: dict[
+            int, dict[int, list]
+        ] = {}  # partition -> step -> its partial messages (kept in Redis)
+        self._kept_changes: dict[
+            int, tuple[set, set]
+        ] = {}  # partition -> (steps to write, steps to delete)
+        self.released: dict[
+            int, int
+        ] = {}  # partition -> last step a feedback message proved released
+        self.lost: dict[
+            int, dict[str, int]
+        ] = {}  # partition -> open step -> reports counted on a log since lost
         self._owned: OwnedRows | None = None
         self._feedback_complete: set[int] = set()  # see feedback_checkpoints
         # partition -> {"reports": topic id, "repartition": topic id}: the logs its positions are in,
@@ -157,19 +180,27 @@ class IngestCore:
         state = PartitionState(self.deployment, partition, rows, self.roster.n, self._owned)
         resume = 0
         blob = self.store.load_checkpoint(partition) if self.store is not None else None
-        restored = loads_state(blob, self.store.keys.checkpoint(partition)) if blob is not None else {}
+        restored = (
+            loads_state(blob, self.store.keys.checkpoint(partition)) if blob is not None else {}
+        )
         if restored:
             state.set_state(restored)
             resume = state.offset + 1
         self.restored_logs[partition] = dict(restored.get("logs") or {})
         inbox = Inbox(self.partitions_total, state.closed)
-        if "repartition" in restored:  # a checkpoint from before repartitioning has none: start at offset 0
+        if (
+            "repartition" in restored
+        ):  # a checkpoint from before repartitioning has none: start at offset 0
             inbox.set_state(restored["repartition"])
         self.states[partition] = state
         self.inboxes[partition] = inbox
         old = restored.get("partials")  # a checkpoint of the previous version kept them inside
         last = range(state.closed - self.KEEP_PARTIALS + 1, state.closed + 1)
-        stored = old if old is not None else (self.store.load_kept_partials(partition, last) if restored else {})
+        stored = (
+            old
+            if old is not None
+            else (self.store.load_kept_partials(partition, last) if restored else {})
+        )
         self.kept[partition] = {int(t): kept_messages(v) for t, v in stored.items()}
         self._kept_changes[partition] = (set(self.kept[partition]) if old else set(), set())
         self.emitted[partition] = state.closed
@@ -191,7 +222,9 @@ class IngestCore:
         self.released.pop(partition, None)
         self.lost.pop(partition, None)
 
-    def enqueue(self, partition: int, records: list[Record], now: float | None = None) -> int | None:
+    def enqueue(
+        self, partition: int, records: list[Record], now: float | None = None
+    ) -> int | None:
         """Queue records of an assigned partition, skipping any the state or the backlog already holds.
 
         Returns None, or the offset to seek back to when the records start past the next one this
@@ -204,13 +237,19 @@ class IngestCore:
         """
         backlog = self.backlog[partition]
         done = backlog[-1].offset if backlog else self.states[partition].offset
-        new = records if records and records[0].offset > done else [r for r in records if r.offset > done]
+        new = (
+            records
+            if records and records[0].offset > done
+            else [r for r in records if r.offset > done]
+        )
         rewind = self._gap(partition, done, new, now)
         if rewind is None:
             backlog.extend(new)
         return rewind
 
-    def enqueue_forwarded(self, partition: int, records: list[Record], now: float | None = None) -> int | None:
+    def enqueue_forwarded(
+        self, partition: int, records: list[Record], now: float | None = None
+    ) -> int | None:
         """Queue records of the partition's ``repartition`` partition (as :meth:`enqueue`)."""
         inbox = self.inboxes[partition]
         new = [r for r in records if r.offset > inbox.consumed]
@@ -251,8 +290,12 @@ class IngestCore:
         backlog = self.backlog.get(partition)
         if not backlog:
             return []
-        if not any(map(_HEADERS, backlog)):  # no marker (reports carry no headers): one run, no per-record loop
-            one_run: list[ApplyResult | CloseOutput | ForwardMarkers] = [self.apply_reports(partition, list(backlog))]
+        if not any(
+            map(_HEADERS, backlog)
+        ):  # no marker (reports carry no headers): one run, no per-record loop
+            one_run: list[ApplyResult | CloseOutput | ForwardMarkers] = [
+                self.apply_reports(partition, list(backlog))
+            ]
             del backlog[:]
             return one_run
         outputs: list[ApplyResult | CloseOutput | ForwardMarkers] = []
@@ -267,8 +310,13 @@ class IngestCore:
                 try:
                     step, closed_at = self._marker_fields(rec.value)
                 except Unverified as err:  # never closes anything: dead-lettered with why
-                    log.error("partition %d: dead-lettering a close marker at offset %d (%s): %s",
-                              partition, rec.offset, err.reason, err)
+                    log.error(
+                        "partition %d: dead-lettering a close marker at offset %d (%s): %s",
+                        partition,
+                        rec.offset,
+                        err.reason,
+                        err,
+                    )
                     outputs.append(self._reject_record(partition, rec, err.reason, str(err)))
                     done += 1
                     continue
@@ -276,17 +324,26 @@ class IngestCore:
                 if step is None or step > next_step:
                     # Not a close of the next step (the releaser writes markers in order): a garbled
                     # or forged marker. Dead-letter it; raising would crash the worker on every replay.
-                    detail = (f"close marker for step {step} but the next step to close is {next_step}: the "
-                              f"markers of step(s) {next_step}..{step - 1} never reached this partition (a broker "
-                              "that lost its log?); restarting the releaser writes the markers of every closed, "
-                              "unreleased step again (docs/streaming.md, 'A lost close')"
-                              if step is not None else "close marker without a valid step")
-                    log.error("partition %d: dead-lettering a close marker at offset %d: %s", partition, rec.offset,
-                              detail)
+                    detail = (
+                        f"close marker for step {step} but the next step to close is {next_step}: the "
+                        f"markers of step(s) {next_step}..{step - 1} never reached this partition (a broker "
+                        "that lost its log?); restarting the releaser writes the markers of every closed, "
+                        "unreleased step again (docs/streaming.md, 'A lost close')"
+                        if step is not None
+                        else "close marker without a valid step"
+                    )
+                    log.error(
+                        "partition %d: dead-lettering a close marker at offset %d: %s",
+                        partition,
+                        rec.offset,
+                        detail,
+                    )
                     outputs.append(self._reject_record(partition, rec, "malformed", detail))
                     done += 1
                     continue
-                if step < next_step:  # a repeated marker: re-send what the checkpoint keeps, wait for nothing
+                if (
+                    step < next_step
+                ):  # a repeated marker: re-send what the checkpoint keeps, wait for nothing
                     outputs.extend(self._resend(partition, step, rec.offset))
                     done += 1
                     continue
@@ -295,13 +352,24 @@ class IngestCore:
                     # broker has acknowledged it (the worker waits for that before sending these)
                     outputs.append(self.forwarder.markers(partition, step))
                     self.emitted[partition] = step
-                if self.feedback_outstanding(partition) or not (self.isolated or self.inboxes[partition].ready(step)):
+                if self.feedback_outstanding(partition) or not (
+                    self.isolated or self.inboxes[partition].ready(step)
+                ):
                     break  # resume when the feedback of the last closed step / the forwarded reports arrive
                 messages, blob, summary = self.close(partition, step, rec.offset, closed_at)
                 write, drop = self._kept_changes.get(partition, (set(), set()))
                 kept = self.kept.get(partition, {})
-                outputs.append(CloseOutput(partition, step, messages, blob, summary,
-                                           {t: kept_blob(kept[t]) for t in sorted(write) if t in kept}, sorted(drop)))
+                outputs.append(
+                    CloseOutput(
+                        partition,
+                        step,
+                        messages,
+                        blob,
+                        summary,
+                        {t: kept_blob(kept[t]) for t in sorted(write) if t in kept},
+                        sorted(drop),
+                    )
+                )
                 self._kept_changes[partition] = (set(), set())
             else:
                 correction = is_replacement(rec.headers) if rec.headers else False
@@ -317,8 +385,9 @@ class IngestCore:
         return outputs
 
     # -- reports ---------------------------------------------------------------------------------
-    def apply_reports(self, partition: int, records: list[Record],
-                      replacing: bool = False) -> ApplyResult:
+    def apply_reports(
+        self, partition: int, records: list[Record], replacing: bool = False
+    ) -> ApplyResult:
         """Parse and apply a run of report records (no markers) of one partition; ``replacing``:
         a run of corrections (:meth:`PartitionState.replace`)."""
         state = self.states[partition]
@@ -331,14 +400,24 @@ class IngestCore:
             largest = max(map(len, values))  # C-level: no per-record Python on the hot path
         except TypeError:  # a record without a value
             largest = max(len(v or b"") for v in values)
-        if largest > MAX_REPORT_BYTES:  # never parsed: dead-lettered as a bounded copy, the others are used
+        if (
+            largest > MAX_REPORT_BYTES
+        ):  # never parsed: dead-lettered as a bounded copy, the others are used
             big = [r for r in records if len(r.value or b"") > MAX_REPORT_BYTES]
             records = [r for r in records if len(r.value or b"") <= MAX_REPORT_BYTES]
             values = list(map(_VALUE, records))
             for r in big:
-                result.dead_letters.append(self._letter(
-                    "too_large", f"message of {len(r.value):,} bytes, above the {MAX_REPORT_BYTES:,} bytes a report "
-                    "(or a batch of reports) may have", r.value, partition, r.offset, None))
+                result.dead_letters.append(
+                    self._letter(
+                        "too_large",
+                        f"message of {len(r.value):,} bytes, above the {MAX_REPORT_BYTES:,} bytes a report "
+                        "(or a batch of reports) may have",
+                        r.value,
+                        partition,
+                        r.offset,
+                        None,
+                    )
+                )
             result.reasons["too_large"] = len(big)
             if not records:
                 state.offset = last
@@ -351,8 +430,9 @@ class IngestCore:
             offsets = np.fromiter(map(_OFFSET, records), dtype=np.int64, count=len(records))
             result.forwards = self.forwarder.forward(partition, offsets, parsed.take(foreign))
             if replacing:
-                result.forwards = [(p, v, [*h, (REPLACE_HEADER, b"1")])
-                                   for p, v, h in result.forwards]
+                result.forwards = [
+                    (p, v, [*h, (REPLACE_HEADER, b"1")]) for p, v, h in result.forwards
+                ]
             result.forwarded = int(foreign.sum())
             parsed = parsed.take(~foreign)
         displaced: list = []
@@ -364,14 +444,30 @@ class IngestCore:
             applied = state.apply(parsed, 0, displaced)
         state.offset = last
         for rej in parsed.rejections:
-            result.dead_letters.append(self._letter(rej.reason, rej.detail, rej.original, partition,
-                                                    records[rej.message].offset, rej.batch_index))
+            result.dead_letters.append(
+                self._letter(
+                    rej.reason,
+                    rej.detail,
+                    rej.original,
+                    partition,
+                    records[rej.message].offset,
+                    rej.batch_index,
+                )
+            )
         return self._counted(result, len(applied), parsed.rejections, displaced)
 
     def drain_forwarded(self, partition: int) -> list[ApplyResult]:
         """Apply the forwarded reports of the partition's open interval (see :class:`Inbox`)."""
-        outputs = [self._reject_record(partition, rec, "malformed", "repartition record without a source partition",
-                                       topic="repartition") for rec in self._strays.pop(partition, [])]
+        outputs = [
+            self._reject_record(
+                partition,
+                rec,
+                "malformed",
+                "repartition record without a source partition",
+                topic="repartition",
+            )
+            for rec in self._strays.pop(partition, [])
+        ]
         for source, records in self.inboxes[partition].take(self.states[partition].closed):
             # runs of one format (JSON: forwarded before the rows format) and of corrections or not
             runs = groupby(records, key=lambda r: (is_rows(r.headers), is_replacement(r.headers)))
@@ -379,8 +475,9 @@ class IngestCore:
                 outputs.extend(self.apply_forwarded(partition, source, list(run), replacing))
         return outputs
 
-    def apply_forwarded(self, partition: int, source: int, records: list[Record],
-                        replacing: bool = False) -> list[ApplyResult]:
+    def apply_forwarded(
+        self, partition: int, source: int, records: list[Record], replacing: bool = False
+    ) -> list[ApplyResult]:
         """Apply a run of batches (all in one format) forwarded from reports partition ``source``. Rows
         at or below the largest source position already applied from ``source`` are copies (a replay
         of the source): skipped. Rejections are dead-lettered under their source position, as on the
@@ -389,15 +486,24 @@ class IngestCore:
         refused = []
         if is_rows(records[0].headers):
             parsed, bad = self.forwarder.decode(records, partition)
-            refused = [self._reject_record(partition, records[i], "malformed", "forwarded batch with a row not of "
-                                           "this partition's users, or out of domain", topic="repartition")
-                       for i in bad]
+            refused = [
+                self._reject_record(
+                    partition,
+                    records[i],
+                    "malformed",
+                    "forwarded batch with a row not of this partition's users, or out of domain",
+                    topic="repartition",
+                )
+                for i in bad
+            ]
         else:
             parsed = self.parser.parse([r.value for r in records])
         table = [positions_of(r.headers) for r in records]
         sizes = np.array([0 if t is None else t.shape[1] for t in table], dtype=np.int64)
         base = np.concatenate([[0], np.cumsum(sizes)])
-        flat = np.concatenate([t for t in table if t is not None] or [np.zeros((2, 0), np.int64)], axis=1)
+        flat = np.concatenate(
+            [t for t in table if t is not None] or [np.zeros((2, 0), np.int64)], axis=1
+        )
 
         def position(message: int, item: int | None) -> tuple[int, int | None]:
             if item is None or not 0 <= item < sizes[message]:
@@ -410,7 +516,9 @@ class IngestCore:
         ordered = np.full(len(parsed), -1, dtype=np.int64)
         ordered[inside] = source_positions(flat[0, at], flat[1, at])
         before = np.maximum.accumulate(np.r_[inbox.applied[source], ordered])[:-1]
-        fresh = ~inside | (ordered > before)  # a row without a known position is never taken for a copy
+        fresh = ~inside | (
+            ordered > before
+        )  # a row without a known position is never taken for a copy
         inbox.applied[source] = max(int(inbox.applied[source]), int(ordered.max(initial=-1)))
         parsed = parsed.take(fresh)
         displaced: list = []
@@ -421,19 +529,32 @@ class IngestCore:
         result = ApplyResult(partition=partition)
         for rej in parsed.rejections:
             off, row = position(rej.message, rej.batch_index)
-            result.dead_letters.append(self._letter(rej.reason, rej.detail, rej.original, source, off, row))
+            result.dead_letters.append(
+                self._letter(rej.reason, rej.detail, rej.original, source, off, row)
+            )
         return [*refused, self._counted(result, len(applied), parsed.rejections, displaced)]
 
-    def _counted(self, result: ApplyResult, applied: int, rejections: list, displaced: list) -> ApplyResult:
+    def _counted(
+        self, result: ApplyResult, applied: int, rejections: list, displaced: list
+    ) -> ApplyResult:
         """Count a run's outcome (reports displaced by one of higher precedence become duplicates)."""
         state = self.states[result.partition]
         for local, step, codes, rank in displaced:
             report = self.forwarder.report(state.rows[local], step, codes)
-            detail = ("displaced by a report for the same user and step that arrived while the same step was open, "
-                      "directly or from a lower reports partition (which takes precedence)")
-            headers = dead_letter_headers("duplicate", detail, self.names["reports"], result.partition, -1, None)
-            result.dead_letters.append((f"{result.partition}:displaced:{report['user']}:{step}:{rank}".encode(),
-                                        orjson.dumps(report), headers))
+            detail = (
+                "displaced by a report for the same user and step that arrived while the same step was open, "
+                "directly or from a lower reports partition (which takes precedence)"
+            )
+            headers = dead_letter_headers(
+                "duplicate", detail, self.names["reports"], result.partition, -1, None
+            )
+            result.dead_letters.append(
+                (
+                    f"{result.partition}:displaced:{report['user']}:{step}:{rank}".encode(),
+                    orjson.dumps(report),
+                    headers,
+                )
+            )
         result.accepted = applied - len(displaced)
         for rej in rejections:
             result.reasons[rej.reason] = result.reasons.get(rej.reason, 0) + 1
@@ -442,13 +563,16 @@ class IngestCore:
         state.intake.count(result.accepted, result.reasons, result.forwarded)
         return result
 
-    def _letter(self, reason: str, detail: str, original: bytes, source: int, offset: int,
-                item: int | None) -> tuple[bytes, bytes, list]:
+    def _letter(
+        self, reason: str, detail: str, original: bytes, source: int, offset: int, item: int | None
+    ) -> tuple[bytes, bytes, list]:
         """A dead letter keyed by the report's position in reports partition ``source``: stable under
         replay, whatever the run split or the path it took."""
         key = f"{source}:{offset}:{'-' if item is None else item}".encode()
-        return key, *bounded_copy(original, dead_letter_headers(reason, detail, self.names["reports"], source, offset,
-                                                                item))
+        return key, *bounded_copy(
+            original,
+            dead_letter_headers(reason, detail, self.names["reports"], source, offset, item),
+        )
 
     def _marker_fields(self, value: bytes) -> tuple[int | None, int | None]:
         """(step, closed_at) of a close marker: verified (:class:`Unverified` when it does not
@@ -460,8 +584,9 @@ class IngestCore:
         return signed.step, signed.closed_at
 
     # -- close -----------------------------------------------------------------------------------
-    def close(self, partition: int, step: int, marker_offset: int,
-              closed_at: int | None = None) -> tuple[list[tuple[bytes, bytes]], bytes, dict]:
+    def close(
+        self, partition: int, step: int, marker_offset: int, closed_at: int | None = None
+    ) -> tuple[list[tuple[bytes, bytes]], bytes, dict]:
         """Close ``step`` in ``partition``. Returns (partial messages, checkpoint blob, summary).
 
         ``closed_at`` (the marker's public close time, ms) travels in the partial to the releaser,
@@ -473,7 +598,11 @@ class IngestCore:
         state = self.states[partition]
         if step <= state.closed:
             state.offset = max(state.offset, marker_offset)
-            return self.kept.get(partition, {}).get(step, []), b"", {"step": step, "duplicate": True}
+            return (
+                self.kept.get(partition, {}).get(step, []),
+                b"",
+                {"step": step, "duplicate": True},
+            )
         partial = state.close(step)
         partial["closed_at"] = closed_at
         state.offset = marker_offset
@@ -481,7 +610,7 @@ class IngestCore:
         kept = self.kept.setdefault(partition, {})
         kept[step] = messages
         self._kept_changes.setdefault(partition, (set(), set()))[0].add(step)
-        self._drop_kept(partition, sorted(kept)[:-self.KEEP_PARTIALS])
+        self._drop_kept(partition, sorted(kept)[: -self.KEEP_PARTIALS])
         blob = self.checkpoint(partition)
         summary = {"step": step, "users": partial["users"], "reported": partial["reported"]}
         return messages, blob, summary
@@ -491,15 +620,26 @@ class IngestCore:
         that lost its ``repartition`` log waits for them) and the kept partial, to publish again."""
         messages, _, summary = self.close(partition, step, offset)
         if step <= self.released.get(partition, 0):
-            log.info("partition %d: close marker for step %d, released already: its partial is not needed",
-                     partition, step)
+            log.info(
+                "partition %d: close marker for step %d, released already: its partial is not needed",
+                partition,
+                step,
+            )
         elif not messages:
-            log.warning("partition %d: close marker for step %d, closed here already, but its partial is no longer "
-                        "kept (only the last %d closed steps are): if the releaser still waits for it, the step can "
-                        "not be released (docs/streaming.md, 'A lost close')", partition, step, self.KEEP_PARTIALS)
+            log.warning(
+                "partition %d: close marker for step %d, closed here already, but its partial is no longer "
+                "kept (only the last %d closed steps are): if the releaser still waits for it, the step can "
+                "not be released (docs/streaming.md, 'A lost close')",
+                partition,
+                step,
+                self.KEEP_PARTIALS,
+            )
         else:
-            log.info("partition %d: close marker for step %d, closed here already: re-sending its partial", partition,
-                     step)
+            log.info(
+                "partition %d: close marker for step %d, closed here already: re-sending its partial",
+                partition,
+                step,
+            )
         out = [] if self.isolated else [self.forwarder.markers(partition, step)]
         return out + [CloseOutput(partition, step, messages, b"", summary)]
 
@@ -512,7 +652,9 @@ class IngestCore:
         if state is None:
             return False
         msg = orjson.loads(value)
-        if int(msg["step"]) <= state.closed:  # released implies closed here: anything else proves nothing
+        if (
+            int(msg["step"]) <= state.closed
+        ):  # released implies closed here: anything else proves nothing
             self._released(partition, int(msg["step"]))
         before = set(state.feedback_needed)
         state.apply_feedback(int(msg["step"]), str(msg["release"]), msg)
@@ -541,7 +683,9 @@ class IngestCore:
             write.discard(t)
             drop.add(t)
 
-    def note_lost_log(self, partition: int, previous: dict | None, log_end: int | None) -> dict[str, int]:
+    def note_lost_log(
+        self, partition: int, previous: dict | None, log_end: int | None
+    ) -> dict[str, int]:
         """Compare the partition's last intake snapshot (``previous``, from Redis) with the log it resumes on.
 
         A snapshot that counted more records than the log now holds (``log_end``) describes a log the
@@ -563,15 +707,21 @@ class IngestCore:
         """Open steps whose state holds fewer users than were counted before a lost log: that count."""
         state = self.states[partition]
         now = state.intake_summary()["open"]
-        return {t: n for t, n in self.lost.get(partition, {}).items()
-                if int(t) > state.closed and n > int(now.get(t, 0))}
+        return {
+            t: n
+            for t, n in self.lost.get(partition, {}).items()
+            if int(t) > state.closed and n > int(now.get(t, 0))
+        }
 
     def intake_snapshot(self, partition: int) -> dict:
         """The partition's intake counts for Redis (``dpstream status`` / ``close``): what its state holds,
         the ``repartition`` position, and per open step short of it the count before a lost log."""
         short = self._short(partition)
-        return {**self.states[partition].intake_summary(), "forwarded_offset": self.inboxes[partition].consumed,
-                **({"lost": short} if short else {})}
+        return {
+            **self.states[partition].intake_summary(),
+            "forwarded_offset": self.inboxes[partition].consumed,
+            **({"lost": short} if short else {}),
+        }
 
     def feedback_checkpoints(self) -> dict[int, bytes]:
         """The checkpoints due since the last call: partitions whose step got its last feedback (the
@@ -591,25 +741,42 @@ class IngestCore:
         """The partition's state with its ``repartition`` position (what was forwarded to it and applied);
         the kept partials are stored beside it (:class:`CloseOutput`), not in it: rewriting them with every
         checkpoint made its size, and every close's Redis write, grow with the steps."""
-        return dumps_state({**self.states[partition].get_state(), "repartition": self.inboxes[partition].get_state(),
-                            "logs": self.log_ids.get(partition, {})})
+        return dumps_state(
+            {
+                **self.states[partition].get_state(),
+                "repartition": self.inboxes[partition].get_state(),
+                "logs": self.log_ids.get(partition, {}),
+            }
+        )
 
-    def _reject_record(self, partition: int, rec: Record, reason: str, detail: str,
-                       topic: str = "reports") -> ApplyResult:
+    def _reject_record(
+        self, partition: int, rec: Record, reason: str, detail: str, topic: str = "reports"
+    ) -> ApplyResult:
         """One record straight to the dead-letter topic (its offset counts as consumed)."""
         state = self.states[partition]
         if topic == "reports":
             state.offset = max(state.offset, rec.offset)
-        headers = dead_letter_headers(reason, detail, self.names[topic], partition, rec.offset, None)
+        headers = dead_letter_headers(
+            reason, detail, self.names[topic], partition, rec.offset, None
+        )
         state.intake.count(0, {reason: 1})
-        key = f"{partition}:{rec.offset}:-" if topic == "reports" else f"{topic}:{partition}:{rec.offset}:-"
-        return ApplyResult(partition=partition, reasons={reason: 1},
-                           dead_letters=[(key.encode(), *bounded_copy(bytes(rec.value or b""), headers))])
+        key = (
+            f"{partition}:{rec.offset}:-"
+            if topic == "reports"
+            else f"{topic}:{partition}:{rec.offset}:-"
+        )
+        return ApplyResult(
+            partition=partition,
+            reasons={reason: 1},
+            dead_letters=[(key.encode(), *bounded_copy(bytes(rec.value or b""), headers))],
+        )
 
 
 def kept_blob(messages: list[tuple[bytes, bytes]]) -> bytes:
     """A closed step's partial messages as Redis keeps them (:func:`kept_messages` reverses it)."""
-    return dumps_state({"messages": [[k.decode(), np.frombuffer(v, dtype=np.uint8)] for k, v in messages]})
+    return dumps_state(
+        {"messages": [[k.decode(), np.frombuffer(v, dtype=np.uint8)] for k, v in messages]}
+    )
 
 
 def kept_messages(stored) -> list[tuple[bytes, bytes]]:
@@ -624,4 +791,7 @@ def bounded_copy(original: bytes, headers: list) -> tuple[bytes, list]:
     original = bytes(original or b"")
     if len(original) <= DEAD_LETTER_COPY_BYTES:
         return original, headers
-    return original[:DEAD_LETTER_COPY_BYTES], [*headers, ("dpstream-original-size", str(len(original)).encode())]
+    return original[:DEAD_LETTER_COPY_BYTES], [
+        *headers,
+        ("dpstream-original-size", str(len(original)).encode()),
+    ]

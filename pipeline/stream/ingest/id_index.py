@@ -64,7 +64,9 @@ class IdIndex:
             raise ValueError("id index: ids ending in a NUL character are not supported")
         data = utf8[0]
         width = (max(map(len, data), default=0) // 8 + 1) * 8  # > the longest id, whole words
-        padded = self.ids = np.array(data, dtype=f"S{width}") if data else np.zeros(0, dtype=f"S{width}")
+        padded = self.ids = (
+            np.array(data, dtype=f"S{width}") if data else np.zeros(0, dtype=f"S{width}")
+        )
         self._words = padded.view(_U64).reshape(padded.size, width // 8)
         bits = max(4, int(padded.size * 4 - 1).bit_length())  # load factor at most 1/4
         self._mask = (1 << bits) - 1
@@ -102,15 +104,21 @@ class IdIndex:
         if utf8 is None:
             return None
         data, nul = utf8
-        query = np.array(data, dtype=self.ids.dtype)  # cut to the width: longer ids then differ in a word
+        query = np.array(
+            data, dtype=self.ids.dtype
+        )  # cut to the width: longer ids then differ in a word
         todo = np.arange(size)
         if nul:  # ... unless the cut ends in NULs of the id itself: compare lengths first
-            todo = todo[np.fromiter(map(len, data), dtype=np.int64, count=size) < self.ids.dtype.itemsize]
+            todo = todo[
+                np.fromiter(map(len, data), dtype=np.int64, count=size) < self.ids.dtype.itemsize
+            ]
             query = query[todo]
         out[todo] = self._lookup(query)
         return out
 
-    def rows_of_spans(self, text: bytes, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
+    def rows_of_spans(
+        self, text: bytes, starts: np.ndarray, lengths: np.ndarray
+    ) -> np.ndarray | None:
         """Row of every id given as UTF-8 bytes ``text[start:start + length]`` holding no NUL (-1 when
         absent): a batch's ids straight from its message bytes, no string objects made. Each 8-byte
         word of an id is one unaligned read from ``text``, its bytes past the id masked off. None on
@@ -119,7 +127,9 @@ class IdIndex:
             return None
         width = self.ids.dtype.itemsize
         data = np.frombuffer(text + bytes(width), dtype=np.uint8)
-        at = np.ndarray((data.size - 7,), dtype=_U64, buffer=data, strides=(1,))  # 8 bytes from each offset
+        at = np.ndarray(
+            (data.size - 7,), dtype=_U64, buffer=data, strides=(1,)
+        )  # 8 bytes from each offset
         out = np.full(starts.size, -1, dtype=np.int64)
         fits = np.flatnonzero(lengths < width)  # longer than every roster id: absent
         starts, lengths = starts[fits], lengths[fits]
@@ -139,7 +149,9 @@ class IdIndex:
         out = np.where(self._equal(cand, words), cand, -1)
         on = np.flatnonzero((out < 0) & (cand >= 0))
         if on.size and self._reach:
-            cand = self._table[(slot[on, None] + np.arange(1, self._reach + 1)) & self._mask].astype(np.int64)
+            cand = self._table[
+                (slot[on, None] + np.arange(1, self._reach + 1)) & self._mask
+            ].astype(np.int64)
             hit = self._equal(cand, words[on, None, :])
             out[on] = np.where(hit.any(axis=1), cand[np.arange(on.size), hit.argmax(axis=1)], -1)
         return out

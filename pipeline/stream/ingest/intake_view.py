@@ -63,12 +63,19 @@ class IntakeView:
 
     def log_lost_warnings(self) -> list[str]:
         """One line per sign of a lost log, for the operator's terminal (empty: none)."""
-        lines = [f"step {t}: {n:,} reports the workers had counted are gone: the broker lost its log (a memory-only "
-                 f"broker restarted?) and the workers' checkpoints hold {self.reported(t):,}; send them again "
-                 f"(dpstream produce --step {t}) before closing it" for t, n in self.lost().items()]
-        lines += [f"reports partition {p}: the workers counted {n:,} records past the end of its log: the broker lost "
-                  "it, and no worker has restored its checkpoint since (are the workers running?): its counts are "
-                  "not what the workers hold" for p, n in self.stale.items() if n]
+        lines = [
+            f"step {t}: {n:,} reports the workers had counted are gone: the broker lost its log (a memory-only "
+            f"broker restarted?) and the workers' checkpoints hold {self.reported(t):,}; send them again "
+            f"(dpstream produce --step {t}) before closing it"
+            for t, n in self.lost().items()
+        ]
+        lines += [
+            f"reports partition {p}: the workers counted {n:,} records past the end of its log: the broker lost "
+            "it, and no worker has restored its checkpoint since (are the workers running?): its counts are "
+            "not what the workers hold"
+            for p, n in self.stale.items()
+            if n
+        ]
         return lines
 
     def closed_steps(self) -> dict[int, dict[str, Any]]:
@@ -79,25 +86,36 @@ class IntakeView:
         out = {}
         for t in sorted(common, key=int):
             parts = [s["history"][t] for s in self.snapshots.values()]
-            out[int(t)] = {"users": sum(p["users"] for p in parts), "reported": sum(p["reported"] for p in parts),
-                           "imputed": sum(p["imputed"] for p in parts), "accepted": sum(p["accepted"] for p in parts),
-                           "rejected": _sum_reasons(p["rejected"] for p in parts)}
+            out[int(t)] = {
+                "users": sum(p["users"] for p in parts),
+                "reported": sum(p["reported"] for p in parts),
+                "imputed": sum(p["imputed"] for p in parts),
+                "accepted": sum(p["accepted"] for p in parts),
+                "rejected": _sum_reasons(p["rejected"] for p in parts),
+            }
         return out
 
     def open_interval(self) -> dict[str, Any]:
         """Reports handled since each partition's last close: accepted and rejected by reason."""
         snaps = list(self.snapshots.values())
-        return {"since_closed": min((s["closed"] for s in snaps), default=0),
-                "accepted": sum(s["accepted"] for s in snaps), "rejected": _sum_reasons(s["rejected"] for s in snaps)}
+        return {
+            "since_closed": min((s["closed"] for s in snaps), default=0),
+            "accepted": sum(s["accepted"] for s in snaps),
+            "rejected": _sum_reasons(s["rejected"] for s in snaps),
+        }
 
     def as_json(self) -> dict[str, Any]:
         steps = sorted({int(t) for s in self.snapshots.values() for t in s["open"]})
-        return {"closing_step": self.closing, "closed": {str(t): v for t, v in self.closed_steps().items()},
-                "open": {str(t): {"reported": self.reported(t)} for t in steps if t > self.closing},
-                "since_last_close": self.open_interval(), "partitions_without_worker_counts": self.missing,
-                "unhandled_records": {str(p): n for p, n in self.unhandled.items() if n},
-                "lost_reports": {str(t): n for t, n in self.lost().items()},
-                "counted_past_log_end": {str(p): n for p, n in self.stale.items() if n}}
+        return {
+            "closing_step": self.closing,
+            "closed": {str(t): v for t, v in self.closed_steps().items()},
+            "open": {str(t): {"reported": self.reported(t)} for t in steps if t > self.closing},
+            "since_last_close": self.open_interval(),
+            "partitions_without_worker_counts": self.missing,
+            "unhandled_records": {str(p): n for p, n in self.unhandled.items() if n},
+            "lost_reports": {str(t): n for t, n in self.lost().items()},
+            "counted_past_log_end": {str(p): n for p, n in self.stale.items() if n},
+        }
 
 
 def _sum_reasons(dicts) -> dict[str, int]:
@@ -108,8 +126,15 @@ def _sum_reasons(dicts) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def intake_view(store: StateStore, broker: str, reports_topic: str, partitions: int, wait: float = 10.0,
-                repartition_topic: str | None = None, progress=None) -> IntakeView:
+def intake_view(
+    store: StateStore,
+    broker: str,
+    reports_topic: str,
+    partitions: int,
+    wait: float = 10.0,
+    repartition_topic: str | None = None,
+    progress=None,
+) -> IntakeView:
     """The partitions' intake snapshots, once each worker has caught up with the reports log and the
     ``repartition`` log (reports forwarded from other partitions; or after ``wait`` seconds:
     ``unhandled`` then says how many records each partition still has). ``progress(handled, total)``
@@ -119,20 +144,33 @@ def intake_view(store: StateStore, broker: str, reports_topic: str, partitions: 
     from pipeline.stream.kafka.log_end import log_ends
 
     tps = [TopicPartition(reports_topic, p) for p in range(partitions)]
-    forwarded = [TopicPartition(repartition_topic, p) for p in range(partitions)] if repartition_topic else []
+    forwarded = (
+        [TopicPartition(repartition_topic, p) for p in range(partitions)]
+        if repartition_topic
+        else []
+    )
     ends = log_ends(broker, tps + forwarded)
     deadline = time.monotonic() + wait
     first = None
     while True:
         snaps = store.intake()
-        unhandled = {tp.partition: max(0, ends[tp] - (snaps[tp.partition]["offset"] + 1 if tp.partition in snaps else 0))
-                     for tp in tps}
-        for tp in forwarded:  # snapshots of earlier versions have no forwarded_offset: not waited for
+        unhandled = {
+            tp.partition: max(
+                0, ends[tp] - (snaps[tp.partition]["offset"] + 1 if tp.partition in snaps else 0)
+            )
+            for tp in tps
+        }
+        for (
+            tp
+        ) in forwarded:  # snapshots of earlier versions have no forwarded_offset: not waited for
             snap = snaps.get(tp.partition, {})
             if "forwarded_offset" in snap:
                 unhandled[tp.partition] += max(0, ends[tp] - (snap["forwarded_offset"] + 1))
-        stale = {tp.partition: snaps[tp.partition]["offset"] + 1 - ends[tp] for tp in tps
-                 if tp.partition in snaps and snaps[tp.partition]["offset"] + 1 > ends[tp]}
+        stale = {
+            tp.partition: snaps[tp.partition]["offset"] + 1 - ends[tp]
+            for tp in tps
+            if tp.partition in snaps and snaps[tp.partition]["offset"] + 1 > ends[tp]
+        }
         remaining = sum(unhandled.values())
         first = remaining if first is None else first
         if progress is not None and first:
@@ -165,7 +203,11 @@ def close_assessment(deployment: Deployment, view: IntakeView, steps: range) -> 
     n = deployment.n
     history = view.closed_steps()
     base_imputed = median([h["imputed"] / h["users"] for h in history.values()]) if history else 0.0
-    base_rejected = median([_rejected_share(h["accepted"], h["rejected"]) for h in history.values()]) if history else 0.0
+    base_rejected = (
+        median([_rejected_share(h["accepted"], h["rejected"]) for h in history.values()])
+        if history
+        else 0.0
+    )
     interval = view.open_interval()
     checks = []
     for t in steps:
@@ -176,11 +218,19 @@ def close_assessment(deployment: Deployment, view: IntakeView, steps: range) -> 
         accepted = interval["accepted"] if t == interval["since_closed"] + 1 else 0
         rej_share = _rejected_share(accepted, rejected)
         warnings = []
-        for what, share, base in (("imputed", imputed, base_imputed), ("rejected", rej_share, base_rejected)):
+        for what, share, base in (
+            ("imputed", imputed, base_imputed),
+            ("rejected", rej_share, base_rejected),
+        ):
             if share > base + guard.warn_above:
-                detail = (f"{n - reported:,} of {n:,} users have no report and will be imputed" if what == "imputed"
-                          else f"{sum(rejected.values()):,} reports rejected {rejected}")
-                warnings.append(f"step {t}: {what} share {share:.1%} vs {base:.1%} (median of the closed steps): {detail}")
+                detail = (
+                    f"{n - reported:,} of {n:,} users have no report and will be imputed"
+                    if what == "imputed"
+                    else f"{sum(rejected.values()):,} reports rejected {rejected}"
+                )
+                warnings.append(
+                    f"step {t}: {what} share {share:.1%} vs {base:.1%} (median of the closed steps): {detail}"
+                )
         checks.append(StepCheck(t, n, reported, imputed, rejected, rej_share, warnings))
     return checks
 

@@ -19,13 +19,15 @@ def murmur2_many(keys: list[str]) -> np.ndarray:
     """murmur2 of every key's UTF-8 bytes, as uint32 (no Python hashing per key)."""
     joined = "".join(keys)
     if joined.isascii():  # one character, one byte
-        data, lengths = joined.encode("ascii"), np.fromiter(
-            map(len, keys), dtype=np.int64, count=len(keys)
+        data, lengths = (
+            joined.encode("ascii"),
+            np.fromiter(map(len, keys), dtype=np.int64, count=len(keys)),
         )
     else:
         encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
-        data, lengths = b"".join(encoded), np.fromiter(
-            map(len, encoded), dtype=np.int64, count=len(keys)
+        data, lengths = (
+            b"".join(encoded),
+            np.fromiter(map(len, encoded), dtype=np.int64, count=len(keys)),
         )
     return murmur2_of_bytes(
         np.frombuffer(data, dtype=np.uint8), np.concatenate([[0], np.cumsum(lengths)])

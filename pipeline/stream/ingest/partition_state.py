@@ -37,14 +37,25 @@ class PartitionState:
     per user in memory with the benchmark's releases, 37 in the checkpoint (docs/streaming.md,
     "Worker memory")."""
 
-    def __init__(self, deployment: Deployment, partition: int, rows: np.ndarray, n_total: int, owned: OwnedRows | None = None):
+    def __init__(
+        self,
+        deployment: Deployment,
+        partition: int,
+        rows: np.ndarray,
+        n_total: int,
+        owned: OwnedRows | None = None,
+    ):
         """``owned``: the roster-wide row -> (owner, position) map shared by a worker's partitions
         (:class:`OwnedRows`); built from ``rows`` alone when not given."""
         self.deployment = deployment
         self.partition = int(partition)
         self.rows = np.asarray(rows, dtype=np.int64)  # global roster rows owned, ascending
-        self.local = _LocalRows(owned if owned is not None else OwnedRows.of_partition(self.rows, n_total,
-                                                                                    self.partition), self.partition)
+        self.local = _LocalRows(
+            owned
+            if owned is not None
+            else OwnedRows.of_partition(self.rows, n_total, self.partition),
+            self.partition,
+        )
         self.max_ahead = deployment.steps.max_ahead
         self.horizon = deployment.horizon
         size = self.rows.size
@@ -52,7 +63,9 @@ class PartitionState:
         self.attributes = list(deployment.attributes)
         self._codes = {a: narrow_int(deployment.attributes[a].size - 1) for a in self.attributes}
         # pending[a][j, i] = code reported by local user i for step closed+1+j, or -1
-        self.pending = {a: np.full((slots, size), -1, dtype=self._codes[a]) for a in self.attributes}
+        self.pending = {
+            a: np.full((slots, size), -1, dtype=self._codes[a]) for a in self.attributes
+        }
         # precedence of the accepted report of each (user, open step), -1 for none; see apply
         self.origins = deployment.topics.partitions + 1
         self._rank_type = narrow_int((self.horizon + 1) * self.origins)  # rank < (T + 1)(P + 1)
@@ -61,12 +74,18 @@ class PartitionState:
         # every user's value at the last closed step (carry-forward imputation, heavy-hitter feedback)
         self.last = {a: np.full(size, -1, dtype=self._codes[a]) for a in self.attributes}
         self.closed = 0  # last closed step
-        self.feedback_needed: set[str] = set()  # releases whose feedback for `closed` is outstanding
+        self.feedback_needed: set[str] = (
+            set()
+        )  # releases whose feedback for `closed` is outstanding
         self.aggregators = {
-            rel.name: kind_of(rel).aggregator(rel, deployment.attributes[rel.attribute], size, self.horizon)
+            rel.name: kind_of(rel).aggregator(
+                rel, deployment.attributes[rel.attribute], size, self.horizon
+            )
             for rel in deployment.releases
         }
-        self._feedback_releases = {rel.name for rel in deployment.releases if kind_of(rel).needs_feedback(rel)}
+        self._feedback_releases = {
+            rel.name for rel in deployment.releases if kind_of(rel).needs_feedback(rel)
+        }
         self.offset = -1  # offset of the last consumed message of this partition (checkpointing)
         self.intake = Intake(slots)
 
@@ -76,7 +95,9 @@ class PartitionState:
         return self.last if self.closed else {}
 
     # -- reports -----------------------------------------------------------------------------
-    def apply(self, parsed: ParsedReports, origin: int = 0, displaced: list | None = None) -> ParsedReports:
+    def apply(
+        self, parsed: ParsedReports, origin: int = 0, displaced: list | None = None
+    ) -> ParsedReports:
         """Apply accepted reports of this partition; stateful rejections are added to ``parsed``.
 
         ``origin`` says where the reports came from: 0 for this partition's own reports log, 1 + q
@@ -98,12 +119,18 @@ class PartitionState:
         local = self.local[parsed.rows]
         foreign = local < 0
         if foreign.any():
-            raise ValueError(f"partition {self.partition}: {int(foreign.sum())} reports of rows it does not own")
+            raise ValueError(
+                f"partition {self.partition}: {int(foreign.sum())} reports of rows it does not own"
+            )
         slot = parsed.steps - (self.closed + 1)
         late = slot < 0
         future = slot > self.max_ahead
         parsed.reject(late, "late", f"step already closed (last closed step {self.closed})")
-        parsed.reject(future, "future_step", f"more than {self.max_ahead} steps ahead of open step {self.closed + 1}")
+        parsed.reject(
+            future,
+            "future_step",
+            f"more than {self.max_ahead} steps ahead of open step {self.closed + 1}",
+        )
         ok = ~(late | future)
         # Duplicates: a report of smaller rank already accepted for (user, step), or one of smaller
         # (rank, position) for the same (user, step) in this batch.
@@ -132,9 +159,17 @@ class PartitionState:
             if displaced is not None:
                 for i in evict:
                     s_, l_ = slot[i], local[i]
-                    displaced.append((int(l_), int(self.closed + 1 + s_),
-                                      {a: int(self.pending[a][s_, l_]) if write[i] else -1
-                                       for a in self.attributes}, int(held[i])))
+                    displaced.append(
+                        (
+                            int(l_),
+                            int(self.closed + 1 + s_),
+                            {
+                                a: int(self.pending[a][s_, l_]) if write[i] else -1
+                                for a in self.attributes
+                            },
+                            int(held[i]),
+                        )
+                    )
             for a in self.attributes:
                 pending[a][flat[evict[write[evict]]]] = -1
         for a in self.attributes:
@@ -143,11 +178,18 @@ class PartitionState:
             pending[a][flat[sel]] = code[sel]
         ranks[flat[ok]] = rank[ok]
         new = write & (held < 0)
-        self.intake.reported += np.bincount(slot[new], minlength=slots).astype(np.int64)  # one per new (user, step)
+        self.intake.reported += np.bincount(slot[new], minlength=slots).astype(
+            np.int64
+        )  # one per new (user, step)
         return parsed.take(ok)
 
-    def replace(self, parsed: ParsedReports, origin: int, positions: np.ndarray,
-                displaced: list | None = None) -> ParsedReports:
+    def replace(
+        self,
+        parsed: ParsedReports,
+        origin: int,
+        positions: np.ndarray,
+        displaced: list | None = None,
+    ) -> ParsedReports:
         """Apply replacements (:mod:`pipeline.stream.ingest.corrections`): each replaces the
         report held for its (user, open step). ``positions[i]``: report i's position in its log
         (offset and row, :func:`~pipeline.stream.ingest.repartition.source_positions`), increasing
@@ -162,12 +204,17 @@ class PartitionState:
         local = self.local[parsed.rows]
         if (local < 0).any():
             foreign = int((local < 0).sum())
-            raise ValueError(f"partition {self.partition}: {foreign} reports of rows it does not own")
+            raise ValueError(
+                f"partition {self.partition}: {foreign} reports of rows it does not own"
+            )
         slot = parsed.steps - (self.closed + 1)
         late, future = slot < 0, slot > self.max_ahead
         parsed.reject(late, "late", f"step already closed (last closed step {self.closed})")
-        parsed.reject(future, "future_step",
-                      f"more than {self.max_ahead} steps ahead of open step {self.closed + 1}")
+        parsed.reject(
+            future,
+            "future_step",
+            f"more than {self.max_ahead} steps ahead of open step {self.closed + 1}",
+        )
         ok = ~(late | future)
         if self.corrections is None:
             self.corrections = Corrections(self.max_ahead + 1, self.rows.size)
@@ -176,11 +223,18 @@ class PartitionState:
         held_pos = _flat(self.corrections.position)[flat]
         # one origin per call: a held correction of another log decides by precedence, of this
         # log by position
-        beats = ((held_origin < 0) | (origin < held_origin)
-                 | ((origin == held_origin) & (positions > held_pos)))
+        beats = (
+            (held_origin < 0)
+            | (origin < held_origin)
+            | ((origin == held_origin) & (positions > held_pos))
+        )
         lost = ok & ~beats
-        parsed.reject(lost, "duplicate", "a correction for this user and step from a log that "
-                      "takes precedence (direct, then the lower source partition) was applied")
+        parsed.reject(
+            lost,
+            "duplicate",
+            "a correction for this user and step from a log that "
+            "takes precedence (direct, then the lower source partition) was applied",
+        )
         ok &= ~lost
         idx = np.flatnonzero(ok)
         order = stable_argsort(flat[idx])
@@ -193,16 +247,22 @@ class PartitionState:
         if displaced is not None:
             for i in other:
                 s_, l_ = slot[i], local[i]
-                displaced.append((int(l_), int(self.closed + 1 + s_),
-                                  {a: int(self.pending[a][s_, l_]) for a in self.attributes},
-                                  -1 - int(held_pos[i])))  # negative: never a first report's rank
+                displaced.append(
+                    (
+                        int(l_),
+                        int(self.closed + 1 + s_),
+                        {a: int(self.pending[a][s_, l_]) for a in self.attributes},
+                        -1 - int(held_pos[i]),
+                    )
+                )  # negative: never a first report's rank
         new = (ranks[at] < 0) & (held_origin[last] < 0)  # no report held before: a new user
         for a in self.attributes:
             pending[a][at] = parsed.codes[a][last]
         _flat(self.corrections.origin)[at] = origin
         _flat(self.corrections.position)[at] = positions[last]
-        self.intake.reported += np.bincount(slot[last[new]],
-                                            minlength=self.max_ahead + 1).astype(np.int64)
+        self.intake.reported += np.bincount(slot[last[new]], minlength=self.max_ahead + 1).astype(
+            np.int64
+        )
         return parsed.take(ok)
 
     # -- close ---------------------------------------------------------------------------------
@@ -216,9 +276,13 @@ class PartitionState:
     def close(self, step: int) -> dict[str, Any]:
         """Close ``step`` (must be the next one): impute, aggregate, advance. Returns the partial."""
         if step != self.closed + 1:
-            raise ValueError(f"partition {self.partition}: close({step}) but the next step to close is {self.closed + 1}")
+            raise ValueError(
+                f"partition {self.partition}: close({step}) but the next step to close is {self.closed + 1}"
+            )
         if self.feedback_needed:
-            raise FeedbackPending(f"feedback of step {self.closed} not yet applied for {sorted(self.feedback_needed)}")
+            raise FeedbackPending(
+                f"feedback of step {self.closed} not yet applied for {sorted(self.feedback_needed)}"
+            )
         reported = self.coverage()
         x = {}
         for a in self.attributes:
@@ -279,13 +343,18 @@ class PartitionState:
             "feedback_needed": sorted(self.feedback_needed),
             "aggregators": {name: agg.get_state() for name, agg in self.aggregators.items()},
             "intake": self.intake.get_state(),
-            **({"corrections": self.corrections.get_state()}
-               if self.corrections is not None else {}),
+            **(
+                {"corrections": self.corrections.get_state()}
+                if self.corrections is not None
+                else {}
+            ),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
         if int(state["partition"]) != self.partition:
-            raise ValueError(f"checkpoint of partition {state['partition']} restored into partition {self.partition}")
+            raise ValueError(
+                f"checkpoint of partition {state['partition']} restored into partition {self.partition}"
+            )
         self.closed = int(state["closed"])
         self.offset = int(state["offset"])
         # Checkpoints written before the narrow types hold int64: the values fit the narrow types,
@@ -298,12 +367,15 @@ class PartitionState:
             self.rank = np.where(held, 0, -1).astype(self._rank_type)
         self.last = {a: np.array(v, dtype=self._codes[a]) for a, v in state["last"].items()}
         self.feedback_needed = set(state["feedback_needed"])
-        self.corrections = (Corrections.from_state(state["corrections"])
-                            if "corrections" in state else None)
+        self.corrections = (
+            Corrections.from_state(state["corrections"]) if "corrections" in state else None
+        )
         for name, agg_state in state["aggregators"].items():
             self.aggregators[name].set_state(agg_state)
         self.intake = Intake(self.max_ahead + 1)
-        if "intake" in state:  # checkpoints written before intake counting have none: count from here
+        if (
+            "intake" in state
+        ):  # checkpoints written before intake counting have none: count from here
             self.intake.set_state(state["intake"])
 
     def intake_summary(self) -> dict[str, Any]:
@@ -406,23 +478,40 @@ class Intake:
             self.rejected[reason] = self.rejected.get(reason, 0) + int(n)
 
     def close(self, step: int, users: int, reported: int) -> None:
-        self.history[step] = {"users": users, "reported": reported, "imputed": users - reported,
-                              "accepted": self.accepted, "rejected": dict(self.rejected),
-                              "forwarded": self.forwarded}
+        self.history[step] = {
+            "users": users,
+            "reported": reported,
+            "imputed": users - reported,
+            "accepted": self.accepted,
+            "rejected": dict(self.rejected),
+            "forwarded": self.forwarded,
+        }
         self.history.pop(step - self.HISTORY, None)
         self.reported[:-1] = self.reported[1:]
         self.reported[-1] = 0
         self.accepted, self.rejected, self.forwarded = 0, {}, 0
 
     def summary(self, partition: int, closed: int, offset: int, users: int) -> dict[str, Any]:
-        return {"partition": partition, "closed": closed, "offset": offset, "users": users,
-                "open": {str(closed + 1 + j): int(r) for j, r in enumerate(self.reported)},
-                "accepted": self.accepted, "rejected": dict(self.rejected), "forwarded": self.forwarded,
-                "history": {str(t): h for t, h in self.history.items()}}
+        return {
+            "partition": partition,
+            "closed": closed,
+            "offset": offset,
+            "users": users,
+            "open": {str(closed + 1 + j): int(r) for j, r in enumerate(self.reported)},
+            "accepted": self.accepted,
+            "rejected": dict(self.rejected),
+            "forwarded": self.forwarded,
+            "history": {str(t): h for t, h in self.history.items()},
+        }
 
     def get_state(self) -> dict[str, Any]:
-        return {"reported": self.reported.copy(), "accepted": self.accepted, "rejected": dict(self.rejected),
-                "forwarded": self.forwarded, "history": {str(t): h for t, h in self.history.items()}}
+        return {
+            "reported": self.reported.copy(),
+            "accepted": self.accepted,
+            "rejected": dict(self.rejected),
+            "forwarded": self.forwarded,
+            "history": {str(t): h for t, h in self.history.items()},
+        }
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.reported = np.array(state["reported"], dtype=np.int64)

@@ -47,12 +47,29 @@ from pipeline.releases.aggregators import narrow_int
 from pipeline.stream.ingest.reports import ParsedReports
 from pipeline.stream.kafka.messages import CONTROL_HEADER
 
-__all__ = ["SOURCE_HEADER", "POSITIONS_HEADER", "FORMAT_HEADER", "ROWS", "FORWARDED", "FORWARD_CHUNK", "Forwarder",
-           "ForwardMarkers", "Inbox", "is_rows", "source_of", "positions_of", "source_positions"]
+__all__ = [
+    "SOURCE_HEADER",
+    "POSITIONS_HEADER",
+    "FORMAT_HEADER",
+    "ROWS",
+    "FORWARDED",
+    "FORWARD_CHUNK",
+    "Forwarder",
+    "ForwardMarkers",
+    "Inbox",
+    "is_rows",
+    "source_of",
+    "positions_of",
+    "source_positions",
+]
 
 SOURCE_HEADER = "dpstream-from"  # the reports partition a forwarded record comes from
-POSITIONS_HEADER = "dpstream-positions"  # per row: its offset in the source partition, then its row there
-FORMAT_HEADER = "dpstream-format"  # b"rows": a batch of packed rows; absent: a JSON columnar batch (before)
+POSITIONS_HEADER = (
+    "dpstream-positions"  # per row: its offset in the source partition, then its row there
+)
+FORMAT_HEADER = (
+    "dpstream-format"  # b"rows": a batch of packed rows; absent: a JSON columnar batch (before)
+)
 ROWS = b"rows"
 FORWARDED = b"forwarded-through"  # CONTROL_HEADER value of the per-step marker
 FORWARD_CHUNK = 5000  # rows per forwarded batch (~25 bytes each with its position), far below 1 MB
@@ -89,12 +106,20 @@ class Forwarder:
         self.ids = roster.ids
         self.names = list(attributes)
         self.sizes = np.array([int(attributes[a].size) for a in self.names], dtype=np.int64)
-        self.labels = {name: np.asarray(attr.values, dtype=object) if attr.type == "categorical" else None
-                       for name, attr in attributes.items()}
-        self.dtype = np.dtype([("row", "<u4" if roster.n <= 1 << 32 else "<u8"),
-                               ("step", "<u2" if self.horizon < 1 << 16 else "<u4"),
-                               *[(f"a{i}", narrow_int(attributes[a].size - 1).newbyteorder("<"))
-                                 for i, a in enumerate(self.names)]])
+        self.labels = {
+            name: np.asarray(attr.values, dtype=object) if attr.type == "categorical" else None
+            for name, attr in attributes.items()
+        }
+        self.dtype = np.dtype(
+            [
+                ("row", "<u4" if roster.n <= 1 << 32 else "<u8"),
+                ("step", "<u2" if self.horizon < 1 << 16 else "<u4"),
+                *[
+                    (f"a{i}", narrow_int(attributes[a].size - 1).newbyteorder("<"))
+                    for i, a in enumerate(self.names)
+                ],
+            ]
+        )
 
     def forward(self, source: int, offsets: np.ndarray, parsed) -> list[tuple[int, bytes, list]]:
         """(owner partition, value, headers) for the parsed reports ``parsed`` (users of other
@@ -117,8 +142,11 @@ class Forwarder:
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             for start in range(lo, hi, FORWARD_CHUNK):
                 stop = min(start + FORWARD_CHUNK, hi)
-                headers = [(SOURCE_HEADER, str(source).encode()), (FORMAT_HEADER, ROWS),
-                           (POSITIONS_HEADER, positions[:, start:stop].tobytes())]
+                headers = [
+                    (SOURCE_HEADER, str(source).encode()),
+                    (FORMAT_HEADER, ROWS),
+                    (POSITIONS_HEADER, positions[:, start:stop].tobytes()),
+                ]
                 out.append((int(owner[start]), raw[start:stop].tobytes(), headers))
         return out
 
@@ -135,9 +163,14 @@ class Forwarder:
             packed = np.frombuffer(value, dtype=self.dtype)
             rows, steps = packed["row"].astype(np.int64), packed["step"].astype(np.int64)
             codes = np.stack([packed[f"a{j}"].astype(np.int64) for j in range(len(self.names))])
-            if (rows < self.owners.size).all() and (self.owners[rows] == partition).all() and (steps >= 1).all() \
-                    and (steps <= self.horizon).all() and ((codes >= -1) & (codes < self.sizes[:, None])).all() \
-                    and (codes >= 0).any(axis=0).all():
+            if (
+                (rows < self.owners.size).all()
+                and (self.owners[rows] == partition).all()
+                and (steps >= 1).all()
+                and (steps <= self.horizon).all()
+                and ((codes >= -1) & (codes < self.sizes[:, None])).all()
+                and (codes >= 0).any(axis=0).all()
+            ):
                 arrays.append((i, rows, steps, codes))
             else:
                 refused.append(i)
@@ -146,17 +179,23 @@ class Forwarder:
             return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
         parsed = ParsedReports(
-            rows=cat([r for _, r, _, _ in arrays]), steps=cat([s for _, _, s, _ in arrays]),
+            rows=cat([r for _, r, _, _ in arrays]),
+            steps=cat([s for _, _, s, _ in arrays]),
             codes={name: cat([c[j] for *_, c in arrays]) for j, name in enumerate(self.names)},
             message=cat([np.full(r.size, i, dtype=np.int64) for i, r, _, _ in arrays]),
             batch_index=cat([np.arange(r.size, dtype=np.int64) for _, r, _, _ in arrays]),
-            sources=[_Rows(self, rec.value) for rec in records])
+            sources=[_Rows(self, rec.value) for rec in records],
+        )
         return parsed, refused
 
     def report(self, row: int, step: int, codes: dict) -> dict:
         """A report as its producer could have sent it (labels for categorical values): the bytes a
         forwarded report is dead-lettered with, as on the source."""
-        values = {a: (int(c) if (labels := self.labels[a]) is None else labels[c]) for a, c in codes.items() if c >= 0}
+        values = {
+            a: (int(c) if (labels := self.labels[a]) is None else labels[c])
+            for a, c in codes.items()
+            if c >= 0
+        }
         return {"user": self.ids[row], "step": int(step), "values": values}
 
     def markers(self, source: int, step: int) -> ForwardMarkers:
@@ -175,8 +214,12 @@ class _Rows:
 
     def __getitem__(self, j: int) -> dict:
         fw = self.forwarder
-        rec = self.packed[j * fw.dtype.itemsize: (j + 1) * fw.dtype.itemsize].view(fw.dtype)[0]
-        return fw.report(int(rec["row"]), int(rec["step"]), {a: int(rec[f"a{i}"]) for i, a in enumerate(fw.names)})
+        rec = self.packed[j * fw.dtype.itemsize : (j + 1) * fw.dtype.itemsize].view(fw.dtype)[0]
+        return fw.report(
+            int(rec["row"]),
+            int(rec["step"]),
+            {a: int(rec[f"a{i}"]) for i, a in enumerate(fw.names)},
+        )
 
 
 def is_rows(headers) -> bool:
@@ -292,7 +335,11 @@ class Inbox:
         return min(heads) if heads else self.consumed + 1
 
     def get_state(self) -> dict:
-        return {"resume": self.resume(), "through": self.through.copy(), "applied": self.applied.copy()}
+        return {
+            "resume": self.resume(),
+            "through": self.through.copy(),
+            "applied": self.applied.copy(),
+        }
 
     def set_state(self, state: dict) -> None:
         self.through = np.array(state["through"], dtype=np.int64)

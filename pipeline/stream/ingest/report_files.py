@@ -34,8 +34,15 @@ from pipeline.stream.ingest.reports import ReportParser
 if TYPE_CHECKING:
     from pipeline.config import Deployment
 
-__all__ = ["ReportFileError", "ReportFile", "FileReports", "check_report_file", "read_report_file", "first_rejection",
-           "CHUNK"]
+__all__ = [
+    "ReportFileError",
+    "ReportFile",
+    "FileReports",
+    "check_report_file",
+    "read_report_file",
+    "first_rejection",
+    "CHUNK",
+]
 
 CHUNK = 10_000  # reports per chunk: what either pass over a file holds at a time
 
@@ -44,7 +51,11 @@ class ReportFileError(ValueError):
     """A report file that cannot be sent as a whole; the message names file, line and column."""
 
     def __init__(self, path, line: int | None, column: str | int | None, message: str):
-        where = str(path) + (f":{line}" if line is not None else "") + (f": column {column}" if column is not None else "")
+        where = (
+            str(path)
+            + (f":{line}" if line is not None else "")
+            + (f": column {column}" if column is not None else "")
+        )
         super().__init__(f"{where}: {message}")
 
 
@@ -82,15 +93,23 @@ class ReportFile:
         return set(self.counts)
 
     def only_step(self, step: int) -> ReportFile:
-        return replace(self, counts={step: self.counts[step]} if step in self.counts else {},
-                       first_lines={step: self.first_lines[step]} if step in self.first_lines else {}, step=step)
+        return replace(
+            self,
+            counts={step: self.counts[step]} if step in self.counts else {},
+            first_lines={step: self.first_lines[step]} if step in self.first_lines else {},
+            step=step,
+        )
 
     def chunks(self, size: int = CHUNK) -> Iterator[tuple[list[dict], list[int]]]:
         """(reports, lines) a chunk at a time, in file order; ReportFileError if the file changed since checked."""
         if _stamp(self.path) != self.stamp:
-            raise ReportFileError(self.path, None, None, "the file changed after it was checked; nothing more sent")
+            raise ReportFileError(
+                self.path, None, None, "the file changed after it was checked; nothing more sent"
+            )
         for recs in _chunks(_records(self.path, self.deployment), size):
-            keep = [(no, rep) for no, rep, _ in recs if self.step is None or rep["step"] == self.step]
+            keep = [
+                (no, rep) for no, rep, _ in recs if self.step is None or rep["step"] == self.step
+            ]
             if keep:
                 yield [rep for _, rep in keep], [no for no, _ in keep]
 
@@ -107,7 +126,9 @@ class ReportFile:
         return None
 
 
-def check_report_file(path: str | Path, deployment: Deployment, roster, chunk: int = CHUNK) -> ReportFile:
+def check_report_file(
+    path: str | Path, deployment: Deployment, roster, chunk: int = CHUNK
+) -> ReportFile:
     """Check a whole ``*.csv`` or ``*.jsonl`` report file a chunk at a time; raises :class:`ReportFileError`
     at the first bad line. Memory: one chunk, plus a byte per roster row for each step in the file."""
     path = Path(path)
@@ -122,20 +143,33 @@ def check_report_file(path: str | Path, deployment: Deployment, roster, chunk: i
         parsed = parser.parse([msgspec.json.encode(rep) for _, rep, _ in recs])
         rejected = min((rej.message for rej in parsed.rejections), default=len(recs))
         rejection = next((rej for rej in parsed.rejections if rej.message == rejected), None)
-        rows, steps, message = parsed.rows, parsed.steps, parsed.message  # accepted reports, in file order
+        rows, steps, message = (
+            parsed.rows,
+            parsed.steps,
+            parsed.message,
+        )  # accepted reports, in file order
         again = _repeats(seen, rows, steps, roster.n)
         repeated = int(message[again].min()) if again.any() else len(recs)
         if repeated < rejected:
             no, rep, _ = recs[repeated]
             first = _first_line(path, deployment, rep["user"], rep["step"])
-            raise ReportFileError(path, no, _column(recs[repeated], "user"), f"a second report for user "
-                                  f"{rep['user']!r} at step {rep['step']} (first on line {first}); the workers "
-                                  "would dead-letter it as duplicate")
+            raise ReportFileError(
+                path,
+                no,
+                _column(recs[repeated], "user"),
+                f"a second report for user "
+                f"{rep['user']!r} at step {rep['step']} (first on line {first}); the workers "
+                "would dead-letter it as duplicate",
+            )
         if rejection is not None:
             rec = recs[rejected]
             blamed = _blamed_field(rejection, rec[1])
-            raise ReportFileError(path, rec[0], _column(rec, blamed) if blamed else None,
-                                  f"{rejection.reason}: {rejection.detail}")
+            raise ReportFileError(
+                path,
+                rec[0],
+                _column(rec, blamed) if blamed else None,
+                f"{rejection.reason}: {rejection.detail}",
+            )
         for step, rows_at in _by_step(rows, steps):
             seen.setdefault(step, np.zeros(roster.n, dtype=bool))[rows_at] = True
         for i in np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]]) if steps.size else ():
@@ -157,14 +191,18 @@ def read_report_file(path: str | Path, deployment: Deployment, roster) -> FileRe
     return FileReports(reports, lines)
 
 
-def _repeats(seen: dict[int, np.ndarray], rows: np.ndarray, steps: np.ndarray, n: int) -> np.ndarray:
+def _repeats(
+    seen: dict[int, np.ndarray], rows: np.ndarray, steps: np.ndarray, n: int
+) -> np.ndarray:
     """Mask of the reports whose (row, step) came earlier: in an earlier chunk, or earlier in this one."""
     again = np.zeros(rows.size, dtype=bool)
     for step, at in _by_step(rows, steps, positions=True):
         before = seen.get(step)
         if before is not None:
             again[at] |= before[rows[at]]
-        order = at[np.argsort(rows[at], kind="stable")]  # equal rows stay in file order: the later ones repeat
+        order = at[
+            np.argsort(rows[at], kind="stable")
+        ]  # equal rows stay in file order: the later ones repeat
         again[order[1:][rows[order[1:]] == rows[order[:-1]]]] = True
     return again
 
@@ -178,7 +216,14 @@ def _by_step(rows: np.ndarray, steps: np.ndarray, positions: bool = False):
 
 def _first_line(path: Path, deployment: Deployment, user, step) -> int | None:
     """Line of the first report of (user, step): read again, for the error message of a repeat."""
-    return next((no for no, rep, _ in _records(path, deployment) if rep["user"] == user and rep["step"] == step), None)
+    return next(
+        (
+            no
+            for no, rep, _ in _records(path, deployment)
+            if rep["user"] == user and rep["step"] == step
+        ),
+        None,
+    )
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -223,7 +268,9 @@ def _column(record: tuple, name: str) -> str | int | None:
 def _read_jsonl(path: Path, deployment: Deployment) -> Iterator[tuple[int, dict, bytes]]:
     with path.open("rb") as fh:
         for no, raw in enumerate(fh, 1):
-            if no == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a byte-order mark (UTF-8 text from Windows tools)
+            if no == 1 and raw.startswith(
+                b"\xef\xbb\xbf"
+            ):  # a byte-order mark (UTF-8 text from Windows tools)
                 raw = raw[3:]
             if not raw.strip():
                 continue
@@ -231,30 +278,48 @@ def _read_jsonl(path: Path, deployment: Deployment) -> Iterator[tuple[int, dict,
                 obj = orjson.loads(raw)
             except orjson.JSONDecodeError as err:
                 col = re.search(r"column (\d+)", str(err))
-                raise ReportFileError(path, no, int(col.group(1)) if col else None, f"not JSON ({err})") from None
+                raise ReportFileError(
+                    path, no, int(col.group(1)) if col else None, f"not JSON ({err})"
+                ) from None
             if type(obj) is not dict or "reports" in obj or "columns" in obj:
-                raise ReportFileError(path, no, 1, 'each line must be one report {"user": ..., "step": ..., "values": {...}}')
+                raise ReportFileError(
+                    path,
+                    no,
+                    1,
+                    'each line must be one report {"user": ..., "step": ..., "values": {...}}',
+                )
             yield no, obj, raw
 
 
 def _keys(obj: dict) -> list[str]:
     values = obj.get("values")
-    return [k for k in obj if isinstance(k, str)] + (list(values) if isinstance(values, dict) else [])
+    return [k for k in obj if isinstance(k, str)] + (
+        list(values) if isinstance(values, dict) else []
+    )
 
 
 def _read_csv(path: Path, deployment: Deployment) -> Iterator[tuple[int, dict, dict]]:
-    with path.open(newline="", encoding="utf-8-sig") as fh:  # a byte-order mark (Excel's "CSV UTF-8") is dropped
+    with path.open(
+        newline="", encoding="utf-8-sig"
+    ) as fh:  # a byte-order mark (Excel's "CSV UTF-8") is dropped
         reader = csv.reader(fh)
         header = next(reader, None)
         if not header:
-            raise ReportFileError(path, 1, None, "empty file: the header must be user,step,<attribute>...")
+            raise ReportFileError(
+                path, 1, None, "empty file: the header must be user,step,<attribute>..."
+            )
         known = ["user", "step", *deployment.attributes]
         for j, name in enumerate(header, 1):
             if name not in known:
                 hint = difflib.get_close_matches(name, known, n=1)
-                raise ReportFileError(path, 1, f"{j} ({name!r})", f"unknown column {name!r}"
-                                      + (f"; did you mean {hint[0]!r}?" if hint else "")
-                                      + f" (columns are user, step and the declared attributes {list(deployment.attributes)})")
+                raise ReportFileError(
+                    path,
+                    1,
+                    f"{j} ({name!r})",
+                    f"unknown column {name!r}"
+                    + (f"; did you mean {hint[0]!r}?" if hint else "")
+                    + f" (columns are user, step and the declared attributes {list(deployment.attributes)})",
+                )
             if header.count(name) > 1:
                 raise ReportFileError(path, 1, f"{j} ({name!r})", f"column {name!r} appears twice")
         for needed in ("user", "step"):
@@ -266,18 +331,27 @@ def _read_csv(path: Path, deployment: Deployment) -> Iterator[tuple[int, dict, d
             if not rec:
                 continue
             if len(rec) != len(header):
-                raise ReportFileError(path, no, None, f"{len(rec)} fields, the header has {len(header)}")
+                raise ReportFileError(
+                    path, no, None, f"{len(rec)} fields, the header has {len(header)}"
+                )
             row = dict(zip(header, rec))
             try:
                 step = int(row["step"])
             except ValueError:
-                raise ReportFileError(path, no, where["step"], f"step {row['step']!r} is not an integer") from None
-            values = {a: deployment.attributes[a].csv_value(v) for a, v in row.items()
-                      if a not in ("user", "step") and v != ""}
+                raise ReportFileError(
+                    path, no, where["step"], f"step {row['step']!r} is not an integer"
+                ) from None
+            values = {
+                a: deployment.attributes[a].csv_value(v)
+                for a, v in row.items()
+                if a not in ("user", "step") and v != ""
+            }
             yield no, {"user": row["user"], "step": step, "values": values}, where
 
 
-def first_rejection(reports: list[dict], deployment: Deployment, roster) -> tuple[int, str, str, object] | None:
+def first_rejection(
+    reports: list[dict], deployment: Deployment, roster
+) -> tuple[int, str, str, object] | None:
     """(index, reason, detail, rejection) of the first report the workers would reject (their own parser's
     stateless checks), or of a repeated (user, step); None when every report is good."""
     parser = ReportParser(roster, deployment.attributes, deployment.horizon)
@@ -289,8 +363,15 @@ def first_rejection(reports: list[dict], deployment: Deployment, roster) -> tupl
     for i, rep in enumerate(reports):
         key = (rep["user"], rep["step"])
         if key in seen:
-            return i, "duplicate", (f"a second report for user {key[0]!r} at step {key[1]} (first: report "
-                                    f"{seen[key]}); the workers would dead-letter it as duplicate"), None
+            return (
+                i,
+                "duplicate",
+                (
+                    f"a second report for user {key[0]!r} at step {key[1]} (first: report "
+                    f"{seen[key]}); the workers would dead-letter it as duplicate"
+                ),
+                None,
+            )
         seen[key] = i
     return None
 

@@ -74,9 +74,14 @@ class ParsedReports:
     def of_singles(cls, rows, steps, codes: dict) -> ParsedReports:
         """Reports given directly as arrays, each standing for an (empty) single-report message."""
         rows = np.asarray(rows, dtype=np.int64)
-        return cls(rows=rows, steps=np.asarray(steps, dtype=np.int64), codes=codes,
-                   message=np.arange(rows.size), batch_index=np.full(rows.size, -1, dtype=np.int64),
-                   sources=[b""] * rows.size)
+        return cls(
+            rows=rows,
+            steps=np.asarray(steps, dtype=np.int64),
+            codes=codes,
+            message=np.arange(rows.size),
+            batch_index=np.full(rows.size, -1, dtype=np.int64),
+            sources=[b""] * rows.size,
+        )
 
     def __len__(self) -> int:
         return int(self.rows.size)
@@ -94,14 +99,27 @@ class ParsedReports:
         """Move the reports selected by ``mask`` into the rejections (stateful checks use this)."""
         for i in np.flatnonzero(mask):
             j = int(self.batch_index[i])
-            self.rejections.append(Rejection(reason, detail, bytes(self.original(int(i))), None if j < 0 else j,
-                                             int(self.message[i])))
+            self.rejections.append(
+                Rejection(
+                    reason,
+                    detail,
+                    bytes(self.original(int(i))),
+                    None if j < 0 else j,
+                    int(self.message[i]),
+                )
+            )
 
     def take(self, mask: np.ndarray) -> ParsedReports:
         keep = np.flatnonzero(mask)
-        return ParsedReports(rows=self.rows[keep], steps=self.steps[keep],
-                             codes={a: c[keep] for a, c in self.codes.items()}, message=self.message[keep],
-                             batch_index=self.batch_index[keep], sources=self.sources, rejections=list(self.rejections))
+        return ParsedReports(
+            rows=self.rows[keep],
+            steps=self.steps[keep],
+            codes={a: c[keep] for a, c in self.codes.items()},
+            message=self.message[keep],
+            batch_index=self.batch_index[keep],
+            sources=self.sources,
+            rejections=list(self.rejections),
+        )
 
 
 class ReportParser:
@@ -116,7 +134,9 @@ class ReportParser:
         self._names = list(self.attributes)
         # value -> code (None: out of domain); column -> codes (MISSING, OUT_OF_DOMAIN): pipeline.attributes
         self._decoders = {name: attr.decoder() for name, attr in self.attributes.items()}
-        self._column_decoders = {name: attr.column_decoder() for name, attr in self.attributes.items()}
+        self._column_decoders = {
+            name: attr.column_decoder() for name, attr in self.attributes.items()
+        }
         self._hints = {name: attr.domain_hint() for name, attr in self.attributes.items()}
         self._fast_decode = self._single_report_decoder(self._names)
         self._fast_columns_decode = self._columnar_decoder(self._names)
@@ -136,10 +156,18 @@ class ReportParser:
         value_type = bool | int | float | str | msgspec.UnsetType
         # gc=False: the structs hold only scalars, and a fetch makes millions of them, which would
         # otherwise trigger and lengthen the cyclic collector's passes
-        values = msgspec.defstruct("Values", [(name, value_type, msgspec.UNSET) for name in names],
-                                   forbid_unknown_fields=True, gc=False)
-        report = msgspec.defstruct("Report", [("user", str), ("step", int), ("values", values)],
-                                   forbid_unknown_fields=True, gc=False)
+        values = msgspec.defstruct(
+            "Values",
+            [(name, value_type, msgspec.UNSET) for name in names],
+            forbid_unknown_fields=True,
+            gc=False,
+        )
+        report = msgspec.defstruct(
+            "Report",
+            [("user", str), ("step", int), ("values", values)],
+            forbid_unknown_fields=True,
+            gc=False,
+        )
         return msgspec.json.Decoder(report).decode
 
     @staticmethod
@@ -149,10 +177,18 @@ class ReportParser:
         are kept as their JSON text (:func:`_user_column`, :func:`_int_column`). Anything else raises
         and the message goes through the reference path."""
         columns = msgspec.defstruct(
-            "Columns", [("user", msgspec.Raw), ("step", int | list[int]),
-                        *[(name, msgspec.Raw | msgspec.UnsetType, msgspec.UNSET) for name in names]],
-            forbid_unknown_fields=True, gc=False)
-        batch = msgspec.defstruct("ColumnarBatch", [("columns", columns)], forbid_unknown_fields=True, gc=False)
+            "Columns",
+            [
+                ("user", msgspec.Raw),
+                ("step", int | list[int]),
+                *[(name, msgspec.Raw | msgspec.UnsetType, msgspec.UNSET) for name in names],
+            ],
+            forbid_unknown_fields=True,
+            gc=False,
+        )
+        batch = msgspec.defstruct(
+            "ColumnarBatch", [("columns", columns)], forbid_unknown_fields=True, gc=False
+        )
         return msgspec.json.Decoder(batch).decode
 
     def parse(self, messages: list[bytes]) -> ParsedReports:
@@ -162,7 +198,9 @@ class ReportParser:
         batch_index: list[int] = []
         message: list[int] = []
         rejections: list[Rejection] = []
-        sources: list[Any] = list(messages)  # a batch message's entry becomes its decoded items or columns
+        sources: list[Any] = list(
+            messages
+        )  # a batch message's entry becomes its decoded items or columns
         msg_no = 0
 
         def reject(reason: str, detail: str, raw, index: int | None = None) -> None:
@@ -177,7 +215,12 @@ class ReportParser:
                 return
             user, step, values = rep.get("user"), rep.get("step"), rep.get("values")
             if type(user) is not str or type(step) is not int or type(values) is not dict:
-                reject("malformed", "a report needs user (string), step (integer) and values (object)", raw, index)
+                reject(
+                    "malformed",
+                    "a report needs user (string), step (integer) and values (object)",
+                    raw,
+                    index,
+                )
                 return
             extra = set(rep) - {"user", "step", "values"}
             if extra:
@@ -216,14 +259,22 @@ class ReportParser:
 
         def flush() -> None:
             if rows:
-                segments.append((np.asarray(rows, dtype=np.int64), np.asarray(steps, dtype=np.int64),
-                                 {a: np.asarray(c, dtype=np.int64) for a, c in codes.items()},
-                                 np.asarray(message, dtype=np.int64), np.asarray(batch_index, dtype=np.int64)))
+                segments.append(
+                    (
+                        np.asarray(rows, dtype=np.int64),
+                        np.asarray(steps, dtype=np.int64),
+                        {a: np.asarray(c, dtype=np.int64) for a, c in codes.items()},
+                        np.asarray(message, dtype=np.int64),
+                        np.asarray(batch_index, dtype=np.int64),
+                    )
+                )
                 for lst in (rows, steps, batch_index, message, *codes.values()):
                     lst.clear()
 
         step_by = self.fast_chunk or max(len(messages), 1)
-        for start in range(0, len(messages), step_by):  # fast path a chunk at a time, else reference
+        for start in range(
+            0, len(messages), step_by
+        ):  # fast path a chunk at a time, else reference
             chunk = messages[start : start + step_by]
             seg = self._fast_singles(chunk, start) if self.fast_chunk else None
             if seg is not None:
@@ -250,7 +301,7 @@ class ReportParser:
                 if type(msg) is dict and "reports" in msg:
                     items = msg["reports"]
                     if type(items) is not list or len(msg) != 1:
-                        reject("malformed", "a batch is {\"reports\": [...]} and nothing else", raw)
+                        reject("malformed", 'a batch is {"reports": [...]} and nothing else', raw)
                         continue
                     sources[msg_no] = items
                     for i, rep in enumerate(items):
@@ -263,13 +314,21 @@ class ReportParser:
         return ParsedReports(
             rows=np.concatenate([g[0] for g in segments]) if segments else empty,
             steps=np.concatenate([g[1] for g in segments]) if segments else empty,
-            codes={a: np.concatenate([g[2][a] for g in segments]) if segments else empty for a in self._names},
+            codes={
+                a: np.concatenate([g[2][a] for g in segments]) if segments else empty
+                for a in self._names
+            },
             message=np.concatenate([g[3] for g in segments]) if segments else empty,
             batch_index=np.concatenate([g[4] for g in segments]) if segments else empty,
             sources=sources,
-            rejections=[r if not isinstance(r.original, _Lazy) else
-                        Rejection(r.reason, r.detail, orjson.dumps(r.original.obj), r.batch_index, r.message)
-                        for r in rejections],
+            rejections=[
+                r
+                if not isinstance(r.original, _Lazy)
+                else Rejection(
+                    r.reason, r.detail, orjson.dumps(r.original.obj), r.batch_index, r.message
+                )
+                for r in rejections
+            ],
         )
 
     def _fast_singles(self, chunk: list, first: int) -> tuple | None:
@@ -281,7 +340,9 @@ class ReportParser:
         """
         decode = self._fast_decode
         try:
-            if not chunk or max(map(len, chunk)) > _FAST_MAX_BYTES:  # TypeError: a value-less record
+            if (
+                not chunk or max(map(len, chunk)) > _FAST_MAX_BYTES
+            ):  # TypeError: a value-less record
                 return None
             reps = list(map(decode, chunk))
             size = len(reps)
@@ -299,9 +360,20 @@ class ReportParser:
                     return None
                 present |= c >= 0
                 codes[name] = c
-        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeError, TypeError, OverflowError):
+        except (
+            msgspec.DecodeError,
+            msgspec.ValidationError,
+            UnicodeError,
+            TypeError,
+            OverflowError,
+        ):
             return None
-        if (rows < 0).any() or (steps < 1).any() or (steps > self.horizon).any() or not present.all():
+        if (
+            (rows < 0).any()
+            or (steps < 1).any()
+            or (steps > self.horizon).any()
+            or not present.all()
+        ):
             return None
         return rows, steps, codes, np.arange(first, first + size), np.full(size, -1, dtype=np.int64)
 
@@ -316,8 +388,11 @@ class ReportParser:
         try:
             cols = self._fast_columns_decode(raw).columns
             rows = _user_column(self.roster, bytes(cols.user))
-            values = {name: _int_column(bytes(getattr(cols, name))) for name in self._names
-                      if getattr(cols, name) is not msgspec.UNSET}
+            values = {
+                name: _int_column(bytes(getattr(cols, name)))
+                for name in self._names
+                if getattr(cols, name) is not msgspec.UNSET
+            }
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeError, OverflowError):
             return None
         step, size = cols.step, rows.size
@@ -326,7 +401,9 @@ class ReportParser:
         if type(step) is int:
             steps = np.full(size, min(max(step, 0), 2**62), dtype=np.int64)
         else:
-            steps = np.fromiter((v if abs(v) < 2**62 else 0 for v in step), dtype=np.int64, count=size)
+            steps = np.fromiter(
+                (v if abs(v) < 2**62 else 0 for v in step), dtype=np.int64, count=size
+            )
         if (rows < 0).any() or (steps < 1).any() or (steps > self.horizon).any():
             return None
         codes, present = {}, np.zeros(size, dtype=bool)
@@ -377,21 +454,39 @@ class ReportParser:
         ok = (values == np.floor(values)) & (values >= 0) & (values < size)
         return np.where(ok, values, OUT_OF_DOMAIN).astype(np.int64)
 
-    def _columnar(self, msg: dict, raw: bytes, msg_no: int, rejections: list, sources: list) -> tuple | None:
+    def _columnar(
+        self, msg: dict, raw: bytes, msg_no: int, rejections: list, sources: list
+    ) -> tuple | None:
         """Decode a columnar batch; returns an array segment of its accepted rows (None if none)."""
         cols = msg["columns"]
         if len(msg) != 1 or type(cols) is not dict or type(cols.get("user")) is not list:
-            rejections.append(Rejection("malformed", 'a columnar batch is {"columns": {"user": [...], ...}}',
-                                        bytes(raw), None, msg_no))
+            rejections.append(
+                Rejection(
+                    "malformed",
+                    'a columnar batch is {"columns": {"user": [...], ...}}',
+                    bytes(raw),
+                    None,
+                    msg_no,
+                )
+            )
             return None
         users = cols["user"]
         size = len(users)
         unknown = set(cols) - {"user", "step", *self._names}
         step = cols.get("step")
-        bad_len = [k for k, v in cols.items() if k != "step" and (type(v) is not list or len(v) != size)]
-        if unknown or bad_len or not (type(step) is int or (type(step) is list and len(step) == size)):
-            detail = (f"unknown columns {sorted(unknown)}" if unknown else
-                      f"columns {bad_len or ['step']} must be lists as long as user")
+        bad_len = [
+            k for k, v in cols.items() if k != "step" and (type(v) is not list or len(v) != size)
+        ]
+        if (
+            unknown
+            or bad_len
+            or not (type(step) is int or (type(step) is list and len(step) == size))
+        ):
+            detail = (
+                f"unknown columns {sorted(unknown)}"
+                if unknown
+                else f"columns {bad_len or ['step']} must be lists as long as user"
+            )
             rejections.append(Rejection("malformed", detail, bytes(raw), None, msg_no))
             return None
         table = sources[msg_no] = _Columns(cols)
@@ -401,10 +496,15 @@ class ReportParser:
             rows = self.roster.rows(users)
             rows[[type(u) is not str for u in users]] = -2  # malformed, not merely unknown
         if type(step) is int:
-            steps = np.full(size, min(max(step, 0), 2**62), dtype=np.int64)  # huge: future_step, not OverflowError
+            steps = np.full(
+                size, min(max(step, 0), 2**62), dtype=np.int64
+            )  # huge: future_step, not OverflowError
         else:
-            steps = np.fromiter((v if type(v) is int and abs(v) < 2**62 else 0 for v in cast(list, step)),
-                                dtype=np.int64, count=size)
+            steps = np.fromiter(
+                (v if type(v) is int and abs(v) < 2**62 else 0 for v in cast(list, step)),
+                dtype=np.int64,
+                count=size,
+            )
         reason = np.zeros(size, dtype=np.int8)  # 0 ok; else an index into _COL_REASONS
         reason[rows == -2] = 1
         reason[(reason == 0) & (steps < 1)] = 1
@@ -429,9 +529,17 @@ class ReportParser:
             why, detail = _COL_REASONS[int(reason[j])]
             if int(j) in blamed:
                 detail = self.outside(blamed[int(j)], cols[blamed[int(j)]][j])
-            rejections.append(Rejection(why, detail, orjson.dumps(table.item(int(j))), int(j), msg_no))
+            rejections.append(
+                Rejection(why, detail, orjson.dumps(table.item(int(j))), int(j), msg_no)
+            )
         idx = np.flatnonzero(reason == 0)
-        return (rows[idx], steps[idx], {a: c[idx] for a, c in codes.items()}, np.full(idx.size, msg_no), idx)
+        return (
+            rows[idx],
+            steps[idx],
+            {a: c[idx] for a, c in codes.items()},
+            np.full(idx.size, msg_no),
+            idx,
+        )
 
 
 _COL_REASONS = {
@@ -452,13 +560,27 @@ def _user_column(roster, text: bytes) -> np.ndarray:
     quotes = np.flatnonzero(buf == 34)
     index = roster.index()
     opens, closes = quotes[0::2], quotes[1::2]
-    compact = (index is not None and b"\\" not in text and not quotes.size % 2 and text[:1] == b"[" and
-               text[-1:] == b"]" and not ((buf < 0x20) | (buf > 0x7E)).any()) and (
-        (quotes.size == 0 and buf.size == 2) or (
-            quotes.size > 0 and opens[0] == 1 and closes[-1] == buf.size - 2
-            and (opens[1:] - closes[:-1] == 2).all() and (buf[closes[:-1] + 1] == 44).all()))
+    compact = (
+        index is not None
+        and b"\\" not in text
+        and not quotes.size % 2
+        and text[:1] == b"["
+        and text[-1:] == b"]"
+        and not ((buf < 0x20) | (buf > 0x7E)).any()
+    ) and (
+        (quotes.size == 0 and buf.size == 2)
+        or (
+            quotes.size > 0
+            and opens[0] == 1
+            and closes[-1] == buf.size - 2
+            and (opens[1:] - closes[:-1] == 2).all()
+            and (buf[closes[:-1] + 1] == 44).all()
+        )
+    )
     rows = index.rows_of_spans(text, opens + 1, closes - opens - 1) if compact else None
-    return rows if rows is not None else roster.rows_of_ids(msgspec.json.decode(text, type=list[str]))
+    return (
+        rows if rows is not None else roster.rows_of_ids(msgspec.json.decode(text, type=list[str]))
+    )
 
 
 def _int_column(text: bytes) -> np.ndarray:
@@ -469,7 +591,9 @@ def _int_column(text: bytes) -> np.ndarray:
     body = np.frombuffer(text, dtype=np.uint8)[1:-1]
     if text[:1] == b"[" and body.size and body[0] != 44:
         commas = np.flatnonzero(body == 44)
-        if (((body - 48) <= 9) | (body == 44)).all() and np.diff(commas, prepend=-1, append=body.size).max() <= 19:
+        if (((body - 48) <= 9) | (body == 44)).all() and np.diff(
+            commas, prepend=-1, append=body.size
+        ).max() <= 19:
             return np.fromstring(text[1:-1], dtype=np.int64, sep=",")
     return np.array(msgspec.json.decode(text, type=list[int]), dtype=np.int64)
 
@@ -497,9 +621,14 @@ class _Columns:
 
     def item(self, j: int) -> dict:
         step = self.cols.get("step")
-        values = {k: v[j] for k, v in self.cols.items() if k not in ("user", "step") and v[j] is not None}
-        return {"user": self.cols["user"][j], "step": step if type(step) is int else cast(list, step)[j],
-                "values": values}
+        values = {
+            k: v[j] for k, v in self.cols.items() if k not in ("user", "step") and v[j] is not None
+        }
+        return {
+            "user": self.cols["user"][j],
+            "step": step if type(step) is int else cast(list, step)[j],
+            "values": values,
+        }
 
 
 class _RawColumns(_Columns):

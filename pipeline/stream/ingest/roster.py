@@ -77,14 +77,20 @@ class Roster:
     def rows(self, users: list) -> np.ndarray:
         """Row of every user (-1: not enrolled, or not a string)."""
         get = self._row.get
-        return np.fromiter((get(u, -1) if isinstance(u, str) else -1 for u in users), dtype=np.int64, count=len(users))
+        return np.fromiter(
+            (get(u, -1) if isinstance(u, str) else -1 for u in users),
+            dtype=np.int64,
+            count=len(users),
+        )
 
     def rows_of_ids(self, users: list[str]) -> np.ndarray:
         """Row of every user id in a list of ``str`` only (-1: not enrolled); vectorised for batches."""
         index = self.index() if len(users) >= _INDEX_MIN_BATCH else None
         rows = index.rows(users) if index is not None else None
         if rows is None:
-            rows = np.fromiter(map(self._row.get, users, repeat(-1)), dtype=np.int64, count=len(users))
+            rows = np.fromiter(
+                map(self._row.get, users, repeat(-1)), dtype=np.int64, count=len(users)
+            )
         return rows
 
     def index(self) -> IdIndex | None:

@@ -68,9 +68,18 @@ class _Listener(ConsumerRebalanceListener):
 class BulkConsumer:
     """Consume ``topics`` in group ``group_id``; ``batches()`` yields ``{TopicPartition: [messages]}``."""
 
-    def __init__(self, bootstrap: str, group_id: str, topics: list[str], on_assign: OnAssign, on_revoke: OnRevoke,
-                 max_records: int = 50_000, session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 4_000,
-                 fetch_max_wait_ms: int = RELEASER_FETCH_MAX_WAIT_MS):
+    def __init__(
+        self,
+        bootstrap: str,
+        group_id: str,
+        topics: list[str],
+        on_assign: OnAssign,
+        on_revoke: OnRevoke,
+        max_records: int = 50_000,
+        session_timeout_ms: int = 10_000,
+        rebalance_timeout_ms: int = 4_000,
+        fetch_max_wait_ms: int = RELEASER_FETCH_MAX_WAIT_MS,
+    ):
         self.topics = list(topics)
         self.group_id = group_id
         self._on_assign = on_assign
@@ -78,11 +87,19 @@ class BulkConsumer:
         self.max_records = int(max_records)
         self.failure: Exception | None = None  # raised by the assignment callback: ends batches()
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, **kafka_security(), group_id=group_id, enable_auto_commit=False,
-            auto_offset_reset="earliest", partition_assignment_strategy=(RangePartitionAssignor,),
-            max_partition_fetch_bytes=MAX_MESSAGE_BYTES, fetch_max_bytes=64 << 20, fetch_max_wait_ms=fetch_max_wait_ms,
-            session_timeout_ms=session_timeout_ms, rebalance_timeout_ms=rebalance_timeout_ms,
-            heartbeat_interval_ms=1_000, max_poll_interval_ms=300_000,
+            bootstrap_servers=bootstrap,
+            **kafka_security(),
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            partition_assignment_strategy=(RangePartitionAssignor,),
+            max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+            fetch_max_bytes=64 << 20,
+            fetch_max_wait_ms=fetch_max_wait_ms,
+            session_timeout_ms=session_timeout_ms,
+            rebalance_timeout_ms=rebalance_timeout_ms,
+            heartbeat_interval_ms=1_000,
+            max_poll_interval_ms=300_000,
         )
 
     async def start(self) -> None:
@@ -108,8 +125,11 @@ class BulkConsumer:
         committed: dict[TopicPartition, int] = {}
         while True:
             await asyncio.sleep(interval)
-            offsets = {tp: o for tp, o in handled().items()
-                       if o > 0 and committed.get(tp) != o and tp in self.consumer.assignment()}
+            offsets = {
+                tp: o
+                for tp, o in handled().items()
+                if o > 0 and committed.get(tp) != o and tp in self.consumer.assignment()
+            }
             if not offsets:
                 continue
             try:
@@ -133,6 +153,8 @@ class BulkConsumer:
             except Exception as err:  # noqa: BLE001 - any failure to answer counts against the bound
                 silent = time.monotonic() - answered
                 if silent > bound:
-                    raise BrokerUnreachable(f"the broker has not answered for {silent:.0f} s (bound {bound:g} s): "
-                                            f"{err!r}") from err
+                    raise BrokerUnreachable(
+                        f"the broker has not answered for {silent:.0f} s (bound {bound:g} s): "
+                        f"{err!r}"
+                    ) from err
                 log.warning("the broker did not answer (%r); %.0f s of %g s", err, silent, bound)

@@ -32,8 +32,13 @@ class ConsumerLagMonitor(threading.Thread):
     The jobs commit their handled positions every 2 s, so the lag reads up to 2 s' worth high under load.
     """
 
-    def __init__(self, bootstrap: str, groups: dict[str, list[str]], interval: float = 5.0,
-                 readable: frozenset[str] | set[str] = frozenset()):
+    def __init__(
+        self,
+        bootstrap: str,
+        groups: dict[str, list[str]],
+        interval: float = 5.0,
+        readable: frozenset[str] | set[str] = frozenset(),
+    ):
         super().__init__(name="dpstream-consumer-lag", daemon=True)
         self.bootstrap = bootstrap
         self.groups = groups
@@ -49,9 +54,15 @@ class ConsumerLagMonitor(threading.Thread):
 
             from pipeline.stream.kafka.log_end import LogEnds
 
-            self._admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, **kafka_security(), client_id="dpstream-lag")
-            self._consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, **kafka_security(), enable_auto_commit=False,
-                                           client_id="dpstream-lag")
+            self._admin = KafkaAdminClient(
+                bootstrap_servers=self.bootstrap, **kafka_security(), client_id="dpstream-lag"
+            )
+            self._consumer = KafkaConsumer(
+                bootstrap_servers=self.bootstrap,
+                **kafka_security(),
+                enable_auto_commit=False,
+                client_id="dpstream-lag",
+            )
             self._ends = LogEnds(self.bootstrap, client_id="dpstream-lag-ends")
         return self._admin, self._consumer
 
@@ -62,10 +73,17 @@ class ConsumerLagMonitor(threading.Thread):
         lags: dict[tuple[str, int], int] = {}
         for group, topics in self.groups.items():
             committed = _committed_offsets(admin, group)
-            tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
+            tps = [
+                TopicPartition(t, p)
+                for t in topics
+                for p in sorted(consumer.partitions_for_topic(t) or ())
+            ]
             fetched = [tp for tp in tps if tp.topic in self.readable]
             listed = [tp for tp in tps if tp.topic not in self.readable]
-            ends = {**(self._ends(fetched) if fetched else {}), **(consumer.end_offsets(listed) if listed else {})}
+            ends = {
+                **(self._ends(fetched) if fetched else {}),
+                **(consumer.end_offsets(listed) if listed else {}),
+            }
             for tp, end in ends.items():
                 meta = committed.get(tp)
                 done = meta.offset if meta is not None and meta.offset >= 0 else 0
@@ -110,8 +128,11 @@ def start_lag_monitor(runtime, interval: float = 5.0) -> ConsumerLagMonitor | No
         return None
     # the releaser's process: it fetches its own topics, and only lists the offsets of the workers' ones
     readable = {runtime.names[name] for name, t in TOPICS.items() if LAG_ROLE in t.readers}
-    monitor = ConsumerLagMonitor(runtime.broker, consumer_groups(runtime.deployment, runtime.names), interval,
-                                 readable=readable)
+    monitor = ConsumerLagMonitor(
+        runtime.broker,
+        consumer_groups(runtime.deployment, runtime.names),
+        interval,
+        readable=readable,
+    )
     monitor.start()
     return monitor
-

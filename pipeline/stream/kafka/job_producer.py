@@ -12,5 +12,11 @@ __all__ = ["make_producer"]
 
 def make_producer(bootstrap: str, linger_ms: int) -> AIOKafkaProducer:
     """Acknowledged by every in-sync replica: a checkpoint or a ledger entry follows some sends."""
-    return AIOKafkaProducer(bootstrap_servers=bootstrap, **kafka_security(), acks="all", linger_ms=linger_ms,
-                            max_request_size=MAX_MESSAGE_BYTES, max_batch_size=1 << 20)
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        **kafka_security(),
+        acks="all",
+        linger_ms=linger_ms,
+        max_request_size=MAX_MESSAGE_BYTES,
+        max_batch_size=1 << 20,
+    )

@@ -38,8 +38,14 @@ class LogEnds:
         from kafka import KafkaConsumer
 
         # short long-polls: an empty fetch at the end of the log comes back within fetch_max_wait_ms
-        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False, client_id=client_id,
-                                       fetch_max_wait_ms=20, max_partition_fetch_bytes=1 << 20)
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap,
+            **kafka_security(),
+            enable_auto_commit=False,
+            client_id=client_id,
+            fetch_max_wait_ms=20,
+            max_partition_fetch_bytes=1 << 20,
+        )
 
     def __call__(self, tps, timeout: float = 10.0, idle_ms: int = 100) -> dict:
         tps = list(tps)
@@ -61,7 +67,9 @@ class LogEnds:
             if known and not batch:
                 return ends
             if time.monotonic() > deadline:
-                log.warning("log end probe timed out after %.0f s; using the best ends known", timeout)
+                log.warning(
+                    "log end probe timed out after %.0f s; using the best ends known", timeout
+                )
                 return ends
 
     def close(self) -> None:
@@ -95,7 +103,9 @@ async def log_ends_async(bootstrap: str, tps, bound: float | None = None) -> dic
             return {tp: ends[probe] for tp, probe in probes.items() if probe in ends}
         except Exception as err:  # noqa: BLE001 - a broker that cannot answer: retried, then the caller's end
             if time.monotonic() + 1.0 > deadline:
-                raise BrokerUnreachable(f"could not read the log ends of {topics} ({err}); exiting rather than "
-                                        "resuming at positions in logs it could not check") from err
+                raise BrokerUnreachable(
+                    f"could not read the log ends of {topics} ({err}); exiting rather than "
+                    "resuming at positions in logs it could not check"
+                ) from err
             log.warning("could not read the log ends of %s (%s); retrying", topics, err)
             await asyncio.sleep(1.0)

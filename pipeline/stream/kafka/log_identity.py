@@ -28,8 +28,14 @@ import time
 
 from pipeline.connections import kafka_security
 
-__all__ = ["BrokerUnreachable", "BROKER_WAIT_SECONDS", "NO_TOPIC_ID", "broker_wait_seconds", "topic_ids",
-           "topic_ids_async"]
+__all__ = [
+    "BrokerUnreachable",
+    "BROKER_WAIT_SECONDS",
+    "NO_TOPIC_ID",
+    "broker_wait_seconds",
+    "topic_ids",
+    "topic_ids_async",
+]
 
 log = logging.getLogger("dpstream.log_identity")
 
@@ -40,6 +46,7 @@ BROKER_WAIT_SECONDS = 60.0
 
 def broker_wait_seconds() -> float:
     return float(os.environ.get("DPSTREAM_BROKER_WAIT_SECONDS") or BROKER_WAIT_SECONDS)
+
 
 NO_TOPIC_ID = "00000000-0000-0000-0000-000000000000"  # a broker without topic ids (before KIP-516)
 
@@ -53,8 +60,13 @@ def topic_ids(bootstrap: str, topics, timeout: float = 10.0) -> dict[str, str | 
     from kafka import KafkaAdminClient
 
     topics = sorted(set(topics))
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **kafka_security(), client_id="dpstream-log-identity",
-                             bootstrap_timeout_ms=int(timeout * 1000), request_timeout_ms=int(timeout * 1000))
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        **kafka_security(),
+        client_id="dpstream-log-identity",
+        bootstrap_timeout_ms=int(timeout * 1000),
+        request_timeout_ms=int(timeout * 1000),
+    )
     try:
         described = admin.describe_topics(topics)
     finally:
@@ -67,7 +79,9 @@ def topic_ids(bootstrap: str, topics, timeout: float = 10.0) -> dict[str, str | 
     return out
 
 
-async def topic_ids_async(bootstrap: str, topics, bound: float | None = None) -> dict[str, str | None]:
+async def topic_ids_async(
+    bootstrap: str, topics, bound: float | None = None
+) -> dict[str, str | None]:
     """:func:`topic_ids` from a job's event loop, retried for ``bound`` seconds (default:
     :func:`broker_wait_seconds`); BrokerUnreachable after."""
     bound = broker_wait_seconds() if bound is None else bound
@@ -77,9 +91,15 @@ async def topic_ids_async(bootstrap: str, topics, bound: float | None = None) ->
             return await asyncio.to_thread(topic_ids, bootstrap, list(topics))
         except Exception as err:  # noqa: BLE001 - any failure to answer is the same case: retry, then give up
             if time.monotonic() + delay > deadline:
-                raise BrokerUnreachable(f"the broker at {bootstrap} did not tell the identity of "
-                                        f"{', '.join(sorted(set(topics)))} within {bound:g} s ({err}); exiting "
-                                        "rather than resuming at positions in logs it could not check") from err
-            log.warning("could not read the topic ids of %s (%s); retrying", ", ".join(sorted(set(topics))), err)
+                raise BrokerUnreachable(
+                    f"the broker at {bootstrap} did not tell the identity of "
+                    f"{', '.join(sorted(set(topics)))} within {bound:g} s ({err}); exiting "
+                    "rather than resuming at positions in logs it could not check"
+                ) from err
+            log.warning(
+                "could not read the topic ids of %s (%s); retrying",
+                ", ".join(sorted(set(topics))),
+                err,
+            )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)

@@ -54,8 +54,13 @@ CONTROL_HEADER = "dpstream-control"
 PARTIAL_CHUNK_BYTES = 512 * 1024  # below Kafka's default 1 MB message limit
 
 
-def synthetic_chunks(release: str, step: int, column_steps: list[int], columns: np.ndarray,
-                     chunk_records: int = SYNTHETIC_CHUNK_RECORDS) -> Iterator[tuple[bytes, bytes]]:
+def synthetic_chunks(
+    release: str,
+    step: int,
+    column_steps: list[int],
+    columns: np.ndarray,
+    chunk_records: int = SYNTHETIC_CHUNK_RECORDS,
+) -> Iterator[tuple[bytes, bytes]]:
     """(key, value) messages for the new columns (shape (m, len(column_steps))) of one step.
 
     The JSON of each chunk is ``orjson.dumps`` of ``{"release", "step", "chunk", "chunks", "start",
@@ -64,16 +69,30 @@ def synthetic_chunks(release: str, step: int, column_steps: list[int], columns: 
     byte what orjson writes, without building a Python int per value (~10⁶ per column per step)."""
     m = columns.shape[0]
     chunks = max(1, -(-m // chunk_records))
-    digits = columns.dtype.kind in "iu" and columns.size and columns.min() >= 0 and columns.max() <= 9
+    digits = (
+        columns.dtype.kind in "iu" and columns.size and columns.min() >= 0 and columns.max() <= 9
+    )
     lists = [_digit_lists(columns[:, j]) for j in range(len(column_steps))] if digits else None
     for c in range(chunks):
         start, stop = c * chunk_records, min(m, (c + 1) * chunk_records)
-        head = {"release": release, "step": step, "chunk": c, "chunks": chunks, "start": start, "stop": stop}
+        head = {
+            "release": release,
+            "step": step,
+            "chunk": c,
+            "chunks": chunks,
+            "start": start,
+            "stop": stop,
+        }
         if lists is None:
-            head["values"] = {str(s): columns[start:stop, j].tolist() for j, s in enumerate(column_steps)}
+            head["values"] = {
+                str(s): columns[start:stop, j].tolist() for j, s in enumerate(column_steps)
+            }
             body = orjson.dumps(head)
         else:
-            values = b",".join(b'"%d":[%s]' % (s, text[2 * start: 2 * stop - 1]) for s, text in zip(column_steps, lists))
+            values = b",".join(
+                b'"%d":[%s]' % (s, text[2 * start : 2 * stop - 1])
+                for s, text in zip(column_steps, lists)
+            )
             body = orjson.dumps(head)[:-1] + b',"values":{' + values + b"}}"
         yield f"{release}:{step}:{c}".encode(), body
 
@@ -85,15 +104,24 @@ def _digit_lists(values: np.ndarray) -> bytes:
     return text.tobytes()
 
 
-def encode_partial(partial: dict[str, Any], chunk_bytes: int = PARTIAL_CHUNK_BYTES) -> list[tuple[bytes, bytes]]:
+def encode_partial(
+    partial: dict[str, Any], chunk_bytes: int = PARTIAL_CHUNK_BYTES
+) -> list[tuple[bytes, bytes]]:
     """Chunked binary messages for one partition's partial aggregate of one step."""
     blob = dumps_state(partial)
     step, partition = int(partial["step"]), int(partial["partition"])
     pieces = [blob[i : i + chunk_bytes] for i in range(0, len(blob), chunk_bytes)] or [b""]
     out = []
     for c, piece in enumerate(pieces):
-        header = dumps_state({"step": step, "partition": partition, "chunk": c, "chunks": len(pieces),
-                             "data": np.frombuffer(piece, dtype=np.uint8)})
+        header = dumps_state(
+            {
+                "step": step,
+                "partition": partition,
+                "chunk": c,
+                "chunks": len(pieces),
+                "data": np.frombuffer(piece, dtype=np.uint8),
+            }
+        )
         out.append((f"{step}:{partition}:{c}".encode(), header))
     return out
 
@@ -119,7 +147,8 @@ class PartialAssembler:
 
     def complete(self, step: int) -> bool:
         return all(
-            len(self._chunks.get((step, p), {})) == self._expected.get((step, p), -1) for p in range(self.partitions)
+            len(self._chunks.get((step, p), {})) == self._expected.get((step, p), -1)
+            for p in range(self.partitions)
         )
 
     def pop(self, step: int) -> list[dict[str, Any]]:
@@ -160,12 +189,15 @@ def parse_close_marker(value: bytes) -> tuple[int | None, int | None]:
     if type(msg) is not dict:
         return None, None
     step, closed_at = msg.get("step"), msg.get("closed_at")
-    return (step if type(step) is int and step >= 1 else None,
-            closed_at if type(closed_at) is int and closed_at >= 0 else None)
+    return (
+        step if type(step) is int and step >= 1 else None,
+        closed_at if type(closed_at) is int and closed_at >= 0 else None,
+    )
 
 
-def dead_letter_headers(reason: str, detail: str, topic: str, partition: int, offset: int,
-                        batch_index: int | None) -> list[tuple[str, bytes]]:
+def dead_letter_headers(
+    reason: str, detail: str, topic: str, partition: int, offset: int, batch_index: int | None
+) -> list[tuple[str, bytes]]:
     headers = [
         ("dpstream-reason", reason.encode()),
         ("dpstream-detail", detail.encode()[:1000]),

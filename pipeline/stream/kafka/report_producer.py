@@ -24,7 +24,14 @@ __all__ = ["ReportProducer"]
 
 
 class ReportProducer:
-    def __init__(self, bootstrap: str, deployment: Deployment, roster, topic_names: dict[str, str], batch_size: int = 5000):
+    def __init__(
+        self,
+        bootstrap: str,
+        deployment: Deployment,
+        roster,
+        topic_names: dict[str, str],
+        batch_size: int = 5000,
+    ):
         from kafka import KafkaProducer
 
         self.deployment = deployment
@@ -33,19 +40,30 @@ class ReportProducer:
         self.batch_size = int(batch_size)
         self.partitions = deployment.topics.partitions
         self._owners = roster.owners(self.partitions)
-        self._producer = KafkaProducer(bootstrap_servers=bootstrap, **kafka_security(), linger_ms=5, batch_size=1 << 20,
-                                       max_request_size=MAX_MESSAGE_BYTES, acks="all",
-                                       # not idempotent: after a kill -9 mid-produce the embedded broker (Tansu
-                                       # 0.6) acknowledges the retried batch as a duplicate although it never
-                                       # stored it (its sequence bookkeeping precedes the write). Plain retries
-                                       # may duplicate a report instead, which the workers count once.
-                                       enable_idempotence=False)
+        self._producer = KafkaProducer(
+            bootstrap_servers=bootstrap,
+            **kafka_security(),
+            linger_ms=5,
+            batch_size=1 << 20,
+            max_request_size=MAX_MESSAGE_BYTES,
+            acks="all",
+            # not idempotent: after a kill -9 mid-produce the embedded broker (Tansu
+            # 0.6) acknowledges the retried batch as a duplicate although it never
+            # stored it (its sequence bookkeeping precedes the write). Plain retries
+            # may duplicate a report instead, which the workers count once.
+            enable_idempotence=False,
+        )
 
     def _labels(self, attribute: str, codes: np.ndarray) -> list:
         return self.deployment.attributes[attribute].wire_values(codes)
 
-    def send_step(self, step: int, values: dict[str, np.ndarray], present: np.ndarray | None = None,
-                  receipt=None) -> int:
+    def send_step(
+        self,
+        step: int,
+        values: dict[str, np.ndarray],
+        present: np.ndarray | None = None,
+        receipt=None,
+    ) -> int:
         """Send one step's reports for every roster row (or the rows where ``present``); returns the count.
 
         ``values[attribute]`` holds one code per roster row (categorical: index into the declared values).
@@ -60,13 +78,16 @@ class ReportProducer:
         sent = 0
         for p in range(self.partitions):
             sel = rows[owners == p]
-            for start in range(0, sel.size, self.batch_size):  # labels a batch at a time: memory stays bounded
+            for start in range(
+                0, sel.size, self.batch_size
+            ):  # labels a batch at a time: memory stays bounded
                 chunk = sel[start : start + self.batch_size]
                 columns = {"user": [ids[i] for i in chunk.tolist()], "step": int(step)}
                 for a, v in values.items():
                     columns[a] = self._labels(a, np.asarray(v)[chunk])
-                future = self._producer.send(self.names["reports"], value=orjson.dumps({"columns": columns}),
-                                             partition=p)
+                future = self._producer.send(
+                    self.names["reports"], value=orjson.dumps({"columns": columns}), partition=p
+                )
                 futures.append((future, chunk.size))
                 sent += chunk.size
         self._producer.flush()
@@ -76,7 +97,9 @@ class ReportProducer:
                 receipt.add(stored.partition, stored.offset, size)
         return sent
 
-    def send_raw(self, value: bytes, key: bytes | None = None, partition: int | None = None) -> None:
+    def send_raw(
+        self, value: bytes, key: bytes | None = None, partition: int | None = None
+    ) -> None:
         self._producer.send(self.names["reports"], value=value, key=key, partition=partition)
 
     def close_step(self, step: int, first: int | None = None, signer=None) -> int:
@@ -93,12 +116,12 @@ class ReportProducer:
         closed_at = int(time.time() * 1000)
         steps = range(step if first is None else first, step + 1)
         command = CloseCommand.signed(signer, steps, closed_at)
-        future = self._producer.send(self.names["control"], value=command.value(),
-                                     timestamp_ms=closed_at)
+        future = self._producer.send(
+            self.names["control"], value=command.value(), timestamp_ms=closed_at
+        )
         self._producer.flush()
         future.get(timeout=30)
         return closed_at
 
     def close(self, timeout: float | None = None) -> None:
         self._producer.close(timeout=timeout)
-

@@ -25,15 +25,35 @@ from pipeline.connections import kafka_security
 if TYPE_CHECKING:
     from pipeline.config import Deployment
 
-__all__ = ["PartitionCountChanged", "Topic", "TOPICS", "PUBLIC_TOPICS", "INGEST", "RELEASER", "KAFKA_ROLES", "GROUP_ROLES", "LAG_ROLE", "topic_names",
-           "topic_partitions", "group_id", "downstream_group_prefix", "read_by", "consumer_groups", "offsets_only",
-           "new_topics", "ensure_topics"]
+__all__ = [
+    "PartitionCountChanged",
+    "Topic",
+    "TOPICS",
+    "PUBLIC_TOPICS",
+    "INGEST",
+    "RELEASER",
+    "KAFKA_ROLES",
+    "GROUP_ROLES",
+    "LAG_ROLE",
+    "topic_names",
+    "topic_partitions",
+    "group_id",
+    "downstream_group_prefix",
+    "read_by",
+    "consumer_groups",
+    "offsets_only",
+    "new_topics",
+    "ensure_topics",
+]
 
 # Consumer groups (roles): the ingest workers and the single releaser. Public topics are read by
 # downstream consumers with their own groups (or none).
 INGEST, RELEASER = "ingest", "releaser"
 KAFKA_ROLES = ("worker", "releaser", "operator", "producer", "analyst")
-GROUP_ROLES = {INGEST: "worker", RELEASER: "releaser"}  # consumer group -> the role whose job is in it
+GROUP_ROLES = {
+    INGEST: "worker",
+    RELEASER: "releaser",
+}  # consumer group -> the role whose job is in it
 LAG_ROLE = "releaser"  # runs the consumer-lag gauge (describes every group: pipeline.stream.process.metrics)
 
 # The public topics are the product and the fence's evidence (pipeline.stream.releaser.fence): Kafka's default
@@ -56,7 +76,9 @@ class Topic:
     reader: str | None  # the dpstream consumer group (role) that reads it; None: downstream only
     writers: tuple[str, ...] = ()  # roles that produce to it (Kafka Write)
     readers: tuple[str, ...] = ()  # roles that fetch it (Kafka Read): every byte of it reaches them
-    offsets: tuple[str, ...] = ()  # roles that only list its offsets (Kafka Describe: lag, never its records)
+    offsets: tuple[
+        str, ...
+    ] = ()  # roles that only list its offsets (Kafka Describe: lag, never its records)
 
     def config(self) -> dict[str, str]:
         """Topic configuration at creation."""
@@ -64,38 +86,129 @@ class Topic:
 
     def access(self, role: str) -> set[str]:
         """What ``role`` does with this topic: a subset of {"read", "write", "offsets"}."""
-        return ({"read"} if role in self.readers else set()) | ({"write"} if role in self.writers else set()) \
+        return (
+            ({"read"} if role in self.readers else set())
+            | ({"write"} if role in self.writers else set())
             | ({"offsets"} if role in self.offsets else set())
+        )
 
 
 _ANALYSTS = ("analyst",)
-TOPICS: dict[str, Topic] = {t.name: t for t in (
-    # close markers are written by the releaser; the operator's intake view reads the log ends
-    Topic("reports", None, "user id; none for close markers", "json", public=False, reader=INGEST,
-          writers=("producer", "operator", "releaser"), readers=("worker", "operator"), offsets=("releaser",)),
-    Topic("feedback", None, "<release>:<step>", "json", public=False, reader=INGEST,  # co-partitioned with reports
-          writers=("releaser",), readers=("worker",), offsets=("releaser",)),
-    # reports routed to their user's owner partition (pipeline.stream.ingest.repartition), co-partitioned too
-    Topic("repartition", None, "none (source partition and positions in headers)", "binary", public=False,
-          reader=INGEST, writers=("worker",), readers=("worker", "operator"), offsets=("releaser",)),
-    Topic("control", 1, "none", "json", public=False, reader=RELEASER, writers=("operator",), readers=("releaser",)),
-    Topic("step-partials", 1, "<step>:<partition>:<chunk>", "binary", public=False, reader=RELEASER,  # in order
-          writers=("worker",), readers=("releaser",)),
-    # the releaser reads its own manifests back: the fence (pipeline.stream.releaser.fence)
-    Topic("releases", 1, "<release>:<step>", "json", public=True, reader=None, writers=("releaser",),
-          readers=("releaser", *_ANALYSTS)),
-    Topic("synthetic", 1, "<release>:<step>:<chunk>", "json", public=True, reader=None, writers=("releaser",),
-          readers=_ANALYSTS),
-    Topic("alerts", 1, "<release>:<step>", "json", public=True, reader=None, writers=("releaser",), readers=_ANALYSTS),
-    # the public deployment descriptor (pipeline.descriptor): n, labels and parameters for the analysts
-    Topic("deployment", 1, "descriptor", "json", public=True, reader=None, writers=("releaser",),
-          readers=_ANALYSTS),
-    # rejected reports with their reasons, written by the workers (reports, unverified markers) and
-    # the releaser (unverified control commands); read by `dpstream dead-letters` and `produce`'s
-    # verdict on its own reports (pipeline.fates): the operator reads raw reports anyway
-    Topic("dead-letter", 1, "the original key", "binary", public=False, reader=None,
-          writers=("worker", "releaser"), readers=("operator",)),
-)}
+TOPICS: dict[str, Topic] = {
+    t.name: t
+    for t in (
+        # close markers are written by the releaser; the operator's intake view reads the log ends
+        Topic(
+            "reports",
+            None,
+            "user id; none for close markers",
+            "json",
+            public=False,
+            reader=INGEST,
+            writers=("producer", "operator", "releaser"),
+            readers=("worker", "operator"),
+            offsets=("releaser",),
+        ),
+        Topic(
+            "feedback",
+            None,
+            "<release>:<step>",
+            "json",
+            public=False,
+            reader=INGEST,  # co-partitioned with reports
+            writers=("releaser",),
+            readers=("worker",),
+            offsets=("releaser",),
+        ),
+        # reports routed to their user's owner partition (pipeline.stream.ingest.repartition), co-partitioned too
+        Topic(
+            "repartition",
+            None,
+            "none (source partition and positions in headers)",
+            "binary",
+            public=False,
+            reader=INGEST,
+            writers=("worker",),
+            readers=("worker", "operator"),
+            offsets=("releaser",),
+        ),
+        Topic(
+            "control",
+            1,
+            "none",
+            "json",
+            public=False,
+            reader=RELEASER,
+            writers=("operator",),
+            readers=("releaser",),
+        ),
+        Topic(
+            "step-partials",
+            1,
+            "<step>:<partition>:<chunk>",
+            "binary",
+            public=False,
+            reader=RELEASER,  # in order
+            writers=("worker",),
+            readers=("releaser",),
+        ),
+        # the releaser reads its own manifests back: the fence (pipeline.stream.releaser.fence)
+        Topic(
+            "releases",
+            1,
+            "<release>:<step>",
+            "json",
+            public=True,
+            reader=None,
+            writers=("releaser",),
+            readers=("releaser", *_ANALYSTS),
+        ),
+        Topic(
+            "synthetic",
+            1,
+            "<release>:<step>:<chunk>",
+            "json",
+            public=True,
+            reader=None,
+            writers=("releaser",),
+            readers=_ANALYSTS,
+        ),
+        Topic(
+            "alerts",
+            1,
+            "<release>:<step>",
+            "json",
+            public=True,
+            reader=None,
+            writers=("releaser",),
+            readers=_ANALYSTS,
+        ),
+        # the public deployment descriptor (pipeline.descriptor): n, labels and parameters for the analysts
+        Topic(
+            "deployment",
+            1,
+            "descriptor",
+            "json",
+            public=True,
+            reader=None,
+            writers=("releaser",),
+            readers=_ANALYSTS,
+        ),
+        # rejected reports with their reasons, written by the workers (reports, unverified markers) and
+        # the releaser (unverified control commands); read by `dpstream dead-letters` and `produce`'s
+        # verdict on its own reports (pipeline.fates): the operator reads raw reports anyway
+        Topic(
+            "dead-letter",
+            1,
+            "the original key",
+            "binary",
+            public=False,
+            reader=None,
+            writers=("worker", "releaser"),
+            readers=("operator",),
+        ),
+    )
+}
 PUBLIC_TOPICS = tuple(name for name, t in TOPICS.items() if t.public)
 
 
@@ -106,7 +219,10 @@ def topic_names(deployment) -> dict[str, str]:  # a Deployment, or its name and 
 
 
 def topic_partitions(deployment: Deployment) -> dict[str, int]:
-    return {name: deployment.topics.partitions if t.partitions is None else t.partitions for name, t in TOPICS.items()}
+    return {
+        name: deployment.topics.partitions if t.partitions is None else t.partitions
+        for name, t in TOPICS.items()
+    }
 
 
 def group_id(deployment: Deployment, role: str) -> str:
@@ -131,10 +247,14 @@ def read_by(role: str) -> list[str]:
     return [name for name, t in TOPICS.items() if t.reader == role]
 
 
-def consumer_groups(deployment: Deployment, names: dict[str, str] | None = None) -> dict[str, list[str]]:
+def consumer_groups(
+    deployment: Deployment, names: dict[str, str] | None = None
+) -> dict[str, list[str]]:
     """Consumer group id -> the broker topics it consumes (the jobs' groups)."""
     names = names or topic_names(deployment)
-    return {group_id(deployment, role): [names[t] for t in read_by(role)] for role in (INGEST, RELEASER)}
+    return {
+        group_id(deployment, role): [names[t] for t in read_by(role)] for role in (INGEST, RELEASER)
+    }
 
 
 def new_topics(deployment: Deployment, existing, replication: int = 1) -> list:
@@ -142,11 +262,16 @@ def new_topics(deployment: Deployment, existing, replication: int = 1) -> list:
     from kafka.admin import NewTopic
 
     names, parts = topic_names(deployment), topic_partitions(deployment)
-    return [NewTopic(names[t], parts[t], replication, topic_configs=TOPICS[t].config())
-            for t in names if names[t] not in existing]
+    return [
+        NewTopic(names[t], parts[t], replication, topic_configs=TOPICS[t].config())
+        for t in names
+        if names[t] not in existing
+    ]
 
 
-def ensure_topics(bootstrap: str, deployment: Deployment, timeout: float = 30.0, replication: int = 1) -> dict[str, str]:
+def ensure_topics(
+    bootstrap: str, deployment: Deployment, timeout: float = 30.0, replication: int = 1
+) -> dict[str, str]:
     """Create the deployment's topics that are missing (``replication`` copies each); refuse existing
     ones with other partition counts. A broker that is still starting is waited for up to ``timeout``
     seconds: the admin client's own bootstrap retries with backoff until then."""
@@ -155,8 +280,12 @@ def ensure_topics(bootstrap: str, deployment: Deployment, timeout: float = 30.0,
 
     names = topic_names(deployment)
     parts = topic_partitions(deployment)
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **kafka_security(), client_id="dpstream-admin",
-                             bootstrap_timeout_ms=int(timeout * 1000))
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        **kafka_security(),
+        client_id="dpstream-admin",
+        bootstrap_timeout_ms=int(timeout * 1000),
+    )
     try:
         missing = new_topics(deployment, set(admin.list_topics()), replication)
         if missing:
@@ -164,16 +293,25 @@ def ensure_topics(bootstrap: str, deployment: Deployment, timeout: float = 30.0,
                 admin.create_topics(missing)
             except TopicAlreadyExistsError:
                 pass  # another process created them meanwhile
-        described = {d.get("name", d.get("topic")): len(d["partitions"]) for d in admin.describe_topics(list(names.values()))}
-        changed = {name: (got, parts[logical]) for logical, name in names.items()
-                   if (got := described.get(name)) is not None and got != parts[logical]}
+        described = {
+            d.get("name", d.get("topic")): len(d["partitions"])
+            for d in admin.describe_topics(list(names.values()))
+        }
+        changed = {
+            name: (got, parts[logical])
+            for logical, name in names.items()
+            if (got := described.get(name)) is not None and got != parts[logical]
+        }
         if changed:
-            detail = "; ".join(f"topic {name} has {got}, the configuration needs {need}"
-                               for name, (got, need) in changed.items())
+            detail = "; ".join(
+                f"topic {name} has {got}, the configuration needs {need}"
+                for name, (got, need) in changed.items()
+            )
             raise PartitionCountChanged(
                 f"configuration refused: topics.partitions: the deployment's topics exist with another partition "
                 f"count ({detail}). A worker's checkpoint holds the users of its partition, so the count cannot "
-                "change under a running deployment: set topics.partitions back, or start a new deployment")
+                "change under a running deployment: set topics.partitions back, or start a new deployment"
+            )
     finally:
         admin.close()
     return names

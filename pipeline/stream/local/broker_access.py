@@ -34,12 +34,16 @@ def open_broker() -> bool:
 def embedded_broker_notice(bootstrap: str, tls_dir: Path | None) -> str:
     """The one line ``up`` prints about the embedded broker at ``bootstrap`` (gated when ``tls_dir``)."""
     if tls_dir is not None:
-        return (f"dpstream up: the embedded broker at {bootstrap} takes only clients presenting this deployment's "
-                f"certificate (mutual TLS; ca.pem, client.pem, client.key in {tls_dir}, owner-only): dpstream's "
-                "processes and commands use it; no other local user reaches the broker. It has no per-role users "
-                "or topic ACLs: whoever holds that key reads and writes every topic (docs/security.md)")
-    return (f"dpstream up: warning: the embedded broker at {bootstrap} asks for no credentials "
-            f"({OPEN_BROKER_ENV}=open): every local user can read `reports` and `step-partials` and write "
-            "`reports` and `control`. For one operator on their own machine only; elsewhere "
-            "set `broker:` to a Kafka with SASL users and the ACLs of `python -m pipeline.acl` "
-            "(docs/security.md)")
+        return (
+            f"dpstream up: the embedded broker at {bootstrap} takes only clients presenting this deployment's "
+            f"certificate (mutual TLS; ca.pem, client.pem, client.key in {tls_dir}, owner-only): dpstream's "
+            "processes and commands use it; no other local user reaches the broker. It has no per-role users "
+            "or topic ACLs: whoever holds that key reads and writes every topic (docs/security.md)"
+        )
+    return (
+        f"dpstream up: warning: the embedded broker at {bootstrap} asks for no credentials "
+        f"({OPEN_BROKER_ENV}=open): every local user can read `reports` and `step-partials` and write "
+        "`reports` and `control`. For one operator on their own machine only; elsewhere "
+        "set `broker:` to a Kafka with SASL users and the ACLs of `python -m pipeline.acl` "
+        "(docs/security.md)"
+    )

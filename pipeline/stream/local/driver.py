@@ -25,7 +25,14 @@ __all__ = ["StepDriver"]
 
 
 class StepDriver:
-    def __init__(self, bootstrap: str, deployment: Deployment, roster, topic_names: dict[str, str], cluster=None):
+    def __init__(
+        self,
+        bootstrap: str,
+        deployment: Deployment,
+        roster,
+        topic_names: dict[str, str],
+        cluster=None,
+    ):
         from kafka import KafkaConsumer, TopicPartition
 
         self.deployment = deployment
@@ -37,16 +44,26 @@ class StepDriver:
         # 500 ms). The embedded broker does not answer a held fetch when records arrive: a produce ->
         # consume hop took ~215 ms at 500 ms, ~10 ms at 50 ms (as the jobs' consumers), so the step's
         # records waited for the held fetch.
-        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), enable_auto_commit=False,
-                                       auto_offset_reset="earliest", max_partition_fetch_bytes=16 << 20,
-                                       fetch_max_bytes=64 << 20, fetch_max_wait_ms=50)
+        self._consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap,
+            **kafka_security(),
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=16 << 20,
+            fetch_max_bytes=64 << 20,
+            fetch_max_wait_ms=50,
+        )
         self._handlers = self.panels.handlers(topic_names)
         tps = [TopicPartition(t, 0) for t in self._handlers]
         self._consumer.assign(tps)
         self._consumer.seek_to_beginning(*tps)
         self.manifests_seen: dict[tuple[str, int], int] = {}
-        self.timestamps: dict[tuple[str, bytes], int] = {}  # (topic, key) -> record timestamp (ms) of the first copy
-        self.close_timestamp: dict[int, int] = {}  # step -> record timestamp (ms) of its close command
+        self.timestamps: dict[
+            tuple[str, bytes], int
+        ] = {}  # (topic, key) -> record timestamp (ms) of the first copy
+        self.close_timestamp: dict[
+            int, int
+        ] = {}  # step -> record timestamp (ms) of its close command
 
     def poll(self, timeout_ms: int = 100) -> None:
         for tp, msgs in self._consumer.poll(timeout_ms=timeout_ms).items():
@@ -62,7 +79,8 @@ class StepDriver:
         """Every release's step read back: its manifest and synthetic chunks, and for a kind whose output
         is alerts also its alert record (published beside the manifest, so it may arrive after it)."""
         return all(
-            rel.name in self.panels.panels and step in self.panels.panels[rel.name].complete_steps
+            rel.name in self.panels.panels
+            and step in self.panels.panels[rel.name].complete_steps
             and (kind_of(rel).output != "alerts" or (rel.name, step) in self.panels.alerts)
             for rel in self.deployment.releases
         )

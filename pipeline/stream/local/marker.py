@@ -36,7 +36,9 @@ def read_marker(deployment_dir: Path) -> DeploymentMarker | None:
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"unreadable deployment marker {marker_path(deployment_dir)}: {err}") from err
+        raise ValueError(
+            f"unreadable deployment marker {marker_path(deployment_dir)}: {err}"
+        ) from err
 
 
 def write_marker(deployment_dir: Path, marker: DeploymentMarker) -> None:
@@ -50,15 +52,22 @@ def write_marker(deployment_dir: Path, marker: DeploymentMarker) -> None:
     os.replace(partial, path)
 
 
-def stateless_start(marker: DeploymentMarker | None, identity: dict | None, released: int) -> str | None:
+def stateless_start(
+    marker: DeploymentMarker | None, identity: dict | None, released: int
+) -> str | None:
     """Why starting on this Redis state would redraw public noise (None: it would not)."""
     if marker is None or marker.released_step < 1:
         return None
     instance = (identity or {}).get("instance")
     if instance == marker.instance and released >= marker.released_step:
         return None
-    found = ("holds no deployment state" if instance is None else
-             f"is instance {instance}" + (f", released through step {released}" if instance == marker.instance
-                                          else ""))
-    return (f"instance {marker.instance} of this deployment released through step {marker.released_step}, but its "
-            f"Redis state {found}: releasing again would draw fresh noise for steps already public")
+    found = (
+        "holds no deployment state"
+        if instance is None
+        else f"is instance {instance}"
+        + (f", released through step {released}" if instance == marker.instance else "")
+    )
+    return (
+        f"instance {marker.instance} of this deployment released through step {marker.released_step}, but its "
+        f"Redis state {found}: releasing again would draw fresh noise for steps already public"
+    )

@@ -130,8 +130,9 @@ class BucketIndex:
             if meta is not None:
                 self._meta[key] = ObjectMeta(meta.size, meta.mtime, etag)
 
-    def page(self, prefix: str, delimiter: str, marker: str, marker_is_prefix: bool,
-             max_keys: int) -> ListingPage:
+    def page(
+        self, prefix: str, delimiter: str, marker: str, marker_is_prefix: bool, max_keys: int
+    ) -> ListingPage:
         """The keys starting with ``prefix`` after ``marker``, as localbucket pages them."""
         contents: list[tuple[str, ObjectMeta]] = []
         common_prefixes: list[str] = []
@@ -174,7 +175,7 @@ class BucketIndex:
         names = self._names[folder]
         lo = bisect.bisect_left(names, name_prefix)
         if marker.startswith(folder):
-            lo = max(lo, bisect.bisect_right(names, marker[len(folder):]))
+            lo = max(lo, bisect.bisect_right(names, marker[len(folder) :]))
         elif marker > folder:
             lo = len(names)  # every key of the folder sorts before the marker
         for i in range(lo, len(names)):

@@ -73,7 +73,9 @@ from pipeline.stream.local.write_journal import (
 
 __all__ = ["ConditionalHandler", "serve"]
 
-_KEY_LOCKS = [threading.Lock() for _ in range(256)]  # striped: bounded memory however many objects there are
+_KEY_LOCKS = [
+    threading.Lock() for _ in range(256)
+]  # striped: bounded memory however many objects there are
 
 
 def _lock_for(path: Path) -> threading.Lock:
@@ -99,6 +101,7 @@ def _missing_folders(folder: Path) -> list[Path]:
 
 def _synced(write, trace: RequestTrace | None):
     """localbucket's body writer, then the body on disk before the file is linked into place."""
+
     def write_and_sync(file):
         etag = write(file)
         file.flush()
@@ -107,6 +110,7 @@ def _synced(write, trace: RequestTrace | None):
         if trace is not None:
             trace.phase("fsync", time.monotonic() - started)
         return etag
+
     return write_and_sync
 
 
@@ -164,9 +168,16 @@ class ConditionalHandler(localbucket.S3Handler):
             self.trace.end(self.command or "", self.path or "", getattr(self, "_status", 0))
 
     def _dispatch(self, action):
-        if self.access_key and f"Credential={self.access_key}/" not in self.headers.get("Authorization", ""):
-            self._send_error(localbucket.S3Error(HTTPStatus.FORBIDDEN, "InvalidAccessKeyId",
-                                                 "The access key is not the one this server was started with."))
+        if self.access_key and f"Credential={self.access_key}/" not in self.headers.get(
+            "Authorization", ""
+        ):
+            self._send_error(
+                localbucket.S3Error(
+                    HTTPStatus.FORBIDDEN,
+                    "InvalidAccessKeyId",
+                    "The access key is not the one this server was started with.",
+                )
+            )
             return
         super()._dispatch(action)
 
@@ -179,8 +190,15 @@ class ConditionalHandler(localbucket.S3Handler):
         # then overwrite the new value with an update of the old one (a lost watermark update).
         with _lock_for(target):
             if_none_match = self.headers.get("If-None-Match")
-            if if_none_match and target.is_file() and localbucket.object_etag(target) in _etags(if_none_match):
-                self._send(HTTPStatus.NOT_MODIFIED, headers={"ETag": f'"{localbucket.object_etag(target)}"'})
+            if (
+                if_none_match
+                and target.is_file()
+                and localbucket.object_etag(target) in _etags(if_none_match)
+            ):
+                self._send(
+                    HTTPStatus.NOT_MODIFIED,
+                    headers={"ETag": f'"{localbucket.object_etag(target)}"'},
+                )
                 return
             super()._get(bucket, key, include_body)
 
@@ -190,8 +208,9 @@ class ConditionalHandler(localbucket.S3Handler):
         with _lock_for(target):
             exists = target.is_file()
             wanted = _etags(if_match) if if_match is not None else set()
-            if if_match is not None and (not exists or ("*" not in wanted
-                                                        and localbucket.object_etag(target) not in wanted)):
+            if if_match is not None and (
+                not exists or ("*" not in wanted and localbucket.object_etag(target) not in wanted)
+            ):
                 raise self._precondition_failed_error()
             started = time.monotonic()
             if self.journal is not None:
@@ -208,10 +227,13 @@ class ConditionalHandler(localbucket.S3Handler):
                 phases = {"journal": journaled - started, "write": time.monotonic() - journaled}
             else:
                 created = _missing_folders(target.parent)
-                etag = super()._write_object(bucket, key, _synced(write, self.trace)
-                                             if self.sync == "files" else write)
+                etag = super()._write_object(
+                    bucket, key, _synced(write, self.trace) if self.sync == "files" else write
+                )
                 placed = time.monotonic()
-                if self.sync == "files":  # the new name (and any new folder) on disk before the answer
+                if (
+                    self.sync == "files"
+                ):  # the new name (and any new folder) on disk before the answer
                     for folder in [target.parent, *(c.parent for c in created)]:
                         fsync_dir(folder)
                 phases = {"write": placed - started, "dirsync": time.monotonic() - placed}
@@ -250,13 +272,26 @@ class ConditionalHandler(localbucket.S3Handler):
                     index = self.indexes[bucket] = BucketIndex.from_disk(self._bucket_dir(bucket))
         return index
 
-    def _list_entries(self, bucket_dir: Path, prefix: str, delimiter: str, marker: str,
-                      marker_is_prefix: bool, max_keys: int):
+    def _list_entries(
+        self,
+        bucket_dir: Path,
+        prefix: str,
+        delimiter: str,
+        marker: str,
+        marker_is_prefix: bool,
+        max_keys: int,
+    ):
         """One page from the bucket's index (localbucket walks, sorts and stats the whole bucket)."""
-        page = self._index(bucket_dir.name).page(prefix, delimiter, marker, marker_is_prefix, max_keys)
+        page = self._index(bucket_dir.name).page(
+            prefix, delimiter, marker, marker_is_prefix, max_keys
+        )
         self._page_meta = dict(page.contents)
-        return ([(key, bucket_dir / key) for key, _ in page.contents], page.common_prefixes,
-                page.truncated, page.last_entry)
+        return (
+            [(key, bucket_dir / key) for key, _ in page.contents],
+            page.common_prefixes,
+            page.truncated,
+            page.last_entry,
+        )
 
     def _list_objects_v2(self, bucket: str):
         """ListObjectsV2 (what the broker sends): localbucket's parameters and answer, the page from the
@@ -273,23 +308,32 @@ class ConditionalHandler(localbucket.S3Handler):
             except ValueError:
                 decoded = ""
             if decoded[:2] not in ("K:", "P:"):
-                raise localbucket.S3Error(HTTPStatus.BAD_REQUEST, "InvalidArgument",
-                                          "The continuation token provided is incorrect.")
+                raise localbucket.S3Error(
+                    HTTPStatus.BAD_REQUEST,
+                    "InvalidArgument",
+                    "The continuation token provided is incorrect.",
+                )
             marker, marker_is_prefix = decoded[2:], decoded.startswith("P:")
-        page = self._index(bucket_dir.name).page(prefix, delimiter, marker, marker_is_prefix, max_keys)
+        page = self._index(bucket_dir.name).page(
+            prefix, delimiter, marker, marker_is_prefix, max_keys
+        )
         url = query.get("encoding-type") == "url"
 
         def text(value: str) -> str:
             return escape(quote(value, safe="/") if url else value)
 
-        out = ['<?xml version=\'1.0\' encoding=\'UTF-8\'?>\n',
-               f'<ListBucketResult xmlns="{localbucket.S3_NAMESPACE}"><Name>{escape(bucket)}</Name>',
-               f"<Prefix>{text(prefix)}</Prefix>"]
+        out = [
+            "<?xml version='1.0' encoding='UTF-8'?>\n",
+            f'<ListBucketResult xmlns="{localbucket.S3_NAMESPACE}"><Name>{escape(bucket)}</Name>',
+            f"<Prefix>{text(prefix)}</Prefix>",
+        ]
         if delimiter:
             out.append(f"<Delimiter>{text(delimiter)}</Delimiter>")
-        out.append(f"<MaxKeys>{max_keys}</MaxKeys>"
-                   f"<KeyCount>{len(page.contents) + len(page.common_prefixes)}</KeyCount>"
-                   f"<IsTruncated>{'true' if page.truncated else 'false'}</IsTruncated>")
+        out.append(
+            f"<MaxKeys>{max_keys}</MaxKeys>"
+            f"<KeyCount>{len(page.contents) + len(page.common_prefixes)}</KeyCount>"
+            f"<IsTruncated>{'true' if page.truncated else 'false'}</IsTruncated>"
+        )
         if token is not None:
             out.append(f"<ContinuationToken>{escape(token)}</ContinuationToken>")
         if page.truncated:
@@ -303,10 +347,15 @@ class ConditionalHandler(localbucket.S3Handler):
             etag = meta.etag or self._etag_from_disk(bucket, key)
             if etag is None:
                 continue  # deleted since the page was taken
-            out.append(f"<Contents><Key>{text(key)}</Key><LastModified>{meta.modified}</LastModified>"
-                       f"<ETag>&quot;{etag}&quot;</ETag><Size>{meta.size}</Size>"
-                       "<StorageClass>STANDARD</StorageClass></Contents>")
-        out += [f"<CommonPrefixes><Prefix>{text(c)}</Prefix></CommonPrefixes>" for c in page.common_prefixes]
+            out.append(
+                f"<Contents><Key>{text(key)}</Key><LastModified>{meta.modified}</LastModified>"
+                f"<ETag>&quot;{etag}&quot;</ETag><Size>{meta.size}</Size>"
+                "<StorageClass>STANDARD</StorageClass></Contents>"
+            )
+        out += [
+            f"<CommonPrefixes><Prefix>{text(c)}</Prefix></CommonPrefixes>"
+            for c in page.common_prefixes
+        ]
         out.append("</ListBucketResult>")
         self._send(HTTPStatus.OK, "".join(out).encode(), {"Content-Type": "application/xml"})
 
@@ -318,8 +367,13 @@ class ConditionalHandler(localbucket.S3Handler):
             if etag is None:
                 continue
             item = ET.SubElement(root, "Contents")
-            for tag, value in (("Key", encode(key)), ("LastModified", meta.modified), ("ETag", f'"{etag}"'),
-                               ("Size", str(meta.size)), ("StorageClass", "STANDARD")):
+            for tag, value in (
+                ("Key", encode(key)),
+                ("LastModified", meta.modified),
+                ("ETag", f'"{etag}"'),
+                ("Size", str(meta.size)),
+                ("StorageClass", "STANDARD"),
+            ):
                 localbucket.sub_element(item, tag, value)
         for common in common_prefixes:
             localbucket.sub_element(ET.SubElement(root, "CommonPrefixes"), "Prefix", encode(common))
@@ -346,7 +400,9 @@ def _warm_etags(data_root: Path) -> None:
                 continue  # deleted meanwhile
 
 
-JOURNAL_DIR = ".journal"  # under the data root; not a bucket name (S3 names start with a letter or digit)
+JOURNAL_DIR = (
+    ".journal"  # under the data root; not a bucket name (S3 names start with a letter or digit)
+)
 
 
 def _replayed_put(data_root: Path):
@@ -358,6 +414,7 @@ def _replayed_put(data_root: Path):
         tmp = target.with_name(f"{localbucket.TEMP_PREFIX}replay-{target.name}")
         tmp.write_bytes(body)
         os.replace(tmp, target)
+
     return put
 
 
@@ -367,17 +424,25 @@ def _replayed_delete(data_root: Path):
         if target.resolve().is_relative_to(data_root) and target.is_file():
             target.unlink()
             _remove_empty_folders(target.parent, data_root / key.split("/", 1)[0])
+
     return delete
 
 
-def serve(data_root: Path, port: int, host: str = "127.0.0.1", sync: str = "journal",
-          checkpoint_seconds: float = CHECKPOINT_SECONDS) -> None:
+def serve(
+    data_root: Path,
+    port: int,
+    host: str = "127.0.0.1",
+    sync: str = "journal",
+    checkpoint_seconds: float = CHECKPOINT_SECONDS,
+) -> None:
     data_root = data_root.resolve()
     (data_root / BUCKET).mkdir(parents=True, exist_ok=True)
     log = logging.getLogger("dpstream.object_store")
     journal_dir = data_root / JOURNAL_DIR
     # whatever the mode now, writes acknowledged under a journal before are restored first
-    replayed = recover(journal_dir, data_root, _replayed_put(data_root), _replayed_delete(data_root))
+    replayed = recover(
+        journal_dir, data_root, _replayed_put(data_root), _replayed_delete(data_root)
+    )
     if replayed:
         log.info("replayed %d journaled writes", replayed)
     ConditionalHandler.data_root = data_root
@@ -388,8 +453,10 @@ def serve(data_root: Path, port: int, host: str = "127.0.0.1", sync: str = "jour
         fsync_dir(data_root)
         ConditionalHandler.journal = WriteJournal(journal_dir, data_root, checkpoint_seconds)
     ConditionalHandler.trace = trace_from_env()
-    ConditionalHandler.indexes = {bucket.name: BucketIndex.from_disk(bucket, localbucket.TEMP_PREFIX)
-                                  for bucket in localbucket.bucket_dirs(data_root)}
+    ConditionalHandler.indexes = {
+        bucket.name: BucketIndex.from_disk(bucket, localbucket.TEMP_PREFIX)
+        for bucket in localbucket.bucket_dirs(data_root)
+    }
     # ETags of the objects found on disk, computed in the background: a listing otherwise reads each
     # object it names for the first time, and the broker's first fetches after a restart list them all
     threading.Thread(target=_warm_etags, args=(data_root,), daemon=True, name="etags").start()
@@ -406,20 +473,35 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("data_root", type=Path)
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--sync", choices=("journal", "files", "off"), default="journal",
-                        help="journal: one flushed journal record per write (default); files: each object "
-                             "and its folder fsync'd; off: acknowledged before on disk (a machine crash "
-                             "may lose the last writes)")
+    parser.add_argument(
+        "--sync",
+        choices=("journal", "files", "off"),
+        default="journal",
+        help="journal: one flushed journal record per write (default); files: each object "
+        "and its folder fsync'd; off: acknowledged before on disk (a machine crash "
+        "may lose the last writes)",
+    )
     parser.add_argument("--no-fsync", action="store_true", help="the same as --sync off")
-    parser.add_argument("--checkpoint-seconds", type=float, default=CHECKPOINT_SECONDS,
-                        help="how often the journal is checkpointed (objects flushed, journal emptied)")
+    parser.add_argument(
+        "--checkpoint-seconds",
+        type=float,
+        default=CHECKPOINT_SECONDS,
+        help="how often the journal is checkpointed (objects flushed, journal emptied)",
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     os.umask(0o077)
     try:
-        serve(args.data_root, args.port, sync="off" if args.no_fsync else args.sync,
-              checkpoint_seconds=args.checkpoint_seconds)
+        serve(
+            args.data_root,
+            args.port,
+            sync="off" if args.no_fsync else args.sync,
+            checkpoint_seconds=args.checkpoint_seconds,
+        )
     except KeyboardInterrupt:
         pass
 

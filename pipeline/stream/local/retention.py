@@ -62,7 +62,9 @@ def deletable(bases: list[int], point: int) -> list[int]:
     return [base for base, following in zip(bases, bases[1:]) if following <= point]
 
 
-def checkpoint_points(store: StateStore, names: dict[str, str], partitions: int) -> dict[tuple[str, int], int]:
+def checkpoint_points(
+    store: StateStore, names: dict[str, str], partitions: int
+) -> dict[tuple[str, int], int]:
     """Where each partition's checkpoint resumes `reports` and `repartition` (0 without a checkpoint)."""
     from pipeline.serialization import loads_state
 
@@ -102,7 +104,10 @@ class _ObjectStoreClient:
                 query += f"&continuation-token={quote(token)}"
             body = self._request("GET", query).decode()
             found += re.findall(r"<Key>([^<]+)</Key>", body)
-            token = (re.findall(r"<NextContinuationToken>([^<]+)</NextContinuationToken>", body) or [None])[0]
+            token = (
+                re.findall(r"<NextContinuationToken>([^<]+)</NextContinuationToken>", body)
+                or [None]
+            )[0]
             if token is None:
                 return found
 
@@ -113,7 +118,13 @@ class _ObjectStoreClient:
 class LogRetention:
     """One deployment's retention, run from ``dpstream up``'s supervision loop (:meth:`round`)."""
 
-    def __init__(self, storage: EmbeddedObjectStore, store: StateStore, names: dict[str, str], partitions: int):
+    def __init__(
+        self,
+        storage: EmbeddedObjectStore,
+        store: StateStore,
+        names: dict[str, str],
+        partitions: int,
+    ):
         self.client = _ObjectStoreClient(storage)
         self.store = store
         self.names = names
@@ -124,11 +135,15 @@ class LogRetention:
 
     def round(self) -> int:
         """Apply the sample once the released step moved past it, and take a new one; batches deleted."""
-        points = checkpoint_points(self.store, self.names, self.partitions)  # first the checkpoints,
+        points = checkpoint_points(
+            self.store, self.names, self.partitions
+        )  # first the checkpoints,
         released = self.store.last_released()  # then the step: the sample predates the next commit
         deleted = 0
         if self.sample is not None and released > self.sample.released:
-            deleted = sum(self.trim(topic, p, point) for (topic, p), point in self.sample.points.items())
+            deleted = sum(
+                self.trim(topic, p, point) for (topic, p), point in self.sample.points.items()
+            )
         if self.sample is None or released > self.sample.released:
             self.sample = RetentionPoints(released, points)
         self.deleted += deleted
@@ -148,8 +163,13 @@ class LogRetention:
         for base in doomed:
             self.client.delete(by_base[base])
         if doomed:
-            log.info("retention: %s partition %d: %d batches before offset %d deleted", topic, partition,
-                     len(doomed), point)
+            log.info(
+                "retention: %s partition %d: %d batches before offset %d deleted",
+                topic,
+                partition,
+                len(doomed),
+                point,
+            )
         return len(doomed)
 
     def _clusters(self) -> list[str]:

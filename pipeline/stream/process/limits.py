@@ -17,5 +17,7 @@ from __future__ import annotations
 __all__ = ["MAX_MESSAGE_BYTES", "MAX_REPORT_BYTES", "DEAD_LETTER_COPY_BYTES"]
 
 MAX_MESSAGE_BYTES = 8 << 20
-MAX_REPORT_BYTES = 1 << 20  # Kafka's default message.max.bytes: what any broker takes from a report producer
+MAX_REPORT_BYTES = (
+    1 << 20
+)  # Kafka's default message.max.bytes: what any broker takes from a report producer
 DEAD_LETTER_COPY_BYTES = 64 << 10

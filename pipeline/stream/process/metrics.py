@@ -25,8 +25,17 @@ import threading
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-__all__ = ["METRICS", "ALLOWED_LABELS", "PUBLIC_SERIES", "OPERATIONAL_SERIES", "serve_metrics", "metric_names",
-           "unexport_releaser_series", "observe_partition", "forget_partition"]
+__all__ = [
+    "METRICS",
+    "ALLOWED_LABELS",
+    "PUBLIC_SERIES",
+    "OPERATIONAL_SERIES",
+    "serve_metrics",
+    "metric_names",
+    "unexport_releaser_series",
+    "observe_partition",
+    "forget_partition",
+]
 
 # Labels a dpstream metric may carry. Every one is public configuration or operational (a status,
 # a rejection reason, a partition/topic number, a release name); none can carry data values.
@@ -35,33 +44,58 @@ ALLOWED_LABELS = frozenset({"status", "reason", "partition", "release", "topic"}
 
 class _Metrics:
     def __init__(self) -> None:
-        self.reports = Counter("dpstream_reports_total", "Reports handled by ingest workers", ["status"])
-        self.dead_letters = Counter("dpstream_dead_letters_total", "Reports sent to the dead-letter topic", ["reason"])
-        self.open_step = Gauge("dpstream_open_step", "The next step to close, per reports partition", ["partition"])
+        self.reports = Counter(
+            "dpstream_reports_total", "Reports handled by ingest workers", ["status"]
+        )
+        self.dead_letters = Counter(
+            "dpstream_dead_letters_total", "Reports sent to the dead-letter topic", ["reason"]
+        )
+        self.open_step = Gauge(
+            "dpstream_open_step", "The next step to close, per reports partition", ["partition"]
+        )
         self.step_close_seconds = Histogram(
-            "dpstream_step_close_seconds", "Worker time to close a step (impute, aggregate, checkpoint)",
-            buckets=(0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+            "dpstream_step_close_seconds",
+            "Worker time to close a step (impute, aggregate, checkpoint)",
+            buckets=(0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
         self.release_seconds = Histogram(
-            "dpstream_release_seconds", "Releaser time from last partial received to manifest published",
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+            "dpstream_release_seconds",
+            "Releaser time from last partial received to manifest published",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
         self.released_step = Gauge("dpstream_released_step", "Last released step")
         self.privacy_rho = Gauge("dpstream_privacy_spent_rho", "zCDP budget spent", ["release"])
-        self.privacy_epsilon = Gauge("dpstream_privacy_spent_epsilon", "(eps, delta) budget spent", ["release"])
-        self.heavy_hitters = Gauge("dpstream_heavy_hitters", "Elements flagged heavy at the last step", ["release"])
+        self.privacy_epsilon = Gauge(
+            "dpstream_privacy_spent_epsilon", "(eps, delta) budget spent", ["release"]
+        )
+        self.heavy_hitters = Gauge(
+            "dpstream_heavy_hitters", "Elements flagged heavy at the last step", ["release"]
+        )
         self.close_to_publish_seconds = Gauge(
             "dpstream_close_to_publish_seconds",
-            "Seconds from the last released step's public close time to every record of it acknowledged")
-        self.close_to_publish_step = Gauge("dpstream_close_to_publish_step",
-                                           "The step dpstream_close_to_publish_seconds is about")
+            "Seconds from the last released step's public close time to every record of it acknowledged",
+        )
+        self.close_to_publish_step = Gauge(
+            "dpstream_close_to_publish_step", "The step dpstream_close_to_publish_seconds is about"
+        )
         self.publish_overruns = Counter(
             "dpstream_publish_overruns_total",
-            "Steps whose release was ready only after close + steps.publish_delay_seconds (published late)")
+            "Steps whose release was ready only after close + steps.publish_delay_seconds (published late)",
+        )
         self.padding_clamps = Counter(
-            "dpstream_padding_clamped_bins_total", "Projected counts clamped because the padding was too small",
-            ["release"])
-        self.budget_refusals = Counter("dpstream_budget_refusals_total", "Releases refused: budget exhausted", ["release"])
-        self.republished = Counter("dpstream_republished_steps_total", "Steps republished from their stored record")
-        self.consumer_lag = Gauge("dpstream_consumer_lag", "Messages behind the log end", ["topic", "partition"])
+            "dpstream_padding_clamped_bins_total",
+            "Projected counts clamped because the padding was too small",
+            ["release"],
+        )
+        self.budget_refusals = Counter(
+            "dpstream_budget_refusals_total", "Releases refused: budget exhausted", ["release"]
+        )
+        self.republished = Counter(
+            "dpstream_republished_steps_total", "Steps republished from their stored record"
+        )
+        self.consumer_lag = Gauge(
+            "dpstream_consumer_lag", "Messages behind the log end", ["topic", "partition"]
+        )
 
     def all(self):
         return [m for m in vars(self).values() if isinstance(m, (Counter, Gauge, Histogram))]
@@ -70,15 +104,30 @@ class _Metrics:
 METRICS = _Metrics()
 
 # The two classes of the metrics policy (module docstring), by metric family name.
-PUBLIC_SERIES = frozenset({
-    "dpstream_released_step", "dpstream_open_step", "dpstream_privacy_spent_rho", "dpstream_privacy_spent_epsilon",
-    "dpstream_heavy_hitters", "dpstream_padding_clamped_bins", "dpstream_budget_refusals",
-    "dpstream_republished_steps", "dpstream_close_to_publish_step",
-})
-OPERATIONAL_SERIES = frozenset({
-    "dpstream_reports", "dpstream_dead_letters", "dpstream_step_close_seconds", "dpstream_release_seconds",
-    "dpstream_close_to_publish_seconds", "dpstream_consumer_lag", "dpstream_publish_overruns",
-})
+PUBLIC_SERIES = frozenset(
+    {
+        "dpstream_released_step",
+        "dpstream_open_step",
+        "dpstream_privacy_spent_rho",
+        "dpstream_privacy_spent_epsilon",
+        "dpstream_heavy_hitters",
+        "dpstream_padding_clamped_bins",
+        "dpstream_budget_refusals",
+        "dpstream_republished_steps",
+        "dpstream_close_to_publish_step",
+    }
+)
+OPERATIONAL_SERIES = frozenset(
+    {
+        "dpstream_reports",
+        "dpstream_dead_letters",
+        "dpstream_step_close_seconds",
+        "dpstream_release_seconds",
+        "dpstream_close_to_publish_seconds",
+        "dpstream_consumer_lag",
+        "dpstream_publish_overruns",
+    }
+)
 
 
 def unexport_releaser_series() -> None:
@@ -86,8 +135,12 @@ def unexport_releaser_series() -> None:
     there (``dpstream_released_step 0`` from a worker while the releaser has released step 5)."""
     from prometheus_client import REGISTRY
 
-    for metric in (METRICS.released_step, METRICS.release_seconds, METRICS.close_to_publish_seconds,
-                   METRICS.close_to_publish_step):
+    for metric in (
+        METRICS.released_step,
+        METRICS.release_seconds,
+        METRICS.close_to_publish_seconds,
+        METRICS.close_to_publish_step,
+    ):
         try:
             REGISTRY.unregister(metric)
         except KeyError:  # already not exported
@@ -116,7 +169,9 @@ def metric_names() -> set[str]:
             else:
                 names.add(family.name)
             if family.type in ("counter", "histogram"):
-                names.add(family.name + "_created")  # the creation timestamp prometheus_client exports
+                names.add(
+                    family.name + "_created"
+                )  # the creation timestamp prometheus_client exports
     return {n for n in names if n.startswith("dpstream_")}
 
 

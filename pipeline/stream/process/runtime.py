@@ -34,13 +34,30 @@ JOB_MODULES = {"worker": "jobs.worker", "releaser": "jobs.releaser"}
 LOGLEVELS = ("crit", "error", "warn", "info", "debug")
 
 
-def job_command(role: str, config_path: str | Path, broker: str, redis_url: str, loglevel: str = "info",
-                metrics_port: int | None = None) -> list[str]:
+def job_command(
+    role: str,
+    config_path: str | Path,
+    broker: str,
+    redis_url: str,
+    loglevel: str = "info",
+    metrics_port: int | None = None,
+) -> list[str]:
     """The command line starting the job of ``role`` (worker|releaser) as a process."""
     if role not in JOB_MODULES:
         raise ValueError(f"role must be one of {sorted(JOB_MODULES)}, got {role!r}")
-    cmd = [sys.executable, "-m", JOB_MODULES[role], "--config", str(Path(config_path).resolve()),
-           "--broker", broker, "--redis", redis_url, "--loglevel", loglevel]
+    cmd = [
+        sys.executable,
+        "-m",
+        JOB_MODULES[role],
+        "--config",
+        str(Path(config_path).resolve()),
+        "--broker",
+        broker,
+        "--redis",
+        redis_url,
+        "--loglevel",
+        loglevel,
+    ]
     if metrics_port is not None:
         cmd += ["--metrics-port", str(metrics_port)]
     return cmd
@@ -58,12 +75,26 @@ class Runtime:
     def from_args(cls, role: str, argv: list[str] | None = None) -> tuple[Runtime, str]:
         """(runtime, log level) of a job process from its command line (and the environment fallbacks)."""
         env = os.environ
-        ap = argparse.ArgumentParser(prog=f"python -m {JOB_MODULES[role]}", description=f"the dpstream {role}")
-        ap.add_argument("--config", default=env.get("DPSTREAM_CONFIG"), help="deployment YAML (DPSTREAM_CONFIG)")
-        ap.add_argument("--broker", default=env.get("DPSTREAM_BROKER"), help="bootstrap servers (DPSTREAM_BROKER)")
-        ap.add_argument("--redis", default=env.get("DPSTREAM_REDIS"), help="Redis URL (DPSTREAM_REDIS)")
-        ap.add_argument("--metrics-port", type=int, default=int(env.get("DPSTREAM_METRICS_PORT", "0") or 0),
-                        help="Prometheus endpoint port, 0 = none (DPSTREAM_METRICS_PORT)")
+        ap = argparse.ArgumentParser(
+            prog=f"python -m {JOB_MODULES[role]}", description=f"the dpstream {role}"
+        )
+        ap.add_argument(
+            "--config", default=env.get("DPSTREAM_CONFIG"), help="deployment YAML (DPSTREAM_CONFIG)"
+        )
+        ap.add_argument(
+            "--broker",
+            default=env.get("DPSTREAM_BROKER"),
+            help="bootstrap servers (DPSTREAM_BROKER)",
+        )
+        ap.add_argument(
+            "--redis", default=env.get("DPSTREAM_REDIS"), help="Redis URL (DPSTREAM_REDIS)"
+        )
+        ap.add_argument(
+            "--metrics-port",
+            type=int,
+            default=int(env.get("DPSTREAM_METRICS_PORT", "0") or 0),
+            help="Prometheus endpoint port, 0 = none (DPSTREAM_METRICS_PORT)",
+        )
         ap.add_argument("--loglevel", default="info", choices=LOGLEVELS)
         args = ap.parse_args(argv)
         if not args.config:
@@ -77,7 +108,9 @@ class Runtime:
             except ValueError as err:
                 ap.error(str(err))
         if not broker or not redis_url:
-            ap.error("no broker/Redis configured: pass --broker and --redis, or start the job through `dpstream`")
+            ap.error(
+                "no broker/Redis configured: pass --broker and --redis, or start the job through `dpstream`"
+            )
         return cls(deployment, broker, redis_url, args.config, args.metrics_port), args.loglevel
 
     @cached_property

@@ -14,6 +14,7 @@ __all__ = ["run_job", "supervise"]
 
 log = logging.getLogger("dpstream.process")
 
+
 def run_job(job: Callable[[], Awaitable[None]], loglevel: str = "info") -> None:
     """Configure logging and run ``job()`` in a new event loop (aiokafka clients must be created
     inside the running loop, so ``job`` builds them). A refusal to start on the Redis state
@@ -24,8 +25,10 @@ def run_job(job: Callable[[], Awaitable[None]], loglevel: str = "info") -> None:
     from pipeline.serialization import StateFormatError
     from pipeline.stream.state.identity import StateLost, StateRefused
 
-    logging.basicConfig(level=loglevel.upper(),
-                        format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
+    logging.basicConfig(
+        level=loglevel.upper(),
+        format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s",
+    )
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
 
     async def main() -> None:
@@ -39,7 +42,9 @@ def run_job(job: Callable[[], Awaitable[None]], loglevel: str = "info") -> None:
     except StateFormatError as err:  # a state of another format version (pipeline.serialization)
         print(f"dpstream: state refused: {err}", file=sys.stderr)
         raise SystemExit(StateLost.exit_code) from None
-    except Exception as err:  # a refused login, a TLS failure, an unreadable secret: one line naming the key
+    except (
+        Exception
+    ) as err:  # a refused login, a TLS failure, an unreadable secret: one line naming the key
         line = connection_failure(err)
         if line is None:
             raise
@@ -47,8 +52,12 @@ def run_job(job: Callable[[], Awaitable[None]], loglevel: str = "info") -> None:
         raise SystemExit(1) from None
 
 
-async def supervise(tasks: list[asyncio.Task], name: str, drain: Callable[[], Awaitable[None]] | None = None,
-                    drain_timeout: float = 10.0) -> None:
+async def supervise(
+    tasks: list[asyncio.Task],
+    name: str,
+    drain: Callable[[], Awaitable[None]] | None = None,
+    drain_timeout: float = 10.0,
+) -> None:
     """Wait until SIGTERM/SIGINT or until a task ends; re-raise a task's exception. On a signal, ``drain()``
     first finishes the work in hand (a worker's fetch: its partials, checkpoints and intake counts), at
     most ``drain_timeout`` seconds. Every task is then cancelled (mid-fetch is safe: nothing past the
@@ -61,7 +70,11 @@ async def supervise(tasks: list[asyncio.Task], name: str, drain: Callable[[], Aw
     try:
         done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
         for task in done:
-            if task is not stopper and not task.cancelled() and (err := task.exception()) is not None:
+            if (
+                task is not stopper
+                and not task.cancelled()
+                and (err := task.exception()) is not None
+            ):
                 log.error("%s failing: %r", name, err)
                 raise err
         log.info("%s stopping", name)
@@ -69,7 +82,11 @@ async def supervise(tasks: list[asyncio.Task], name: str, drain: Callable[[], Aw
             try:
                 await asyncio.wait_for(drain(), drain_timeout)
             except TimeoutError:
-                log.warning("%s: the work in hand did not finish within %g s; stopping anyway", name, drain_timeout)
+                log.warning(
+                    "%s: the work in hand did not finish within %g s; stopping anyway",
+                    name,
+                    drain_timeout,
+                )
     finally:
         for task in (*tasks, stopper):
             task.cancel()

@@ -96,19 +96,28 @@ __all__ = ["ReleaseCoordinator"]
 log = logging.getLogger("dpstream.releaser")
 
 
-
 def _canonical(obj) -> bytes:
     """JSON with sorted keys: a republished record has the same bytes as the first copy, whether its
     value comes from the mechanism or back from the Redis record (whose maps are stored sorted)."""
     return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
 
+
 class ReleaseCoordinator:
     """One releaser's protocol state; build it with :meth:`create` (it reads Redis)."""
 
-    def __init__(self, deployment: Deployment, engine: ReleaseEngine, store: AsyncStateStore, commit_order: CommitOrder, names: dict[str, str],
-                 log_end: Callable[[str], Awaitable[int | None]], clock: Callable[[], int] = now_ms,
-                 verifier: CloseVerifier | None = None, deadline_signer: CloseSigner | None = None,
-                 log_id: Callable[[str], Awaitable[str | None]] | None = None):
+    def __init__(
+        self,
+        deployment: Deployment,
+        engine: ReleaseEngine,
+        store: AsyncStateStore,
+        commit_order: CommitOrder,
+        names: dict[str, str],
+        log_end: Callable[[str], Awaitable[int | None]],
+        clock: Callable[[], int] = now_ms,
+        verifier: CloseVerifier | None = None,
+        deadline_signer: CloseSigner | None = None,
+        log_id: Callable[[str], Awaitable[str | None]] | None = None,
+    ):
         """``verifier``: close commands must carry the curator's signatures (None: unsigned
         commands and markers, for tests driving the protocol without keys; the job always passes
         one). ``log_id``: the broker's id of a topic (pipeline.stream.kafka.log_identity), how a
@@ -126,29 +135,60 @@ class ReleaseCoordinator:
         self.clock = clock  # ms; the deadline clock and the publish hold read it
         self.partitions = deployment.topics.partitions
         self.assembler = PartialAssembler(self.partitions)
-        self.stopped_reason: str | None = None  # set when the budget is exhausted: nothing more is released
+        self.stopped_reason: str | None = (
+            None  # set when the budget is exhausted: nothing more is released
+        )
         self.last_partial_offset = -1  # highest step-partials offset taken
-        self._republished = False  # the public log was checked (and filled in) since the last assignment
-        self._redrive = True  # closes not released yet are re-driven at start and after a lost partials log
+        self._republished = (
+            False  # the public log was checked (and filled in) since the last assignment
+        )
+        self._redrive = (
+            True  # closes not released yet are re-driven at start and after a lost partials log
+        )
         self._lock = asyncio.Lock()  # one release (or republication) at a time
         # The first step's deadline counts from the releaser's start (a public event), later ones from
         # the previous close; no report is ever looked at.
-        self._deadline = DeadlineClock(deployment.steps.deadline_seconds if deployment.steps.close == "deadline"
-                                       else None, clock())
+        self._deadline = DeadlineClock(
+            deployment.steps.deadline_seconds if deployment.steps.close == "deadline" else None,
+            clock(),
+        )
 
     @classmethod
-    async def create(cls, deployment: Deployment, n: int, instance: str, store: AsyncStateStore, commit_order: CommitOrder, names: dict[str, str],
-                     log_end: Callable[[str], Awaitable[int | None]],
-                     clock: Callable[[], int] = now_ms, verifier: CloseVerifier | None = None,
-                     deadline_signer: CloseSigner | None = None,
-                     log_id: Callable[[str], Awaitable[str | None]] | None = None):
+    async def create(
+        cls,
+        deployment: Deployment,
+        n: int,
+        instance: str,
+        store: AsyncStateStore,
+        commit_order: CommitOrder,
+        names: dict[str, str],
+        log_end: Callable[[str], Awaitable[int | None]],
+        clock: Callable[[], int] = now_ms,
+        verifier: CloseVerifier | None = None,
+        deadline_signer: CloseSigner | None = None,
+        log_id: Callable[[str], Awaitable[str | None]] | None = None,
+    ):
         """The engine restored from the last committed step (a fresh one before the first), stamping
         ``instance`` (the deployment's public instance id, read back by the fence) into every manifest."""
         last, blob = await store.latest_state()
-        engine = await _engine_from(deployment, store, last, blob) if blob else ReleaseEngine(deployment, n)
+        engine = (
+            await _engine_from(deployment, store, last, blob)
+            if blob
+            else ReleaseEngine(deployment, n)
+        )
         engine.instance = instance
-        return cls(deployment, engine, store, commit_order, names, log_end, clock, verifier,
-                   deadline_signer, log_id)
+        return cls(
+            deployment,
+            engine,
+            store,
+            commit_order,
+            names,
+            log_end,
+            clock,
+            verifier,
+            deadline_signer,
+            log_id,
+        )
 
     # -- events ------------------------------------------------------------------------------------
     async def on_assign_partials(self) -> int:
@@ -159,23 +199,38 @@ class ReleaseCoordinator:
         id now, the broker lost or replaced the log, and the new one is read from its start however
         far it has grown (workers may have re-sent partials to it before this assignment). Without
         topic ids, a log that ends before the resume offset is the only evidence."""
-        self._republished = False  # after a rebalance (e.g. the broker came back), check the public log again
+        self._republished = (
+            False  # after a rebalance (e.g. the broker came back), check the public log again
+        )
         topic = self.names["step-partials"]
         resume, recorded = await self.store.partials_resume(), await self.store.partials_log()
         current = await self.log_id(topic)
         end = await self.log_end(topic)
         replaced = recorded is not None and current is not None and recorded != current
         if replaced or (end is not None and end < resume):  # a log never shrinks on durable Kafka
-            why = (f"its topic id is {current}, the resume offset {resume} was in log {recorded}" if replaced
-                   else f"it ends at offset {end}, before the resume offset {resume}")
-            log.warning("%s: %s: the broker lost or replaced the log (memory-only broker restarted?); reading the "
-                        "new log from its start", topic, why)
+            why = (
+                f"its topic id is {current}, the resume offset {resume} was in log {recorded}"
+                if replaced
+                else f"it ends at offset {end}, before the resume offset {resume}"
+            )
+            log.warning(
+                "%s: %s: the broker lost or replaced the log (memory-only broker restarted?); reading the "
+                "new log from its start",
+                topic,
+                why,
+            )
             resume, self.last_partial_offset = 0, -1
             self.assembler = PartialAssembler(self.partitions)  # its offsets are in the old log
             self._redrive = True
-            await self.store.set_partials_resume(0, current)  # a crash from here on reads the new log from 0
-        elif current is not None and recorded != current:  # first start (or a state from before topic ids)
-            await self.store.set_partials_log(current)  # not the offset: a release meanwhile may have moved it
+            await self.store.set_partials_resume(
+                0, current
+            )  # a crash from here on reads the new log from 0
+        elif (
+            current is not None and recorded != current
+        ):  # first start (or a state from before topic ids)
+            await self.store.set_partials_log(
+                current
+            )  # not the offset: a release meanwhile may have moved it
         self.partials_log = current
         log.info("%s is log %s", topic, current or "without a topic id")
         log.info("reading %s from offset %d", topic, resume)
@@ -188,7 +243,9 @@ class ReleaseCoordinator:
             return False  # coverage progress of an earlier version (closing by coverage is refused now)
         step = self.assembler.add(value, offset)
         if step <= self.engine.step:
-            self.assembler.discard_before(self.engine.step + 1)  # a replayed partial of a released step
+            self.assembler.discard_before(
+                self.engine.step + 1
+            )  # a replayed partial of a released step
             return False
         if self.assembler.complete(step):
             log.info("partials of step %d complete", step)
@@ -208,7 +265,9 @@ class ReleaseCoordinator:
             if cmd.get("command") != "close":
                 raise ValueError(f"unknown command {cmd.get('command')!r}")
             log.info("close command for step %s", cmd.get("step"))
-            await self.close_through(int(cmd["step"]), timestamp_ms if timestamp_ms >= 0 else self.clock())
+            await self.close_through(
+                int(cmd["step"]), timestamp_ms if timestamp_ms >= 0 else self.clock()
+            )
         except (ValueError, KeyError, TypeError, AttributeError, orjson.JSONDecodeError) as err:
             log.error("ignoring control message %r: %s", value[:200], err)
 
@@ -222,8 +281,9 @@ class ReleaseCoordinator:
             assert verifier is not None  # on_control calls this only with a verifier
             signed = cmd.verified(verifier, first)
         except Unverified as err:
-            log.error("dead-lettering control message at offset %d (%s): %s", offset, err.reason,
-                      err)
+            log.error(
+                "dead-lettering control message at offset %d (%s): %s", offset, err.reason, err
+            )
             await self._dead_letter(value, err, offset)
             return
         log.info("close command for step %d (signed by the curator)", cmd.step)
@@ -236,8 +296,12 @@ class ReleaseCoordinator:
         theirs."""
         headers = dead_letter_headers(err.reason, str(err), self.names["control"], 0, offset, None)
         batch = self.commit_order.begin()
-        await batch.send(self.names["dead-letter"], bytes(value or b"")[:DEAD_LETTER_COPY_BYTES],
-                         key=f"control:0:{offset}".encode(), headers=headers)
+        await batch.send(
+            self.names["dead-letter"],
+            bytes(value or b"")[:DEAD_LETTER_COPY_BYTES],
+            key=f"control:0:{offset}".encode(),
+            headers=headers,
+        )
         await batch.acknowledged()
         METRICS.dead_letters.labels(err.reason).inc()
 
@@ -277,9 +341,16 @@ class ReleaseCoordinator:
             METRICS.budget_refusals.labels(err.release).inc()
             log.error("budget exhausted, releases stopped: %s", err)
             return
-        ledger = {f"{e.release}:{e.step}": e.get_state() for e in self.engine.ledger.entries if e.step == step}
-        record = StepRecord(step, {o.release: o.to_bytes() for o in outputs},
-                            dumps_state(stored_state(self.engine.get_state())))
+        ledger = {
+            f"{e.release}:{e.step}": e.get_state()
+            for e in self.engine.ledger.entries
+            if e.step == step
+        }
+        record = StepRecord(
+            step,
+            {o.release: o.to_bytes() for o in outputs},
+            dumps_state(stored_state(self.engine.get_state())),
+        )
         computed = time.perf_counter()
         crash_point("releaser.before_commit", step)
         try:
@@ -293,19 +364,29 @@ class ReleaseCoordinator:
             outputs = self._outputs(record)
             METRICS.republished.inc()
         resume = self.assembler.min_offset()
-        await self.store.set_partials_resume(resume if resume is not None else self.last_partial_offset + 1,
-                                             self.partials_log)
+        await self.store.set_partials_resume(
+            resume if resume is not None else self.last_partial_offset + 1, self.partials_log
+        )
         committed = time.perf_counter()
         crash_point("releaser.after_commit", step)
         await self._hold_until_public_time(step, outputs)
         await self.publish(step, outputs)
         self._observe(step, outputs, started)
-        log.info("released step %d (mechanisms %.3f s, Redis commit %.3f s, publish %.3f s)", step,
-                 computed - started, committed - computed, time.perf_counter() - committed)
+        log.info(
+            "released step %d (mechanisms %.3f s, Redis commit %.3f s, publish %.3f s)",
+            step,
+            computed - started,
+            committed - computed,
+            time.perf_counter() - committed,
+        )
 
     def _outputs(self, record: StepRecord) -> list[ReleaseOutput]:
-        return [ReleaseOutput.from_bytes(record.releases[rel.name], f"{self.store.keys.step(record.step)} {rel.name}")
-                for rel in self.dep.releases]
+        return [
+            ReleaseOutput.from_bytes(
+                record.releases[rel.name], f"{self.store.keys.step(record.step)} {rel.name}"
+            )
+            for rel in self.dep.releases
+        ]
 
     async def publish(self, step: int, outputs: list[ReleaseOutput]) -> None:
         """Publish a committed step (also to republish it after a restart: the same bytes every time);
@@ -316,8 +397,12 @@ class ReleaseCoordinator:
             key = f"{out.release}:{step}".encode()
             messages.append(("releases", key, _canonical(out.manifest), 0, ts))
             if out.columns is not None:
-                messages += [("synthetic", ckey, cval, 0, ts)
-                             for ckey, cval in synthetic_chunks(out.release, step, out.column_steps, out.columns)]
+                messages += [
+                    ("synthetic", ckey, cval, 0, ts)
+                    for ckey, cval in synthetic_chunks(
+                        out.release, step, out.column_steps, out.columns
+                    )
+                ]
             if out.alerts is not None:
                 messages.append(("alerts", key, _canonical(out.alerts), 0, ts))
             if out.feedback is not None:
@@ -328,7 +413,9 @@ class ReleaseCoordinator:
             if i == half:
                 await batch.acknowledged()
                 crash_point("releaser.mid_publish", step)
-            await batch.send(self.names[topic], value, key=key, partition=partition, timestamp_ms=timestamp)
+            await batch.send(
+                self.names[topic], value, key=key, partition=partition, timestamp_ms=timestamp
+            )
         await batch.commit(lambda: self.store.mark_published(step))
         METRICS.released_step.set(step)
 
@@ -341,8 +428,12 @@ class ReleaseCoordinator:
             return
         first = await self.store.last_published() + 1
         if first > 1 and await self.log_end(self.names["releases"]) == 0:
-            log.warning("the broker lost the public topics (%s is empty, %d step(s) were published): republishing "
-                        "every committed step from Redis", self.names["releases"], first - 1)
+            log.warning(
+                "the broker lost the public topics (%s is empty, %d step(s) were published): republishing "
+                "every committed step from Redis",
+                self.names["releases"],
+                first - 1,
+            )
             first = 1
         for step in range(first, await self.store.last_released() + 1):
             record = await _committed_step(self.store, step)
@@ -365,12 +456,18 @@ class ReleaseCoordinator:
             await asyncio.sleep(wait)
         else:
             METRICS.publish_overruns.inc()
-            log.warning("step %d was ready %.3f s after close + publish_delay_seconds: published late", step, -wait)
+            log.warning(
+                "step %d was ready %.3f s after close + publish_delay_seconds: published late",
+                step,
+                -wait,
+            )
 
     def _observe(self, step: int, outputs: list[ReleaseOutput], started: float) -> None:
         METRICS.release_seconds.observe(time.perf_counter() - started)
         closed_at = _closed_at(outputs)
-        if closed_at is not None:  # curator-side only: the public records carry the close time itself
+        if (
+            closed_at is not None
+        ):  # curator-side only: the public records carry the close time itself
             METRICS.close_to_publish_seconds.set(self.clock() / 1000 - closed_at)
             METRICS.close_to_publish_step.set(step)
         for out in outputs:
@@ -381,13 +478,16 @@ class ReleaseCoordinator:
                 METRICS.privacy_epsilon.labels(out.release).set(priv["epsilon"])
             # the kind says which of its public numbers are worth a metric (pipeline.releases: ``observe``):
             # a counter is increased by the value, a gauge set to it
-            for name, value in get_kind(out.manifest["type"]).observe(out.manifest, out.alerts).items():
+            for name, value in (
+                get_kind(out.manifest["type"]).observe(out.manifest, out.alerts).items()
+            ):
                 metric = getattr(METRICS, name).labels(out.release)
                 metric.set(value) if hasattr(metric, "set") else metric.inc(value)
 
     # -- closing steps -----------------------------------------------------------------------------
-    async def close_through(self, step: int, closed_at: int,
-                            signed: dict[int, SignedClose] | None = None) -> None:
+    async def close_through(
+        self, step: int, closed_at: int, signed: dict[int, SignedClose] | None = None
+    ) -> None:
         """Write close markers for every step after the last one closed, up to ``step``, in order, each
         carrying the public close time ``closed_at`` (ms); ``closing`` moves once they are
         acknowledged.
@@ -397,15 +497,20 @@ class ReleaseCoordinator:
         if not 1 <= step <= self.dep.horizon:
             log.error("refusing to close step %s: steps are 1..%d", step, self.dep.horizon)
             return
-        if self._redrive:  # the markers of earlier unreleased closes go first: workers close steps in order
+        if (
+            self._redrive
+        ):  # the markers of earlier unreleased closes go first: workers close steps in order
             await self.redrive_closes()
         first = await self.store.last_closing() + 1
         for t in range(first, step + 1):
             marker = self._marker(t, closed_at, signed)
             if marker is None:
-                log.error("no signed close marker for step %d: not closing it (a close command "
-                          "signs every step from the first not released; a deadline close needs "
-                          "the deadline key)", t)
+                log.error(
+                    "no signed close marker for step %d: not closing it (a close command "
+                    "signs every step from the first not released; a deadline close needs "
+                    "the deadline key)",
+                    t,
+                )
                 return
             batch = await self._send_markers(t, marker)
             await batch.commit(lambda: self.store.mark_closing(t, closed_at, marker))  # noqa: B023  (awaited here)
@@ -422,29 +527,41 @@ class ReleaseCoordinator:
         steps = list(range(released + 1, closing + 1))
         if not steps:
             return []
-        log.warning("steps %d..%d are closed but not released: writing their close markers again, so partitions "
-                    "whose partial or marker was lost (a broker that lost its log) re-send or close them",
-                    steps[0], steps[-1])
+        log.warning(
+            "steps %d..%d are closed but not released: writing their close markers again, so partitions "
+            "whose partial or marker was lost (a broker that lost its log) re-send or close them",
+            steps[0],
+            steps[-1],
+        )
         for t in steps:
             marker = await self.store.close_marker(t)
             if marker is None and self.verifier is not None:
-                log.error("step %d has no kept close marker (closed by a dpstream that kept none): "
-                          "its close cannot be re-driven without the curator; if it stays "
-                          "unreleased, see docs/streaming.md, 'A lost close'", t)
+                log.error(
+                    "step %d has no kept close marker (closed by a dpstream that kept none): "
+                    "its close cannot be re-driven without the curator; if it stays "
+                    "unreleased, see docs/streaming.md, 'A lost close'",
+                    t,
+                )
                 continue
             if marker is None:  # unsigned (no verifier): rebuilt from the recorded close time
                 closed_at = await self.store.close_time(t)
                 if closed_at is None:  # a close recorded before close times were kept
                     closed_at = self.clock()
-                    log.warning("step %d has no recorded close time: its re-driven markers carry "
-                                "now (%d)", t, closed_at)
+                    log.warning(
+                        "step %d has no recorded close time: its re-driven markers carry now (%d)",
+                        t,
+                        closed_at,
+                    )
                 marker = close_marker(t, closed_at)
             await (await self._send_markers(t, marker)).acknowledged()
-        log.info("close markers of step(s) %s written again to %d partitions", steps, self.partitions)
+        log.info(
+            "close markers of step(s) %s written again to %d partitions", steps, self.partitions
+        )
         return steps
 
-    def _marker(self, step: int, closed_at: int,
-                signed: dict[int, SignedClose] | None) -> bytes | None:
+    def _marker(
+        self, step: int, closed_at: int, signed: dict[int, SignedClose] | None
+    ) -> bytes | None:
         """The marker value of a new close of ``step`` (None: this coordinator cannot make a valid
         one)."""
         if signed is not None:
@@ -458,7 +575,9 @@ class ReleaseCoordinator:
         acknowledged)."""
         batch = self.commit_order.begin()
         for p in range(self.partitions):
-            await batch.send(self.names["reports"], body, partition=p, headers=[(CONTROL_HEADER, b"close")])
+            await batch.send(
+                self.names["reports"], body, partition=p, headers=[(CONTROL_HEADER, b"close")]
+            )
         return batch
 
 
@@ -466,11 +585,15 @@ async def _committed_step(store: AsyncStateStore, step: int) -> StepRecord:
     """The stored record of a committed step (committed records are never deleted)."""
     record = await store.load_step(step)
     if record is None:
-        raise RuntimeError(f"{store.keys.step(step)} is missing from Redis, yet step {step} was committed")
+        raise RuntimeError(
+            f"{store.keys.step(step)} is missing from Redis, yet step {step} was committed"
+        )
     return record
 
 
-async def _engine_from(deployment: Deployment, store: AsyncStateStore, step: int, blob: bytes) -> ReleaseEngine:
+async def _engine_from(
+    deployment: Deployment, store: AsyncStateStore, step: int, blob: bytes
+) -> ReleaseEngine:
     """The engine as step ``step``'s record stored it, its synthesizers' released records read back
     from the records of steps 1..``step`` (:func:`pipeline.stream.releaser.engine.stored_state`)."""
     state = loads_state(blob, f"{store.keys.step(step)} __state__")
@@ -479,8 +602,12 @@ async def _engine_from(deployment: Deployment, store: AsyncStateStore, step: int
         outputs = {}
         for t in range(1, step + 1):
             record = await _committed_step(store, t)
-            outputs[t] = {name: ReleaseOutput.from_bytes(record.releases[name], f"{store.keys.step(t)} {name}")
-                          for name in names}
+            outputs[t] = {
+                name: ReleaseOutput.from_bytes(
+                    record.releases[name], f"{store.keys.step(t)} {name}"
+                )
+                for name in names
+            }
         restore_records(state, outputs)
     return ReleaseEngine.from_state(deployment, state)
 

@@ -27,7 +27,14 @@ if TYPE_CHECKING:
     from pipeline.config import Deployment
     from pipeline.releases import ReleaseConfig
 
-__all__ = ["ReleaseEngine", "ReleaseOutput", "batch_reference", "stored_state", "needs_records", "restore_records"]
+__all__ = [
+    "ReleaseEngine",
+    "ReleaseOutput",
+    "batch_reference",
+    "stored_state",
+    "needs_records",
+    "restore_records",
+]
 
 
 def batch_reference(deployment: Deployment, panels: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -56,28 +63,36 @@ class ReleaseOutput:
     step: int
     manifest: dict[str, Any]
     column_steps: list[int]
-    columns: np.ndarray | None  # (m, len(column_steps)) in the alphabet's type (synthetic_columns), or None
+    columns: (
+        np.ndarray | None
+    )  # (m, len(column_steps)) in the alphabet's type (synthetic_columns), or None
     alerts: dict[str, Any] | None = None
     feedback: dict[str, Any] | None = None
 
     def to_bytes(self) -> bytes:
-        return dumps_state({
-            "release": self.release,
-            "step": self.step,
-            "manifest": self.manifest,
-            "column_steps": list(self.column_steps),
-            "columns": self.columns,
-            "alerts": self.alerts,
-            "feedback": self.feedback,
-        })
+        return dumps_state(
+            {
+                "release": self.release,
+                "step": self.step,
+                "manifest": self.manifest,
+                "column_steps": list(self.column_steps),
+                "columns": self.columns,
+                "alerts": self.alerts,
+                "feedback": self.feedback,
+            }
+        )
 
     @classmethod
     def from_bytes(cls, blob: bytes, what: str = "release record") -> ReleaseOutput:
         s = loads_state(blob, what)
         return cls(
-            release=s["release"], step=int(s["step"]), manifest=s["manifest"],
-            column_steps=[int(c) for c in s["column_steps"]], columns=s["columns"],
-            alerts=s["alerts"], feedback=s["feedback"],
+            release=s["release"],
+            step=int(s["step"]),
+            manifest=s["manifest"],
+            column_steps=[int(c) for c in s["column_steps"]],
+            columns=s["columns"],
+            alerts=s["alerts"],
+            feedback=s["feedback"],
         )
 
 
@@ -97,18 +112,27 @@ class ReleaseEngine:
         self.allotments = self.plan.allotments()
         self.ledger = PrivacyLedger(deployment.privacy_budget(), self.plan)
         self.step = 0
-        self.settings = {rel.name: mechanism_setting(deployment, rel, self.allotments[rel.name], self.n)
-                         for rel in deployment.releases}
-        self.mechanisms = {rel.name: kind_of(rel).build(rel, self.settings[rel.name]) for rel in deployment.releases}
+        self.settings = {
+            rel.name: mechanism_setting(deployment, rel, self.allotments[rel.name], self.n)
+            for rel in deployment.releases
+        }
+        self.mechanisms = {
+            rel.name: kind_of(rel).build(rel, self.settings[rel.name])
+            for rel in deployment.releases
+        }
         self._events_of_mechanisms()
-        self.instance: str | None = None  # the deployment instance id stamped into manifests (identity module)
+        self.instance: str | None = (
+            None  # the deployment instance id stamped into manifests (identity module)
+        )
 
     # -- mechanisms ----------------------------------------------------------------------------
     def _events_of_mechanisms(self) -> None:
         """Per release, the privacy events of steps 1..T its kind declares for the mechanism that
         draws the noise (``pipeline.releases``): what the ledger charges."""
-        self.events = {rel.name: kind_of(rel).events(rel, self.mechanisms[rel.name], self.settings[rel.name])
-                       for rel in self.deployment.releases}
+        self.events = {
+            rel.name: kind_of(rel).events(rel, self.mechanisms[rel.name], self.settings[rel.name])
+            for rel in self.deployment.releases
+        }
 
     # -- one step ------------------------------------------------------------------------------
     def release(self, step: int, partials: list[dict[str, Any]]) -> list[ReleaseOutput]:
@@ -117,7 +141,9 @@ class ReleaseEngine:
             raise ValueError(f"release({step}) but the next step to release is {self.step + 1}")
         users = sum(int(p["users"]) for p in partials)
         if users != self.n:
-            raise ValueError(f"partials of step {step} cover {users} users, the roster has {self.n}")
+            raise ValueError(
+                f"partials of step {step} cover {users} users, the roster has {self.n}"
+            )
         costs = {rel.name: self.events[rel.name][step - 1] for rel in self.deployment.releases}
         # All or nothing: try every spend on a copy of the ledger first, so a refusal
         # (BudgetExhaustedError) leaves no release half-done and no mechanism has drawn noise.
@@ -139,7 +165,9 @@ class ReleaseEngine:
         self.step = step
         return outputs
 
-    def _release_one(self, rel: ReleaseConfig, step: int, parts: list[dict], cost, released_at: float | None) -> ReleaseOutput:
+    def _release_one(
+        self, rel: ReleaseConfig, step: int, parts: list[dict], cost, released_at: float | None
+    ) -> ReleaseOutput:
         mech = self.mechanisms[rel.name]
         manifest: dict[str, Any] = {
             "deployment": self.deployment.name,
@@ -153,17 +181,23 @@ class ReleaseEngine:
             "released_at": released_at,
         }
         attribute = self.deployment.attributes[rel.attribute]
-        out = kind_of(rel).release_step(StepInput(rel, mech, step, parts, attribute, self.deployment.neighbours,
-                                                  manifest))
+        out = kind_of(rel).release_step(
+            StepInput(rel, mech, step, parts, attribute, self.deployment.neighbours, manifest)
+        )
         columns, column_steps = out.columns, out.column_steps
         if out.histogram is not None:  # float64 over the codes, as it is
-            columns, column_steps = np.asarray(out.histogram, dtype=np.float64).reshape(-1, 1), [step]
+            columns, column_steps = (
+                np.asarray(out.histogram, dtype=np.float64).reshape(-1, 1),
+                [step],
+            )
         elif columns is not None:
             columns = synthetic_columns(columns, attribute.size)
         if columns is not None:
             manifest["synthetic"] = synthetic_entry(columns, column_steps)
         manifest["privacy"] = self._privacy(rel.name, cost)
-        return ReleaseOutput(rel.name, step, manifest, column_steps, columns, out.alerts, out.feedback)
+        return ReleaseOutput(
+            rel.name, step, manifest, column_steps, columns, out.alerts, out.feedback
+        )
 
     def _privacy(self, release: str, cost) -> dict[str, Any]:
         delta = self.deployment.budget.report_delta
@@ -172,13 +206,21 @@ class ReleaseEngine:
         out: dict[str, Any] = {
             "step_cost": _cost_json(cost),
             "release_spent": _cost_json(
-                ZCDP(self.ledger.spent_rho(release)) if isinstance(self.allotments[release], ZCDP)
-                else self.ledger.spent_approx_dp(release)),
+                ZCDP(self.ledger.spent_rho(release))
+                if isinstance(self.allotments[release], ZCDP)
+                else self.ledger.spent_approx_dp(release)
+            ),
             "release_allotment": _cost_json(self.allotments[release]),
-            "deployment_spent": {"rho": rho_total, "epsilon": approx.epsilon, "delta": approx.delta},
+            "deployment_spent": {
+                "rho": rho_total,
+                "epsilon": approx.epsilon,
+                "delta": approx.delta,
+            },
         }
         if rho_total > 0:
-            out["deployment_spent_as_approx_dp"] = _cost_json(reported_approx_dp(rho_total, approx, delta))
+            out["deployment_spent_as_approx_dp"] = _cost_json(
+                reported_approx_dp(rho_total, approx, delta)
+            )
         return out
 
     # -- state ---------------------------------------------------------------------------------
@@ -214,19 +256,27 @@ def stored_state(state: dict[str, Any]) -> dict[str, Any]:
     for name, mech in state["mechanisms"].items():
         syn = mech.get("synthetic") if isinstance(mech, dict) else None
         if isinstance(syn, np.ndarray):
-            mech = {**mech, "synthetic": None, "synthetic_in_records": {"shape": list(syn.shape),
-                                                                        "dtype": syn.dtype.str}}
+            mech = {
+                **mech,
+                "synthetic": None,
+                "synthetic_in_records": {"shape": list(syn.shape), "dtype": syn.dtype.str},
+            }
         mechanisms[name] = mech
     return {**state, "mechanisms": mechanisms}
 
 
 def needs_records(state: dict[str, Any]) -> list[str]:
     """The releases whose released records :func:`restore_records` must put back into ``state``."""
-    return [name for name, mech in state["mechanisms"].items()
-            if isinstance(mech, dict) and "synthetic_in_records" in mech]
+    return [
+        name
+        for name, mech in state["mechanisms"].items()
+        if isinstance(mech, dict) and "synthetic_in_records" in mech
+    ]
 
 
-def restore_records(state: dict[str, Any], outputs: dict[int, dict[str, ReleaseOutput]]) -> dict[str, Any]:
+def restore_records(
+    state: dict[str, Any], outputs: dict[int, dict[str, ReleaseOutput]]
+) -> dict[str, Any]:
     """``state`` (a :func:`stored_state`) with each synthesizer's released records rebuilt from
     ``outputs`` (step -> release -> its output, steps 1..state's step): exactly what it left out."""
     for name in needs_records(state):
@@ -242,7 +292,9 @@ def restore_records(state: dict[str, Any], outputs: dict[int, dict[str, ReleaseO
             syn[:, cols] = out.columns
             filled[cols] = True
         if not filled.all():
-            raise ValueError(f"release {name!r}: the step records hold columns {np.flatnonzero(filled) + 1} of the "
-                             f"{syn.shape[1]} its state says were released")
+            raise ValueError(
+                f"release {name!r}: the step records hold columns {np.flatnonzero(filled) + 1} of the "
+                f"{syn.shape[1]} its state says were released"
+            )
         mech["synthetic"] = syn
     return state

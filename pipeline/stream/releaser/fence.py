@@ -47,18 +47,27 @@ class ReleaseStamp:
 def _stamp(value: bytes) -> ReleaseStamp | None:
     try:
         manifest = orjson.loads(value)
-        return ReleaseStamp(str(manifest["release"]), int(manifest["step"]), manifest.get("instance"))
+        return ReleaseStamp(
+            str(manifest["release"]), int(manifest["step"]), manifest.get("instance")
+        )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
         return None
 
 
-async def read_release_stamps(bootstrap: str, topic: str, idle: float = 0.5,
-                              timeout: float = 120.0) -> list[ReleaseStamp]:
+async def read_release_stamps(
+    bootstrap: str, topic: str, idle: float = 0.5, timeout: float = 120.0
+) -> list[ReleaseStamp]:
     """Every manifest on partition 0 of ``topic``, read from the start until ``idle`` seconds pass
     without a record after the reported end; raises TimeoutError after ``timeout`` seconds."""
     tp = TopicPartition(topic, 0)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, **kafka_security(), group_id=None, enable_auto_commit=False,
-                                max_partition_fetch_bytes=MAX_MESSAGE_BYTES, fetch_max_wait_ms=100)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        **kafka_security(),
+        group_id=None,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
+        fetch_max_wait_ms=100,
+    )
     await consumer.start()
     try:
         consumer.assign([tp])
@@ -85,8 +94,10 @@ async def read_release_stamps(bootstrap: str, topic: str, idle: float = 0.5,
             elif now - quiet_since >= idle:
                 break
             if now > deadline:
-                raise TimeoutError(f"reading {topic} did not finish within {timeout:.0f} s (at offset {next_offset}, "
-                                   f"reported end {end})")
+                raise TimeoutError(
+                    f"reading {topic} did not finish within {timeout:.0f} s (at offset {next_offset}, "
+                    f"reported end {end})"
+                )
         if skipped:
             log.warning("%s: %d message(s) that are not manifests ignored", topic, skipped)
         return stamps
@@ -94,14 +105,20 @@ async def read_release_stamps(bootstrap: str, topic: str, idle: float = 0.5,
         await consumer.stop()
 
 
-def unknown_releases(stamps: list[ReleaseStamp], instance: str | None,
-                     last_released: int) -> list[ReleaseStamp]:
+def unknown_releases(
+    stamps: list[ReleaseStamp], instance: str | None, last_released: int
+) -> list[ReleaseStamp]:
     """The manifests a state (``instance``, released through ``last_released``) cannot have written."""
-    return [s for s in stamps if s.step > last_released or (s.instance is not None and s.instance != instance)]
+    return [
+        s
+        for s in stamps
+        if s.step > last_released or (s.instance is not None and s.instance != instance)
+    ]
 
 
-def check_fence(stamps: list[ReleaseStamp], instance: str | None, last_released: int,
-                topic: str) -> None:
+def check_fence(
+    stamps: list[ReleaseStamp], instance: str | None, last_released: int, topic: str
+) -> None:
     """Raise :class:`StateLost` when ``topic`` holds releases this state does not know."""
     unknown = unknown_releases(stamps, instance, last_released)
     if not unknown:
@@ -110,8 +127,10 @@ def check_fence(stamps: list[ReleaseStamp], instance: str | None, last_released:
     others = sorted({s.instance for s in unknown if s.instance not in (None, instance)})
     raise StateLost(
         f"refusing to release: {topic} already holds {len(unknown)} release manifest(s) this state does not know "
-        f"(steps {steps[0]}..{steps[-1]}" + (f", instance(s) {', '.join(others)}" if others else "")
+        f"(steps {steps[0]}..{steps[-1]}"
+        + (f", instance(s) {', '.join(others)}" if others else "")
         + f"; this state: instance {instance}, last released step {last_released}). The Redis state was lost, "
         "wiped or restored from an older backup. Releasing again would draw fresh noise for steps already public "
         "(a second, unaccounted spend). Restore the Redis state from a backup taken after the last published step "
-        "(docs/streaming.md, 'Backup and restore'), or start a new deployment with a new name and budget.")
+        "(docs/streaming.md, 'Backup and restore'), or start a new deployment with a new name and budget."
+    )

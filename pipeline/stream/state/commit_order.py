@@ -28,8 +28,15 @@ __all__ = ["Publisher", "CommitOrder", "Batch"]
 class Publisher(Protocol):
     """Hands a message to the broker; the returned future resolves when the broker acknowledged it."""
 
-    async def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None,
-                   timestamp_ms: int | None = None, headers: list | None = None) -> Awaitable[Any]: ...
+    async def send(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        headers: list | None = None,
+    ) -> Awaitable[Any]: ...
 
 
 class CommitOrder:
@@ -46,11 +53,26 @@ class Batch:
         self.publisher = publisher
         self._pending: list[Awaitable[Any]] = []
 
-    async def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int = 0,
-                   timestamp_ms: int | None = None, headers: list | None = None) -> None:
+    async def send(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        partition: int = 0,
+        timestamp_ms: int | None = None,
+        headers: list | None = None,
+    ) -> None:
         """Hand one message to the producer; its acknowledgement is awaited before the commit's writes."""
-        self._pending.append(await self.publisher.send(topic, value=value, key=key, partition=partition,
-                                                       timestamp_ms=timestamp_ms, headers=headers))
+        self._pending.append(
+            await self.publisher.send(
+                topic,
+                value=value,
+                key=key,
+                partition=partition,
+                timestamp_ms=timestamp_ms,
+                headers=headers,
+            )
+        )
 
     async def acknowledged(self) -> None:
         """Wait until the broker acknowledged every message of this batch sent so far (raises if one failed)."""

@@ -31,18 +31,32 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pipeline.config import Deployment
 
-__all__ = ["privacy_config", "fingerprint", "portable_fingerprint", "config_changes", "roster_digest"]
+__all__ = [
+    "privacy_config",
+    "fingerprint",
+    "portable_fingerprint",
+    "config_changes",
+    "roster_digest",
+]
 
-FORMAT = 1  # bump when the document's layout changes (a stored document of another format is a change)
+FORMAT = (
+    1  # bump when the document's layout changes (a stored document of another format is a change)
+)
 
-_ATTRIBUTE_NOISE = ("description", "dictionary", "label")  # public labels, no effect on any calibration
+_ATTRIBUTE_NOISE = (
+    "description",
+    "dictionary",
+    "label",
+)  # public labels, no effect on any calibration
 
 
 def roster_digest(ids: list[str]) -> str:
     """sha256 of the roster ids in order, one per line (the identity of the rows state is kept by)."""
     h = hashlib.sha256()
-    for start in range(0, len(ids), 65_536):  # chunked: one join of 10^6 ids would double the memory
-        h.update(("\n".join(ids[start:start + 65_536]) + "\n").encode())
+    for start in range(
+        0, len(ids), 65_536
+    ):  # chunked: one join of 10^6 ids would double the memory
+        h.update(("\n".join(ids[start : start + 65_536]) + "\n").encode())
     return h.hexdigest()
 
 
@@ -55,15 +69,23 @@ def privacy_config(deployment: Deployment, roster_ids: list[str]) -> dict[str, A
         "roster": {"size": len(roster_ids), "sha256": roster_digest(roster_ids)},
         "horizon": dep.horizon,
         "neighbours": dep.neighbours,
-        "budget": dep.budget.model_dump(exclude={"allow_large"}),  # an acknowledgement, no calibration
+        "budget": dep.budget.model_dump(
+            exclude={"allow_large"}
+        ),  # an acknowledgement, no calibration
         "random": {"kind": dep.random.kind},
         "topics": {"partitions": dep.topics.partitions},
-        "attributes": {name: attr.model_dump(exclude=set(_ATTRIBUTE_NOISE) & set(type(attr).model_fields))
-                       for name, attr in dep.attributes.items()},
+        "attributes": {
+            name: attr.model_dump(exclude=set(_ATTRIBUTE_NOISE) & set(type(attr).model_fields))
+            for name, attr in dep.attributes.items()
+        },
         "releases": {rel.name: rel.model_dump(exclude={"name"}) for rel in dep.releases},
-        "plan": {name: dataclasses.asdict(cost) for name, cost in dep.budget_plan().allotments().items()},
+        "plan": {
+            name: dataclasses.asdict(cost) for name, cost in dep.budget_plan().allotments().items()
+        },
     }
-    return json.loads(_canonical(doc))  # as it reads back from Redis (string keys, lists), so both compare
+    return json.loads(
+        _canonical(doc)
+    )  # as it reads back from Redis (string keys, lists), so both compare
 
 
 def _canonical(doc: dict[str, Any]) -> bytes:

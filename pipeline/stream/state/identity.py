@@ -44,8 +44,14 @@ if TYPE_CHECKING:
     from pipeline.config import Deployment
     from pipeline.stream.state.store import StateStore
 
-__all__ = ["StateRefused", "ConfigurationChanged", "StateLost", "DeploymentIdentity", "establish_identity",
-           "ACCEPT_NEW_SPEND_ENV"]
+__all__ = [
+    "StateRefused",
+    "ConfigurationChanged",
+    "StateLost",
+    "DeploymentIdentity",
+    "establish_identity",
+    "ACCEPT_NEW_SPEND_ENV",
+]
 
 log = logging.getLogger("dpstream.identity")
 
@@ -78,7 +84,9 @@ class DeploymentIdentity:
     config: dict[str, Any]
 
 
-def establish_identity(deployment: Deployment, roster_ids: list[str], store: StateStore, role: str) -> DeploymentIdentity:
+def establish_identity(
+    deployment: Deployment, roster_ids: list[str], store: StateStore, role: str
+) -> DeploymentIdentity:
     """Register this deployment's identity on first start, or check the configuration against it.
 
     Raises :class:`ConfigurationChanged` when the privacy-relevant configuration changed or when a
@@ -92,23 +100,37 @@ def establish_identity(deployment: Deployment, roster_ids: list[str], store: Sta
     if stored is None:
         _check_no_orphaned_state(deployment, store, role)
         _check_not_a_repeat(deployment, store, current, role)
-        stored, won = store.claim_identity({"instance": uuid.uuid4().hex, "fingerprint": digest, "config": current,
-                                            "created_at": time.time(), "layout": LAYOUT})
+        stored, won = store.claim_identity(
+            {
+                "instance": uuid.uuid4().hex,
+                "fingerprint": digest,
+                "config": current,
+                "created_at": time.time(),
+                "layout": LAYOUT,
+            }
+        )
         if won:
             store.register_fingerprint(portable_fingerprint(current))
-            log.info("%s: new deployment state: instance %s, configuration %s", role, stored["instance"], digest)
+            log.info(
+                "%s: new deployment state: instance %s, configuration %s",
+                role,
+                stored["instance"],
+                digest,
+            )
     layout = stored.get("layout", 1)  # layout 1 had no version in its identity record
     if layout != LAYOUT:
         raise StateLost(
             f"{role}: {store.keys.identity}: Redis key layout version {layout!r}, this dpstream reads layout "
             f"{LAYOUT} (keys by secrecy, pipeline.stream.state.keys): keep running the version that wrote it until "
-            "the deployment's horizon, or start a new deployment (docs/streaming.md, \"State format\")")
+            'the deployment\'s horizon, or start a new deployment (docs/streaming.md, "State format")'
+        )
     identity = DeploymentIdentity(stored["instance"], stored["fingerprint"], stored["config"])
     if deployment.production and identity.config.get("random", {}).get("kind") != "secure":
         raise ConfigurationChanged(
             f"{role}: the state in Redis was created with a {identity.config.get('random', {}).get('kind')!r} "
             "(non-secure) random source; production: true refuses to continue it: start a new deployment "
-            "with random.kind: secure")
+            "with random.kind: secure"
+        )
     if identity.fingerprint != digest:
         raise _changed(role, deployment, identity.config, current, "")
     if role == "releaser":
@@ -116,17 +138,21 @@ def establish_identity(deployment: Deployment, roster_ids: list[str], store: Sta
     return identity
 
 
-def _changed(role: str, deployment: Deployment, stored: dict[str, Any], current: dict[str, Any], where: str):
+def _changed(
+    role: str, deployment: Deployment, stored: dict[str, Any], current: dict[str, Any], where: str
+):
     return ConfigurationChanged(
         f"{role}: the privacy-relevant configuration differs from the one deployment "
         f"{deployment.name!r} was started with{where}: "
         f"{'; '.join(config_changes(stored, current))}. "
         "Refusing to start: the stored state is calibrated for the old values. Revert the "
-        "configuration, or start a new deployment (new name, new budget).")
+        "configuration, or start a new deployment (new name, new budget)."
+    )
 
 
-def _check_release_copy(deployment: Deployment, store: StateStore, identity: DeploymentIdentity,
-                        current: dict[str, Any]) -> None:
+def _check_release_copy(
+    deployment: Deployment, store: StateStore, identity: DeploymentIdentity, current: dict[str, Any]
+) -> None:
     """The releaser's own copy of the identity (see the module docstring): kept at its first start,
     then
     compared; ``{p}:identity`` agreeing with a changed configuration while the copy does not means
@@ -134,13 +160,22 @@ def _check_release_copy(deployment: Deployment, store: StateStore, identity: Dep
     rewritten by another login."""
     own = store.release_identity()
     if own is None:
-        own = store.keep_release_identity({"instance": identity.instance,
-                                           "fingerprint": identity.fingerprint,
-                                           "config": identity.config})
+        own = store.keep_release_identity(
+            {
+                "instance": identity.instance,
+                "fingerprint": identity.fingerprint,
+                "config": identity.config,
+            }
+        )
     if own["fingerprint"] != identity.fingerprint:
-        raise _changed("releaser", deployment, own["config"], current,
-                       f" (as the releaser's own copy {store.keys.release_identity} records it; "
-                       f"{store.keys.identity} was rewritten to agree with the new one)")
+        raise _changed(
+            "releaser",
+            deployment,
+            own["config"],
+            current,
+            f" (as the releaser's own copy {store.keys.release_identity} records it; "
+            f"{store.keys.identity} was rewritten to agree with the new one)",
+        )
 
 
 def _check_no_orphaned_state(deployment: Deployment, store: StateStore, role: str) -> None:
@@ -155,19 +190,26 @@ def _check_no_orphaned_state(deployment: Deployment, store: StateStore, role: st
         raise StateLost(
             f"{role}: Redis holds {found} of deployment {deployment.name!r} but no identity record "
             f"({store.keys.identity}: deleted, or written by a dpstream without one): the configuration they were "
-            "calibrated under cannot be checked; restore the whole Redis state from a backup (docs/streaming.md)")
+            "calibrated under cannot be checked; restore the whole Redis state from a backup (docs/streaming.md)"
+        )
 
 
-def _check_not_a_repeat(deployment: Deployment, store: StateStore, current: dict[str, Any], role: str) -> None:
+def _check_not_a_repeat(
+    deployment: Deployment, store: StateStore, current: dict[str, Any], role: str
+) -> None:
     """A deployment seen for the first time whose configuration and roster equal another deployment's on this
     Redis is probably that deployment renamed: its releases would spend a second budget over the same people
     with fresh noise. Refused under ``production: true`` unless the operator accepts the new spend."""
     others = store.deployments_with_fingerprint(portable_fingerprint(current))
     if not others:
         return
-    what = (f"deployment {deployment.name!r} is new on this Redis, but {', '.join(map(repr, others))} has the same "
-            "roster and privacy configuration: a renamed deployment releases the same people's data again with "
-            "fresh noise, and the spends add up")
+    what = (
+        f"deployment {deployment.name!r} is new on this Redis, but {', '.join(map(repr, others))} has the same "
+        "roster and privacy configuration: a renamed deployment releases the same people's data again with "
+        "fresh noise, and the spends add up"
+    )
     if deployment.production and os.environ.get(ACCEPT_NEW_SPEND_ENV) != "1":
-        raise StateLost(f"{role}: {what}. If this is a deliberate new budget, set {ACCEPT_NEW_SPEND_ENV}=1")
+        raise StateLost(
+            f"{role}: {what}. If this is a deliberate new budget, set {ACCEPT_NEW_SPEND_ENV}=1"
+        )
     log.warning("%s: %s", role, what)

@@ -64,18 +64,45 @@ class KeyClass:
 
 
 KEY_CLASSES: tuple[KeyClass, ...] = (
-    KeyClass("release", "release:*", {"releaser": "rw"},
-             "the drawn noise and true per-node sums: subtracting it de-noises every release"),
-    KeyClass("ledger", "ledger", {"releaser": "rw", "operator": "r"}, "the privacy spent per release and step"),
-    KeyClass("pointers", "pointer:*", {"releaser": "rw", "operator": "r"}, "how far releasing has got"),
-    KeyClass("checkpoints", "ingest:checkpoint:*", {"worker": "rw"},
-             "each user's true last values and charges in a partition"),
-    KeyClass("intake", "ingest:intake", {"worker": "rw", "operator": "r"},
-             "exact counts of reports accepted and rejected per step (no noise)"),
-    KeyClass("identity", "identity", {"worker": "rw", "releaser": "rw", "operator": "r"},
-             "the configuration and a hash of the roster ids"),
-    KeyClass("fingerprint", "fingerprint:*", {"worker": "rw", "releaser": "rw"},
-             "the hash of the configuration without the name"),
+    KeyClass(
+        "release",
+        "release:*",
+        {"releaser": "rw"},
+        "the drawn noise and true per-node sums: subtracting it de-noises every release",
+    ),
+    KeyClass(
+        "ledger",
+        "ledger",
+        {"releaser": "rw", "operator": "r"},
+        "the privacy spent per release and step",
+    ),
+    KeyClass(
+        "pointers", "pointer:*", {"releaser": "rw", "operator": "r"}, "how far releasing has got"
+    ),
+    KeyClass(
+        "checkpoints",
+        "ingest:checkpoint:*",
+        {"worker": "rw"},
+        "each user's true last values and charges in a partition",
+    ),
+    KeyClass(
+        "intake",
+        "ingest:intake",
+        {"worker": "rw", "operator": "r"},
+        "exact counts of reports accepted and rejected per step (no noise)",
+    ),
+    KeyClass(
+        "identity",
+        "identity",
+        {"worker": "rw", "releaser": "rw", "operator": "r"},
+        "the configuration and a hash of the roster ids",
+    ),
+    KeyClass(
+        "fingerprint",
+        "fingerprint:*",
+        {"worker": "rw", "releaser": "rw"},
+        "the hash of the configuration without the name",
+    ),
 )
 
 # The commands each role's process sends (the stores' calls; tests/test_redis_roles.py runs them against a
@@ -84,8 +111,21 @@ KEY_CLASSES: tuple[KeyClass, ...] = (
 REDIS_COMMANDS: dict[str, list[str]] = {  # besides logging in (+@connection -@dangerous)
     # hget: its partitions' last intake counts and kept partials; hdel, multi/exec: a checkpoint with its partials
     "worker": ["get", "set", "hget", "hset", "hdel", "exists", "scan", "multi", "exec", "discard"],
-    "releaser": ["get", "set", "hget", "hset", "hgetall", "exists", "hexists", "watch", "unwatch", "multi",
-                 "exec", "discard", "scan"],
+    "releaser": [
+        "get",
+        "set",
+        "hget",
+        "hset",
+        "hgetall",
+        "exists",
+        "hexists",
+        "watch",
+        "unwatch",
+        "multi",
+        "exec",
+        "discard",
+        "scan",
+    ],
     "operator": ["get", "hgetall"],
 }
 

@@ -46,7 +46,9 @@ class StepOutOfOrder(RuntimeError):
 @dataclass(frozen=True)
 class StepRecord:
     step: int
-    releases: dict[str, bytes]  # release name -> serialised record (manifest, synthetic, alerts, feedback)
+    releases: dict[
+        str, bytes
+    ]  # release name -> serialised record (manifest, synthetic, alerts, feedback)
     state: bytes | None  # releaser mechanism state after this step
 
 
@@ -65,7 +67,9 @@ class StoreLayout:
 
     @classmethod
     def from_url(cls, url: str, deployment: str):
-        return cls(redis_client(url, client_class=cls.client_class, **cls.client_options), deployment)
+        return cls(
+            redis_client(url, client_class=cls.client_class, **cls.client_options), deployment
+        )
 
     @staticmethod
     def _as_int(value: bytes | None) -> int:

@@ -49,7 +49,9 @@ class AsyncStateStore(StoreLayout):
     async def latest_state(self) -> tuple[int, bytes | None]:
         """(last released step, mechanism state after it)."""
         last = await self.last_released()
-        return (0, None) if last == 0 else (last, await self.r.hget(self.keys.step(last), "__state__"))
+        return (
+            (0, None) if last == 0 else (last, await self.r.hget(self.keys.step(last), "__state__"))
+        )
 
     async def commit_step(self, record: StepRecord, ledger: dict[str, dict[str, Any]]) -> None:
         """Atomically store step ``record.step`` and its ledger entries (``"<release>:<t>"`` -> entry);
@@ -69,8 +71,12 @@ class AsyncStateStore(StoreLayout):
                         for key in ledger:
                             reads.hexists(ledger_key, key)
                         last, exists, *held = await reads.execute()
-                    self._check_next(record.step, self._as_int(last), bool(exists),
-                                     [key for key, h in zip(ledger, held) if h])
+                    self._check_next(
+                        record.step,
+                        self._as_int(last),
+                        bool(exists),
+                        [key for key, h in zip(ledger, held) if h],
+                    )
                     pipe.multi()
                     pipe.hset(step_key, mapping=self._step_mapping(record))
                     if ledger:
@@ -116,8 +122,9 @@ class AsyncStateStore(StoreLayout):
     async def last_closing(self) -> int:
         return await self._int(self.keys.pointer("closing"))
 
-    async def mark_closing(self, step: int, closed_at: int | None = None,
-                           marker: bytes | None = None) -> None:
+    async def mark_closing(
+        self, step: int, closed_at: int | None = None, marker: bytes | None = None
+    ) -> None:
         """Close markers of ``step`` (public close time ``closed_at``, ms) are written to every
         reports partition;
         ``marker``: their value, kept so that a re-driven close re-sends the signed marker
@@ -143,8 +150,9 @@ class AsyncStateStore(StoreLayout):
     async def load_checkpoint(self, partition: int) -> bytes | None:
         return await self.r.get(self.keys.checkpoint(partition))
 
-    async def save_checkpoint(self, partition: int, blob: bytes, kept: dict[int, bytes] | None = None,
-                              dropped=()) -> None:
+    async def save_checkpoint(
+        self, partition: int, blob: bytes, kept: dict[int, bytes] | None = None, dropped=()
+    ) -> None:
         """The partition's checkpoint, and in the same transaction its kept partials: ``kept`` (step ->
         blob) written, ``dropped`` steps deleted."""
         if not kept and not dropped:
@@ -152,7 +160,9 @@ class AsyncStateStore(StoreLayout):
             return
         async with self.r.pipeline(transaction=True) as tx:
             if kept:
-                tx.hset(self.keys.kept_partials(partition), mapping={str(t): v for t, v in kept.items()})
+                tx.hset(
+                    self.keys.kept_partials(partition), mapping={str(t): v for t, v in kept.items()}
+                )
             if dropped:
                 tx.hdel(self.keys.kept_partials(partition), *[str(t) for t in dropped])
             tx.set(self.keys.checkpoint(partition), blob)
