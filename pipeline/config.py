@@ -8,7 +8,7 @@ of the budget, checked against it) is checked by :func:`load_config` before anyt
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -41,15 +41,14 @@ _Strict = StrictModel
 # --- attributes (public domains): pipeline.attributes ------------------------------------------
 # --- releases: one model per registered kind (pipeline.releases) ---------------------------------
 
-if (
-    TYPE_CHECKING
-):  # the union of the registered kinds' models is built at import; each is a ReleaseConfig
+# The union of the registered kinds' models is built at import; to a type checker each is a
+# ReleaseConfig.
+if TYPE_CHECKING:
     Release = ReleaseConfig
 else:
     # Union over a tuple built at import: the X | Y form cannot take one
-    Release = Annotated[
-        tuple(kind.config for kind in kinds().values()), Field(discriminator="type")
-    ]  # noqa: UP007
+    _KIND_MODELS = tuple(kind.config for kind in kinds().values())
+    Release = Annotated[Union[_KIND_MODELS], Field(discriminator="type")]  # noqa: UP007
 
 
 # --- the rest ---------------------------------------------------------------------------------

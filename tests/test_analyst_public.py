@@ -38,6 +38,7 @@ import yaml
 
 from pipeline.attributes import public_hash
 from pipeline.cli import main
+from pipeline.stream.local.broker_tls import BROKER_TLS_ENV
 from support.cli import running
 
 N, T, NAME = 600, 4, "public-analyst"
@@ -300,7 +301,9 @@ def test_alerts_follow_and_a_faust_agent_see_a_new_step_live(deployment, tmp_pat
                                 text=True, env=d.env, start_new_session=True)
     agent_env = dict(d.env, DPSTREAM_ALERTS_BOOTSTRAP=d.broker, DPSTREAM_ALERTS_DEPLOYMENT=NAME,
                      DPSTREAM_ALERTS_DATADIR=str(tmp_path / "faust"),
-                     DPSTREAM_ALERTS_OUT=str(tmp_path / "a.jsonl"))
+                     DPSTREAM_ALERTS_OUT=str(tmp_path / "a.jsonl"),
+                     # the gate's client files, which `running` puts in this process's environment
+                     DPSTREAM_ALERTS_TLS_DIR=os.environ.get(BROKER_TLS_ENV, ""))
     agent = subprocess.Popen([sys.executable, str(EXAMPLE), "worker", "-l", "warn"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env=agent_env, cwd=tmp_path, start_new_session=True)

@@ -10,7 +10,10 @@ the agent keeps one alert per key. Each alert is printed in one line and, with
     DPSTREAM_ALERTS_BOOTSTRAP=localhost:9092 DPSTREAM_ALERTS_DEPLOYMENT=sipp-poverty \\
         python docs/examples/alerts_faust_agent.py worker -l warn
 
-Optional: ``DPSTREAM_ALERTS_PREFIX`` (the deployment's ``topics.prefix``, default ``dpstream``),
+Optional: ``DPSTREAM_ALERTS_TLS_DIR``, a directory with ``ca.pem``, ``client.pem`` and ``client.key``
+for a broker that asks for a client certificate (the embedded broker's gate: the directory
+``dpstream up`` records as ``broker_tls`` in ``$DPSTREAM_HOME/<deployment>.json``);
+``DPSTREAM_ALERTS_PREFIX`` (the deployment's ``topics.prefix``, default ``dpstream``),
 ``DPSTREAM_ALERTS_DATADIR`` (faust's data directory, default ``./faust-alerts-data``). The consumer
 group is ``dpstream-<deployment>-downstream-faust-alerts`` (the prefix the analysts' broker grant
 allows, docs/security.md).
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 
 import faust
 
@@ -32,13 +36,24 @@ BOOTSTRAP = os.environ["DPSTREAM_ALERTS_BOOTSTRAP"]
 DEPLOYMENT = os.environ["DPSTREAM_ALERTS_DEPLOYMENT"]
 PREFIX = os.environ.get("DPSTREAM_ALERTS_PREFIX", "dpstream")
 OUT = os.environ.get("DPSTREAM_ALERTS_OUT")
+TLS_DIR = os.environ.get("DPSTREAM_ALERTS_TLS_DIR")
+
+
+def _credentials() -> faust.SSLCredentials | None:
+    """Mutual TLS with the files in ``TLS_DIR``, when set."""
+    if not TLS_DIR:
+        return None
+    context = ssl.create_default_context(cafile=os.path.join(TLS_DIR, "ca.pem"))
+    context.load_cert_chain(os.path.join(TLS_DIR, "client.pem"), os.path.join(TLS_DIR, "client.key"))
+    return faust.SSLCredentials(context)
+
 
 # The embedded broker (Tansu) holds a JoinGroup for half the session timeout: faust's default of
 # 60 s made the agent wait 30 s at every start and rebalance; 10 s (Kafka's default before 3.0)
 # joins in about 5 s and still outlasts the heartbeats (every 3 s).
 app = faust.App(f"dpstream-{DEPLOYMENT}-downstream-faust-alerts", broker=f"kafka://{BOOTSTRAP}",
                 web_enabled=False, consumer_auto_offset_reset="earliest", topic_partitions=1,
-                broker_session_timeout=10.0,
+                broker_session_timeout=10.0, broker_credentials=_credentials(),
                 datadir=os.environ.get("DPSTREAM_ALERTS_DATADIR", "faust-alerts-data"))
 alerts_topic = app.topic(f"{PREFIX}.{DEPLOYMENT}.alerts", key_serializer="raw",
                          value_serializer="raw")
