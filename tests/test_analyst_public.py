@@ -297,13 +297,14 @@ def test_alerts_follow_and_a_faust_agent_see_a_new_step_live(deployment, tmp_pat
     pytest.importorskip("faust")
     d = deployment
     cli = [sys.executable, "-m", "pipeline.cli", "alerts", *d.public]
+    # the gate's client files, which `running` put in this process's environment after d.env was made
+    tls = {BROKER_TLS_ENV: os.environ.get(BROKER_TLS_ENV, "")}
     follower = subprocess.Popen(cli + ["--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=d.env, start_new_session=True)
+                                text=True, env=dict(d.env, **tls), start_new_session=True)
     agent_env = dict(d.env, DPSTREAM_ALERTS_BOOTSTRAP=d.broker, DPSTREAM_ALERTS_DEPLOYMENT=NAME,
                      DPSTREAM_ALERTS_DATADIR=str(tmp_path / "faust"),
                      DPSTREAM_ALERTS_OUT=str(tmp_path / "a.jsonl"),
-                     # the gate's client files, which `running` puts in this process's environment
-                     DPSTREAM_ALERTS_TLS_DIR=os.environ.get(BROKER_TLS_ENV, ""))
+                     DPSTREAM_ALERTS_TLS_DIR=tls[BROKER_TLS_ENV])
     agent = subprocess.Popen([sys.executable, str(EXAMPLE), "worker", "-l", "warn"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env=agent_env, cwd=tmp_path, start_new_session=True)
