@@ -16,7 +16,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.stream.local.embedded import private_dir, private_file
+from pipeline.stream.local.service_process import private_dir, private_file
 
 __all__ = ["BROKER_TLS_ENV", "BrokerTls", "ensure_broker_tls"]
 

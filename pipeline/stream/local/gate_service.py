@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pipeline.stream.local.broker_gate import enter_command
 from pipeline.stream.local.broker_tls import BrokerTls
-from pipeline.stream.local.embedded import _ServiceProcess, free_port, open_private_log
+from pipeline.stream.local.service_process import _ServiceProcess, free_port, open_private_log
 
 __all__ = [
     "INNER_BROKER_PORT",
