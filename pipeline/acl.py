@@ -176,11 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from pipeline.config import load_config
 
-    dep = load_config(args.config)
+    deployment = load_config(args.config)
     if args.what == "kafka":
-        print("\n".join(kafka_acl_commands(dep, {})))
+        print("\n".join(kafka_acl_commands(deployment, {})))
     elif args.what == "script":
-        sys.stdout.write(kafka_acl_script(dep, args.config))
+        sys.stdout.write(kafka_acl_script(deployment, args.config))
     else:
         passwords = {
             r: os.environ.get(f"DPSTREAM_REDIS_PASSWORD_{r.upper()}", "") for r in REDIS_ROLES
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        print("\n".join(redis_acl_rules(dep, passwords)))
+        print("\n".join(redis_acl_rules(deployment, passwords)))
     return 0
 
 

@@ -96,8 +96,8 @@ def run_demo(args) -> int:
     cfg = demo_config(args.n, args.seed if args.seeded else None)
     cfg_path = out / "demo.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    dep = load_config(cfg_path)
-    n = dep.n
+    deployment = load_config(cfg_path)
+    n = deployment.n
     poverty = simulate_poverty_panel(n=n, horizon=HORIZON, seed=args.seed)
     occupation, planted = simulate_categorical_panel(
         n,
@@ -111,28 +111,32 @@ def run_demo(args) -> int:
     )
     say(
         f"dpstream demo: n={n} households, T={HORIZON} months, releases: "
-        + ", ".join(r.name for r in dep.releases)
+        + ", ".join(r.name for r in deployment.releases)
     )
 
     rows = []
     t0 = time.perf_counter()
     with LocalCluster(
-        cfg_path, dep, workers=args.workers, log_dir=out / "logs", isolated=True
+        cfg_path, deployment, workers=args.workers, log_dir=out / "logs", isolated=True
     ) as cluster:
         say(
             f"embedded broker {cluster.broker}, redis {cluster.redis_url}; "
             f"{args.workers} worker(s) + releaser started (logs: {out / 'logs'})"
         )
         drv = StepDriver(
-            cluster.broker, dep, Roster.from_config(dep.roster), cluster.names, cluster=cluster
+            cluster.broker,
+            deployment,
+            Roster.from_config(deployment.roster),
+            cluster.names,
+            cluster=cluster,
         )
         for t in range(1, HORIZON + 1):
             values = {"poverty": poverty[:, t - 1]}
-            if "occupation" in {r.attribute for r in dep.releases}:
+            if "occupation" in {r.attribute for r in deployment.releases}:
                 values["occupation"] = occupation[:, t - 1]
             drv.producer.send_step(t, values)
             latency = drv.close(t)
-            rows.append(_step_row(dep, drv.panels, t, latency, poverty, occupation, planted))
+            rows.append(_step_row(deployment, drv.panels, t, latency, poverty, occupation, planted))
             say(_format_row(rows[-1], header=(t == 1)))
         drv.shutdown()
         cluster.check_alive()
@@ -141,7 +145,7 @@ def run_demo(args) -> int:
     from pipeline.analyst.report import write_report
 
     reader = PublicReader(
-        dep, drv.panels
+        deployment, drv.panels
     )  # what the demo read back from the public topics, like an analyst
     report = write_report(reader, out)
     summary = {
@@ -161,7 +165,7 @@ def run_demo(args) -> int:
     return 0
 
 
-def _step_row(dep: Deployment, panels, t, latency, poverty, occupation, planted) -> dict:
+def _step_row(deployment: Deployment, panels, t, latency, poverty, occupation, planted) -> dict:
     from pipeline.queries import cumulative_counts, window_histogram
 
     n = poverty.shape[0]
@@ -180,7 +184,7 @@ def _step_row(dep: Deployment, panels, t, latency, poverty, occupation, planted)
         row["cumulative_max_err"] = round(float(np.max(np.abs(synth - truth)) / n), 5)
     from pipeline.releases import kind_of
 
-    hh = [r for r in dep.releases if kind_of(r).output == "alerts"]
+    hh = [r for r in deployment.releases if kind_of(r).output == "alerts"]
     if hh:
         alert = panels.alerts.get((hh[0].name, t), {})
         found = set(alert.get("flagged", []))
@@ -188,7 +192,7 @@ def _step_row(dep: Deployment, panels, t, latency, poverty, occupation, planted)
         row["heavy_found"] = f"{len(found & active)}/{len(active)}"
         row["heavy_false"] = len(found - active)
     spent = None
-    for rel in dep.releases:
+    for rel in deployment.releases:
         m = panels.panels.get(rel.name)
         if m is not None and t in m.manifests:
             spent = m.manifests[t]["privacy"].get("deployment_spent_as_approx_dp")
@@ -343,17 +347,20 @@ def _budget_plot(out: Path, reader) -> Path:
 
     from pipeline.error_bounds import planned_spend
 
-    dep = reader.dep
+    deployment = reader.deployment
     spend = reader.spend()
-    planned = planned_spend(dep, dep.budget_plan().allotments())
+    planned = planned_spend(deployment, deployment.budget_plan().allotments())
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
     ax.plot([s["step"] for s in spend], [s["epsilon"] for s in spend], "o-", label="spent so far")
     ax.axhline(
-        planned.epsilon, color="tab:red", ls="--", label=f"planned total over {dep.horizon} months"
+        planned.epsilon,
+        color="tab:red",
+        ls="--",
+        label=f"planned total over {deployment.horizon} months",
     )
     ax.set_xlabel("month")
-    ax.set_ylabel(f"ε at δ = {dep.budget.report_delta:g}")
-    ax.set_xlim(0.5, dep.horizon + 0.5)
+    ax.set_ylabel(f"ε at δ = {deployment.budget.report_delta:g}")
+    ax.set_xlim(0.5, deployment.horizon + 0.5)
     ax.set_ylim(0, planned.epsilon * 1.1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
@@ -395,8 +402,8 @@ def _alerts_plot(out: Path, reader, alerts, planted) -> Path:
     ax.set_yticks(range(len(codes)))
     ax.set_yticklabels([f"occupation {c}" for c in codes])
     ax.set_xlabel("month")
-    ax.set_xlim(0.5, reader.dep.horizon + 0.5)
-    ax.set_xticks(range(1, reader.dep.horizon + 1))
+    ax.set_xlim(0.5, reader.deployment.horizon + 0.5)
+    ax.set_xticks(range(1, reader.deployment.horizon + 1))
     ax.legend(
         handles=handles,
         fontsize=8,
@@ -406,7 +413,12 @@ def _alerts_plot(out: Path, reader, alerts, planted) -> Path:
         frameon=False,
     )
     k = next(
-        (getattr(r, "k", None) for r in reader.dep.releases if r.name == alerts[0]["release"]), None
+        (
+            getattr(r, "k", None)
+            for r in reader.deployment.releases
+            if r.name == alerts[0]["release"]
+        ),
+        None,
     )
     ax.set_title(f"Heavy-hitter alerts; a household stops counting after k = {k} flags")
     return _save(fig, out / "demo_alerts.png")

@@ -38,14 +38,13 @@ def _schedule_text(values: list[float], unit: str) -> str:
 
 def plan_report(deployment: Deployment) -> dict[str, Any]:
     """Everything ``dpstream plan`` shows, as JSON-ready data (raises BudgetExceededError like the plan)."""
-    dep = deployment
-    allot = dep.budget_plan().allotments()
-    n = dep.n
-    bounds = release_bounds(dep, allot, n)
-    schedule = planned_schedule(dep)
-    total = planned_spend(dep, allot)
+    allot = deployment.budget_plan().allotments()
+    n = deployment.n
+    bounds = release_bounds(deployment, allot, n)
+    schedule = planned_schedule(deployment)
+    total = planned_spend(deployment, allot)
     releases = {}
-    for rel in dep.releases:
+    for rel in deployment.releases:
         cost = allot[rel.name]
         releases[rel.name] = {
             "allotment": {"rho": cost.rho}
@@ -59,29 +58,29 @@ def plan_report(deployment: Deployment) -> dict[str, Any]:
             "schedule": schedule[rel.name].tolist(),
         }
     return {
-        "deployment": dep.name,
+        "deployment": deployment.name,
         "n": n,
-        "horizon": dep.horizon,
-        "neighbours": str(dep.neighbours),
+        "horizon": deployment.horizon,
+        "neighbours": str(deployment.neighbours),
         "releases": releases,
         "total_as_approx_dp": {
             "epsilon": total.epsilon,
             "delta": total.delta,
-            "rho": dep.budget_plan().totals()[0].rho,
-            "report_delta": dep.budget.report_delta,
+            "rho": deployment.budget_plan().totals()[0].rho,
+            "report_delta": deployment.budget.report_delta,
             "ceiling": EPSILON_CEILING,
-            "allow_large": dep.budget.allow_large,
+            "allow_large": deployment.budget.allow_large,
         },
-        "warnings": deployment_warnings(dep)
+        "warnings": deployment_warnings(deployment)
         + warnings(bounds, n)
-        + [w for w in [deadline_warning(dep)] if w],
+        + [w for w in [deadline_warning(deployment)] if w],
     }
 
 
-def deployment_warnings(dep: Deployment) -> list[str]:
+def deployment_warnings(deployment: Deployment) -> list[str]:
     """Warnings about the deployment itself rather than a release's accuracy."""
-    steps = dep.steps
-    if dep.production and steps.close == "deadline" and not steps.publish_delay_seconds:
+    steps = deployment.steps
+    if deployment.production and steps.close == "deadline" and not steps.publish_delay_seconds:
         return [
             "production deployment closing on a deadline without steps.publish_delay_seconds: "
             "when a step's records appear then depends on how long its release took, which "

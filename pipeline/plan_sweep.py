@@ -81,14 +81,14 @@ def _with_value(data: dict, key: str, value: float) -> dict:
 def evaluate(data: dict, key: str, value: float, source: str = "<config>") -> SweepPoint:
     """The plan of the configuration ``data`` with ``key`` set to ``value``."""
     try:
-        dep: Deployment = parse_config(_with_value(data, key, value), source=source)
-        allot = dep.budget_plan().allotments()
+        deployment: Deployment = parse_config(_with_value(data, key, value), source=source)
+        allot = deployment.budget_plan().allotments()
     except (ConfigError, PrivacyBudgetError) as err:
         return SweepPoint(value, {}, {}, math.nan, math.nan, refused=str(err))
-    bounds = release_bounds(dep, allot, dep.n)
+    bounds = release_bounds(deployment, allot, deployment.n)
     largest = {name: b.bounds[b.largest] for name, b in bounds.items()}
-    total = planned_spend(dep, allot)
-    shares = {k: v / dep.n for k, v in largest.items()}
+    total = planned_spend(deployment, allot)
+    shares = {k: v / deployment.n for k, v in largest.items()}
     return SweepPoint(value, shares, largest, total.epsilon, total.delta)
 
 

@@ -5,8 +5,8 @@
     from pipeline.config import load_config
     from pipeline.producer import ReportSender
 
-    dep = load_config("config/sipp-poverty.yaml")
-    with ReportSender(dep, "127.0.0.1:9092") as sender:
+    deployment = load_config("config/sipp-poverty.yaml")
+    with ReportSender(deployment, "127.0.0.1:9092") as sender:
         sender.check_topic()                       # the reports topic exists (no silent auto-creation)
         sender.validate(reports)                   # the workers' own parser: ReportRejected if they would reject one
         result = sender.send(reports)              # keyed by user id, acks=all

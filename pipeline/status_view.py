@@ -18,27 +18,29 @@ __all__ = ["status_document", "format_status"]
 
 
 def status_document(
-    dep: Deployment, store: StateStore, intake: dict[str, Any], source: str
+    deployment: Deployment, store: StateStore, intake: dict[str, Any], source: str
 ) -> dict[str, Any]:
-    """The status of ``dep`` from its Redis ``store``; ``intake`` is ``IntakeView.as_json()`` (or says why
+    """The status of ``deployment`` from its Redis ``store``; ``intake`` is ``IntakeView.as_json()`` (or says why
     it is unavailable) and ``source`` where the state was read."""
     from pipeline.error_bounds import spend_as_approx_dp
     from pipeline.privacy.ledger import LedgerEntry
 
     ledger = store.ledger()
     identity = store.identity() or {}
-    spent = spend_as_approx_dp(dep, [LedgerEntry.from_state(e).cost for e in ledger.values()])
-    planned = dep.budget.total_epsilon()
+    spent = spend_as_approx_dp(
+        deployment, [LedgerEntry.from_state(e).cost for e in ledger.values()]
+    )
+    planned = deployment.budget.total_epsilon()
     return {
-        "deployment": dep.name,
+        "deployment": deployment.name,
         "source": source,
         "instance": identity.get("instance"),
         "fingerprint": identity.get("fingerprint"),
         "released_step": store.last_released(),
         "published_step": store.last_published(),
         "closing_step": store.last_closing(),
-        "horizon": dep.horizon,
-        "plan": {k: v.__dict__ for k, v in dep.budget_plan().allotments().items()},
+        "horizon": deployment.horizon,
+        "plan": {k: v.__dict__ for k, v in deployment.budget_plan().allotments().items()},
         "budget_epsilon_at_report_delta": planned,
         "ledger": ledger,
         "spent_as_approx_dp": {

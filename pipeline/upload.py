@@ -141,13 +141,13 @@ class Upload:
     def messages(self) -> Iterator[Batch]:
         """The batch messages, a chunk of the file at a time; :class:`ReportFileError` as soon as
         the file is seen to differ from the one checked."""
-        dep = self.deployment
+        deployment = self.deployment
         if _stamp(self.path) != self.stamp:
             raise self._changed("its size or modification time")
         counts: dict[int, int] = {}
         try:
             for chunk in self.chunks():
-                if stateless_problem(chunk, dep.horizon) is not None:
+                if stateless_problem(chunk, deployment.horizon) is not None:
                     raise self._changed("a report the check had passed is now rejected")
                 values, n = np.unique(chunk.steps, return_counts=True)
                 for t, c in zip(values.tolist(), n.tolist()):
@@ -156,7 +156,7 @@ class Upload:
                     keep = np.arange(len(chunk))
                 else:
                     keep = np.flatnonzero(chunk.steps == self.step)
-                yield from chunk_messages(chunk, keep, dep)
+                yield from chunk_messages(chunk, keep, deployment)
         except NotTabular:
             raise self._changed("pyarrow no longer reads it as a table") from None
         if counts != self.file_counts or _stamp(self.path) != self.stamp:
@@ -235,8 +235,10 @@ def _roster_maker(deployment, roster) -> Callable[[], object]:
 
 
 def _check(upload: Upload) -> FileCheck:
-    dep = upload.deployment
-    check = FileCheck(dep.horizon, dep.n, UserRows(dep.roster, upload.roster_of))
+    deployment = upload.deployment
+    check = FileCheck(
+        deployment.horizon, deployment.n, UserRows(deployment.roster, upload.roster_of)
+    )
     for chunk in upload.chunks():
         problem = check.problem(chunk)
         if problem is not None:
@@ -255,13 +257,15 @@ _PROBLEMS = {
 
 def _refuse(upload: Upload, problem: Problem, chunk: Columns):
     """Raise the per-report checker's error (CSV, JSONL: line and column), else name the row."""
-    dep = upload.deployment
+    deployment = upload.deployment
     if upload.kind != "parquet":
-        check_report_file(upload.path, dep, upload.roster_of())  # raises, naming line and column
+        check_report_file(
+            upload.path, deployment, upload.roster_of()
+        )  # raises, naming line and column
     at = problem.position
     user = chunk.users[at - chunk.start].as_py()
     detail = _PROBLEMS[problem.reason].format(
-        horizon=dep.horizon,
+        horizon=deployment.horizon,
         attribute=problem.attribute,
         value=chunk.cell(at, problem.attribute),
         user=user,

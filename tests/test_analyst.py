@@ -112,7 +112,7 @@ def test_alerts_say_what_was_flagged_and_when_flags_run_out(released):
     assert "flags are now spent" in alerts[1]["text"]
     assert alerts[2]["text"] == "no value flagged"
     assert [a["step"] for a in reader.alerts(step=2)] == [2]
-    kind_text = reader.explain(reader.dep.release("occupation-heavy"))
+    kind_text = reader.explain(reader.deployment.release("occupation-heavy"))
     assert kind_text.startswith("with probability 95%, every value held by at least τ = ")
 
 

@@ -62,9 +62,9 @@ def one_storage(
     with EmbeddedServices(data_dir=None, durable_log=durable, broker_log=out / "broker.log") as svc:
         cfg_path = out / "bench.yaml"
         cfg_path.write_text(yaml.safe_dump(_config(n, partitions, svc)))
-        dep = load_config(cfg_path)
-        roster = Roster.from_config(dep.roster)
-        names = ensure_topics(svc.broker.bootstrap, dep)
+        deployment = load_config(cfg_path)
+        roster = Roster.from_config(deployment.roster)
+        names = ensure_topics(svc.broker.bootstrap, deployment)
         msgs = _single_messages(roster, 1, pov[:, 0], item[:, 0])
         row["produce_msgs_per_s"] = n / asyncio.run(
             _produce(svc.broker.bootstrap, names["reports"], msgs)
@@ -73,11 +73,13 @@ def one_storage(
         row["raw_consume_msgs_per_s"] = n / asyncio.run(
             _raw_consume(svc.broker.bootstrap, names["reports"], n)
         )
-        with LocalCluster(cfg_path, dep, workers=1, log_dir=out / "logs", metrics=True) as cluster:
+        with LocalCluster(
+            cfg_path, deployment, workers=1, log_dir=out / "logs", metrics=True
+        ) as cluster:
             row["ingest_single_reports_per_s"] = _ingest_rate(
                 [cluster.metrics_ports["worker-0"]], 0.0, n
             )
-            drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
+            drv = StepDriver(cluster.broker, deployment, roster, cluster.names, cluster=cluster)
             rport = cluster.metrics_ports["releaser"]
             latencies = [_close(drv, 1, rport)]
             cluster.kill(

@@ -164,25 +164,25 @@ def one_storage(
         cfg = _config(n, partitions, svc)
         cfg["steps"]["max_ahead"] = HORIZON  # steps are produced back to back
         cfg_path.write_text(yaml.safe_dump(cfg))
-        dep = load_config(cfg_path)
-        roster = Roster.from_config(dep.roster)
-        names = ensure_topics(svc.broker.bootstrap, dep)
+        deployment = load_config(cfg_path)
+        roster = Roster.from_config(deployment.roster)
+        names = ensure_topics(svc.broker.bootstrap, deployment)
         retention = None
         with LocalCluster(
-            cfg_path, dep, workers=workers, log_dir=out / "logs", metrics=True
+            cfg_path, deployment, workers=workers, log_dir=out / "logs", metrics=True
         ) as cluster:
             if durable:
                 assert svc.storage is not None  # durable_log=True starts the object store
                 retention = _Retention(
                     LogRetention(
                         svc.storage,
-                        StateStore.from_url(svc.redis.url, dep.name),
+                        StateStore.from_url(svc.redis.url, deployment.name),
                         cluster.names,
                         partitions,
                     )
                 )
                 retention.start()
-            drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
+            drv = StepDriver(cluster.broker, deployment, roster, cluster.names, cluster=cluster)
             _wait_assigned(out / "logs", partitions)
             step = 0
             for kind in kinds:

@@ -172,11 +172,13 @@ def main(argv=None) -> dict:
     with EmbeddedServices(broker_log=out / "broker.log") as svc:
         cfg_path = out / "bench.yaml"
         cfg_path.write_text(yaml.safe_dump(_config(n, P, horizon, svc)))
-        dep = load_config(cfg_path)
-        roster = Roster.from_config(dep.roster)
+        deployment = load_config(cfg_path)
+        roster = Roster.from_config(deployment.roster)
         where = placements(roster, P, seed=1)
-        with LocalCluster(cfg_path, dep, workers=0, log_dir=out / "logs", metrics=True) as cluster:
-            drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
+        with LocalCluster(
+            cfg_path, deployment, workers=0, log_dir=out / "logs", metrics=True
+        ) as cluster:
+            drv = StepDriver(cluster.broker, deployment, roster, cluster.names, cluster=cluster)
             for step, producer in enumerate(order, start=1):
                 misplaced = float((where[producer] != where["matched"]).mean())
                 asyncio.run(

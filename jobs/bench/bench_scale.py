@@ -56,13 +56,13 @@ def run_n(n: int, steps: int, workers: int, out: Path) -> dict:
     with EmbeddedServices(broker_log=out / "broker.log") as svc:
         cfg_path = out / "scale.yaml"
         cfg_path.write_text(yaml.safe_dump(_config(n, 4, svc)))
-        dep = load_config(cfg_path)
-        roster = Roster.from_config(dep.roster)
+        deployment = load_config(cfg_path)
+        roster = Roster.from_config(deployment.roster)
         with LocalCluster(
-            cfg_path, dep, workers=workers, log_dir=out / "logs", metrics=True
+            cfg_path, deployment, workers=workers, log_dir=out / "logs", metrics=True
         ) as cluster:
             ports = [cluster.metrics_ports[f"worker-{i}"] for i in range(workers)]
-            drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
+            drv = StepDriver(cluster.broker, deployment, roster, cluster.names, cluster=cluster)
             sizes: dict[str, int] = {}
             poll = drv.poll
 

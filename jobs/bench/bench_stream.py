@@ -314,7 +314,7 @@ def parser_throughput(n: int = 200_000) -> dict[str, float]:
     from pipeline.stream.ingest.reports import ReportParser
     from pipeline.stream.ingest.roster import Roster
 
-    dep = parse_config(
+    deployment = parse_config(
         {
             "name": "p",
             "roster": {"size": n},
@@ -335,7 +335,7 @@ def parser_throughput(n: int = 200_000) -> dict[str, float]:
             ],
         }
     )
-    parser = ReportParser(Roster.from_config(dep.roster), dep.attributes, HORIZON)
+    parser = ReportParser(Roster.from_config(deployment.roster), deployment.attributes, HORIZON)
     reps: list[dict[str, Any]] = [
         {"user": f"u{i}", "step": 1, "values": {"poverty": i % 2, "item": i % 1000}}
         for i in range(n)
@@ -415,9 +415,9 @@ def main(argv=None) -> dict:
             os.environ[BROKER_TLS_ENV] = str(svc.gate.tls.directory)
         cfg_path = out / "bench.yaml"
         cfg_path.write_text(yaml.safe_dump(_config(n, args.partitions, svc)))
-        dep = load_config(cfg_path)
-        roster = Roster.from_config(dep.roster)
-        names = ensure_topics(svc.broker.bootstrap, dep)
+        deployment = load_config(cfg_path)
+        roster = Roster.from_config(deployment.roster)
+        names = ensure_topics(svc.broker.bootstrap, deployment)
         print(
             f"n={n:,} users, {args.partitions} partitions; producing step 1 as single-report messages ...",
             flush=True,
@@ -430,7 +430,9 @@ def main(argv=None) -> dict:
         result["raw_consume_msgs_per_s"] = n / raw_s
         print(f"raw aiokafka consumption: {n / raw_s:,.0f} msgs/s", flush=True)
 
-        with LocalCluster(cfg_path, dep, workers=1, log_dir=out / "logs", metrics=True) as cluster:
+        with LocalCluster(
+            cfg_path, deployment, workers=1, log_dir=out / "logs", metrics=True
+        ) as cluster:
             port = cluster.metrics_ports["worker-0"]
             rate = _ingest_rate([port], 0.0, n)
             result["ingest_single_reports_per_s"] = rate
@@ -439,7 +441,7 @@ def main(argv=None) -> dict:
                 f"ingest, single-report messages: {rate:,.0f} reports/s ({rate / result['raw_consume_msgs_per_s']:.1%} of raw)",
                 flush=True,
             )
-            drv = StepDriver(cluster.broker, dep, roster, cluster.names, cluster=cluster)
+            drv = StepDriver(cluster.broker, deployment, roster, cluster.names, cluster=cluster)
             rport = cluster.metrics_ports["releaser"]
             latencies = {1: _close(drv, 1, rport)}
             cluster.kill(
@@ -493,7 +495,7 @@ def main(argv=None) -> dict:
             from pipeline.serialization import loads_state
             from pipeline.stream.state.store import StateStore
 
-            store = StateStore.from_url(svc.redis.url, dep.name)
+            store = StateStore.from_url(svc.redis.url, deployment.name)
             state_bytes = kept_bytes = 0
             for p in range(args.partitions):
                 st = loads_state(store.load_checkpoint(p))

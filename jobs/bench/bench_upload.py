@@ -113,7 +113,7 @@ def raw_send(bootstrap: str, topic: str, batches) -> float:
     return time.perf_counter() - started
 
 
-def one_pass(path: Path, dep, bootstrap: str, topic: str) -> float:
+def one_pass(path: Path, deployment, bootstrap: str, topic: str) -> float:
     """Seconds to check and send the file in one pass: each chunk checked, then its messages sent
     while the next is read (no check pass before)."""
     from pipeline.upload_check import FileCheck
@@ -122,11 +122,13 @@ def one_pass(path: Path, dep, bootstrap: str, topic: str) -> float:
     from pipeline.upload_rows import UserRows
 
     def checked_messages():
-        check = FileCheck(dep.horizon, dep.n, UserRows(dep.roster, lambda: None))
-        for chunk in arrow_chunks(path, path.suffix.lstrip("."), dep):
+        check = FileCheck(
+            deployment.horizon, deployment.n, UserRows(deployment.roster, lambda: None)
+        )
+        for chunk in arrow_chunks(path, path.suffix.lstrip("."), deployment):
             if check.problem(chunk) is not None:
                 raise RuntimeError("the benchmark's file has a bad report")
-            yield from chunk_messages(chunk, np.arange(len(chunk)), dep)
+            yield from chunk_messages(chunk, np.arange(len(chunk)), deployment)
 
     return raw_send(bootstrap, topic, checked_messages())
 
@@ -141,8 +143,8 @@ def peak_memory_mb(config: Path, path: Path) -> float:
         "import resource, sys\n"
         "from pipeline.config import load_config\n"
         "from pipeline.upload import read_upload\n"
-        "dep = load_config(sys.argv[1])\n"
-        "for _ in read_upload(sys.argv[2], dep).messages(): pass\n"
+        "deployment = load_config(sys.argv[1])\n"
+        "for _ in read_upload(sys.argv[2], deployment).messages(): pass\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
     )
     out = subprocess.run(
@@ -181,12 +183,12 @@ def main(argv=None) -> dict:
     with EmbeddedServices(broker_log=out / "broker.log", durable_log=args.durable) as svc:
         cfg_path = out / "bench-upload.yaml"
         cfg_path.write_text(yaml.safe_dump(_config(args.n, args.partitions, svc)))
-        dep = load_config(cfg_path)
-        topic = ensure_topics(svc.broker.bootstrap, dep)["reports"]
-        ids = [f"{dep.roster.id_prefix}{i}" for i in range(args.n)]
+        deployment = load_config(cfg_path)
+        topic = ensure_topics(svc.broker.bootstrap, deployment)["reports"]
+        ids = [f"{deployment.roster.id_prefix}{i}" for i in range(args.n)]
         path = write_file(out / f"step1.{args.format}", ids, 1)
         del ids
-        prepared = read_upload(path, dep).batches  # what the raw producer sends (not timed)
+        prepared = read_upload(path, deployment).batches  # what the raw producer sends (not timed)
         result["messages"] = len(prepared)
         result["bytes"] = sum(len(b.value) for b in prepared)
         print(
@@ -198,7 +200,7 @@ def main(argv=None) -> dict:
         del prepared
         # what upload_file does, pass by pass: check, then send until acknowledged
         started, cpu = time.perf_counter(), time.process_time()
-        checked = read_upload(path, dep)
+        checked = read_upload(path, deployment)
         stages = {"check_s": time.perf_counter() - started}
         sent = send_upload(checked, svc.broker.bootstrap, topic)
         upload = time.perf_counter() - started
@@ -210,7 +212,7 @@ def main(argv=None) -> dict:
             raise RuntimeError(
                 f"upload acknowledged {sent.acknowledged:,} of {args.n:,}: {sent.failed[:3]}"
             )
-        single = one_pass(path, dep, svc.broker.bootstrap, topic)
+        single = one_pass(path, deployment, svc.broker.bootstrap, topic)
         result["peak_rss_mb"] = peak_memory_mb(cfg_path, path)
         print(
             f"peak RSS of a process checking the file and building its messages: "

@@ -42,7 +42,7 @@ from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.kafka.topics import topic_names
 
 n, P, FETCH = int(sys.argv[1]), 4, 12_500
-dep = parse_config({"name": "bench", "roster": {"size": n}, "horizon": 12, "topics": {"partitions": P},
+deployment = parse_config({"name": "bench", "roster": {"size": n}, "horizon": 12, "topics": {"partitions": P},
     "attributes": {"poverty": {"type": "binary"}, "item": {"type": "hashed", "size": 1_000_000}},
     "budget": {"rho": 0.01, "epsilon": 1.0, "delta": 1e-6}, "random": {"kind": "seeded", "seed": 1},
     "steps": {"max_ahead": 3},
@@ -50,8 +50,8 @@ dep = parse_config({"name": "bench", "roster": {"size": n}, "horizon": 12, "topi
                  {"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 0.5},
                  {"name": "hh", "type": "heavy_hitters", "attribute": "item", "method": "tct", "k": 3,
                   "share": 1.0}]})
-roster = Roster.from_config(dep.roster)
-core = IngestCore(dep, roster, topic_names(dep), isolated=True)
+roster = Roster.from_config(deployment.roster)
+core = IngestCore(deployment, roster, topic_names(deployment), isolated=True)
 rows = np.random.default_rng(0).permutation(np.flatnonzero(roster.owners(P) == 0))
 ids = [roster.ids[r] for r in rows.tolist()]
 item = np.random.default_rng(1).integers(0, 1_000_000, rows.size)
@@ -80,7 +80,7 @@ def ingest(values, per_fetch):
     assert core.states[0].intake.accepted == len(ids), core.states[0].intake.accepted
     return spent
 
-fcore = IngestCore(dep, roster, topic_names(dep))  # not isolated: forwards to the owner and waits for markers
+fcore = IngestCore(deployment, roster, topic_names(deployment))  # not isolated: forwards to the owner and waits for markers
 
 def forwarded(values, per_fetch):
     # the same reports arriving on partition 1 (a producer not partitioning by murmur2): forwarded

@@ -52,9 +52,9 @@ def run(n: int, steps: int) -> list[dict]:
     nowhere = SimpleNamespace(
         broker=SimpleNamespace(bootstrap="unused:0"), redis=SimpleNamespace(url="unused")
     )
-    dep = parse_config(_config(n, P, nowhere))  # the stream benchmark's deployment
-    roster = Roster.from_config(dep.roster)
-    core = IngestCore(dep, roster, topic_names(dep), isolated=True)
+    deployment = parse_config(_config(n, P, nowhere))  # the stream benchmark's deployment
+    roster = Roster.from_config(deployment.roster)
+    core = IngestCore(deployment, roster, topic_names(deployment), isolated=True)
     rng = np.random.default_rng(0)  # the stream benchmark's panel
     pov = (rng.random((n, HORIZON)) < 0.12).astype(np.int8)
     item = rng.integers(0, DOMAIN, size=(n, HORIZON)).astype(np.int32)
@@ -64,7 +64,7 @@ def run(n: int, steps: int) -> list[dict]:
     offsets = {p: 0 for p in range(P)}
     for p in range(P):
         core.assign(p)
-    engine, out = ReleaseEngine(dep, n), []
+    engine, out = ReleaseEngine(deployment, n), []
     for t in range(1, steps + 1):
         row: dict = {"step": t}
         messages, close_s, checkpoint_b = [], 0.0, 0

@@ -268,8 +268,8 @@ class Soak:
         from pipeline.stream.releaser.engine import batch_reference
 
         problems = []
-        dep, broker = load_config(self.path), self.record()["broker"]
-        names = topic_names(dep)
+        deployment, broker = load_config(self.path), self.record()["broker"]
+        names = topic_names(deployment)
         consumer = KafkaConsumer(
             bootstrap_servers=broker,
             **kafka_security(),
@@ -291,7 +291,7 @@ class Soak:
             if len(v) > 1
         ]
         panels = read_topics(broker, names, timeout=60)
-        reference = batch_reference(dep, {"pov": self.panel})
+        reference = batch_reference(deployment, {"pov": self.panel})
         for rel in ("fw", "cu"):
             got = panels.panels[rel]
             if got.complete_steps != set(range(1, self.horizon + 1)):

@@ -84,8 +84,8 @@ class Run:
         self.path = _config(
             self.workdir, svc, name, args.n, args.horizon, args.partitions, args.seed + 1
         )
-        self.dep = load_config(self.path)
-        self.roster = Roster.from_config(self.dep.roster)
+        self.deployment = load_config(self.path)
+        self.roster = Roster.from_config(self.deployment.roster)
         self.notes: list[str] = []
         self.fault_fired: bool | None = None
         self.drv: Any = None  # the StreamDriver, started with the cluster
@@ -187,7 +187,7 @@ def _verify(run: Run) -> dict[str, bool]:
     from pipeline.stream.state.store import StateStore
 
     T = run.args.horizon
-    ref = batch_reference(run.dep, {"pov": run.X})
+    ref = batch_reference(run.deployment, {"pov": run.X})
     panels = run.drv.panels.panels
     checks = {}
     checks["complete"] = all(
@@ -199,7 +199,7 @@ def _verify(run: Run) -> dict[str, bool]:
     checks["each_step_seen"] = sorted(run.drv.manifests_seen) == sorted(
         (r, t) for r in ("fw", "cu") for t in range(1, T + 1)
     )
-    store = StateStore.from_url(run.svc.redis.url, run.dep.name)
+    store = StateStore.from_url(run.svc.redis.url, run.deployment.name)
     ledger = store.ledger()
     want = sorted([f"fw:{t}" for t in range(K, T + 1)] + [f"cu:{t}" for t in range(1, T + 1)])
     checks["ledger_once"] = sorted(ledger) == want
@@ -225,9 +225,9 @@ def run_scenario(
     os.chdir(run.workdir)  # anything a process writes stays in the run's directory
     try:
         with LocalCluster(
-            run.path, run.dep, workers=args.workers, log_dir=run.workdir / "logs"
+            run.path, run.deployment, workers=args.workers, log_dir=run.workdir / "logs"
         ) as cluster:
-            run.drv = StepDriver(cluster.broker, run.dep, run.roster, cluster.names)
+            run.drv = StepDriver(cluster.broker, run.deployment, run.roster, cluster.names)
             try:
                 _drive(run, cluster)
                 time.sleep(1.0)

@@ -54,12 +54,12 @@ def alerts(source, args) -> int:
     if args.names:
         from .names import read_names, with_names
 
-        reader.dep = with_names(reader.dep, read_names(args.names))
+        reader.deployment = with_names(reader.deployment, read_names(args.names))
     found = reader.alerts(args.release, args.step)
     rels = (
         [reader.release(args.release, "alerts")]
         if args.release
-        else [r for r in reader.dep.releases if kind_of(r).output == "alerts"]
+        else [r for r in reader.deployment.releases if kind_of(r).output == "alerts"]
     )
     explain = {r.name: [reader.explain(r), kind_of(r).flag_limit(r)] for r in rels}
     if args.json:
@@ -86,7 +86,7 @@ def hash_values(source, args) -> int:
     from .names import codes_of, hashed_attribute, read_names
 
     reader = source.read()
-    name, attribute = hashed_attribute(reader.dep, args.attribute)
+    name, attribute = hashed_attribute(reader.deployment, args.attribute)
     values = list(args.values) + (read_names(args.names) if args.names else [])
     if not values:
         raise AnalystError("give values to hash, or --names FILE")

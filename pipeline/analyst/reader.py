@@ -36,7 +36,7 @@ class PublicReader:
     """Answers from a :class:`pipeline.consumer.PanelStore` filled from the public topics."""
 
     def __init__(self, deployment: Deployment, store):
-        self.dep = deployment
+        self.deployment = deployment
         self.store = store
 
     @classmethod
@@ -53,18 +53,20 @@ class PublicReader:
     def bounds(self) -> dict:
         from pipeline.error_bounds import release_bounds
 
-        return release_bounds(self.dep, self.dep.budget_plan().allotments(), self.dep.n)
+        return release_bounds(
+            self.deployment, self.deployment.budget_plan().allotments(), self.deployment.n
+        )
 
     def release(self, name: str, output: str | None = None):
         """The configured release ``name`` (``output``: "counts" for kinds that answer counts, "alerts")."""
-        releases = {r.name: r for r in self.dep.releases}
+        releases = {r.name: r for r in self.deployment.releases}
         if output == "counts":
             releases = {k: r for k, r in releases.items() if kind_of(r).output != "alerts"}
         elif output == "alerts":
             releases = {k: r for k, r in releases.items() if kind_of(r).output == "alerts"}
         if name not in releases:
             hint = ""
-            if name in {r.name for r in self.dep.releases}:
+            if name in {r.name for r in self.deployment.releases}:
                 hint = (
                     " (it publishes alerts: `dpstream alerts` reads them)"
                     if output == "counts"
@@ -80,10 +82,10 @@ class PublicReader:
 
     def context(self, release: ReleaseConfig) -> Context:
         return Context(
-            self.dep.attributes[release.attribute],
-            self.dep.n,
+            self.deployment.attributes[release.attribute],
+            self.deployment.n,
             self.bounds[release.name],
-            self.dep.steps.unit,
+            self.deployment.steps.unit,
         )
 
     def released_through(self, release: ReleaseConfig) -> int:
@@ -95,8 +97,8 @@ class PublicReader:
 
     def panel(self, release: ReleaseConfig, step: int | None = None):
         """The release's panel, released through ``step`` (default: at least one step)."""
-        if step is not None and not 1 <= step <= self.dep.horizon:
-            raise AnalystError(f"--step must be in 1..{self.dep.horizon}, got {step}")
+        if step is not None and not 1 <= step <= self.deployment.horizon:
+            raise AnalystError(f"--step must be in 1..{self.deployment.horizon}, got {step}")
         through = self.released_through(release)
         if through < (step or 1):
             raise NotReleased(
@@ -112,14 +114,14 @@ class PublicReader:
         if step is not None and 1 <= step < kind.first_step(rel):
             raise AnalystError(
                 f"release {rel.name!r} answers from step {kind.first_step(rel)} on "
-                f"({kind.questions(rel, self.dep.steps.unit)[0][0]}), got --step {step}"
+                f"({kind.questions(rel, self.deployment.steps.unit)[0][0]}), got --step {step}"
             )
         panel = self.panel(rel, step)
         try:
             answer = kind.answer(rel, panel, step, self.context(rel), raw=raw, group=group)
         except ValueError as err:
             raise AnalystError(str(err)) from None
-        not_answered = kind.questions(rel, self.dep.steps.unit)[1]
+        not_answered = kind.questions(rel, self.deployment.steps.unit)[1]
         return dataclasses.replace(
             answer, notes=answer.notes + [f"this release does not answer {'; '.join(not_answered)}"]
         )
@@ -135,7 +137,7 @@ class PublicReader:
         rels = (
             [self.release(name, "alerts")]
             if name
-            else [r for r in self.dep.releases if kind_of(r).output == "alerts"]
+            else [r for r in self.deployment.releases if kind_of(r).output == "alerts"]
         )
         out = []
         for rel in rels:
@@ -165,7 +167,7 @@ class PublicReader:
         return [dict(step=t, **by_step[t]) for t in sorted(by_step)]
 
     def explain(self, release: ReleaseConfig) -> str:
-        return kind_of(release).explain(self.bounds[release.name], self.dep.n)
+        return kind_of(release).explain(self.bounds[release.name], self.deployment.n)
 
     def dictionary(self, name: str) -> dict[str, Any]:
         """The data dictionary of a release's export (docs/topics.md, "Exports")."""
@@ -176,7 +178,7 @@ class PublicReader:
         ctx, b = self.context(rel), self.bounds[rel.name]
         last = panel.manifests[max(panel.manifests)]
         attribute = ctx.attribute
-        answers, not_answered = kind.questions(rel, self.dep.steps.unit)
+        answers, not_answered = kind.questions(rel, self.deployment.steps.unit)
         values = (
             {}
             if attribute.type == "hashed"
@@ -184,15 +186,15 @@ class PublicReader:
         )
         through = panel.released_through
         return {
-            "deployment": self.dep.name,
+            "deployment": self.deployment.name,
             "release": rel.name,
             "type": rel.type,
             "attribute": rel.attribute,
             "attribute_description": attribute.description,
             "unit": ctx.unit,
-            "horizon": self.dep.horizon,
+            "horizon": self.deployment.horizon,
             "released_through": through,
-            "n": self.dep.n,
+            "n": self.deployment.n,
             "records": int(panel.as_array().shape[0]),
             "privacy": {
                 k: last.get("privacy", {}).get(k)
@@ -203,16 +205,16 @@ class PublicReader:
                     "deployment_spent_as_approx_dp",
                 )
             },
-            "report_delta": self.dep.budget.report_delta,
+            "report_delta": self.deployment.budget.report_delta,
             "answers": answers,
             "does_not_answer": not_answered,
             "error_bound": {
                 "name": b.largest,
                 "value": b.bounds[b.largest],
                 "beta": b.beta,
-                "share_of_n": b.bounds[b.largest] / self.dep.n,
+                "share_of_n": b.bounds[b.largest] / self.deployment.n,
                 "all_bounds": dict(b.bounds),
-                "in_words": kind.explain(b, self.dep.n),
+                "in_words": kind.explain(b, self.deployment.n),
             },
             "values": values,
             "clipping": CLIPPING,

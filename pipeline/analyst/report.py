@@ -177,12 +177,12 @@ def _answer_tables(answers, unit: str) -> str:
 
 def _release_section(reader, rel: ReleaseConfig) -> str:
     kind = kind_of(rel)
-    answers_q, not_answered = kind.questions(rel, reader.dep.steps.unit)
-    unit = reader.dep.steps.unit
+    answers_q, not_answered = kind.questions(rel, reader.deployment.steps.unit)
+    unit = reader.deployment.steps.unit
     parts = [
         f'<h2 id="{_e(rel.name)}">{_e(rel.name)}</h2>',
         f'<p class="meta">{_e(rel.type)} release of <b>{_e(rel.attribute)}</b>'
-        f"{': ' + _e(reader.dep.attributes[rel.attribute].description) if reader.dep.attributes[rel.attribute].description else ''}</p>",
+        f"{': ' + _e(reader.deployment.attributes[rel.attribute].description) if reader.deployment.attributes[rel.attribute].description else ''}</p>",
         f"<p><b>Answers:</b> {_e('; '.join(answers_q))}.<br><b>Does not answer:</b> {_e('; '.join(not_answered))}.</p>",
         f'<p class="bound">{_e(reader.explain(rel)[0].upper() + reader.explain(rel)[1:])}.</p>',
     ]
@@ -229,13 +229,13 @@ def _spend_section(reader) -> str:
 
     from pipeline.error_bounds import planned_spend
 
-    dep = reader.dep
+    deployment = reader.deployment
     spend = reader.spend()
-    planned = planned_spend(dep, dep.budget_plan().allotments())
-    delta = dep.budget.report_delta
+    planned = planned_spend(deployment, deployment.budget_plan().allotments())
+    delta = deployment.budget.report_delta
     parts = [
         '<h2 id="privacy">Privacy spend</h2>',
-        f"<p>The whole deployment's spend after each released {_e(dep.steps.unit)}, as one (ε, δ) at the report "
+        f"<p>The whole deployment's spend after each released {_e(deployment.steps.unit)}, as one (ε, δ) at the report "
         f"δ = {delta:g} (zCDP converted, plus the monitors' (ε, δ)), against the planned total over the horizon "
         f"ε = {planned.epsilon:.4g} (δ = {planned.delta:.3g}). The spend is fixed in advance: it does not depend "
         "on the data.</p>",
@@ -265,7 +265,9 @@ def _spend_section(reader) -> str:
         showlegend=False,
         margin={"l": 60, "r": 20, "t": 50, "b": 50},
     )
-    fig.update_xaxes(title=_plot_text(dep.steps.unit), dtick=1, range=[0.5, dep.horizon + 0.5])
+    fig.update_xaxes(
+        title=_plot_text(deployment.steps.unit), dtick=1, range=[0.5, deployment.horizon + 0.5]
+    )
     fig.update_yaxes(title="ε", rangemode="tozero")
     parts.append(_figure_html(fig))
     rows = "".join(
@@ -274,7 +276,9 @@ def _spend_section(reader) -> str:
         for s in spend
     )
     parts.append(
-        '<table class="spend"><tr><th>' + _e(dep.steps.unit) + "</th><th>ε spent</th><th>δ</th>"
+        '<table class="spend"><tr><th>'
+        + _e(deployment.steps.unit)
+        + "</th><th>ε spent</th><th>δ</th>"
         "<th>of planned ε</th></tr>" + rows + "</table>"
     )
     return "".join(parts)
@@ -283,7 +287,7 @@ def _spend_section(reader) -> str:
 def _alerts_section(reader) -> str:
     import plotly.graph_objects as go
 
-    rels = [r for r in reader.dep.releases if kind_of(r).output == "alerts"]
+    rels = [r for r in reader.deployment.releases if kind_of(r).output == "alerts"]
     if not rels:
         return ""
     parts = ['<h2 id="alerts">Alerts</h2>']
@@ -299,7 +303,7 @@ def _alerts_section(reader) -> str:
             for a in alerts
             for name in _alert_items(kind, rel, reader, a)
         ]
-        unit = _plot_text(reader.dep.steps.unit)
+        unit = _plot_text(reader.deployment.steps.unit)
         if points:
             fig = go.Figure(
                 go.Scatter(
@@ -317,12 +321,12 @@ def _alerts_section(reader) -> str:
                 template="plotly_white",
                 margin={"l": 160, "r": 20, "t": 50, "b": 50},
             )
-            fig.update_xaxes(title=unit, dtick=1, range=[0.5, reader.dep.horizon + 0.5])
+            fig.update_xaxes(title=unit, dtick=1, range=[0.5, reader.deployment.horizon + 0.5])
             parts.append(_figure_html(fig))
         rows = "".join(f"<tr><td>{a['step']}</td><td>{_e(a['text'])}</td></tr>" for a in alerts)
         parts.append(
             '<table class="alerts"><tr><th>'
-            + _e(reader.dep.steps.unit)
+            + _e(reader.deployment.steps.unit)
             + "</th><th>alert</th></tr>"
             + (rows or "<tr><td colspan=2>no alerts yet</td></tr>")
             + "</table>"
@@ -335,7 +339,7 @@ def _alert_items(kind, rel: ReleaseConfig, reader, alert) -> list[str]:
     from pipeline.releases.reading import code_labels
 
     if "flagged" in alert:
-        return code_labels(reader.dep.attributes[rel.attribute], alert["flagged"])
+        return code_labels(reader.deployment.attributes[rel.attribute], alert["flagged"])
     return [alert["text"]] if alert.get("answer") not in (None, "between") else []
 
 
@@ -343,17 +347,17 @@ def render_report(reader) -> str:
     """The page as one HTML string (plotly.js inlined)."""
     from plotly.offline import get_plotlyjs
 
-    dep = reader.dep
-    counts = [r for r in dep.releases if kind_of(r).output != "alerts"]
-    through = max((reader.released_through(r) for r in dep.releases), default=0)
+    deployment = reader.deployment
+    counts = [r for r in deployment.releases if kind_of(r).output != "alerts"]
+    through = max((reader.released_through(r) for r in deployment.releases), default=0)
     toc = " · ".join(f'<a href="#{_e(r.name)}">{_e(r.name)}</a>' for r in counts)
     body = [
-        f"<h1>dpstream report: {_e(dep.name)}</h1>",
-        f'<p class="meta">n = {dep.n:,} users, horizon {dep.horizon} {_e(dep.steps.unit)}s, released through '
-        f"{_e(dep.steps.unit)} {through}. Built from the public topics only (releases, synthetic, alerts, deployment): every "
+        f"<h1>dpstream report: {_e(deployment.name)}</h1>",
+        f'<p class="meta">n = {deployment.n:,} users, horizon {deployment.horizon} {_e(deployment.steps.unit)}s, released through '
+        f"{_e(deployment.steps.unit)} {through}. Built from the public topics only (releases, synthetic, alerts, deployment): every "
         "number here is differentially private output or public configuration.</p>",
         f'<p>{toc} · <a href="#privacy">privacy spend</a>'
-        + (' · <a href="#alerts">alerts</a>' if len(counts) < len(dep.releases) else "")
+        + (' · <a href="#alerts">alerts</a>' if len(counts) < len(deployment.releases) else "")
         + "</p>",
     ]
     body += [_release_section(reader, r) for r in counts]
@@ -361,7 +365,7 @@ def render_report(reader) -> str:
     body.append(_alerts_section(reader))
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        f"<title>dpstream report: {_e(dep.name)}</title><style>{_CSS}</style>"
+        f"<title>dpstream report: {_e(deployment.name)}</title><style>{_CSS}</style>"
         f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>'
         + "".join(body)
         + "</body></html>"

@@ -76,20 +76,20 @@ def _source(args):
     from pipeline.stream.kafka.topics import topic_names
 
     if args.config:
-        dep = _load(args.config)
-        if args.deployment and args.deployment != dep.name:
+        deployment = _load(args.config)
+        if args.deployment and args.deployment != deployment.name:
             raise SystemExit(
                 _fail(
                     EXIT_CONFIG,
                     f"--deployment {args.deployment} names another "
                     f"deployment than --config {args.config} "
-                    f"({dep.name})",
+                    f"({deployment.name})",
                 )
             )
-        broker = args.broker or _endpoints(dep, redis=False)[0]
+        broker = args.broker or _endpoints(deployment, redis=False)[0]
         prefix = args.topic_prefix
-        names = topic_names(dep) if prefix is None else public_names(prefix, dep.name)
-        source = PublicSource(broker, names, dep.name, dep)
+        names = topic_names(deployment) if prefix is None else public_names(prefix, deployment.name)
+        source = PublicSource(broker, names, deployment.name, deployment)
     elif args.broker and args.deployment:
         names = public_names(args.topic_prefix or "dpstream", args.deployment)
         source = PublicSource(args.broker, names, args.deployment)

@@ -40,15 +40,15 @@ def _load(path: str):
     from pipeline.privacy.errors import PrivacyBudgetError
 
     try:
-        dep = load_config(path)  # includes the budget plan: refused before anything starts
+        deployment = load_config(path)  # includes the budget plan: refused before anything starts
     except FileNotFoundError:
         raise SystemExit(_fail(EXIT_CONFIG, f"no such configuration file: {path}")) from None
     except (ConfigError, PrivacyBudgetError) as err:
         raise SystemExit(_fail(EXIT_CONFIG, f"configuration refused: {err}")) from None
     use_security(
-        dep.security
+        deployment.security
     )  # every client this command builds connects as configured (pipeline.connections)
-    return dep
+    return deployment
 
 
 def _fail(code: int, message: str) -> int:
@@ -137,17 +137,19 @@ def _redacted(err: BaseException, url: str) -> str:
 
 @overload
 def _endpoints(
-    dep: Deployment, check: bool = ..., redis: Literal[True] = ...
+    deployment: Deployment, check: bool = ..., redis: Literal[True] = ...
 ) -> tuple[str, str]: ...
 
 
 @overload
 def _endpoints(
-    dep: Deployment, check: bool = ..., *, redis: Literal[False]
+    deployment: Deployment, check: bool = ..., *, redis: Literal[False]
 ) -> tuple[str, None]: ...
 
 
-def _endpoints(dep: Deployment, check: bool = True, redis: bool = True) -> tuple[str, str | None]:
+def _endpoints(
+    deployment: Deployment, check: bool = True, redis: bool = True
+) -> tuple[str, str | None]:
     """Broker and Redis of a deployment: configured, or those of a running `dpstream up`; checked to answer.
     ``redis=False`` (the analysts' commands: public topics only) neither needs nor touches Redis."""
     from pipeline.stream.local.cluster import endpoints_file
@@ -155,8 +157,8 @@ def _endpoints(dep: Deployment, check: bool = True, redis: bool = True) -> tuple
     # an unset variable or unreadable file is one line now, not a client's retry loop; an analyst has no
     # Redis secret to read
     check_secrets() if redis else kafka_security()
-    broker = os.environ.get("DPSTREAM_BROKER") or dep.broker
-    redis_url = (os.environ.get("DPSTREAM_REDIS") or dep.redis) if redis else None
+    broker = os.environ.get("DPSTREAM_BROKER") or deployment.broker
+    redis_url = (os.environ.get("DPSTREAM_REDIS") or deployment.redis) if redis else None
     redis_url_given = bool(redis_url)
     if redis and os.environ.get("DPSTREAM_REDIS"):
         try:
@@ -164,13 +166,13 @@ def _endpoints(dep: Deployment, check: bool = True, redis: bool = True) -> tuple
         except ValueError as err:
             raise SystemExit(_fail(EXIT_CONFIG, str(err))) from None
     if not (broker and (redis_url or not redis)):
-        rec = _up_record(dep.name)
+        rec = _up_record(deployment.name)
         if rec is None:
             raise SystemExit(
                 _fail(
                     EXIT_CONFIG,
-                    f"deployment {dep.name!r} names no broker/Redis and no `dpstream up` "
-                    f"is running for it (no {endpoints_file(dep.name)})",
+                    f"deployment {deployment.name!r} names no broker/Redis and no `dpstream up` "
+                    f"is running for it (no {endpoints_file(deployment.name)})",
                 )
             )
         if not rec["alive"]:
@@ -179,7 +181,7 @@ def _endpoints(dep: Deployment, check: bool = True, redis: bool = True) -> tuple
             raise SystemExit(
                 _fail(
                     EXIT_RUNTIME,
-                    f"`dpstream up` of deployment {dep.name!r} (pid {rec['pid']}) is "
+                    f"`dpstream up` of deployment {deployment.name!r} (pid {rec['pid']}) is "
                     "still starting; try again in a moment",
                 )
             )

@@ -31,7 +31,7 @@ _PROBE_TIMEOUT = (
 )
 
 
-def refuse_if_started_differently(dep: Deployment, hint: str = "") -> None:
+def refuse_if_started_differently(deployment: Deployment, hint: str = "") -> None:
     """:func:`refuse_other_configuration` for the commands that also work without Redis: when the
     deployment's Redis is known and answers. Not started here (no Redis named, no `up` running):
     nothing to compare with, so nothing is refused; a Redis that does not answer: a warning."""
@@ -40,12 +40,14 @@ def refuse_if_started_differently(dep: Deployment, hint: str = "") -> None:
     from pipeline.connections import redis_client
     from pipeline.stream.state.store import StateStore
 
-    rec = _up_record(dep.name)
+    rec = _up_record(deployment.name)
     if not (
-        os.environ.get("DPSTREAM_REDIS") or dep.redis or (rec and rec["alive"] and "redis" in rec)
+        os.environ.get("DPSTREAM_REDIS")
+        or deployment.redis
+        or (rec and rec["alive"] and "redis" in rec)
     ):
         return
-    _, redis_url = _endpoints(dep, check=False)
+    _, redis_url = _endpoints(deployment, check=False)
     assert redis_url is not None  # _endpoints(redis=True) names one or exits
     try:
         redis_client(
@@ -53,16 +55,16 @@ def refuse_if_started_differently(dep: Deployment, hint: str = "") -> None:
         ).ping()
     except redis.RedisError as err:
         print(
-            f"WARNING: the configuration was not checked against deployment {dep.name!r}'s: its "
+            f"WARNING: the configuration was not checked against deployment {deployment.name!r}'s: its "
             f"Redis did not answer ({type(err).__name__})",
             file=sys.stderr,
         )
         return
-    refuse_other_configuration(dep, StateStore.from_url(redis_url, dep.name), hint)
+    refuse_other_configuration(deployment, StateStore.from_url(redis_url, deployment.name), hint)
 
 
-def refuse_other_configuration(dep: Deployment, store: StateStore, hint: str = "") -> None:
-    """SystemExit(2) naming the differing keys when ``dep`` is not the configuration ``store``'s
+def refuse_other_configuration(deployment: Deployment, store: StateStore, hint: str = "") -> None:
+    """SystemExit(2) naming the differing keys when ``deployment`` is not the configuration ``store``'s
     state was created under; nothing when it is, or when no process has started yet."""
     from pipeline.stream.ingest.roster import Roster
     from pipeline.stream.state.fingerprint import config_changes, fingerprint, privacy_config
@@ -71,7 +73,7 @@ def refuse_other_configuration(dep: Deployment, store: StateStore, hint: str = "
     if identity is None:
         return
     try:
-        ids = Roster.from_config(dep.roster).ids
+        ids = Roster.from_config(deployment.roster).ids
     except OSError as err:
         raise SystemExit(
             _fail(
@@ -81,7 +83,7 @@ def refuse_other_configuration(dep: Deployment, store: StateStore, hint: str = "
                 "deployment's)",
             )
         ) from None
-    current = privacy_config(dep, ids)
+    current = privacy_config(deployment, ids)
     if fingerprint(current) == identity.get("fingerprint"):
         return
     changes = "; ".join(config_changes(identity.get("config", {}), current))
@@ -89,7 +91,7 @@ def refuse_other_configuration(dep: Deployment, store: StateStore, hint: str = "
         _fail(
             EXIT_CONFIG,
             "configuration refused: the privacy-relevant configuration "
-            f"differs from the one deployment {dep.name!r} was started "
+            f"differs from the one deployment {deployment.name!r} was started "
             f"with: {changes}. Use the deployment's own configuration "
             f"file (the processes refuse this one too){hint}",
         )

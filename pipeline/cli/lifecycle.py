@@ -36,8 +36,8 @@ def _run_job(role: str, args) -> int:
     one with exit code 2 or a lost state with exit code 4)."""
     from pipeline.stream.process.runtime import job_command
 
-    dep = _load(args.config)
-    broker, redis_url = _endpoints(dep, check=False)  # the jobs retry while services start
+    deployment = _load(args.config)
+    broker, redis_url = _endpoints(deployment, check=False)  # the jobs retry while services start
     cmd = job_command(role, args.config, broker, redis_url, args.loglevel)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -87,12 +87,12 @@ def cmd_up(args) -> int:
     from pipeline.stream.state.store import StateStore
     from pipeline.upload_time import deadline_warning
 
-    dep = _load(args.config)
-    rec = _up_record(dep.name)
+    deployment = _load(args.config)
+    rec = _up_record(deployment.name)
     if rec and rec["alive"]:  # two would share one Redis data directory
         return _fail(
             EXIT_CONFIG,
-            f"`dpstream up` is already running for deployment {dep.name!r} (pid {rec['pid']}); "
+            f"`dpstream up` is already running for deployment {deployment.name!r} (pid {rec['pid']}); "
             f"`dpstream down --config {args.config}` stops it",
         )
     if rec:
@@ -102,31 +102,33 @@ def cmd_up(args) -> int:
     # The embedded Redis (release records, ledger) and the embedded broker's log live in
     # DPSTREAM_HOME/<deployment>/{redis,log} unless --ephemeral: losing them would leave the deployment
     # unable to continue (the fence refuses) or lose reports the broker acknowledged.
-    embedded = not (dep.redis and dep.broker)
-    data_dir = None if args.ephemeral or not embedded else state_dir(dep.name)
+    embedded = not (deployment.redis and deployment.broker)
+    data_dir = None if args.ephemeral or not embedded else state_dir(deployment.name)
     log_dir = Path(args.log_dir).resolve()
     cluster = LocalCluster(
         args.config,
-        dep,
+        deployment,
         workers=args.workers,
         log_dir=log_dir,
         metrics=True,
         data_dir=data_dir,
-        durable_log=data_dir is not None and not dep.broker,
+        durable_log=data_dir is not None and not deployment.broker,
         isolated=True,
     )
     os.environ[SUPERVISOR_ENV] = new_tag(
-        dep.name
+        deployment.name
     )  # inherited by every process started from here on
-    if not _claim(dep.name):
-        return _fail(EXIT_CONFIG, f"another `dpstream up` of deployment {dep.name!r} is starting")
+    if not _claim(deployment.name):
+        return _fail(
+            EXIT_CONFIG, f"another `dpstream up` of deployment {deployment.name!r} is starting"
+        )
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     code = EXIT_OK
     try:
         cluster.start_services()
         cluster.write_endpoints()  # Redis's pid, before anything else can fail (leftovers.py)
-        marker_dir = data_dir if data_dir is not None and not dep.redis else None
-        refused = _check_marker(dep, cluster.redis_url, marker_dir)
+        marker_dir = data_dir if data_dir is not None and not deployment.redis else None
+        refused = _check_marker(deployment, cluster.redis_url, marker_dir)
         if refused and marker_dir is not None:  # a refusal needs a marker (_check_marker)
             code = _fail(
                 EXIT_STATE_LOST,
@@ -136,17 +138,17 @@ def cmd_up(args) -> int:
             )
             return code
         cluster.start()
-        targets = _write_targets(dep.name, cluster.metrics_ports, None)
+        targets = _write_targets(deployment.name, cluster.metrics_ports, None)
         redis_where = (
             "configured"
-            if dep.redis
+            if deployment.redis
             else f"data in {data_dir / 'redis'}"
             if data_dir
             else "ephemeral: deleted on stop"
         )
         log_where = (
             "configured"
-            if dep.broker
+            if deployment.broker
             else f"log in {data_dir / 'log'}"
             if cluster.durable_log and data_dir
             else "memory-only: its log is lost on stop"
@@ -154,11 +156,11 @@ def cmd_up(args) -> int:
         print(
             f"dpstream up: broker {cluster.broker}, redis {cluster.redis_url} ({redis_where}), "
             f"{args.workers} worker(s) + releaser; broker {log_where}; process logs in {log_dir}; "
-            f"metrics ports {cluster.metrics_ports} (Prometheus file_sd: {targets_file(dep.name)}). Ctrl-C or "
+            f"metrics ports {cluster.metrics_ports} (Prometheus file_sd: {targets_file(deployment.name)}). Ctrl-C or "
             "`dpstream down` stops.",
             flush=True,
         )
-        if not dep.broker:
+        if not deployment.broker:
             from pipeline.stream.local.broker_access import embedded_broker_notice
 
             print(
@@ -166,17 +168,17 @@ def cmd_up(args) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        late = deadline_warning(dep)
+        late = deadline_warning(deployment)
         if late:
             print(f"WARNING: {late}", file=sys.stderr, flush=True)
-        last_mark, store = None, StateStore.from_url(cluster.redis_url, dep.name)
+        last_mark, store = None, StateStore.from_url(cluster.redis_url, deployment.name)
         while True:
             for line in cluster.supervise() + cluster.housekeeping():
                 print(
                     f"dpstream up: {time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True
                 )
             targets = _write_targets(
-                dep.name, cluster.metrics_ports, targets
+                deployment.name, cluster.metrics_ports, targets
             )  # a restart takes a new port
             if marker_dir is not None:
                 last_mark = _update_marker(store, marker_dir, last_mark)
@@ -193,7 +195,7 @@ def cmd_up(args) -> int:
         for sig in previous:  # a second signal must not cut the shutdown short
             signal.signal(sig, signal.SIG_IGN)
         cluster.stop()
-        targets_file(dep.name).unlink(missing_ok=True)
+        targets_file(deployment.name).unlink(missing_ok=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return code
@@ -210,7 +212,7 @@ def _write_targets(
     return dict(ports)
 
 
-def _check_marker(dep: Deployment, redis_url: str, marker_dir: Path | None) -> str | None:
+def _check_marker(deployment: Deployment, redis_url: str, marker_dir: Path | None) -> str | None:
     """Why this `up` would be a state-less start over a deployment that has released (None: it is not)."""
     from pipeline.stream.local.marker import read_marker, stateless_start
     from pipeline.stream.state.store import StateStore
@@ -223,7 +225,7 @@ def _check_marker(dep: Deployment, redis_url: str, marker_dir: Path | None) -> s
         return str(err)
     if marker is None:
         return None
-    store = StateStore.from_url(redis_url, dep.name)
+    store = StateStore.from_url(redis_url, deployment.name)
     return stateless_start(marker, store.identity(), store.last_released())
 
 
@@ -280,16 +282,16 @@ def cmd_down(args) -> int:
     """Stop the `dpstream up` of a deployment (SIGTERM, then wait for its shutdown); clean a stale file."""
     from pipeline.stream.local.embedded import pid_alive
 
-    dep = _load(args.config)
-    rec = _up_record(dep.name)
+    deployment = _load(args.config)
+    rec = _up_record(deployment.name)
     if rec is None:
-        print(f"no `dpstream up` is running for deployment {dep.name!r}; nothing to stop")
+        print(f"no `dpstream up` is running for deployment {deployment.name!r}; nothing to stop")
         return EXIT_OK
     if rec["alive"]:
         if not args.force:  # the deployment it would stop is not the one this file describes
             from pipeline.cli.config_check import refuse_if_started_differently
 
-            refuse_if_started_differently(dep, "; --force stops it anyway")
+            refuse_if_started_differently(deployment, "; --force stops it anyway")
         os.kill(rec["pid"], signal.SIGTERM)
         os.kill(rec["pid"], signal.SIGCONT)  # a stopped `up` takes its SIGTERM once continued
         deadline = time.monotonic() + args.wait
@@ -300,7 +302,7 @@ def cmd_down(args) -> int:
                     f"`dpstream up` (pid {rec['pid']}) did not stop within {args.wait:g} s",
                 )
             time.sleep(0.2)
-        print(f"stopped `dpstream up` (pid {rec['pid']}) of deployment {dep.name!r}")
+        print(f"stopped `dpstream up` (pid {rec['pid']}) of deployment {deployment.name!r}")
     else:
         print(f"removed {_stale(rec).split(';')[0]}")
     left = _stop_leftovers(rec)  # nothing after a clean shutdown; a killed `up`'s orphans otherwise

@@ -29,32 +29,34 @@ if TYPE_CHECKING:
 
 
 # -- producing and controlling ------------------------------------------------------------------
-def _producer(dep: Deployment):
+def _producer(deployment: Deployment):
     from pipeline.stream.ingest.roster import Roster
     from pipeline.stream.kafka.report_producer import ReportProducer
     from pipeline.stream.kafka.topics import topic_names
 
-    broker, _ = _endpoints(dep)
-    return ReportProducer(broker, dep, Roster.from_config(dep.roster), topic_names(dep))
+    broker, _ = _endpoints(deployment)
+    return ReportProducer(
+        broker, deployment, Roster.from_config(deployment.roster), topic_names(deployment)
+    )
 
 
-def _intake(dep: Deployment, wait: float):
+def _intake(deployment: Deployment, wait: float):
     """(store, view): the workers' intake counts once they have handled the reports sent so far."""
     from pipeline.stream.ingest.intake_view import intake_view
     from pipeline.stream.kafka.topics import topic_names
     from pipeline.stream.state.store import StateStore
 
-    broker, redis_url = _endpoints(dep)
-    store = StateStore.from_url(redis_url, dep.name)
-    refuse_other_configuration(dep, store)  # before any count or spend is shown for it
-    names = topic_names(dep)
+    broker, redis_url = _endpoints(deployment)
+    store = StateStore.from_url(redis_url, deployment.name)
+    refuse_other_configuration(deployment, store)  # before any count or spend is shown for it
+    names = topic_names(deployment)
     from pipeline.producer import progress_printer
 
     return store, intake_view(
         store,
         broker,
         names["reports"],
-        dep.topics.partitions,
+        deployment.topics.partitions,
         wait=wait,
         repartition_topic=names["repartition"],
         progress=_changes_only(
@@ -83,15 +85,15 @@ def _changes_only(show, every: float = 2.1):
     return call
 
 
-def _step_refused(dep: Deployment, step: int, window: range) -> str | None:
+def _step_refused(deployment: Deployment, step: int, window: range) -> str | None:
     """Why the workers would dead-letter reports of ``step`` now (None: they accept them)."""
     if step < window.start:
         return f"step {step} is closed (steps up to {window.start - 1} are): the workers would dead-letter it as late"
     if step > window.stop - 1:
         return (
-            f"step {step} is more than steps.max_ahead = {dep.steps.max_ahead} step(s) past the open step "
+            f"step {step} is more than steps.max_ahead = {deployment.steps.max_ahead} step(s) past the open step "
             f"{window.start}: the workers would dead-letter every report as future_step. Close step "
-            f"{step - dep.steps.max_ahead - 1} first (dpstream close), then send it"
+            f"{step - deployment.steps.max_ahead - 1} first (dpstream close), then send it"
         )
     return None
 
@@ -117,12 +119,12 @@ def _produce(args, stage: list[str]) -> int:
     from pipeline.stream.ingest.report_files import ReportFileError
     from pipeline.upload import read_upload
 
-    dep = _load(args.config)
+    deployment = _load(args.config)
     path = args.jsonl or args.csv or args.parquet
-    if args.simulate and dep.production:
+    if args.simulate and deployment.production:
         return _fail(
             EXIT_CONFIG,
-            f"--simulate is refused: deployment {dep.name!r} has production: "
+            f"--simulate is refused: deployment {deployment.name!r} has production: "
             "true and takes only the curator's data (--csv, --jsonl or --parquet "
             "FILE; docs/own-data.md)",
         )
@@ -133,13 +135,13 @@ def _produce(args, stage: list[str]) -> int:
             "(your data; docs/own-data.md), or --simulate for simulated "
             "reports (not on a production deployment)",
         )
-    if args.step is not None and not 1 <= args.step <= dep.horizon:
-        return _fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {args.step}")
-    if args.attribute is not None and args.attribute not in dep.attributes:
+    if args.step is not None and not 1 <= args.step <= deployment.horizon:
+        return _fail(EXIT_CONFIG, f"--step must be in 1..{deployment.horizon}, got {args.step}")
+    if args.attribute is not None and args.attribute not in deployment.attributes:
         return _fail(
             EXIT_CONFIG,
             f"--attribute {args.attribute!r} is not an attribute of "
-            f"deployment {dep.name!r} ({', '.join(dep.attributes)})",
+            f"deployment {deployment.name!r} ({', '.join(deployment.attributes)})",
         )
     if args.replace and not path:
         return _fail(
@@ -150,14 +152,14 @@ def _produce(args, stage: list[str]) -> int:
     if path:  # the whole file is checked before anything is sent (pipeline.upload)
         stage[0] = f"checking {path}"
         try:
-            found = read_upload(path, dep)
+            found = read_upload(path, deployment)
         except ReportFileError as err:
             return _fail(EXIT_CONFIG, f"nothing sent: {err}")
     stage[0] = "waiting for the workers' counts"
-    _, view = _intake(dep, wait=args.wait)
-    window = open_window(dep, view.closing)
+    _, view = _intake(deployment, wait=args.wait)
+    window = open_window(deployment, view.closing)
     if not len(window):
-        return _fail(EXIT_REFUSED, f"nothing sent: every step (1..{dep.horizon}) is closed")
+        return _fail(EXIT_REFUSED, f"nothing sent: every step (1..{deployment.horizon}) is closed")
     if found is not None:
         if args.step is not None:
             found = found.only_step(args.step)
@@ -168,10 +170,10 @@ def _produce(args, stage: list[str]) -> int:
         for file_step, line in sorted(
             found.first_lines.items(), key=lambda kv: kv[1]
         ):  # the first refused line
-            why = _step_refused(dep, file_step, window)
+            why = _step_refused(deployment, file_step, window)
             if why:
                 return _fail(EXIT_REFUSED, f"nothing sent: {path}:{line}: {why}")
-        return _send_file(dep, found, args, view, stage)
+        return _send_file(deployment, found, args, view, stage)
     step: int | None = args.step
     if step is None:  # the next open step without reports yet
         step = next((t for t in window if view.reported(t) == 0), None)
@@ -181,7 +183,7 @@ def _produce(args, stage: list[str]) -> int:
                 f"nothing sent: the steps the workers accept now ({window.start}.."
                 f"{window.stop - 1}) already have reports; close step {window.start} first",
             )
-    why = _step_refused(dep, step, window)
+    why = _step_refused(deployment, step, window)
     if why is None and view.reported(step):
         why = (
             f"step {step} already has {view.reported(step):,} accepted reports: sending it again would only "
@@ -190,12 +192,14 @@ def _produce(args, stage: list[str]) -> int:
     if why:
         return _fail(EXIT_REFUSED, f"nothing sent: {why}")
     if args.dry_run:
-        print(f"dry run: would send {dep.n:,} simulated reports for step {step}; nothing sent")
+        print(
+            f"dry run: would send {deployment.n:,} simulated reports for step {step}; nothing sent"
+        )
         return EXIT_OK
-    return _send_simulated(dep, step, args, stage)
+    return _send_simulated(deployment, step, args, stage)
 
 
-def _send_simulated(dep: Deployment, step: int, args, stage: list[str]) -> int:
+def _send_simulated(deployment: Deployment, step: int, args, stage: list[str]) -> int:
     """Simulated reports of every attribute (or ``--attribute``) for ``step``
     (:mod:`pipeline.sim.step_values`)."""
     from pipeline.cli.verdict import mark_dead_letters
@@ -203,14 +207,14 @@ def _send_simulated(dep: Deployment, step: int, args, stage: list[str]) -> int:
     from pipeline.sim.step_values import simulated_step
     from pipeline.stream.kafka.topics import topic_names
 
-    broker, _ = _endpoints(dep)
-    mark = mark_dead_letters(dep, broker)
-    receipt = Receipt(topic_names(dep)["reports"])
-    values = simulated_step(dep, dep.n, step, args.seed)
+    broker, _ = _endpoints(deployment)
+    mark = mark_dead_letters(deployment, broker)
+    receipt = Receipt(topic_names(deployment)["reports"])
+    values = simulated_step(deployment, deployment.n, step, args.seed)
     if args.attribute is not None:
         values = {args.attribute: values[args.attribute]}
     stage[0] = f"sending simulated reports for step {step}"
-    prod = _producer(dep)
+    prod = _producer(deployment)
     interrupted = True
     try:
         n = prod.send_step(step, values, receipt=receipt)
@@ -218,10 +222,10 @@ def _send_simulated(dep: Deployment, step: int, args, stage: list[str]) -> int:
     finally:
         prod.close(timeout=0 if interrupted else None)
     print(f"sent {n} simulated reports for step {step} (all acknowledged)")
-    return _verdict(dep, receipt, mark, args, stage)
+    return _verdict(deployment, receipt, mark, args, stage)
 
 
-def _verdict(dep: Deployment, receipt, mark, args, stage: list[str]) -> int:
+def _verdict(deployment: Deployment, receipt, mark, args, stage: list[str]) -> int:
     """The workers' verdict on what was sent (skipped with --no-wait)."""
     from pipeline.cli.verdict import report_fates
 
@@ -232,10 +236,10 @@ def _verdict(dep: Deployment, receipt, mark, args, stage: list[str]) -> int:
         )
         return EXIT_OK
     stage[0] = "waiting for the workers' verdict on the reports sent (on the broker's log)"
-    return report_fates(dep, receipt, mark, args.timeout)
+    return report_fates(deployment, receipt, mark, args.timeout)
 
 
-def _send_file(dep: Deployment, found, args, view, stage: list[str]) -> int:
+def _send_file(deployment: Deployment, found, args, view, stage: list[str]) -> int:
     """A checked report file through the producer helper (pipeline.producer): the topic must exist, every
     report is keyed by its user id, and what the broker acknowledged is what is reported; then the
     workers' verdict on those reports."""
@@ -246,7 +250,7 @@ def _send_file(dep: Deployment, found, args, view, stage: list[str]) -> int:
     steps = ", ".join(map(str, sorted(found.steps())))
     plural = "s" if len(found.steps()) > 1 else ""
     # corrections (--replace) replace held reports: no duplicate to foresee
-    held, certain = ([], 0) if args.replace else held_conflicts(dep, view, found.counts)
+    held, certain = ([], 0) if args.replace else held_conflicts(deployment, view, found.counts)
     if args.dry_run:
         for line in held:
             print(f"dry run: {line}")
@@ -263,13 +267,13 @@ def _send_file(dep: Deployment, found, args, view, stage: list[str]) -> int:
         return EXIT_OK
     for line in held:
         print(f"WARNING: {line}", file=sys.stderr)
-    broker, _ = _endpoints(dep)
-    with ReportSender(dep, broker) as sender:
+    broker, _ = _endpoints(deployment)
+    with ReportSender(deployment, broker) as sender:
         try:
             sender.check_topic()
         except TopicMissing as err:
             return _fail(EXIT_RUNTIME, str(err))
-        mark = mark_dead_letters(dep, broker)
+        mark = mark_dead_letters(deployment, broker)
         stage[0] = f"sending {found.path}"
         try:
             result = send_upload(
@@ -296,7 +300,7 @@ def _send_file(dep: Deployment, found, args, view, stage: list[str]) -> int:
         )
     what = "corrections" if args.replace else "reports"
     print(f"sent {result.acknowledged} {what} for step{plural} {steps} (all acknowledged)")
-    return _verdict(dep, result.receipt, mark, args, stage)
+    return _verdict(deployment, result.receipt, mark, args, stage)
 
 
 def cmd_close(args) -> int:
@@ -306,20 +310,20 @@ def cmd_close(args) -> int:
     from pipeline.plan import spend_of_steps
     from pipeline.stream.ingest.intake_view import close_assessment
 
-    dep = _load(args.config)
-    if not 1 <= args.step <= dep.horizon:
-        return _fail(EXIT_CONFIG, f"--step must be in 1..{dep.horizon}, got {args.step}")
+    deployment = _load(args.config)
+    if not 1 <= args.step <= deployment.horizon:
+        return _fail(EXIT_CONFIG, f"--step must be in 1..{deployment.horizon}, got {args.step}")
     if (
-        dep.steps.close == "deadline" and not args.force
+        deployment.steps.close == "deadline" and not args.force
     ):  # before anything is read: nothing depends on counts
         return _fail(
             EXIT_REFUSED,
-            f"refusing a manual close: deployment {dep.name!r} closes its steps on a "
-            f"deadline (steps.close: deadline, every {dep.steps.deadline_seconds:g} s); a "
+            f"refusing a manual close: deployment {deployment.name!r} closes its steps on a "
+            f"deadline (steps.close: deadline, every {deployment.steps.deadline_seconds:g} s); a "
             "close now is irreversible and would cut the step's upload short. Pass --force "
             "to close anyway",
         )
-    store, view = _intake(dep, wait=args.wait)
+    store, view = _intake(deployment, wait=args.wait)
     steps = range(view.closing + 1, args.step + 1)
     if not len(steps):
         released = store.last_released()
@@ -345,7 +349,7 @@ def cmd_close(args) -> int:
                 "the counts below miss them",
                 file=sys.stderr,
             )
-    checks = close_assessment(dep, view, steps)
+    checks = close_assessment(deployment, view, steps)
     for c in checks:
         print(
             f"step {c.step}: {c.reported:,} of {c.users:,} users reported ({c.imputed_share:.1%} imputed, as the "
@@ -355,7 +359,7 @@ def cmd_close(args) -> int:
             print(f"WARNING: {w}", file=sys.stderr)
     for line in view.log_lost_warnings():
         print(f"LOST: {line}", file=sys.stderr)
-    spend = spend_of_steps(dep, steps)
+    spend = spend_of_steps(deployment, steps)
     label = f"steps {steps.start}..{steps.stop - 1}" if len(steps) > 1 else f"step {steps.start}"
     print(
         f"closing {label} releases {'them' if len(steps) > 1 else 'it'} and spends: "
@@ -394,7 +398,7 @@ def cmd_close(args) -> int:
             f"step, at most {MAX_COMMAND_STEPS:,}; close through step "
             f"{first + MAX_COMMAND_STEPS - 1} first",
         )
-    prod = _producer(dep)
+    prod = _producer(deployment)
     try:
         prod.close_step(args.step, first=first)
     except KeyUnavailable as err:
@@ -427,34 +431,34 @@ def cmd_status(args) -> int:
     from pipeline.stream.ingest.intake_view import IntakeView
     from pipeline.stream.state.store import StateStore
 
-    dep = _load(args.config)
-    rec = _up_record(dep.name)
-    running = dep.redis or os.environ.get("DPSTREAM_REDIS") or (rec and rec["alive"])
+    deployment = _load(args.config)
+    rec = _up_record(deployment.name)
+    running = deployment.redis or os.environ.get("DPSTREAM_REDIS") or (rec and rec["alive"])
     if running:
-        _, redis_url = _endpoints(dep)
-        store = StateStore.from_url(redis_url, dep.name)
+        _, redis_url = _endpoints(deployment)
+        store = StateStore.from_url(redis_url, deployment.name)
         try:
-            intake = _intake(dep, wait=args.wait)[
+            intake = _intake(deployment, wait=args.wait)[
                 1
             ].as_json()  # curator-side counts: the operator's terminal only
         except Exception as err:  # noqa: BLE001 - e.g. the broker is down: the rest of the status still shows
             intake = {"unavailable": f"{type(err).__name__}: {err}"}
-        status = status_document(dep, store, intake, f"Redis at {redis_url}")
+        status = status_document(deployment, store, intake, f"Redis at {redis_url}")
     else:
         if rec:  # a killed `up` may have left its Redis running on the data directory
             raise SystemExit(_fail(EXIT_CONFIG, _stale(rec)))
-        with _redis_at_rest(dep) as (redis_url, where):
-            store = StateStore.from_url(redis_url, dep.name)
-            refuse_other_configuration(dep, store)
-            view = IntakeView(store.last_closing(), dep.topics.partitions, store.intake())
+        with _redis_at_rest(deployment) as (redis_url, where):
+            store = StateStore.from_url(redis_url, deployment.name)
+            refuse_other_configuration(deployment, store)
+            view = IntakeView(store.last_closing(), deployment.topics.partitions, store.intake())
             status = status_document(
-                dep,
+                deployment,
                 store,
                 view.as_json(),
                 f"{where} (`dpstream up` is not running: the "
                 "workers' counts are as they last wrote them; the broker's log is not checked)",
             )
-    access = _broker_access(dep, rec)
+    access = _broker_access(deployment, rec)
     if access:
         status["broker_access"] = access
     print(json.dumps(status, indent=2, sort_keys=True) if args.json else format_status(status))
@@ -467,10 +471,10 @@ def cmd_status(args) -> int:
     return EXIT_OK
 
 
-def _broker_access(dep, rec: dict | None) -> str | None:
+def _broker_access(deployment, rec: dict | None) -> str | None:
     """Who can reach the embedded broker of a running `up` (None: a configured broker, or none running)."""
     if (
-        dep.broker
+        deployment.broker
         or os.environ.get("DPSTREAM_BROKER")
         or not (rec and rec.get("alive") and rec.get("broker"))
     ):
@@ -487,18 +491,18 @@ def _broker_access(dep, rec: dict | None) -> str | None:
 
 
 @contextlib.contextmanager
-def _redis_at_rest(dep: Deployment):
+def _redis_at_rest(deployment: Deployment):
     """The embedded Redis of a stopped deployment, started on its data directory for one read."""
     from pipeline.stream.local.cluster import dpstream_home, endpoints_file
     from pipeline.stream.local.embedded import EmbeddedRedis
 
-    data = dpstream_home() / dep.name / "redis"
+    data = dpstream_home() / deployment.name / "redis"
     if not data.is_dir():
         raise SystemExit(
             _fail(
                 EXIT_CONFIG,
-                f"deployment {dep.name!r} names no broker/Redis, no `dpstream up` is "
-                f"running for it (no {endpoints_file(dep.name)}) and it has no state in "
+                f"deployment {deployment.name!r} names no broker/Redis, no `dpstream up` is "
+                f"running for it (no {endpoints_file(deployment.name)}) and it has no state in "
                 f"{data}",
             )
         )
@@ -515,10 +519,12 @@ def cmd_dead_letters(args) -> int:
     from pipeline.dead_letters import format_summary, summarise
     from pipeline.stream.kafka.topics import topic_names
 
-    dep = _load(args.config)
-    refuse_if_started_differently(dep)  # its topic names and reasons are the deployment's own
-    broker, _ = _endpoints(dep, redis=False)
-    topic = topic_names(dep)["dead-letter"]
+    deployment = _load(args.config)
+    refuse_if_started_differently(
+        deployment
+    )  # its topic names and reasons are the deployment's own
+    broker, _ = _endpoints(deployment, redis=False)
+    topic = topic_names(deployment)["dead-letter"]
     messages: list[Any] = []
     read_to_end(broker, [topic], messages.append)
     summary = summarise(messages, examples=args.examples)
@@ -534,17 +540,17 @@ def cmd_plan(args) -> int:
     warnings. With --sweep or --target: the bounds over values of one key (pipeline.plan_sweep)."""
     from pipeline.plan_report import format_plan, plan_report
 
-    dep = _load(args.config)
+    deployment = _load(args.config)
     # a started deployment's plan is the one it runs under: another file's would be read as its own
     # (a sweep varies a key of the deployment's own file); not started: any file is planned
     refuse_if_started_differently(
-        dep, "; to plan another configuration, give it a deployment name of its own"
+        deployment, "; to plan another configuration, give it a deployment name of its own"
     )
     if getattr(args, "sweep", None) or getattr(args, "target", None):
         from pipeline.cli.plan_search import cmd_plan_search
 
-        return cmd_plan_search(args, dep)
-    report = plan_report(dep)
+        return cmd_plan_search(args, deployment)
+    report = plan_report(deployment)
     print(json.dumps(report, indent=2) if args.json else format_plan(report))
     for line in report["warnings"]:
         print(f"WARNING: {line}", file=sys.stderr)

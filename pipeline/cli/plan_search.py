@@ -16,12 +16,12 @@ if TYPE_CHECKING:
     from pipeline.config import Deployment
 
 
-def _default_key(dep: Deployment, release: str) -> str:
-    rel = next((r for r in dep.releases if r.name == release), None)
+def _default_key(deployment: Deployment, release: str) -> str:
+    rel = next((r for r in deployment.releases if r.name == release), None)
     if rel is None:
         raise ValueError(
             f"--target: no release named {release!r} "
-            f"(releases: {', '.join(r.name for r in dep.releases)})"
+            f"(releases: {', '.join(r.name for r in deployment.releases)})"
         )
     return "budget.rho" if kind_of(rel).budget == "zcdp" else "budget.epsilon"
 
@@ -37,8 +37,8 @@ def _current(data: dict, key: str) -> float:
     return float(node)
 
 
-def cmd_plan_search(args, dep: Deployment) -> int:
-    """``dep`` is the configuration as loaded (and validated) by ``dpstream plan``."""
+def cmd_plan_search(args, deployment: Deployment) -> int:
+    """``deployment`` is the configuration as loaded (and validated) by ``dpstream plan``."""
     if args.sweep and args.target:
         return _fail(EXIT_CONFIG, "give --sweep or --target, not both")
     with open(args.config) as f:
@@ -49,9 +49,9 @@ def cmd_plan_search(args, dep: Deployment) -> int:
             points = sweep(data, key, values, source=args.config)
             if args.json:
                 rows = [dataclasses.asdict(p) for p in points]
-                print(json.dumps({"key": key, "n": dep.n, "points": rows}))
+                print(json.dumps({"key": key, "n": deployment.n, "points": rows}))
             else:
-                print(format_sweep(key, points, dep.n))
+                print(format_sweep(key, points, deployment.n))
             return EXIT_OK
         release, sep, share_text = args.target.partition("=")
         if not sep:
@@ -63,7 +63,7 @@ def cmd_plan_search(args, dep: Deployment) -> int:
             share = float(share_text)
         except ValueError:
             raise ValueError(f"--target share must be a number, got {share_text!r}") from None
-        key = args.vary or _default_key(dep, release)
+        key = args.vary or _default_key(deployment, release)
         if args.within:
             try:
                 low, high = (float(x) for x in args.within.split(","))
@@ -78,5 +78,5 @@ def cmd_plan_search(args, dep: Deployment) -> int:
     if args.json:
         print(json.dumps(dataclasses.asdict(result)))
     else:
-        print(format_target(result, dep.n))
+        print(format_target(result, deployment.n))
     return EXIT_OK

@@ -19,7 +19,7 @@ __all__ = ["held_conflicts", "mark_dead_letters", "report_fates", "DEFAULT_FATE_
 DEFAULT_FATE_TIMEOUT = 120.0
 
 
-def held_conflicts(dep: Deployment, view, counts: dict[int, int]) -> tuple[list[str], int]:
+def held_conflicts(deployment: Deployment, view, counts: dict[int, int]) -> tuple[list[str], int]:
     """For the steps of ``counts`` (step -> reports about to be sent) that the workers already
     hold accepted reports for: one line each, and how many reports are sure to be rejected as
     ``duplicate`` — a step's reports beyond its users without an accepted report yet
@@ -29,28 +29,28 @@ def held_conflicts(dep: Deployment, view, counts: dict[int, int]) -> tuple[list[
         held = view.reported(step)
         if not held:
             continue
-        sure = max(0, sending + held - dep.n)
+        sure = max(0, sending + held - deployment.n)
         certain += sure
         lines.append(
             f"step {step}: the workers already hold accepted reports of {held:,} of "
-            f"{dep.n:,} users; a report of one of them is rejected as duplicate (the "
+            f"{deployment.n:,} users; a report of one of them is rejected as duplicate (the "
             f"first report of a (user, step) wins): at least {sure:,} of the "
             f"{sending:,} to send" + (", all of them" if sure == sending else "")
         )
     return lines, certain
 
 
-def mark_dead_letters(dep: Deployment, broker: str) -> dict:
+def mark_dead_letters(deployment: Deployment, broker: str) -> dict:
     """Where the dead-letter log ends before a send: its dead letters come after."""
     from pipeline.fates import dead_letter_mark
     from pipeline.stream.kafka.topics import topic_names, topic_partitions
 
     return dead_letter_mark(
-        broker, topic_names(dep)["dead-letter"], topic_partitions(dep)["dead-letter"]
+        broker, topic_names(deployment)["dead-letter"], topic_partitions(deployment)["dead-letter"]
     )
 
 
-def report_fates(dep: Deployment, receipt, mark, timeout: float) -> int:
+def report_fates(deployment: Deployment, receipt, mark, timeout: float) -> int:
     """Wait (at most ``timeout`` s) for the workers' verdict on ``receipt``'s reports and print
     it. Exit code: 0 all accepted, EXIT_REJECTED some dead-lettered, EXIT_RUNTIME some not
     handled within the timeout."""
@@ -59,14 +59,14 @@ def report_fates(dep: Deployment, receipt, mark, timeout: float) -> int:
     from pipeline.stream.kafka.topics import topic_names
     from pipeline.stream.state.store import StateStore
 
-    broker, redis_url = _endpoints(dep)
-    store = StateStore.from_url(redis_url, dep.name)
+    broker, redis_url = _endpoints(deployment)
+    store = StateStore.from_url(redis_url, deployment.name)
     waiting = progress_printer("waiting for the workers' verdict: handled", " reports")
     fates = await_fates(
         store,
         broker,
-        topic_names(dep),
-        dep.topics.partitions,
+        topic_names(deployment),
+        deployment.topics.partitions,
         receipt,
         mark,
         timeout,

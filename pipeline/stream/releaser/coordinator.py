@@ -122,7 +122,7 @@ class ReleaseCoordinator:
         commands and markers, for tests driving the protocol without keys; the job always passes
         one). ``log_id``: the broker's id of a topic (pipeline.stream.kafka.log_identity), how a
         lost or replaced step-partials log is found."""
-        self.dep = deployment
+        self.deployment = deployment
         self.verifier = verifier
         self.deadline_signer = deadline_signer
         self.engine = engine
@@ -309,7 +309,7 @@ class ReleaseCoordinator:
         """Time passed: close the open step if its deadline is due; republish after a reassignment."""
         step = await self.store.last_closing() + 1
         due = self._deadline.due(self.clock())
-        if due is not None and step <= self.dep.horizon:
+        if due is not None and step <= self.deployment.horizon:
             await self.close_through(step, due)
         if not self._republished:
             await self.release_ready_steps()
@@ -360,7 +360,7 @@ class ReleaseCoordinator:
             record = await _committed_step(self.store, step)
             if record.state is None:  # the last committed step always carries the releaser's state
                 raise RuntimeError(f"step {step}'s stored record has no releaser state") from None
-            self.engine = await _engine_from(self.dep, self.store, step, record.state)
+            self.engine = await _engine_from(self.deployment, self.store, step, record.state)
             outputs = self._outputs(record)
             METRICS.republished.inc()
         resume = self.assembler.min_offset()
@@ -385,7 +385,7 @@ class ReleaseCoordinator:
             ReleaseOutput.from_bytes(
                 record.releases[rel.name], f"{self.store.keys.step(record.step)} {rel.name}"
             )
-            for rel in self.dep.releases
+            for rel in self.deployment.releases
         ]
 
     async def publish(self, step: int, outputs: list[ReleaseOutput]) -> None:
@@ -447,7 +447,7 @@ class ReleaseCoordinator:
         its records appear does not depend on how long the release took (docs/privacy.md, "Closing
         rules and timing"). A release not ready by then is published at once and counted as an overrun
         (that it was late is then visible: choose L above the worst case)."""
-        hold = self.dep.steps.publish_delay_seconds
+        hold = self.deployment.steps.publish_delay_seconds
         closed_at = _closed_at(outputs)
         if not hold or closed_at is None:
             return
@@ -494,8 +494,8 @@ class ReleaseCoordinator:
         ``signed``: the curator's verified closes (a close command); without, a deadline close,
         signed
         with the deadline key (unsigned only when the coordinator has no verifier)."""
-        if not 1 <= step <= self.dep.horizon:
-            log.error("refusing to close step %s: steps are 1..%d", step, self.dep.horizon)
+        if not 1 <= step <= self.deployment.horizon:
+            log.error("refusing to close step %s: steps are 1..%d", step, self.deployment.horizon)
             return
         if (
             self._redrive

@@ -42,14 +42,13 @@ def batch_reference(deployment: Deployment, panels: dict[str, np.ndarray]) -> di
     synthesizer run in batch over ``panels[attribute]`` (n × steps codes, imputation already applied)
     with the release's planned budget and the stream's derived seed. An uninterrupted, crashed or
     scaled-out stream run with the same seed must equal it bit for bit."""
-    dep = deployment
-    allot = dep.budget_plan().allotments()
+    allot = deployment.budget_plan().allotments()
     out = {}
-    for rel in dep.releases:
+    for rel in deployment.releases:
         kind = kind_of(rel)
         if not kind.synthetic:
             continue
-        mech = kind.build(rel, mechanism_setting(dep, rel, allot[rel.name]))
+        mech = kind.build(rel, mechanism_setting(deployment, rel, allot[rel.name]))
         panel = np.asarray(panels[rel.attribute])
         for t in range(panel.shape[1]):
             mech.update(panel[:, t])

@@ -62,25 +62,25 @@ def roster_digest(ids: list[str]) -> str:
 
 def privacy_config(deployment: Deployment, roster_ids: list[str]) -> dict[str, Any]:
     """The canonical privacy-relevant configuration of ``deployment`` (JSON-serialisable)."""
-    dep = deployment
     doc = {
         "format": FORMAT,
-        "name": dep.name,
+        "name": deployment.name,
         "roster": {"size": len(roster_ids), "sha256": roster_digest(roster_ids)},
-        "horizon": dep.horizon,
-        "neighbours": dep.neighbours,
-        "budget": dep.budget.model_dump(
+        "horizon": deployment.horizon,
+        "neighbours": deployment.neighbours,
+        "budget": deployment.budget.model_dump(
             exclude={"allow_large"}
         ),  # an acknowledgement, no calibration
-        "random": {"kind": dep.random.kind},
-        "topics": {"partitions": dep.topics.partitions},
+        "random": {"kind": deployment.random.kind},
+        "topics": {"partitions": deployment.topics.partitions},
         "attributes": {
             name: attr.model_dump(exclude=set(_ATTRIBUTE_NOISE) & set(type(attr).model_fields))
-            for name, attr in dep.attributes.items()
+            for name, attr in deployment.attributes.items()
         },
-        "releases": {rel.name: rel.model_dump(exclude={"name"}) for rel in dep.releases},
+        "releases": {rel.name: rel.model_dump(exclude={"name"}) for rel in deployment.releases},
         "plan": {
-            name: dataclasses.asdict(cost) for name, cost in dep.budget_plan().allotments().items()
+            name: dataclasses.asdict(cost)
+            for name, cost in deployment.budget_plan().allotments().items()
         },
     }
     return json.loads(
