@@ -259,22 +259,33 @@ class Soak:
 
     # -- the checker ---------------------------------------------------------------------------
     def check_outputs(self) -> list[str]:
+        from pipeline.config import load_config
+        from pipeline.stream.local.broker_tls import BROKER_TLS_ENV
+
+        record = self.record()
+        deployment, broker = load_config(self.path), record["broker"]
+        # the embedded broker's gate: the checker's clients need its files, for the check only (the
+        # soak may run inside a test process, whose later tests must not inherit them)
+        before = os.environ.get(BROKER_TLS_ENV)
+        if record.get("broker_tls"):
+            os.environ[BROKER_TLS_ENV] = record["broker_tls"]
+        try:
+            return self._check_outputs(deployment, broker)
+        finally:
+            if before is None:
+                os.environ.pop(BROKER_TLS_ENV, None)
+            else:
+                os.environ[BROKER_TLS_ENV] = before
+
+    def _check_outputs(self, deployment, broker: str) -> list[str]:
         from kafka import KafkaConsumer, TopicPartition
 
-        from pipeline.config import load_config
         from pipeline.connections import kafka_security
         from pipeline.consumer import read_topics
         from pipeline.stream.kafka.topics import PUBLIC_TOPICS, topic_names
-        from pipeline.stream.local.broker_tls import BROKER_TLS_ENV
         from pipeline.stream.releaser.engine import batch_reference
 
-        problems = []
-        record = self.record()
-        deployment, broker = load_config(self.path), record["broker"]
-        if record.get(
-            "broker_tls"
-        ):  # the embedded broker's gate: this process's clients need its files
-            os.environ[BROKER_TLS_ENV] = record["broker_tls"]
+        problems: list[str] = []
         names = topic_names(deployment)
         consumer = KafkaConsumer(
             bootstrap_servers=broker,
@@ -351,9 +362,7 @@ class Soak:
             self.ensure_up()
             try:
                 problems += self.check_outputs()
-            except (
-                Exception
-            ) as err:  # still stop everything below: a failed check leaves no process behind
+            except Exception as err:  # a failed check still stops everything below
                 problems.append(f"the checker failed: {type(err).__name__}: {err}")
         self.record()
         down = self.dpstream("down", timeout=120)
