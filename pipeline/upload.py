@@ -44,7 +44,6 @@ from typing import Any
 import numpy as np
 
 from pipeline.config import Deployment
-from pipeline.connections import kafka_security
 from pipeline.fates import Receipt
 from pipeline.producer import SendResult
 from pipeline.stream.ingest.corrections import REPLACE_HEADER
@@ -53,7 +52,6 @@ from pipeline.stream.ingest.report_files import (
     _stamp,
     check_report_file,
 )
-from pipeline.stream.process.limits import MAX_MESSAGE_BYTES
 from pipeline.upload_check import FileCheck, Problem, stateless_problem
 from pipeline.upload_columns import Columns, NotTabular, arrow_chunks, report_chunks
 from pipeline.upload_messages import Batch, chunk_messages
@@ -307,21 +305,12 @@ def _lines_in(path: Path, block: int = 1 << 20) -> int:
 
 # -- sending ------------------------------------------------------------------------------
 def batch_producer(bootstrap: str):
-    """The kafka-python producer of the upload's batch messages (and of its benchmark's raw
-    baseline): acks=all, ~1 MB batches. Not idempotent, as pipeline.stream.kafka.report_producer: the
-    embedded broker acknowledges a batch retried after a kill -9 as a duplicate it never stored
-    (docs/streaming.md, "What is durable where")."""
-    from kafka import KafkaProducer
+    """The producer of the upload's batch messages (and of its benchmark's raw baseline): the
+    report producer's settings (:func:`pipeline.stream.kafka.report_producer.reports_kafka_producer`;
+    docs/streaming.md, "What is durable where")."""
+    from pipeline.stream.kafka.report_producer import reports_kafka_producer
 
-    return KafkaProducer(
-        bootstrap_servers=bootstrap,
-        **kafka_security(),
-        linger_ms=5,
-        batch_size=1 << 20,
-        max_request_size=MAX_MESSAGE_BYTES,
-        acks="all",
-        enable_idempotence=False,
-    )
+    return reports_kafka_producer(bootstrap)
 
 
 @dataclass

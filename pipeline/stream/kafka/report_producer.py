@@ -20,7 +20,26 @@ from pipeline.stream.process.limits import MAX_MESSAGE_BYTES
 if TYPE_CHECKING:
     from pipeline.config import Deployment
 
-__all__ = ["ReportProducer"]
+__all__ = ["ReportProducer", "reports_kafka_producer"]
+
+
+def reports_kafka_producer(bootstrap: str):
+    """The kafka-python producer of reports (single or batch messages): acks=all, ~1 MB batches.
+
+    Not idempotent: after a kill -9 mid-produce the embedded broker (Tansu 0.6) acknowledges the
+    retried batch as a duplicate although it never stored it (its sequence bookkeeping precedes the
+    write). Plain retries may duplicate a report instead, which the workers count once."""
+    from kafka import KafkaProducer
+
+    return KafkaProducer(
+        bootstrap_servers=bootstrap,
+        **kafka_security(),
+        linger_ms=5,
+        batch_size=1 << 20,
+        max_request_size=MAX_MESSAGE_BYTES,
+        acks="all",
+        enable_idempotence=False,
+    )
 
 
 class ReportProducer:
@@ -32,27 +51,13 @@ class ReportProducer:
         topic_names: dict[str, str],
         batch_size: int = 5000,
     ):
-        from kafka import KafkaProducer
-
         self.deployment = deployment
         self.roster = roster
         self.names = topic_names
         self.batch_size = int(batch_size)
         self.partitions = deployment.topics.partitions
         self._owners = roster.owners(self.partitions)
-        self._producer = KafkaProducer(
-            bootstrap_servers=bootstrap,
-            **kafka_security(),
-            linger_ms=5,
-            batch_size=1 << 20,
-            max_request_size=MAX_MESSAGE_BYTES,
-            acks="all",
-            # not idempotent: after a kill -9 mid-produce the embedded broker (Tansu
-            # 0.6) acknowledges the retried batch as a duplicate although it never
-            # stored it (its sequence bookkeeping precedes the write). Plain retries
-            # may duplicate a report instead, which the workers count once.
-            enable_idempotence=False,
-        )
+        self._producer = reports_kafka_producer(bootstrap)
 
     def _labels(self, attribute: str, codes: np.ndarray) -> list:
         return self.deployment.attributes[attribute].wire_values(codes)
