@@ -119,6 +119,10 @@ class BucketIndex:
                 del self._names[folder]
                 del self._folders[bisect.bisect_left(self._folders, folder)]
 
+    def meta(self, key: str) -> ObjectMeta | None:
+        """The object's metadata, or None if the bucket has no such object."""
+        return self._meta.get(key)  # one dict lookup: atomic under the GIL
+
     def without_etag(self) -> list[str]:
         """The keys indexed from disk whose ETag is not known yet."""
         with self._lock:
