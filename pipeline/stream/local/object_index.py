@@ -20,7 +20,7 @@ import heapq
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +67,7 @@ class BucketIndex:
         self._names: dict[str, list[str]] = {}  # folder -> its objects' names, sorted
         self._folders: list[str] = []  # the folders holding objects, sorted
         self._meta: dict[str, ObjectMeta] = {}
+        self._rendered: dict[str, tuple[ObjectMeta, str]] = {}  # key -> (meta, its listing entry)
 
     @classmethod
     def from_disk(cls, bucket_dir: Path, temp_prefix: str = ".localbucket-") -> BucketIndex:
@@ -110,6 +111,7 @@ class BucketIndex:
 
     def remove(self, key: str) -> None:
         with self._lock:
+            self._rendered.pop(key, None)
             if self._meta.pop(key, None) is None:
                 return
             folder, name = _folder_of(key)
@@ -142,6 +144,14 @@ class BucketIndex:
         common_prefixes: list[str] = []
         last_entry, truncated = "", False
         with self._lock:
+            span = None if delimiter or marker_is_prefix else self._one_folder(prefix, marker)
+            if span is not None:  # the broker's listing of one partition's batches: a slice
+                folder, names, lo, hi = span
+                meta = self._meta
+                for name in names[lo : min(hi, lo + max_keys)]:
+                    contents.append((folder + name, meta[folder + name]))
+                last_entry = "K:" + contents[-1][0] if contents else ""
+                return ListingPage(contents, [], max_keys > 0 and hi - lo > max_keys, last_entry)
             for key in heapq.merge(*self._runs(prefix, marker)):
                 if marker_is_prefix and key.startswith(marker):
                     continue
@@ -162,6 +172,36 @@ class BucketIndex:
                     contents.append((key, self._meta[key]))
                     last_entry = "K:" + key
         return ListingPage(contents, common_prefixes, truncated, last_entry)
+
+    def _one_folder(self, prefix: str, marker: str) -> tuple[str, list[str], int, int] | None:
+        """When every key starting with ``prefix`` is in one folder: that folder, its sorted names
+        and the range of them that start with the prefix's rest and sort after ``marker``; else
+        None."""
+        base, rest = _folder_of(prefix)
+        start = bisect.bisect_left(self._folders, prefix)
+        for folder in self._folders[start : start + 2]:
+            if folder != base and folder.startswith(prefix):
+                return None  # a subfolder: keys from several folders, merged
+        if rest and rest[-1] == "\U0010ffff":
+            return None
+        names = self._names.get(base, [])
+        lo = bisect.bisect_left(names, rest)
+        hi = bisect.bisect_left(names, rest[:-1] + chr(ord(rest[-1]) + 1)) if rest else len(names)
+        if marker.startswith(base):
+            lo = max(lo, bisect.bisect_right(names, marker[len(base) :]))
+        elif marker > base:
+            lo = len(names)  # every key of the folder sorts before the marker
+        return base, names, min(lo, hi), hi
+
+    def rendered(self, key: str, meta: ObjectMeta, render: Callable[[str, ObjectMeta], str]) -> str:
+        """``render(key, meta)``, kept until the key's metadata changes: a listing renders each
+        key once, however often the broker lists it."""
+        cached = self._rendered.get(key)
+        if cached is not None and cached[0] is meta:
+            return cached[1]
+        text = render(key, meta)
+        self._rendered[key] = (meta, text)
+        return text
 
     def _runs(self, prefix: str, marker: str) -> list[Iterator[str]]:
         """Per folder that can hold keys starting with ``prefix``, its keys after ``marker``, in order."""

@@ -228,15 +228,21 @@ def list_objects_v2(
         out.append(f"<StartAfter>{text(start_after)}</StartAfter>")
     if url:
         out.append("<EncodingType>url</EncodingType>")
-    for key, meta in page.contents:
-        etag = meta.etag or etag_from_disk(key)
-        if etag is None:
-            continue  # deleted since the page was taken
-        out.append(
+    def entry(key: str, meta: ObjectMeta) -> str:
+        return (
             f"<Contents><Key>{text(key)}</Key><LastModified>{meta.modified}</LastModified>"
-            f"<ETag>&quot;{etag}&quot;</ETag><Size>{meta.size}</Size>"
+            f"<ETag>&quot;{meta.etag}&quot;</ETag><Size>{meta.size}</Size>"
             "<StorageClass>STANDARD</StorageClass></Contents>"
         )
+
+    for key, meta in page.contents:
+        if meta.etag is None:
+            etag = etag_from_disk(key)
+            if etag is None:
+                continue  # deleted since the page was taken
+            out.append(entry(key, ObjectMeta(meta.size, meta.mtime, etag)))
+        else:  # the broker lists the same batches on every fetch: each rendered once
+            out.append(entry(key, meta) if url else index.rendered(key, meta, entry))
     out += [
         f"<CommonPrefixes><Prefix>{text(c)}</Prefix></CommonPrefixes>"
         for c in page.common_prefixes
