@@ -7,8 +7,8 @@ Starts the object store (:mod:`pipeline.stream.local.object_store`, its default 
 one kept-alive connection as the broker keeps them, repeats what the broker sends for one produce to
 one partition: ``GET`` of the watermark, ``PUT`` of the watermark with ``If-Match`` (its
 compare-and-swap), ``PUT`` of a record batch with ``If-None-Match: *``; every 50th produce also a
-compare-and-swap that loses (``412``), and one ListObjectsV2 of the batches at the end. The store
-process's user and system CPU time (``/proc/<pid>/stat``) over all requests, divided by their number,
+compare-and-swap that loses (``412``); then 20 ListObjectsV2 pages of the batches (timed apart, as
+the client sees them: what a fetch asks first). The store process's user and system CPU time (``/proc/<pid>/stat``) over all requests, divided by their number,
 is its CPU per request; the wall time per request is the client's view (it includes the journal's
 flushes, ``fdatasync``, whose waiting is not CPU). Run it from another checkout to compare versions:
 the store process is started from the current directory's ``pipeline`` package.
@@ -26,6 +26,7 @@ from pathlib import Path
 from jobs.bench import write_json
 
 _WATERMARK = "clusters/c/topics/t/partitions/0000000000/watermark.json"
+_LISTINGS = 20
 _BATCH = "clusters/c/topics/t/partitions/0000000000/records/{:020d}.batch"
 
 
@@ -84,11 +85,13 @@ def run(produces: int, batch_bytes: int) -> dict:
                 if i % 50 == 0:
                     assert client("PUT", _WATERMARK, b"x", **{"If-Match": '"stale"'})[0] == 412
                     requests += 1
-            prefix = _BATCH.rsplit("/", 1)[0] + "/"
-            assert client("GET", f"?list-type=2&prefix={prefix}")[0] == 200
-            requests += 1
             wall = time.monotonic() - started
             user1, system1 = _cpu_seconds(store._proc.pid)
+            prefix = _BATCH.rsplit("/", 1)[0] + "/"
+            listed = time.monotonic()
+            for _ in range(_LISTINGS):  # what a fetch asks first: a page of the partition's batches
+                assert client("GET", f"?list-type=2&prefix={prefix}")[0] == 200
+            listing = (time.monotonic() - listed) / _LISTINGS
         finally:
             store.stop()
     return {
@@ -98,6 +101,8 @@ def run(produces: int, batch_bytes: int) -> dict:
         "user_ms_per_request": 1e3 * (user1 - user0) / requests,
         "system_ms_per_request": 1e3 * (system1 - system0) / requests,
         "wall_ms_per_request": 1e3 * wall / requests,
+        "listing_page_keys": min(produces, 1000),
+        "listing_page_ms": 1e3 * listing,
         "reconnects": client.reconnects,
         "load_average": os.getloadavg(),
     }
@@ -114,6 +119,7 @@ def main(argv=None) -> dict:
         f"{result['requests']} requests: store CPU {result['cpu_ms_per_request']:.3f} ms a request "
         f"(user {result['user_ms_per_request']:.3f}, system {result['system_ms_per_request']:.3f}); "
         f"wall {result['wall_ms_per_request']:.3f} ms; {result['reconnects']} reconnects; "
+        f"a listing page of {result['listing_page_keys']} keys {result['listing_page_ms']:.1f} ms; "
         f"load average {result['load_average'][0]:.1f}"
     )
     write_json(args.json, result)
