@@ -1,6 +1,6 @@
-"""The object store's listing index (pipeline/stream/local/object_index.py) pages as S3 does: checked
-against the definition — every key starting with the prefix and sorting after the marker, in order,
-``max-keys`` at a time — on random buckets, prefixes and markers (fixed seed)."""
+"""The object store's listing index (pipeline/stream/local/object_index.py) pages as S3 does:
+checked against the definition — every key starting with the prefix and sorting after the marker, in
+order, ``max-keys`` at a time — on random buckets, prefixes and markers (fixed seed)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,27 @@ def test_pages_are_the_keys_after_the_marker_under_the_prefix_in_order():
     rng = random.Random(7)
     folders = ["t/p1/records/", "t/p10/records/", "t/p1/", "t/p2/records/", "", "t/p1/records/x/"]
     keys = sorted(
-        {rng.choice(folders) + f"{rng.randrange(10**4):05d}{rng.choice(['.batch', '', 'é'])}"
-         for _ in range(600)}
+        {
+            rng.choice(folders) + f"{rng.randrange(10**4):05d}{rng.choice(['.batch', '', 'é'])}"
+            for _ in range(600)
+        }
     )
     index = BucketIndex()
     for key in keys:
         index.put(key, ObjectMeta(1, 0.0, "e"))
-    prefixes = ["", "t/", "t/p1", "t/p1/", "t/p1/records/", "t/p1/records/000", "t/p1/records/x/",
-                "t/p2/records/01", "t/p3/", "0", "t/p1/records/\U0010ffff"]
+    prefixes = [
+        "",
+        "t/",
+        "t/p1",
+        "t/p1/",
+        "t/p1/records/",
+        "t/p1/records/000",
+        "t/p1/records/x/",
+        "t/p2/records/01",
+        "t/p3/",
+        "0",
+        "t/p1/records/\U0010ffff",
+    ]
     for _ in range(400):
         prefix = rng.choice(prefixes)
         marker = rng.choice(["", rng.choice(keys), rng.choice(keys)[:-1], "t/p1/records/05", "u"])

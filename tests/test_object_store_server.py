@@ -1,6 +1,6 @@
-"""The object store's HTTP front (pipeline/stream/local/store_server.py): the broker's requests answered
-on a kept-alive connection, and the requests it hands to the full handler answered consistently with
-its own (real object-store process, plain HTTP clients)."""
+"""The object store's HTTP front (pipeline/stream/local/store_server.py): the broker's requests
+answered on a kept-alive connection, and the requests it hands to the full handler answered
+consistently with its own (real object-store process, plain HTTP clients)."""
 
 from __future__ import annotations
 
@@ -16,16 +16,20 @@ def _auth(store: EmbeddedObjectStore) -> dict[str, str]:
 
 
 def _call(conn, store, method, key, body=b"", path="", **headers):
-    conn.request(method, f"/{OBJECT_STORE_BUCKET}/{key}{path}", body=body,
-                 headers={**_auth(store), **headers})
+    conn.request(
+        method,
+        f"/{OBJECT_STORE_BUCKET}/{key}{path}",
+        body=body,
+        headers={**_auth(store), **headers},
+    )
     resp = conn.getresponse()
     return resp, resp.read()
 
 
 def test_a_failed_condition_or_a_missing_key_keeps_the_connection_open(tmp_path):
-    """The broker's compare-and-swap of a watermark loses races (412) and its reads find no object yet
-    (404): the server used to close the connection after every error answer, so each one cost the
-    broker a new connection; S3 keeps it open."""
+    """The broker's compare-and-swap of a watermark loses races (412) and its reads find no object
+    yet (404): the server used to close the connection after every error answer, so each one cost
+    the broker a new connection; S3 keeps it open."""
     store = EmbeddedObjectStore(tmp_path / "objects").start()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", store.port, timeout=10)
@@ -51,14 +55,20 @@ def test_a_failed_condition_or_a_missing_key_keeps_the_connection_open(tmp_path)
 
 
 def test_requests_off_the_fast_path_see_the_same_objects_and_etags(tmp_path):
-    """Ranges, ListObjects v1 and copies go to the full handler; chunked bodies, reads, listings v2 and
-    deletes are answered by the front: each sees what the other wrote, with one ETag per body."""
+    """Ranges, ListObjects v1 and copies go to the full handler; chunked bodies, reads, listings v2
+    and deletes are answered by the front: each sees what the other wrote, with one ETag per
+    body."""
     store = EmbeddedObjectStore(tmp_path / "objects").start()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", store.port, timeout=10)
         body = bytes(range(256)) * 40
-        conn.request("PUT", f"/{OBJECT_STORE_BUCKET}/r/a.batch", body=iter([body[:5000], body[5000:]]),
-                     headers={**_auth(store), "If-None-Match": "*"}, encode_chunked=True)
+        conn.request(
+            "PUT",
+            f"/{OBJECT_STORE_BUCKET}/r/a.batch",
+            body=iter([body[:5000], body[5000:]]),
+            headers={**_auth(store), "If-None-Match": "*"},
+            encode_chunked=True,
+        )
         resp = conn.getresponse()
         resp.read()
         assert resp.status == 200
@@ -72,8 +82,13 @@ def test_requests_off_the_fast_path_see_the_same_objects_and_etags(tmp_path):
         assert resp.getheader("Content-Length") == str(len(body)) and resp.getheader("ETag") == etag
 
         # a copy (full handler) is found by the front's reads and listings, with its ETag
-        resp, _ = _call(conn, store, "PUT", "r/b.batch",
-                        **{"x-amz-copy-source": f"/{OBJECT_STORE_BUCKET}/r/a.batch"})
+        resp, _ = _call(
+            conn,
+            store,
+            "PUT",
+            "r/b.batch",
+            **{"x-amz-copy-source": f"/{OBJECT_STORE_BUCKET}/r/a.batch"},
+        )
         assert resp.status == 200
         resp, got = _call(conn, store, "GET", "r/b.batch")
         assert got == body and resp.getheader("ETag") == etag
@@ -94,8 +109,11 @@ def test_requests_off_the_fast_path_see_the_same_objects_and_etags(tmp_path):
 
         # the access key is checked on every request, whichever path would answer it
         for target in ("/r/b.batch", "?list-type=2", "?prefix=r/", "/r/b.batch?tagging"):
-            conn.request("GET", f"/{OBJECT_STORE_BUCKET}{target}",
-                         headers={"Authorization": "AWS4-HMAC-SHA256 Credential=other/x"})
+            conn.request(
+                "GET",
+                f"/{OBJECT_STORE_BUCKET}{target}",
+                headers={"Authorization": "AWS4-HMAC-SHA256 Credential=other/x"},
+            )
             resp = conn.getresponse()
             resp.read()
             assert resp.status == 403

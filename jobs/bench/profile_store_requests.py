@@ -1,17 +1,18 @@
-"""The embedded object store's own CPU per request, for the request sequence of the broker's produce.
+"""The embedded object store's own CPU per request, for the broker's produce sequence.
 
     python -m jobs.bench.profile_store_requests [--produces 500] [--batch-bytes 3000]
         [--json out/profile_store_requests.json]
 
-Starts the object store (:mod:`pipeline.stream.local.object_store`, its default journal mode) and, on
-one kept-alive connection as the broker keeps them, repeats what the broker sends for one produce to
-one partition: ``GET`` of the watermark, ``PUT`` of the watermark with ``If-Match`` (its
+Starts the object store (:mod:`pipeline.stream.local.object_store`, in its default journal mode)
+and, on one kept-alive connection as the broker keeps them, repeats what the broker sends for one
+produce to one partition: ``GET`` of the watermark, ``PUT`` of the watermark with ``If-Match`` (its
 compare-and-swap), ``PUT`` of a record batch with ``If-None-Match: *``; every 50th produce also a
 compare-and-swap that loses (``412``); then 20 ListObjectsV2 pages of the batches (timed apart, as
-the client sees them: what a fetch asks first). The store process's user and system CPU time (``/proc/<pid>/stat``) over all requests, divided by their number,
-is its CPU per request; the wall time per request is the client's view (it includes the journal's
-flushes, ``fdatasync``, whose waiting is not CPU). Run it from another checkout to compare versions:
-the store process is started from the current directory's ``pipeline`` package.
+the client sees them: what a fetch asks first). The store process's user and system CPU time
+(``/proc/<pid>/stat``) over the produces' requests, divided by their number, is its CPU per request;
+the wall time per request is the client's view (it includes the journal's flushes, ``fdatasync``,
+whose waiting is not CPU). Run it from another checkout to compare versions: the store process is
+started from the current directory's ``pipeline`` package.
 """
 
 from __future__ import annotations
@@ -115,12 +116,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     result = run(args.produces, args.batch_bytes)
+    r = result
     print(
-        f"{result['requests']} requests: store CPU {result['cpu_ms_per_request']:.3f} ms a request "
-        f"(user {result['user_ms_per_request']:.3f}, system {result['system_ms_per_request']:.3f}); "
-        f"wall {result['wall_ms_per_request']:.3f} ms; {result['reconnects']} reconnects; "
-        f"a listing page of {result['listing_page_keys']} keys {result['listing_page_ms']:.1f} ms; "
-        f"load average {result['load_average'][0]:.1f}"
+        f"{r['requests']} requests: store CPU {r['cpu_ms_per_request']:.3f} ms a request "
+        f"(user {r['user_ms_per_request']:.3f}, system {r['system_ms_per_request']:.3f}); "
+        f"wall {r['wall_ms_per_request']:.3f} ms; {r['reconnects']} reconnects; "
+        f"a listing page of {r['listing_page_keys']} keys {r['listing_page_ms']:.1f} ms; "
+        f"load average {r['load_average'][0]:.1f}"
     )
     write_json(args.json, result)
     return result

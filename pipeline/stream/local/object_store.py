@@ -21,10 +21,11 @@ returns (localbucket computes them apart); and a ``GET`` with a matching ``If-No
 (``DPSTREAM_OBJECT_STORE_KEY``; the signature itself is not verified: the server listens on
 127.0.0.1 only, and its data directory is its owner's only).
 
-Connections are read by a lean HTTP/1.1 front (:mod:`pipeline.stream.local.store_server`): it answers
-the broker's hot path itself — object ``PUT``/``GET``/``HEAD``/``DELETE`` and ListObjectsV2, with the
-same locks, index, journal and access-key check — and hands every other request to this handler
-(``http.server`` and localbucket cost ~1.2 ms of CPU a request; the front a third of that).
+Connections are read by a lean HTTP/1.1 front (:mod:`pipeline.stream.local.store_server`): it
+answers the broker's hot path itself — object ``PUT``/``GET``/``HEAD``/``DELETE`` and ListObjectsV2,
+with the same locks, index, journal and access-key check — and hands every other request to this
+handler (``http.server`` and localbucket took 1.35 ms of CPU a request of the broker's, the front
+0.60 ms: ``jobs/bench/profile_store_requests.py``).
 
 Listings: the broker lists a partition's whole ``records/`` prefix on every fetch with new data and gives
 up when the fetch's max wait expires (the bundled Tansu's ``DynoStore::fetch``). localbucket walks, sorts and

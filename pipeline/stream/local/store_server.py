@@ -1,11 +1,11 @@
 """The object store's HTTP front: a lean keep-alive server for the requests the broker makes.
 
-``http.server`` and localbucket's handler cost ~1.2 ms of CPU a request (header parsing through the
-``email`` package, a path ``resolve`` and several ``stat`` calls per request, an XML error that closes
-the connection on every ``404``/``412``), and the broker makes three store requests per produce
-request, one after the other per partition (read the watermark, create the batch object,
-compare-and-swap the watermark). This front reads each connection with plain socket calls, parses
-only what a request needs, and answers on its own the broker's hot path:
+``http.server`` and localbucket's handler cost ~1.35 ms of CPU a request of the broker's
+(``jobs/bench/profile_store_requests.py``: header parsing through the ``email`` package, a path
+``resolve`` and several ``stat`` calls per request, and a closed connection after every ``404`` or
+``412``), and the broker makes its store requests one after the other per partition (the
+watermark's compare-and-swap, then the batch object). This front reads each connection with plain
+socket calls, parses only what a request needs, and answers on its own the broker's hot path:
 
 * ``PUT`` of an object (``If-None-Match: *`` and ``If-Match``) when the store journals its writes;
 * ``GET``/``HEAD`` of an object (with ``If-None-Match``; no ``Range``);
@@ -165,8 +165,9 @@ def _error(error: localbucket.S3Error, path: str, method: str) -> tuple[int, byt
     ).encode()
     status = int(error.status)
     if method == "HEAD":
-        return status, _response(status, headers=[("Content-Type", "application/xml")],
-                                 length=len(xml))
+        return status, _response(
+            status, headers=[("Content-Type", "application/xml")], length=len(xml)
+        )
     return status, _response(status, xml, [("Content-Type", "application/xml")])
 
 
@@ -191,9 +192,7 @@ def _content_type(name: str) -> str:
     suffix = os.path.splitext(name)[1]
     kind = _content_types.get(suffix)
     if kind is None:
-        kind = _content_types[suffix] = (
-            mimetypes.guess_type(name)[0] or "application/octet-stream"
-        )
+        kind = _content_types[suffix] = mimetypes.guess_type(name)[0] or "application/octet-stream"
     return kind
 
 
@@ -291,10 +290,15 @@ class _FastPath:
         bucket, _, key = unquote(path).lstrip("/").partition("/")
         if bucket not in self.h.indexes or "origin" in req.headers:
             return None
-        query = {name: values[0] for name, values in
-                 parse_qs(raw_query, keep_blank_values=True).items()}
+        query = {
+            name: values[0] for name, values in parse_qs(raw_query, keep_blank_values=True).items()
+        }
         if not key:
-            if req.method == "GET" and query.get("list-type") == "2" and query.keys() <= _LIST_QUERY:
+            if (
+                req.method == "GET"
+                and query.get("list-type") == "2"
+                and query.keys() <= _LIST_QUERY
+            ):
                 return self.list_v2(bucket, query)
             return None
         target = self.target(bucket, key)
@@ -321,9 +325,10 @@ def _full_handler(
     """The request answered by the full handler over in-memory streams: (response, close after)."""
     lines = req.head[:-4].split(b"\r\n")
     kept = [
-        line for line in lines[1:]
-        if line.split(b":", 1)[0].strip().lower() not in (b"content-length", b"transfer-encoding",
-                                                          b"expect")
+        line
+        for line in lines[1:]
+        if line.split(b":", 1)[0].strip().lower()
+        not in (b"content-length", b"transfer-encoding", b"expect")
     ]
     raw = b"\r\n".join([lines[0], *kept, b"Content-Length: %d" % len(req.body)]) + b"\r\n\r\n"
     one = handler.__new__(handler)
@@ -369,8 +374,9 @@ def _serve_connection(
                 answered = _error(error, path, req.method)
             except OSError as error:  # a full disk, say: the write was not acknowledged
                 answered = _error(
-                    localbucket.S3Error(HTTPStatus.INTERNAL_SERVER_ERROR, "InternalError",
-                                        str(error)),
+                    localbucket.S3Error(
+                        HTTPStatus.INTERNAL_SERVER_ERROR, "InternalError", str(error)
+                    ),
                     path,
                     req.method,
                 )
