@@ -32,6 +32,7 @@ replaces the one the workers hold for its (user, step) while that step is open (
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -46,6 +47,8 @@ import numpy as np
 from pipeline.config import Deployment
 from pipeline.fates import Receipt
 from pipeline.producer import SendResult
+from pipeline.read_ahead import read_ahead
+from pipeline.small_ints import value_counts
 from pipeline.stream.ingest.corrections import REPLACE_HEADER
 from pipeline.stream.ingest.report_files import (
     ReportFileError,
@@ -66,6 +69,9 @@ __all__ = [
     "send_upload",
     "upload_file",
 ]
+
+# MB of checked messages kept for the send (~14 bytes a report of short ids: ~4.8 * 10^6 reports)
+KEEP_MB = 64
 
 UPLOAD_SUFFIXES = {
     ".csv": "csv",
@@ -101,6 +107,9 @@ class Upload:
     stamp: tuple[int, int]  # the file's size and modification time when checked
     roster_of: Callable[[], Any] = field(compare=False, repr=False)  # makes the Roster
     step: int | None = None  # only this step's reports are sent
+    # the messages built by the check, when they fit in ``keep_bytes()``: sent as checked, the
+    # file not read again (None: the send reads the file again)
+    kept: tuple[Batch, ...] | None = field(default=None, compare=False, repr=False)
 
     def __len__(self) -> int:
         return sum(self.counts.values())
@@ -114,6 +123,7 @@ class Upload:
             counts={step: self.counts[step]} if step in self.counts else {},
             first_rows={step: self.first_rows[step]} if step in self.first_rows else {},
             step=step,
+            kept=None if self.kept is None else tuple(b for b in self.kept if b.step == step),
         )
 
     @property
@@ -137,8 +147,12 @@ class Upload:
         return report_chunks(self.path, self.deployment)
 
     def messages(self) -> Iterator[Batch]:
-        """The batch messages, a chunk of the file at a time; :class:`ReportFileError` as soon as
-        the file is seen to differ from the one checked."""
+        """The batch messages: those the check built and kept, else built from the file again a
+        chunk at a time (:class:`ReportFileError` as soon as the file is seen to differ from the
+        one checked)."""
+        if self.kept is not None:
+            yield from self.kept
+            return
         deployment = self.deployment
         if _stamp(self.path) != self.stamp:
             raise self._changed("its size or modification time")
@@ -147,7 +161,7 @@ class Upload:
             for chunk in self.chunks():
                 if stateless_problem(chunk, deployment.horizon) is not None:
                     raise self._changed("a report the check had passed is now rejected")
-                values, n = np.unique(chunk.steps, return_counts=True)
+                values, _, n = value_counts(chunk.steps)
                 for t, c in zip(values.tolist(), n.tolist()):
                     counts[t] = counts.get(t, 0) + c
                 if self.step is None:
@@ -205,17 +219,18 @@ def read_upload(path: str | Path, deployment, roster=None) -> Upload:
     stamp = _stamp(path)
     upload = Upload(path, kind, deployment, True, 0, {}, {}, {}, stamp, roster_of)
     try:
-        check = _check(upload)
+        check, kept = _check(upload)
     except NotTabular:  # the per-report checker reads it (and raises, naming the line)
         check_report_file(path, deployment, roster_of())
         upload = dc_replace(upload, tabular=False)
-        check = _check(upload)
+        check, kept = _check(upload)
     return dc_replace(
         upload,
         reports_in_file=check.reports,
         counts=dict(check.counts),
         first_rows=dict(check.first_rows),
         file_counts=dict(check.counts),
+        kept=kept,
     )
 
 
@@ -232,16 +247,37 @@ def _roster_maker(deployment, roster) -> Callable[[], object]:
     return roster_of
 
 
-def _check(upload: Upload) -> FileCheck:
+def _check(upload: Upload) -> tuple[FileCheck, tuple[Batch, ...] | None]:
+    """The file's check, and its messages (built as each chunk passes) while they fit in
+    ``keep_bytes()``: None when they do not (the send then reads the file again)."""
     deployment = upload.deployment
     check = FileCheck(
         deployment.horizon, deployment.n, UserRows(deployment.roster, upload.roster_of)
     )
-    for chunk in upload.chunks():
+    room = keep_bytes()
+    kept: list[Batch] | None = []
+    for chunk in read_ahead(upload.chunks()):
         problem = check.problem(chunk)
         if problem is not None:
             _refuse(upload, problem, chunk)
-    return check
+        if kept is not None:
+            for batch in chunk_messages(chunk, np.arange(len(chunk)), deployment):
+                room -= len(batch.value) + batch.index.nbytes
+                kept.append(batch)
+            if room < 0:
+                kept = None  # too many to keep: the send builds them again from the file
+    return check, None if kept is None else tuple(kept)
+
+
+def keep_bytes() -> int:
+    """Bytes of checked messages the upload keeps for its send (``KEEP_MB``, or the environment's
+    ``DPSTREAM_UPLOAD_KEEP_MB``; 0: none, the send reads the file again)."""
+    text = os.environ.get("DPSTREAM_UPLOAD_KEEP_MB", "").strip()
+    if not text:
+        return KEEP_MB << 20
+    if not text.isdigit():
+        raise ValueError(f"DPSTREAM_UPLOAD_KEEP_MB must be a whole number of MB, got {text!r}")
+    return int(text) << 20
 
 
 _PROBLEMS = {
