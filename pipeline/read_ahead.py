@@ -2,8 +2,9 @@
 
 The upload's check reads a file a chunk at a time (pyarrow decodes Parquet, CSV and JSON with the
 GIL released) while the previous chunk is checked and built into messages (numpy and Arrow
-kernels, which release it too): on two cores the two overlap. At most one item waits besides the
-one in use, so memory is one chunk more than without it. An exception raised while reading is
+kernels, which release it too): on two cores the two overlap. The next item is read only once the
+consumer has taken the last: at most one item besides the one in use, so memory is one chunk more
+than without it. An exception raised while reading is
 raised to the consumer, at the item where it happened.
 """
 
@@ -32,6 +33,7 @@ def read_ahead(items: Iterable[T]) -> Iterator[T]:
                 if stop.is_set():
                     return
                 ready.put((item, None))
+                ready.join()  # taken: read the next while the consumer uses this one
             ready.put((_END, None))
         except BaseException as err:  # noqa: BLE001 - handed to the consumer, raised there
             ready.put((_END, err))
@@ -41,6 +43,7 @@ def read_ahead(items: Iterable[T]) -> Iterator[T]:
     try:
         while True:
             item, err = ready.get()
+            ready.task_done()
             if err is not None:
                 raise err
             if item is _END:
@@ -48,9 +51,10 @@ def read_ahead(items: Iterable[T]) -> Iterator[T]:
             yield item
     finally:
         stop.set()
-        while thread.is_alive():  # unblock a put waiting for room, then let it see ``stop``
+        while thread.is_alive():  # unblock a put or join waiting on us, then let it see ``stop``
             try:
                 ready.get(timeout=0.05)
+                ready.task_done()
             except queue.Empty:
                 pass
         thread.join()
