@@ -1,26 +1,31 @@
 """Fast uploads of report files (CSV, JSONL, Parquet) as columnar batch messages, streamed.
 
-What ``dpstream produce`` sends a file with, in two passes over the file, each a chunk of reports
-at a time (:mod:`pipeline.upload_columns`: pyarrow reads Parquet by record batches, CSV and JSONL by
-blocks), so memory is one chunk and not the file:
+What ``dpstream produce`` sends a file with, a chunk of reports at a time
+(:mod:`pipeline.upload_columns`: pyarrow reads Parquet by record batches, CSV and JSONL by blocks;
+the next chunk is read ahead in a thread, :mod:`pipeline.read_ahead`):
 
 1. **Check** (:func:`read_upload`): every chunk is checked vectorised (:mod:`pipeline.upload_check`:
    the workers' parser's rules on whole columns, enrolled users, and no (user, step) twice in the
    file, with a bitmap per step). The first report the workers would reject stops the upload with
    nothing sent: the error comes from the per-report checker
    (:func:`pipeline.stream.ingest.report_files.check_report_file`: file, line and column) for CSV
-   and JSONL; a Parquet file is named by row. The pass keeps, per step, the reports counted and
-   the first report's position: what ``produce`` compares with the steps the workers accept now.
-2. **Send** (:func:`send_upload`): the file is read again and each chunk becomes batch messages for
-   the partitions that own its users (:mod:`pipeline.upload_messages`), handed to the producer, whose
-   sender thread ships them while the next chunk is read and built. The producer's buffer (32 MB)
-   bounds what waits to be sent. A file that changed since its check stops the send (what was
-   acknowledged before stays on the log and the workers judge it).
+   and JSONL; a Parquet file is named by row. The pass keeps, per step, the reports counted, the
+   first report's position and the bitmap of the users reported (what ``produce`` compares with
+   the steps the workers accept now, and ``--dry-run`` with what they hold); and each checked
+   chunk's batch messages for the partitions that own its users (:mod:`pipeline.upload_messages`,
+   built in a thread beside the check) while they fit in ``DPSTREAM_UPLOAD_KEEP_MB``.
+2. **Send** (:func:`send_upload`): the kept messages are handed to the producer: what is sent is
+   what was checked. When they did not fit, the file is read again and each chunk's messages are
+   built and handed to the producer, whose sender thread ships them while the next chunk is read
+   and built; a file that changed since its check then stops the send (what was acknowledged
+   before stays on the log and the workers judge it). The producer's buffer (32 MB) bounds what
+   waits to be sent.
 
-Why two passes and not one: a bad report in the last chunk would otherwise come after the first
-chunks were sent, and a file would be half taken (docs/own-data.md, "All or nothing"). The check
-pass costs a read of the file and its codes; the benchmark (``jobs/bench/bench_upload.py``) times
-both passes.
+Why the check comes first and not chunk by chunk with the send: a bad report in the last chunk
+would otherwise come after the first chunks were sent, and a file would be half taken
+(docs/own-data.md, "All or nothing"). Memory: up to three chunks, the bitmaps and at most
+``DPSTREAM_UPLOAD_KEEP_MB`` of messages, whatever the file's length. The benchmark
+(``jobs/bench/bench_upload.py``) times both passes.
 
 A JSONL file pyarrow cannot read as one table (a value that is a number on one line and a string on
 another, an explicit ``null``) is read by the per-report reader instead: slower, same messages.
@@ -110,6 +115,8 @@ class Upload:
     # the messages built by the check, when they fit in ``keep_bytes()``: sent as checked, the
     # file not read again (None: the send reads the file again)
     kept: tuple[Batch, ...] | None = field(default=None, compare=False, repr=False)
+    # step -> the roster rows with a report in the file (the check's bitmaps)
+    present: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     def __len__(self) -> int:
         return sum(self.counts.values())
@@ -124,6 +131,7 @@ class Upload:
             first_rows={step: self.first_rows[step]} if step in self.first_rows else {},
             step=step,
             kept=None if self.kept is None else tuple(b for b in self.kept if b.step == step),
+            present={step: self.present[step]} if step in self.present else {},
         )
 
     @property
@@ -199,8 +207,8 @@ class Upload:
 
 # -- checking -----------------------------------------------------------------------------
 def read_upload(path: str | Path, deployment, roster=None) -> Upload:
-    """Check a whole report file a chunk at a time (nothing is kept but per-step counts and the
-    check's bitmaps); :class:`ReportFileError` (nothing to send) if any report would be rejected
+    """Check a whole report file a chunk at a time (kept: per-step counts, the check's bitmaps and,
+    while they fit, the messages); :class:`ReportFileError` (nothing to send) if any report would be rejected
     by the workers' stateless checks or repeats a (user, step) of the file. ``roster``: the
     deployment's (made from its configuration when needed: a roster file, or an error to name)."""
     path = Path(path)
@@ -231,6 +239,7 @@ def read_upload(path: str | Path, deployment, roster=None) -> Upload:
         first_rows=dict(check.first_rows),
         file_counts=dict(check.counts),
         kept=kept,
+        present=check.present,
     )
 
 
@@ -254,19 +263,66 @@ def _check(upload: Upload) -> tuple[FileCheck, tuple[Batch, ...] | None]:
     check = FileCheck(
         deployment.horizon, deployment.n, UserRows(deployment.roster, upload.roster_of)
     )
-    room = keep_bytes()
-    kept: list[Batch] | None = []
-    for chunk in read_ahead(upload.chunks()):
-        problem = check.problem(chunk)
-        if problem is not None:
-            _refuse(upload, problem, chunk)
-        if kept is not None:
-            for batch in chunk_messages(chunk, np.arange(len(chunk)), deployment):
-                room -= len(batch.value) + batch.index.nbytes
-                kept.append(batch)
-            if room < 0:
-                kept = None  # too many to keep: the send builds them again from the file
-    return check, None if kept is None else tuple(kept)
+    kept = _Kept(keep_bytes(), deployment)
+    with kept:
+        for chunk in read_ahead(upload.chunks()):
+            problem = check.problem(chunk)
+            if problem is not None:
+                _refuse(upload, problem, chunk)
+            kept.build(chunk)
+        return check, kept.batches()
+
+
+class _Kept:
+    """The messages of the checked chunks, built in a thread beside the check (numpy and Arrow
+    release the GIL: on two cores the build of a chunk overlaps the check of the next), at most
+    two chunks behind it; none once they exceed ``room`` bytes."""
+
+    BEHIND = 2
+
+    def __init__(self, room: int, deployment: Deployment):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.room, self.deployment = room, deployment
+        self.kept: list[Batch] | None = [] if room > 0 else None
+        self.pending: deque = deque()
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload-build")
+
+    def __enter__(self) -> _Kept:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for future in self.pending:
+            future.cancel()
+        self.pool.shutdown(wait=True)
+
+    def build(self, chunk: Columns) -> None:
+        if self.kept is None:
+            return
+        while len(self.pending) >= self.BEHIND:
+            self._collect()
+        self.pending.append(self.pool.submit(_chunk_batches, chunk, self.deployment))
+
+    def _collect(self) -> None:
+        batches = self.pending.popleft().result()
+        if self.kept is None:
+            return
+        self.room -= sum(len(b.value) + b.index.nbytes for b in batches)
+        self.kept.extend(batches)
+        if self.room < 0:  # too many to keep: the send builds them again from the file
+            self.kept = None
+            for future in self.pending:
+                future.cancel()
+            self.pending.clear()
+
+    def batches(self) -> tuple[Batch, ...] | None:
+        while self.pending and self.kept is not None:
+            self._collect()
+        return None if self.kept is None else tuple(self.kept)
+
+
+def _chunk_batches(chunk: Columns, deployment: Deployment) -> list[Batch]:
+    return list(chunk_messages(chunk, np.arange(len(chunk)), deployment))
 
 
 def keep_bytes() -> int:

@@ -69,6 +69,11 @@ class FileCheck:
     def reports(self) -> int:
         return sum(self.counts.values())
 
+    @property
+    def present(self) -> dict[int, np.ndarray]:
+        """step -> the roster rows with a report in the file (a bool per row)."""
+        return self._seen
+
     def problem(self, chunk: Columns) -> Problem | None:
         """The chunk's first bad report (None: all pass, and they are counted)."""
         stateless = stateless_problem(chunk, self.horizon)
