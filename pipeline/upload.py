@@ -15,8 +15,8 @@ the next chunk is read ahead in a thread, :mod:`pipeline.read_ahead`):
    chunk's batch messages for the partitions that own its users (:mod:`pipeline.upload_messages`,
    built in a thread beside the check) while they fit in ``DPSTREAM_UPLOAD_KEEP_MB``.
 2. **Send** (:func:`send_upload`): the kept messages are handed to the producer: what is sent is
-   what was checked. When they did not fit, the file is read again and each chunk's messages are
-   built and handed to the producer, whose sender thread ships them while the next chunk is read
+   what was checked. When they did not all fit, the file is read again: the first chunks' kept
+   messages are sent as they are and each later chunk's are built and handed to the producer, whose sender thread ships them while the next chunk is read
    and built; a file that changed since its check then stops the send (what was acknowledged
    before stays on the log and the workers judge it). The producer's buffer (32 MB) bounds what
    waits to be sent.
@@ -112,9 +112,10 @@ class Upload:
     stamp: tuple[int, int]  # the file's size and modification time when checked
     roster_of: Callable[[], Any] = field(compare=False, repr=False)  # makes the Roster
     step: int | None = None  # only this step's reports are sent
-    # the messages built by the check, when they fit in ``keep_bytes()``: sent as checked, the
-    # file not read again (None: the send reads the file again)
-    kept: tuple[Batch, ...] | None = field(default=None, compare=False, repr=False)
+    # the messages the check built, per chunk, for the chunks whose messages fit in
+    # ``keep_bytes()`` (the first ones); ``kept_whole``: every chunk's, the file is not read again
+    kept: tuple[tuple[Batch, ...], ...] = field(default=(), compare=False, repr=False)
+    kept_whole: bool = False
     # step -> the roster rows with a report in the file (the check's bitmaps)
     present: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
@@ -130,7 +131,6 @@ class Upload:
             counts={step: self.counts[step]} if step in self.counts else {},
             first_rows={step: self.first_rows[step]} if step in self.first_rows else {},
             step=step,
-            kept=None if self.kept is None else tuple(b for b in self.kept if b.step == step),
             present={step: self.present[step]} if step in self.present else {},
         )
 
@@ -155,23 +155,27 @@ class Upload:
         return report_chunks(self.path, self.deployment)
 
     def messages(self) -> Iterator[Batch]:
-        """The batch messages: those the check built and kept, else built from the file again a
-        chunk at a time (:class:`ReportFileError` as soon as the file is seen to differ from the
-        one checked)."""
-        if self.kept is not None:
-            yield from self.kept
+        """The batch messages: those the check built and kept; for a file whose messages did not
+        all fit, the rest built from the file read again a chunk at a time (:class:`ReportFileError`
+        as soon as the file is seen to differ from the one checked)."""
+        if self.kept_whole:
+            for batches in self.kept:
+                yield from self._of_step(batches)
             return
         deployment = self.deployment
         if _stamp(self.path) != self.stamp:
             raise self._changed("its size or modification time")
         counts: dict[int, int] = {}
         try:
-            for chunk in self.chunks():
+            for number, chunk in enumerate(self.chunks()):
                 if stateless_problem(chunk, deployment.horizon) is not None:
                     raise self._changed("a report the check had passed is now rejected")
                 values, _, n = value_counts(chunk.steps)
                 for t, c in zip(values.tolist(), n.tolist()):
                     counts[t] = counts.get(t, 0) + c
+                if number < len(self.kept):  # built by the check: not again
+                    yield from self._of_step(self.kept[number])
+                    continue
                 if self.step is None:
                     keep = np.arange(len(chunk))
                 else:
@@ -181,6 +185,9 @@ class Upload:
             raise self._changed("pyarrow no longer reads it as a table") from None
         if counts != self.file_counts or _stamp(self.path) != self.stamp:
             raise self._changed("its reports per step")
+
+    def _of_step(self, batches: tuple[Batch, ...]) -> Iterator[Batch]:
+        return (b for b in batches if self.step is None or b.step == self.step)
 
     def _changed(self, what: str) -> ReportFileError:
         return ReportFileError(
@@ -227,11 +234,11 @@ def read_upload(path: str | Path, deployment, roster=None) -> Upload:
     stamp = _stamp(path)
     upload = Upload(path, kind, deployment, True, 0, {}, {}, {}, stamp, roster_of)
     try:
-        check, kept = _check(upload)
+        check, kept, whole = _check(upload)
     except NotTabular:  # the per-report checker reads it (and raises, naming the line)
         check_report_file(path, deployment, roster_of())
         upload = dc_replace(upload, tabular=False)
-        check, kept = _check(upload)
+        check, kept, whole = _check(upload)
     return dc_replace(
         upload,
         reports_in_file=check.reports,
@@ -239,6 +246,7 @@ def read_upload(path: str | Path, deployment, roster=None) -> Upload:
         first_rows=dict(check.first_rows),
         file_counts=dict(check.counts),
         kept=kept,
+        kept_whole=whole,
         present=check.present,
     )
 
@@ -256,9 +264,9 @@ def _roster_maker(deployment, roster) -> Callable[[], object]:
     return roster_of
 
 
-def _check(upload: Upload) -> tuple[FileCheck, tuple[Batch, ...] | None]:
-    """The file's check, and its messages (built as each chunk passes) while they fit in
-    ``keep_bytes()``: None when they do not (the send then reads the file again)."""
+def _check(upload: Upload) -> tuple[FileCheck, tuple[tuple[Batch, ...], ...], bool]:
+    """The file's check, the messages of its first chunks (built as each chunk passes) while they
+    fit in ``keep_bytes()``, and whether those are all of them."""
     deployment = upload.deployment
     check = FileCheck(
         deployment.horizon, deployment.n, UserRows(deployment.roster, upload.roster_of)
@@ -270,13 +278,13 @@ def _check(upload: Upload) -> tuple[FileCheck, tuple[Batch, ...] | None]:
             if problem is not None:
                 _refuse(upload, problem, chunk)
             kept.build(chunk)
-        return check, kept.batches()
+        return check, *kept.batches()
 
 
 class _Kept:
     """The messages of the checked chunks, built in a thread beside the check (numpy and Arrow
     release the GIL: on two cores the build of a chunk overlaps the check of the next), at most
-    two chunks behind it; none once they exceed ``room`` bytes."""
+    two chunks behind it; those of the first chunks only, while they fit in ``room`` bytes."""
 
     BEHIND = 2
 
@@ -284,7 +292,8 @@ class _Kept:
         from concurrent.futures import ThreadPoolExecutor
 
         self.room, self.deployment = room, deployment
-        self.kept: list[Batch] | None = [] if room > 0 else None
+        self.kept: list[tuple[Batch, ...]] = []
+        self.full = room <= 0  # nothing more is kept
         self.pending: deque = deque()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload-build")
 
@@ -297,7 +306,7 @@ class _Kept:
         self.pool.shutdown(wait=True)
 
     def build(self, chunk: Columns) -> None:
-        if self.kept is None:
+        if self.full:
             return
         while len(self.pending) >= self.BEHIND:
             self._collect()
@@ -305,24 +314,30 @@ class _Kept:
 
     def _collect(self) -> None:
         batches = self.pending.popleft().result()
-        if self.kept is None:
+        if self.full:
             return
         self.room -= sum(len(b.value) + b.index.nbytes for b in batches)
-        self.kept.extend(batches)
-        if self.room < 0:  # too many to keep: the send builds them again from the file
-            self.kept = None
+        if self.room < 0:  # no more room: the send builds this chunk and the rest again
+            self.full = True
             for future in self.pending:
                 future.cancel()
             self.pending.clear()
+        else:
+            self.kept.append(batches)
 
-    def batches(self) -> tuple[Batch, ...] | None:
-        while self.pending and self.kept is not None:
+    def batches(self) -> tuple[tuple[tuple[Batch, ...], ...], bool]:
+        """The kept messages per chunk, and whether they are every chunk's."""
+        while self.pending and not self.full:
             self._collect()
-        return None if self.kept is None else tuple(self.kept)
+        return tuple(self.kept), not self.full
 
 
-def _chunk_batches(chunk: Columns, deployment: Deployment) -> list[Batch]:
-    return list(chunk_messages(chunk, np.arange(len(chunk)), deployment))
+def _chunk_batches(chunk: Columns, deployment: Deployment) -> tuple[Batch, ...]:
+    """The chunk's messages, positions held as int32 when they fit (4 bytes a report kept)."""
+    batches = chunk_messages(chunk, np.arange(len(chunk)), deployment)
+    if chunk.start + len(chunk) >= 1 << 31:
+        return tuple(batches)
+    return tuple(dc_replace(b, index=b.index.astype(np.int32)) for b in batches)
 
 
 def keep_bytes() -> int:

@@ -168,6 +168,26 @@ def test_the_send_sends_what_was_checked_without_reading_the_file_again(dep, tmp
         (i, i % 2) for i in range(500)]
 
 
+def test_a_file_whose_messages_do_not_all_fit_sends_the_kept_ones_and_builds_the_rest(
+        tmp_path, monkeypatch):
+    """Past DPSTREAM_UPLOAD_KEEP_MB the check keeps the first chunks' messages only; the send
+    reads the file again, sends those as kept and builds the later chunks': every report once,
+    with its values, the same messages as with nothing kept."""
+    from pipeline.stream.ingest.reports import ReportParser
+
+    monkeypatch.setenv("DPSTREAM_UPLOAD_CHUNK_ROWS", "4096")
+    monkeypatch.setenv("DPSTREAM_UPLOAD_KEEP_MB", "1")
+    dep = parse_config(CONFIG)
+    path = _parquet(tmp_path / "long.parquet", 160_000)
+    upload = read_upload(path, dep)
+    assert not upload.kept_whole and 0 < len(upload.kept) < 160_000 // 4096
+    sent = [b.value for b in upload.messages()]
+    parsed = ReportParser(Roster.from_range(dep.n), dep.attributes, dep.horizon).parse(sent)
+    assert not parsed.rejections and np.array_equal(np.sort(parsed.rows), np.arange(160_000))
+    monkeypatch.setenv("DPSTREAM_UPLOAD_KEEP_MB", "0")
+    assert sent == [b.value for b in read_upload(path, dep).messages()]
+
+
 def _csv(path, step: int, users) -> str:
     path.write_text("user,step,poverty\n" + "".join(f"u{i},{step},{i % 2}\n" for i in users))
     return str(path)
