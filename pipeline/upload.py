@@ -1,26 +1,31 @@
 """Fast uploads of report files (CSV, JSONL, Parquet) as columnar batch messages, streamed.
 
-What ``dpstream produce`` sends a file with, in two passes over the file, each a chunk of reports
-at a time (:mod:`pipeline.upload_columns`: pyarrow reads Parquet by record batches, CSV and JSONL by
-blocks), so memory is one chunk and not the file:
+What ``dpstream produce`` sends a file with, a chunk of reports at a time
+(:mod:`pipeline.upload_columns`: pyarrow reads Parquet by record batches, CSV and JSONL by blocks;
+the next chunk is read ahead in a thread, :mod:`pipeline.read_ahead`):
 
 1. **Check** (:func:`read_upload`): every chunk is checked vectorised (:mod:`pipeline.upload_check`:
    the workers' parser's rules on whole columns, enrolled users, and no (user, step) twice in the
    file, with a bitmap per step). The first report the workers would reject stops the upload with
    nothing sent: the error comes from the per-report checker
    (:func:`pipeline.stream.ingest.report_files.check_report_file`: file, line and column) for CSV
-   and JSONL; a Parquet file is named by row. The pass keeps, per step, the reports counted and
-   the first report's position: what ``produce`` compares with the steps the workers accept now.
-2. **Send** (:func:`send_upload`): the file is read again and each chunk becomes batch messages for
-   the partitions that own its users (:mod:`pipeline.upload_messages`), handed to the producer, whose
-   sender thread ships them while the next chunk is read and built. The producer's buffer (32 MB)
-   bounds what waits to be sent. A file that changed since its check stops the send (what was
-   acknowledged before stays on the log and the workers judge it).
+   and JSONL; a Parquet file is named by row. The pass keeps, per step, the reports counted, the
+   first report's position and the bitmap of the users reported (what ``produce`` compares with
+   the steps the workers accept now, and ``--dry-run`` with what they hold); and each checked
+   chunk's batch messages for the partitions that own its users (:mod:`pipeline.upload_messages`,
+   built in a thread beside the check) while they fit in ``DPSTREAM_UPLOAD_KEEP_MB``.
+2. **Send** (:func:`send_upload`): the kept messages are handed to the producer: what is sent is
+   what was checked. When they did not all fit, the file is read again: the first chunks' kept
+   messages are sent as they are and each later chunk's are built and handed to the producer, whose sender thread ships them while the next chunk is read
+   and built; a file that changed since its check then stops the send (what was acknowledged
+   before stays on the log and the workers judge it). The producer's buffer (32 MB) bounds what
+   waits to be sent.
 
-Why two passes and not one: a bad report in the last chunk would otherwise come after the first
-chunks were sent, and a file would be half taken (docs/own-data.md, "All or nothing"). The check
-pass costs a read of the file and its codes; the benchmark (``jobs/bench/bench_upload.py``) times
-both passes.
+Why the check comes first and not chunk by chunk with the send: a bad report in the last chunk
+would otherwise come after the first chunks were sent, and a file would be half taken
+(docs/own-data.md, "All or nothing"). Memory: up to three chunks, the bitmaps and at most
+``DPSTREAM_UPLOAD_KEEP_MB`` of messages, whatever the file's length. The benchmark
+(``jobs/bench/bench_upload.py``) times both passes.
 
 A JSONL file pyarrow cannot read as one table (a value that is a number on one line and a string on
 another, an explicit ``null``) is read by the per-report reader instead: slower, same messages.
@@ -32,6 +37,7 @@ replaces the one the workers hold for its (user, step) while that step is open (
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -46,6 +52,8 @@ import numpy as np
 from pipeline.config import Deployment
 from pipeline.fates import Receipt
 from pipeline.producer import SendResult
+from pipeline.read_ahead import read_ahead
+from pipeline.small_ints import value_counts
 from pipeline.stream.ingest.corrections import REPLACE_HEADER
 from pipeline.stream.ingest.report_files import (
     ReportFileError,
@@ -66,6 +74,10 @@ __all__ = [
     "send_upload",
     "upload_file",
 ]
+
+# MB of checked messages kept for the send (~18 bytes a report of short ids, message and position:
+# ~3.5 * 10^6 reports)
+KEEP_MB = 64
 
 UPLOAD_SUFFIXES = {
     ".csv": "csv",
@@ -101,6 +113,12 @@ class Upload:
     stamp: tuple[int, int]  # the file's size and modification time when checked
     roster_of: Callable[[], Any] = field(compare=False, repr=False)  # makes the Roster
     step: int | None = None  # only this step's reports are sent
+    # the messages the check built, per chunk, for the chunks whose messages fit in
+    # ``keep_bytes()`` (the first ones); ``kept_whole``: every chunk's, the file is not read again
+    kept: tuple[tuple[Batch, ...], ...] = field(default=(), compare=False, repr=False)
+    kept_whole: bool = False
+    # step -> the roster rows with a report in the file (the check's bitmaps)
+    present: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     def __len__(self) -> int:
         return sum(self.counts.values())
@@ -114,6 +132,7 @@ class Upload:
             counts={step: self.counts[step]} if step in self.counts else {},
             first_rows={step: self.first_rows[step]} if step in self.first_rows else {},
             step=step,
+            present={step: self.present[step]} if step in self.present else {},
         )
 
     @property
@@ -137,19 +156,27 @@ class Upload:
         return report_chunks(self.path, self.deployment)
 
     def messages(self) -> Iterator[Batch]:
-        """The batch messages, a chunk of the file at a time; :class:`ReportFileError` as soon as
-        the file is seen to differ from the one checked."""
+        """The batch messages: those the check built and kept; for a file whose messages did not
+        all fit, the rest built from the file read again a chunk at a time (:class:`ReportFileError`
+        as soon as the file is seen to differ from the one checked)."""
+        if self.kept_whole:
+            for batches in self.kept:
+                yield from self._of_step(batches)
+            return
         deployment = self.deployment
         if _stamp(self.path) != self.stamp:
             raise self._changed("its size or modification time")
         counts: dict[int, int] = {}
         try:
-            for chunk in self.chunks():
+            for number, chunk in enumerate(self.chunks()):
                 if stateless_problem(chunk, deployment.horizon) is not None:
                     raise self._changed("a report the check had passed is now rejected")
-                values, n = np.unique(chunk.steps, return_counts=True)
+                values, _, n = value_counts(chunk.steps)
                 for t, c in zip(values.tolist(), n.tolist()):
                     counts[t] = counts.get(t, 0) + c
+                if number < len(self.kept):  # built by the check: not again
+                    yield from self._of_step(self.kept[number])
+                    continue
                 if self.step is None:
                     keep = np.arange(len(chunk))
                 else:
@@ -159,6 +186,9 @@ class Upload:
             raise self._changed("pyarrow no longer reads it as a table") from None
         if counts != self.file_counts or _stamp(self.path) != self.stamp:
             raise self._changed("its reports per step")
+
+    def _of_step(self, batches: tuple[Batch, ...]) -> Iterator[Batch]:
+        return (b for b in batches if self.step is None or b.step == self.step)
 
     def _changed(self, what: str) -> ReportFileError:
         return ReportFileError(
@@ -185,8 +215,8 @@ class Upload:
 
 # -- checking -----------------------------------------------------------------------------
 def read_upload(path: str | Path, deployment, roster=None) -> Upload:
-    """Check a whole report file a chunk at a time (nothing is kept but per-step counts and the
-    check's bitmaps); :class:`ReportFileError` (nothing to send) if any report would be rejected
+    """Check a whole report file a chunk at a time (kept: per-step counts, the check's bitmaps and,
+    while they fit, the messages); :class:`ReportFileError` (nothing to send) if any report would be rejected
     by the workers' stateless checks or repeats a (user, step) of the file. ``roster``: the
     deployment's (made from its configuration when needed: a roster file, or an error to name)."""
     path = Path(path)
@@ -205,17 +235,20 @@ def read_upload(path: str | Path, deployment, roster=None) -> Upload:
     stamp = _stamp(path)
     upload = Upload(path, kind, deployment, True, 0, {}, {}, {}, stamp, roster_of)
     try:
-        check = _check(upload)
+        check, kept, whole = _check(upload)
     except NotTabular:  # the per-report checker reads it (and raises, naming the line)
         check_report_file(path, deployment, roster_of())
         upload = dc_replace(upload, tabular=False)
-        check = _check(upload)
+        check, kept, whole = _check(upload)
     return dc_replace(
         upload,
         reports_in_file=check.reports,
         counts=dict(check.counts),
         first_rows=dict(check.first_rows),
         file_counts=dict(check.counts),
+        kept=kept,
+        kept_whole=whole,
+        present=check.present,
     )
 
 
@@ -232,16 +265,91 @@ def _roster_maker(deployment, roster) -> Callable[[], object]:
     return roster_of
 
 
-def _check(upload: Upload) -> FileCheck:
+def _check(upload: Upload) -> tuple[FileCheck, tuple[tuple[Batch, ...], ...], bool]:
+    """The file's check, the messages of its first chunks (built as each chunk passes) while they
+    fit in ``keep_bytes()``, and whether those are all of them."""
     deployment = upload.deployment
     check = FileCheck(
         deployment.horizon, deployment.n, UserRows(deployment.roster, upload.roster_of)
     )
-    for chunk in upload.chunks():
-        problem = check.problem(chunk)
-        if problem is not None:
-            _refuse(upload, problem, chunk)
-    return check
+    kept = _Kept(keep_bytes(), deployment)
+    with kept:
+        for chunk in read_ahead(upload.chunks()):
+            problem = check.problem(chunk)
+            if problem is not None:
+                _refuse(upload, problem, chunk)
+            kept.build(chunk)
+        return check, *kept.batches()
+
+
+class _Kept:
+    """The messages of the checked chunks, built in a thread beside the check (numpy and Arrow
+    release the GIL: on two cores the build of a chunk overlaps the check of the next), at most
+    two chunks behind it; those of the first chunks only, while they fit in ``room`` bytes."""
+
+    BEHIND = 2
+
+    def __init__(self, room: int, deployment: Deployment):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.room, self.deployment = room, deployment
+        self.kept: list[tuple[Batch, ...]] = []
+        self.full = room <= 0  # nothing more is kept
+        self.pending: deque = deque()
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload-build")
+
+    def __enter__(self) -> _Kept:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for future in self.pending:
+            future.cancel()
+        self.pool.shutdown(wait=True)
+
+    def build(self, chunk: Columns) -> None:
+        if self.full:
+            return
+        while len(self.pending) >= self.BEHIND:
+            self._collect()
+        self.pending.append(self.pool.submit(_chunk_batches, chunk, self.deployment))
+
+    def _collect(self) -> None:
+        batches = self.pending.popleft().result()
+        if self.full:
+            return
+        self.room -= sum(len(b.value) + b.index.nbytes for b in batches)
+        if self.room < 0:  # no more room: the send builds this chunk and the rest again
+            self.full = True
+            for future in self.pending:
+                future.cancel()
+            self.pending.clear()
+        else:
+            self.kept.append(batches)
+
+    def batches(self) -> tuple[tuple[tuple[Batch, ...], ...], bool]:
+        """The kept messages per chunk, and whether they are every chunk's."""
+        while self.pending and not self.full:
+            self._collect()
+        return tuple(self.kept), not self.full
+
+
+def _chunk_batches(chunk: Columns, deployment: Deployment) -> tuple[Batch, ...]:
+    """The chunk's messages, positions held as int32 when they fit (4 bytes a report kept)."""
+    batches = chunk_messages(chunk, np.arange(len(chunk)), deployment)
+    if chunk.start + len(chunk) >= 1 << 31:
+        return tuple(batches)
+    return tuple(dc_replace(b, index=b.index.astype(np.int32)) for b in batches)
+
+
+def keep_bytes() -> int:
+    """Bytes of checked messages the upload keeps for its send (``KEEP_MB``, or the environment's
+    ``DPSTREAM_UPLOAD_KEEP_MB``; 0: none, the send reads the file again)."""
+    text = os.environ.get("DPSTREAM_UPLOAD_KEEP_MB", "").strip()
+    if not text:
+        return KEEP_MB << 20
+    if not text.isdigit():
+        raise ValueError(f"DPSTREAM_UPLOAD_KEEP_MB must be a whole number of MB, got {text!r}")
+    return int(text) << 20
 
 
 _PROBLEMS = {

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.attributes import OUT_OF_DOMAIN
+from pipeline.small_ints import value_counts
 from pipeline.stream.ingest.report_files import _by_step, _repeats
 from pipeline.upload_columns import Columns
 from pipeline.upload_rows import UserRows
@@ -68,6 +69,11 @@ class FileCheck:
     def reports(self) -> int:
         return sum(self.counts.values())
 
+    @property
+    def present(self) -> dict[int, np.ndarray]:
+        """step -> the roster rows with a report in the file (a bool per row)."""
+        return self._seen
+
     def problem(self, chunk: Columns) -> Problem | None:
         """The chunk's first bad report (None: all pass, and they are counted)."""
         stateless = stateless_problem(chunk, self.horizon)
@@ -82,7 +88,7 @@ class FileCheck:
             return min(found, key=lambda p: p.position)
         for step, rows_at in _by_step(rows, steps):
             self._seen.setdefault(step, np.zeros(self.users, dtype=bool))[rows_at] = True
-        values, first, counts = np.unique(steps, return_index=True, return_counts=True)
+        values, first, counts = value_counts(steps)
         for step, at, count in zip(values.tolist(), first.tolist(), counts.tolist()):
             self.counts[step] = self.counts.get(step, 0) + count
             self.first_rows.setdefault(step, chunk.start + at)

@@ -93,8 +93,16 @@ def _tables(path: Path, kind: str, deployment) -> Iterator[pa.Table]:
             import pyarrow.parquet as pq
 
             # not pre-buffered: pyarrow would read ahead across row groups, memory growing with
-            # the file; buffered: a row group's column chunk is read a MB at a time
-            parquet = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+            # the file; buffered: a row group's column chunk is read a MB at a time. Text values
+            # of attributes are read as dictionaries (a handful of distinct values, stored so by
+            # the writer): each distinct value is coded once, not once per report
+            names = set(pq.read_schema(path).names)
+            parquet = pq.ParquetFile(
+                path,
+                pre_buffer=False,
+                buffer_size=1 << 20,
+                read_dictionary=[name for name in deployment.attributes if name in names],
+            )
             for batch in parquet.iter_batches(batch_size=chunk_rows()):
                 yield pa.Table.from_batches([batch])
             return
@@ -211,6 +219,11 @@ def _codes(attribute, column, csv_cells: bool) -> np.ndarray:
     t = arr.type
     if pa.types.is_null(t):
         out[:] = MISSING
+        return out
+    if pa.types.is_dictionary(t):  # each distinct value coded once
+        coded = _codes(attribute, arr.dictionary, csv_cells)
+        out = coded[_ints(arr.indices, 0)] if coded.size else out
+        out[~valid_of(arr)] = MISSING
         return out
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         present = np.ones(len(arr), dtype=bool)

@@ -51,11 +51,13 @@ def chunk_messages(chunk: Columns, keep: np.ndarray, deployment) -> Iterator[Bat
     codes = {name: c if whole else c[keep] for name, c in chunk.codes.items()}
     owners = _owners(users, partitions)
     key = steps * partitions + owners
+    if key.size and key.min() >= 0 and key.max() < 1 << 16:
+        key = key.astype(np.uint16)  # numpy sorts 16-bit keys stably by radix: ~10x faster
     order = np.argsort(key, kind="stable")
     key = key[order]
     per_message = _per_message(users, codes, deployment)
     bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True]).tolist()
-    quoted = _quoted(users.take(int64s(order)))
+    quoted = _Quoted(users.take(int64s(order)))
     for lo, hi in pairwise(bounds):
         cuts = -(-(hi - lo) // per_message)  # messages of this group, of even sizes
         edges = [lo + (hi - lo) * k // cuts for k in range(cuts + 1)]
@@ -94,25 +96,28 @@ def _owners(users: pa.Array, partitions: int) -> np.ndarray:
     return partition_of_hashes(murmur2_of_bytes(raw, offsets), partitions)
 
 
-def _quoted(users: pa.Array) -> pa.Array:
-    """Every user id as a JSON string (an array of bytes ``"id"``), with no Python object per id;
-    ids that need escaping (quote, backslash, control characters) are encoded by orjson."""
-    users = users.cast(pa.large_string())
-    raw, _ = string_buffers(users)
-    if ((raw < 0x20) | (raw == 0x22) | (raw == 0x5C)).any():
-        return strings([orjson.dumps(u) for u in users.to_pylist()], large=True).cast(
-            pa.large_binary()
-        )
-    quote, nothing = strings(['"', ""], large=True)
-    return pc.binary_join_element_wise(quote, users, quote, nothing).cast(pa.large_binary())
+class _Quoted:
+    """User ids ready to be listed in JSON, with no Python object per id: ids that need no escaping
+    (no quote, backslash or control character: the usual case) are joined by ``","`` between an
+    opening and a closing quote; otherwise each id is encoded by orjson and joined by ``,``."""
 
+    def __init__(self, users: pa.Array):
+        users = users.cast(pa.large_string())
+        raw, _ = string_buffers(users)
+        self.plain = not ((raw < 0x20) | (raw == 0x22) | (raw == 0x5C)).any()
+        if self.plain:
+            ids, self.open, separator, self.close = users, b'["', '","', b'"]'
+        else:
+            ids = strings([orjson.dumps(u) for u in users.to_pylist()], large=True)
+            self.open, separator, self.close = b"[", ",", b"]"
+        self.ids = ids.cast(pa.large_binary())  # joined as bytes
+        self.separator = strings([separator], large=True).cast(pa.large_binary())[0]
 
-def _user_list(quoted: pa.Array, start: int, stop: int) -> bytes:
-    """``[...]`` of the quoted ids ``start:stop``: one join in Arrow."""
-    part = quoted.slice(start, stop - start)
-    listed = pa.LargeListArray.from_arrays(int64s(np.array([0, len(part)])), part)
-    comma = strings([","], large=True).cast(pa.large_binary())[0]
-    return b"[" + pc.binary_join(listed, comma)[0].as_py() + b"]"
+    def listed(self, start: int, stop: int) -> bytes:
+        """``[...]`` of the ids ``start:stop``: one join in Arrow."""
+        part = self.ids.slice(start, stop - start)
+        listed = pa.LargeListArray.from_arrays(int64s(np.array([0, len(part)])), part)
+        return self.open + pc.binary_join(listed, self.separator)[0].as_py() + self.close
 
 
 def _messages(
@@ -120,13 +125,13 @@ def _messages(
     partition: int,
     positions: np.ndarray,
     index: np.ndarray,
-    quoted,
+    quoted: _Quoted,
     start: int,
     codes: dict,
 ) -> list[Batch]:
     """The message of the reports ``index`` (offsets among those kept; ``positions``: their
     places in the file), halved while it is over ``MAX_REPORT_BYTES``."""
-    columns = [b'"user":' + _user_list(quoted, start, start + index.size), b'"step":%d' % step]
+    columns = [b'"user":' + quoted.listed(start, start + index.size), b'"step":%d' % step]
     for name, c in codes.items():
         chunk = c[index]
         if (chunk < 0).all():

@@ -53,8 +53,10 @@ def test_intake_counts_per_step_and_interval():
     core.enqueue(0, _log())
     core.drain(0)
     s = core.states[0].intake_summary()
+    # the close marker of step 1 is record 22: where `produce --dry-run` starts reading
     assert s["history"]["1"] == {"users": N, "reported": 15, "imputed": 5, "accepted": 19,
-                                 "rejected": {"duplicate": 1, "malformed": 2}, "forwarded": 0}
+                                 "rejected": {"duplicate": 1, "malformed": 2}, "forwarded": 0,
+                                 "marker": 22}
     assert s["open"] == {"2": 10, "3": 0, "4": 0}  # 4 sent while step 1 was open + 6 after
     assert s["accepted"] == 6 and s["rejected"] == {"late": 1}
 

@@ -12,9 +12,10 @@ disk-backed log):
    exactly these bytes with this client.
 2. **Upload**: what :func:`pipeline.upload.upload_file` does, from the file on disk (each pass
    timed): the check pass (the file read a chunk at a time, every value coded, users, domains and
-   repeats checked), then the send pass (the file read again, each chunk's messages built and
-   handed to the producer while it ships the previous ones), until every message is acknowledged
-   — what ``dpstream produce`` does after its own checks.
+   repeats checked, each chunk's messages built and kept while they fit in
+   ``DPSTREAM_UPLOAD_KEEP_MB``), then the send pass (the kept messages handed to the producer;
+   a file whose messages did not fit is read and built again), until every message is
+   acknowledged — what ``dpstream produce`` does after its own checks.
 3. **One pass** (the design not chosen, for comparison): each chunk checked and sent as it is
    read, with no check pass before; a bad report in a later chunk would then come after earlier
    chunks were sent (docs/own-data.md, "All or nothing").

@@ -269,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run",
         action="store_true",
         help="check everything (file, steps the workers accept now, "
-        "reports the workers already hold for those steps) and say what would be sent; send nothing",
+        "reports the workers already hold for those steps: the exact number of duplicates, "
+        "read from the reports log) and say what would be sent; send nothing",
     )
     pr.set_defaults(func=cmd_produce)
 

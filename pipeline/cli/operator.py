@@ -172,7 +172,12 @@ def _produce(args, stage: list[str]) -> int:
         ):  # the first refused line
             why = _step_refused(deployment, file_step, window)
             if why:
-                return _fail(EXIT_REFUSED, f"nothing sent: {path}:{line}: {why}")
+                count = found.counts[file_step]
+                return _fail(
+                    EXIT_REFUSED,
+                    f"nothing sent: {path}:{line}: {why} (the file's {count:,} reports of step "
+                    f"{file_step})",
+                )
         return _send_file(deployment, found, args, view, stage)
     step: int | None = args.step
     if step is None:  # the next open step without reports yet
@@ -249,22 +254,11 @@ def _send_file(deployment: Deployment, found, args, view, stage: list[str]) -> i
 
     steps = ", ".join(map(str, sorted(found.steps())))
     plural = "s" if len(found.steps()) > 1 else ""
+    if args.dry_run:
+        stage[0] = "reading the reports log for what the workers hold"
+        return _dry_run(deployment, found, args, view)
     # corrections (--replace) replace held reports: no duplicate to foresee
     held, certain = ([], 0) if args.replace else held_conflicts(deployment, view, found.counts)
-    if args.dry_run:
-        for line in held:
-            print(f"dry run: {line}")
-        if certain:
-            return _fail(
-                EXIT_REJECTED,
-                f"dry run: at least {certain:,} of the {len(found):,} "
-                "reports would be rejected as duplicate; nothing sent",
-            )
-        print(
-            f"dry run: {len(found):,} reports for step{plural} {steps} pass the workers' "
-            "checks" + (" (see above: some may be duplicates)" if held else "") + "; nothing sent"
-        )
-        return EXIT_OK
     for line in held:
         print(f"WARNING: {line}", file=sys.stderr)
     broker, _ = _endpoints(deployment)
@@ -301,6 +295,45 @@ def _send_file(deployment: Deployment, found, args, view, stage: list[str]) -> i
     what = "corrections" if args.replace else "reports"
     print(f"sent {result.acknowledged} {what} for step{plural} {steps} (all acknowledged)")
     return _verdict(deployment, result.receipt, mark, args, stage)
+
+
+def _dry_run(deployment: Deployment, found, args, view) -> int:
+    """What the workers would make of the checked file now: its reports of (user, step) pairs
+    they hold a report of already are duplicates, counted exactly from the reports log
+    (:mod:`pipeline.held_reports`); corrections (--replace) replace what is held."""
+    from pipeline.held_reports import held_reports
+
+    steps = ", ".join(map(str, sorted(found.steps())))
+    plural = "s" if len(found.steps()) > 1 else ""
+    if args.replace:
+        print(
+            f"dry run: {len(found):,} corrections for step{plural} {steps} pass the workers' "
+            "checks; each replaces the report held for its user and step; nothing sent"
+        )
+        return EXIT_OK
+    broker, _ = _endpoints(deployment)
+    held = held_reports(deployment, broker, view, found.steps(), found.roster_of())
+    total = 0
+    for step in sorted(found.steps()):
+        duplicates = held.duplicates(step, found.present[step])
+        total += duplicates
+        if duplicates:
+            print(
+                f"dry run: step {step}: {duplicates:,} of the {found.counts[step]:,} reports "
+                "are of users the workers already hold a report of: dead-lettered as duplicate "
+                "(the first report of a (user, step) wins; --replace corrects them)"
+            )
+    if total:
+        return _fail(
+            EXIT_REJECTED,
+            f"dry run: {total:,} of the {len(found):,} reports would be rejected as duplicate "
+            f"({held.note}); nothing sent",
+        )
+    print(
+        f"dry run: {len(found):,} reports for step{plural} {steps} pass the workers' checks, "
+        f"none a duplicate ({held.note}); nothing sent"
+    )
+    return EXIT_OK
 
 
 def cmd_close(args) -> int:

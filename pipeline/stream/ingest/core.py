@@ -603,7 +603,7 @@ class IngestCore:
                 b"",
                 {"step": step, "duplicate": True},
             )
-        partial = state.close(step)
+        partial = state.close(step, marker_offset)
         partial["closed_at"] = closed_at
         state.offset = marker_offset
         messages = encode_partial(partial)

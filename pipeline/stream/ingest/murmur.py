@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.small_ints import distinct
+
 __all__ = ["murmur2_many", "murmur2_of_bytes", "partitions_of", "partition_of_hashes"]
 
 _SEED, _M = np.uint32(0x9747B28C), np.uint32(0x5BD1E995)
@@ -38,36 +40,34 @@ def murmur2_of_bytes(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """murmur2 of the keys ``data[offsets[i]:offsets[i + 1]]`` (a string array's buffers), as
     uint32.
 
-    A key's 4-byte words are read as little-endian uint32 from four views of the bytes shifted by
-    0..3 (one gather per word, whatever the key's alignment); its 0-3 tail bytes one by one."""
+    The keys of one length are gathered into a (keys, words) matrix of little-endian uint32 (one
+    gather of their bytes), and each word is mixed in as a column; the 0-3 tail bytes one by
+    one."""
     lengths = np.diff(offsets)
     padded = np.concatenate([data, np.zeros(8, dtype=np.uint8)])
-    shifted = [padded[a : a + (padded.size - a) // 4 * 4].view("<u4") for a in range(4)]
     out = np.empty(lengths.size, dtype=np.uint32)
     with np.errstate(over="ignore"):
-        for length in np.unique(lengths).tolist():
+        if lengths.size and lengths.min() == lengths.max():  # ids of one length: no grouping
+            out[:] = _hash_equal_length(padded, offsets[:-1], int(lengths[0]))
+            return out
+        for length in distinct(lengths).tolist():
             at = np.flatnonzero(lengths == length)
-            out[at] = _hash_equal_length(padded, shifted, offsets[at], length)
+            out[at] = _hash_equal_length(padded, offsets[at], length)
     return out
 
 
-def _hash_equal_length(
-    padded: np.ndarray, shifted: list, start: np.ndarray, length: int
-) -> np.ndarray:
+def _hash_equal_length(padded: np.ndarray, start: np.ndarray, length: int) -> np.ndarray:
     """murmur2 of the keys of ``length`` bytes starting at ``start`` in ``padded``."""
     h = np.full(start.size, _SEED ^ np.uint32(length), dtype=np.uint32)
     body = length // 4 * 4
-    align = start & 3
-    for i in range(0, body, 4):
-        k = np.empty(start.size, dtype=np.uint32)
-        for a in range(4):  # each key's word from the view its alignment falls in
-            sel = align == a
-            k[sel] = shifted[a][(start[sel] + i - a) >> 2]
-        k *= _M
-        k ^= k >> np.uint32(24)
-        k *= _M
-        h *= _M
-        h ^= k
+    if body:
+        words = padded[start[:, None] + np.arange(body)].view("<u4")  # (keys, body // 4)
+        for i in range(body // 4):
+            k = words[:, i] * _M
+            k ^= k >> np.uint32(24)
+            k *= _M
+            h *= _M
+            h ^= k
     extra = length - body
     if extra >= 3:
         h ^= padded[start + body + 2].astype(np.uint32) << 16

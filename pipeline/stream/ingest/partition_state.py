@@ -273,8 +273,10 @@ class PartitionState:
             got |= self.pending[a][0] >= 0
         return int(got.sum())
 
-    def close(self, step: int) -> dict[str, Any]:
-        """Close ``step`` (must be the next one): impute, aggregate, advance. Returns the partial."""
+    def close(self, step: int, marker: int | None = None) -> dict[str, Any]:
+        """Close ``step`` (must be the next one): impute, aggregate, advance. Returns the partial.
+        ``marker``: the offset of its close marker in this partition's log (kept in the intake
+        history)."""
         if step != self.closed + 1:
             raise ValueError(
                 f"partition {self.partition}: close({step}) but the next step to close is {self.closed + 1}"
@@ -299,7 +301,7 @@ class PartitionState:
         if self.corrections is not None and not self.corrections.shift():
             self.corrections = None
         self.closed = step
-        self.intake.close(step, int(self.rows.size), reported)
+        self.intake.close(step, int(self.rows.size), reported, marker)
         self.feedback_needed = set(self._feedback_releases)
         return {
             "step": step,
@@ -477,7 +479,9 @@ class Intake:
         for reason, n in reasons.items():
             self.rejected[reason] = self.rejected.get(reason, 0) + int(n)
 
-    def close(self, step: int, users: int, reported: int) -> None:
+    def close(self, step: int, users: int, reported: int, marker: int | None = None) -> None:
+        """``marker``: the offset of the step's close marker, where ``produce --dry-run`` starts
+        reading the log (:mod:`pipeline.held_reports`)."""
         self.history[step] = {
             "users": users,
             "reported": reported,
@@ -485,6 +489,7 @@ class Intake:
             "accepted": self.accepted,
             "rejected": dict(self.rejected),
             "forwarded": self.forwarded,
+            **({} if marker is None else {"marker": int(marker)}),
         }
         self.history.pop(step - self.HISTORY, None)
         self.reported[:-1] = self.reported[1:]

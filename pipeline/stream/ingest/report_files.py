@@ -29,6 +29,7 @@ import msgspec
 import numpy as np
 import orjson
 
+from pipeline.small_ints import distinct, value_counts
 from pipeline.stream.ingest.reports import ReportParser
 
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ def check_report_file(
         for i in np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]]) if steps.size else ():
             step = int(steps[i])
             first_lines.setdefault(step, recs[int(message[i])][0])
-        for step, n in zip(*np.unique(steps, return_counts=True)):
+        for step, _, n in zip(*value_counts(steps)):
             counts[int(step)] = counts.get(int(step), 0) + int(n)
     return ReportFile(path, deployment, counts, first_lines, stamp)
 
@@ -209,7 +210,7 @@ def _repeats(
 
 def _by_step(rows: np.ndarray, steps: np.ndarray, positions: bool = False):
     """(step, rows at that step) per step, or (step, positions of those reports) with ``positions``."""
-    for step in np.unique(steps):
+    for step in distinct(steps):
         at = np.flatnonzero(steps == step)
         yield int(step), (at if positions else rows[at])
 

@@ -1,0 +1,186 @@
+"""Which users the workers hold a report of for the open steps, read from the reports log: what
+``dpstream produce --dry-run`` counts exact duplicates with (docs/own-data.md, "Dry run").
+
+A worker holds a report of (user, step t) for an open step t when some report of that pair passed
+the workers' parser and reached the user's owner while t was within its window (the next step to
+close and ``steps.max_ahead`` after it); the first report wins and every later one is a
+``duplicate`` (:meth:`pipeline.stream.ingest.partition_state.PartitionState.apply`). Which one
+won does not matter here, only that one did. So the held pairs are found from the log alone,
+without the workers' checkpoints (which the operator role may not read, docs/security.md):
+
+* the window of a report is set by the close markers before it in the reports partition it was
+  written to — for a report of another partition's user too, since its owner applies it in the
+  interval the source's markers delimit (:class:`pipeline.stream.ingest.repartition.Inbox`);
+* a report of an open step ``t >= closing + 1`` can only have been in its window after the marker
+  of step ``closing - max_ahead``, so each partition is read from that marker (its offset is in
+  the workers' intake history, :class:`pipeline.stream.ingest.partition_state.Intake`; from the
+  log's start when the history does not have it) to the log's end.
+
+The answer is exact for every report on the log when it is read, handled by the workers yet or
+not; reports sent after it, and a close after it, are not foreseen (:attr:`HeldReports.note`).
+A close marker counts as a close when its step is one the releaser has closed (its signature is
+not checked: a forged marker of such a step before the real one would move the window early). Memory: a byte per roster user for each step
+asked about, and one partition's reports between two markers at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from pipeline.config import Deployment
+    from pipeline.stream.ingest.intake_view import IntakeView
+
+__all__ = ["HeldReports", "held_reports"]
+
+
+@dataclass
+class HeldReports:
+    """Per open step asked about, the roster rows the workers hold (or will hold, once they have
+    handled what is on the log now) an accepted report of."""
+
+    closing: int  # the releaser's last closed step when read
+    rows: dict[int, np.ndarray] = field(default_factory=dict)  # step -> bool per roster row
+    records: int = 0  # records read
+    # partitions read from the log's start for want of their marker's offset (slower, as exact)
+    from_start: list[int] = field(default_factory=list)
+    short: dict[int, int] = field(default_factory=dict)  # partition -> records not read (timeout)
+    lost_log: bool = False  # the workers hold reports of a log the broker has lost
+
+    def duplicates(self, step: int, sending: np.ndarray) -> int:
+        """Reports of ``sending`` (bool per roster row: a report of the user for ``step``) the
+        workers would dead-letter as ``duplicate``."""
+        held = self.rows.get(step)
+        return 0 if held is None else int(np.count_nonzero(held & sending))
+
+    @property
+    def note(self) -> str:
+        """What the count covers, for the operator."""
+        if self.lost_log:
+            return (
+                "a lower bound: the broker lost reports the workers hold (`dpstream status` "
+                "shows LOST), and they are not on the log to count"
+            )
+        if self.short:
+            missing = sum(self.short.values())
+            return (
+                f"a lower bound: {missing:,} records of the reports log were not read in time "
+                f"(partitions {sorted(self.short)})"
+            )
+        whole = (
+            f"; partitions {self.from_start} read from the log's start (their workers' history "
+            "has no close marker offset)"
+            if self.from_start
+            else ""
+        )
+        return (
+            f"exact for the {self.records:,} records on the reports log now (handled by the "
+            "workers or not); reports sent after this and a close after this are not foreseen"
+            + whole
+        )
+
+
+def held_reports(
+    deployment: Deployment,
+    broker: str,
+    view: IntakeView,
+    steps: set[int],
+    roster,
+    timeout: float = 300.0,
+) -> HeldReports:
+    """The held rows of ``steps`` (those that are open) from the reports log (module doc)."""
+    from kafka import TopicPartition
+
+    from pipeline.consumer import read_to_end
+    from pipeline.stream.kafka.log_end import log_ends
+    from pipeline.stream.kafka.topics import topic_names
+
+    closing = view.closing
+    max_ahead = deployment.steps.max_ahead
+    wanted = sorted(t for t in steps if t > closing)
+    held = HeldReports(closing, {t: np.zeros(roster.n, dtype=bool) for t in wanted})
+    held.lost_log = bool(view.lost()) or any(view.stale.values())
+    if not wanted:
+        return held
+    topic = topic_names(deployment)["reports"]
+    tps = [TopicPartition(topic, p) for p in range(deployment.topics.partitions)]
+    ends = log_ends(broker, tps)
+    start: dict = {}
+    first = closing - max_ahead  # read from its close marker (none yet: from the log's start)
+    for tp in tps:
+        offset = _marker_offset(view, tp.partition, first) if first >= 1 else None
+        if offset is not None:
+            start[tp] = offset
+        elif first >= 1:
+            held.from_start.append(tp.partition)
+    readers = {tp.partition: _PartitionReader(deployment, roster, held) for tp in tps}
+    last = {tp.partition: start.get(tp, 0) - 1 for tp in tps}
+
+    def handle(msg) -> None:
+        readers[msg.partition].add(msg.value, msg.headers)
+        last[msg.partition] = msg.offset
+        held.records += 1
+
+    read_to_end(broker, [topic], handle, timeout=timeout, start=start)
+    for tp in tps:
+        readers[tp.partition].flush()
+        if last[tp.partition] + 1 < ends[tp]:
+            held.short[tp.partition] = ends[tp] - last[tp.partition] - 1
+    return held
+
+
+def _marker_offset(view: IntakeView, partition: int, step: int) -> int | None:
+    """Offset of the close marker of ``step`` in ``partition``'s log as its worker recorded it
+    (None when it did not)."""
+    closed = view.snapshots.get(partition, {}).get("history", {}).get(str(step), {})
+    offset = closed.get("marker")
+    return None if offset is None else int(offset)
+
+
+class _PartitionReader:
+    """One reports partition's records in log order: reports are parsed by the workers' parser a
+    run at a time, and those in their window mark their (user, step). Before the first marker read
+    nothing is closed: a partition is read from a marker, or from the log's start."""
+
+    RUN = 256  # records parsed at a time (a window never changes inside a run)
+
+    def __init__(self, deployment: Deployment, roster, held: HeldReports):
+        from pipeline.stream.ingest.reports import ReportParser
+
+        self.parser = ReportParser(roster, deployment.attributes, deployment.horizon)
+        self.max_ahead = deployment.steps.max_ahead
+        self.held = held
+        self.closed = 0  # last closed step at the records read
+        self.run: list[bytes] = []
+
+    def add(self, value: bytes | None, headers) -> None:
+        from pipeline.stream.ingest.core import is_marker
+        from pipeline.stream.kafka.messages import parse_close_marker
+        from pipeline.stream.process.limits import MAX_REPORT_BYTES
+
+        if headers and is_marker(headers):
+            step, _ = parse_close_marker(value or b"")
+            # a marker of a step the releaser had not closed when read: forged (the workers
+            # dead-letter it), or a close after the dry run
+            if step is not None and self.closed < step <= self.held.closing:
+                self.flush()
+                self.closed = step
+            return
+        if value is not None and len(value) <= MAX_REPORT_BYTES:  # larger: dead-lettered
+            self.run.append(value)
+            if len(self.run) >= self.RUN:
+                self.flush()
+
+    def flush(self) -> None:
+        """Mark the held pairs of the run read so far."""
+        if not self.run:
+            return
+        parsed = self.parser.parse(self.run)
+        self.run = []
+        closed = self.closed
+        in_window = (parsed.steps > closed) & (parsed.steps <= closed + 1 + self.max_ahead)
+        for step, rows in self.held.rows.items():
+            rows[parsed.rows[in_window & (parsed.steps == step)]] = True
