@@ -167,8 +167,9 @@ def delete_object(
 def _max_keys(query: dict[str, str]) -> int:
     """The max-keys parameter, capped at S3's 1,000 (as localbucket reads it)."""
     try:
-        max_keys = min(int(query.get("max-keys", localbucket.MAX_KEYS_LIMIT)),
-                       localbucket.MAX_KEYS_LIMIT)
+        max_keys = min(
+            int(query.get("max-keys", localbucket.MAX_KEYS_LIMIT)), localbucket.MAX_KEYS_LIMIT
+        )
     except ValueError:
         max_keys = -1
     if max_keys < 0:
@@ -229,6 +230,7 @@ def list_objects_v2(
         out.append(f"<StartAfter>{text(start_after)}</StartAfter>")
     if url:
         out.append("<EncodingType>url</EncodingType>")
+
     def entry(key: str, meta: ObjectMeta) -> str:
         return (
             f"<Contents><Key>{text(key)}</Key><LastModified>{meta.modified}</LastModified>"
@@ -245,8 +247,7 @@ def list_objects_v2(
         else:  # the broker lists the same batches on every fetch: each rendered once
             out.append(entry(key, meta) if url else index.rendered(key, meta, entry))
     out += [
-        f"<CommonPrefixes><Prefix>{text(c)}</Prefix></CommonPrefixes>"
-        for c in page.common_prefixes
+        f"<CommonPrefixes><Prefix>{text(c)}</Prefix></CommonPrefixes>" for c in page.common_prefixes
     ]
     out.append("</ListBucketResult>")
     return "".join(out).encode()
@@ -340,8 +341,9 @@ class ConditionalHandler(localbucket.S3Handler):
                     raise self._precondition_failed_error()
                 buffer = io.BytesIO()
                 etag = write(buffer)
-                phases = journaled_put(self.journal, f"{bucket}/{key}", target, buffer.getvalue(),
-                                       create_only)
+                phases = journaled_put(
+                    self.journal, f"{bucket}/{key}", target, buffer.getvalue(), create_only
+                )
                 localbucket.remember_etag(target, etag)
             else:
                 created = _missing_folders(target.parent)
