@@ -32,6 +32,7 @@ import logging
 
 from aiokafka import TopicPartition
 
+from pipeline.connections import check_broker_listener
 from pipeline.stream.control.signatures import job_keys
 from pipeline.stream.ingest.coordinator import IngestCoordinator
 from pipeline.stream.ingest.core import IngestCore
@@ -58,6 +59,7 @@ class IngestWorker:
         self.store = rt.store()
         # Aggregators are rebuilt from this configuration around restored state: it must be the one the
         # state was created under (ConfigurationChanged: exit code 2).
+        check_broker_listener(rt.broker)  # a protocol mismatch: one line, not a client's retries
         identity = establish_identity(rt.deployment, rt.roster.ids, self.store, "worker")
         # Close markers count only with the curator's (or the deadline key's) signature over this
         # deployment
