@@ -125,3 +125,19 @@ def test_the_example_reader_reads_through_the_gate_with_the_client_files(brokers
     )
     # it read the (empty) releases topic through the gate: nothing released yet
     assert "no manifest of release 'cu' on the releases topic" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_benchmark_ignores_the_client_files_of_another_deployments_gate(brokers, tmp_path):
+    """A benchmark starts brokers of its own: `DPSTREAM_BROKER_TLS` left set in the shell (which
+    made its clients wait for ever in a TLS handshake with its own plain broker) is dropped."""
+    gated, _, _ = brokers
+    tls_dir = str(gated.gate.tls.directory)
+    proc = run(
+        [sys.executable, "-m", "jobs.bench.bench_upload", "--n", "2000", "--out",
+         str(tmp_path / "bench")],
+        clean_env(tmp_path, **{BROKER_TLS_ENV: tls_dir}),
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "bench_upload: ignoring DPSTREAM_BROKER_TLS" in proc.stderr
+    assert "ratio raw / upload" in proc.stdout
