@@ -45,6 +45,7 @@ from pipeline.stream.process.metrics import serve_metrics, unexport_releaser_ser
 from pipeline.stream.process.runtime import Runtime
 from pipeline.stream.process.supervision import run_job, supervise
 from pipeline.stream.state.commit_order import CommitOrder
+from pipeline.stream.state.fingerprint import fingerprint, privacy_config
 from pipeline.stream.state.identity import establish_identity
 
 log = logging.getLogger("dpstream.worker")
@@ -60,11 +61,14 @@ class IngestWorker:
         # Aggregators are rebuilt from this configuration around restored state: it must be the one the
         # state was created under (ConfigurationChanged: exit code 2).
         check_broker_listener(rt.broker)  # a protocol mismatch: one line, not a client's retries
-        identity = establish_identity(rt.deployment, rt.roster.ids, self.store, "worker")
         # Close markers count only with the curator's (or the deadline key's) signature over this
         # deployment
         # and configuration: a producer cannot close a step (exit code 2 without the public key).
-        verifier, _ = job_keys(rt.deployment, identity.fingerprint, "worker")
+        # Loaded first, for this configuration's fingerprint (the identity must equal it): a worker
+        # without its key refuses at once rather than after waiting for the releaser's identity.
+        digest = fingerprint(privacy_config(rt.deployment, rt.roster.ids))
+        verifier, _ = job_keys(rt.deployment, digest, "worker")
+        establish_identity(rt.deployment, rt.roster.ids, self.store, "worker")
         self.core = IngestCore(
             rt.deployment, rt.roster, self.names, store=self.store, verifier=verifier
         )

@@ -60,6 +60,14 @@ def no_namespaces() -> None:
     assert "No space left on device" in probe.stderr  # the limit, not some other failure
 
 
+def up_without_namespaces(path: Path, tmp_path: Path, *flags: str) -> list[str]:
+    """`dpstream up` (one worker) where no namespace can be made."""
+    logs = str(tmp_path / "logs")
+    return without_namespaces(
+        [*CLI, "up", "--config", str(path), "--workers", "1", *flags, "--log-dir", logs]
+    )
+
+
 def leftovers(mark: str) -> list[int]:
     """Pids of processes carrying ``RUN_MARK=mark`` in their environment."""
     found = []
@@ -78,18 +86,7 @@ def test_up_refuses_where_no_private_network_can_be_made(no_namespaces, deployme
     env = dict(env, **{RUN_MARK: mark})
     env.pop("DPSTREAM_EMBEDDED_BROKER", None)
     proc = subprocess.run(
-        without_namespaces(
-            [
-                *CLI,
-                "up",
-                "--config",
-                str(path),
-                "--workers",
-                "1",
-                "--log-dir",
-                str(tmp_path / "logs"),
-            ]
-        ),
+        up_without_namespaces(path, tmp_path),
         env=env,
         capture_output=True,
         text=True,
@@ -117,19 +114,7 @@ def test_the_open_broker_the_refusal_offers_runs_there(no_namespaces, deployment
     mark = uuid.uuid4().hex
     env = dict(env, DPSTREAM_EMBEDDED_BROKER="open", **{RUN_MARK: mark})
     proc = subprocess.Popen(
-        without_namespaces(
-            [
-                *CLI,
-                "up",
-                "--config",
-                str(path),
-                "--workers",
-                "1",
-                "--ephemeral",
-                "--log-dir",
-                str(tmp_path / "logs"),
-            ]
-        ),
+        up_without_namespaces(path, tmp_path, "--ephemeral"),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -111,6 +111,15 @@ def supervise_until_refused(cluster: LocalCluster, timeout: float = 90.0) -> Pro
     return None
 
 
+def refusal_of(path: str, tmp_path, monkeypatch) -> ProcessFailed | None:
+    """`up` with the configuration at ``path``: how it was refused (None: it was accepted)."""
+    cluster = start(path, tmp_path, monkeypatch)
+    try:
+        return supervise_until_refused(cluster)
+    finally:
+        cluster.stop()
+
+
 def test_the_worker_login_cannot_get_a_changed_configuration_accepted(
     services, tmp_path, monkeypatch
 ):
@@ -149,11 +158,7 @@ def test_the_worker_login_cannot_get_a_changed_configuration_accepted(
         worker.set(keys.release_identity, "{}")
 
     # `up` with the changed configuration: the releaser refuses with exit code 2, naming the change.
-    cluster = start(changed, tmp_path, monkeypatch)
-    try:
-        refused = supervise_until_refused(cluster)
-    finally:
-        cluster.stop()
+    refused = refusal_of(changed, tmp_path, monkeypatch)
     assert refused is not None, "the changed configuration was accepted"
     assert refused.exit_code == 2 and refused.name == "releaser", refused
     assert "budget.rho: 0.5 -> 1.0" in str(refused) and keys.release_identity in str(refused), (
@@ -212,11 +217,7 @@ def test_an_identity_written_before_the_releasers_first_start_is_refused(
     finally:
         first.stop()
 
-    cluster = start(changed, tmp_path, monkeypatch)
-    try:
-        refused = supervise_until_refused(cluster)
-    finally:
-        cluster.stop()
+    refused = refusal_of(changed, tmp_path, monkeypatch)
     assert refused is not None, "an identity written by the worker's login was adopted"
     assert refused.exit_code == 2 and refused.name == "releaser", refused
     assert "before the releaser's first start" in str(refused), refused
