@@ -64,8 +64,10 @@ class IngestWorker:
         # Close markers count only with the curator's (or the deadline key's) signature over this
         # deployment
         # and configuration: a producer cannot close a step (exit code 2 without the public key).
-        # Loaded first, for this configuration's fingerprint (the identity must equal it): a worker
-        # without its key refuses at once rather than after waiting for the releaser's identity.
+        # Loaded for this configuration's fingerprint (the identity must equal it) before waiting
+        # for the releaser's identity, after a first read (the login): a refused login or a
+        # missing key is one line at once.
+        self.store.identity()
         digest = fingerprint(privacy_config(rt.deployment, rt.roster.ids))
         verifier, _ = job_keys(rt.deployment, digest, "worker")
         establish_identity(rt.deployment, rt.roster.ids, self.store, "worker")
