@@ -62,15 +62,15 @@ class IngestWorker:
         # state was created under (ConfigurationChanged: exit code 2).
         check_broker_listener(rt.broker)  # a protocol mismatch: one line, not a client's retries
         # Close markers count only with the curator's (or the deadline key's) signature over this
-        # deployment
-        # and configuration: a producer cannot close a step (exit code 2 without the public key).
-        # Loaded for this configuration's fingerprint (the identity must equal it) before waiting
-        # for the releaser's identity, after a first read (the login): a refused login or a
-        # missing key is one line at once.
-        self.store.identity()
-        digest = fingerprint(privacy_config(rt.deployment, rt.roster.ids))
-        verifier, _ = job_keys(rt.deployment, digest, "worker")
-        establish_identity(rt.deployment, rt.roster.ids, self.store, "worker")
+        # deployment and configuration: a producer cannot close a step (exit code 2 without the
+        # public key). With no identity yet (the login's first read), the keys are checked before
+        # waiting for the releaser's: a missing key is one line at once, not after the wait.
+        if self.store.identity() is None:
+            job_keys(
+                rt.deployment, fingerprint(privacy_config(rt.deployment, rt.roster.ids)), "worker"
+            )
+        identity = establish_identity(rt.deployment, rt.roster.ids, self.store, "worker")
+        verifier, _ = job_keys(rt.deployment, identity.fingerprint, "worker")
         self.core = IngestCore(
             rt.deployment, rt.roster, self.names, store=self.store, verifier=verifier
         )

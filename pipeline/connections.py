@@ -105,7 +105,8 @@ def kafka_security(security: Security | None = None) -> dict[str, Any]:
 
 def check_broker_listener(bootstrap: str) -> None:
     """Refuse at once, in one line (:class:`pipeline.stream.kafka.listener_check.ListenerMismatch`),
-    a broker that speaks TLS to this process's plain Kafka clients or plain Kafka to its TLS ones."""
+    a broker that speaks TLS to this process's plain Kafka clients, or plain Kafka to its TLS
+    ones."""
     from pipeline.stream.kafka.listener_check import check_listener
 
     check_listener(bootstrap, kafka_security().get("security_protocol", "PLAINTEXT"))

@@ -1,11 +1,12 @@
-"""Where no private network namespace can be made, `dpstream up` refuses to start its embedded broker.
+"""Where no private network namespace can be made, `dpstream up` refuses to start its embedded
+broker.
 
 The environment is real, made without touching the machine's settings: `up` runs inside a user
-namespace of its own (`unshare --user --map-root-user`) whose `user.max_user_namespaces` is set to 0
-(the limit is per user namespace, so this one and its children only), with CAP_SYS_ADMIN dropped from
-the bounding set (`setpriv`), so neither a nested user namespace nor a bare network namespace can be
-created — what a distribution with user namespaces disabled, or a container, gives. The product runs
-unchanged: its gate's `unshare` calls fail in the kernel.
+namespace of its own (`unshare --user --map-root-user`) whose `user.max_user_namespaces` is set to
+0 (the limit is per user namespace: this one and its children only), with CAP_SYS_ADMIN dropped
+from the bounding set (`setpriv`), so neither a nested user namespace nor a bare network namespace
+can be created: what a distribution with user namespaces disabled, or a container, gives. The
+product runs unchanged: its gate's `unshare` calls fail in the kernel.
 
 `up` must exit 1 with one line naming why (the limit), start nothing that outlives it, leave no
 endpoints record behind; and what that line offers, `DPSTREAM_EMBEDDED_BROKER=open`, must run there.
@@ -44,7 +45,7 @@ def without_namespaces(command: list[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def no_namespaces() -> None:
-    """Skip unless the restricted environment can be made here and really refuses both namespaces."""
+    """Skip unless the restricted environment can be made here and refuses both namespaces."""
     if not (shutil.which("unshare") and shutil.which("setpriv")):
         pytest.skip("needs util-linux's unshare and setpriv")
     probe = subprocess.run(
@@ -80,7 +81,11 @@ def leftovers(mark: str) -> list[int]:
     return found
 
 
-def test_up_refuses_where_no_private_network_can_be_made(no_namespaces, deployment, tmp_path):  # noqa: F811
+def test_up_refuses_where_no_private_network_can_be_made(
+    no_namespaces,
+    deployment,  # noqa: F811
+    tmp_path,
+):
     path, env = deployment
     mark = uuid.uuid4().hex
     env = dict(env, **{RUN_MARK: mark})
@@ -109,7 +114,11 @@ def test_up_refuses_where_no_private_network_can_be_made(no_namespaces, deployme
     assert not (home / "cli-test.prometheus.json").exists()
 
 
-def test_the_open_broker_the_refusal_offers_runs_there(no_namespaces, deployment, tmp_path):  # noqa: F811
+def test_the_open_broker_the_refusal_offers_runs_there(
+    no_namespaces,
+    deployment,  # noqa: F811
+    tmp_path,
+):
     path, env = deployment
     mark = uuid.uuid4().hex
     env = dict(env, DPSTREAM_EMBEDDED_BROKER="open", **{RUN_MARK: mark})

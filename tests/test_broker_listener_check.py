@@ -2,9 +2,9 @@
 
 Real brokers: the embedded broker behind its mutual-TLS gate (as `dpstream up` runs it) and a plain
 one. A TLS client at the plain broker (a tool run with `DPSTREAM_BROKER_TLS` left set) used to wait
-for ever in kafka-python's handshake; a plain one at the gate (a tool without the deployment's client
-files) retried until its bootstrap timeout and said only that it could not bootstrap. The curator's
-example reader takes the client files and reads through the gate.
+for ever in kafka-python's handshake; a plain one at the gate (a tool without the deployment's
+client files) retried until its bootstrap timeout and said only that it could not bootstrap. The
+curator's example reader takes the client files and reads through the gate.
 """
 
 from __future__ import annotations
@@ -77,8 +77,9 @@ def test_a_tls_client_at_a_plain_broker_is_told_at_once(brokers, tmp_path):
         DPSTREAM_BROKER=plain.broker.bootstrap,
         **{BROKER_TLS_ENV: str(gated.gate.tls.directory)},
     )
-    proc = run([sys.executable, str(ROOT / "deploy" / "create_topics.py"), "--config", str(path)],
-               env)
+    proc = run(
+        [sys.executable, str(ROOT / "deploy" / "create_topics.py"), "--config", str(path)], env
+    )
     assert proc.returncode != 0, proc.stdout
     said = proc.stderr.strip().splitlines()
     assert len(said) == 1, proc.stderr
@@ -90,8 +91,20 @@ def test_a_tls_client_at_a_plain_broker_is_told_at_once(brokers, tmp_path):
 def test_a_plain_command_at_the_gate_says_what_it_needs(brokers, tmp_path):
     gated, _, path = brokers
     proc = run(
-        [sys.executable, "-m", "pipeline.cli", "query", "--broker", gated.broker.bootstrap,
-         "--config", str(path), "--release", "cu", "--step", "1"],
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "query",
+            "--broker",
+            gated.broker.bootstrap,
+            "--config",
+            str(path),
+            "--release",
+            "cu",
+            "--step",
+            "1",
+        ],
         clean_env(tmp_path),
     )
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
@@ -105,8 +118,17 @@ def test_a_plain_command_at_the_gate_says_what_it_needs(brokers, tmp_path):
 def test_a_stream_job_at_the_gate_without_the_client_files_says_what_it_needs(brokers, tmp_path):
     gated, _, path = brokers
     proc = run(
-        [sys.executable, "-m", "jobs.releaser", "--config", str(path),
-         "--broker", gated.broker.bootstrap, "--redis", gated.redis.url],
+        [
+            sys.executable,
+            "-m",
+            "jobs.releaser",
+            "--config",
+            str(path),
+            "--broker",
+            gated.broker.bootstrap,
+            "--redis",
+            gated.redis.url,
+        ],
         clean_env(tmp_path),
     )
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -118,9 +140,20 @@ def test_a_stream_job_at_the_gate_without_the_client_files_says_what_it_needs(br
 def test_the_example_reader_reads_through_the_gate_with_the_client_files(brokers, tmp_path):
     gated, _, _ = brokers
     proc = run(
-        [sys.executable, str(ROOT / "docs" / "examples" / "synthetic_to_pandas.py"),
-         "--bootstrap", gated.broker.bootstrap, "--deployment", NAME, "--release", "cu",
-         "--idle-seconds", "1", "--tls-dir", str(gated.gate.tls.directory)],
+        [
+            sys.executable,
+            str(ROOT / "docs" / "examples" / "synthetic_to_pandas.py"),
+            "--bootstrap",
+            gated.broker.bootstrap,
+            "--deployment",
+            NAME,
+            "--release",
+            "cu",
+            "--idle-seconds",
+            "1",
+            "--tls-dir",
+            str(gated.gate.tls.directory),
+        ],
         clean_env(tmp_path),
     )
     # it read the (empty) releases topic through the gate: nothing released yet
@@ -133,8 +166,15 @@ def test_a_benchmark_ignores_the_client_files_of_another_deployments_gate(broker
     gated, _, _ = brokers
     tls_dir = str(gated.gate.tls.directory)
     proc = run(
-        [sys.executable, "-m", "jobs.bench.bench_upload", "--n", "2000", "--out",
-         str(tmp_path / "bench")],
+        [
+            sys.executable,
+            "-m",
+            "jobs.bench.bench_upload",
+            "--n",
+            "2000",
+            "--out",
+            str(tmp_path / "bench"),
+        ],
         clean_env(tmp_path, **{BROKER_TLS_ENV: tls_dir}),
         timeout=120,
     )

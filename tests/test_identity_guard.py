@@ -174,7 +174,7 @@ def test_the_worker_login_cannot_get_a_changed_configuration_accepted(
 
 
 def wait_for_the_worker(cluster: LocalCluster, admin: redis.Redis, timeout: float = 60.0) -> None:
-    """Until the worker, started alone, has claimed the identity (as it once did) or says it waits."""
+    """Until the worker, started alone, has claimed the identity (as it once did) or waits."""
     log = cluster.log_dir / "worker-0.log"
     deadline = time.monotonic() + timeout
     while not admin.exists(Keys(NAME).identity):

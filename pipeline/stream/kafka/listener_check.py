@@ -47,8 +47,8 @@ def _plain_answer(host: str, port: int, timeout: float) -> str | None:
 
 
 def check_listener(bootstrap: str, security_protocol: str, timeout: float = 3.0) -> None:
-    """Raise :class:`ListenerMismatch` (one line saying what the client needs) when the first address
-    of ``bootstrap`` clearly speaks the other protocol than ``security_protocol``."""
+    """Raise :class:`ListenerMismatch` (one line saying what the client needs) when the first
+    address of ``bootstrap`` clearly speaks the other protocol than ``security_protocol``."""
     host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
     if not port.isdigit():
         return
@@ -62,6 +62,6 @@ def check_listener(bootstrap: str, security_protocol: str, timeout: float = 3.0)
         )
     if not wants_tls and answer == "not-kafka":
         raise ListenerMismatch(
-            f"the broker at {bootstrap} closed a plain Kafka request: it speaks TLS: {_WHERE_GATE}; "
-            "for a configured Kafka, the security.broker.tls block"
+            f"the broker at {bootstrap} closed a plain Kafka request: it speaks TLS: "
+            f"{_WHERE_GATE}; for a configured Kafka, the security.broker.tls block"
         )

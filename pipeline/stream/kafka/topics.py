@@ -282,7 +282,8 @@ def ensure_topics(
 
     names = topic_names(deployment)
     parts = topic_partitions(deployment)
-    # a TLS client at a plain listener would wait for ever, a plain one at a TLS gate until the timeout
+    # a TLS client at a plain listener would wait for ever, a plain one at a TLS gate until the
+    # timeout
     check_broker_listener(bootstrap)
     admin = KafkaAdminClient(
         bootstrap_servers=bootstrap,

@@ -61,8 +61,8 @@ def enter_private_network() -> str:
         if libc.unshare(CLONE_NEWNET) != 0:
             bare = os.strerror(ctypes.get_errno())
             raise OSError(
-                f"cannot create a private network namespace: {why}; a bare network namespace as root: "
-                f"{bare} (CAP_SYS_ADMIN withheld, e.g. in a container)"
+                f"cannot create a private network namespace: {why}; a bare network namespace as "
+                f"root: {bare} (CAP_SYS_ADMIN withheld, e.g. in a container)"
             )
         mode = "net"
     _loopback_up()

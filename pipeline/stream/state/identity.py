@@ -78,7 +78,8 @@ class StateLost(StateRefused):
 
 
 class IdentityNotOwn(StateRefused):
-    """An identity record the releaser did not write, on a state it never started on (exit code 2)."""
+    """An identity record the releaser did not write, on a state it never started on (exit code
+    2)."""
 
     exit_code, label = 2, "configuration refused"
 
