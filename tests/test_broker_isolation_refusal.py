@@ -81,11 +81,7 @@ def leftovers(mark: str) -> list[int]:
     return found
 
 
-def test_up_refuses_where_no_private_network_can_be_made(
-    no_namespaces,
-    deployment,  # noqa: F811
-    tmp_path,
-):
+def test_up_refuses_without_namespaces(no_namespaces, deployment, tmp_path):  # noqa: F811
     path, env = deployment
     mark = uuid.uuid4().hex
     env = dict(env, **{RUN_MARK: mark})
@@ -114,11 +110,7 @@ def test_up_refuses_where_no_private_network_can_be_made(
     assert not (home / "cli-test.prometheus.json").exists()
 
 
-def test_the_open_broker_the_refusal_offers_runs_there(
-    no_namespaces,
-    deployment,  # noqa: F811
-    tmp_path,
-):
+def test_the_open_broker_offered_runs_there(no_namespaces, deployment, tmp_path):  # noqa: F811
     path, env = deployment
     mark = uuid.uuid4().hex
     env = dict(env, DPSTREAM_EMBEDDED_BROKER="open", **{RUN_MARK: mark})

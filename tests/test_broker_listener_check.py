@@ -91,20 +91,8 @@ def test_a_tls_client_at_a_plain_broker_is_told_at_once(brokers, tmp_path):
 def test_a_plain_command_at_the_gate_says_what_it_needs(brokers, tmp_path):
     gated, _, path = brokers
     proc = run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.cli",
-            "query",
-            "--broker",
-            gated.broker.bootstrap,
-            "--config",
-            str(path),
-            "--release",
-            "cu",
-            "--step",
-            "1",
-        ],
+        [sys.executable, "-m", "pipeline.cli", "query", "--broker", gated.broker.bootstrap]
+        + f"--config {path} --release cu --step 1".split(),
         clean_env(tmp_path),
     )
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
@@ -118,17 +106,8 @@ def test_a_plain_command_at_the_gate_says_what_it_needs(brokers, tmp_path):
 def test_a_stream_job_at_the_gate_without_the_client_files_says_what_it_needs(brokers, tmp_path):
     gated, _, path = brokers
     proc = run(
-        [
-            sys.executable,
-            "-m",
-            "jobs.releaser",
-            "--config",
-            str(path),
-            "--broker",
-            gated.broker.bootstrap,
-            "--redis",
-            gated.redis.url,
-        ],
+        [sys.executable, "-m", "jobs.releaser", "--config", str(path)]
+        + f"--broker {gated.broker.bootstrap} --redis {gated.redis.url}".split(),
         clean_env(tmp_path),
     )
     assert proc.returncode == 1, proc.stderr[-2000:]
