@@ -24,6 +24,7 @@ import logging
 from aiokafka import TopicPartition
 
 from pipeline import descriptor
+from pipeline.connections import check_broker_listener
 from pipeline.stream.control.signatures import job_keys
 from pipeline.stream.kafka.bulk_consumer import BulkConsumer
 from pipeline.stream.kafka.consumer_lag import start_lag_monitor
@@ -131,6 +132,7 @@ class Releaser:
         rt = self.rt
         # A restart must find the privacy-relevant configuration (budget plan included) the state was created
         # under; a changed one is refused before anything runs (ConfigurationChanged: exit code 2).
+        check_broker_listener(rt.broker)  # a protocol mismatch: one line, not a client's retries
         identity = establish_identity(rt.deployment, rt.roster.ids, rt.store(), "releaser")
         # Close commands count only with the curator's signature; deadline closes are signed with
         # the

@@ -32,6 +32,7 @@ import logging
 
 from aiokafka import TopicPartition
 
+from pipeline.connections import check_broker_listener
 from pipeline.stream.control.signatures import job_keys
 from pipeline.stream.ingest.coordinator import IngestCoordinator
 from pipeline.stream.ingest.core import IngestCore
@@ -44,6 +45,7 @@ from pipeline.stream.process.metrics import serve_metrics, unexport_releaser_ser
 from pipeline.stream.process.runtime import Runtime
 from pipeline.stream.process.supervision import run_job, supervise
 from pipeline.stream.state.commit_order import CommitOrder
+from pipeline.stream.state.fingerprint import fingerprint, privacy_config
 from pipeline.stream.state.identity import establish_identity
 
 log = logging.getLogger("dpstream.worker")
@@ -58,10 +60,16 @@ class IngestWorker:
         self.store = rt.store()
         # Aggregators are rebuilt from this configuration around restored state: it must be the one the
         # state was created under (ConfigurationChanged: exit code 2).
-        identity = establish_identity(rt.deployment, rt.roster.ids, self.store, "worker")
+        check_broker_listener(rt.broker)  # a protocol mismatch: one line, not a client's retries
         # Close markers count only with the curator's (or the deadline key's) signature over this
-        # deployment
-        # and configuration: a producer cannot close a step (exit code 2 without the public key).
+        # deployment and configuration: a producer cannot close a step (exit code 2 without the
+        # public key). With no identity yet (the login's first read), the keys are checked before
+        # waiting for the releaser's: a missing key is one line at once, not after the wait.
+        if self.store.identity() is None:
+            job_keys(
+                rt.deployment, fingerprint(privacy_config(rt.deployment, rt.roster.ids)), "worker"
+            )
+        identity = establish_identity(rt.deployment, rt.roster.ids, self.store, "worker")
         verifier, _ = job_keys(rt.deployment, identity.fingerprint, "worker")
         self.core = IngestCore(
             rt.deployment, rt.roster, self.names, store=self.store, verifier=verifier

@@ -103,6 +103,15 @@ def kafka_security(security: Security | None = None) -> dict[str, Any]:
     return kwargs
 
 
+def check_broker_listener(bootstrap: str) -> None:
+    """Refuse at once, in one line (:class:`pipeline.stream.kafka.listener_check.ListenerMismatch`),
+    a broker that speaks TLS to this process's plain Kafka clients, or plain Kafka to its TLS
+    ones."""
+    from pipeline.stream.kafka.listener_check import check_listener
+
+    check_listener(bootstrap, kafka_security().get("security_protocol", "PLAINTEXT"))
+
+
 def embedded_broker_tls() -> TlsFiles | None:
     """The client files of the embedded broker's gate named by ``DPSTREAM_BROKER_TLS``, if any."""
     directory = os.environ.get(BROKER_TLS_ENV)
@@ -175,6 +184,10 @@ def connection_failure(err: BaseException) -> str | None:
 
     if isinstance(err, SecretUnavailable):
         return f"cannot read a configured secret: {err}"
+    from pipeline.stream.kafka.listener_check import ListenerMismatch
+
+    if isinstance(err, ListenerMismatch):
+        return str(err)
     if isinstance(err, redis.AuthenticationError) or (
         isinstance(err, redis.ResponseError) and str(err).startswith(("WRONGPASS", "NOAUTH"))
     ):

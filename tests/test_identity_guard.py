@@ -20,17 +20,18 @@ import time
 import pytest
 import redis
 import yaml
-from support.acl_services import acl_redis_and_broker, redis_login
 
 from jobs.eval.testbed import binary_panel
 from pipeline.config import load_config
 from pipeline.connections import redis_client
 from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.kafka.topics import ensure_topics
 from pipeline.stream.local.cluster import LocalCluster, ProcessFailed
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.state.fingerprint import fingerprint, privacy_config
-from pipeline.stream.state.keys import Keys
+from pipeline.stream.state.keys import LAYOUT, Keys
 from pipeline.stream.state.store import StateStore
+from support.acl_services import acl_redis_and_broker, redis_login
 
 N, T = 200, 3
 PASSWORDS = {"worker": "pw-worker-7", "releaser": "pw-releaser-8", "operator": "pw-operator-9"}
@@ -110,6 +111,15 @@ def supervise_until_refused(cluster: LocalCluster, timeout: float = 90.0) -> Pro
     return None
 
 
+def refusal_of(path: str, tmp_path, monkeypatch) -> ProcessFailed | None:
+    """`up` with the configuration at ``path``: how it was refused (None: it was accepted)."""
+    cluster = start(path, tmp_path, monkeypatch)
+    try:
+        return supervise_until_refused(cluster)
+    finally:
+        cluster.stop()
+
+
 def test_the_worker_login_cannot_get_a_changed_configuration_accepted(
     services, tmp_path, monkeypatch
 ):
@@ -148,11 +158,7 @@ def test_the_worker_login_cannot_get_a_changed_configuration_accepted(
         worker.set(keys.release_identity, "{}")
 
     # `up` with the changed configuration: the releaser refuses with exit code 2, naming the change.
-    cluster = start(changed, tmp_path, monkeypatch)
-    try:
-        refused = supervise_until_refused(cluster)
-    finally:
-        cluster.stop()
+    refused = refusal_of(changed, tmp_path, monkeypatch)
     assert refused is not None, "the changed configuration was accepted"
     assert refused.exit_code == 2 and refused.name == "releaser", refused
     assert "budget.rho: 0.5 -> 1.0" in str(refused) and keys.release_identity in str(refused), (
@@ -165,3 +171,56 @@ def test_the_worker_login_cannot_get_a_changed_configuration_accepted(
         1,
         ["cu:1"],
     )  # nothing spent under it
+
+
+def wait_for_the_worker(cluster: LocalCluster, admin: redis.Redis, timeout: float = 60.0) -> None:
+    """Until the worker, started alone, has claimed the identity (as it once did) or waits."""
+    log = cluster.log_dir / "worker-0.log"
+    deadline = time.monotonic() + timeout
+    while not admin.exists(Keys(NAME).identity):
+        if log.exists() and "waiting for the releaser" in log.read_text():
+            return
+        assert time.monotonic() < deadline, "the worker neither claimed the identity nor waited"
+        cluster.check_alive()
+        time.sleep(0.2)
+
+
+def test_an_identity_written_before_the_releasers_first_start_is_refused(
+    services, tmp_path, monkeypatch
+):
+    """The window that remained: a worker starts before the releaser ever has; with only the
+    worker's credential the identity is then written for ρ doubled, and the deployment started
+    with that configuration. The releaser must not adopt a record it did not write."""
+    server, broker = services
+    monkeypatch.setenv("DPSTREAM_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DPSTREAM_REDIS_USER", "dpstream-worker")
+    monkeypatch.setenv("DPSTREAM_REDIS_PASSWORD", PASSWORDS["worker"])
+    original = config(tmp_path, broker.bootstrap, server.url, 0.5)
+    admin = redis.Redis.from_url(server.url, username="admin", password="pw-admin")
+    keys = Keys(NAME)
+    first = LocalCluster(original, load_config(original), workers=1, log_dir=tmp_path / "logs")
+    ensure_topics(first.broker, first.deployment)
+    first.spawn("worker", "worker-0")
+    try:
+        wait_for_the_worker(first, admin)
+        changed = config(tmp_path, broker.bootstrap, server.url, 1.0)
+        dep = load_config(changed)
+        doc = privacy_config(dep, Roster.from_config(dep.roster).ids)
+        monkeypatch.setenv("PW_worker", PASSWORDS["worker"])
+        worker = redis_client(server.url, redis_login("worker"))
+        claimed = worker.get(keys.identity)
+        stored = json.loads(claimed) if claimed else {"instance": "f" * 32, "layout": LAYOUT}
+        worker.set(
+            keys.identity,
+            json.dumps(dict(stored, fingerprint=fingerprint(doc), config=doc), sort_keys=True),
+        )
+    finally:
+        first.stop()
+
+    refused = refusal_of(changed, tmp_path, monkeypatch)
+    assert refused is not None, "an identity written by the worker's login was adopted"
+    assert refused.exit_code == 2 and refused.name == "releaser", refused
+    assert "before the releaser's first start" in str(refused), refused
+    store = StateStore(admin, NAME)
+    assert admin.get(keys.release_identity) is None  # nothing adopted
+    assert (store.last_released(), store.ledger()) == (0, {})

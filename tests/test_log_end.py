@@ -113,6 +113,7 @@ def test_worker_resumes_at_its_checkpoint_inside_the_last_batch(tmp_path, monkey
     from pipeline.stream.kafka.topics import ensure_topics
 
     from pipeline.stream.control.signing_keys import ensure_keys
+    from pipeline.stream.state.identity import establish_identity
 
     # the public keys, as `up` gives a worker
     for variable, path in ensure_keys(tmp_path / "control").public_env().items():
@@ -123,6 +124,7 @@ def test_worker_resumes_at_its_checkpoint_inside_the_last_batch(tmp_path, monkey
         reports = [orjson.dumps({"user": f"u{i}", "step": 1, "values": {"pov": 1}}) for i in range(10)]
         _send_batches(svc.broker, names["reports"], [reports[:5], reports[5:]])  # offsets 0..4, 5..9
         rt = Runtime(dep, svc.broker.bootstrap, svc.redis.url)
+        establish_identity(dep, rt.roster.ids, rt.store(), "releaser")  # a worker waits for it
         state = PartitionState(dep, 0, rt.roster.rows_of(0, 1), rt.roster.n)
         state.offset = 8  # handled through offset 8: resume at 9, inside the last batch (base 5)
         WritableStore(rt.store().r, dep.name).save_checkpoint(0, dumps_state(state.get_state()))

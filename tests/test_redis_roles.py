@@ -17,7 +17,7 @@ from pipeline.stream.ingest.core import IngestCore, kept_blob
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.kafka.topics import topic_names
 from pipeline.stream.local.embedded import EmbeddedRedis
-from pipeline.stream.state.identity import establish_identity
+from pipeline.stream.state.identity import StateRefused, establish_identity
 from pipeline.stream.state.keys import KEY_CLASSES, Keys
 from pipeline.stream.state.store import StateStore, StepRecord
 from pipeline.stream.state.store_async import AsyncStateStore
@@ -87,12 +87,17 @@ def every_key_class(keys: Keys) -> dict[str, str]:
 
 def test_the_worker_runs_its_calls_and_reaches_nothing_else(server, admin, monkeypatch):
     dep = _dep()
-    keys = Keys(NAME)  # a fresh deployment: the worker is the first to start and claims the identity
+    keys = Keys(NAME)  # a fresh deployment: the worker starts first, but only the releaser claims
     admin.set(Keys(OTHER).checkpoint(0), b"other-deployment")
     sync = StateStore(login(server, "worker", monkeypatch), NAME)
     roster = Roster.from_config(dep.roster)
-    identity = establish_identity(dep, roster.ids, sync, "worker")  # GET, EXISTS, SCAN, SET NX, SET
-    assert sync.identity()["instance"] == identity.instance
+    with pytest.raises(StateRefused, match="the releaser writes it at its first start"):
+        establish_identity(dep, roster.ids, sync, "worker", wait_seconds=1)  # GET, EXISTS: waits
+    assert sync.identity() is None  # a worker writes no identity
+    releaser = StateStore(login(server, "releaser", monkeypatch), NAME)
+    claimed = establish_identity(dep, roster.ids, releaser, "releaser")
+    identity = establish_identity(dep, roster.ids, sync, "worker")
+    assert identity == claimed and sync.identity()["instance"] == identity.instance
     assert establish_identity(dep, roster.ids, sync, "worker") == identity  # a restart
     core = IngestCore(dep, roster, topic_names(dep), store=sync, isolated=True)
 

@@ -151,10 +151,10 @@ def test_identity_refuses_changes_seeded_state_in_production_and_repeats(redis_c
     prod_b = parse_config(edited(cfg, name="prod-b", production=True, random={"kind": "secure"}))
     store_b = StateStore(redis_client, prod_b.name)
     with pytest.raises(StateLost, match="'prod-a' has the same roster and privacy configuration"):
-        establish_identity(prod_b, ids, store_b, "worker")
+        establish_identity(prod_b, ids, store_b, "releaser")
     assert store_b.identity() is None
     monkeypatch.setenv("DPSTREAM_ACCEPT_NEW_SPEND", "1")
-    assert establish_identity(prod_b, ids, store_b, "worker").instance != first.instance
+    assert establish_identity(prod_b, ids, store_b, "releaser").instance != first.instance
 
     # released steps without an identity record (deleted): nothing can be checked
     redis_client.delete(store.keys.identity)
@@ -209,13 +209,13 @@ def test_wiped_redis_restart_is_fenced(tmp_path):
             cluster.kill("worker-0")
             connect_redis(svc.redis.url).flushall()  # the admin login of the embedded Redis (its generated password)
             logged = len(log_text(tmp_path, "worker-0"))
-            cluster.spawn("worker", "worker-0")
+            cluster.spawn("worker", "worker-0")  # waits for the identity only the releaser writes
+            cluster.spawn("releaser", "releaser")
+            assert cluster.wait_exit("releaser", timeout=60) == EXIT_STATE_LOST
             deadline = time.monotonic() + 60
             while "closed step 1" not in log_text(tmp_path, "worker-0")[logged:]:  # re-closed after the wipe
                 assert time.monotonic() < deadline, "the restarted worker did not re-close step 1"
                 time.sleep(0.3)
-            cluster.spawn("releaser", "releaser")
-            assert cluster.wait_exit("releaser", timeout=60) == EXIT_STATE_LOST
             text = log_text(tmp_path, "releaser")
             assert "state lost: refusing to release" in text and f"{releases_topic} already holds 6" in text
             assert "Restore the Redis state from a backup" in text

@@ -11,7 +11,10 @@ when all its chunks are there and the checksum matches.
         --deployment sipp-poverty --release poverty-quarterly --out quarterly.csv
 
 Needs kafka-python, numpy and pandas. Reads from the start of the topics until no record arrives
-for ``--idle-seconds``.
+for ``--idle-seconds``. The embedded broker of ``dpstream up`` takes only clients presenting its
+deployment's certificate: pass ``--tls-dir`` the directory holding ``ca.pem``, ``client.pem`` and
+``client.key`` (``broker_tls`` in ``$DPSTREAM_HOME/<deployment>.json``; default
+``$DPSTREAM_BROKER_TLS``).
 """
 
 from __future__ import annotations
@@ -19,17 +22,28 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 
 import numpy as np
 import pandas as pd
 from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
 
 
-def read_topic(bootstrap: str, topic: str, idle_seconds: float) -> pd.DataFrame:
+def tls_settings(tls_dir: str | None) -> dict:
+    """kafka-python's mutual-TLS settings for the files in ``tls_dir`` (none without it)."""
+    if not tls_dir:
+        return {}
+    return {"security_protocol": "SSL", "ssl_cafile": os.path.join(tls_dir, "ca.pem"),
+            "ssl_certfile": os.path.join(tls_dir, "client.pem"),
+            "ssl_keyfile": os.path.join(tls_dir, "client.key")}
+
+
+def read_topic(bootstrap: str, topic: str, idle_seconds: float, tls: dict) -> pd.DataFrame:
     """Every record of ``topic`` from its start: columns key (str), raw (bytes), value (parsed JSON)."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                             consumer_timeout_ms=int(idle_seconds * 1000))
+                             consumer_timeout_ms=int(idle_seconds * 1000), **tls)
     partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or {0})]
     consumer.assign(partitions)
     consumer.seek_to_beginning(*partitions)
@@ -93,11 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--release", required=True, help="a fixed_window or cumulative release")
     p.add_argument("--out", help="write the records as CSV here (default: print the first rows)")
     p.add_argument("--idle-seconds", type=float, default=3.0)
+    p.add_argument("--tls-dir", default=os.environ.get("DPSTREAM_BROKER_TLS"),
+                   help="ca.pem, client.pem, client.key for a broker taking mutual TLS only")
     args = p.parse_args(argv)
 
-    topic = f"{args.prefix}.{args.deployment}"
-    manifests = read_topic(args.bootstrap, f"{topic}.releases", args.idle_seconds)
-    chunks = read_topic(args.bootstrap, f"{topic}.synthetic", args.idle_seconds)
+    topic, tls = f"{args.prefix}.{args.deployment}", tls_settings(args.tls_dir)
+    try:
+        manifests = read_topic(args.bootstrap, f"{topic}.releases", args.idle_seconds, tls)
+        chunks = read_topic(args.bootstrap, f"{topic}.synthetic", args.idle_seconds, tls)
+    except KafkaError as err:  # e.g. "Unable to bootstrap": nothing answered as a broker there
+        hint = "" if tls else ("; the embedded broker of `dpstream up` needs --tls-dir (`broker_tls` "
+                               "in $DPSTREAM_HOME/<deployment>.json)")
+        print(f"{args.bootstrap}: {err}{hint}", file=sys.stderr)
+        return 1
     unique_manifests, unique_chunks = dedupe_by_key(manifests), dedupe_by_key(chunks)
     dropped = len(manifests) - len(unique_manifests) + len(chunks) - len(unique_chunks)
     frame = synthetic_frame(unique_manifests, unique_chunks, args.release)

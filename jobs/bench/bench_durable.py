@@ -45,6 +45,7 @@ from jobs.bench.bench_stream import (
     _raw_consume,
     _single_messages,
 )
+from jobs.bench.own_broker import use_own_brokers
 
 
 def one_storage(
@@ -113,6 +114,7 @@ LATENCIES = ("close_to_publish_s", "close_to_read_back_s")
 
 
 def main(argv=None) -> dict:
+    use_own_brokers("bench_durable")  # never a running `up`'s gate
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--partitions", type=int, default=2)

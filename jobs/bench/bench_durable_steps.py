@@ -40,6 +40,7 @@ import yaml
 
 from jobs.bench import write_json
 from jobs.bench.bench_stream import HORIZON, _config
+from jobs.bench.own_broker import use_own_brokers
 
 KINDS = ("kafka-python", "librdkafka", "librdkafka-batched", "batch")
 STORAGES = {"memory": None, "durable": "on", "durable-files": "files"}  # name -> DPSTREAM_LOG_FSYNC
@@ -234,6 +235,7 @@ def one_storage(
 
 
 def main(argv=None) -> dict:
+    use_own_brokers("bench_durable_steps")  # never a running `up`'s gate
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=100_000, help="users, each reporting once a step")
     ap.add_argument("--steps", type=int, default=2, help="steps per producer kind")

@@ -44,6 +44,7 @@ import yaml
 
 from jobs.bench import write_json
 from jobs.bench.bench_stream import _accepted, _gauge, _samples
+from jobs.bench.own_broker import use_own_brokers
 
 PRODUCERS = ("crc32", "random")
 
@@ -147,6 +148,7 @@ async def _produce(
 
 
 def main(argv=None) -> dict:
+    use_own_brokers("bench_repartition")  # never a running `up`'s gate
     from pipeline.config import load_config
     from pipeline.stream.ingest.roster import Roster
     from pipeline.stream.local.cluster import LocalCluster

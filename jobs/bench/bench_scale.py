@@ -26,6 +26,7 @@ import yaml
 
 from jobs.bench import write_json
 from jobs.bench.bench_stream import _accepted, _close, _config
+from jobs.bench.own_broker import use_own_brokers
 
 
 def _accepted_sum(ports: list[int]) -> float:
@@ -192,6 +193,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main(argv=None) -> list[dict]:
+    use_own_brokers("bench_scale")  # never a running `up`'s gate
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
     ap.add_argument("--steps", type=int, default=4)

@@ -55,6 +55,7 @@ import orjson
 import yaml
 
 from jobs.bench import write_json
+from jobs.bench.own_broker import use_own_brokers
 from pipeline.connections import kafka_security
 
 HORIZON = 12
@@ -376,6 +377,7 @@ def _fw_step(s, counts):
 
 
 def main(argv=None) -> dict:
+    use_own_brokers("bench_stream")  # never a running `up`'s gate
     from pipeline.config import load_config
     from pipeline.stream.ingest.roster import Roster
     from pipeline.stream.kafka.topics import ensure_topics

@@ -36,6 +36,7 @@ import numpy as np
 import yaml
 
 from jobs.bench import write_json
+from jobs.bench.own_broker import use_own_brokers
 
 
 def _config(n: int, partitions: int, services) -> dict:
@@ -158,6 +159,7 @@ def peak_memory_mb(config: Path, path: Path) -> float:
 
 
 def main(argv=None) -> dict:
+    use_own_brokers("bench_upload")  # never a running `up`'s gate
     from pipeline.config import load_config
     from pipeline.stream.kafka.topics import ensure_topics
     from pipeline.stream.local.embedded import EmbeddedServices

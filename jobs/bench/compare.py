@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from jobs.bench import write_json
+from jobs.bench.own_broker import use_own_brokers
 
 # figure -> (label, unit, True if higher is better)
 FIGURES: dict[str, tuple[str, str, bool]] = {
@@ -252,6 +253,7 @@ def _fmt(value: float, unit: str) -> str:
 
 
 def main(argv=None) -> dict:
+    use_own_brokers("compare")  # never a running `up`'s gate
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
         "--base",

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from jobs.bench.own_broker import use_own_brokers
 from jobs.eval.testbed import write_panel_deployment
 
 K = 3
@@ -252,6 +253,7 @@ def run_scenario(
 
 
 def main(argv: list[str] | None = None) -> int:
+    use_own_brokers("fault_injection")  # never a running `up`'s gate
     ap = argparse.ArgumentParser(
         prog="python -m jobs.eval.fault_injection", description=__doc__.split("\n\n")[0]
     )

@@ -106,6 +106,7 @@ def _check_reachable(broker: str, redis_url: str | None) -> None:
                 errors.append(f"{address}: {err}")
         else:
             raise SystemExit(_fail(EXIT_RUNTIME, f"broker unreachable ({'; '.join(errors)})"))
+        _check_broker_protocol(broker)
         _reached.add(broker)
     if redis_url is not None and redis_url not in _reached:
         try:
@@ -201,6 +202,20 @@ def _endpoints(
     if check:
         _check_reachable(broker, redis_url)
     return broker, redis_url
+
+
+def _check_broker_protocol(broker: str) -> None:
+    """One line and exit 1 when the broker speaks TLS to a plain client or plain Kafka to a TLS one
+    (a client would otherwise time out saying only that it could not bootstrap)."""
+    from pipeline.connections import SecretUnavailable, check_broker_listener
+    from pipeline.stream.kafka.listener_check import ListenerMismatch
+
+    try:
+        check_broker_listener(broker)
+    except SecretUnavailable:
+        return  # said by the client's own failure, naming the key
+    except ListenerMismatch as err:
+        raise SystemExit(_fail(EXIT_RUNTIME, str(err))) from None
 
 
 def _unreachable(err: BaseException) -> str | None:

@@ -278,8 +278,13 @@ def ensure_topics(
     from kafka import KafkaAdminClient
     from kafka.errors import TopicAlreadyExistsError
 
+    from pipeline.connections import check_broker_listener
+
     names = topic_names(deployment)
     parts = topic_partitions(deployment)
+    # a TLS client at a plain listener would wait for ever, a plain one at a TLS gate until the
+    # timeout
+    check_broker_listener(bootstrap)
     admin = KafkaAdminClient(
         bootstrap_servers=bootstrap,
         **kafka_security(),

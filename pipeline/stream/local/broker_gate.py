@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import errno
 import fcntl
 import os
 import socket
@@ -54,12 +55,31 @@ def enter_private_network() -> str:
             raise OSError(f"cannot map this user into its new user namespace ({err})") from None
         mode = "user"
     else:
-        why = os.strerror(ctypes.get_errno())
-        if uid != 0 or libc.unshare(CLONE_NEWNET) != 0:
-            raise OSError(f"cannot create a private network namespace (user namespaces: {why})")
+        why = _user_namespace_refusal(ctypes.get_errno())
+        if uid != 0:
+            raise OSError(f"cannot create a private network namespace: {why}")
+        if libc.unshare(CLONE_NEWNET) != 0:
+            bare = os.strerror(ctypes.get_errno())
+            raise OSError(
+                f"cannot create a private network namespace: {why}; a bare network namespace as "
+                f"root: {bare} (CAP_SYS_ADMIN withheld, e.g. in a container)"
+            )
         mode = "net"
     _loopback_up()
     return mode
+
+
+def _user_namespace_refusal(code: int) -> str:
+    """Why ``unshare(CLONE_NEWUSER)`` failed, with the kernel setting that usually says so."""
+    causes = {
+        errno.ENOSPC: "the limit user.max_user_namespaces is reached (0 disables them)",
+        errno.EPERM: "refused (kernel.unprivileged_userns_clone=0, an AppArmor or seccomp "
+        "restriction on user namespaces)",
+        errno.EUSERS: "user namespaces nested 32 deep",
+        errno.EINVAL: "this kernel has no user namespaces",
+    }
+    cause = causes.get(code)
+    return f"a user namespace: {os.strerror(code)}" + (f": {cause}" if cause else "")
 
 
 def _loopback_up() -> None:

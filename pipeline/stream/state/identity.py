@@ -8,15 +8,14 @@ state is calibrated for the stored parameters (a heavy-hitter mechanism for k = 
 aggregators rebuilt for k = 20).
 
 ``{p}:identity`` is readable and writable by the workers' Redis login too (Redis 6.2 grants commands
-per user, not per key, and a worker claims the identity at its first start). So the releaser keeps
-its
-own copy under ``{p}:release:identity``, a key only its login reaches, written at its first start;
-at
-every later start it checks its configuration against that copy as well. A worker credential that
-rewrites ``{p}:identity`` to the fingerprint of a changed configuration therefore gets nothing
-released
-under it: the releaser refuses (exit code 2) naming the changed keys, and ``dpstream up`` stops
-with it.
+per user, not per key). So only the releaser writes it, at its first start, after its own copy under
+``{p}:release:identity`` (a key only its login reaches); a worker that finds no identity waits for
+the releaser's. At every later start the releaser checks its configuration against its copy as well,
+and an identity it finds without its copy, on a state that has released nothing, was written by
+another login before the releaser's first start: refused (:class:`IdentityNotOwn`), never adopted.
+A worker credential that rewrites ``{p}:identity`` to the fingerprint of a changed configuration,
+before or after that first start, therefore gets nothing released under it: the releaser refuses,
+and ``dpstream up`` stops with it.
 
 The instance id is random (``uuid4``), independent of the data, and public: the releaser stamps it
 into every manifest, and the fence (:mod:`pipeline.stream.releaser.fence`) uses it to recognise releases
@@ -45,6 +44,7 @@ if TYPE_CHECKING:
     from pipeline.stream.state.store import StateStore
 
 __all__ = [
+    "IdentityNotOwn",
     "StateRefused",
     "ConfigurationChanged",
     "StateLost",
@@ -77,6 +77,13 @@ class StateLost(StateRefused):
     exit_code, label = 4, "state lost"
 
 
+class IdentityNotOwn(StateRefused):
+    """An identity record the releaser did not write, on a state it never started on (exit code
+    2)."""
+
+    exit_code, label = 2, "configuration refused"
+
+
 @dataclass(frozen=True)
 class DeploymentIdentity:
     instance: str
@@ -85,38 +92,31 @@ class DeploymentIdentity:
 
 
 def establish_identity(
-    deployment: Deployment, roster_ids: list[str], store: StateStore, role: str
+    deployment: Deployment,
+    roster_ids: list[str],
+    store: StateStore,
+    role: str,
+    wait_seconds: float | None = None,
 ) -> DeploymentIdentity:
     """Register this deployment's identity on first start, or check the configuration against it.
 
     Raises :class:`ConfigurationChanged` when the privacy-relevant configuration changed or when a
     ``production: true`` configuration meets a state created with a seeded random source, and
     :class:`StateLost` when released steps exist without an identity record, or (production only)
-    when another deployment on this Redis has the same configuration and roster.
+    when another deployment on this Redis has the same configuration and roster. Only the releaser
+    claims a new identity; a worker waits for it (``wait_seconds``: for ever when None, then
+    :class:`StateRefused`).
     """
     current = privacy_config(deployment, roster_ids)
     digest = fingerprint(current)
     stored = store.identity()
     if stored is None:
         _check_no_orphaned_state(deployment, store, role)
+        if role != "releaser":  # only the releaser writes it (see the module docstring)
+            stored = _wait_for_identity(store, role, wait_seconds)
+    if stored is None:
         _check_not_a_repeat(deployment, store, current, role)
-        stored, won = store.claim_identity(
-            {
-                "instance": uuid.uuid4().hex,
-                "fingerprint": digest,
-                "config": current,
-                "created_at": time.time(),
-                "layout": LAYOUT,
-            }
-        )
-        if won:
-            store.register_fingerprint(portable_fingerprint(current))
-            log.info(
-                "%s: new deployment state: instance %s, configuration %s",
-                role,
-                stored["instance"],
-                digest,
-            )
+        stored = _claim_as_releaser(store, current, digest)
     layout = stored.get("layout", 1)  # layout 1 had no version in its identity record
     if layout != LAYOUT:
         raise StateLost(
@@ -131,10 +131,10 @@ def establish_identity(
             "(non-secure) random source; production: true refuses to continue it: start a new deployment "
             "with random.kind: secure"
         )
+    if role == "releaser":  # its own copy first: it, not ``{p}:identity``, says what was started
+        _check_release_copy(deployment, store, identity, current, digest)
     if identity.fingerprint != digest:
         raise _changed(role, deployment, identity.config, current, "")
-    if role == "releaser":
-        _check_release_copy(deployment, store, identity, current)
     return identity
 
 
@@ -151,15 +151,27 @@ def _changed(
 
 
 def _check_release_copy(
-    deployment: Deployment, store: StateStore, identity: DeploymentIdentity, current: dict[str, Any]
+    deployment: Deployment,
+    store: StateStore,
+    identity: DeploymentIdentity,
+    current: dict[str, Any],
+    digest: str,
 ) -> None:
-    """The releaser's own copy of the identity (see the module docstring): kept at its first start,
-    then
-    compared; ``{p}:identity`` agreeing with a changed configuration while the copy does not means
-    it was
-    rewritten by another login."""
+    """The releaser's own copy of the identity (see the module docstring), written before
+    ``{p}:identity`` at its first start; a configuration other than the copy's is refused, and so is
+    an identity record that is not the copy (rewritten, or written before the copy existed)."""
     own = store.release_identity()
     if own is None:
+        if store.last_released() == 0:
+            raise IdentityNotOwn(
+                f"releaser: {store.keys.identity} exists, but the releaser has never started on "
+                f"this state (no {store.keys.release_identity}, nothing released): another Redis "
+                "login (a worker's?) wrote it before the releaser's first start, and the "
+                f"releaser does not adopt it. If deployment {deployment.name!r} is new, delete "
+                "that key with an administrator's login and start again; rotate the workers' "
+                "Redis password if nobody meant to write it"
+            )
+        # released steps but no copy: a state from before the releaser kept one; adopted as it is
         own = store.keep_release_identity(
             {
                 "instance": identity.instance,
@@ -167,15 +179,52 @@ def _check_release_copy(
                 "config": identity.config,
             }
         )
-    if own["fingerprint"] != identity.fingerprint:
+    if own["fingerprint"] != digest:
         raise _changed(
             "releaser",
             deployment,
             own["config"],
             current,
-            f" (as the releaser's own copy {store.keys.release_identity} records it; "
-            f"{store.keys.identity} was rewritten to agree with the new one)",
+            f" (as the releaser's own copy {store.keys.release_identity} records it)",
         )
+    if (own["fingerprint"], own["instance"]) != (identity.fingerprint, identity.instance):
+        raise IdentityNotOwn(
+            f"releaser: {store.keys.identity} is not the releaser's own copy "
+            f"{store.keys.release_identity} (instance or configuration rewritten by another Redis "
+            "login): refusing to start under it; restore it from the copy with an administrator's "
+            "login, and rotate the workers' Redis password"
+        )
+
+
+def _claim_as_releaser(store: StateStore, current: dict[str, Any], digest: str) -> dict[str, Any]:
+    """A new deployment's identity: the releaser's own copy first (kept from an interrupted first
+    start), then ``{p}:identity`` from it (SET NX both: the first writer wins)."""
+    own = store.release_identity() or store.keep_release_identity(
+        {"instance": uuid.uuid4().hex, "fingerprint": digest, "config": current}
+    )
+    stored, won = store.claim_identity(dict(own, created_at=time.time(), layout=LAYOUT))
+    if won:
+        store.register_fingerprint(portable_fingerprint(own["config"]))
+        log.info(
+            "releaser: new deployment state: instance %s, configuration %s",
+            stored["instance"],
+            own["fingerprint"],
+        )
+    return stored
+
+
+def _wait_for_identity(store: StateStore, role: str, wait_seconds: float | None) -> dict[str, Any]:
+    """The identity once the releaser has written it (polled: a worker may start first)."""
+    deadline = None if wait_seconds is None else time.monotonic() + wait_seconds
+    log.info("%s: waiting for the releaser to record the deployment's identity", role)
+    while (stored := store.identity()) is None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise StateRefused(
+                f"{role}: no identity record ({store.keys.identity}) after {wait_seconds:.0f} s: "
+                "the releaser writes it at its first start; start the releaser"
+            )
+        time.sleep(0.5)
+    return stored
 
 
 def _check_no_orphaned_state(deployment: Deployment, store: StateStore, role: str) -> None:
