@@ -274,10 +274,14 @@ def ensure_topics(
 ) -> dict[str, str]:
     """Create the deployment's topics that are missing (``replication`` copies each); refuse existing
     ones with other partition counts. A broker that is still starting is waited for up to ``timeout``
-    seconds: the admin client's own bootstrap retries with backoff until then."""
+    seconds (:func:`~pipeline.stream.kafka.broker_probe.probe_broker`, which also bounds a TLS
+    handshake that the admin client would wait for forever: BrokerUnreachable after)."""
     from kafka import KafkaAdminClient
     from kafka.errors import TopicAlreadyExistsError
 
+    from pipeline.stream.kafka.broker_probe import probe_broker
+
+    probe_broker(bootstrap, timeout)
     names = topic_names(deployment)
     parts = topic_partitions(deployment)
     admin = KafkaAdminClient(
