@@ -75,6 +75,8 @@ def _exchange(host: str, port: int, context: ssl.SSLContext | None, timeout: flo
 def _diagnosis(failed: _Failed, tls: bool) -> str:
     """What one failed attempt says about the broker, in a few words."""
     stage, err = failed.stage, failed.err
+    if isinstance(err, ConnectionRefusedError):
+        return "connection refused"  # nothing listens (yet): a broker still starting
     if stage == "handshake" and isinstance(err, TimeoutError):
         return (
             f"no TLS handshake: the clients speak TLS ({_tls_setting()}), the broker "
