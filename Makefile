@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(VENV)/bin/dpstream demo
 
 # The static checks: ruff (lint and format check) and mypy, configured in pyproject.toml; `make test`
-# runs them first.
+# runs them beside the tests (output in out/lint.log, shown when they fail) and fails if they fail.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pipeline jobs
 	$(VENV)/bin/ruff format --check pipeline jobs
@@ -29,14 +29,23 @@ lint: $(STAMP)
 
 # tests/test_metrics.py scrapes the processes with a real Prometheus server (Debian package);
 # tests/test_report_page.py opens the analyst page in headless chromium (Debian package).
-# Two processes (pytest-xdist), each test file on one of them (--dist loadfile: a file's module fixtures,
-# e.g. its embedded broker and Redis, are started once), the longest files first by the last run's durations
-# in .pytest_cache, else the files that start processes (tests/support/file_order.py;
-# --no-loadscope-reorder keeps that order); the ten slowest tests are listed at the end.
-test: $(STAMP) lint
+# TEST_WORKERS processes (pytest-xdist; 3 by default on the 2-core machines: most files that start real
+# processes wait on them, e.g. tests/test_stream_e2e.py keeps 0.4 of a core busy; docs/performance.md),
+# each test file on one of them (--dist loadfile: a file's module fixtures, e.g. its embedded broker and
+# Redis, are started once), the longest files first by the last run's durations in .pytest_cache, else
+# the files that start processes (tests/support/file_order.py; --no-loadscope-reorder keeps that
+# order); the ten slowest tests are listed at the end.
+TEST_WORKERS ?= 3
+test: $(STAMP)
 	./scripts/install-prometheus.sh
 	./scripts/install-chromium.sh
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=10
+	@mkdir -p out
+	@$(MAKE) --no-print-directory lint > out/lint.log 2>&1 & lint=$$!; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10; \
+	tests=$$?; \
+	if wait $$lint; then echo "make lint passed (out/lint.log)"; \
+	else cat out/lint.log; echo "make lint failed"; exit 1; fi; \
+	exit $$tests
 
 # Jobs run on demand (not part of `make test`); results and commands are in the README.
 bench-noise: $(STAMP)

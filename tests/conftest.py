@@ -5,7 +5,7 @@ temporary directory, started once per test session and shut down at the end. ``r
 hands each test a client on an empty database, so tests of the store never see each other's keys.
 No mocks: the store's WATCH/MULTI transactions run against the real server.
 
-``make test`` runs the files on two processes (pytest-xdist, ``--dist loadfile``: a file's tests and
+``make test`` runs the files on three processes (pytest-xdist, ``--dist loadfile``: a file's tests and
 its module fixtures stay in one process). The session fixtures are per process, and every test keeps
 its servers, ports (free ones), files (``tmp_path``) and ``DPSTREAM_HOME`` to itself, so files run
 side by side. The longest files are handed out first, by the durations the last run recorded in
@@ -38,7 +38,7 @@ def _starts_processes(module, seen: frozenset = frozenset()) -> bool:
 
 def pytest_collection_modifyitems(config, items):
     """The longest files first, each file's tests in their order (:mod:`support.file_order`): the
-    two xdist processes (``--no-loadscope-reorder`` keeps this order) must not meet a long file at
+    xdist processes (``--no-loadscope-reorder`` keeps this order) must not meet a long file at
     the end, where the last one would run alone."""
     starters: dict[str, bool] = {}
 

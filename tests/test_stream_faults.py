@@ -38,18 +38,39 @@ from support.stream_runs import (N, T, check_outputs, expected_ledger, log_text,
                                  wait_accepted, wait_until)
 
 
-def _committed(bootstrap: str, group: str, topic: str) -> int:
-    """The group's committed offset of partition 0 of ``topic`` (-1 when none)."""
+def _committed_all(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    """The group's committed offsets of ``topic``: partition -> offset (absent when none)."""
     from kafka import KafkaAdminClient
 
     from pipeline.stream.kafka.consumer_lag import _committed_offsets
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        meta = {tp.topic: m for tp, m in _committed_offsets(admin, group).items() if tp.partition == 0}.get(topic)
+        return {tp.partition: m.offset for tp, m in _committed_offsets(admin, group).items()
+                if tp.topic == topic}
     finally:
         admin.close()
-    return meta.offset if meta is not None else -1
+
+
+def _committed(bootstrap: str, group: str, topic: str) -> int:
+    """The group's committed offset of partition 0 of ``topic`` (-1 when none)."""
+    return _committed_all(bootstrap, group, topic).get(0, -1)
+
+
+def _wait_reports_committed(cluster: LocalCluster, dep) -> None:
+    """Wait until the ingest group's committed offsets (the workers commit what they handled every
+    2 s, for the lag gauge) reach the end of every partition of the reports topic."""
+    from kafka import TopicPartition
+
+    from pipeline.stream.kafka.log_end import log_ends
+
+    topic = cluster.names["reports"]
+    tps = [TopicPartition(topic, p) for p in range(dep.topics.partitions)]
+    ends = {tp.partition: end for tp, end in log_ends(cluster.broker, tps).items()}
+    group = f"dpstream-{dep.name}-ingest"
+    wait_until(lambda: all(_committed_all(cluster.broker, group, topic).get(p, -1) >= end
+                           for p, end in ends.items()),
+               f"the ingest group did not commit {topic} through {ends}", timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +96,14 @@ def test_worker_kill9_mid_step_and_before_checkpoint_changes_nothing(services, t
             if t == 1:  # kill -9 mid-step
                 sent = drv.producer.send_step(t, values, present=half)
                 wait_accepted(cluster, "worker-0", sent)
-                time.sleep(3.5)  # > the commit interval (2 s): the handled offsets are committed
+                _wait_reports_committed(cluster, dep)  # the group's offsets are past them
                 cluster.kill("worker-0")
                 drv.producer.send_step(t, values, present=~half)
                 cluster.spawn("worker", "worker-0", {"DPSTREAM_FAULT": "worker.before_checkpoint@3"})
                 drv.close(t)
             elif t == 3:  # crash between the acknowledged partial and the checkpoint
                 drv.producer.send_step(t, values)
-                time.sleep(3.5)  # let the worker commit step 3's reports: the replay must not skip them
+                _wait_reports_committed(cluster, dep)  # committed: the replay must not skip them
                 drv.close(t, wait=False)
                 assert cluster.wait_exit("worker-0", timeout=90) == FAULT_EXIT_CODE
                 cluster.spawn("worker", "worker-0")
@@ -138,8 +159,10 @@ def test_releaser_kill9_holding_part_of_a_step_rereads_its_partials(services, tm
         cluster.spawn("releaser", "releaser")
         cluster.spawn("worker", "worker-1")
         drv.wait_released(3, timeout=60)
-        restarted = log_text(tmp_path, "releaser")[before:]
-        assert f"reading {cluster.names['step-partials']} from offset {resume}\n" in restarted
+        # the line may follow the release by a few ms (it is logged after the first fetch)
+        reading = f"reading {cluster.names['step-partials']} from offset {resume}\n"
+        wait_until(lambda: reading in log_text(tmp_path, "releaser")[before:],
+                   f"the restarted releaser did not log {reading!r}", timeout=30)
         drv.producer.send_step(4, {"pov": X[:, 3]})
         drv.close(4)
         drv.shutdown()
@@ -208,7 +231,10 @@ def test_broker_restart_memory_only(tmp_path):
             first_cu = drv.panels.panels["cu"].as_array()[:, :2].copy()
 
             svc.broker.stop()
-            time.sleep(3)
+            wait_until(lambda: all(re.search(r"Unable connect|NodeNotReady|KafkaConnectionError",
+                                             log_text(tmp_path, name))
+                                   for name in ("releaser", "worker-0")),
+                       "the jobs did not notice the broker's loss", timeout=30)
             svc.broker.start()
             from kafka import KafkaAdminClient
 

@@ -1,7 +1,7 @@
-"""The order in which `make test` hands test files to its two xdist processes.
+"""The order in which `make test` hands test files to its xdist processes.
 
 Each process takes the next file when it is done with one (``--dist loadfile``), so the suite ends
-when the later process finishes; it ends soonest when the longest files go first (longest
+when the last process finishes; it ends soonest when the longest files go first (longest
 processing time first) and the short ones fill the gaps at the end. Each run records how long every
 file took (setup, call and teardown of its tests) in pytest's cache (``.pytest_cache``), and the
 next run orders by that; a file not yet recorded goes first when it starts real processes, last

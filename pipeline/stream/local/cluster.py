@@ -23,6 +23,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.stream.kafka.log_identity import broker_wait_seconds
 from pipeline.stream.kafka.topics import ensure_topics, topic_names
 from pipeline.stream.local import lag_watch
 from pipeline.stream.local.embedded import (
@@ -312,7 +313,7 @@ class LocalCluster:
 
     def start(self, releaser_env: dict[str, str] | None = None) -> LocalCluster:
         self.start_services()
-        ensure_topics(self.broker, self.deployment)
+        ensure_topics(self.broker, self.deployment, timeout=broker_wait_seconds())
         if self.services is not None and self.services.storage is not None:
             from pipeline.stream.local.retention import LogRetention
             from pipeline.stream.state.store import StateStore
