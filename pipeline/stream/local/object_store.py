@@ -49,7 +49,6 @@ Run as a process: ``python -m pipeline.stream.local.object_store DATA_ROOT --por
 from __future__ import annotations
 
 import argparse
-import base64
 import io
 import logging
 import os
@@ -57,17 +56,24 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
-import zlib
 from http import HTTPStatus
 from pathlib import Path
-from urllib.parse import quote
-from xml.sax.saxutils import escape
 
 import localbucket
 
 from pipeline.stream.local.embedded import ACCESS_KEY_ENV
 from pipeline.stream.local.embedded import OBJECT_STORE_BUCKET as BUCKET
 from pipeline.stream.local.object_index import BucketIndex, ObjectMeta
+from pipeline.stream.local.object_ops import (
+    delete_object,
+    etags_in,
+    journaled_put,
+    list_objects_v2,
+    lock_for,
+    missing_folders,
+    remove_empty_folders,
+    synced,
+)
 from pipeline.stream.local.store_trace import RequestTrace, trace_from_env
 from pipeline.stream.local.write_journal import (
     CHECKPOINT_SECONDS,
@@ -78,189 +84,7 @@ from pipeline.stream.local.write_journal import (
 
 __all__ = ["ConditionalHandler", "serve"]
 
-_KEY_LOCKS = [
-    threading.Lock() for _ in range(256)
-]  # striped: bounded memory however many objects there are
-
-
-def _lock_for(path: Path) -> threading.Lock:
-    """The lock of key ``path`` (shared with the keys of the same stripe)."""
-    return _KEY_LOCKS[zlib.crc32(str(path).encode()) % len(_KEY_LOCKS)]
-
-
-def _etags(header: str) -> set[str]:
-    return {tag.strip().removeprefix("W/").strip('"') for tag in header.split(",") if tag.strip()}
-
-
 _INDEX_START = threading.Lock()  # one thread builds a bucket's index from disk
-
-
-def _missing_folders(folder: Path) -> list[Path]:
-    """``folder`` and its ancestors that do not exist yet (a write creates them)."""
-    missing = []
-    while not folder.is_dir():
-        missing.append(folder)
-        folder = folder.parent
-    return missing
-
-
-def _synced(write, trace: RequestTrace | None):
-    """localbucket's body writer, then the body on disk before the file is linked into place."""
-
-    def write_and_sync(file):
-        etag = write(file)
-        file.flush()
-        started = time.monotonic()
-        os.fsync(file.fileno())
-        if trace is not None:
-            trace.phase("fsync", time.monotonic() - started)
-        return etag
-
-    return write_and_sync
-
-
-def _write_in_place(target: Path, body: bytes, create_only: bool) -> None:
-    """The object's file, created or overwritten (then cut to the body's length). Not atomic by itself:
-    the caller holds the key's lock (no reader sees it half done) and journaled the body first (a crash
-    half way is repaired by replay)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if create_only else 0)
-    fd = os.open(target, flags, 0o600)
-    try:
-        view = memoryview(body)
-        at = 0
-        while at < len(body):
-            at += os.pwrite(fd, view[at:], at)
-        os.ftruncate(fd, len(body))
-    finally:
-        os.close(fd)
-
-
-def journaled_put(
-    journal: WriteJournal, name: str, target: Path, body: bytes, create_only: bool
-) -> dict[str, float]:
-    """The write's record flushed to the journal, then the object written in place (the caller holds
-    the key's lock); the seconds each took."""
-    started = time.monotonic()
-    with journal.ahead_of_put(name, body):
-        journaled = time.monotonic()
-        _write_in_place(target, body, create_only)
-    return {"journal": journaled - started, "write": time.monotonic() - journaled}
-
-
-def delete_object(
-    index: BucketIndex, journal: WriteJournal | None, bucket_dir: Path, key: str, target: Path
-) -> None:
-    """Remove the object ``key`` (if any) and the folders it leaves empty, under the key's lock."""
-    with _lock_for(target):
-        # out of the index first: a listing never names an object a GET would no longer find
-        index.remove(key)
-        if target.is_file():
-            if journal is not None:  # a replay after a crash must not bring it back
-                with journal.ahead_of_delete(f"{bucket_dir.name}/{key}"):
-                    target.unlink(missing_ok=True)
-            else:
-                target.unlink(missing_ok=True)
-            _remove_empty_folders(target.parent, bucket_dir)
-
-
-def _max_keys(query: dict[str, str]) -> int:
-    """The max-keys parameter, capped at S3's 1,000 (as localbucket reads it)."""
-    try:
-        max_keys = min(
-            int(query.get("max-keys", localbucket.MAX_KEYS_LIMIT)), localbucket.MAX_KEYS_LIMIT
-        )
-    except ValueError:
-        max_keys = -1
-    if max_keys < 0:
-        raise localbucket.S3Error(
-            HTTPStatus.BAD_REQUEST,
-            "InvalidArgument",
-            "Provided max-keys not an integer or within integer range.",
-        )
-    return max_keys
-
-
-def list_objects_v2(
-    bucket: str, index: BucketIndex, query: dict[str, str], etag_from_disk
-) -> bytes:
-    """A ListObjectsV2 answer: localbucket's parameters and XML, the page from the index and the XML
-    written as text (ElementTree took ~0.1 ms a key: 1,000 keys outlasted a fetch).
-    ``etag_from_disk(key)``: the ETag of an object indexed without one, or None if it is gone."""
-    prefix, delimiter = query.get("prefix", ""), query.get("delimiter", "")
-    start_after, token = query.get("start-after", ""), query.get("continuation-token")
-    max_keys = _max_keys(query)
-    marker, marker_is_prefix = start_after, False
-    if token is not None:
-        try:
-            decoded = base64.urlsafe_b64decode(token.encode()).decode()
-        except ValueError:
-            decoded = ""
-        if decoded[:2] not in ("K:", "P:"):
-            raise localbucket.S3Error(
-                HTTPStatus.BAD_REQUEST,
-                "InvalidArgument",
-                "The continuation token provided is incorrect.",
-            )
-        marker, marker_is_prefix = decoded[2:], decoded.startswith("P:")
-    page = index.page(prefix, delimiter, marker, marker_is_prefix, max_keys)
-    url = query.get("encoding-type") == "url"
-
-    def text(value: str) -> str:
-        return escape(quote(value, safe="/") if url else value)
-
-    out = [
-        "<?xml version='1.0' encoding='UTF-8'?>\n",
-        f'<ListBucketResult xmlns="{localbucket.S3_NAMESPACE}"><Name>{escape(bucket)}</Name>',
-        f"<Prefix>{text(prefix)}</Prefix>",
-    ]
-    if delimiter:
-        out.append(f"<Delimiter>{text(delimiter)}</Delimiter>")
-    out.append(
-        f"<MaxKeys>{max_keys}</MaxKeys>"
-        f"<KeyCount>{len(page.contents) + len(page.common_prefixes)}</KeyCount>"
-        f"<IsTruncated>{'true' if page.truncated else 'false'}</IsTruncated>"
-    )
-    if token is not None:
-        out.append(f"<ContinuationToken>{escape(token)}</ContinuationToken>")
-    if page.truncated:
-        next_token = base64.urlsafe_b64encode(page.last_entry.encode()).decode()
-        out.append(f"<NextContinuationToken>{next_token}</NextContinuationToken>")
-    if start_after:
-        out.append(f"<StartAfter>{text(start_after)}</StartAfter>")
-    if url:
-        out.append("<EncodingType>url</EncodingType>")
-
-    def entry(key: str, meta: ObjectMeta) -> str:
-        return (
-            f"<Contents><Key>{text(key)}</Key><LastModified>{meta.modified}</LastModified>"
-            f"<ETag>&quot;{meta.etag}&quot;</ETag><Size>{meta.size}</Size>"
-            "<StorageClass>STANDARD</StorageClass></Contents>"
-        )
-
-    for key, meta in page.contents:
-        if meta.etag is None:
-            etag = etag_from_disk(key)
-            if etag is None:
-                continue  # deleted since the page was taken
-            out.append(entry(key, ObjectMeta(meta.size, meta.mtime, etag)))
-        else:  # the broker lists the same batches on every fetch: each rendered once
-            out.append(entry(key, meta) if url else index.rendered(key, meta, entry))
-    out += [
-        f"<CommonPrefixes><Prefix>{text(c)}</Prefix></CommonPrefixes>" for c in page.common_prefixes
-    ]
-    out.append("</ListBucketResult>")
-    return "".join(out).encode()
-
-
-def _remove_empty_folders(folder: Path, bucket_dir: Path) -> None:
-    """``folder`` and its ancestors below the bucket, as long as they are empty (as localbucket does)."""
-    while folder != bucket_dir:
-        try:
-            folder.rmdir()
-        except OSError:
-            return
-        folder = folder.parent
 
 
 class ConditionalHandler(localbucket.S3Handler):
@@ -310,12 +134,12 @@ class ConditionalHandler(localbucket.S3Handler):
         # Under the key's lock: localbucket computes the ETag apart from reading the body, so a write in
         # between would pair the old body with the new ETag, and a compare-and-swap on that ETag would
         # then overwrite the new value with an update of the old one (a lost watermark update).
-        with _lock_for(target):
+        with lock_for(target):
             if_none_match = self.headers.get("If-None-Match")
             if (
                 if_none_match
                 and target.is_file()
-                and localbucket.object_etag(target) in _etags(if_none_match)
+                and localbucket.object_etag(target) in etags_in(if_none_match)
             ):
                 self._send(
                     HTTPStatus.NOT_MODIFIED,
@@ -327,9 +151,9 @@ class ConditionalHandler(localbucket.S3Handler):
     def _write_object(self, bucket: str, key: str, write) -> str:
         target = self._object_path(bucket, key)
         if_match = self.headers.get("If-Match")
-        with _lock_for(target):
+        with lock_for(target):
             exists = target.is_file()
-            wanted = _etags(if_match) if if_match is not None else set()
+            wanted = etags_in(if_match) if if_match is not None else set()
             if if_match is not None and (
                 not exists or ("*" not in wanted and localbucket.object_etag(target) not in wanted)
             ):
@@ -346,9 +170,9 @@ class ConditionalHandler(localbucket.S3Handler):
                 )
                 localbucket.remember_etag(target, etag)
             else:
-                created = _missing_folders(target.parent)
+                created = missing_folders(target.parent)
                 etag = super()._write_object(
-                    bucket, key, _synced(write, self.trace) if self.sync == "files" else write
+                    bucket, key, synced(write, self.trace) if self.sync == "files" else write
                 )
                 placed = time.monotonic()
                 if (
@@ -478,7 +302,7 @@ def _replayed_delete(data_root: Path):
         target = data_root.joinpath(*key.split("/"))
         if target.resolve().is_relative_to(data_root) and target.is_file():
             target.unlink()
-            _remove_empty_folders(target.parent, data_root / key.split("/", 1)[0])
+            remove_empty_folders(target.parent, data_root / key.split("/", 1)[0])
 
     return delete
 

@@ -34,15 +34,20 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, unquote
 from xml.sax.saxutils import escape
 
 import localbucket
 
-from pipeline.stream.local import object_store as store
+from pipeline.stream.local import object_ops as ops
 from pipeline.stream.local.object_index import BucketIndex, ObjectMeta
 
 __all__ = ["serve_lean"]
+
+# object_store.ConditionalHandler, the class itself, handed in by object_store.serve (importing it
+# here would close an import circle)
+StoreHandler = Any
 
 _MAX_HEAD = 64 << 10
 _PHRASES = {status.value: status.phrase for status in HTTPStatus}
@@ -199,7 +204,7 @@ def _content_type(name: str) -> str:
 class _FastPath:
     """The broker's requests, answered from the index, the journal and the files directly."""
 
-    def __init__(self, handler: type[store.ConditionalHandler]):
+    def __init__(self, handler: StoreHandler):
         self.h = handler
 
     def target(self, bucket: str, key: str) -> Path | None:
@@ -223,17 +228,17 @@ class _FastPath:
         etag = hashlib.md5(body).hexdigest()
         if_match = req.headers.get("if-match")
         create_only = req.headers.get("if-none-match", "").strip() == "*"
-        with store._lock_for(target):
+        with ops.lock_for(target):
             meta = index.meta(key)
             if if_match is not None:
-                wanted = store._etags(if_match)
+                wanted = ops.etags_in(if_match)
                 if meta is None or (
                     "*" not in wanted and self.etag(index, key, meta, target) not in wanted
                 ):
                     raise _precondition_failed()
             if create_only and meta is not None:
                 raise _precondition_failed()
-            phases = store.journaled_put(journal, f"{bucket}/{key}", target, body, create_only)
+            phases = ops.journaled_put(journal, f"{bucket}/{key}", target, body, create_only)
             localbucket.remember_etag(target, etag)  # for the full handler's reads
             index.put(key, ObjectMeta(len(body), time.time(), etag))
         if self.h.trace is not None:
@@ -243,13 +248,13 @@ class _FastPath:
 
     def get(self, req: _Request, bucket: str, key: str, target: Path) -> tuple[int, bytes]:
         index = self.h.indexes[bucket]
-        with store._lock_for(target):
+        with ops.lock_for(target):
             meta = index.meta(key)
             if meta is None:
                 raise _no_such_key()
             etag = self.etag(index, key, meta, target)
             if_none_match = req.headers.get("if-none-match")
-            if if_none_match and etag in store._etags(if_none_match):
+            if if_none_match and etag in ops.etags_in(if_none_match):
                 return 304, _response(304, headers=[("ETag", f'"{etag}"')])
             try:
                 body = target.read_bytes() if req.method == "GET" else b""
@@ -267,7 +272,7 @@ class _FastPath:
 
     def delete(self, bucket: str, key: str, target: Path) -> tuple[int, bytes]:
         bucket_dir = self.h.data_root / bucket
-        store.delete_object(self.h.indexes[bucket], self.h.journal, bucket_dir, key, target)
+        ops.delete_object(self.h.indexes[bucket], self.h.journal, bucket_dir, key, target)
         return 204, _response(204)
 
     def list_v2(self, bucket: str, query: dict[str, str]) -> tuple[int, bytes]:
@@ -281,7 +286,7 @@ class _FastPath:
             index.set_etag(key, etag)
             return etag
 
-        body = store.list_objects_v2(bucket, index, query, etag_from_disk)
+        body = ops.list_objects_v2(bucket, index, query, etag_from_disk)
         return 200, _response(200, body, [("Content-Type", "application/xml")])
 
     def answer(self, req: _Request) -> tuple[int, bytes] | None:
@@ -319,9 +324,7 @@ class _FastPath:
         return None
 
 
-def _full_handler(
-    handler: type[store.ConditionalHandler], req: _Request, client: tuple
-) -> tuple[bytes, bool]:
+def _full_handler(handler: StoreHandler, req: _Request, client: tuple) -> tuple[bytes, bool]:
     """The request answered by the full handler over in-memory streams: (response, close after)."""
     lines = req.head[:-4].split(b"\r\n")
     kept = [
@@ -339,9 +342,7 @@ def _full_handler(
     return one.wfile.getvalue(), bool(one.close_connection)
 
 
-def _serve_connection(
-    sock: socket.socket, client: tuple, handler: type[store.ConditionalHandler]
-) -> None:
+def _serve_connection(sock: socket.socket, client: tuple, handler: StoreHandler) -> None:
     fast = _FastPath(handler)
     reader = _Reader(sock)
     trace = handler.trace
@@ -397,7 +398,7 @@ def _serve_connection(
         sock.close()
 
 
-def serve_lean(host: str, port: int, handler: type[store.ConditionalHandler]) -> None:
+def serve_lean(host: str, port: int, handler: StoreHandler) -> None:
     """Accept connections on ``host:port`` for ever, one thread per connection (the broker keeps a
     few open)."""
     listener = socket.create_server((host, port), backlog=128)
