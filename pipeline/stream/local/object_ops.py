@@ -13,6 +13,7 @@ import os
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import quote
@@ -36,6 +37,36 @@ def lock_for(path: Path) -> threading.Lock:
 
 def etags_in(header: str) -> set[str]:
     return {tag.strip().removeprefix("W/").strip('"') for tag in header.split(",") if tag.strip()}
+
+
+class PreconditionFailed(Exception):
+    """A conditional write's condition does not hold (each front end answers ``412`` its own way)."""
+
+
+def check_write_conditions(
+    if_match: str | None, create_only: bool, current_etag: Callable[[], str] | None
+) -> None:
+    """Raise :class:`PreconditionFailed` unless a write may go ahead: ``If-Match`` needs the object
+    and, unless ``*``, one of the listed ETags; ``If-None-Match: *`` (``create_only``) needs no
+    object. ``current_etag`` gives the object's ETag, None when there is no object; the caller holds
+    the key's lock, so the answer holds until the write."""
+    if if_match is not None:
+        wanted = etags_in(if_match)
+        if current_etag is None or ("*" not in wanted and current_etag() not in wanted):
+            raise PreconditionFailed
+    if create_only and current_etag is not None:
+        raise PreconditionFailed
+
+
+def etag_from_disk(index: BucketIndex, target: Path, key: str) -> str | None:
+    """The ETag of an object indexed from disk at start, computed on first need and kept in the
+    index; None when the object is gone."""
+    try:
+        etag = localbucket.object_etag(target)
+    except FileNotFoundError:
+        return None
+    index.set_etag(key, etag)
+    return etag
 
 
 def missing_folders(folder: Path) -> list[Path]:

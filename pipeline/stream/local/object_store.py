@@ -65,7 +65,10 @@ from pipeline.stream.local.embedded import ACCESS_KEY_ENV
 from pipeline.stream.local.embedded import OBJECT_STORE_BUCKET as BUCKET
 from pipeline.stream.local.object_index import BucketIndex, ObjectMeta
 from pipeline.stream.local.object_ops import (
+    PreconditionFailed,
+    check_write_conditions,
     delete_object,
+    etag_from_disk,
     etags_in,
     journaled_put,
     list_objects_v2,
@@ -150,19 +153,18 @@ class ConditionalHandler(localbucket.S3Handler):
 
     def _write_object(self, bucket: str, key: str, write) -> str:
         target = self._object_path(bucket, key)
-        if_match = self.headers.get("If-Match")
+        create_only = self.headers.get("If-None-Match", "").strip() == "*"
         with lock_for(target):
-            exists = target.is_file()
-            wanted = etags_in(if_match) if if_match is not None else set()
-            if if_match is not None and (
-                not exists or ("*" not in wanted and localbucket.object_etag(target) not in wanted)
-            ):
-                raise self._precondition_failed_error()
+            try:  # create-only without the journal: localbucket's atomic link decides
+                check_write_conditions(
+                    self.headers.get("If-Match"),
+                    create_only and self.journal is not None,
+                    (lambda: localbucket.object_etag(target)) if target.is_file() else None,
+                )
+            except PreconditionFailed:
+                raise self._precondition_failed_error() from None
             started = time.monotonic()
             if self.journal is not None:
-                create_only = self.headers.get("If-None-Match", "").strip() == "*"
-                if create_only and exists:
-                    raise self._precondition_failed_error()
                 buffer = io.BytesIO()
                 etag = write(buffer)
                 phases = journaled_put(
@@ -258,13 +260,7 @@ class ConditionalHandler(localbucket.S3Handler):
             localbucket.sub_element(ET.SubElement(root, "CommonPrefixes"), "Prefix", encode(common))
 
     def _etag_from_disk(self, bucket: str, key: str) -> str | None:
-        """The ETag of an object indexed from disk at start: computed once, on its first listing."""
-        try:
-            etag = localbucket.object_etag(self._object_path(bucket, key))
-        except FileNotFoundError:
-            return None
-        self._index(bucket).set_etag(key, etag)
-        return etag
+        return etag_from_disk(self._index(bucket), self._object_path(bucket, key), key)
 
     def log_message(self, format: str, *args):
         pass  # one line per request would dwarf the broker's own log

@@ -226,18 +226,17 @@ class _FastPath:
         assert journal is not None
         body = req.body
         etag = hashlib.md5(body).hexdigest()
-        if_match = req.headers.get("if-match")
         create_only = req.headers.get("if-none-match", "").strip() == "*"
         with ops.lock_for(target):
             meta = index.meta(key)
-            if if_match is not None:
-                wanted = ops.etags_in(if_match)
-                if meta is None or (
-                    "*" not in wanted and self.etag(index, key, meta, target) not in wanted
-                ):
-                    raise _precondition_failed()
-            if create_only and meta is not None:
-                raise _precondition_failed()
+            try:
+                ops.check_write_conditions(
+                    req.headers.get("if-match"),
+                    create_only,
+                    None if meta is None else (lambda: self.etag(index, key, meta, target)),
+                )
+            except ops.PreconditionFailed:
+                raise _precondition_failed() from None
             phases = ops.journaled_put(journal, f"{bucket}/{key}", target, body, create_only)
             localbucket.remember_etag(target, etag)  # for the full handler's reads
             index.put(key, ObjectMeta(len(body), time.time(), etag))
@@ -279,12 +278,9 @@ class _FastPath:
         index = self.h.indexes[bucket]
 
         def etag_from_disk(key: str) -> str | None:
-            try:
-                etag = localbucket.object_etag(self.h.data_root.joinpath(bucket, *key.split("/")))
-            except FileNotFoundError:
-                return None
-            index.set_etag(key, etag)
-            return etag
+            return ops.etag_from_disk(
+                index, self.h.data_root.joinpath(bucket, *key.split("/")), key
+            )
 
         body = ops.list_objects_v2(bucket, index, query, etag_from_disk)
         return 200, _response(200, body, [("Content-Type", "application/xml")])
