@@ -78,3 +78,47 @@ def test_a_descriptor_without_keys_gives_no_verifier_and_a_bad_key_is_named():
     with pytest.raises(ValueError, match="close_keys.close is not a PEM public key"):
         descriptor.close_verifier(dict(published, close_keys={"close": "not a key"}))
 
+
+def test_the_dry_run_takes_the_last_published_keys_and_says_when_there_are_none():
+    """Against a real broker: no descriptor, then one from a releaser before the keys (the dry run
+    says the markers' signatures were not checked, and why), then two with keys: the last one
+    (after a rotation, the new key) is the one markers are checked with."""
+    from kafka import KafkaProducer
+
+    from pipeline.held_reports import HeldReports, published_verifier
+    from pipeline.stream.kafka.topics import ensure_topics
+    from pipeline.stream.local.embedded import EmbeddedBroker
+
+    broker = EmbeddedBroker().start()
+    try:
+        dep = _deployment().model_copy(update={"broker": broker.bootstrap})
+        names = ensure_topics(broker.bootstrap, dep)
+        verifier, why = published_verifier(dep, broker.bootstrap)
+        assert verifier is None and why == f"no deployment descriptor on {names['deployment']}"
+        note = HeldReports(0, unverified=why).note
+        assert "the close markers' signatures were not checked (no deployment descriptor" in note
+
+        old, new = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+
+        def publish(keys) -> None:
+            record = descriptor.build(dep, IDS, "inst", keys)
+            if not keys:
+                del record["close_keys"]
+            producer.send(names["deployment"], descriptor.encode(record), key=b"descriptor",
+                          partition=0).get(timeout=30)
+
+        publish({})
+        verifier, why = published_verifier(dep, broker.bootstrap)
+        assert verifier is None and "has no close_keys" in why
+        publish({"close": old.public_key()})
+        publish({"close": new.public_key()})
+        producer.close()
+        verifier, why = published_verifier(dep, broker.bootstrap)
+    finally:
+        broker.stop()
+    assert verifier is not None and why is None
+    digest = fingerprint(privacy_config(dep, IDS))
+    assert verifier.marker(CloseSigner(new, dep.name, digest, "close").sign(1, 7).marker())
+    with pytest.raises(Unverified):
+        verifier.marker(CloseSigner(old, dep.name, digest, "close").sign(1, 7).marker())
