@@ -130,6 +130,9 @@ def close_verifier(descriptor: dict[str, Any]) -> CloseVerifier | None:
     published_keys = descriptor.get("close_keys")
     if not isinstance(published_keys, dict):
         return None
+    name, digest = descriptor.get("deployment"), descriptor.get("fingerprint")
+    if not isinstance(name, str) or not isinstance(digest, str):
+        raise ValueError("no deployment name or fingerprint to verify closes under")
     keys = {}
     for action, text in published_keys.items():
         try:
@@ -139,11 +142,12 @@ def close_verifier(descriptor: dict[str, Any]) -> CloseVerifier | None:
         if not isinstance(key, Ed25519PublicKey):
             raise ValueError(f"close_keys.{action} is not an Ed25519 key")
         keys[action] = key
-    return CloseVerifier(descriptor["deployment"], descriptor["fingerprint"], keys)
+    return CloseVerifier(name, digest, keys)
 
 
 def published(broker: str, topic: str, timeout: float = 30.0) -> dict[str, Any] | None:
-    """The last descriptor on ``topic`` (None when there is none)."""
+    """The last descriptor on ``topic`` (None when there is none; ValueError when it is not a
+    JSON object)."""
     import orjson
 
     from pipeline.consumer import read_to_end
@@ -155,4 +159,9 @@ def published(broker: str, topic: str, timeout: float = 30.0) -> dict[str, Any] 
             last[:] = [msg.value]
 
     read_to_end(broker, [topic], keep, timeout=timeout)
-    return orjson.loads(last[0]) if last else None
+    if not last:
+        return None
+    document = orjson.loads(last[0])
+    if not isinstance(document, dict):
+        raise ValueError("the descriptor is not a JSON object")
+    return document

@@ -19,9 +19,9 @@ without the workers' checkpoints (which the operator role may not read, docs/sec
 A close marker counts as a close, as it does for the workers, only when it is genuine: when its
 partition's worker recorded it as its step's close (intake history: the workers' own verdict, which
 also holds for a marker signed with a key since rotated out), or when its signature verifies with
-the public keys the releaser publishes in the deployment descriptor (:func:`pipeline.descriptor.
-close_verifier`: the workers' :class:`pipeline.stream.control.signatures.CloseVerifier`, the same
-keys and fingerprint). A forged or unsigned marker, which the workers dead-letter as
+the public keys the releaser publishes in the deployment descriptor
+(:func:`pipeline.descriptor.close_verifier`: the workers' ``CloseVerifier``, the same keys and
+fingerprint). A forged or unsigned marker, which the workers dead-letter as
 ``unauthenticated``, moves no window here either. And only when its step is one the releaser had
 closed when read: a verified marker of a later step is a close after the dry run. Without a
 descriptor carrying the keys (a releaser from before they were published) signatures are not
@@ -162,11 +162,18 @@ def published_verifier(
     deployment: Deployment, broker: str
 ) -> tuple[CloseVerifier | None, str | None]:
     """The workers' check of close markers from the deployment descriptor, or None and why not."""
+    from kafka.errors import KafkaError
+
     from pipeline import descriptor
     from pipeline.stream.kafka.topics import topic_names
 
     topic = topic_names(deployment)["deployment"]
-    document = descriptor.published(broker, topic)
+    try:
+        document = descriptor.published(broker, topic)
+    except KafkaError as err:  # e.g. a Kafka whose ACLs predate the operator's read of it
+        return None, f"cannot read {topic}: {err}"
+    except ValueError as err:
+        return None, f"the last record on {topic}: {err}"
     if document is None:
         return None, f"no deployment descriptor on {topic}"
     try:

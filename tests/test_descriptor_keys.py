@@ -80,8 +80,9 @@ def test_a_descriptor_without_keys_gives_no_verifier_and_a_bad_key_is_named():
 
 
 def test_the_dry_run_takes_the_last_published_keys_and_says_when_there_are_none():
-    """Against a real broker: no descriptor, then one from a releaser before the keys (the dry run
-    says the markers' signatures were not checked, and why), then two with keys: the last one
+    """Against a real broker: no descriptor, then one from a releaser before the keys, then a
+    record that is no descriptor (the dry run says the markers' signatures were not checked, and
+    why), then two with keys: the last one
     (after a rotation, the new key) is the one markers are checked with."""
     from kafka import KafkaProducer
 
@@ -111,6 +112,9 @@ def test_the_dry_run_takes_the_last_published_keys_and_says_when_there_are_none(
         publish({})
         verifier, why = published_verifier(dep, broker.bootstrap)
         assert verifier is None and "has no close_keys" in why
+        producer.send(names["deployment"], b"[1]", partition=0).get(timeout=30)
+        verifier, why = published_verifier(dep, broker.bootstrap)
+        assert verifier is None and why.endswith("the descriptor is not a JSON object")
         publish({"close": old.public_key()})
         publish({"close": new.public_key()})
         producer.close()
