@@ -60,6 +60,8 @@ unset password
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-operator --operation Write --topic dpstream.sipp-poverty.control
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-operator --operation Describe --topic dpstream.sipp-poverty.dead-letter
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-operator --operation Read --topic dpstream.sipp-poverty.dead-letter
+"$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-operator --operation Describe --topic dpstream.sipp-poverty.deployment
+"$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-operator --operation Read --topic dpstream.sipp-poverty.deployment
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-operator --operation Describe --topic dpstream.sipp-poverty.repartition
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-operator --operation Read --topic dpstream.sipp-poverty.repartition
 "$KAFKA_ACLS" --bootstrap-server "$BOOTSTRAP" --command-config "$ADMIN_CONFIG" --add --allow-principal User:dpstream-operator --operation Describe --topic dpstream.sipp-poverty.reports

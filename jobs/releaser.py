@@ -117,10 +117,11 @@ class Releaser:
             released,
         )
 
-    async def _publish_descriptor(self, producer, instance: str) -> None:
+    async def _publish_descriptor(self, producer, instance: str, keys) -> None:
         """The public deployment descriptor (pipeline.descriptor): n, labels and parameters for the
-        analysts' commands; the same bytes on every start under the same configuration."""
-        record = descriptor.build(self.rt.deployment, self.rt.roster.ids, instance)
+        analysts' commands, the public keys closes verify with for the operator's dry run; the
+        same bytes on every start under the same configuration and keys."""
+        record = descriptor.build(self.rt.deployment, self.rt.roster.ids, instance, keys)
         await producer.send_and_wait(
             self.names["deployment"],
             descriptor.encode(record),
@@ -169,7 +170,7 @@ class Releaser:
             self.coordinator.engine.step,
         )
         try:
-            await self._publish_descriptor(producer, identity.instance)
+            await self._publish_descriptor(producer, identity.instance, verifier.keys)
             await self._fence()
             await (
                 self.coordinator.release_ready_steps()

@@ -4,8 +4,12 @@ The releaser writes one record to ``<prefix>.<deployment>.deployment`` (key ``de
 start, before its fence: the roster size n, the privacy-relevant configuration document and its
 fingerprint (:mod:`pipeline.stream.state.fingerprint`, the same document the processes check their
 configuration against) and the public part of the configuration (attributes with their labels and
-dictionaries, releases, budget, steps, imputation, topics). The bytes are canonical JSON, so a
-restart under the same configuration writes the same record again; a reader keeps the last one.
+dictionaries, releases, budget, steps, imputation, topics), and the public keys the workers verify
+close markers with (``close_keys``: the curator's always, the deadline key's when ``steps.close:
+deadline``; PEM, as in ``curator.pub``), so that the operator's ``produce --dry-run`` tells a forged
+marker from a real one as the workers do (:mod:`pipeline.held_reports`). The bytes are canonical
+JSON, so a restart under the same configuration and keys writes the same record again; a reader
+keeps the last one (after a key rotation, the new keys').
 
 Left out, because they are curator-side: the broker and Redis addresses, security, the roster's ids
 and file (n and a sha256 of the ids are enough), the close guard, and a seeded source's seed (it
@@ -19,22 +23,43 @@ fingerprint document (:func:`differences`) as the processes check theirs against
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from cryptography.hazmat.primitives import serialization
 
 from pipeline.stream.state.fingerprint import config_changes, fingerprint, privacy_config
 
 if TYPE_CHECKING:
-    from pipeline.config import Deployment
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-__all__ = ["FORMAT", "KEY", "build", "encode", "deployment_from", "differences"]
+    from pipeline.config import Deployment
+    from pipeline.stream.control.signatures import CloseVerifier
+
+__all__ = [
+    "FORMAT",
+    "KEY",
+    "build",
+    "encode",
+    "deployment_from",
+    "differences",
+    "close_verifier",
+    "published",
+]
 
 FORMAT = 1
 KEY = "descriptor"
 _CURATOR_KEYS = {"broker", "redis", "security", "close_guard", "roster", "random"}
 
 
-def build(deployment: Deployment, roster_ids: list[str], instance: str) -> dict[str, Any]:
-    """The descriptor of ``deployment`` (JSON-serialisable; docs/topics.md, "deployment")."""
+def build(
+    deployment: Deployment,
+    roster_ids: list[str],
+    instance: str,
+    close_keys: Mapping[str, Ed25519PublicKey],
+) -> dict[str, Any]:
+    """The descriptor of ``deployment`` (JSON-serialisable; docs/topics.md, "deployment");
+    ``close_keys``: the public keys the stream processes verify closes with, by action."""
     doc = privacy_config(deployment, roster_ids)
     public = deployment.model_dump(mode="json", exclude=_CURATOR_KEYS)
     public["roster"] = {"source": "range", "size": len(roster_ids)}
@@ -47,7 +72,14 @@ def build(deployment: Deployment, roster_ids: list[str], instance: str) -> dict[
         "fingerprint": fingerprint(doc),
         "privacy_config": doc,
         "config": public,
+        "close_keys": {action: _pem(key) for action, key in sorted(close_keys.items())},
     }
+
+
+def _pem(key: Ed25519PublicKey) -> str:
+    return key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode()
 
 
 def encode(descriptor: dict[str, Any]) -> bytes:
@@ -85,3 +117,51 @@ def differences(
     else:
         current = privacy_config(deployment, roster_ids)
     return config_changes(stored, current)
+
+
+def close_verifier(descriptor: dict[str, Any]) -> CloseVerifier | None:
+    """The workers' check of close markers, from the published keys and fingerprint (None: a
+    descriptor from before the keys were published); ValueError when a key is not an Ed25519
+    public key."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from pipeline.stream.control.signatures import CloseVerifier
+
+    published_keys = descriptor.get("close_keys")
+    if not isinstance(published_keys, dict):
+        return None
+    name, digest = descriptor.get("deployment"), descriptor.get("fingerprint")
+    if not isinstance(name, str) or not isinstance(digest, str):
+        raise ValueError("no deployment name or fingerprint to verify closes under")
+    keys = {}
+    for action, text in published_keys.items():
+        try:
+            key = serialization.load_pem_public_key(str(text).encode())
+        except ValueError as err:
+            raise ValueError(f"close_keys.{action} is not a PEM public key ({err})") from None
+        if not isinstance(key, Ed25519PublicKey):
+            raise ValueError(f"close_keys.{action} is not an Ed25519 key")
+        keys[action] = key
+    return CloseVerifier(name, digest, keys)
+
+
+def published(broker: str, topic: str, timeout: float = 30.0) -> dict[str, Any] | None:
+    """The last descriptor on ``topic`` (None when there is none; ValueError when it is not a
+    JSON object)."""
+    import orjson
+
+    from pipeline.consumer import read_to_end
+
+    last: list[bytes] = []
+
+    def keep(msg) -> None:
+        if msg.value is not None:
+            last[:] = [msg.value]
+
+    read_to_end(broker, [topic], keep, timeout=timeout)
+    if not last:
+        return None
+    document = orjson.loads(last[0])
+    if not isinstance(document, dict):
+        raise ValueError("the descriptor is not a JSON object")
+    return document

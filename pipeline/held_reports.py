@@ -16,11 +16,21 @@ without the workers' checkpoints (which the operator role may not read, docs/sec
   the workers' intake history, :class:`pipeline.stream.ingest.partition_state.Intake`; from the
   log's start when the history does not have it) to the log's end.
 
+A close marker counts as a close, as it does for the workers, only when it is genuine: when its
+partition's worker recorded it as its step's close (intake history: the workers' own verdict, which
+also holds for a marker signed with a key since rotated out), or when its signature verifies with
+the public keys the releaser publishes in the deployment descriptor
+(:func:`pipeline.descriptor.close_verifier`: the workers' ``CloseVerifier``, the same keys and
+fingerprint). A forged or unsigned marker, which the workers dead-letter as
+``unauthenticated``, moves no window here either. And only when its step is one the releaser had
+closed when read: a verified marker of a later step is a close after the dry run. Without a
+descriptor carrying the keys (a releaser from before they were published) signatures are not
+checked, and :attr:`HeldReports.note` says so.
+
 The answer is exact for every report on the log when it is read, handled by the workers yet or
 not; reports sent after it, and a close after it, are not foreseen (:attr:`HeldReports.note`).
-A close marker counts as a close when its step is one the releaser has closed (its signature is
-not checked: a forged marker of such a step before the real one would move the window early). Memory: a byte per roster user for each step
-asked about, and one partition's reports between two markers at a time.
+Memory: a byte per roster user for each step asked about, and one partition's reports between two
+markers at a time.
 """
 
 from __future__ import annotations
@@ -32,9 +42,10 @@ import numpy as np
 
 if TYPE_CHECKING:
     from pipeline.config import Deployment
+    from pipeline.stream.control.signatures import CloseVerifier
     from pipeline.stream.ingest.intake_view import IntakeView
 
-__all__ = ["HeldReports", "held_reports"]
+__all__ = ["HeldReports", "held_reports", "published_verifier"]
 
 
 @dataclass
@@ -49,6 +60,8 @@ class HeldReports:
     from_start: list[int] = field(default_factory=list)
     short: dict[int, int] = field(default_factory=dict)  # partition -> records not read (timeout)
     lost_log: bool = False  # the workers hold reports of a log the broker has lost
+    # why close markers' signatures were not checked (None: they were)
+    unverified: str | None = None
 
     def duplicates(self, step: int, sending: np.ndarray) -> int:
         """Reports of ``sending`` (bool per roster row: a report of the user for ``step``) the
@@ -76,10 +89,17 @@ class HeldReports:
             if self.from_start
             else ""
         )
+        unchecked = (
+            f"; the close markers' signatures were not checked ({self.unverified}): a forged "
+            "marker written before a real one would shift the count"
+            if self.unverified is not None
+            else ""
+        )
         return (
             f"exact for the {self.records:,} records on the reports log now (handled by the "
             "workers or not); reports sent after this and a close after this are not foreseen"
             + whole
+            + unchecked
         )
 
 
@@ -105,6 +125,7 @@ def held_reports(
     held.lost_log = bool(view.lost()) or any(view.stale.values())
     if not wanted:
         return held
+    verifier, held.unverified = published_verifier(deployment, broker)
     topic = topic_names(deployment)["reports"]
     tps = [TopicPartition(topic, p) for p in range(deployment.topics.partitions)]
     ends = log_ends(broker, tps)
@@ -116,11 +137,16 @@ def held_reports(
             start[tp] = offset
         elif first >= 1:
             held.from_start.append(tp.partition)
-    readers = {tp.partition: _PartitionReader(deployment, roster, held) for tp in tps}
+    readers = {
+        tp.partition: _PartitionReader(
+            deployment, roster, held, _Closes(verifier, _recorded(view, tp.partition))
+        )
+        for tp in tps
+    }
     last = {tp.partition: start.get(tp, 0) - 1 for tp in tps}
 
     def handle(msg) -> None:
-        readers[msg.partition].add(msg.value, msg.headers)
+        readers[msg.partition].add(msg.value, msg.headers, msg.offset)
         last[msg.partition] = msg.offset
         held.records += 1
 
@@ -132,12 +158,66 @@ def held_reports(
     return held
 
 
+def published_verifier(
+    deployment: Deployment, broker: str
+) -> tuple[CloseVerifier | None, str | None]:
+    """The workers' check of close markers from the deployment descriptor, or None and why not."""
+    from kafka.errors import KafkaError
+
+    from pipeline import descriptor
+    from pipeline.stream.kafka.topics import topic_names
+
+    topic = topic_names(deployment)["deployment"]
+    try:
+        document = descriptor.published(broker, topic)
+    except KafkaError as err:  # e.g. a Kafka whose ACLs predate the operator's read of it
+        return None, f"cannot read {topic}: {err}"
+    except ValueError as err:
+        return None, f"the last record on {topic}: {err}"
+    if document is None:
+        return None, f"no deployment descriptor on {topic}"
+    try:
+        verifier = descriptor.close_verifier(document)
+    except ValueError as err:
+        return None, f"the descriptor on {topic}: {err}"
+    if verifier is None:
+        return None, f"the descriptor on {topic} has no close_keys (a releaser from before them)"
+    return verifier, None
+
+
 def _marker_offset(view: IntakeView, partition: int, step: int) -> int | None:
     """Offset of the close marker of ``step`` in ``partition``'s log as its worker recorded it
     (None when it did not)."""
     closed = view.snapshots.get(partition, {}).get("history", {}).get(str(step), {})
     offset = closed.get("marker")
     return None if offset is None else int(offset)
+
+
+def _recorded(view: IntakeView, partition: int) -> dict[int, int]:
+    """Offset -> step of the close markers ``partition``'s worker closed its steps at."""
+    history = view.snapshots.get(partition, {}).get("history", {})
+    return {int(h["marker"]): int(t) for t, h in history.items() if h.get("marker") is not None}
+
+
+@dataclass
+class _Closes:
+    """Which close markers of one partition are genuine (module doc)."""
+
+    verifier: CloseVerifier | None
+    recorded: dict[int, int]  # offset -> step, as the partition's worker closed it
+
+    def step(self, value: bytes, offset: int) -> int | None:
+        """The step the marker at ``offset`` closes (None: it closes nothing)."""
+        from pipeline.stream.control.signatures import Unverified
+        from pipeline.stream.kafka.messages import parse_close_marker
+
+        step, _ = parse_close_marker(value)
+        if self.verifier is None or step is None or self.recorded.get(offset) == step:
+            return step
+        try:
+            return self.verifier.marker(value).step
+        except Unverified:
+            return None  # the workers dead-letter it
 
 
 class _PartitionReader:
@@ -147,24 +227,24 @@ class _PartitionReader:
 
     RUN = 256  # records parsed at a time (a window never changes inside a run)
 
-    def __init__(self, deployment: Deployment, roster, held: HeldReports):
+    def __init__(self, deployment: Deployment, roster, held: HeldReports, closes: _Closes):
         from pipeline.stream.ingest.reports import ReportParser
 
         self.parser = ReportParser(roster, deployment.attributes, deployment.horizon)
+        self.closes = closes
         self.max_ahead = deployment.steps.max_ahead
         self.held = held
         self.closed = 0  # last closed step at the records read
         self.run: list[bytes] = []
 
-    def add(self, value: bytes | None, headers) -> None:
+    def add(self, value: bytes | None, headers, offset: int) -> None:
         from pipeline.stream.ingest.core import is_marker
-        from pipeline.stream.kafka.messages import parse_close_marker
         from pipeline.stream.process.limits import MAX_REPORT_BYTES
 
         if headers and is_marker(headers):
-            step, _ = parse_close_marker(value or b"")
-            # a marker of a step the releaser had not closed when read: forged (the workers
-            # dead-letter it), or a close after the dry run
+            step = self.closes.step(value or b"", offset)
+            # a genuine marker of a step the releaser had not closed when read: a close after
+            # the dry run
             if step is not None and self.closed < step <= self.held.closing:
                 self.flush()
                 self.closed = step

@@ -62,9 +62,9 @@ REQUESTS: dict[str, list[tuple[str, str]]] = {
     # dpstream produce (reports), close (control), the intake view of produce/close/status
     # (pipeline.stream.ingest.intake_view: the true ends of reports and repartition), dpstream
     # dead-letters and produce's verdict on its own reports (pipeline.consumer.read_to_end and
-    # pipeline.fates on dead-letter)
+    # pipeline.fates on dead-letter), produce --dry-run's keys of closes (pipeline.descriptor.published)
     "operator": [("Metadata", "reports"), ("Produce", "reports"), ("Metadata", "control"), ("Produce", "control"),
-                 *[(r, t) for t in ("reports", "repartition", "dead-letter")
+                 *[(r, t) for t in ("reports", "repartition", "dead-letter", "deployment")
                    for r in ("Metadata", "ListOffsets", "Fetch")]],
     "producer": [("Metadata", "reports"), ("Produce", "reports")],
     # dpstream export/query (pipeline.consumer.read_topics: no group), and a downstream consumer in a group

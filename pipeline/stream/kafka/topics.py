@@ -183,7 +183,8 @@ TOPICS: dict[str, Topic] = {
             writers=("releaser",),
             readers=_ANALYSTS,
         ),
-        # the public deployment descriptor (pipeline.descriptor): n, labels and parameters for the analysts
+        # the public deployment descriptor (pipeline.descriptor): n, labels and parameters for the analysts;
+        # the public keys of closes for the operator's `produce --dry-run` (only the releaser writes it)
         Topic(
             "deployment",
             1,
@@ -192,7 +193,7 @@ TOPICS: dict[str, Topic] = {
             public=True,
             reader=None,
             writers=("releaser",),
-            readers=_ANALYSTS,
+            readers=(*_ANALYSTS, "operator"),
         ),
         # rejected reports with their reasons, written by the workers (reports, unverified markers) and
         # the releaser (unverified control commands); read by `dpstream dead-letters` and `produce`'s
