@@ -14,9 +14,9 @@ them slow in numpy: a gather through an unaligned view costs several times an al
   gather (four copies of the bytes cost less than one unaligned gather of 10^5 words).
 
 Reads past a key (into the next key or the zero padding around the bytes) are allowed: callers
-mask what is not theirs. The padding reads as zero: ``reach_before`` bytes before the first key,
-and after the last key the longest key's length and ``reach_after`` more (a read at the same
-distance from every key's start reaches past a short key).
+mask what is not theirs. The padding reads as zero: ``reach_before`` bytes (32) before the first
+key, and after the last key the longest key's length and ``reach_after`` (8) more (a read at the
+same distance from every key's start reaches past a short key).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class KeyWords:
     """Words of the keys ``data[offsets[i]:offsets[i + 1]]``."""
 
     def __init__(
-        self, data: np.ndarray, offsets: np.ndarray, reach_before: int = 0, reach_after: int = 0
+        self, data: np.ndarray, offsets: np.ndarray, reach_before: int = 32, reach_after: int = 8
     ):
         offsets = np.asarray(offsets, dtype=np.int64)
         self.lengths = np.diff(offsets)
@@ -47,6 +47,7 @@ class KeyWords:
         padded = np.zeros(4 * words, dtype=np.uint8)
         padded[front : front + last - first] = data[first:last]
         self._padded = padded
+        self.bytes = padded[front : front + last - first]  # every key's, end to end
         self._shift = front - first  # key i starts at offsets[i] + shift in ``padded``
         if self.uniform:
             self._first = first + self._shift

@@ -91,7 +91,7 @@ class FileCheck:
     def problem(self, chunk: Columns) -> Problem | None:
         """The chunk's first bad report (None: all pass, and they are counted)."""
         stateless = stateless_problem(chunk, self.horizon)
-        rows = self.rows.rows(chunk.users)
+        rows = self.rows.rows(chunk.users, chunk.user_words)
         steps = chunk.steps
         values, first, counts = value_counts(steps)
         if stateless is None and not (rows < 0).any() and self._marked(rows, steps, values):

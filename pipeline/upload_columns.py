@@ -20,14 +20,16 @@ import csv
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.arrow_arrays import bools, int64s, strings, valid_of, values_of
+from pipeline.arrow_arrays import bools, int64s, string_buffers, strings, valid_of, values_of
 from pipeline.attributes import MISSING, OUT_OF_DOMAIN, public_hash
+from pipeline.key_words import KeyWords
 from pipeline.stream.ingest.report_files import ReportFileError, _chunks, _records
 
 __all__ = ["CHUNK_ROWS", "Columns", "NotTabular", "arrow_chunks", "chunk_rows", "report_chunks"]
@@ -56,6 +58,11 @@ class Columns:
 
     def __len__(self) -> int:
         return int(self.steps.size)
+
+    @cached_property
+    def user_words(self) -> KeyWords:
+        """The user ids' bytes as words (read by the check's roster rows, then by murmur2)."""
+        return KeyWords(*string_buffers(self.users))
 
     def cell(self, position: int, column: str | None):
         """The value of ``column`` of the report at ``position`` (in the file) as read."""
@@ -215,15 +222,16 @@ def _codes(attribute, column, csv_cells: bool) -> np.ndarray:
     missing value, ``-2`` for one outside the domain), with whole-column operations."""
     arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     kind, size = attribute.type, int(attribute.size)
-    out = np.full(len(arr), OUT_OF_DOMAIN, dtype=np.int64)
+    out = np.full(len(arr), OUT_OF_DOMAIN, dtype=np.int64)  # a type no value of which is in domain
     t = arr.type
     if pa.types.is_null(t):
         out[:] = MISSING
         return out
     if pa.types.is_dictionary(t):  # each distinct value coded once
         coded = _codes(attribute, arr.dictionary, csv_cells)
-        out = coded[_ints(arr.indices, 0)] if coded.size else out
-        out[~valid_of(arr)] = MISSING
+        out = coded[values_of(_filled(arr.indices, 0))] if coded.size else out
+        if arr.null_count:
+            out[~valid_of(arr)] = MISSING
         return out
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         present = np.ones(len(arr), dtype=bool)
@@ -256,13 +264,15 @@ def _codes(attribute, column, csv_cells: bool) -> np.ndarray:
             out = _ints(arr, 0)
     elif pa.types.is_integer(t):
         ints = _ints(arr, 0)  # a null is missing whatever it is filled with (below)
-        out = np.where((ints >= 0) & (ints < size), ints, OUT_OF_DOMAIN)
+        if ints.size and (ints.min() < 0 or ints.max() >= size):
+            ints = np.where((ints >= 0) & (ints < size), ints, OUT_OF_DOMAIN)
+        out = ints
     elif pa.types.is_floating(t):
         floats = values_of(_filled(arr, 0)).astype(np.float64)
         ok = (floats == np.floor(floats)) & (floats >= 0) & (floats < size)
         out = np.where(ok, floats, OUT_OF_DOMAIN).astype(np.int64)
-    valid = valid_of(arr)
-    out[~valid] = MISSING
+    if arr.null_count:
+        out[~valid_of(arr)] = MISSING
     return out
 
 

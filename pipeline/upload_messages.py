@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.arrow_arrays import int32s, int64s, string_buffers, strings
-from pipeline.stream.ingest.murmur import murmur2_of_bytes, partition_of_hashes
+from pipeline.key_words import KeyWords
+from pipeline.stream.ingest.murmur import murmur2_of_words, partition_of_hashes
 from pipeline.stream.process.limits import MAX_REPORT_BYTES
 from pipeline.upload_columns import Columns
 
@@ -48,8 +49,8 @@ def chunk_messages(chunk: Columns, keep: np.ndarray, deployment) -> Iterator[Bat
     whole = keep.size == len(chunk)
     users = chunk.users if whole else chunk.users.take(int64s(keep))
     steps = chunk.steps if whole else chunk.steps[keep]
-    raw, offsets = string_buffers(users)
-    owners = partition_of_hashes(murmur2_of_bytes(raw, offsets), partitions)
+    words = chunk.user_words if whole else KeyWords(*string_buffers(users))
+    owners = partition_of_hashes(murmur2_of_words(words), partitions)
     key = steps * partitions + owners
     if key.size and key.min() >= 0 and key.max() < 1 << 16:
         key = key.astype(np.uint16)  # numpy sorts 16-bit keys stably by radix: ~10x faster
@@ -57,14 +58,14 @@ def chunk_messages(chunk: Columns, keep: np.ndarray, deployment) -> Iterator[Bat
     key = key[order]
     bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True]).tolist()
     # everything in message order once per chunk: a message is then slices of these
-    widest = int(np.diff(offsets).max())
+    widest = words.longest
     codes = {name: (c if whole else c[keep])[order] for name, c in chunk.codes.items()}
     complete = {name: bool((c >= 0).all()) for name, c in codes.items()}
     start = chunk.start
     wide = start + len(chunk) >= 1 << 31  # positions held as int32 when they fit (kept: 4 bytes)
     positions: np.ndarray = (keep[order] if not whole else order) + start
     positions = positions.astype(np.int64 if wide else np.int32)
-    listed = _Listed(users, order, raw, offsets)
+    listed = _Listed(users, order, words.bytes)
     per_message = _per_message(widest, codes, deployment)
     for lo, hi in pairwise(bounds):
         cuts = -(-(hi - lo) // per_message)  # messages of this group, of even sizes
@@ -92,8 +93,7 @@ class _Listed:
     the usual case) by ``","`` between an opening and a closing quote; otherwise each id is
     encoded by orjson and joined by ``,``. A message's list is then a slice of the joined bytes."""
 
-    def __init__(self, users: pa.Array, order: np.ndarray, raw: np.ndarray, offsets: np.ndarray):
-        ids = raw[offsets[0] : offsets[-1]]
+    def __init__(self, users: pa.Array, order: np.ndarray, ids: np.ndarray):
         plain = not ((ids < 0x20) | (ids == 0x22) | (ids == 0x5C)).any()
         users = users.take(int64s(order))
         if plain:

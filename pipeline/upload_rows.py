@@ -28,7 +28,6 @@ __all__ = ["UserRows"]
 
 
 _MAX_DIGITS = 18  # a row number of up to 18 digits fits an int64
-_WORDS = -(-_MAX_DIGITS // 8)  # 8-byte words of the longest number
 
 _ZEROS = np.uint64(0x3030303030303030)  # "00000000"
 _HIGH_NIBBLES = np.uint64(0xF0F0F0F0F0F0F0F0)
@@ -36,18 +35,30 @@ _SIXES = np.uint64(0x0606060606060606)
 # a word's last (top) k bytes kept, the others set to "0" (leading zeros), k = 0..8
 _KEEP = np.array([~((1 << 8 * (8 - k)) - 1) & (2**64 - 1) for k in range(9)], dtype=np.uint64)
 _FILL = _ZEROS & ~_KEEP
+_STAGES = [  # (shift, scale, mask): 2 digits in 16 bits, 4 in 32, 8 in 64
+    (np.uint64(8), np.uint64(10), np.uint64(0x00FF00FF00FF00FF)),
+    (np.uint64(16), np.uint64(100), np.uint64(0x0000FFFF0000FFFF)),
+    (np.uint64(32), np.uint64(10000), np.uint64(0xFFFFFFFF)),
+]
 
 
 def _eight_digits(word: np.ndarray, count) -> tuple[np.ndarray, np.ndarray]:
     """(whether the last ``count`` bytes of each 8-byte little-endian word are ASCII digits, the
-    number they write), eight digits at once (SWAR: pairs, then quadruples, then the eight)."""
-    word = (word & _KEEP[count]) | _FILL[count]
-    valid = (word & _HIGH_NIBBLES) == _ZEROS  # bytes 0x30..0x3F
-    valid &= ((word + _SIXES) & _HIGH_NIBBLES) == _ZEROS  # and not 0x3A..0x3F
-    x = word - _ZEROS  # each byte its digit; the first byte is the most significant
-    x = (x * np.uint64(10) + (x >> np.uint64(8))) & np.uint64(0x00FF00FF00FF00FF)
-    x = (x * np.uint64(100) + (x >> np.uint64(16))) & np.uint64(0x0000FFFF0000FFFF)
-    x = (x * np.uint64(10000) + (x >> np.uint64(32))) & np.uint64(0xFFFFFFFF)
+    number they write), eight digits at once (SWAR: pairs, then quadruples, then the eight; in
+    place, one temporary)."""
+    x = np.bitwise_and(word, _KEEP[count], dtype=np.uint64)
+    x |= _FILL[count]
+    spare = x & _HIGH_NIBBLES
+    valid = spare == _ZEROS  # bytes 0x30..0x3F
+    np.add(x, _SIXES, out=spare)
+    spare &= _HIGH_NIBBLES
+    valid &= spare == _ZEROS  # and not 0x3A..0x3F
+    x -= _ZEROS  # each byte its digit; the first byte is the most significant
+    for shift, scale, mask in _STAGES:
+        np.right_shift(x, shift, out=spare)
+        x *= scale
+        x += spare
+        x &= mask
     return valid, x
 
 
@@ -74,13 +85,16 @@ class UserRows:
         self._make_roster = roster
         self._roster: Any = None  # the Roster, made on first use
 
-    def rows(self, users: pa.Array) -> np.ndarray:
-        return self._of_range(users) if self._range else self._of_roster(users)
+    def rows(self, users: pa.Array, words: KeyWords | None = None) -> np.ndarray:
+        """``words``: the ids' words, when made already."""
+        if not self._range:
+            return self._of_roster(users)
+        return self._of_range(words if words is not None else KeyWords(*string_buffers(users)))
 
-    def _of_range(self, users: pa.Array) -> np.ndarray:
-        raw, offsets = string_buffers(users)
+    def _of_range(self, words: KeyWords) -> np.ndarray:
         skip = self._prefix.size
-        words = KeyWords(raw, offsets, reach_before=8 * _WORDS, reach_after=skip + 4)
+        if words.longest <= skip:  # no id has a digit (the reads below stay within the padding)
+            return np.full(words.size, -1, dtype=np.int64)
         # digits after the prefix (a number when the ids are all of one length); more than the
         # largest row has: not canonical, or at least the roster's size
         digits: Any
@@ -100,7 +114,8 @@ class UserRows:
             if 4 * j + 4 > skip:
                 first = (word >> np.uint32(8 * (skip % 4))) & np.uint32(0xFF)
                 ok &= (first != np.uint32(ord("0"))) | (digits == 1)
-        # the number, 8 digits a word from the end (the id's last 8 bytes: its last 8 digits)
+        # the number, 8 digits a word from the end (the id's last 8 bytes: its last 8 digits; at
+        # most 24 bytes before an id's end, within the words' padding)
         number = np.zeros(words.size, dtype=np.uint64)
         for k in range(-(-self._digits // 8)):
             count = np.clip(digits - 8 * k, 0, 8)

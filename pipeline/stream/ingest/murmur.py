@@ -12,7 +12,13 @@ import numpy as np
 
 from pipeline.key_words import KeyWords
 
-__all__ = ["murmur2_many", "murmur2_of_bytes", "partitions_of", "partition_of_hashes"]
+__all__ = [
+    "murmur2_many",
+    "murmur2_of_bytes",
+    "murmur2_of_words",
+    "partitions_of",
+    "partition_of_hashes",
+]
 
 _SEED, _M = np.uint32(0x9747B28C), np.uint32(0x5BD1E995)
 # a key's 1-3 tail bytes are the top bytes of its last word: shifted down by 8 * (4 - tail)
@@ -47,7 +53,11 @@ def murmur2_of_bytes(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     (:class:`pipeline.key_words.KeyWords`: a strided view when the keys are of one length, else
     one aligned gather), mixed in where the key has that word; the 1-3 tail bytes are the top
     bytes of each key's last four."""
-    words = KeyWords(data, offsets, reach_before=4)
+    return murmur2_of_words(KeyWords(data, offsets))
+
+
+def murmur2_of_words(words: KeyWords) -> np.ndarray:
+    """murmur2 of the keys of ``words`` (:func:`murmur2_of_bytes`)."""
     lengths = words.lengths
     h = lengths.astype(np.uint32)
     h ^= _SEED
