@@ -202,8 +202,12 @@ def _columns(path: Path, kind: str, table: pa.Table, deployment, start: int) -> 
         for name in deployment.attributes
         if name in names
     }
-    # beyond the horizon either way
-    steps = np.clip(values_of(step).astype(np.int64), -1, 2**31)
+    # beyond the horizon either way (clipped only when a step is outside -1..2^31)
+    steps = values_of(step)
+    if steps.size and (steps.min() < -1 or steps.max() > 2**31):
+        steps = np.clip(steps.astype(np.int64), -1, 2**31)
+    else:
+        steps = steps.astype(np.int64, copy=False)
     return Columns(start, user, steps, codes, table)
 
 

@@ -94,7 +94,8 @@ class _Listed:
     encoded by orjson and joined by ``,``. A message's list is then a slice of the joined bytes."""
 
     def __init__(self, users: pa.Array, order: np.ndarray, ids: np.ndarray):
-        plain = not ((ids < 0x20) | (ids == 0x22) | (ids == 0x5C)).any()
+        data = ids.tobytes()  # searched by memchr: faster than numpy's three comparisons
+        plain = b'"' not in data and b"\\" not in data and not (ids < 0x20).any()
         users = users.take(int64s(order))
         if plain:
             self.open, separator, self.close = b'["', b'","', b'"]'
@@ -102,9 +103,10 @@ class _Listed:
             users = strings([orjson.dumps(u) for u in users.to_pylist()])
             self.open, separator, self.close = b"[", b",", b"]"
         self.gap = len(separator)
-        _, ends = string_buffers(users)
-        self.ends = ends - ends[0]  # id k's bytes end at ends[k + 1] + gap * k in the join
         large = pa.types.is_large_string(users.type)
+        ends = np.frombuffer(users.buffers()[1], dtype=np.int64 if large else np.int32)
+        ends = ends[users.offset : users.offset + len(users) + 1]
+        self.ends = ends - ends[0]  # id k's bytes end at ends[k + 1] + gap * k in the join
         if not large and int(self.ends[-1]) + self.gap * len(users) >= 1 << 31:
             users, large = users.cast(pa.large_string()), True  # the join outgrows 32-bit offsets
         listed = pa.ListArray.from_arrays(int32s(np.array([0, len(users)])), users)
