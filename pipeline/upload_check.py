@@ -5,7 +5,11 @@ its step is in ``1..horizon``, its user is enrolled, every value is in its attri
 at least one attribute is reported; and when no earlier report of the file has its (user, step).
 Repeats are found with a bitmap per step present in the file (a byte per roster row: 1 MB per
 10^6 users and step), so the check's memory is one chunk plus those bitmaps, whatever the file's
-length. :class:`FileCheck` keeps, per step, the reports counted and the position of the first.
+length. A chunk whose reports are all enrolled, in the horizon and not repeated (the usual case)
+is marked in one pass: its rows looked up in the bitmap, and checked for a repeat among themselves
+(ascending rows cannot repeat; else a fresh bitmap is counted, or the rows sorted); only a chunk
+with a bad report goes through the exact pass that names the first one. :class:`FileCheck` keeps,
+per step, the reports counted and the position of the first.
 """
 
 from __future__ import annotations
@@ -47,8 +51,8 @@ def stateless_problem(chunk: Columns, horizon: int) -> Problem | None:
 
 def _repeats_within(rows: np.ndarray, seen: np.ndarray) -> bool:
     """Whether a row occurs twice in ``rows`` (none of which is marked in ``seen`` yet): rows
-    ascending cannot; else they are marked in a copy of the bitmap and counted when the bitmap is
-    small beside the rows, sorted otherwise."""
+    ascending cannot; else they are marked in a fresh bitmap and counted when a bitmap is small
+    beside the rows (fewer than 256 roster rows a report), sorted otherwise."""
     if rows.size < 2 or (rows[1:] > rows[:-1]).all():
         return False
     if seen.size <= 256 * rows.size:
