@@ -63,7 +63,7 @@ from pipeline.stream.ingest.report_files import (
 )
 from pipeline.upload_check import FileCheck, Problem, stateless_problem
 from pipeline.upload_columns import Columns, NotTabular, arrow_chunks, report_chunks
-from pipeline.upload_messages import Batch, chunk_messages
+from pipeline.upload_messages import Batch, chunk_messages, message_order
 from pipeline.upload_rows import UserRows
 
 __all__ = [
@@ -314,6 +314,8 @@ class _Kept:
             return
         while len(self.pending) >= self.BEHIND:
             self._collect()
+        # the owners and message order made here, beside the check: the build is the longer
+        message_order(chunk, self.deployment.topics.partitions)
         self.pending.append(self.pool.submit(_chunk_batches, chunk, self.deployment))
 
     def _collect(self) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import os
 from collections.abc import Iterator
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -55,6 +56,8 @@ class Columns:
     steps: np.ndarray
     codes: dict[str, np.ndarray]
     cells: pa.Table | None = None  # the chunk as read (to quote a bad value); None: per report
+    # what is worked out from the chunk once and read by more than one step (message order)
+    derived: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def __len__(self) -> int:
         return int(self.steps.size)

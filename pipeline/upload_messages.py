@@ -25,7 +25,7 @@ from pipeline.stream.ingest.murmur import murmur2_of_words, partition_of_hashes
 from pipeline.stream.process.limits import MAX_REPORT_BYTES
 from pipeline.upload_columns import Columns
 
-__all__ = ["Batch", "chunk_messages"]
+__all__ = ["Batch", "chunk_messages", "message_order"]
 
 _FILL = 0.9  # of MAX_REPORT_BYTES a message is planned to fill (the estimate is an upper bound)
 
@@ -48,14 +48,11 @@ def chunk_messages(chunk: Columns, keep: np.ndarray, deployment) -> Iterator[Bat
     partitions = deployment.topics.partitions
     whole = keep.size == len(chunk)
     users = chunk.users if whole else chunk.users.take(int64s(keep))
-    steps = chunk.steps if whole else chunk.steps[keep]
-    words = chunk.user_words if whole else KeyWords(*string_buffers(users))
-    owners = partition_of_hashes(murmur2_of_words(words), partitions)
-    key = steps * partitions + owners
-    if key.size and key.min() >= 0 and key.max() < 1 << 16:
-        key = key.astype(np.uint16)  # numpy sorts 16-bit keys stably by radix: ~10x faster
-    order = np.argsort(key, kind="stable")
-    key = key[order]
+    if whole:
+        words, (key, order) = chunk.user_words, message_order(chunk, partitions)
+    else:
+        words = KeyWords(*string_buffers(users))
+        key, order = _grouped(chunk.steps[keep], words, partitions)
     bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True]).tolist()
     # everything in message order once per chunk: a message is then slices of these
     widest = words.longest
@@ -73,6 +70,27 @@ def chunk_messages(chunk: Columns, keep: np.ndarray, deployment) -> Iterator[Bat
         step, partition = divmod(int(key[lo]), partitions)
         for first, stop in pairwise(edges):
             yield from _messages(step, partition, positions, listed, codes, complete, first, stop)
+
+
+def message_order(chunk: Columns, partitions: int) -> tuple[np.ndarray, np.ndarray]:
+    """(key, order) of the chunk's reports: ``order`` puts them in message order (by step, then
+    owning partition, then file order), ``key`` is step * partitions + owner in that order. Kept
+    with the chunk: the upload's check thread makes it beside the check, the build reads it."""
+    made = chunk.derived.get(("order", partitions))
+    if made is None:
+        made = chunk.derived[("order", partitions)] = _grouped(
+            chunk.steps, chunk.user_words, partitions
+        )
+    return made
+
+
+def _grouped(steps: np.ndarray, words: KeyWords, partitions: int) -> tuple[np.ndarray, np.ndarray]:
+    owners = partition_of_hashes(murmur2_of_words(words), partitions)
+    key = steps * partitions + owners
+    if key.size and key.min() >= 0 and key.max() < 1 << 16:
+        key = key.astype(np.uint16)  # numpy sorts 16-bit keys stably by radix: ~10x faster
+    order = np.argsort(key, kind="stable")
+    return key[order], order
 
 
 def _per_message(widest: int, codes: dict, deployment) -> int:
