@@ -17,9 +17,9 @@ problem.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 from collections.abc import Iterator
-import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
