@@ -1,6 +1,6 @@
 """The C allocator's settings for a process that makes and drops many mid-sized numpy arrays.
 
-The upload works on chunks of 2^16 reports: each numpy step makes a temporary of 0.1-1 MB and drops
+The upload works on chunks of 2^17 reports: each numpy step makes a temporary of 0.1-1 MB and drops
 it. glibc serves an allocation above its mmap threshold (128 kB, raised as such blocks are freed)
 with a fresh mapping, and gives memory above its trim threshold back to the system when it is
 freed: the next chunk's arrays then fault in every page again. On the benchmark's machine (a VM)

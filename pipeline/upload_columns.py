@@ -35,9 +35,11 @@ from pipeline.stream.ingest.report_files import ReportFileError, _chunks, _recor
 
 __all__ = ["CHUNK_ROWS", "Columns", "NotTabular", "arrow_chunks", "chunk_rows", "report_chunks"]
 
-# reports per chunk: a few MB with its messages, and about one full message per (step,
-# partition) of a chunk at 4 partitions (~2 * 10^4 reports of short ids fill one)
-CHUNK_ROWS = 1 << 16
+# reports per chunk: ~8 MB with its messages and derived arrays, and about two full messages per
+# (step, partition) of a chunk at 4 partitions (~2 * 10^4 reports of short ids fill one). Twice
+# 2^16: each numpy or Arrow call does twice the work for the same fixed cost and hand-off between
+# the upload's threads (the check pass of 10^6 reports ~10% faster; peak memory ~30 MB higher)
+CHUNK_ROWS = 1 << 17
 _CSV_ROW_BYTES, _JSONL_ROW_BYTES = 32, 96  # a CSV or JSONL block's bytes per chunk row
 _BINARY_TEXT = ["0", "1", "0.0", "1.0", "false", "true"]  # lower-cased spellings of a binary value
 _BINARY_CODE = np.array([0, 1, 0, 1, 0, 1], dtype=np.int64)
