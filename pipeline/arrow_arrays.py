@@ -12,6 +12,7 @@ import pyarrow as pa
 
 __all__ = [
     "bools",
+    "int32s",
     "int64s",
     "string_buffers",
     "string_scalar",
@@ -25,6 +26,12 @@ def int64s(values: np.ndarray) -> pa.Array:
     """An int64 array holding ``values``."""
     data = np.ascontiguousarray(values, dtype=np.int64)
     return pa.Array.from_buffers(pa.int64(), data.size, [None, pa.py_buffer(data)])
+
+
+def int32s(values: np.ndarray) -> pa.Array:
+    """An int32 array holding ``values``."""
+    data = np.ascontiguousarray(values, dtype=np.int32)
+    return pa.Array.from_buffers(pa.int32(), data.size, [None, pa.py_buffer(data)])
 
 
 def bools(mask: np.ndarray) -> pa.Array:

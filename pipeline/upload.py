@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.allocator import keep_freed_memory
 from pipeline.config import Deployment
 from pipeline.fates import Receipt
 from pipeline.producer import SendResult
@@ -62,11 +63,12 @@ from pipeline.stream.ingest.report_files import (
 )
 from pipeline.upload_check import FileCheck, Problem, stateless_problem
 from pipeline.upload_columns import Columns, NotTabular, arrow_chunks, report_chunks
-from pipeline.upload_messages import Batch, chunk_messages
+from pipeline.upload_messages import Batch, chunk_messages, message_order
 from pipeline.upload_rows import UserRows
 
 __all__ = [
     "UPLOAD_SUFFIXES",
+    "EarlyProducer",
     "Upload",
     "UploadStopped",
     "batch_producer",
@@ -231,6 +233,7 @@ def read_upload(path: str | Path, deployment, roster=None) -> Upload:
         )
     if not path.exists():
         raise ReportFileError(path, None, None, "no such file")
+    keep_freed_memory()  # chunk after chunk of numpy temporaries: not faulted in again each time
     roster_of = _roster_maker(deployment, roster)
     stamp = _stamp(path)
     upload = Upload(path, kind, deployment, True, 0, {}, {}, {}, stamp, roster_of)
@@ -311,6 +314,8 @@ class _Kept:
             return
         while len(self.pending) >= self.BEHIND:
             self._collect()
+        # the owners and message order made here, beside the check: the build is the longer
+        message_order(chunk, self.deployment.topics.partitions)
         self.pending.append(self.pool.submit(_chunk_batches, chunk, self.deployment))
 
     def _collect(self) -> None:
@@ -334,11 +339,8 @@ class _Kept:
 
 
 def _chunk_batches(chunk: Columns, deployment: Deployment) -> tuple[Batch, ...]:
-    """The chunk's messages, positions held as int32 when they fit (4 bytes a report kept)."""
-    batches = chunk_messages(chunk, np.arange(len(chunk)), deployment)
-    if chunk.start + len(chunk) >= 1 << 31:
-        return tuple(batches)
-    return tuple(dc_replace(b, index=b.index.astype(np.int32)) for b in batches)
+    """The chunk's messages (positions held as int32 when they fit: 4 bytes a report kept)."""
+    return tuple(chunk_messages(chunk, np.arange(len(chunk)), deployment))
 
 
 def keep_bytes() -> int:
@@ -421,6 +423,47 @@ def batch_producer(bootstrap: str):
     return reports_kafka_producer(bootstrap)
 
 
+class EarlyProducer:
+    """The upload's producer made in a thread while the file is checked: the client's creation
+    (connection, the broker's versions) and the topic's metadata take tens of milliseconds of
+    waiting on the broker, which then overlap the check instead of delaying the first send.
+    Nothing is sent before :func:`send_upload` is given it; :meth:`close` when the check fails."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload-producer")
+        self._made = pool.submit(self._make, bootstrap, topic)
+        pool.shutdown(wait=False)
+
+    @staticmethod
+    def _make(bootstrap: str, topic: str):
+        producer = batch_producer(bootstrap)
+        try:
+            producer.partitions_for(topic)  # the metadata the first send would wait for
+        except Exception:  # noqa: BLE001 - the send then fetches it and reports what fails
+            pass
+        return producer
+
+    def get(self):
+        """The producer (an error making it is raised here)."""
+        return self._made.result()
+
+    def close(self) -> None:
+        """Close the producer, once made (an error making it is dropped: nothing was sent)."""
+        try:
+            producer = self._made.result()
+        except Exception:  # noqa: BLE001 - no producer: nothing to close
+            return
+        producer.close()
+
+    def __enter__(self) -> EarlyProducer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 @dataclass
 class _Sent:
     """A message handed to the producer: its future, reports and first report's position."""
@@ -437,13 +480,14 @@ def send_upload(
     replace: bool = False,
     progress: Callable[[int, int], None] | None = None,
     timeout: float = 60.0,
+    early: EarlyProducer | None = None,
 ) -> SendResult:
     """Send every message to its partition (acks=all) as it is built, and wait for the
     acknowledgements; the result counts reports (a message's reports are acknowledged together)
     and a failure names the position in the file of the message's first report. ``replace``:
     each message carries the correction header. :class:`UploadStopped` if the file changed since
-    its check."""
-    producer = batch_producer(bootstrap)
+    its check. ``early``: the producer made while the file was checked (closed here)."""
+    producer = early.get() if early is not None else batch_producer(bootstrap)
     headers = [(REPLACE_HEADER, b"1")] if replace else None
     receipt = Receipt(topic)
     start, result = time.monotonic(), SendResult(receipt=receipt)
@@ -493,10 +537,17 @@ def upload_file(
     progress: Callable[[int, int], None] | None = None,
 ) -> SendResult:
     """Check and send a report file (``step``: only that step's reports); raises
-    :class:`ReportFileError` with nothing sent when a report would be rejected."""
+    :class:`ReportFileError` with nothing sent when a report would be rejected. The producer is
+    made while the file is checked (:class:`EarlyProducer`)."""
     from pipeline.stream.kafka.topics import topic_names
 
-    upload = read_upload(path, deployment, roster)
+    topic = topic_names(deployment)["reports"]
+    early = EarlyProducer(bootstrap, topic)
+    try:
+        upload = read_upload(path, deployment, roster)
+    except BaseException:
+        early.close()
+        raise
     if step is not None:
         upload = upload.only_step(step)
-    return send_upload(upload, bootstrap, topic_names(deployment)["reports"], replace, progress)
+    return send_upload(upload, bootstrap, topic, replace, progress, early=early)

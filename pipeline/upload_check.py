@@ -5,7 +5,11 @@ its step is in ``1..horizon``, its user is enrolled, every value is in its attri
 at least one attribute is reported; and when no earlier report of the file has its (user, step).
 Repeats are found with a bitmap per step present in the file (a byte per roster row: 1 MB per
 10^6 users and step), so the check's memory is one chunk plus those bitmaps, whatever the file's
-length. :class:`FileCheck` keeps, per step, the reports counted and the position of the first.
+length. A chunk whose reports are all enrolled, in the horizon and not repeated (the usual case)
+is marked in one pass: its rows looked up in the bitmap, and checked for a repeat among themselves
+(ascending rows cannot repeat; else a fresh bitmap is counted, or the rows sorted); only a chunk
+with a bad report goes through the exact pass that names the first one. :class:`FileCheck` keeps,
+per step, the reports counted and the position of the first.
 """
 
 from __future__ import annotations
@@ -45,6 +49,20 @@ def stateless_problem(chunk: Columns, horizon: int) -> Problem | None:
     return _first_of(chunk.start, bad)
 
 
+def _repeats_within(rows: np.ndarray, seen: np.ndarray) -> bool:
+    """Whether a row occurs twice in ``rows`` (none of which is marked in ``seen`` yet): rows
+    ascending cannot; else they are marked in a fresh bitmap and counted when a bitmap is small
+    beside the rows (fewer than 256 roster rows a report), sorted otherwise."""
+    if rows.size < 2 or (rows[1:] > rows[:-1]).all():
+        return False
+    if seen.size <= 256 * rows.size:
+        marks = np.zeros(seen.size, dtype=bool)
+        marks[rows] = True
+        return int(np.count_nonzero(marks)) != rows.size
+    ordered = np.sort(rows)
+    return bool((ordered[1:] == ordered[:-1]).any())
+
+
 def _first_of(start: int, bad: dict[str, np.ndarray]) -> Problem | None:
     found = [(int(np.argmax(mask)), name) for name, mask in bad.items() if mask.any()]
     if not found:
@@ -77,8 +95,13 @@ class FileCheck:
     def problem(self, chunk: Columns) -> Problem | None:
         """The chunk's first bad report (None: all pass, and they are counted)."""
         stateless = stateless_problem(chunk, self.horizon)
-        rows = self.rows.rows(chunk.users)
+        rows = self.rows.rows(chunk.users, chunk.user_words)
         steps = chunk.steps
+        values, first, counts = value_counts(steps)
+        if stateless is None and not (rows < 0).any() and self._marked(rows, steps, values):
+            self._count(chunk.start, values, first, counts)
+            return None
+        # a bad report: found by the exact pass below (the bitmaps are as before the chunk)
         fine = np.flatnonzero((rows >= 0) & (steps >= 1) & (steps <= self.horizon))
         again = np.zeros(steps.size, dtype=bool)
         again[fine] = _repeats(self._seen, rows[fine], steps[fine], self.users)
@@ -88,8 +111,31 @@ class FileCheck:
             return min(found, key=lambda p: p.position)
         for step, rows_at in _by_step(rows, steps):
             self._seen.setdefault(step, np.zeros(self.users, dtype=bool))[rows_at] = True
-        values, first, counts = value_counts(steps)
+        self._count(chunk.start, values, first, counts)
+        return None
+
+    def _count(self, start: int, values, first, counts) -> None:
         for step, at, count in zip(values.tolist(), first.tolist(), counts.tolist()):
             self.counts[step] = self.counts.get(step, 0) + count
-            self.first_rows.setdefault(step, chunk.start + at)
-        return None
+            self.first_rows.setdefault(step, start + at)
+
+    def _marked(self, rows: np.ndarray, steps: np.ndarray, values: np.ndarray) -> bool:
+        """Mark the chunk's (row, step) pairs in the bitmaps when none repeats (every row
+        enrolled, every step in the horizon); False, bitmaps unchanged, when one does."""
+        if values.size == 1:
+            groups = [(int(values[0]), rows)]
+        else:
+            groups = [(step, rows[steps == step]) for step in values.tolist()]
+        marked: list[tuple[int, np.ndarray]] = []
+        for step, rows_at in groups:
+            seen = self._seen.get(step)
+            if seen is None:
+                seen = self._seen[step] = np.zeros(self.users, dtype=bool)
+            fresh = not seen[rows_at].any() and not _repeats_within(rows_at, seen)
+            if not fresh:
+                for step_done, done in marked:
+                    self._seen[step_done][done] = False
+                return False
+            seen[rows_at] = True
+            marked.append((step, rows_at))
+        return True

@@ -19,12 +19,13 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.arrow_arrays import int64s, string_buffers, strings
-from pipeline.stream.ingest.murmur import murmur2_of_bytes, partition_of_hashes
+from pipeline.arrow_arrays import int32s, int64s, string_buffers, strings
+from pipeline.key_words import KeyWords
+from pipeline.stream.ingest.murmur import murmur2_of_words, partition_of_hashes
 from pipeline.stream.process.limits import MAX_REPORT_BYTES
 from pipeline.upload_columns import Columns
 
-__all__ = ["Batch", "chunk_messages"]
+__all__ = ["Batch", "chunk_messages", "message_order"]
 
 _FILL = 0.9  # of MAX_REPORT_BYTES a message is planned to fill (the estimate is an upper bound)
 
@@ -47,105 +48,128 @@ def chunk_messages(chunk: Columns, keep: np.ndarray, deployment) -> Iterator[Bat
     partitions = deployment.topics.partitions
     whole = keep.size == len(chunk)
     users = chunk.users if whole else chunk.users.take(int64s(keep))
-    steps = chunk.steps if whole else chunk.steps[keep]
-    codes = {name: c if whole else c[keep] for name, c in chunk.codes.items()}
-    owners = _owners(users, partitions)
+    if whole:
+        words, (key, order) = chunk.user_words, message_order(chunk, partitions)
+    else:
+        words = KeyWords(*string_buffers(users))
+        key, order = _grouped(chunk.steps[keep], words, partitions)
+    bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True]).tolist()
+    # everything in message order once per chunk: a message is then slices of these
+    widest = words.longest
+    codes = {name: (c if whole else c[keep])[order] for name, c in chunk.codes.items()}
+    complete = {name: bool((c >= 0).all()) for name, c in codes.items()}
+    start = chunk.start
+    wide = start + len(chunk) >= 1 << 31  # positions held as int32 when they fit (kept: 4 bytes)
+    positions: np.ndarray = (keep[order] if not whole else order) + start
+    positions = positions.astype(np.int64 if wide else np.int32)
+    listed = _Listed(users, order, words.bytes)
+    per_message = _per_message(widest, codes, deployment)
+    for lo, hi in pairwise(bounds):
+        cuts = -(-(hi - lo) // per_message)  # messages of this group, of even sizes
+        edges = [lo + (hi - lo) * k // cuts for k in range(cuts + 1)]
+        step, partition = divmod(int(key[lo]), partitions)
+        for first, stop in pairwise(edges):
+            yield from _messages(step, partition, positions, listed, codes, complete, first, stop)
+
+
+def message_order(chunk: Columns, partitions: int) -> tuple[np.ndarray, np.ndarray]:
+    """(key, order) of the chunk's reports: ``order`` puts them in message order (by step, then
+    owning partition, then file order), ``key`` is step * partitions + owner in that order. Kept
+    with the chunk: the upload's check thread makes it beside the check, the build reads it."""
+    made = chunk.derived.get(("order", partitions))
+    if made is None:
+        made = chunk.derived[("order", partitions)] = _grouped(
+            chunk.steps, chunk.user_words, partitions
+        )
+    return made
+
+
+def _grouped(steps: np.ndarray, words: KeyWords, partitions: int) -> tuple[np.ndarray, np.ndarray]:
+    owners = partition_of_hashes(murmur2_of_words(words), partitions)
     key = steps * partitions + owners
     if key.size and key.min() >= 0 and key.max() < 1 << 16:
         key = key.astype(np.uint16)  # numpy sorts 16-bit keys stably by radix: ~10x faster
     order = np.argsort(key, kind="stable")
-    key = key[order]
-    per_message = _per_message(users, codes, deployment)
-    bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True]).tolist()
-    quoted = _Quoted(users.take(int64s(order)))
-    for lo, hi in pairwise(bounds):
-        cuts = -(-(hi - lo) // per_message)  # messages of this group, of even sizes
-        edges = [lo + (hi - lo) * k // cuts for k in range(cuts + 1)]
-        for start, stop in pairwise(edges):
-            index = order[start:stop]
-            yield from _messages(
-                int(steps[index[0]]),
-                int(owners[index[0]]),
-                chunk.start + keep,
-                index,
-                quoted,
-                start,
-                codes,
-            )
+    return key[order], order
 
 
-def _per_message(users: pa.Array, codes: dict, deployment) -> int:
+def _per_message(widest: int, codes: dict, deployment) -> int:
     """Reports a message holds, planned from the widest user id and code."""
-    widest = (
-        (pc.max(pc.binary_length(users)).as_py() or 0)
-        + 3
-        + sum(
-            len(orjson.dumps(name))
-            + 1
-            + max(len(str(int(deployment.attributes[name].size) - 1)), 4)
-            + 1
-            for name in codes
-        )
+    widest += 3 + sum(
+        len(orjson.dumps(name))
+        + 1
+        + max(len(str(int(deployment.attributes[name].size) - 1)), 4)
+        + 1
+        for name in codes
     )
     return max(1, int(_FILL * MAX_REPORT_BYTES // widest))
 
 
-def _owners(users: pa.Array, partitions: int) -> np.ndarray:
-    """Owning reports partition of every user id (murmur2 on the array's buffers)."""
-    raw, offsets = string_buffers(users)
-    return partition_of_hashes(murmur2_of_bytes(raw, offsets), partitions)
+class _Listed:
+    """The user ids in message order, ready to be listed in JSON, joined once per chunk with no
+    Python object per id: ids that need no escaping (no quote, backslash or control character:
+    the usual case) by ``","`` between an opening and a closing quote; otherwise each id is
+    encoded by orjson and joined by ``,``. A message's list is then a slice of the joined bytes."""
 
-
-class _Quoted:
-    """User ids ready to be listed in JSON, with no Python object per id: ids that need no escaping
-    (no quote, backslash or control character: the usual case) are joined by ``","`` between an
-    opening and a closing quote; otherwise each id is encoded by orjson and joined by ``,``."""
-
-    def __init__(self, users: pa.Array):
-        users = users.cast(pa.large_string())
-        raw, _ = string_buffers(users)
-        self.plain = not ((raw < 0x20) | (raw == 0x22) | (raw == 0x5C)).any()
-        if self.plain:
-            ids, self.open, separator, self.close = users, b'["', '","', b'"]'
+    def __init__(self, users: pa.Array, order: np.ndarray, ids: np.ndarray):
+        data = ids.tobytes()  # searched by memchr: faster than numpy's three comparisons
+        plain = b'"' not in data and b"\\" not in data and not (ids < 0x20).any()
+        users = users.take(int64s(order))
+        if plain:
+            self.open, separator, self.close = b'["', b'","', b'"]'
         else:
-            ids = strings([orjson.dumps(u) for u in users.to_pylist()], large=True)
-            self.open, separator, self.close = b"[", ",", b"]"
-        self.ids = ids.cast(pa.large_binary())  # joined as bytes
-        self.separator = strings([separator], large=True).cast(pa.large_binary())[0]
+            users = strings([orjson.dumps(u) for u in users.to_pylist()])
+            self.open, separator, self.close = b"[", b",", b"]"
+        self.gap = len(separator)
+        large = pa.types.is_large_string(users.type)
+        ends = np.frombuffer(users.buffers()[1], dtype=np.int64 if large else np.int32)
+        ends = ends[users.offset : users.offset + len(users) + 1]
+        self.ends = ends - ends[0]  # id k's bytes end at ends[k + 1] + gap * k in the join
+        if not large and int(self.ends[-1]) + self.gap * len(users) >= 1 << 31:
+            users, large = users.cast(pa.large_string()), True  # the join outgrows 32-bit offsets
+        listed = pa.ListArray.from_arrays(int32s(np.array([0, len(users)])), users)
+        sep = strings([separator], large=large)[0]
+        self.joined = memoryview(pc.binary_join(listed, sep)[0].as_buffer())
 
-    def listed(self, start: int, stop: int) -> bytes:
-        """``[...]`` of the ids ``start:stop``: one join in Arrow."""
-        part = self.ids.slice(start, stop - start)
-        listed = pa.LargeListArray.from_arrays(int64s(np.array([0, len(part)])), part)
-        return self.open + pc.binary_join(listed, self.separator)[0].as_py() + self.close
+    def listed(self, start: int, stop: int) -> list:
+        """The pieces of ``[...]`` of the ids ``start:stop`` (to join)."""
+        ends, gap = self.ends, self.gap
+        begin, end = int(ends[start]) + gap * start, int(ends[stop]) + gap * (stop - 1)
+        return [self.open, self.joined[begin:end], self.close]
 
 
 def _messages(
     step: int,
     partition: int,
     positions: np.ndarray,
-    index: np.ndarray,
-    quoted: _Quoted,
+    listed: _Listed,
+    codes: dict[str, np.ndarray],
+    complete: dict[str, bool],
     start: int,
-    codes: dict,
+    stop: int,
 ) -> list[Batch]:
-    """The message of the reports ``index`` (offsets among those kept; ``positions``: their
-    places in the file), halved while it is over ``MAX_REPORT_BYTES``."""
-    columns = [b'"user":' + quoted.listed(start, start + index.size), b'"step":%d' % step]
+    """The message of the reports ``start:stop`` in message order (``positions``: their places
+    in the file), halved while it is over ``MAX_REPORT_BYTES``."""
+    parts = [b'{"columns":{"user":', *listed.listed(start, stop), b',"step":%d' % step]
     for name, c in codes.items():
-        chunk = c[index]
-        if (chunk < 0).all():
+        chunk = c[start:stop]
+        if complete[name]:
+            text = orjson.dumps(chunk, option=orjson.OPT_SERIALIZE_NUMPY)
+        elif (chunk < 0).all():
             continue
-        if (chunk < 0).any():
+        elif (chunk < 0).any():
             # null: not reported (the typed decoder then leaves it to the reference path)
-            text = orjson.dumps(np.asarray(np.where(chunk < 0, None, chunk)).tolist())
+            cells = chunk.astype(object)
+            cells[chunk < 0] = None
+            text = orjson.dumps(cells.tolist())
         else:
             text = orjson.dumps(chunk, option=orjson.OPT_SERIALIZE_NUMPY)
-        columns.append(orjson.dumps(name) + b":" + text)
-    value = b'{"columns":{' + b",".join(columns) + b"}}"
-    if len(value) > MAX_REPORT_BYTES and index.size > 1:  # the estimate was short: halve
-        half = index.size // 2
-        return _messages(
-            step, partition, positions, index[:half], quoted, start, codes
-        ) + _messages(step, partition, positions, index[half:], quoted, start + half, codes)
-    return [Batch(step, partition, positions[index], value)]
+        parts += [b",", orjson.dumps(name), b":", text]
+    parts.append(b"}}")
+    value = b"".join(parts)
+    if len(value) > MAX_REPORT_BYTES and stop - start > 1:  # the estimate was short: halve
+        half = (start + stop) // 2
+        return _messages(step, partition, positions, listed, codes, complete, start, half) + (
+            _messages(step, partition, positions, listed, codes, complete, half, stop)
+        )
+    return [Batch(step, partition, positions[start:stop], value)]

@@ -4,9 +4,10 @@ What the upload checks "is this user enrolled" with, a chunk of the file at a ti
 
 * a roster that is a range (``roster: {size: n, id_prefix: p}``, ids ``p0 .. p<n-1>``): an id is
   enrolled when it is the prefix and then a number in canonical form (no sign, no leading zero)
-  below n, and that number is its row. The ids of one length are read from the array's bytes as a
-  (ids, length) matrix, prefix and digits checked and the number summed in numpy; no roster is
-  built (a list of 10^6 ids costs ~1 s to make and ~60 MB).
+  below n, and that number is its row. Every id is read from the array's bytes as a few words
+  (:class:`pipeline.key_words.KeyWords`): the prefix's from its start, the digits eight at a time
+  from its end, checked and summed eight digits per word operation (SWAR); no roster is built
+  (a list of 10^6 ids costs ~1 s to make and ~60 MB).
 * a roster file: the roster's vectorised id index (:class:`pipeline.stream.ingest.id_index.IdIndex`,
   built once) looks up the ids straight from the array's bytes, as the workers' parser does with a
   message's bytes. Ids holding a NUL byte go through the roster's dict (the index cannot tell them).
@@ -21,17 +22,44 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.arrow_arrays import string_buffers
-from pipeline.small_ints import distinct
+from pipeline.key_words import KeyWords
 
 __all__ = ["UserRows"]
 
 
 _MAX_DIGITS = 18  # a row number of up to 18 digits fits an int64
 
+_ZEROS = np.uint64(0x3030303030303030)  # "00000000"
+_HIGH_NIBBLES = np.uint64(0xF0F0F0F0F0F0F0F0)
+_SIXES = np.uint64(0x0606060606060606)
+# a word's last (top) k bytes kept, the others set to "0" (leading zeros), k = 0..8
+_KEEP = np.array([~((1 << 8 * (8 - k)) - 1) & (2**64 - 1) for k in range(9)], dtype=np.uint64)
+_FILL = _ZEROS & ~_KEEP
+_STAGES = [  # (shift, scale, mask): 2 digits in 16 bits, 4 in 32, 8 in 64
+    (np.uint64(8), np.uint64(10), np.uint64(0x00FF00FF00FF00FF)),
+    (np.uint64(16), np.uint64(100), np.uint64(0x0000FFFF0000FFFF)),
+    (np.uint64(32), np.uint64(10000), np.uint64(0xFFFFFFFF)),
+]
 
-def _lengths(lengths: np.ndarray, low: int, high: int) -> list[int]:
-    """The distinct values of ``lengths`` in ``low..high``."""
-    return [n for n in distinct(lengths).tolist() if low <= n <= high]
+
+def _eight_digits(word: np.ndarray, count) -> tuple[np.ndarray, np.ndarray]:
+    """(whether the last ``count`` bytes of each 8-byte little-endian word are ASCII digits, the
+    number they write), eight digits at once (SWAR: pairs, then quadruples, then the eight; in
+    place, one temporary)."""
+    x = np.bitwise_and(word, _KEEP[count], dtype=np.uint64)
+    x |= _FILL[count]
+    spare = x & _HIGH_NIBBLES
+    valid = spare == _ZEROS  # bytes 0x30..0x3F
+    np.add(x, _SIXES, out=spare)
+    spare &= _HIGH_NIBBLES
+    valid &= spare == _ZEROS  # and not 0x3A..0x3F
+    x -= _ZEROS  # each byte its digit; the first byte is the most significant
+    for shift, scale, mask in _STAGES:
+        np.right_shift(x, shift, out=spare)
+        x *= scale
+        x += spare
+        x &= mask
+    return valid, x
 
 
 class UserRows:
@@ -44,34 +72,58 @@ class UserRows:
             prefix = roster_config.id_prefix.encode("utf-8")
             self._size = int(roster_config.size)
             self._prefix = np.frombuffer(prefix, dtype=np.uint8)
+            self._digits = min(len(str(self._size - 1)), _MAX_DIGITS)  # of the largest row
+            # the prefix as little-endian words, the last one masked to the prefix's bytes
+            padded = prefix + bytes(-len(prefix) % 4)
+            self._prefix_words = [
+                np.uint32(int.from_bytes(padded[i : i + 4], "little"))
+                for i in range(0, len(prefix), 4)
+            ]
+            self._prefix_masks = [
+                np.uint32((1 << 8 * min(4, len(prefix) - i)) - 1) for i in range(0, len(prefix), 4)
+            ]
         self._make_roster = roster
         self._roster: Any = None  # the Roster, made on first use
 
-    def rows(self, users: pa.Array) -> np.ndarray:
-        return self._of_range(users) if self._range else self._of_roster(users)
+    def rows(self, users: pa.Array, words: KeyWords | None = None) -> np.ndarray:
+        """``words``: the ids' words, when made already."""
+        if not self._range:
+            return self._of_roster(users)
+        return self._of_range(words if words is not None else KeyWords(*string_buffers(users)))
 
-    def _of_range(self, users: pa.Array) -> np.ndarray:
-        out = np.full(len(users), -1, dtype=np.int64)
-        raw, offsets = string_buffers(users)
-        lengths = np.diff(offsets)
+    def _of_range(self, words: KeyWords) -> np.ndarray:
         skip = self._prefix.size
-        for length in _lengths(lengths, skip + 1, skip + _MAX_DIGITS):
-            at = np.flatnonzero(lengths == length)
-            starts = offsets[at]
-            ok = np.ones(at.size, dtype=bool)
-            for j, byte in enumerate(self._prefix.tolist()):
-                ok &= raw[starts + j] == byte
-            number = np.zeros(at.size, dtype=np.int64)
-            for j in range(skip, length):
-                digit = raw[starts + j] - np.uint8(ord("0"))  # no digit: wraps above 9
-                ok &= digit <= 9
-                number *= 10
-                number += digit
-            if length > skip + 1:
-                ok &= raw[starts + skip] != ord("0")  # canonical: no leading zero
-            number = number[ok]
-            out[at[ok]] = np.where(number < self._size, number, -1)
-        return out
+        if words.longest <= skip:  # no id has a digit (the reads below stay within the padding)
+            return np.full(words.size, -1, dtype=np.int64)
+        # digits after the prefix (a number when the ids are all of one length); more than the
+        # largest row has: not canonical, or at least the roster's size
+        digits: Any
+        if words.uniform:
+            digits = words.longest - skip
+            if not 1 <= digits <= self._digits:
+                return np.full(words.size, -1, dtype=np.int64)
+            ok = np.ones(words.size, dtype=bool)
+        else:
+            digits = words.lengths - skip
+            ok = (digits >= 1) & (digits <= self._digits)
+        # the prefix, then the first digit (no leading zero unless the number is 0)
+        for j in range(skip // 4 + 1):
+            word = words.from_start(4 * j)
+            if 4 * j < skip:
+                ok &= (word & self._prefix_masks[j]) == self._prefix_words[j]
+            if 4 * j + 4 > skip:
+                first = (word >> np.uint32(8 * (skip % 4))) & np.uint32(0xFF)
+                ok &= (first != np.uint32(ord("0"))) | (digits == 1)
+        # the number, 8 digits a word from the end (the id's last 8 bytes: its last 8 digits; at
+        # most 24 bytes before an id's end, within the words' padding)
+        number = np.zeros(words.size, dtype=np.uint64)
+        for k in range(-(-self._digits // 8)):
+            count = np.clip(digits - 8 * k, 0, 8)
+            valid, value = _eight_digits(words.from_end(8 * k + 8, "<u8"), count)
+            ok &= valid
+            number += value * np.uint64(10 ** (8 * k))
+        ok &= number < np.uint64(self._size)
+        return np.where(ok, number.astype(np.int64), -1)
 
     def _of_roster(self, users: pa.Array) -> np.ndarray:
         if self._roster is None:

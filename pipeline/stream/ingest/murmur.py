@@ -1,8 +1,8 @@
 """Kafka's murmur2 partitioner over many keys at once (numpy): the owner of every roster user.
 
 Byte for byte the hash of ``kafka.partitioner.default.murmur2`` (the Java client's
-``Utils.murmur2``), computed with 32-bit wrapping arithmetic on whole arrays: keys are grouped by
-length and each group is one (keys, length) byte matrix, so 10^6 ids cost milliseconds where a
+``Utils.murmur2``), computed with 32-bit wrapping arithmetic on whole arrays: the keys' words are
+read a word position at a time for every key at once, so 10^6 ids cost milliseconds where a
 Python loop over them took seconds (roster ownership on every worker start and every upload).
 """
 
@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.small_ints import distinct
+from pipeline.key_words import KeyWords
 
-__all__ = ["murmur2_many", "murmur2_of_bytes", "partitions_of", "partition_of_hashes"]
+__all__ = [
+    "murmur2_many",
+    "murmur2_of_bytes",
+    "murmur2_of_words",
+    "partitions_of",
+    "partition_of_hashes",
+]
 
 _SEED, _M = np.uint32(0x9747B28C), np.uint32(0x5BD1E995)
+# a key's 1-3 tail bytes are the top bytes of its last word: shifted down by 8 * (4 - tail)
+# (a key without a tail: its value is not used)
+_TAIL_SHIFT = np.array([0, 24, 16, 8], dtype=np.uint32)
 
 
 def murmur2_many(keys: list[str]) -> np.ndarray:
@@ -40,45 +49,40 @@ def murmur2_of_bytes(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """murmur2 of the keys ``data[offsets[i]:offsets[i + 1]]`` (a string array's buffers), as
     uint32.
 
-    The keys of one length are gathered into a (keys, words) matrix of little-endian uint32 (one
-    gather of their bytes), and each word is mixed in as a column; the 0-3 tail bytes one by
-    one."""
-    lengths = np.diff(offsets)
-    padded = np.concatenate([data, np.zeros(8, dtype=np.uint8)])
-    out = np.empty(lengths.size, dtype=np.uint32)
+    All keys at once, whatever their lengths: word ``i`` of every key is one read
+    (:class:`pipeline.key_words.KeyWords`: a strided view when the keys are of one length, else
+    one aligned gather), mixed in where the key has that word; the 1-3 tail bytes are the top
+    bytes of each key's last four."""
+    return murmur2_of_words(KeyWords(data, offsets))
+
+
+def murmur2_of_words(words: KeyWords) -> np.ndarray:
+    """murmur2 of the keys of ``words`` (:func:`murmur2_of_bytes`)."""
+    lengths = words.lengths
+    h = lengths.astype(np.uint32)
+    h ^= _SEED
     with np.errstate(over="ignore"):
-        if lengths.size and lengths.min() == lengths.max():  # ids of one length: no grouping
-            out[:] = _hash_equal_length(padded, offsets[:-1], int(lengths[0]))
-            return out
-        for length in distinct(lengths).tolist():
-            at = np.flatnonzero(lengths == length)
-            out[at] = _hash_equal_length(padded, offsets[at], length)
-    return out
-
-
-def _hash_equal_length(padded: np.ndarray, start: np.ndarray, length: int) -> np.ndarray:
-    """murmur2 of the keys of ``length`` bytes starting at ``start`` in ``padded``."""
-    h = np.full(start.size, _SEED ^ np.uint32(length), dtype=np.uint32)
-    body = length // 4 * 4
-    if body:
-        words = padded[start[:, None] + np.arange(body)].view("<u4")  # (keys, body // 4)
-        for i in range(body // 4):
-            k = words[:, i] * _M
+        for i in range(words.longest // 4):
+            k = words.from_start(4 * i) * _M
             k ^= k >> np.uint32(24)
             k *= _M
-            h *= _M
-            h ^= k
-    extra = length - body
-    if extra >= 3:
-        h ^= padded[start + body + 2].astype(np.uint32) << 16
-    if extra >= 2:
-        h ^= padded[start + body + 1].astype(np.uint32) << 8
-    if extra >= 1:
-        h ^= padded[start + body].astype(np.uint32)
+            mixed = h * _M
+            mixed ^= k
+            if i < words.shortest // 4:  # every key has this word
+                h = mixed
+            else:
+                h = np.where(lengths >= 4 * (i + 1), mixed, h)
+        extra = lengths & 3
+        if words.uniform:
+            if words.longest & 3:
+                h ^= words.from_end(4) >> np.uint32(32 - 8 * (words.longest & 3))
+                h *= _M
+        elif extra.any():
+            tail = words.from_end(4) >> _TAIL_SHIFT[extra]
+            h = np.where(extra > 0, (h ^ tail) * _M, h)
+        h ^= h >> np.uint32(13)
         h *= _M
-    h ^= h >> np.uint32(13)
-    h *= _M
-    h ^= h >> np.uint32(15)
+        h ^= h >> np.uint32(15)
     return h
 
 

@@ -1,0 +1,96 @@
+"""Little-endian 32-bit words of byte strings laid end to end (a string array's data and offsets),
+read at the same distance from every key's start or end, with no loop over keys.
+
+What murmur2 (:mod:`pipeline.stream.ingest.murmur`) and a range roster's id parser
+(:mod:`pipeline.upload_rows`) read ids with. Reading a word at an odd byte offset is what makes
+them slow in numpy: a gather through an unaligned view costs several times an aligned one (and
+``np.take`` copies the whole view first), and a gather per byte multiplies the gathers. So:
+
+* keys all of one length (fixed-width ids, a chunk of consecutive numbers): the keys are a regular
+  (keys, length) grid and a word of each is a strided view of the bytes, read by the ufunc that
+  uses it: no gather at all;
+* otherwise the bytes are copied four times, shifted by 0-3 bytes, into one aligned ``(4, m)``
+  array of words: the word at byte ``p`` is ``[p % 4, p // 4]``, so every read is one aligned
+  gather (four copies of the bytes cost less than one unaligned gather of 10^5 words).
+
+Reads past a key (into the next key or the zero padding around the bytes) are allowed: callers
+mask what is not theirs. The padding reads as zero: ``reach_before`` bytes (32) before the first
+key, and after the last key the longest key's length and ``reach_after`` (8) more (a read at the
+same distance from every key's start reaches past a short key).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["KeyWords"]
+
+_U32 = np.dtype("<u4")
+
+
+class KeyWords:
+    """Words of the keys ``data[offsets[i]:offsets[i + 1]]``."""
+
+    def __init__(
+        self, data: np.ndarray, offsets: np.ndarray, reach_before: int = 32, reach_after: int = 8
+    ):
+        offsets = np.asarray(offsets, dtype=np.int64)
+        self.lengths = np.diff(offsets)
+        self.size = int(self.lengths.size)
+        self.shortest = int(self.lengths.min()) if self.size else 0
+        self.longest = int(self.lengths.max()) if self.size else 0
+        self.uniform = self.shortest == self.longest
+        first, last = (int(offsets[0]), int(offsets[-1])) if offsets.size else (0, 0)
+        front = -(-reach_before // 4) * 4  # a multiple of 4: the keys keep their alignment
+        after = self.longest + reach_after  # a read of a short key at the end
+        words = -(-(front + last - first + after + 4) // 4) + 1
+        padded = np.zeros(4 * words, dtype=np.uint8)
+        padded[front : front + last - first] = data[first:last]
+        self._padded = padded
+        self.bytes = padded[front : front + last - first]  # every key's, end to end
+        self._shift = front - first  # key i starts at offsets[i] + shift in ``padded``
+        if self.uniform:
+            self._first = first + self._shift
+        else:
+            shifted = np.empty((4, words - 1), dtype=_U32)
+            for r in range(4):
+                shifted[r] = np.frombuffer(padded, dtype=_U32, count=words - 1, offset=r)
+            self._words = shifted.reshape(-1)
+            self._m = words - 1
+            starts = offsets[:-1] + self._shift
+            self._bases = {"start": self._base(starts), "end": self._base(starts + self.lengths)}
+
+    def _base(self, positions: np.ndarray) -> np.ndarray:
+        return (positions & 3) * self._m + (positions >> 2)
+
+    def from_start(self, distance: int) -> np.ndarray:
+        """The 32-bit word of every key at ``distance`` bytes from its start (``distance``: a
+        multiple of 4; the result may be a view of the bytes: do not write to it)."""
+        return self._read("start", distance, _U32)
+
+    def from_end(self, distance: int, dtype: str = "<u4") -> np.ndarray:
+        """The word (``<u4``, or ``<u8``: 64 bits) of every key that ends ``distance`` bytes
+        before the key's end (``distance``: a multiple of 4; ``from_end(4)``: the key's last four
+        bytes)."""
+        return self._read("end", -distance, np.dtype(dtype))
+
+    def _read(self, side: str, distance: int, dtype: np.dtype) -> np.ndarray:
+        if distance % 4:
+            raise ValueError(f"distance must be a multiple of 4 bytes, got {distance}")
+        if self.uniform:
+            first = self._first + distance + (self.longest if side == "end" else 0)
+            return np.ndarray(
+                (self.size,),
+                dtype=dtype,
+                buffer=self._padded,
+                offset=first,
+                strides=(self.longest,),
+            )
+        at = self._bases[side] + distance // 4
+        low = self._words[at]
+        if dtype == _U32:
+            return low
+        high = self._words[at + 1].astype(np.uint64)
+        high <<= np.uint64(32)
+        high |= low
+        return high

@@ -1,0 +1,231 @@
+"""The upload's vectorised shortcuts against their references: murmur2 of Arrow string buffers
+against Kafka's partitioner, a range roster's rows against the canonical-id rule, the check's
+repeat bitmaps against a plain scan; and the producer made while the file is checked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from kafka.partitioner.default import murmur2 as kafka_murmur2
+
+from pipeline.allocator import keep_freed_memory
+from pipeline.arrow_arrays import string_buffers, strings
+from pipeline.config import parse_config
+from pipeline.stream.ingest.murmur import murmur2_of_bytes, partitions_of
+from pipeline.stream.ingest.report_files import ReportFileError
+from pipeline.stream.ingest.roster import Roster, murmur2_partition
+from pipeline.upload_check import FileCheck
+from pipeline.upload_columns import Columns
+from pipeline.upload_rows import UserRows
+
+_ALPHABET = list("az09_-\"\\ é€😀\x00\n")
+
+
+def _random_ids(rng, count: int, lengths) -> list[str]:
+    return ["".join(rng.choice(_ALPHABET, size=int(n))) for n in rng.choice(lengths, count)]
+
+
+def _hashes_of(ids: list[str], large: bool = False, cut: int = 0) -> np.ndarray:
+    """murmur2 of the ids as the upload computes it: from a string array's buffers (``cut``: the
+    array is a slice, its offsets not starting at 0)."""
+    arr = strings(["pad"] * cut + ids, large=large).slice(cut)
+    raw, offsets = string_buffers(arr)
+    return murmur2_of_bytes(raw, offsets)
+
+
+def _kafka(ids: list[str]) -> list[int]:
+    return [kafka_murmur2(u.encode("utf-8")) for u in ids]
+
+
+def test_murmur2_of_bytes_is_kafkas_for_every_length_alone_and_mixed():
+    """Byte strings of every length 0..40 (UTF-8 of ASCII, accented letters, emoji, NUL): alone
+    (every id of one length: the strided path), all lengths in one array (the gathered path), and
+    arrays that are slices; the partition is the default partitioner's."""
+    rng = np.random.default_rng(31)
+    for length in range(41):
+        ids = ["".join(rng.choice(_ALPHABET[:5], size=length)) for _ in range(40)]
+        assert _hashes_of(ids).tolist() == _kafka(ids), length
+        raw_ids = [bytes(rng.integers(0, 256, length).astype(np.uint8)) for _ in range(40)]
+        data = np.frombuffer(b"".join(raw_ids), dtype=np.uint8)
+        got = murmur2_of_bytes(data, np.arange(41) * length)
+        assert got.tolist() == [kafka_murmur2(k) for k in raw_ids], length
+    mixed = _random_ids(rng, 3000, np.arange(41))
+    for large in (False, True):
+        for cut in (0, 3):
+            assert _hashes_of(mixed, large, cut).tolist() == _kafka(mixed)
+    for partitions in (1, 3, 4, 16):
+        assert partitions_of(mixed, partitions).tolist() == [
+            murmur2_partition(u.encode("utf-8"), partitions) for u in mixed
+        ]
+    assert _hashes_of([]).size == 0
+
+
+def test_murmur2_of_a_chunk_of_ids_of_a_few_lengths():
+    """A chunk of a range roster's ids: lengths change inside it (u99999, u100000), in file order
+    and shuffled."""
+    ids = [f"u{i}" for i in range(99_000, 101_000)] + [f"u{i}" for i in range(7)]
+    assert _hashes_of(ids).tolist() == _kafka(ids)
+    order = np.random.default_rng(1).permutation(len(ids))
+    shuffled = [ids[i] for i in order]
+    assert _hashes_of(shuffled).tolist() == _kafka(shuffled)
+
+
+def _canonical_row(user: str, prefix: str, size: int) -> int:
+    """The rule of a range roster (ids prefix0 .. prefix<size-1>), written out."""
+    if not user.startswith(prefix):
+        return -1
+    digits = user[len(prefix) :]
+    if not digits or not all("0" <= c <= "9" for c in digits):
+        return -1
+    if digits != "0" and digits.startswith("0"):
+        return -1
+    return int(digits) if int(digits) < size else -1
+
+
+def _candidates(rng, prefix: str, size: int) -> list[str]:
+    near = [0, 1, 9, 10, size - 1, size, size + 1, 10 * size]
+    ids = [f"{prefix}{n}" for n in near + rng.integers(0, 2 * size + 2, 60).tolist()]
+    ids += [f"{prefix}0{n}" for n in (0, 1, 7, size - 1)]  # leading zeros
+    ids += [f"{prefix}+1", f"{prefix}-1", f"{prefix} 1", f"{prefix}1 ", f"{prefix}1.0"]
+    ids += [prefix, "", f"x{prefix}1", f"{prefix[:-1]}1", f"{prefix.upper()}1", f"{prefix}{prefix}1"]
+    ids += [f"{prefix}{'9' * 18}", f"{prefix}{'1' * 19}", f"{prefix}{'0' * 18}", f"{prefix}٣"]
+    ids += [f"{prefix}{n}"[:-1] + c for n in near[:5] for c in "/:@é"]  # a last byte not a digit
+    return ids
+
+
+@pytest.mark.parametrize("prefix", ["", "u", "hh", "abc", "user", "house-", "household-", "é"])
+def test_range_roster_rows_follow_the_canonical_rule(prefix):
+    """Leading zero, sign, blanks, too many digits, prefix mismatch, at or above the size: -1;
+    ids of mixed lengths and ids all of one length (the two read paths); rosters whose largest
+    row has 1, 7, 9 and 12 digits (one, two and three 8-digit words)."""
+    rng = np.random.default_rng(len(prefix))
+    for size in (1, 10, 11, 1000, 1_234_567, 100_000_001, 123_456_789_012):
+        rows = UserRows(parse_config_roster(prefix, size), lambda: None)
+        ids = _candidates(rng, prefix, size)
+        rng.shuffle(ids)
+        expected = [_canonical_row(u, prefix, size) for u in ids]
+        assert rows.rows(strings(ids)).tolist() == expected, (prefix, size)
+        for length in {len(u.encode()) for u in ids}:
+            same = [u for u in ids if len(u.encode()) == length]
+            got = rows.rows(strings(same, large=True)).tolist()
+            assert got == [_canonical_row(u, prefix, size) for u in same], (prefix, size, length)
+        if size <= 1000:  # the workers' roster agrees with the rule
+            roster = Roster.from_range(size, prefix)
+            assert [roster.row(u) for u in ids] == expected
+
+
+def parse_config_roster(prefix: str, size: int):
+    return parse_config(_config(size, prefix)).roster
+
+
+def _config(size: int, prefix: str = "u", partitions: int = 3) -> dict:
+    return {
+        "name": "fast-paths",
+        "roster": {"size": size, "id_prefix": prefix},
+        "horizon": 4,
+        "topics": {"partitions": partitions},
+        "attributes": {"poverty": {"type": "binary"}},
+        "budget": {"rho": 1.0},
+        "releases": [{"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 1.0}],
+    }
+
+
+def _first_repeat(pairs: list[tuple[str, int]]) -> int | None:
+    seen: set[tuple[str, int]] = set()
+    for at, pair in enumerate(pairs):
+        if pair in seen:
+            return at
+        seen.add(pair)
+    return None
+
+
+@pytest.mark.parametrize("size", [300, 100_000])  # bitmap counted / rows sorted
+def test_the_check_finds_the_first_repeat_as_a_plain_scan_does(size):
+    """Repeats inside a chunk (rows in any order), across chunks and at one step of a chunk of
+    several steps: the first one found is a plain scan's; a refused chunk leaves the bitmaps as
+    they were (the next clean chunk passes and is counted once)."""
+    dep = parse_config(_config(size))
+    rng = np.random.default_rng(size)
+    for trial in range(60):
+        chunks = [rng.integers(0, 300, int(rng.integers(1, 40))) for _ in range(3)]
+        steps = [rng.integers(1, 3 if trial % 2 else 2, c.size) for c in chunks]
+        check = FileCheck(dep.horizon, dep.n, UserRows(dep.roster, lambda: None))
+        pairs: list[tuple[str, int]] = []
+        start = 0
+        for users, at_steps in zip(chunks, steps):
+            chunk_pairs = [(f"u{u}", int(t)) for u, t in zip(users.tolist(), at_steps.tolist())]
+            expected = _first_repeat(pairs + chunk_pairs)
+            before = {t: bitmap.copy() for t, bitmap in check.present.items()}
+            columns = Columns(
+                start,
+                strings([u for u, _ in chunk_pairs]),
+                at_steps.astype(np.int64),
+                {"poverty": np.zeros(users.size, dtype=np.int64)},
+            )
+            problem = check.problem(columns)
+            if expected is None:
+                assert problem is None, trial
+                pairs += chunk_pairs
+                start += users.size
+                continue
+            assert problem is not None and problem.reason == "duplicate", trial
+            assert problem.position == expected, trial
+            assert {t: b.tolist() for t, b in check.present.items() if b.any()} == {
+                t: b.tolist() for t, b in before.items() if b.any()
+            }
+            break
+        assert check.reports == len(pairs)
+        for t in {t for _, t in pairs}:
+            marked = np.flatnonzero(check.present[t]).tolist()
+            assert marked == sorted({int(u[1:]) for u, s in pairs if s == t})
+
+
+def test_the_allocator_keeps_freed_memory_for_the_next_chunk():
+    """glibc: the thresholds are set (a fresh mapping per numpy temporary was most of the check's
+    time on the benchmark's machine); elsewhere nothing is changed and the answer is False."""
+    import platform
+
+    took = keep_freed_memory()
+    assert took is (platform.libc_ver()[0] == "glibc")
+    assert keep_freed_memory() is took  # once per process
+
+
+def _log_size(bootstrap: str, topic: str) -> int:
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        return sum(consumer.end_offsets(parts).values())
+    finally:
+        consumer.close()
+
+
+def test_the_producer_made_during_the_check_sends_the_file_and_a_refused_file_nothing(tmp_path):
+    """Real broker: ``upload_file`` makes its producer in a thread while the file is checked
+    (``EarlyProducer``); a refused file leaves the log as it was, a good one is acknowledged whole,
+    and ``send_upload`` takes a producer made that way."""
+    from pipeline.stream.kafka.topics import ensure_topics
+    from pipeline.stream.local.embedded import EmbeddedServices
+    from pipeline.upload import EarlyProducer, read_upload, send_upload, upload_file
+
+    users = [f"u{i}" for i in range(50)]
+    good, bad = tmp_path / "good.parquet", tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"user": users, "step": [1] * 50, "poverty": [1] * 50}), good)
+    pq.write_table(pa.table({"user": users + ["u7"], "step": [1] * 51, "poverty": [0] * 51}), bad)
+    with EmbeddedServices(broker_log=tmp_path / "broker.log") as svc:
+        bootstrap = svc.broker.bootstrap
+        dep = parse_config(dict(_config(50), broker=bootstrap, redis=svc.redis.url))
+        topic = ensure_topics(bootstrap, dep)["reports"]
+        with pytest.raises(ReportFileError, match="row 51: a second report for user 'u7'"):
+            upload_file(bad, dep, bootstrap)
+        assert _log_size(bootstrap, topic) == 0
+        sent = upload_file(good, dep, bootstrap)
+        assert sent.acknowledged == 50 and not sent.failed
+        messages = _log_size(bootstrap, topic)
+        assert 1 <= messages <= dep.topics.partitions
+        early = EarlyProducer(bootstrap, topic)
+        again = send_upload(read_upload(good, dep), bootstrap, topic, early=early)
+        assert again.acknowledged == 50 and _log_size(bootstrap, topic) == 2 * messages
