@@ -259,3 +259,25 @@ def test_a_chunks_ids_are_listed_in_message_order_as_json(ids):
     ]:
         text = b"".join(bytes(piece) for piece in listed.listed(int(start), int(stop)))
         assert json.loads(text) == ordered[start:stop]
+
+
+def test_the_messages_kept_by_the_check_are_the_same_built_in_its_thread_or_beside_it(
+    tmp_path, monkeypatch
+):
+    """The check builds each chunk's messages in its own thread on two cores and in a thread
+    beside it given a third: the same messages, in the same order (chunks of two steps)."""
+    import pipeline.upload as upload
+
+    users = [f"u{i}" for i in range(3000)]
+    steps = np.random.default_rng(4).integers(1, 3, 3000)
+    path = tmp_path / "two-steps.parquet"
+    pq.write_table(pa.table({"user": users, "step": steps, "poverty": [1] * 3000}), path)
+    dep = parse_config(_config(3000))
+    monkeypatch.setenv("DPSTREAM_UPLOAD_CHUNK_ROWS", "512")
+    made = {}
+    for cores in (2, 4):
+        monkeypatch.setattr(upload, "_cores", lambda cores=cores: cores)
+        whole = upload.read_upload(path, dep)
+        made[cores] = [(b.step, b.partition, b.index.tolist(), b.value) for b in whole.batches]
+        assert whole.kept_whole and len(whole.kept) == 6
+    assert made[2] == made[4] and len(made[2]) >= 2 * dep.topics.partitions
