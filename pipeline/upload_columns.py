@@ -115,8 +115,8 @@ def _tables(path: Path, kind: str, deployment) -> Iterator[pa.Table]:
                 buffer_size=1 << 20,
                 read_dictionary=[name for name in deployment.attributes if name in names],
             )
-            # decoded in this (the read-ahead) thread only: the check and the build threads use
-            # the other core; Arrow's pool would add threads on top (~8% longer, ~5% more CPU)
+            # decoded in this (the read-ahead) thread only: the check uses the other core;
+            # Arrow's pool would add threads on top (~8% longer, ~5% more CPU)
             for batch in parquet.iter_batches(batch_size=chunk_rows(), use_threads=False):
                 yield pa.Table.from_batches([batch])
             return
