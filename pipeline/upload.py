@@ -13,7 +13,8 @@ the next chunk is read ahead in a thread, :mod:`pipeline.read_ahead`):
    first report's position and the bitmap of the users reported (what ``produce`` compares with
    the steps the workers accept now, and ``--dry-run`` with what they hold); and each checked
    chunk's batch messages for the partitions that own its users (:mod:`pipeline.upload_messages`,
-   built in a thread beside the check) while they fit in ``DPSTREAM_UPLOAD_KEEP_MB``.
+   built after each chunk's check, in a thread beside it given a third core) while they fit in
+   ``DPSTREAM_UPLOAD_KEEP_MB``.
 2. **Send** (:func:`send_upload`): the kept messages are handed to the producer: what is sent is
    what was checked. When they did not all fit, the file is read again: the first chunks' kept
    messages are sent as they are and each later chunk's are built and handed to the producer, whose sender thread ships them while the next chunk is read
