@@ -38,6 +38,8 @@ class Problem:
 
 def stateless_problem(chunk: Columns, horizon: int) -> Problem | None:
     """The first report with a step outside the horizon, a value outside its domain or no value."""
+    if _all_pass(chunk, horizon):  # the usual chunk: a few reductions, no mask per rule
+        return None
     steps = chunk.steps
     bad = {"step": (steps < 1) | (steps > horizon)}
     present, outside = np.zeros(steps.size, dtype=bool), np.zeros(steps.size, dtype=bool)
@@ -47,6 +49,19 @@ def stateless_problem(chunk: Columns, horizon: int) -> Problem | None:
         outside |= c == OUT_OF_DOMAIN
     bad["empty"] = ~present & ~outside
     return _first_of(chunk.start, bad)
+
+
+def _all_pass(chunk: Columns, horizon: int) -> bool:
+    """Whether no report of the chunk can break a stateless rule: every step in the horizon, no
+    code ``OUT_OF_DOMAIN`` (the lowest code) and one attribute reported by every report. False
+    does not mean a report breaks one (several attributes may share the reports' values)."""
+    steps = chunk.steps
+    if not steps.size:
+        return True
+    if steps.min() < 1 or steps.max() > horizon:
+        return False
+    lowest = [int(c.min()) for c in chunk.codes.values()]
+    return all(low > OUT_OF_DOMAIN for low in lowest) and any(low >= 0 for low in lowest)
 
 
 def _repeats_within(rows: np.ndarray, seen: np.ndarray) -> bool:

@@ -62,7 +62,7 @@ def chunk_messages(chunk: Columns, keep: np.ndarray, deployment) -> Iterator[Bat
     wide = start + len(chunk) >= 1 << 31  # positions held as int32 when they fit (kept: 4 bytes)
     positions: np.ndarray = (keep[order] if not whole else order) + start
     positions = positions.astype(np.int64 if wide else np.int32)
-    listed = _Listed(users, order, words.bytes)
+    listed = _Listed(users, order, words)
     per_message = _per_message(widest, codes, deployment)
     for lo, hi in pairwise(bounds):
         cuts = -(-(hi - lo) // per_message)  # messages of this group, of even sizes
@@ -111,13 +111,22 @@ class _Listed:
     the usual case) by ``","`` between an opening and a closing quote; otherwise each id is
     encoded by orjson and joined by ``,``. A message's list is then a slice of the joined bytes."""
 
-    def __init__(self, users: pa.Array, order: np.ndarray, ids: np.ndarray):
+    def __init__(self, users: pa.Array, order: np.ndarray, words: KeyWords):
+        ids = words.bytes
         data = ids.tobytes()  # searched by memchr: faster than numpy's three comparisons
         plain = b'"' not in data and b"\\" not in data and not (ids < 0x20).any()
-        users = users.take(int64s(order))
         if plain:
             self.open, separator, self.close = b'["', b'","', b'"]'
-        else:
+            self.gap = len(separator)
+            lengths = words.lengths[order]
+            joined = _joined_in_place(words, order, lengths, separator)
+            if joined is not None:
+                self.ends = np.zeros(order.size + 1, dtype=np.int64)
+                np.cumsum(lengths, out=self.ends[1:])
+                self.joined = joined.data  # a memoryview of the bytes
+                return
+        users = users.take(int64s(order))
+        if not plain:
             users = strings([orjson.dumps(u) for u in users.to_pylist()])
             self.open, separator, self.close = b"[", b",", b"]"
         self.gap = len(separator)
@@ -136,6 +145,25 @@ class _Listed:
         ends, gap = self.ends, self.gap
         begin, end = int(ends[start]) + gap * start, int(ends[stop]) + gap * (stop - 1)
         return [self.open, self.joined[begin:end], self.close]
+
+
+def _joined_in_place(
+    words: KeyWords, order: np.ndarray, lengths: np.ndarray, separator: bytes
+) -> np.ndarray | None:
+    """The ids in ``order``, each followed by ``separator``, as one byte array, when they are all
+    of one length (fixed-width ids; a chunk of consecutive numbers): a row per id, its bytes
+    taken as one item each and the separator written in its columns (~1.5 ms for 2^17 ids of 7
+    bytes, against ~2.5-3 ms for Arrow's take and join of the strings). None for ids of several
+    lengths (Arrow joins them)."""
+    width = words.longest
+    if not words.uniform or width == 0:
+        return None
+    items = words.bytes.view(np.dtype((np.void, width)))  # id k: item k
+    rows = np.empty((order.size, width + len(separator)), dtype=np.uint8)
+    rows[:, :width].view(items.dtype)[:, 0] = np.take(items, order)
+    for column, byte in enumerate(separator, start=width):
+        rows[:, column] = byte
+    return rows.reshape(-1)
 
 
 def _messages(

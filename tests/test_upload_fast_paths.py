@@ -229,3 +229,55 @@ def test_the_producer_made_during_the_check_sends_the_file_and_a_refused_file_no
         early = EarlyProducer(bootstrap, topic)
         again = send_upload(read_upload(good, dep), bootstrap, topic, early=early)
         assert again.acknowledged == 50 and _log_size(bootstrap, topic) == 2 * messages
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        [f"u{i}" for i in range(100_000, 103_000)],  # one length: the ids joined as rows
+        ["abcd", "wxyz", "ab\u00e9", "\U0001f600"] * 50,  # one length in bytes, 4: one word each
+        [f"u{i}" for i in range(99_000, 101_000)],  # several lengths: Arrow joins them
+        ['a"b', "c\\d", "e\nf", "ghi"] * 20,  # to be escaped: each encoded by orjson
+    ],
+)
+def test_a_chunks_ids_are_listed_in_message_order_as_json(ids):
+    """Every slice of the ids listed for messages is the JSON list of those ids, in the order
+    given, whether the chunk's ids are of one length or several, plain or to be escaped, and
+    when the string array is a slice of a longer one."""
+    import json
+
+    from pipeline.key_words import KeyWords
+    from pipeline.upload_messages import _Listed
+
+    users = strings(["pad"] * 3 + ids).slice(3)
+    order = np.random.default_rng(2).permutation(len(ids))
+    listed = _Listed(users, order, KeyWords(*string_buffers(users)))
+    ordered = [ids[i] for i in order]
+    rng = np.random.default_rng(3)
+    for start, stop in [(0, len(ids)), (0, 1), (len(ids) - 1, len(ids))] + [
+        tuple(sorted(rng.choice(len(ids) + 1, 2, replace=False))) for _ in range(20)
+    ]:
+        text = b"".join(bytes(piece) for piece in listed.listed(int(start), int(stop)))
+        assert json.loads(text) == ordered[start:stop]
+
+
+def test_the_messages_kept_by_the_check_are_the_same_built_in_its_thread_or_beside_it(
+    tmp_path, monkeypatch
+):
+    """The check builds each chunk's messages in its own thread on two cores and in a thread
+    beside it given a third: the same messages, in the same order (chunks of two steps)."""
+    import pipeline.upload as upload
+
+    users = [f"u{i}" for i in range(3000)]
+    steps = np.random.default_rng(4).integers(1, 3, 3000)
+    path = tmp_path / "two-steps.parquet"
+    pq.write_table(pa.table({"user": users, "step": steps, "poverty": [1] * 3000}), path)
+    dep = parse_config(_config(3000))
+    monkeypatch.setenv("DPSTREAM_UPLOAD_CHUNK_ROWS", "512")
+    made = {}
+    for cores in (2, 4):
+        monkeypatch.setattr(upload, "_cores", lambda cores=cores: cores)
+        whole = upload.read_upload(path, dep)
+        made[cores] = [(b.step, b.partition, b.index.tolist(), b.value) for b in whole.batches]
+        assert whole.kept_whole and len(whole.kept) == 6
+    assert made[2] == made[4] and len(made[2]) >= 2 * dep.topics.partitions
