@@ -160,8 +160,9 @@ class PanelStore:
         a = orjson.loads(value)
         self.alerts[(a["release"], int(a["step"]))] = a
 
-    def add_descriptor(self, value: bytes) -> None:
-        self.descriptor = orjson.loads(value)
+    def add_descriptor(self, value: bytes | None) -> None:
+        if value is not None:  # a tombstone deletes nothing a reader keeps
+            self.descriptor = orjson.loads(value)
 
     def _try_complete(self, release: str, step: int) -> None:
         panel = self._panel(release)

@@ -146,22 +146,12 @@ def close_verifier(descriptor: dict[str, Any]) -> CloseVerifier | None:
 
 
 def published(broker: str, topic: str, timeout: float = 30.0) -> dict[str, Any] | None:
-    """The last descriptor on ``topic`` (None when there is none; ValueError when it is not a
+    """The last descriptor on ``topic``, read as the analysts' commands read it
+    (:func:`pipeline.consumer.read_topics`; None when there is none; ValueError when it is not a
     JSON object)."""
-    import orjson
+    from pipeline.consumer import read_topics
 
-    from pipeline.consumer import read_to_end
-
-    last: list[bytes] = []
-
-    def keep(msg) -> None:
-        if msg.value is not None:
-            last[:] = [msg.value]
-
-    read_to_end(broker, [topic], keep, timeout=timeout)
-    if not last:
-        return None
-    document = orjson.loads(last[0])
-    if not isinstance(document, dict):
+    document = read_topics(broker, {"deployment": topic}, timeout=timeout).descriptor
+    if document is not None and not isinstance(document, dict):
         raise ValueError("the descriptor is not a JSON object")
     return document
