@@ -181,14 +181,13 @@ def _messages(
     parts = [b'{"columns":{"user":', *listed.listed(start, stop), b',"step":%d' % step]
     for name, c in codes.items():
         chunk = c[start:stop]
-        if complete[name]:
-            text = orjson.dumps(chunk, option=orjson.OPT_SERIALIZE_NUMPY)
-        elif (chunk < 0).all():
+        missing = None if complete[name] else chunk < 0
+        if missing is not None and missing.all():
             continue
-        elif (chunk < 0).any():
+        if missing is not None and missing.any():
             # null: not reported (the typed decoder then leaves it to the reference path)
             cells = chunk.astype(object)
-            cells[chunk < 0] = None
+            cells[missing] = None
             text = orjson.dumps(cells.tolist())
         else:
             text = orjson.dumps(chunk, option=orjson.OPT_SERIALIZE_NUMPY)
