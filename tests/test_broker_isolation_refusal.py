@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.stream.local.leftovers import process_environ
 from support.cli import deployment  # noqa: F401 - a fixture
 
 CLI = [sys.executable, "-m", "pipeline.cli"]
@@ -72,10 +73,10 @@ def up_without_namespaces(path: Path, tmp_path: Path, *flags: str) -> list[str]:
 def leftovers(mark: str) -> list[int]:
     """Pids of processes carrying ``RUN_MARK=mark`` in their environment."""
     found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
+    for entry in Path("/proc").glob("[0-9]*"):
         try:
-            if f"{RUN_MARK}={mark}".encode() in environ.read_bytes().split(b"\0"):
-                found.append(int(environ.parent.name))
+            if f"{RUN_MARK}={mark}".encode() in process_environ(int(entry.name)):
+                found.append(int(entry.name))
         except OSError:
             continue
     return found

@@ -18,14 +18,6 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from jobs.eval.testbed import binary_panel, write_panel_deployment
 from pipeline.config import load_config
-from pipeline.stream.control.signing_keys import (
-    CONTROL_KEY_ENV,
-    CONTROL_PUBLIC_KEY_ENV,
-    DEADLINE_KEY_ENV,
-    DEADLINE_PUBLIC_KEY_ENV,
-    ensure_keys,
-    load_private,
-)
 from pipeline.stream.control.signatures import (
     CloseCommand,
     CloseSigner,
@@ -34,12 +26,20 @@ from pipeline.stream.control.signatures import (
     Unverified,
     deployment_fingerprint,
 )
+from pipeline.stream.control.signing_keys import (
+    CONTROL_KEY_ENV,
+    CONTROL_PUBLIC_KEY_ENV,
+    DEADLINE_KEY_ENV,
+    DEADLINE_PUBLIC_KEY_ENV,
+    ensure_keys,
+    load_private,
+)
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.kafka.messages import CONTROL_HEADER
-from pipeline.stream.kafka.report_producer import ReportProducer
 from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
+from pipeline.stream.local.leftovers import process_environ
 from pipeline.stream.state.store import StateStore
 
 N, T, PARTITIONS = 400, 3, 2
@@ -181,12 +181,8 @@ def test_stream_processes_get_public_keys_only(services, tmp_path):
         for f in (keys.curator.private, keys.deadline.private):
             assert f.stat().st_mode & 0o777 == 0o600, f
         assert keys.directory.stat().st_mode & 0o777 == 0o700
-        environ = {
-            name: dict(
-                kv.split("=", 1)
-                for kv in open(f"/proc/{proc.pid}/environ").read().split("\0")
-                if kv
-            )
+        environ = {  # reread while a just-spawned process is mid-exec (its environment reads empty)
+            name: dict(kv.decode().split("=", 1) for kv in process_environ(proc.pid))
             for name, proc in cluster.procs.items()
         }
         for name, env in environ.items():

@@ -7,8 +7,10 @@ process exists. Every process it starts — the broker, its object store, Redis 
 process's initial environment (``/proc/<pid>/environ``) cannot be changed by anyone but itself. So
 the next `up` and `down` find every leftover of a killed `up` by its tag, whether or not the killed
 `up` lived long enough to record its pid, and however soon after its spawn it was killed (a command
-line read from ``/proc`` right after a spawn is often still empty, or still the parent's). A pid
-reused by an unrelated process does not carry the tag and is never signalled.
+line read from ``/proc`` right after a spawn is often still empty, or still the parent's). While a
+process is inside ``exec`` its environment reads as empty for a moment (the kernel has its new memory
+but has not yet placed the environment in it), so an empty read is read again before it counts. A
+pid reused by an unrelated process does not carry the tag and is never signalled.
 
 Each process leads its own session (``start_new_session``), so stopping one stops its process group:
 SIGTERM, then SIGKILL after the grace period.
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from pipeline.stream.local.embedded import pid_alive
 
-__all__ = ["SUPERVISOR_ENV", "new_tag", "tagged_processes", "stop_tagged"]
+__all__ = ["SUPERVISOR_ENV", "new_tag", "process_environ", "tagged_processes", "stop_tagged"]
 
 SUPERVISOR_ENV = "DPSTREAM_SUPERVISOR"
 
@@ -32,6 +34,32 @@ SUPERVISOR_ENV = "DPSTREAM_SUPERVISOR"
 def new_tag(deployment: str) -> str:
     """A tag for one run of `up` (put it in ``os.environ[SUPERVISOR_ENV]`` before starting anything)."""
     return f"{deployment}:{os.getpid()}:{secrets.token_hex(8)}"
+
+
+# Rereads of an empty environment: a process mid-exec shows one for microseconds to milliseconds
+# (longer on a loaded machine). Kernel threads and zombies have none for good and are not reread.
+_EMPTY_REREADS = (0.002, 0.02, 0.1, 0.3)
+_PF_KTHREAD = 0x00200000  # include/linux/sched.h
+
+
+def _never_has_environ(pid: int) -> bool:
+    """Whether ``pid`` is a kernel thread or a zombie (no memory, so no environment to wait for)."""
+    fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+    return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & _PF_KTHREAD)
+
+
+def process_environ(pid: int) -> list[bytes]:
+    """The initial environment of ``pid`` as ``NAME=value`` entries, read again while it reads as
+    empty (the process may be inside ``exec``); raises OSError when the process is gone or not
+    ours to read."""
+    path = Path(f"/proc/{pid}/environ")
+    raw = path.read_bytes()
+    for pause in _EMPTY_REREADS:
+        if raw or _never_has_environ(pid):
+            break
+        time.sleep(pause)
+        raw = path.read_bytes()
+    return [entry for entry in raw.split(b"\0") if entry]
 
 
 def tagged_processes(tag: str) -> dict[int, str]:
@@ -42,7 +70,7 @@ def tagged_processes(tag: str) -> dict[int, str]:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if wanted not in (entry / "environ").read_bytes().split(b"\0"):
+            if wanted not in process_environ(int(entry.name)):
                 continue
             cmdline = (
                 (entry / "cmdline")
