@@ -39,6 +39,7 @@ replaces the one the workers hold for its (user, step) while that step is open (
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -448,38 +449,75 @@ def batch_producer(bootstrap: str):
 
 
 class EarlyProducer:
-    """The upload's producer made in a thread while the file is checked: the client's creation
-    (connection, the broker's versions) and the topic's metadata take tens of milliseconds of
-    waiting on the broker, which then overlap the check instead of delaying the first send.
-    Nothing is sent before :func:`send_upload` is given it; :meth:`close` when the check fails."""
+    """The upload's producer made in a thread while the file is checked: the topic's check, the
+    client's creation (connection, the broker's versions) and the topic's metadata take tens of
+    milliseconds of waiting on the broker, which then overlap the check instead of delaying the
+    first send. Nothing is sent before :func:`send_upload` is given it.
 
-    def __init__(self, bootstrap: str, topic: str):
-        from concurrent.futures import ThreadPoolExecutor
+    The topic is checked first (:func:`pipeline.producer.require_topic`: the broker's topics
+    listed, which creates none): the producer's own metadata request names the topic, and the
+    embedded broker creates a topic so named that it does not have. A missing topic is
+    :class:`pipeline.producer.TopicMissing`, raised by :meth:`get`, and no producer is made.
 
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload-producer")
-        self._made = pool.submit(self._make, bootstrap, topic)
-        pool.shutdown(wait=False)
+    A daemon thread: a process that stops early (a refused file, Ctrl-C) neither waits for a
+    broker that does not answer nor leaves a producer open (:meth:`close` closes it when made)."""
 
-    @staticmethod
-    def _make(bootstrap: str, topic: str):
-        producer = batch_producer(bootstrap)
+    def __init__(self, bootstrap: str, topic: str, deployment_name: str | None = None):
+        self._lock = threading.Lock()
+        self._made = threading.Event()
+        self._producer: Any = None
+        self._error: BaseException | None = None
+        self._closed = False  # closed before it was made: the thread closes it
+        self._taken = False  # handed to the send, which closes it
+        threading.Thread(
+            target=self._make,
+            args=(bootstrap, topic, deployment_name),
+            name="upload-producer",
+            daemon=True,
+        ).start()
+
+    def _make(self, bootstrap: str, topic: str, deployment_name: str | None) -> None:
+        from pipeline.producer import require_topic
+
+        producer = None
         try:
-            producer.partitions_for(topic)  # the metadata the first send would wait for
-        except Exception:  # noqa: BLE001 - the send then fetches it and reports what fails
-            pass
-        return producer
+            require_topic(bootstrap, topic, deployment_name)
+            producer = batch_producer(bootstrap)
+            try:
+                producer.partitions_for(topic)  # the metadata the first send would wait for
+            except Exception:  # noqa: BLE001 - the send then fetches it and reports what fails
+                pass
+        except BaseException as err:  # noqa: BLE001 - raised by get()
+            self._error = err
+        with self._lock:
+            self._producer = producer
+            self._made.set()
+            late = self._closed
+        if late and producer is not None:
+            producer.close()
+
+    def wait(self) -> None:
+        """Until the producer is made; :class:`pipeline.producer.TopicMissing` or an error making
+        it is raised here."""
+        self._made.wait()
+        if self._error is not None:
+            raise self._error
 
     def get(self):
-        """The producer (an error making it is raised here)."""
-        return self._made.result()
+        """The producer, once made (:meth:`wait`), handed to the caller, which closes it."""
+        self.wait()
+        self._taken = True
+        return self._producer
 
     def close(self) -> None:
-        """Close the producer, once made (an error making it is dropped: nothing was sent)."""
-        try:
-            producer = self._made.result()
-        except Exception:  # noqa: BLE001 - no producer: nothing to close
-            return
-        producer.close()
+        """Close the producer unless :meth:`get` handed it out; not made yet: the thread closes
+        it when it is (nothing waited for)."""
+        with self._lock:
+            self._closed = True
+            producer = self._producer if self._made.is_set() and not self._taken else None
+            self._producer = None if producer is not None else self._producer
+        if producer is not None:
+            producer.close()
 
     def __enter__(self) -> EarlyProducer:
         return self
@@ -510,7 +548,8 @@ def send_upload(
     acknowledgements; the result counts reports (a message's reports are acknowledged together)
     and a failure names the position in the file of the message's first report. ``replace``:
     each message carries the correction header. :class:`UploadStopped` if the file changed since
-    its check. ``early``: the producer made while the file was checked (closed here)."""
+    its check. ``early``: the producer made while the file was checked (closed here; its
+    :class:`pipeline.producer.TopicMissing` raised here, nothing sent)."""
     producer = early.get() if early is not None else batch_producer(bootstrap)
     headers = [(REPLACE_HEADER, b"1")] if replace else None
     receipt = Receipt(topic)
@@ -561,12 +600,14 @@ def upload_file(
     progress: Callable[[int, int], None] | None = None,
 ) -> SendResult:
     """Check and send a report file (``step``: only that step's reports); raises
-    :class:`ReportFileError` with nothing sent when a report would be rejected. The producer is
-    made while the file is checked (:class:`EarlyProducer`)."""
+    :class:`ReportFileError` with nothing sent when a report would be rejected, and
+    :class:`pipeline.producer.TopicMissing` (nothing sent, no topic made) when the deployment's
+    reports topic does not exist. The producer is made while the file is checked
+    (:class:`EarlyProducer`)."""
     from pipeline.stream.kafka.topics import topic_names
 
     topic = topic_names(deployment)["reports"]
-    early = EarlyProducer(bootstrap, topic)
+    early = EarlyProducer(bootstrap, topic, deployment.name)
     try:
         upload = read_upload(path, deployment, roster)
     except BaseException:
