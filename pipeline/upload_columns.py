@@ -238,7 +238,8 @@ def _codes(attribute, column, csv_cells: bool) -> np.ndarray:
         return np.full(len(arr), MISSING, dtype=np.int64)
     if pa.types.is_dictionary(t):  # each distinct value coded once
         coded = _codes(attribute, arr.dictionary, csv_cells)
-        out = coded[values_of(_filled(arr.indices, 0))] if coded.size else _outside(len(arr))
+        # np.take, not fancy indexing: its gather is ~2x faster
+        out = coded.take(values_of(_filled(arr.indices, 0))) if coded.size else _outside(len(arr))
         if arr.null_count:
             out[~valid_of(arr)] = MISSING
         return out
