@@ -43,6 +43,7 @@ __all__ = [
     "SendResult",
     "progress_printer",
     "require_topic",
+    "topic_missing",
     "SEND_WINDOW",
 ]
 
@@ -78,11 +79,15 @@ def require_topic(bootstrap: str, topic: str, deployment_name: str | None = None
     finally:
         admin.close()
     if topic not in topics:
-        whose = f"the deployment {deployment_name!r}" if deployment_name else "its deployment"
-        raise TopicMissing(
-            f"topic {topic!r} does not exist on {bootstrap}: is {whose} up (its topics are "
-            "created at start), and is the name right? nothing sent"
-        )
+        raise topic_missing(bootstrap, topic, deployment_name)
+
+
+def topic_missing(bootstrap: str, topic: str, deployment_name: str | None = None) -> TopicMissing:
+    whose = f"the deployment {deployment_name!r}" if deployment_name else "its deployment"
+    return TopicMissing(
+        f"topic {topic!r} does not exist on {bootstrap}: is {whose} up (its topics are "
+        "created at start), and is the name right? nothing sent"
+    )
 
 
 @dataclass

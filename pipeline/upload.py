@@ -454,10 +454,11 @@ class EarlyProducer:
     milliseconds of waiting on the broker, which then overlap the check instead of delaying the
     first send. Nothing is sent before :func:`send_upload` is given it.
 
-    The topic is checked first (:func:`pipeline.producer.require_topic`: the broker's topics
-    listed, which creates none): the producer's own metadata request names the topic, and the
-    embedded broker creates a topic so named that it does not have. A missing topic is
-    :class:`pipeline.producer.TopicMissing`, raised by :meth:`get`, and no producer is made.
+    The topic is checked before any request names it: the producer's first metadata request
+    asks for all topics (:func:`_topics_listed_by`, which creates none; else
+    :func:`pipeline.producer.require_topic`), since the embedded broker creates a topic that a
+    request names and it does not have. A missing topic is
+    :class:`pipeline.producer.TopicMissing`, raised by :meth:`get`, and the producer is closed.
 
     A daemon thread: a process that stops early (a refused file, Ctrl-C) neither waits for a
     broker that does not answer nor leaves a producer open (:meth:`close` closes it when made)."""
@@ -477,18 +478,25 @@ class EarlyProducer:
         ).start()
 
     def _make(self, bootstrap: str, topic: str, deployment_name: str | None) -> None:
-        from pipeline.producer import require_topic
+        from pipeline.producer import require_topic, topic_missing
 
         producer = None
         try:
-            require_topic(bootstrap, topic, deployment_name)
-            producer = batch_producer(bootstrap)
+            producer = batch_producer(bootstrap)  # names no topic
+            listed = _topics_listed_by(producer)
+            if listed is None:  # a kafka-python without those internals: a client of its own
+                require_topic(bootstrap, topic, deployment_name)
+            elif topic not in listed:
+                raise topic_missing(bootstrap, topic, deployment_name)
             try:
                 producer.partitions_for(topic)  # the metadata the first send would wait for
             except Exception:  # noqa: BLE001 - the send then fetches it and reports what fails
                 pass
         except BaseException as err:  # noqa: BLE001 - raised by get()
             self._error = err
+            if producer is not None:
+                producer.close()
+                producer = None
         with self._lock:
             self._producer = producer
             self._made.set()
@@ -524,6 +532,38 @@ class EarlyProducer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _topics_listed_by(producer, timeout: float = 30.0) -> set[str] | None:
+    """The broker's topics, asked for by the producer's own connection (a metadata request for
+    all topics, which creates none; its answer also holds the partitions the first send needs),
+    or None when this kafka-python's producer has no cluster metadata to ask with. A second
+    client for this (``require_topic``'s admin client) costs ~10 ms of the check pass's time on
+    two cores: its first use loads its protocol and it runs beside the check."""
+    metadata: Any = getattr(producer, "_metadata", None)
+    sender: Any = getattr(producer, "_sender", None)
+    if not (hasattr(metadata, "need_all_topic_metadata") and hasattr(metadata, "topics")):
+        return None
+    if not (hasattr(metadata, "request_update") and hasattr(sender, "wakeup")):
+        return None
+    metadata.need_all_topic_metadata = True  # the next requests ask for every topic
+    try:
+        # a request already in flight may ask for no topic: the second answer is to one for all
+        for _ in range(2):
+            answered = threading.Event()
+            future = metadata.request_update()
+            future.add_both(lambda event, *_: event.set(), answered)
+            sender.wakeup()
+            if not answered.wait(timeout):
+                raise TimeoutError(f"the broker's topics were not listed within {timeout:g} s")
+            if future.failed():
+                raise future.exception
+            topics = set(metadata.topics())
+            if topics:
+                return topics
+        return topics
+    finally:
+        metadata.need_all_topic_metadata = False
 
 
 @dataclass

@@ -91,6 +91,17 @@ def test_the_early_producer_refuses_a_missing_topic_and_creates_none(services):
     assert topic not in _topics(bootstrap)
 
 
+def test_require_topic_refuses_a_missing_topic_and_creates_none(services):
+    """The check of `produce --simulate`, `--dry-run` and `ReportSender.check_topic` (and of the
+    early producer on a kafka-python without the internals it lists topics with)."""
+    from pipeline.producer import require_topic
+
+    bootstrap = services.broker.bootstrap
+    with pytest.raises(TopicMissing, match="'dpstream.nobody2.reports' does not exist.*'nobody2'"):
+        require_topic(bootstrap, "dpstream.nobody2.reports", "nobody2")
+    assert "dpstream.nobody2.reports" not in _topics(bootstrap)
+
+
 def test_upload_file_to_a_missing_topic_sends_nothing_and_makes_no_topic(services, tmp_path):
     from pipeline.stream.kafka.topics import topic_names
     from pipeline.upload import upload_file
