@@ -150,3 +150,33 @@ def test_produce_to_a_missing_reports_topic_sends_nothing_and_makes_no_topic(
     assert f"'dpstream.{name}.reports' does not exist" in run.stderr, run.stderr
     assert "nothing sent" in run.stderr
     assert not {t for t in _topics(services.broker.bootstrap) if name in t}
+
+
+def test_produce_with_a_broker_that_does_not_answer_says_so_at_once(tmp_path):
+    """The producer made during the check waits for its bootstrap's timeout (30 s) when nothing
+    answers; produce does not wait for it: one line, exit 1, as before the early producer."""
+    from pipeline.stream.local.embedded import free_port
+
+    dead = f"127.0.0.1:{free_port()}"
+    config = {
+        "name": "dead-broker",
+        "broker": dead,
+        "redis": f"redis://{dead}/0",
+        "roster": {"size": 50},
+        "horizon": 4,
+        "topics": {"partitions": 2},
+        "attributes": {"poverty": {"type": "binary"}},
+        "budget": {"rho": 1.0},
+        "releases": [{"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 1.0}],
+    }
+    path = tmp_path / "dead.yaml"
+    path.write_text(yaml.safe_dump(config))
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "produce", "--config", str(path),
+         "--parquet", _file(tmp_path), "--no-wait"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == EXIT_RUNTIME, (run.stdout, run.stderr)
+    assert "broker unreachable" in run.stderr and "Connection refused" in run.stderr, run.stderr
+    assert time.monotonic() - started < 15

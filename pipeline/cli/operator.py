@@ -144,12 +144,19 @@ def _missing_topic(deployment: Deployment, early) -> str | None:
     from pipeline.producer import TopicMissing, require_topic
     from pipeline.stream.kafka.topics import topic_names
 
+    # the broker and Redis answer (else one line and exit at once, as before: the early
+    # producer's client would wait for its bootstrap's timeout)
+    broker, _ = _endpoints(deployment)
     try:
         if early is not None:
-            early.wait()
-        else:
-            broker, _ = _endpoints(deployment)
-            require_topic(broker, topic_names(deployment)["reports"], deployment.name)
+            try:
+                early.wait()
+                return None
+            except TopicMissing:
+                raise
+            except Exception:  # noqa: BLE001 - asked again below, by a client of its own
+                pass
+        require_topic(broker, topic_names(deployment)["reports"], deployment.name)
     except TopicMissing as err:
         return str(err)
     return None
