@@ -135,12 +135,13 @@ def _early_producer(deployment: Deployment, closing: contextlib.ExitStack):
     return early
 
 
-def _missing_topic(deployment: Deployment, early) -> str | None:
-    """Why nothing can be sent when the reports topic does not exist (None: it does), checked
-    before anything names it: the workers' counts read the topic, and a client naming a missing
-    topic makes the embedded broker create it (pipeline.producer.require_topic); reports sent
-    then would go to a topic no worker reads. ``early``: the producer made while the file was
-    checked, which checked the topic first."""
+def _missing_topic(deployment: Deployment, early) -> tuple[str | None, Any]:
+    """(why nothing can be sent when the reports topic does not exist, None when it does; the
+    early producer, None when making it failed), checked before anything names the topic: the
+    workers' counts read it, and a client naming a missing topic makes the embedded broker
+    create it (pipeline.producer.require_topic); reports sent then would go to a topic no
+    worker reads. ``early``: the producer made while the file was checked, which checked the
+    topic first."""
     from pipeline.producer import TopicMissing, require_topic
     from pipeline.stream.kafka.topics import topic_names
 
@@ -151,15 +152,15 @@ def _missing_topic(deployment: Deployment, early) -> str | None:
         if early is not None:
             try:
                 early.wait()
-                return None
+                return None, early
             except TopicMissing:
                 raise
             except Exception:  # noqa: BLE001 - asked again below, by a client of its own
-                pass
+                early = None
         require_topic(broker, topic_names(deployment)["reports"], deployment.name)
     except TopicMissing as err:
-        return str(err)
-    return None
+        return str(err), None
+    return None, early
 
 
 def _produce(args, stage: list[str], closing: contextlib.ExitStack) -> int:
@@ -206,10 +207,10 @@ def _produce(args, stage: list[str], closing: contextlib.ExitStack) -> int:
         except ReportFileError as err:
             return _fail(EXIT_CONFIG, f"nothing sent: {err}")
     stage[0] = "checking the reports topic"
-    missing = _missing_topic(deployment, early)
+    missing, early = _missing_topic(deployment, early)
     if missing is not None:
         return _fail(EXIT_RUNTIME, missing)
-    if early is None and path and not args.dry_run:  # the broker is known now
+    if early is None and path and not args.dry_run:  # the broker is known now, or it failed
         early = _early_producer(deployment, closing)
     stage[0] = "waiting for the workers' counts"
     _, view = _intake(deployment, wait=args.wait)
@@ -308,7 +309,7 @@ def _send_file(deployment: Deployment, found, args, view, stage: list[str], earl
     from pipeline.cli.verdict import held_conflicts, mark_dead_letters
     from pipeline.producer import TopicMissing, progress_printer
     from pipeline.stream.kafka.topics import topic_names
-    from pipeline.upload import UploadStopped, send_upload
+    from pipeline.upload import EarlyProducer, UploadStopped, send_upload
 
     steps = ", ".join(map(str, sorted(found.steps())))
     plural = "s" if len(found.steps()) > 1 else ""
@@ -321,6 +322,8 @@ def _send_file(deployment: Deployment, found, args, view, stage: list[str], earl
         print(f"WARNING: {line}", file=sys.stderr)
     broker, _ = _endpoints(deployment)
     topic = topic_names(deployment)["reports"]
+    if early is None:  # the broker's address was not known without a word (not expected here)
+        early = EarlyProducer(broker, topic, deployment.name)
     try:
         early.wait()  # the topic exists (checked before any client named it)
     except TopicMissing as err:
