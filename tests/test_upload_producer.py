@@ -32,11 +32,11 @@ def _topics(bootstrap: str) -> set[str]:
         admin.close()
 
 
-def _config(services) -> dict:
+def _config(services=None, broker: str = "", redis: str = "") -> dict:
     return {
         "name": "early-producer",
-        "broker": services.broker.bootstrap,
-        "redis": services.redis.url,
+        "broker": services.broker.bootstrap if services else broker,
+        "redis": services.redis.url if services else redis,
         "roster": {"size": 50},
         "horizon": 4,
         "topics": {"partitions": 2},
@@ -158,17 +158,7 @@ def test_produce_with_a_broker_that_does_not_answer_says_so_at_once(tmp_path):
     from pipeline.stream.local.embedded import free_port
 
     dead = f"127.0.0.1:{free_port()}"
-    config = {
-        "name": "dead-broker",
-        "broker": dead,
-        "redis": f"redis://{dead}/0",
-        "roster": {"size": 50},
-        "horizon": 4,
-        "topics": {"partitions": 2},
-        "attributes": {"poverty": {"type": "binary"}},
-        "budget": {"rho": 1.0},
-        "releases": [{"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 1.0}],
-    }
+    config = dict(_config(broker=dead, redis=f"redis://{dead}/0"), name="dead-broker")
     path = tmp_path / "dead.yaml"
     path.write_text(yaml.safe_dump(config))
     started = time.monotonic()
