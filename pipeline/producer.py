@@ -42,6 +42,8 @@ __all__ = [
     "TopicMissing",
     "SendResult",
     "progress_printer",
+    "require_topic",
+    "topic_missing",
     "SEND_WINDOW",
 ]
 
@@ -58,6 +60,34 @@ class ReportRejected(ValueError):
 
 class TopicMissing(RuntimeError):
     """The deployment's reports topic does not exist on the broker (a typo, or the deployment is not up)."""
+
+
+def require_topic(bootstrap: str, topic: str, deployment_name: str | None = None) -> None:
+    """:class:`TopicMissing` unless ``topic`` exists on the broker. The broker's topics are listed (a
+    metadata request for all topics, which creates none) before any client names the topic: a
+    metadata request naming a missing topic makes the embedded broker (Tansu) create it, whatever
+    the request's ``allow_auto_topic_creation`` says, and a producer sends one before its first
+    send; the reports would go to a new topic no worker reads (docs/topics.md, "topics are
+    created on first use"; tests/test_upload_producer.py)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap, **kafka_security(), client_id="dpstream-produce"
+    )
+    try:
+        topics = set(admin.list_topics())
+    finally:
+        admin.close()
+    if topic not in topics:
+        raise topic_missing(bootstrap, topic, deployment_name)
+
+
+def topic_missing(bootstrap: str, topic: str, deployment_name: str | None = None) -> TopicMissing:
+    whose = f"the deployment {deployment_name!r}" if deployment_name else "its deployment"
+    return TopicMissing(
+        f"topic {topic!r} does not exist on {bootstrap}: is {whose} up (its topics are "
+        "created at start), and is the name right? nothing sent"
+    )
 
 
 @dataclass
@@ -114,22 +144,8 @@ class ReportSender:
         )  # an interrupt waits for nothing more
 
     def check_topic(self) -> None:
-        """TopicMissing unless the reports topic exists. Lists the broker's topics (a metadata request for
-        all topics, which creates none): producing to a missing topic would let a broker that auto-creates
-        topics make a new, unread one and the reports would vanish."""
-        from kafka import KafkaConsumer
-
-        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, **kafka_security())
-        try:
-            topics = consumer.topics()
-        finally:
-            consumer.close()
-        if self.topic not in topics:
-            raise TopicMissing(
-                f"topic {self.topic!r} does not exist on {self.bootstrap}: is the deployment "
-                f"{self.deployment.name!r} up (its topics are created at start), and is the name right? "
-                "nothing sent"
-            )
+        """TopicMissing unless the reports topic exists (:func:`require_topic`)."""
+        require_topic(self.bootstrap, self.topic, self.deployment.name)
 
     def validate(self, reports: list[dict]) -> None:
         """ReportRejected for the first report the workers' parser would reject (stateless checks: format,

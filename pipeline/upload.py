@@ -39,6 +39,7 @@ replaces the one the workers hold for its (user, step) while that step is open (
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -448,44 +449,121 @@ def batch_producer(bootstrap: str):
 
 
 class EarlyProducer:
-    """The upload's producer made in a thread while the file is checked: the client's creation
-    (connection, the broker's versions) and the topic's metadata take tens of milliseconds of
-    waiting on the broker, which then overlap the check instead of delaying the first send.
-    Nothing is sent before :func:`send_upload` is given it; :meth:`close` when the check fails."""
+    """The upload's producer made in a thread while the file is checked: the topic's check, the
+    client's creation (connection, the broker's versions) and the topic's metadata take tens of
+    milliseconds of waiting on the broker, which then overlap the check instead of delaying the
+    first send. Nothing is sent before :func:`send_upload` is given it.
 
-    def __init__(self, bootstrap: str, topic: str):
-        from concurrent.futures import ThreadPoolExecutor
+    The topic is checked before any request names it: the producer's first metadata request
+    asks for all topics (:func:`_topics_listed_by`, which creates none; else
+    :func:`pipeline.producer.require_topic`), since the embedded broker creates a topic that a
+    request names and it does not have. A missing topic is
+    :class:`pipeline.producer.TopicMissing`, raised by :meth:`get`, and the producer is closed.
 
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload-producer")
-        self._made = pool.submit(self._make, bootstrap, topic)
-        pool.shutdown(wait=False)
+    A daemon thread: a process that stops early (a refused file, Ctrl-C) neither waits for a
+    broker that does not answer nor leaves a producer open (:meth:`close` closes it when made)."""
 
-    @staticmethod
-    def _make(bootstrap: str, topic: str):
-        producer = batch_producer(bootstrap)
+    def __init__(self, bootstrap: str, topic: str, deployment_name: str | None = None):
+        self._lock = threading.Lock()
+        self._made = threading.Event()
+        self._producer: Any = None
+        self._error: BaseException | None = None
+        self._closed = False  # closed before it was made: the thread closes it
+        self._taken = False  # handed to the send, which closes it
+        threading.Thread(
+            target=self._make,
+            args=(bootstrap, topic, deployment_name),
+            name="upload-producer",
+            daemon=True,
+        ).start()
+
+    def _make(self, bootstrap: str, topic: str, deployment_name: str | None) -> None:
+        from pipeline.producer import require_topic, topic_missing
+
+        producer = None
         try:
-            producer.partitions_for(topic)  # the metadata the first send would wait for
-        except Exception:  # noqa: BLE001 - the send then fetches it and reports what fails
-            pass
-        return producer
+            producer = batch_producer(bootstrap)  # names no topic
+            listed = _topics_listed_by(producer)
+            if listed is None:  # a kafka-python without those internals: a client of its own
+                require_topic(bootstrap, topic, deployment_name)
+            elif topic not in listed:
+                raise topic_missing(bootstrap, topic, deployment_name)
+            try:
+                producer.partitions_for(topic)  # the metadata the first send would wait for
+            except Exception:  # noqa: BLE001 - the send then fetches it and reports what fails
+                pass
+        except BaseException as err:  # noqa: BLE001 - raised by get()
+            self._error = err
+            if producer is not None:
+                producer.close()
+                producer = None
+        with self._lock:
+            self._producer = producer
+            self._made.set()
+            late = self._closed
+        if late and producer is not None:
+            producer.close()
+
+    def wait(self) -> None:
+        """Until the producer is made; :class:`pipeline.producer.TopicMissing` or an error making
+        it is raised here."""
+        self._made.wait()
+        if self._error is not None:
+            raise self._error
 
     def get(self):
-        """The producer (an error making it is raised here)."""
-        return self._made.result()
+        """The producer, once made (:meth:`wait`), handed to the caller, which closes it."""
+        self.wait()
+        self._taken = True
+        return self._producer
 
     def close(self) -> None:
-        """Close the producer, once made (an error making it is dropped: nothing was sent)."""
-        try:
-            producer = self._made.result()
-        except Exception:  # noqa: BLE001 - no producer: nothing to close
-            return
-        producer.close()
+        """Close the producer unless :meth:`get` handed it out; not made yet: the thread closes
+        it when it is (nothing waited for)."""
+        with self._lock:
+            self._closed = True
+            producer = self._producer if self._made.is_set() and not self._taken else None
+            self._producer = None if producer is not None else self._producer
+        if producer is not None:
+            producer.close()
 
     def __enter__(self) -> EarlyProducer:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _topics_listed_by(producer, timeout: float = 30.0) -> set[str] | None:
+    """The broker's topics, asked for by the producer's own connection (a metadata request for
+    all topics, which creates none; its answer also holds the partitions the first send needs),
+    or None when this kafka-python's producer has no cluster metadata to ask with. A second
+    client for this (``require_topic``'s admin client) costs ~10 ms of the check pass's time on
+    two cores: its first use loads its protocol and it runs beside the check."""
+    metadata: Any = getattr(producer, "_metadata", None)
+    sender: Any = getattr(producer, "_sender", None)
+    if not (hasattr(metadata, "need_all_topic_metadata") and hasattr(metadata, "topics")):
+        return None
+    if not (hasattr(metadata, "request_update") and hasattr(sender, "wakeup")):
+        return None
+    metadata.need_all_topic_metadata = True  # the next requests ask for every topic
+    try:
+        # a request already in flight may ask for no topic: the second answer is to one for all
+        for _ in range(2):
+            answered = threading.Event()
+            future = metadata.request_update()
+            future.add_both(lambda event, *_: event.set(), answered)
+            sender.wakeup()
+            if not answered.wait(timeout):
+                raise TimeoutError(f"the broker's topics were not listed within {timeout:g} s")
+            if future.failed():
+                raise future.exception
+            topics = set(metadata.topics())
+            if topics:
+                return topics
+        return topics
+    finally:
+        metadata.need_all_topic_metadata = False
 
 
 @dataclass
@@ -510,7 +588,8 @@ def send_upload(
     acknowledgements; the result counts reports (a message's reports are acknowledged together)
     and a failure names the position in the file of the message's first report. ``replace``:
     each message carries the correction header. :class:`UploadStopped` if the file changed since
-    its check. ``early``: the producer made while the file was checked (closed here)."""
+    its check. ``early``: the producer made while the file was checked (closed here; its
+    :class:`pipeline.producer.TopicMissing` raised here, nothing sent)."""
     producer = early.get() if early is not None else batch_producer(bootstrap)
     headers = [(REPLACE_HEADER, b"1")] if replace else None
     receipt = Receipt(topic)
@@ -561,12 +640,14 @@ def upload_file(
     progress: Callable[[int, int], None] | None = None,
 ) -> SendResult:
     """Check and send a report file (``step``: only that step's reports); raises
-    :class:`ReportFileError` with nothing sent when a report would be rejected. The producer is
-    made while the file is checked (:class:`EarlyProducer`)."""
+    :class:`ReportFileError` with nothing sent when a report would be rejected, and
+    :class:`pipeline.producer.TopicMissing` (nothing sent, no topic made) when the deployment's
+    reports topic does not exist. The producer is made while the file is checked
+    (:class:`EarlyProducer`)."""
     from pipeline.stream.kafka.topics import topic_names
 
     topic = topic_names(deployment)["reports"]
-    early = EarlyProducer(bootstrap, topic)
+    early = EarlyProducer(bootstrap, topic, deployment.name)
     try:
         upload = read_upload(path, deployment, roster)
     except BaseException:

@@ -175,7 +175,7 @@ def _flattened(path: Path, kind: str, table: pa.Table) -> pa.Table:
         table.schema.field("values").type
     ):
         return table
-    values = table.column("values").combine_chunks()
+    values = _one_array(table.column("values"))
     rest = table.drop_columns(["values"])
     # flatten: a null object is null in every field
     for field, inner in zip(values.type, values.flatten()):
@@ -192,7 +192,7 @@ def _columns(path: Path, kind: str, table: pa.Table, deployment, start: int) -> 
     if extra or "user" not in names or "step" not in names:
         why = f"unknown columns {extra}" if extra else "the file needs user and step columns"
         _not_columns(path, kind, why)
-    user, step = table.column("user").combine_chunks(), table.column("step").combine_chunks()
+    user, step = _one_array(table.column("user")), _one_array(table.column("step"))
     if not (pa.types.is_string(user.type) or pa.types.is_large_string(user.type)):
         _not_columns(path, kind, "user must be a string in every row")
     if user.null_count:
@@ -218,6 +218,11 @@ def _columns(path: Path, kind: str, table: pa.Table, deployment, start: int) -> 
     return Columns(start, user, steps, codes, table)
 
 
+def _one_array(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array: its only chunk as it is (``combine_chunks`` copies even one)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def _not_columns(path: Path, kind: str, why: str):
     """A table whose columns are not the expected ones: the per-report checker names the line
     (CSV, JSONL); a Parquet file is refused here."""
@@ -231,14 +236,15 @@ def _not_columns(path: Path, kind: str, why: str):
 def _codes(attribute, column, csv_cells: bool) -> np.ndarray:
     """Codes of one attribute column, as the workers' parser decodes each value (``-1`` for a
     missing value, ``-2`` for one outside the domain), with whole-column operations."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    arr = _one_array(column) if isinstance(column, pa.ChunkedArray) else column
     kind, size = attribute.type, int(attribute.size)
     t = arr.type
     if pa.types.is_null(t):
         return np.full(len(arr), MISSING, dtype=np.int64)
     if pa.types.is_dictionary(t):  # each distinct value coded once
         coded = _codes(attribute, arr.dictionary, csv_cells)
-        out = coded[values_of(_filled(arr.indices, 0))] if coded.size else _outside(len(arr))
+        # np.take, not fancy indexing: its gather is ~2x faster
+        out = coded.take(values_of(_filled(arr.indices, 0))) if coded.size else _outside(len(arr))
         if arr.null_count:
             out[~valid_of(arr)] = MISSING
         return out

@@ -5,7 +5,7 @@ workers expect, so nothing is forwarded), in file order within a group, and each
 evenly into messages ``{"columns": {"user": [...], "step": t, "<attribute>": [codes]}}`` of up to
 ``MAX_REPORT_BYTES`` (tens of thousands of reports each: few messages, so few objects in the
 broker's durable log). No Python object is made per report: ids are quoted and joined in Arrow,
-codes written by orjson from numpy.
+codes written as digits a chunk at a time, or by orjson from numpy.
 """
 
 from __future__ import annotations
@@ -56,8 +56,7 @@ def chunk_messages(chunk: Columns, keep: np.ndarray, deployment) -> Iterator[Bat
     bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True]).tolist()
     # everything in message order once per chunk: a message is then slices of these
     widest = words.longest
-    codes = {name: (c if whole else c[keep])[order] for name, c in chunk.codes.items()}
-    complete = {name: bool((c >= 0).all()) for name, c in codes.items()}
+    codes = {name: _CodeText(c if whole else c[keep], order) for name, c in chunk.codes.items()}
     start = chunk.start
     wide = start + len(chunk) >= 1 << 31  # positions held as int32 when they fit (kept: 4 bytes)
     positions: np.ndarray = (keep[order] if not whole else order) + start
@@ -69,7 +68,7 @@ def chunk_messages(chunk: Columns, keep: np.ndarray, deployment) -> Iterator[Bat
         edges = [lo + (hi - lo) * k // cuts for k in range(cuts + 1)]
         step, partition = divmod(int(key[lo]), partitions)
         for first, stop in pairwise(edges):
-            yield from _messages(step, partition, positions, listed, codes, complete, first, stop)
+            yield from _messages(step, partition, positions, listed, codes, first, stop)
 
 
 def message_order(chunk: Columns, partitions: int) -> tuple[np.ndarray, np.ndarray]:
@@ -114,15 +113,13 @@ class _Listed:
     def __init__(self, users: pa.Array, order: np.ndarray, words: KeyWords):
         ids = words.bytes
         data = ids.tobytes()  # searched by memchr: faster than numpy's three comparisons
-        plain = b'"' not in data and b"\\" not in data and not (ids < 0x20).any()
+        plain = b'"' not in data and b"\\" not in data and (not ids.size or int(ids.min()) >= 0x20)
         if plain:
             self.open, separator, self.close = b'["', b'","', b'"]'
             self.gap = len(separator)
-            lengths = words.lengths[order]
-            joined = _joined_in_place(words, order, lengths, separator)
-            if joined is not None:
-                self.ends = np.zeros(order.size + 1, dtype=np.int64)
-                np.cumsum(lengths, out=self.ends[1:])
+            joined = _joined_in_place(words, order, separator)
+            if joined is not None:  # ids of one length: id k ends at (k + 1) * length
+                self.ends = np.arange(order.size + 1, dtype=np.int64) * words.longest
                 self.joined = joined.data  # a memoryview of the bytes
                 return
         users = users.take(int64s(order))
@@ -147,9 +144,7 @@ class _Listed:
         return [self.open, self.joined[begin:end], self.close]
 
 
-def _joined_in_place(
-    words: KeyWords, order: np.ndarray, lengths: np.ndarray, separator: bytes
-) -> np.ndarray | None:
+def _joined_in_place(words: KeyWords, order: np.ndarray, separator: bytes) -> np.ndarray | None:
     """The ids in ``order``, each followed by ``separator``, as one byte array, when they are all
     of one length (fixed-width ids; a chunk of consecutive numbers): a row per id, its bytes
     taken as one item each and the separator written in its columns (~1.5 ms for 2^17 ids of 7
@@ -166,37 +161,60 @@ def _joined_in_place(
     return rows.reshape(-1)
 
 
+class _CodeText:
+    """One attribute's codes in message order, ready to be listed in JSON. Codes of one digit
+    (0-9, none missing: the usual binary or categorical column) are written once per chunk as
+    text, a digit and a comma per report, and a message's list is a slice of it (~4x faster
+    than orjson writing each message's int64 codes, and a byte gathered per report, not 8);
+    other codes are written by orjson per message, a missing one as ``null``."""
+
+    def __init__(self, codes: np.ndarray, order: np.ndarray):
+        low, high = (int(codes.min()), int(codes.max())) if codes.size else (0, 0)
+        self.text: memoryview | None = None
+        if low >= 0 and high <= 9:  # a little-endian 16-bit word a report: digit, comma
+            digits = np.take(codes.astype("<u2"), order)
+            digits += np.uint16(ord(",") << 8 | ord("0"))
+            self.text = digits.view(np.uint8).data
+        self.codes = codes[order] if self.text is None else codes[:0]  # listed by orjson
+        self.complete = low >= 0  # no code missing
+
+    def listed(self, start: int, stop: int) -> list | None:
+        """The pieces of the JSON list of the codes ``start:stop`` (None: all missing)."""
+        if self.text is not None:
+            return [b"[", self.text[2 * start : 2 * stop - 1], b"]"]
+        chunk = self.codes[start:stop]
+        missing = None if self.complete else chunk < 0
+        if missing is not None and missing.all():
+            return None
+        if missing is not None and missing.any():
+            # null: not reported (the typed decoder then leaves it to the reference path)
+            cells = chunk.astype(object)
+            cells[missing] = None
+            return [orjson.dumps(cells.tolist())]
+        return [orjson.dumps(chunk, option=orjson.OPT_SERIALIZE_NUMPY)]
+
+
 def _messages(
     step: int,
     partition: int,
     positions: np.ndarray,
     listed: _Listed,
-    codes: dict[str, np.ndarray],
-    complete: dict[str, bool],
+    codes: dict[str, _CodeText],
     start: int,
     stop: int,
 ) -> list[Batch]:
     """The message of the reports ``start:stop`` in message order (``positions``: their places
     in the file), halved while it is over ``MAX_REPORT_BYTES``."""
     parts = [b'{"columns":{"user":', *listed.listed(start, stop), b',"step":%d' % step]
-    for name, c in codes.items():
-        chunk = c[start:stop]
-        missing = None if complete[name] else chunk < 0
-        if missing is not None and missing.all():
-            continue
-        if missing is not None and missing.any():
-            # null: not reported (the typed decoder then leaves it to the reference path)
-            cells = chunk.astype(object)
-            cells[missing] = None
-            text = orjson.dumps(cells.tolist())
-        else:
-            text = orjson.dumps(chunk, option=orjson.OPT_SERIALIZE_NUMPY)
-        parts += [b",", orjson.dumps(name), b":", text]
+    for name, text in codes.items():
+        pieces = text.listed(start, stop)
+        if pieces is not None:
+            parts += [b",", orjson.dumps(name), b":", *pieces]
     parts.append(b"}}")
     value = b"".join(parts)
     if len(value) > MAX_REPORT_BYTES and stop - start > 1:  # the estimate was short: halve
         half = (start + stop) // 2
-        return _messages(step, partition, positions, listed, codes, complete, start, half) + (
-            _messages(step, partition, positions, listed, codes, complete, half, stop)
+        return _messages(step, partition, positions, listed, codes, start, half) + (
+            _messages(step, partition, positions, listed, codes, half, stop)
         )
     return [Batch(step, partition, positions[start:stop], value)]

@@ -35,16 +35,19 @@ _SIXES = np.uint64(0x0606060606060606)
 # a word's last (top) k bytes kept, the others set to "0" (leading zeros), k = 0..8
 _KEEP = np.array([~((1 << 8 * (8 - k)) - 1) & (2**64 - 1) for k in range(9)], dtype=np.uint64)
 _FILL = _ZEROS & ~_KEEP
-_STAGES = [  # (shift, scale, mask): 2 digits in 16 bits, 4 in 32, 8 in 64
-    (np.uint64(8), np.uint64(10), np.uint64(0x00FF00FF00FF00FF)),
-    (np.uint64(16), np.uint64(100), np.uint64(0x0000FFFF0000FFFF)),
-    (np.uint64(32), np.uint64(10000), np.uint64(0xFFFFFFFF)),
+_STAGES = [  # (mask, scale, shift): pairs of digits, then quadruples, then the eight
+    (np.uint64(0x0F0F0F0F0F0F0F0F), np.uint64(10 * 2**8 + 1), np.uint64(8)),
+    (np.uint64(0x00FF00FF00FF00FF), np.uint64(100 * 2**16 + 1), np.uint64(16)),
+    (np.uint64(0x0000FFFF0000FFFF), np.uint64(10000 * 2**32 + 1), np.uint64(32)),
 ]
+# the smallest number of d digits in canonical form (no leading zero): 10^(d-1); 0 for d <= 1
+_LOWEST = np.array([0, 0] + [10 ** (d - 1) for d in range(2, 20)], dtype=np.uint64)
 
 
 def _eight_digits(word: np.ndarray, count) -> tuple[np.ndarray, np.ndarray]:
     """(whether the last ``count`` bytes of each 8-byte little-endian word are ASCII digits, the
-    number they write), eight digits at once (SWAR: pairs, then quadruples, then the eight; in
+    number they write), eight digits at once (SWAR: each stage multiplies a lane by its scale
+    plus one, adding each higher digit group times the scale to the one before it, wrapping; in
     place, one temporary)."""
     x = np.bitwise_and(word, _KEEP[count], dtype=np.uint64)
     x |= _FILL[count]
@@ -53,12 +56,12 @@ def _eight_digits(word: np.ndarray, count) -> tuple[np.ndarray, np.ndarray]:
     np.add(x, _SIXES, out=spare)
     spare &= _HIGH_NIBBLES
     valid &= spare == _ZEROS  # and not 0x3A..0x3F
-    x -= _ZEROS  # each byte its digit; the first byte is the most significant
-    for shift, scale, mask in _STAGES:
-        np.right_shift(x, shift, out=spare)
-        x *= scale
-        x += spare
-        x &= mask
+    # each byte its digit; the first byte is the most significant
+    with np.errstate(over="ignore"):
+        for mask, scale, shift in _STAGES:
+            x &= mask
+            x *= scale
+            x >>= shift
     return valid, x
 
 
@@ -98,32 +101,35 @@ class UserRows:
         # digits after the prefix (a number when the ids are all of one length); more than the
         # largest row has: not canonical, or at least the roster's size
         digits: Any
+        ok: Any = True
         if words.uniform:
             digits = words.longest - skip
             if not 1 <= digits <= self._digits:
                 return np.full(words.size, -1, dtype=np.int64)
-            ok = np.ones(words.size, dtype=bool)
         else:
             digits = words.lengths - skip
             ok = (digits >= 1) & (digits <= self._digits)
-        # the prefix, then the first digit (no leading zero unless the number is 0)
-        for j in range(skip // 4 + 1):
+        # the prefix, word by word from the id's start
+        for j in range(-(-skip // 4)):
             word = words.from_start(4 * j)
-            if 4 * j < skip:
-                ok &= (word & self._prefix_masks[j]) == self._prefix_words[j]
-            if 4 * j + 4 > skip:
-                first = (word >> np.uint32(8 * (skip % 4))) & np.uint32(0xFF)
-                ok &= (first != np.uint32(ord("0"))) | (digits == 1)
+            ok = ok & ((word & self._prefix_masks[j]) == self._prefix_words[j])
         # the number, 8 digits a word from the end (the id's last 8 bytes: its last 8 digits; at
         # most 24 bytes before an id's end, within the words' padding)
         number = np.zeros(words.size, dtype=np.uint64)
         for k in range(-(-self._digits // 8)):
-            count = np.clip(digits - 8 * k, 0, 8)
+            if words.uniform:
+                count = min(max(digits - 8 * k, 0), 8)
+            else:
+                count = np.clip(digits - 8 * k, 0, 8)
             valid, value = _eight_digits(words.from_end(8 * k + 8, "<u8"), count)
-            ok &= valid
+            ok = ok & valid
             number += value * np.uint64(10 ** (8 * k))
         ok &= number < np.uint64(self._size)
-        return np.where(ok, number.astype(np.int64), -1)
+        # no leading zero (unless the number is 0): at least the smallest number of its digits
+        ok &= number >= _LOWEST[np.clip(digits, 0, _LOWEST.size - 1)]
+        if ok.all():
+            return number.view(np.int64)  # below 10^18: the same as int64
+        return np.where(ok, number.view(np.int64), -1)
 
     def _of_roster(self, users: pa.Array) -> np.ndarray:
         if self._roster is None:

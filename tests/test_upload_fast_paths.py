@@ -281,3 +281,37 @@ def test_the_messages_kept_by_the_check_are_the_same_built_in_its_thread_or_besi
         made[cores] = [(b.step, b.partition, b.index.tolist(), b.value) for b in whole.batches]
         assert whole.kept_whole and len(whole.kept) == 6
     assert made[2] == made[4] and len(made[2]) >= 2 * dep.topics.partitions
+
+
+@pytest.mark.parametrize(
+    "codes",
+    [
+        [0, 1] * 40,  # binary: written as digits once per chunk
+        [9, 0, 3, 7] * 20,  # one digit, up to 9
+        [0, 10, 3, 12] * 20,  # two digits: by orjson
+        [0, -1, 2, 1] * 20,  # a missing one: null, by orjson
+        [-1] * 80,  # none reported: the attribute is left out
+    ],
+)
+def test_a_chunks_codes_are_listed_in_message_order_as_json(codes):
+    """Every slice of an attribute's codes listed for messages is the JSON list of those codes
+    in the order given (``null`` for a missing one; None when all are missing), whether written
+    as digits once per chunk or by orjson per message."""
+    import json
+
+    from pipeline.upload_messages import _CodeText
+
+    values = np.array(codes, dtype=np.int64)
+    order = np.random.default_rng(4).permutation(values.size)
+    text = _CodeText(values, order)
+    ordered = [None if c < 0 else c for c in values[order].tolist()]
+    rng = np.random.default_rng(5)
+    for start, stop in [(0, values.size), (0, 1), (values.size - 1, values.size)] + [
+        tuple(sorted(rng.choice(values.size + 1, 2, replace=False))) for _ in range(20)
+    ]:
+        pieces = text.listed(int(start), int(stop))
+        expected = ordered[start:stop]
+        if all(c is None for c in expected):
+            assert pieces is None
+            continue
+        assert json.loads(b"".join(bytes(p) for p in pieces)) == expected

@@ -16,9 +16,9 @@ disk-backed log):
    ``DPSTREAM_UPLOAD_KEEP_MB``), then the send pass (the kept messages handed to the producer;
    a file whose messages did not fit is read and built again), until every message is
    acknowledged — what ``dpstream produce`` does after its own checks. The producer is made in a
-   thread while the file is checked (:class:`pipeline.upload.EarlyProducer`: the client's
-   connection and the topic's metadata; nothing is sent before the check ends), as
-   ``upload_file`` does; the raw producer's time includes its client's creation too, so both
+   thread while the file is checked (:class:`pipeline.upload.EarlyProducer`: the topic's
+   existence checked by listing the broker's topics, then the client's connection and the
+   topic's metadata; nothing is sent before the check ends), as ``upload_file`` does; the raw producer's time includes its client's creation too, so both
    pay for one client.
 3. **One pass** (the design not chosen, for comparison): each chunk checked and sent as it is
    read, with no check pass before; a bad report in a later chunk would then come after earlier

@@ -103,7 +103,8 @@ def cmd_produce(args) -> int:
     wait for the workers' verdict on them (docs/own-data.md). Ctrl-C: one line, exit 130."""
     stage = ["starting"]  # what produce was doing, for the line an interrupt prints
     try:
-        return _produce(args, stage)
+        with contextlib.ExitStack() as closing:  # the early producer, whatever the way out
+            return _produce(args, stage, closing)
     except KeyboardInterrupt:
         return _fail(
             EXIT_INTERRUPTED,
@@ -114,7 +115,55 @@ def cmd_produce(args) -> int:
         )
 
 
-def _produce(args, stage: list[str]) -> int:
+def _early_producer(deployment: Deployment, closing: contextlib.ExitStack):
+    """The upload's producer, made in a thread while the file is checked
+    (:class:`pipeline.upload.EarlyProducer`: the reports topic checked first, nothing sent, no
+    topic made). None when the broker is not known without a word (no `up`, a stale one, a
+    secret unreadable): the usual path then says why, after the file's check as before."""
+    import io
+
+    from pipeline.stream.kafka.topics import topic_names
+    from pipeline.upload import EarlyProducer
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            broker, _ = _endpoints(deployment, check=False)
+    except (SystemExit, Exception):  # noqa: BLE001 - said in its place by the usual path
+        return None
+    early = EarlyProducer(broker, topic_names(deployment)["reports"], deployment.name)
+    closing.callback(early.close)  # a no-op once the send has taken it
+    return early
+
+
+def _missing_topic(deployment: Deployment, early) -> tuple[str | None, Any]:
+    """(why nothing can be sent when the reports topic does not exist, None when it does; the
+    early producer, None when making it failed), checked before anything names the topic: the
+    workers' counts read it, and a client naming a missing topic makes the embedded broker
+    create it (pipeline.producer.require_topic); reports sent then would go to a topic no
+    worker reads. ``early``: the producer made while the file was checked, which checked the
+    topic first."""
+    from pipeline.producer import TopicMissing, require_topic
+    from pipeline.stream.kafka.topics import topic_names
+
+    # the broker and Redis answer (else one line and exit at once, as before: the early
+    # producer's client would wait for its bootstrap's timeout)
+    broker, _ = _endpoints(deployment)
+    try:
+        if early is not None:
+            try:
+                early.wait()
+                return None, early
+            except TopicMissing:
+                raise
+            except Exception:  # noqa: BLE001 - asked again below, by a client of its own
+                early = None
+        require_topic(broker, topic_names(deployment)["reports"], deployment.name)
+    except TopicMissing as err:
+        return str(err), None
+    return None, early
+
+
+def _produce(args, stage: list[str], closing: contextlib.ExitStack) -> int:
     from pipeline.stream.ingest.intake_view import open_window
     from pipeline.stream.ingest.report_files import ReportFileError
     from pipeline.upload import read_upload
@@ -149,12 +198,20 @@ def _produce(args, stage: list[str]) -> int:
             "--replace needs a file (--csv, --jsonl or --parquet) of the corrected reports",
         )
     found = None
+    # the producer made while the file is checked (not for a dry run: nothing is sent)
+    early = _early_producer(deployment, closing) if path and not args.dry_run else None
     if path:  # the whole file is checked before anything is sent (pipeline.upload)
         stage[0] = f"checking {path}"
         try:
             found = read_upload(path, deployment)
         except ReportFileError as err:
             return _fail(EXIT_CONFIG, f"nothing sent: {err}")
+    stage[0] = "checking the reports topic"
+    missing, early = _missing_topic(deployment, early)
+    if missing is not None:
+        return _fail(EXIT_RUNTIME, missing)
+    if early is None and path and not args.dry_run:  # the broker is known now, or it failed
+        early = _early_producer(deployment, closing)
     stage[0] = "waiting for the workers' counts"
     _, view = _intake(deployment, wait=args.wait)
     window = open_window(deployment, view.closing)
@@ -178,7 +235,7 @@ def _produce(args, stage: list[str]) -> int:
                     f"nothing sent: {path}:{line}: {why} (the file's {count:,} reports of step "
                     f"{file_step})",
                 )
-        return _send_file(deployment, found, args, view, stage)
+        return _send_file(deployment, found, args, view, stage, early)
     step: int | None = args.step
     if step is None:  # the next open step without reports yet
         step = next((t for t in window if view.reported(t) == 0), None)
@@ -244,13 +301,15 @@ def _verdict(deployment: Deployment, receipt, mark, args, stage: list[str]) -> i
     return report_fates(deployment, receipt, mark, args.timeout)
 
 
-def _send_file(deployment: Deployment, found, args, view, stage: list[str]) -> int:
-    """A checked report file through the producer helper (pipeline.producer): the topic must exist, every
-    report is keyed by its user id, and what the broker acknowledged is what is reported; then the
-    workers' verdict on those reports."""
+def _send_file(deployment: Deployment, found, args, view, stage: list[str], early) -> int:
+    """A checked report file as batch messages (pipeline.upload): the topic must exist, each
+    message goes to the partition owning its users, and what the broker acknowledged is what is
+    reported; then the workers' verdict on those reports. ``early``: the producer made while the
+    file was checked (:class:`pipeline.upload.EarlyProducer`)."""
     from pipeline.cli.verdict import held_conflicts, mark_dead_letters
-    from pipeline.producer import ReportSender, TopicMissing, progress_printer
-    from pipeline.upload import UploadStopped, send_upload
+    from pipeline.producer import TopicMissing, progress_printer
+    from pipeline.stream.kafka.topics import topic_names
+    from pipeline.upload import EarlyProducer, UploadStopped, send_upload
 
     steps = ", ".join(map(str, sorted(found.steps())))
     plural = "s" if len(found.steps()) > 1 else ""
@@ -262,28 +321,31 @@ def _send_file(deployment: Deployment, found, args, view, stage: list[str]) -> i
     for line in held:
         print(f"WARNING: {line}", file=sys.stderr)
     broker, _ = _endpoints(deployment)
-    with ReportSender(deployment, broker) as sender:
-        try:
-            sender.check_topic()
-        except TopicMissing as err:
-            return _fail(EXIT_RUNTIME, str(err))
-        mark = mark_dead_letters(deployment, broker)
-        stage[0] = f"sending {found.path}"
-        try:
-            result = send_upload(
-                found,
-                broker,
-                sender.topic,
-                args.replace,
-                progress_printer("acknowledged", " reports"),
-            )
-        except UploadStopped as stop:
-            return _fail(
-                EXIT_RUNTIME,
-                f"{stop}: {stop.result.acknowledged:,} reports were "
-                "acknowledged before; the workers take or reject them "
-                "(`dpstream status`, `dpstream dead-letters`)",
-            )
+    topic = topic_names(deployment)["reports"]
+    if early is None:  # the broker's address was not known without a word (not expected here)
+        early = EarlyProducer(broker, topic, deployment.name)
+    try:
+        early.wait()  # the topic exists (checked before any client named it)
+    except TopicMissing as err:
+        return _fail(EXIT_RUNTIME, str(err))
+    mark = mark_dead_letters(deployment, broker)
+    stage[0] = f"sending {found.path}"
+    try:
+        result = send_upload(
+            found,
+            broker,
+            topic,
+            args.replace,
+            progress_printer("acknowledged", " reports"),
+            early=early,
+        )
+    except UploadStopped as stop:
+        return _fail(
+            EXIT_RUNTIME,
+            f"{stop}: {stop.result.acknowledged:,} reports were "
+            "acknowledged before; the workers take or reject them "
+            "(`dpstream status`, `dpstream dead-letters`)",
+        )
     if result.failed:
         at, why = result.failed[0]
         return _fail(

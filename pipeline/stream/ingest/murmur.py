@@ -92,4 +92,6 @@ def partitions_of(keys: list[str], partitions: int) -> np.ndarray:
 
 
 def partition_of_hashes(hashes: np.ndarray, partitions: int) -> np.ndarray:
+    if partitions & (partitions - 1) == 0 and partitions <= 1 << 31:  # a power of two: low bits
+        return (hashes & np.uint32(partitions - 1)).astype(np.int32)
     return ((hashes & np.uint32(0x7FFFFFFF)) % np.uint32(partitions)).astype(np.int32)
