@@ -73,7 +73,8 @@ def up(path: Path, env: dict, tmp_path: Path, *flags: str):
 
 
 def _curator_reads(broker: str, tls: BrokerTls, topic: str) -> dict[str, int]:
-    """How many records of ``topic`` partition 0 each of the curator's three clients reads."""
+    """How many records of ``topic`` partition 0 each of the curator's three clients reads: each reads
+    until it has as many as the partition's end offset, or for 10 s (rather than always for 10 s)."""
     from aiokafka import AIOKafkaConsumer
     from confluent_kafka import Consumer
     from confluent_kafka import TopicPartition as ConfluentPartition
@@ -81,11 +82,15 @@ def _curator_reads(broker: str, tls: BrokerTls, topic: str) -> dict[str, int]:
     from pipeline.stream.local.gate_service import client_context
 
     seen = {}
+    partition = TopicPartition(topic, 0)
     consumer = KafkaConsumer(bootstrap_servers=broker, security_protocol="SSL", ssl_cafile=str(tls.ca_file),
                              ssl_certfile=str(tls.client_cert), ssl_keyfile=str(tls.client_key),
-                             consumer_timeout_ms=10_000, auto_offset_reset="earliest")
-    consumer.assign([TopicPartition(topic, 0)])
-    seen["kafka-python"] = sum(1 for _ in consumer)
+                             auto_offset_reset="earliest")
+    consumer.assign([partition])
+    end = max(1, consumer.end_offsets([partition])[partition])
+    seen["kafka-python"], deadline = 0, time.monotonic() + 10
+    while seen["kafka-python"] < end and time.monotonic() < deadline:
+        seen["kafka-python"] += sum(len(records) for records in consumer.poll(timeout_ms=500).values())
     consumer.close()
 
     async def aio() -> int:
@@ -103,7 +108,7 @@ def _curator_reads(broker: str, tls: BrokerTls, topic: str) -> dict[str, int]:
                           "ssl.ca.location": str(tls.ca_file), "ssl.certificate.location": str(tls.client_cert),
                           "ssl.key.location": str(tls.client_key), "enable.auto.commit": False})
     confluent.assign([ConfluentPartition(topic, 0, 0)])
-    messages = confluent.consume(num_messages=100_000, timeout=10)
+    messages = confluent.consume(num_messages=end, timeout=10)
     seen["confluent-kafka"] = sum(1 for m in messages if m.error() is None)
     confluent.close()
     return seen

@@ -72,6 +72,36 @@ def test_replace_sensitivity_is_computed_not_doubled():
         assert k.sensitivity2 == moved
 
 
+def test_decoder_coefficients_equal_scipy_lfilter_bit_for_bit():
+    """β (hence every σ² and budget split computed from it) is what scipy.signal.lfilter gave before
+    the filter ran in numpy: equal bit for bit, on either side of the horizon where scipy takes
+    over, for lattice and real coefficients."""
+    from scipy.signal import lfilter
+
+    from pipeline.counters.factorization import NUMPY_FILTER_MAX_HORIZON, decoder_coefficients
+
+    edge = NUMPY_FILTER_MAX_HORIZON
+    for T in [*range(1, 200), 1000, edge, edge + 1]:
+        for c in (lattice_coefficients(sqrt_coefficients(T + 2), 1 << 16),
+                  lattice_coefficients(sqrt_coefficients(T), 7), 1.37 * sqrt_coefficients(T)):
+            impulse = np.zeros(T)
+            impulse[0] = 1.0
+            before = np.cumsum(lfilter([1.0], np.asarray(c, dtype=np.float64)[:T], impulse))
+            assert decoder_coefficients(c, T).tobytes() == before.tobytes(), T
+
+
+def test_the_variance_bound_does_not_import_scipy_signal():
+    """Every command that plans a release computes the bound; importing scipy.signal for it took
+    ~1 s of each (`close`, `query`, `plan`, the releaser's start)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pipeline.counters.factorization import unit_rho_max_variance; "
+            "unit_rho_max_variance(1000, 'replace'); print('scipy.signal' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 # ------------------------------------------------------------------------------------------
 # calibration: the ρ recomputed from the noise actually drawn equals the target
 # ------------------------------------------------------------------------------------------

@@ -157,3 +157,44 @@ def test_a_failing_assignment_callback_ends_the_consumption_with_its_error(broke
             await c.stop()
 
     asyncio.run(main())
+
+
+def test_a_stopped_member_of_the_first_generation_leaves_the_group_at_once(broker):
+    """The embedded broker numbers a group's first generation 0, from which aiokafka never sent its
+    LeaveGroup: a stopped worker stayed a member until its session timed out (10 s), and the next
+    member's join waited for that (~18 s for a worker restarted by `dpstream up` instead of ~5 s)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def members(admin, group: str) -> list:
+        (response,) = await admin.describe_consumer_groups([group])
+        (described,) = response.groups
+        return described[-1]  # (error_code, group, state, protocol_type, protocol, members)
+
+    async def main():
+        joined = asyncio.Event()
+
+        async def on_assign(tps):
+            joined.set()
+            return {tp: 0 for tp in tps}
+
+        async def on_revoke(tps):
+            pass
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker)
+        await admin.start()
+        c = BulkConsumer(broker, "bulk-test-leave", ["rep", "fb"], on_assign, on_revoke)
+        await c.start()
+        try:
+            consuming = asyncio.ensure_future(_collect(c, want=10 ** 9, timeout=60))
+            await asyncio.wait_for(joined.wait(), 30)
+            before = await members(admin, "bulk-test-leave")
+            consuming.cancel()
+        finally:
+            await c.stop()
+        after = await members(admin, "bulk-test-leave")
+        await admin.close()
+        return before, after
+
+    before, after = asyncio.run(main())
+    assert len(before) == 1  # the only member, of the group's first generation
+    assert after == []

@@ -148,10 +148,15 @@ def test_releaser_kill9_holding_part_of_a_step_rereads_its_partials(services, tm
         drv.producer.send_step(3, {"pov": X[:, 2]})
         drv.close(3, wait=False)
         assert cluster.wait_exit("worker-1", timeout=60) == FAULT_EXIT_CODE
-        time.sleep(5.0)  # worker-0's partial consumed and committed; worker-1's missing (session timeout 10 s)
         store = StateStore.from_url(services.redis.url, dep.name)
+        group = f"dpstream-{dep.name}-releaser"
+        # worker-0's partial consumed and its position committed (every 2 s), within worker-1's session
+        # (10 s: until then nobody else closes its partition, so step 3 stays held)
+        wait_until(lambda: store.partials_resume() < _committed(cluster.broker, group,
+                                                                cluster.names["step-partials"]),
+                   "the scenario needs a committed position past the held partial", timeout=8)
         assert store.last_released() == 2
-        committed = _committed(cluster.broker, f"dpstream-{dep.name}-releaser", cluster.names["step-partials"])
+        committed = _committed(cluster.broker, group, cluster.names["step-partials"])
         resume = store.partials_resume()
         assert resume < committed, "the scenario needs a committed position past the held partial"
         cluster.kill("releaser")

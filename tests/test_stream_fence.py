@@ -88,9 +88,24 @@ def log_text(tmp_path, name: str) -> str:
     return (Path(tmp_path) / "logs" / f"{name}.log").read_text(errors="replace")
 
 
-def run_job(role: str, config: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", role, "--config", str(config)],
-                          capture_output=True, text=True, timeout=timeout, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+def run_jobs(runs: dict, timeout: float = 60) -> dict:
+    """Run ``{label: (role, config)}`` at once (each a process that reads the state and exits: they
+    share nothing to wait for), each given ``timeout`` s; ``{label: CompletedProcess}``."""
+    started = {label: subprocess.Popen([sys.executable, "-m", "pipeline.cli", role, "--config", str(config)],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       env=dict(os.environ, PYTHONUNBUFFERED="1"))
+               for label, (role, config) in runs.items()}
+    done = {}
+    try:
+        for label, proc in started.items():
+            out, err = proc.communicate(timeout=timeout)
+            done[label] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    finally:
+        for proc in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return done
 
 
 # -- the fingerprint (no services) --------------------------------------------------------------------
@@ -246,16 +261,17 @@ def test_edited_configuration_is_refused_by_releaser_and_worker(services, tmp_pa
         # the checkpoints hold each partition's rows: restored under 3 partitions they would be other users'
         "partitions": (edited(cfg, topics={"partitions": 3}), ["topics.partitions: 2 -> 3"]),
     }
-    for label, (new_cfg, named) in cases.items():
-        new_path = write(tmp_path, new_cfg, f"-{label}")
-        for role in ("releaser", "worker"):
-            proc = run_job(role, new_path)
-            assert proc.returncode == EXIT_CONFIG, (label, role, proc.stderr[-2000:])
-            assert "configuration refused" in proc.stderr and all(n in proc.stderr for n in named), proc.stderr
     prod_path = write(tmp_path, edited(cfg, production=True, random={"kind": "secure"}), "-prod")
-    for role in ("releaser", "worker"):
-        proc = run_job(role, prod_path)
-        assert proc.returncode == EXIT_CONFIG and "'seeded' (non-secure) random source" in proc.stderr, proc.stderr
+    runs = {(label, role): (role, write(tmp_path, new_cfg, f"-{label}"))
+            for label, (new_cfg, _) in cases.items() for role in ("releaser", "worker")}
+    runs.update({("prod", role): (role, prod_path) for role in ("releaser", "worker")})
+    for (label, role), proc in run_jobs(runs).items():
+        assert proc.returncode == EXIT_CONFIG, (label, role, proc.stderr[-2000:])
+        if label == "prod":
+            assert "'seeded' (non-secure) random source" in proc.stderr, proc.stderr
+        else:
+            named = cases[label][1]
+            assert "configuration refused" in proc.stderr and all(n in proc.stderr for n in named), proc.stderr
     assert (store.identity(), store.ledger(), store.last_released()) == state  # refusals changed nothing
 
     with LocalCluster(path, dep, workers=1, log_dir=tmp_path / "logs2") as cluster:  # unchanged: goes on

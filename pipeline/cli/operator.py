@@ -283,21 +283,25 @@ def _send_simulated(deployment: Deployment, step: int, args, stage: list[str]) -
         interrupted = False
     finally:
         prod.close(timeout=0 if interrupted else None)
-    print(f"sent {n} simulated reports for step {step} (all acknowledged)")
-    return _verdict(deployment, receipt, mark, args, stage)
+    sent = f"sent {n} simulated reports for step {step} (all acknowledged)"
+    return _verdict(deployment, receipt, mark, args, stage, sent)
 
 
-def _verdict(deployment: Deployment, receipt, mark, args, stage: list[str]) -> int:
-    """The workers' verdict on what was sent (skipped with --no-wait)."""
+def _verdict(deployment: Deployment, receipt, mark, args, stage: list[str], sent: str) -> int:
+    """Print ``sent`` (what the broker acknowledged), then the workers' verdict on it (skipped with
+    --no-wait). The stage is named before the line: a Ctrl-C once the line is out interrupted the
+    wait for the verdict, not the sending."""
     from pipeline.cli.verdict import report_fates
 
+    if not args.no_wait:
+        stage[0] = "waiting for the workers' verdict on the reports sent (on the broker's log)"
+    print(sent)
     if args.no_wait:
         print(
             "not waiting for the workers' verdict (--no-wait): `dpstream dead-letters` lists "
             "rejections"
         )
         return EXIT_OK
-    stage[0] = "waiting for the workers' verdict on the reports sent (on the broker's log)"
     return report_fates(deployment, receipt, mark, args.timeout)
 
 
@@ -355,8 +359,8 @@ def _send_file(deployment: Deployment, found, args, view, stage: list[str], earl
             "resend those",
         )
     what = "corrections" if args.replace else "reports"
-    print(f"sent {result.acknowledged} {what} for step{plural} {steps} (all acknowledged)")
-    return _verdict(deployment, result.receipt, mark, args, stage)
+    sent = f"sent {result.acknowledged} {what} for step{plural} {steps} (all acknowledged)"
+    return _verdict(deployment, result.receipt, mark, args, stage, sent)
 
 
 def _dry_run(deployment: Deployment, found, args, view) -> int:

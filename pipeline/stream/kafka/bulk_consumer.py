@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.errors import KafkaError
+from aiokafka.protocol.group import LeaveGroupRequest
 
 from pipeline.connections import kafka_security
 from pipeline.stream.kafka.log_identity import BrokerUnreachable, broker_wait_seconds
@@ -65,6 +67,32 @@ class _Listener(ConsumerRebalanceListener):
             self.owner.consumer.seek(tp, offset)
 
 
+def _leave_also_from_generation_zero(consumer: AIOKafkaConsumer) -> None:
+    """Make ``consumer.stop()`` leave the group also as a member of generation 0.
+
+    aiokafka leaves only from generation 1 on (Kafka's first generation), but the embedded broker
+    (Tansu) numbers its first generation 0: a member of it stayed in the group after stopping until
+    its session timed out, and the next member's join waited for that (a worker restarted after a
+    clean stop got its partitions after ~18 s instead of ~5 s)."""
+    coordinator = getattr(consumer, "_coordinator", None)
+    if coordinator is None or not hasattr(coordinator, "_maybe_leave_group"):
+        return  # another aiokafka: its own leave on stop
+    aiokafka_leave = coordinator._maybe_leave_group
+
+    async def leave() -> None:
+        if coordinator.generation != 0 or coordinator._group_instance_id is not None:
+            return await aiokafka_leave()
+        try:  # as aiokafka's: one attempt, never resent
+            await coordinator._send_req(
+                LeaveGroupRequest(coordinator.group_id, coordinator.member_id)
+            )
+        except KafkaError as err:
+            log.warning("LeaveGroup request failed: %s", err)
+        coordinator.reset_generation()
+
+    coordinator._maybe_leave_group = leave
+
+
 class BulkConsumer:
     """Consume ``topics`` in group ``group_id``; ``batches()`` yields ``{TopicPartition: [messages]}``."""
 
@@ -105,6 +133,7 @@ class BulkConsumer:
     async def start(self) -> None:
         await self.consumer.start()
         self.consumer.subscribe(self.topics, listener=_Listener(self))
+        _leave_also_from_generation_zero(self.consumer)
 
     async def stop(self) -> None:
         await self.consumer.stop()
