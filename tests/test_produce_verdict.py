@@ -159,6 +159,10 @@ def test_late_reports_and_batch_rows_are_judged_per_report(deployment, tmp_path,
         assert expected in out, out
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_is_one_line_and_exit_130(deployment, tmp_path):
     """Before: a KeyboardInterrupt traceback (and, just after the send, "all acknowledged" with exit
     130). Interrupted while waiting for the verdict, then before sending: one line, exit 130."""
@@ -167,8 +171,10 @@ def test_ctrl_c_is_one_line_and_exit_130(deployment, tmp_path):
     def produce(csv_file: str, wait: str) -> subprocess.Popen:
         command = [sys.executable, "-m", "pipeline.cli", "produce", "--config", str(path),
                    "--csv", csv_file, "--wait", wait]
+        # Ctrl-C's default in the child even where the suite runs as a background job, whose
+        # children inherit an ignored SIGINT (Python then installs no KeyboardInterrupt handler)
         return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+                                text=True, preexec_fn=_default_sigint)
 
     def interrupted(proc, err_before: str = "") -> tuple[str, str]:
         proc.send_signal(signal.SIGINT)
