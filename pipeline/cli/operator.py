@@ -148,19 +148,19 @@ def _missing_topic(deployment: Deployment, early) -> tuple[str | None, Any]:
     # the broker and Redis answer (else one line and exit at once, as before: the early
     # producer's client would wait for its bootstrap's timeout)
     broker, _ = _endpoints(deployment)
+    if early is not None:
+        try:
+            early.wait()
+            return None, early
+        except TopicMissing as err:
+            return str(err), None
+        except Exception:  # noqa: BLE001 - asked again below, by a client of its own
+            pass
     try:
-        if early is not None:
-            try:
-                early.wait()
-                return None, early
-            except TopicMissing:
-                raise
-            except Exception:  # noqa: BLE001 - asked again below, by a client of its own
-                early = None
         require_topic(broker, topic_names(deployment)["reports"], deployment.name)
     except TopicMissing as err:
         return str(err), None
-    return None, early
+    return None, None
 
 
 def _produce(args, stage: list[str], closing: contextlib.ExitStack) -> int:
