@@ -158,12 +158,11 @@ def _all_pole_filter(a: np.ndarray, x: np.ndarray) -> np.ndarray:
     b = np.zeros(n_taps)
     b[0] = 1.0
     b, a = b / a[0], a / a[0]
-    delays = np.zeros(max(n_taps - 1, 1))
+    if n_taps == 1:  # no delays: a gain
+        return x * b[0]
+    delays = np.zeros(n_taps - 1)
     y = np.empty(x.size)
     for n, xn in enumerate(x):
-        if n_taps == 1:
-            y[n] = xn * b[0]
-            continue
         y[n] = delays[0] + b[0] * xn
         delays[:-1] = delays[1:] + xn * b[1:-1] - y[n] * a[1:-1]
         delays[-1] = xn * b[-1] - y[n] * a[-1]
