@@ -454,8 +454,8 @@ class EarlyProducer:
     milliseconds of waiting on the broker, which then overlap the check instead of delaying the
     first send. Nothing is sent before :func:`send_upload` is given it.
 
-    The topic is checked before any request names it: the producer's first metadata request
-    asks for all topics (:func:`_topics_listed_by`, which creates none; else
+    The topic is checked before any request names it, by the topics the broker lists
+    (:func:`_topics_listed_by`, which creates none; else
     :func:`pipeline.producer.require_topic`), since the embedded broker creates a topic that a
     request names and it does not have. A missing topic is
     :class:`pipeline.producer.TopicMissing`, raised by :meth:`get`, and the producer is closed.
@@ -483,7 +483,7 @@ class EarlyProducer:
         producer = None
         try:
             producer = batch_producer(bootstrap)  # names no topic
-            listed = _topics_listed_by(producer)
+            listed = _topics_listed_by(producer, topic)
             if listed is None:  # a kafka-python without those internals: a client of its own
                 require_topic(bootstrap, topic, deployment_name)
             elif topic not in listed:
@@ -534,18 +534,25 @@ class EarlyProducer:
         self.close()
 
 
-def _topics_listed_by(producer, timeout: float = 30.0) -> set[str] | None:
-    """The broker's topics, asked for by the producer's own connection (a metadata request for
-    all topics, which creates none; its answer also holds the partitions the first send needs),
-    or None when this kafka-python's producer has no cluster metadata to ask with. A second
-    client for this (``require_topic``'s admin client) costs ~10 ms of the check pass's time on
-    two cores: its first use loads its protocol and it runs beside the check."""
+def _topics_listed_by(producer, topic: str | None = None, timeout: float = 30.0) -> set[str] | None:
+    """The broker's topics, as the producer's own connection learnt them: from the answer to its
+    first metadata request (which names no topic) when that lists ``topic``, else from a metadata
+    request for all topics (which creates none); the answer also holds the partitions the first
+    send needs. None when this kafka-python's producer has no cluster metadata to ask with. A
+    second client for this (``require_topic``'s admin client) costs ~10 ms of the check pass's
+    time on two cores: its first use loads its protocol and it runs beside the check."""
     metadata: Any = getattr(producer, "_metadata", None)
     sender: Any = getattr(producer, "_sender", None)
     if not (hasattr(metadata, "need_all_topic_metadata") and hasattr(metadata, "topics")):
         return None
     if not (hasattr(metadata, "request_update") and hasattr(sender, "wakeup")):
         return None
+    known = set(metadata.topics())
+    if topic is not None and topic in known:
+        # the client's first metadata request named no topic (it creates none) and the broker
+        # listed the topic: it exists. Asking again would wait out the client's refresh
+        # backoff (``retry_backoff_ms``, 100 ms: longer than the check of 10^6 reports)
+        return known
     metadata.need_all_topic_metadata = True  # the next requests ask for every topic
     try:
         # a request already in flight may ask for no topic: the second answer is to one for all
