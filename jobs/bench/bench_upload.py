@@ -2,7 +2,8 @@
 producer.
 
     python -m jobs.bench.bench_upload [--n 1000000] [--partitions 4] [--format parquet|csv|jsonl]
-                                      [--durable] [--repeat 1] [--json out/bench_upload.json]
+                                      [--order numeric|text|shuffled] [--durable] [--repeat 1]
+                                      [--json out/bench_upload.json]
 
 In one run on the embedded broker (memory log; ``--durable``: the default local deployment's
 disk-backed log):
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +65,27 @@ def _config(n: int, partitions: int, services) -> dict:
         "random": {"kind": "seeded", "seed": 1},
         "releases": [{"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 1.0}],
     }
+
+
+def _shuffled(ids: list[str]) -> list[str]:
+    order = np.random.default_rng(7).permutation(len(ids))
+    return [ids[i] for i in order.tolist()]
+
+
+def _as_text(ids: list[str]) -> list[str]:
+    return sorted(ids)
+
+
+def _as_rows(ids: list[str]) -> list[str]:
+    return ids
+
+
+# the file's order of reports, from the roster's ids in row order
+ORDERS: dict[str, Callable[[list[str]], list[str]]] = {
+    "numeric": _as_rows,
+    "text": _as_text,
+    "shuffled": _shuffled,
+}
 
 
 def write_file(path: Path, ids: list[str], step: int, seed: int = 0) -> Path:
@@ -198,6 +221,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--format", choices=["parquet", "csv", "jsonl"], default="parquet")
     ap.add_argument(
+        "--order",
+        choices=sorted(ORDERS),
+        default="numeric",
+        help="the reports' order in the file: by roster row (ids of one length chunk by chunk), "
+        "by id as text (a database's ORDER BY of a text id: ids of several lengths in every "
+        "chunk) or shuffled",
+    )
+    ap.add_argument(
         "--durable", action="store_true", help="the broker's log on disk (as `dpstream up`)"
     )
     ap.add_argument(
@@ -218,6 +249,7 @@ def main(argv=None) -> dict:
         "n": args.n,
         "partitions": args.partitions,
         "format": args.format,
+        "order": args.order,
         "durable": args.durable,
     }
     with EmbeddedServices(broker_log=out / "broker.log", durable_log=args.durable) as svc:
@@ -225,14 +257,15 @@ def main(argv=None) -> dict:
         cfg_path.write_text(yaml.safe_dump(_config(args.n, args.partitions, svc)))
         deployment = load_config(cfg_path)
         topic = ensure_topics(svc.broker.bootstrap, deployment)["reports"]
-        ids = [f"{deployment.roster.id_prefix}{i}" for i in range(args.n)]
+        ids = ORDERS[args.order]([f"{deployment.roster.id_prefix}{i}" for i in range(args.n)])
         path = write_file(out / f"step1.{args.format}", ids, 1)
         del ids
         prepared = read_upload(path, deployment).batches  # what the raw producer sends (not timed)
         result["messages"] = len(prepared)
         result["bytes"] = sum(len(b.value) for b in prepared)
         print(
-            f"n={args.n:,} reports, {args.partitions} partitions, {args.format}: "
+            f"n={args.n:,} reports, {args.partitions} partitions, {args.format}, "
+            f"ids in {args.order} order: "
             f"{len(prepared)} batch messages, {result['bytes'] / 1e6:.1f} MB",
             flush=True,
         )
