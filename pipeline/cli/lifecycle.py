@@ -180,7 +180,7 @@ def cmd_up(args) -> int:
         if late:
             print(f"WARNING: {late}", file=sys.stderr, flush=True)
         # Beside this loop, in threads: their rounds wait on Redis, the broker or its object store,
-        # and would hold up the supervise() that restarts a dead one (docs/streaming.md, Supervision).
+        # and would hold up the supervise() that restarts a dead one (docs/operations.md, Supervision).
         cluster.start_housekeeping()
         if marker_dir is not None:
             store = StateStore.from_url(cluster.redis_url, deployment.name)
