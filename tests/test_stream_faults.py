@@ -35,17 +35,14 @@ from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import StateStore
 from pipeline.stream.kafka.topics import ensure_topics
 from pipeline.stream.kafka.group_session import SESSION_TIMEOUT_ENV, SESSION_TIMEOUT_MS
+from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 from support.stream_runs import (N, T, check_outputs, expected_ledger, log_text, run_steps, scenario,
                                  wait_accepted, wait_until)
 
 
-@pytest.fixture(autouse=True)
-def _short_group_sessions(monkeypatch):
-    """The jobs' group sessions last 5 s instead of 10 s: the embedded broker holds each join for half
-    of it, and a killed job's successor waits for all of it (pipeline/stream/kafka/group_session.py).
-    What these tests check does not depend on its length, except in the one that needs a killed
-    worker's partition to stay unowned, which sets the default back."""
-    monkeypatch.setenv(SESSION_TIMEOUT_ENV, "5000")
+# 5 s group sessions (support.group_sessions): none of these checks depends on their length, except
+# the one that needs a killed worker's partition to stay unowned, which sets the default back
+pytestmark = pytest.mark.usefixtures("short_group_sessions")
 
 
 def _committed_all(bootstrap: str, group: str, topic: str) -> dict[int, int]:
