@@ -28,14 +28,19 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from support.cli import N, deployment, dpstream  # noqa: F401 - `deployment` is a fixture
+from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 from support.up import Up, status_json, up, wait_released
 
 from pipeline.config import load_config
 from pipeline.stream.local.cluster import SUPERVISION_INTERVAL, LocalCluster
 from pipeline.stream.local.embedded import EmbeddedServices, pid_alive
 from jobs.eval.testbed import write_panel_deployment
+
+# 5 s group sessions (support.group_sessions): no check here depends on their length
+pytestmark = pytest.mark.usefixtures("short_group_sessions")
 
 
 def _children(pid: int) -> set[int]:
