@@ -14,13 +14,18 @@ import re
 import shutil
 import signal
 
+import pytest
 import yaml
 from support.cli import N, deployment, dpstream  # noqa: F401 - `deployment` is a fixture
+from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 from support.stream_runs import wait_until
 from support.up import Up, up, wait_released
 
 from pipeline.stream.local.embedded import pid_alive
 from pipeline.stream.local.marker import read_marker
+
+# 5 s group sessions (support.group_sessions): no check here depends on their length
+pytestmark = pytest.mark.usefixtures("short_group_sessions")
 
 
 def _closed_reported(logs, step: int) -> int:

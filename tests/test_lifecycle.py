@@ -12,9 +12,14 @@ import subprocess
 import sys
 import time
 
+import pytest
 from support.cli import N, deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
+from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 
 from pipeline.stream.local.embedded import free_port, pid_alive
+
+# 5 s group sessions (support.group_sessions): no check here depends on their length
+pytestmark = pytest.mark.usefixtures("short_group_sessions")
 
 
 def _start_up(path, env, tmp_path):

@@ -36,10 +36,14 @@ from pipeline.stream.state.store import StateStore
 from jobs.eval.testbed import binary_panel, write_panel_deployment
 
 from support.stream_runs import check_outputs
+from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
 N, P = 240, 2
+
+# 5 s group sessions (support.group_sessions): no check here depends on their length
+pytestmark = pytest.mark.usefixtures("short_group_sessions")
 
 
 @pytest.fixture(scope="module")

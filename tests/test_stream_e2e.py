@@ -24,9 +24,13 @@ from pipeline.stream.releaser.engine import batch_reference
 from pipeline.stream.process.faults import FAULT_EXIT_CODE
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import StateStore
+from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 from support.stream_runs import read_dead_letters
 
 N, T, K = 1500, 6, 3
+
+# 5 s group sessions (support.group_sessions): no check here depends on their length
+pytestmark = pytest.mark.usefixtures("short_group_sessions")
 
 
 @pytest.fixture(scope="module")

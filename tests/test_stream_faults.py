@@ -34,8 +34,15 @@ from pipeline.stream.process.faults import FAULT_EXIT_CODE
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import StateStore
 from pipeline.stream.kafka.topics import ensure_topics
+from pipeline.stream.kafka.group_session import SESSION_TIMEOUT_ENV, SESSION_TIMEOUT_MS
+from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 from support.stream_runs import (N, T, check_outputs, expected_ledger, log_text, run_steps, scenario,
                                  wait_accepted, wait_until)
+
+
+# 5 s group sessions (support.group_sessions): none of these checks depends on their length, except
+# the one that needs a killed worker's partition to stay unowned, which sets the default back
+pytestmark = pytest.mark.usefixtures("short_group_sessions")
 
 
 def _committed_all(bootstrap: str, group: str, topic: str) -> dict[int, int]:
@@ -123,7 +130,7 @@ def test_worker_kill9_mid_step_and_before_checkpoint_changes_nothing(services, t
         assert re.search(r"partition \d+ (restored )?at step 2\b", log_text(tmp_path, "worker-0"))  # the replay
 
 
-def test_releaser_kill9_holding_part_of_a_step_rereads_its_partials(services, tmp_path):
+def test_releaser_kill9_holding_part_of_a_step_rereads_its_partials(services, tmp_path, monkeypatch):
     """Two workers; worker-1 dies before publishing its partial of step 3 (after its forwarded-through
     markers, without which worker-0 could not close step 3 either), so the releaser holds only
     worker-0's partial of step 3 — consumed, and its position committed (for the lag gauge) after a
@@ -132,6 +139,7 @@ def test_releaser_kill9_holding_part_of_a_step_rereads_its_partials(services, tm
     the resume offset kept in Redis, not from the group's committed offset (past it), or step 3 is
     never released."""
     path, dep, X, roster = scenario(tmp_path, services, "faults-releaser-partial", seed=24, horizon=4)
+    monkeypatch.setenv(SESSION_TIMEOUT_ENV, str(SESSION_TIMEOUT_MS))  # worker-1's, counted on below
     with LocalCluster(path, dep, workers=2, log_dir=tmp_path / "logs") as cluster:
         drv = StepDriver(cluster.broker, dep, roster, cluster.names)
         run_steps(drv, X, (1, 2))

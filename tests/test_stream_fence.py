@@ -38,10 +38,14 @@ from pipeline.stream.state.identity import ConfigurationChanged, StateLost, esta
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import StateStore, StepRecord
 from support.stores import WritableStore
+from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 from jobs.eval.testbed import binary_panel
 
 N, T = 600, 4
 EXIT_CONFIG, EXIT_STATE_LOST = 2, 4  # docs/operations.md, "Exit codes"
+
+# 5 s group sessions (support.group_sessions): no check here depends on their length
+pytestmark = pytest.mark.usefixtures("short_group_sessions")
 
 
 def base_config(name: str, services=None) -> dict:

@@ -13,24 +13,34 @@ Each test reproduces an observation of the old code:
 * a change of `topics.partitions` was refused with exit 1 and a topic message; now exit 2, naming
   the configuration key;
 * a job whose broker was gone retried for ever; now it exits once the broker has been silent for the
-  bound (``DPSTREAM_BROKER_WAIT_SECONDS``, 60 s by default; 5 s here).
+  bound (``DPSTREAM_BROKER_WAIT_SECONDS``, 60 s by default; 5 s here);
+* a broker (or object store) killed while `up`'s lag watch was probing the broker was restarted only
+  when the probe gave up, 30 s later (its client's request timeout): the probe ran in the supervision
+  loop; now housekeeping runs beside the loop, and a dead child is restarted within a few of its
+  intervals.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from support.cli import N, deployment, dpstream  # noqa: F401 - `deployment` is a fixture
+from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 from support.up import Up, status_json, up, wait_released
 
 from pipeline.config import load_config
-from pipeline.stream.local.cluster import LocalCluster
+from pipeline.stream.local.cluster import SUPERVISION_INTERVAL, LocalCluster
 from pipeline.stream.local.embedded import EmbeddedServices, pid_alive
 from jobs.eval.testbed import write_panel_deployment
+
+# 5 s group sessions (support.group_sessions): no check here depends on their length
+pytestmark = pytest.mark.usefixtures("short_group_sessions")
 
 
 def _children(pid: int) -> set[int]:
@@ -54,6 +64,81 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def _connections_to(pid: int, port: int) -> int:
+    """Established TCP connections of process ``pid`` to 127.0.0.1:``port`` (/proc/<pid>/net/tcp)."""
+    sockets = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            sockets.add(target[len("socket:["):-1])
+    found = 0
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote, state, inode = fields[2], fields[3], fields[9]
+        if state == "01" and remote == f"0100007F:{port:04X}" and inode in sockets:
+            found += 1
+    return found
+
+
+def _waiting_probe(pid: int, port: int, hold: float, timeout: float) -> None:
+    """Until process ``pid`` holds a connection to 127.0.0.1:``port`` that is still open ``hold``
+    seconds later: `up` connects to its broker only to probe it (the lag watch, at its first round,
+    then every 30 s), for a tenth of a second unless the broker does not answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if _connections_to(pid, port):
+            time.sleep(hold)
+            if _connections_to(pid, port):
+                return
+        assert time.monotonic() < deadline, f"no probe of the broker waited {hold:g} s on it"
+        time.sleep(0.02)
+
+
+def _spawned(run: Up, timeout: float = 60.0) -> dict:
+    """`up`'s record once it has spawned the stream processes: before its banner and its loop."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            record = json.loads((run.home / "cli-test.json").read_text())
+        except (OSError, ValueError):
+            record = {}
+        if "releaser" in record.get("processes", {}):
+            return record
+        assert run.proc.poll() is None, run.text()
+        assert time.monotonic() < deadline, f"up spawned no releaser within {timeout:g} s"
+        time.sleep(0.02)
+
+
+def test_a_broker_killed_while_the_lag_watch_probes_it_is_restarted_at_once(deployment, tmp_path):
+    """The broker is frozen before `up`'s first lag probe, which then waits on it; once it has
+    waited, the broker is killed: the new broker must be spawned within a few supervision intervals
+    (it waited for the probe's timeout, up to 30 s)."""
+    path, env = deployment
+    run, frozen = Up(path, env, tmp_path, workers=1), None
+    try:
+        record = _spawned(run)
+        pids = {name: p["pid"] for name, p in record["processes"].items()}
+        gate_port = int(record["broker"].rsplit(":", 1)[1])
+        frozen = pids["broker"]
+        os.kill(frozen, signal.SIGSTOP)
+        _waiting_probe(run.proc.pid, gate_port, hold=2 * SUPERVISION_INTERVAL, timeout=70)
+        os.kill(frozen, signal.SIGKILL)
+        killed = time.monotonic()
+        bound = 10 * SUPERVISION_INTERVAL  # one interval, and a margin for a loaded 2-core machine
+        while not [p for p in _children(run.proc.pid) - set(pids.values())
+                   if b"broker\0--listener-url" in _cmdline(p)]:
+            assert time.monotonic() - killed < bound, f"no new broker within {bound:g} s of its kill"
+            time.sleep(0.02)
+        run.wait_for(r"restarted the embedded broker \(pid \d+\)")
+    finally:
+        if frozen is not None and pid_alive(frozen):
+            os.kill(frozen, signal.SIGKILL)
+        assert run.stop() == 0, run.text()
 
 
 def test_a_killed_redis_is_restarted_from_its_append_only_file(deployment, tmp_path):

@@ -25,6 +25,8 @@ from pipeline.cli.common import (
 from pipeline.extras import missing_extra
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pipeline.config import Deployment
     from pipeline.stream.state.store import StateStore
 
@@ -81,8 +83,14 @@ def cmd_up(args) -> int:
     repeated failure stops everything with the failing process's own line and code. On Ctrl-C or SIGTERM
     (`kill`, `dpstream down`) the stream processes stop first, then the broker, its storage and Redis."""
     from pipeline.stream.kafka.topics import PartitionCountChanged
-    from pipeline.stream.local.cluster import LocalCluster, ProcessFailed, state_dir
+    from pipeline.stream.local.cluster import (
+        SUPERVISION_INTERVAL,
+        LocalCluster,
+        ProcessFailed,
+        state_dir,
+    )
     from pipeline.stream.local.file_sd import targets_file
+    from pipeline.stream.local.housekeeper import Housekeeper
     from pipeline.stream.local.leftovers import SUPERVISOR_ENV, new_tag
     from pipeline.stream.state.store import StateStore
     from pipeline.upload_time import deadline_warning
@@ -123,7 +131,7 @@ def cmd_up(args) -> int:
             EXIT_CONFIG, f"another `dpstream up` of deployment {deployment.name!r} is starting"
         )
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
-    code = EXIT_OK
+    code, marking = EXIT_OK, None
     try:
         cluster.start_services()
         cluster.write_endpoints()  # Redis's pid, before anything else can fail (leftovers.py)
@@ -171,18 +179,21 @@ def cmd_up(args) -> int:
         late = deadline_warning(deployment)
         if late:
             print(f"WARNING: {late}", file=sys.stderr, flush=True)
-        last_mark, store = None, StateStore.from_url(cluster.redis_url, deployment.name)
+        # Beside this loop, in threads: their rounds wait on Redis, the broker or its object store,
+        # and would hold up the supervise() that restarts a dead one (docs/operations.md, Supervision).
+        cluster.start_housekeeping()
+        if marker_dir is not None:
+            store = StateStore.from_url(cluster.redis_url, deployment.name)
+            marking = Housekeeper(_marker_round(store, marker_dir), SUPERVISION_INTERVAL).start()
         while True:
-            for line in cluster.supervise() + cluster.housekeeping():
+            for line in cluster.supervise() + cluster.housekeeping_lines():
                 print(
                     f"dpstream up: {time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True
                 )
             targets = _write_targets(
                 deployment.name, cluster.metrics_ports, targets
             )  # a restart takes a new port
-            if marker_dir is not None:
-                last_mark = _update_marker(store, marker_dir, last_mark)
-            time.sleep(0.5)
+            time.sleep(SUPERVISION_INTERVAL)
     except KeyboardInterrupt:
         code = EXIT_OK
     except ProcessFailed as err:
@@ -194,6 +205,8 @@ def cmd_up(args) -> int:
     finally:
         for sig in previous:  # a second signal must not cut the shutdown short
             signal.signal(sig, signal.SIG_IGN)
+        if marking is not None:
+            marking.stop()
         cluster.stop()
         targets_file(deployment.name).unlink(missing_ok=True)
         for sig, handler in previous.items():
@@ -227,6 +240,19 @@ def _check_marker(deployment: Deployment, redis_url: str, marker_dir: Path | Non
         return None
     store = StateStore.from_url(redis_url, deployment.name)
     return stateless_start(marker, store.identity(), store.last_released())
+
+
+def _marker_round(store: StateStore, marker_dir: Path) -> Callable[[], list[str]]:
+    """A housekeeping round (:class:`pipeline.stream.local.housekeeper.Housekeeper`) that keeps the
+    deployment marker up to date; it has nothing to tell the operator."""
+    last = None
+
+    def round() -> list[str]:
+        nonlocal last
+        last = _update_marker(store, marker_dir, last)
+        return []
+
+    return round
 
 
 def _update_marker(store: StateStore, marker_dir: Path, last):

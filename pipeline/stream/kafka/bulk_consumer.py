@@ -24,6 +24,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.protocol.group import LeaveGroupRequest
 
 from pipeline.connections import kafka_security
+from pipeline.stream.kafka import group_session
 from pipeline.stream.kafka.log_identity import BrokerUnreachable, broker_wait_seconds
 from pipeline.stream.process.limits import MAX_MESSAGE_BYTES
 
@@ -104,7 +105,7 @@ class BulkConsumer:
         on_assign: OnAssign,
         on_revoke: OnRevoke,
         max_records: int = 50_000,
-        session_timeout_ms: int = 10_000,
+        session_timeout_ms: int | None = None,  # default: group_session.session_timeout_ms()
         rebalance_timeout_ms: int = 4_000,
         fetch_max_wait_ms: int = RELEASER_FETCH_MAX_WAIT_MS,
     ):
@@ -124,9 +125,9 @@ class BulkConsumer:
             max_partition_fetch_bytes=MAX_MESSAGE_BYTES,
             fetch_max_bytes=64 << 20,
             fetch_max_wait_ms=fetch_max_wait_ms,
-            session_timeout_ms=session_timeout_ms,
+            session_timeout_ms=session_timeout_ms or group_session.session_timeout_ms(),
             rebalance_timeout_ms=rebalance_timeout_ms,
-            heartbeat_interval_ms=1_000,
+            heartbeat_interval_ms=group_session.HEARTBEAT_INTERVAL_MS,
             max_poll_interval_ms=300_000,
         )
 

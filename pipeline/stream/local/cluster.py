@@ -40,6 +40,7 @@ from pipeline.stream.process.runtime import job_command
 
 if TYPE_CHECKING:
     from pipeline.stream.control.signing_keys import ControlKeys
+    from pipeline.stream.local.housekeeper import Housekeeper
     from pipeline.stream.local.retention import LogRetention
 from pipeline.stream.local.broker_access import open_broker
 
@@ -63,6 +64,7 @@ REFUSALS = (
 MAX_RESTARTS = 5  # per process within RESTART_WINDOW seconds; one more failure stops the deployment
 RESTART_WINDOW = 300.0
 BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0)  # seconds before the 1st, 2nd, ... restart within the window
+SUPERVISION_INTERVAL = 0.5  # seconds between `dpstream up`'s rounds of supervise()
 RETENTION_INTERVAL = (
     5.0  # seconds between rounds of the durable log's retention (pipeline.stream.local.retention)
 )
@@ -214,7 +216,9 @@ class LocalCluster:
         self.falling_behind: str | None = (
             None  # the lag watch's warning while it holds (`dpstream status`)
         )
+        self._recorded_falling_behind: str | None = None  # as in the endpoints record
         self._due = {"retention": 0.0, "lag": 0.0}
+        self._housekeeper: Housekeeper | None = None  # start_housekeeping
         self._keys: ControlKeys | None = None  # see control_keys
         self._set_tls_env = (
             False  # whether start_services named the gate's files in this process's environment
@@ -341,8 +345,9 @@ class LocalCluster:
             "processes": self.process_record(),
             "logs": str(self.log_dir or ""),
         }
-        if self.falling_behind:
-            record["falling_behind"] = self.falling_behind
+        self._recorded_falling_behind = self.falling_behind  # read once: housekeeping may change it
+        if self._recorded_falling_behind:
+            record["falling_behind"] = self._recorded_falling_behind
         if os.environ.get(
             SUPERVISOR_ENV
         ):  # the tag every process of this `up` carries (leftovers.py)
@@ -462,10 +467,29 @@ class LocalCluster:
             self.write_endpoints()
         return done
 
+    def start_housekeeping(self) -> None:
+        """Run :meth:`housekeeping` beside the supervision loop, in a thread of its own
+        (:mod:`pipeline.stream.local.housekeeper`): a round waiting on a dead broker or object store
+        must not hold up the :meth:`supervise` that restarts it. Stopped by :meth:`stop`."""
+        from pipeline.stream.local.housekeeper import Housekeeper
+
+        if self._housekeeper is None:
+            self._housekeeper = Housekeeper(self.housekeeping, SUPERVISION_INTERVAL).start()
+
+    def housekeeping_lines(self) -> list[str]:
+        """What the housekeeping rounds finished since the last call have to tell the operator; the
+        endpoints record rewritten here, in the supervision loop's thread, when the lag watch's
+        warning came or went. Never waits."""
+        lines = self._housekeeper.lines() if self._housekeeper is not None else []
+        if self.falling_behind != self._recorded_falling_behind:
+            self.write_endpoints()
+        return lines
+
     def housekeeping(self, now: float | None = None) -> list[str]:
         """The durable log's retention (every RETENTION_INTERVAL s) and the lag watch (every
         lag_watch.INTERVAL s); what to tell the operator, one line each. Never raises: a round that
-        fails is retried at the next interval."""
+        fails is retried at the next interval. Run by :meth:`start_housekeeping`'s thread: it writes
+        no file (:meth:`housekeeping_lines` records the lag watch's warning)."""
         now = time.monotonic() if now is None else now
         lines = []
         if self.retention is not None and now >= self._due["retention"]:
@@ -483,10 +507,8 @@ class LocalCluster:
             if warning:
                 lines.append(warning)
                 self.falling_behind = f"{time.strftime('%H:%M:%S')} {warning}"
-                self.write_endpoints()
             elif self.falling_behind and not self.lag_watch.warned:  # the backlog shrank since
                 self.falling_behind = None
-                self.write_endpoints()
         return lines
 
     def _unhandled(self) -> int:
@@ -521,6 +543,9 @@ class LocalCluster:
         return BACKOFF[min(len(recent), len(BACKOFF)) - 1]
 
     def stop(self) -> None:
+        if self._housekeeper is not None:  # no round starts against the services stopped below
+            self._housekeeper.stop()
+            self._housekeeper = None
         for _name, proc in list(self.procs.items()):
             if proc.poll() is None:
                 try:
