@@ -72,18 +72,10 @@ def _shuffled(ids: list[str]) -> list[str]:
     return [ids[i] for i in order.tolist()]
 
 
-def _as_text(ids: list[str]) -> list[str]:
-    return sorted(ids)
-
-
-def _as_rows(ids: list[str]) -> list[str]:
-    return ids
-
-
 # the file's order of reports, from the roster's ids in row order
 ORDERS: dict[str, Callable[[list[str]], list[str]]] = {
-    "numeric": _as_rows,
-    "text": _as_text,
+    "numeric": list,
+    "text": sorted,
     "shuffled": _shuffled,
 }
 
