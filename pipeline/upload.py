@@ -534,7 +534,7 @@ class EarlyProducer:
         self.close()
 
 
-def _topics_listed_by(producer, topic: str | None = None, timeout: float = 30.0) -> set[str] | None:
+def _topics_listed_by(producer, topic: str, timeout: float = 30.0) -> set[str] | None:
     """The broker's topics, as the producer's own connection learnt them: from the answer to its
     first metadata request (which names no topic) when that lists ``topic``, else from a metadata
     request for all topics (which creates none); the answer also holds the partitions the first
@@ -548,7 +548,7 @@ def _topics_listed_by(producer, topic: str | None = None, timeout: float = 30.0)
     if not (hasattr(metadata, "request_update") and hasattr(sender, "wakeup")):
         return None
     known = set(metadata.topics())
-    if topic is not None and topic in known:
+    if topic in known:
         # the client's first metadata request named no topic (it creates none) and the broker
         # listed the topic: it exists. Asking again would wait out the client's refresh
         # backoff (``retry_backoff_ms``, 100 ms: longer than the check of 10^6 reports)
