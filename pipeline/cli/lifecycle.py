@@ -247,12 +247,12 @@ def _marker_round(store: StateStore, marker_dir: Path) -> Callable[[], list[str]
     deployment marker up to date; it has nothing to tell the operator."""
     last = None
 
-    def round() -> list[str]:
+    def keep_marker() -> list[str]:
         nonlocal last
         last = _update_marker(store, marker_dir, last)
         return []
 
-    return round
+    return keep_marker
 
 
 def _update_marker(store: StateStore, marker_dir: Path, last):
