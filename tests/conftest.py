@@ -20,6 +20,7 @@ import sys
 
 import pytest
 from support.file_order import FileDurations, order_items
+from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture for every file
 
 # What a test file that starts real processes (embedded broker and Redis, the jobs, `dpstream`
 # commands, a browser) holds at module level; or a helper from tests/support/ that does.

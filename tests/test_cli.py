@@ -13,7 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from support.cli import N, T, deployment, dpstream, running  # noqa: F401 - a fixture
-from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 
 # 5 s group sessions (support.group_sessions): no check here depends on their length
 pytestmark = pytest.mark.usefixtures("short_group_sessions")

@@ -17,7 +17,6 @@ import signal
 import pytest
 import yaml
 from support.cli import N, deployment, dpstream  # noqa: F401 - `deployment` is a fixture
-from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 from support.stream_runs import wait_until
 from support.up import Up, up, wait_released
 

@@ -14,7 +14,6 @@ import time
 
 import pytest
 from support.cli import N, deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
-from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 
 from pipeline.stream.local.embedded import free_port, pid_alive
 

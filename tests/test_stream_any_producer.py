@@ -36,7 +36,6 @@ from pipeline.stream.state.store import StateStore
 from jobs.eval.testbed import binary_panel, write_panel_deployment
 
 from support.stream_runs import check_outputs
-from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 

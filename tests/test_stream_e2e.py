@@ -24,7 +24,6 @@ from pipeline.stream.releaser.engine import batch_reference
 from pipeline.stream.process.faults import FAULT_EXIT_CODE
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import StateStore
-from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 from support.stream_runs import read_dead_letters
 
 N, T, K = 1500, 6, 3

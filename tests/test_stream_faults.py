@@ -35,7 +35,6 @@ from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import StateStore
 from pipeline.stream.kafka.topics import ensure_topics
 from pipeline.stream.kafka.group_session import SESSION_TIMEOUT_ENV, SESSION_TIMEOUT_MS
-from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 from support.stream_runs import (N, T, check_outputs, expected_ledger, log_text, run_steps, scenario,
                                  wait_accepted, wait_until)
 

@@ -38,7 +38,6 @@ from pipeline.stream.state.identity import ConfigurationChanged, StateLost, esta
 from pipeline.stream.ingest.roster import Roster
 from pipeline.stream.state.store import StateStore, StepRecord
 from support.stores import WritableStore
-from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 from jobs.eval.testbed import binary_panel
 
 N, T = 600, 4

@@ -31,7 +31,6 @@ from pathlib import Path
 import pytest
 import yaml
 from support.cli import N, deployment, dpstream  # noqa: F401 - `deployment` is a fixture
-from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 from support.up import Up, status_json, up, wait_released
 
 from pipeline.config import load_config

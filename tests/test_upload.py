@@ -29,7 +29,6 @@ from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
 from pipeline.stream.state.store import StateStore
-from support.group_sessions import short_group_sessions  # noqa: F401 - a fixture
 from support.stream_runs import (check_outputs, panel_data, read_dead_letters, run_steps,
                                  wait_accepted, write_config)
 

@@ -3,8 +3,8 @@
 The jobs' session timeout (pipeline/stream/kafka/group_session.py, 10 s by default) sets how long
 every join takes on the embedded broker (half of it) and how long a killed job's successor waits for
 its partitions (all of it). A file that uses the fixture (``pytestmark =
-pytest.mark.usefixtures("short_group_sessions")``, the fixture imported) runs its jobs with 5 s
-sessions: joins of ~3 s instead of ~5 s. A test there that counts on a killed job's partitions
+pytest.mark.usefixtures("short_group_sessions")``; tests/conftest.py imports it) runs its jobs
+with 5 s sessions: joins of ~3 s instead of ~5 s. A test there that counts on a killed job's partitions
 staying unowned sets the default back itself.
 """
 
