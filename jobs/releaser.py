@@ -34,7 +34,7 @@ from pipeline.stream.kafka.log_identity import topic_ids_async
 from pipeline.stream.kafka.topics import RELEASER, group_id, read_by
 from pipeline.stream.process.metrics import serve_metrics
 from pipeline.stream.process.runtime import Runtime
-from pipeline.stream.process.supervision import run_job, supervise
+from pipeline.stream.process.supervision import closed_within, run_job, supervise
 from pipeline.stream.releaser.coordinator import ReleaseCoordinator
 from pipeline.stream.releaser.fence import read_release_stamps
 from pipeline.stream.state.commit_order import CommitOrder
@@ -170,29 +170,39 @@ class Releaser:
             self.coordinator.engine.step,
         )
         try:
-            await self._publish_descriptor(producer, identity.instance, verifier.keys)
-            await self._fence()
-            await (
-                self.coordinator.release_ready_steps()
-            )  # republishes first, under the same lock as releasing
-            await (
-                self.coordinator.redrive_closes()
-            )  # before any new close command: markers go out in step order
-            # any task failing (e.g. Redis gone) ends the process with an error
+            # The broker watchdog runs from here on, through the startup steps too: a broker lost
+            # while the descriptor is published or the fence reads would otherwise hold the job
+            # for its clients' request timeouts (40 s, 120 s) instead of the bound.
             await supervise(
-                [
-                    asyncio.create_task(self._consume(consumer)),
-                    asyncio.create_task(_every(0.5, self.coordinator.tick)),
-                    asyncio.create_task(consumer.commit_loop(self._handled)),
-                    asyncio.create_task(consumer.broker_watchdog()),
-                ],
+                [asyncio.create_task(consumer.broker_watchdog())],
                 "releaser",
+                startup=lambda: self._start(consumer, producer, identity.instance, verifier.keys),
             )
         finally:
-            await consumer.stop()
-            await producer.stop()
-            await store.close()
+            await closed_within(
+                {
+                    "the consumer": consumer.stop(),
+                    "the producer": producer.stop(),
+                    "the Redis store": store.close(),
+                }
+            )
             log.info("releaser stopped")
+
+    async def _start(
+        self, consumer: BulkConsumer, producer, instance: str, keys
+    ) -> list[asyncio.Task]:
+        """The startup steps in order; then the releaser's loops (any failing ends the process)."""
+        await self._publish_descriptor(producer, instance, keys)
+        await self._fence()
+        # republishes first, under the same lock as releasing
+        await self.running.release_ready_steps()
+        # before any new close command: markers go out in step order
+        await self.running.redrive_closes()
+        return [
+            asyncio.create_task(self._consume(consumer)),
+            asyncio.create_task(_every(0.5, self.running.tick)),
+            asyncio.create_task(consumer.commit_loop(self._handled)),
+        ]
 
 
 async def _every(seconds: float, fn) -> None:

@@ -43,7 +43,7 @@ from pipeline.stream.kafka.log_identity import topic_ids_async
 from pipeline.stream.kafka.topics import INGEST, group_id, read_by
 from pipeline.stream.process.metrics import serve_metrics, unexport_releaser_series
 from pipeline.stream.process.runtime import Runtime
-from pipeline.stream.process.supervision import run_job, supervise
+from pipeline.stream.process.supervision import closed_within, run_job, supervise
 from pipeline.stream.state.commit_order import CommitOrder
 from pipeline.stream.state.fingerprint import fingerprint, privacy_config
 from pipeline.stream.state.identity import establish_identity
@@ -136,9 +136,13 @@ class IngestWorker:
                 drain=self._finish_fetch,
             )
         finally:
-            await self.consumer.stop()
-            await self.producer.stop()
-            await self.redis.close()
+            await closed_within(
+                {
+                    "the consumer": self.consumer.stop(),
+                    "the producer": self.producer.stop(),
+                    "the Redis store": self.redis.close(),
+                }
+            )
             log.info("worker stopped")
 
     async def _finish_fetch(self) -> None:

@@ -14,6 +14,9 @@ Each test reproduces an observation of the old code:
   the configuration key;
 * a job whose broker was gone retried for ever; now it exits once the broker has been silent for the
   bound (``DPSTREAM_BROKER_WAIT_SECONDS``, 60 s by default; 5 s here);
+* a releaser whose broker froze during its startup (publishing the deployment descriptor, reading
+  the fence) waited for its producer's 40 s request timeout: its broker watchdog started only after
+  those steps; now it runs from the moment the clients have started;
 * a broker (or object store) killed while `up`'s lag watch was probing the broker was restarted only
   when the probe gave up, 30 s later (its client's request timeout): the probe ran in the supervision
   loop; now housekeeping runs beside the loop, and a dead child is restarted within a few of its
@@ -25,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -204,6 +208,21 @@ def test_a_partition_count_change_is_a_configuration_refusal(deployment, tmp_pat
     assert not (tmp_path / "home" / "cli-test.json").exists()  # nothing left running or recorded
 
 
+def _own_lines(log: Path, last: int = 15) -> str:
+    """The job's own log lines (dpstream's, not its clients' retries), the last ``last`` of them."""
+    return "\n".join([line for line in log.read_text().splitlines() if "dpstream" in line][-last:])
+
+
+def _exits_for_lost_broker(cluster: LocalCluster, logs: Path, name: str, within: float) -> None:
+    try:
+        code = cluster.wait_exit(name, timeout=within)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{name} still running {within:g} s after its broker was lost:\n"
+                    + _own_lines(logs / f"{name}.log"))
+    assert code == 1, _own_lines(logs / f"{name}.log")
+    assert "the broker has not answered" in (logs / f"{name}.log").read_text()
+
+
 def test_a_job_whose_broker_is_gone_exits_after_the_bound(tmp_path, monkeypatch):
     monkeypatch.setenv("DPSTREAM_BROKER_WAIT_SECONDS", "5")
     with EmbeddedServices() as svc:
@@ -218,5 +237,29 @@ def test_a_job_whose_broker_is_gone_exits_after_the_bound(tmp_path, monkeypatch)
                 time.sleep(0.3)
             svc.broker.stop()
             for name in ("worker-0", "releaser"):
-                assert cluster.wait_exit(name, timeout=60) == 1
-                assert "the broker has not answered" in (tmp_path / "logs" / f"{name}.log").read_text()
+                _exits_for_lost_broker(cluster, logs, name, within=60)
+
+
+def test_a_releaser_whose_broker_freezes_during_its_start_exits_after_the_bound(tmp_path, monkeypatch):
+    """The broker is frozen the moment the releaser has started its clients, before it publishes the
+    deployment descriptor and reads the fence: the broker watchdog covers those steps too. (It
+    started after them, and the descriptor's send held the releaser for its producer's 40 s request
+    timeout.) Exit within the bound (5 s), a probe's interval and the clients' bounded close."""
+    monkeypatch.setenv("DPSTREAM_BROKER_WAIT_SECONDS", "5")
+    with EmbeddedServices() as svc:
+        path = write_panel_deployment(tmp_path, svc, "broker-frozen", n=200, horizon=2, partitions=1, seed=3,
+                                      window=2)
+        frozen = svc.broker.pid
+        assert frozen is not None
+        try:
+            with LocalCluster(path, load_config(path), workers=1, log_dir=tmp_path / "logs") as cluster:
+                log = tmp_path / "logs" / "releaser.log"
+                deadline = time.monotonic() + 120
+                while not (log.exists() and "releaser started" in log.read_text()):
+                    cluster.check_alive()
+                    assert time.monotonic() < deadline, "the releaser did not start"
+                    time.sleep(0.005)
+                os.kill(frozen, signal.SIGSTOP)
+                _exits_for_lost_broker(cluster, tmp_path / "logs", "releaser", within=30)
+        finally:
+            os.kill(frozen, signal.SIGKILL)
