@@ -616,6 +616,7 @@ def cmd_dead_letters(args) -> int:
     """Rejected reports by reason (curator side: the dead-letter topic holds the original reports)."""
     from pipeline.consumer import read_to_end
     from pipeline.dead_letters import format_summary, summarise
+    from pipeline.stream.kafka.topic_presence import TopicsMissing, absent_deployment
     from pipeline.stream.kafka.topics import topic_names
 
     deployment = _load(args.config)
@@ -623,9 +624,13 @@ def cmd_dead_letters(args) -> int:
         deployment
     )  # its topic names and reasons are the deployment's own
     broker, _ = _endpoints(deployment, redis=False)
-    topic = topic_names(deployment)["dead-letter"]
+    names = topic_names(deployment)
+    topic = names["dead-letter"]
     messages: list[Any] = []
-    read_to_end(broker, [topic], messages.append)
+    try:
+        read_to_end(broker, [topic], messages.append)
+    except TopicsMissing as err:  # a deployment never started: said, and nothing created
+        return _fail(EXIT_CONFIG, absent_deployment(deployment.name, broker, names, err.topics))
     summary = summarise(messages, examples=args.examples)
     if args.json:
         print(json.dumps({reason: s.__dict__ for reason, s in summary.items()}))
