@@ -1,5 +1,6 @@
 """A command that only reads, naming a deployment the broker does not have: one line, exit code 2,
-and nothing left behind on the broker (real embedded broker).
+and nothing left behind on the broker (real embedded broker; `status` and `close` with a real
+embedded Redis holding no state of it).
 
 The embedded broker creates any topic a request names (a Metadata request for it, a ListOffsets
 or a Fetch), with its default partition count: a misspelt name left four empty topics, and a later
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 
 import pytest
 import yaml
@@ -19,7 +21,7 @@ from kafka.admin import NewTopic
 from pipeline.cli import main
 from pipeline.consumer import read_to_end
 from pipeline.stream.kafka.topics import ensure_topics
-from pipeline.stream.local.embedded import EmbeddedBroker
+from pipeline.stream.local.embedded import EmbeddedBroker, EmbeddedRedis
 
 ANALYST_COMMANDS = {
     "query": ["--release", "monthly", "--step", "1"],
@@ -34,6 +36,13 @@ ANALYST_COMMANDS = {
 def broker():
     started = EmbeddedBroker().start()
     yield started.bootstrap
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    started = EmbeddedRedis(tmp_path_factory.mktemp("redis"), generate_password=False).start()
+    yield started.url
     started.stop()
 
 
@@ -141,3 +150,22 @@ def test_read_to_end_reads_the_real_partitions_and_refuses_a_missing_topic(broke
     assert missing.value.topics == ["absent-a", "absent-b"]
     assert str(missing.value) == f"topics absent-a, absent-b do not exist on broker {broker}"
     assert _topics(broker) == before and len(seen) == 3
+
+
+def test_status_and_close_of_a_deployment_never_started_create_no_topic(
+    broker, redis_url, tmp_path, monkeypatch
+):
+    name = "not-up"
+    config = _config(tmp_path, name, broker)
+    monkeypatch.setenv("DPSTREAM_HOME", str(tmp_path / "home"))  # no `up` record to read
+    monkeypatch.setenv("DPSTREAM_REDIS", redis_url)
+    line = (f'no deployment "{name}" on broker {broker} '
+            f"(topic dpstream.{name}.deployment does not exist)")
+    code, err = _run("close", "--config", config, "--step", 1)
+    assert (code, err) == (2, f"dpstream: {line}\n"), err
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["status", "--config", str(config), "--json", "--wait", "0"]) == 0
+    # the rest of the status is shown; the intake says why it is not
+    assert json.loads(out.getvalue())["intake"] == {"unavailable": f"TopicsMissing: {line}"}
+    assert not {t for t in _topics(broker) if f".{name}." in t}

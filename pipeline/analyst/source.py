@@ -49,14 +49,13 @@ class PublicSource:
     def read(self, timeout: float = 30.0, store=None) -> PublicReader:
         """Every public topic to its end (into ``store``), then a reader over them."""
         from pipeline.consumer import read_topics
-        from pipeline.stream.kafka.topic_presence import TopicsMissing, absent_deployment
+        from pipeline.stream.kafka.topic_presence import TopicsMissing
 
         public = {t: self.names[t] for t in PUBLIC_TOPICS}
         try:
             store = read_topics(self.broker, public, store=store, timeout=timeout)
         except TopicsMissing as err:
-            line = absent_deployment(self.deployment_name, self.broker, public, err.topics)
-            raise NoSuchDeployment(line) from None
+            raise NoSuchDeployment(str(err.of_deployment(self.deployment_name, public))) from None
         return PublicReader(self.deployment(store.descriptor), store)
 
     def deployment(self, published: dict | None):

@@ -21,12 +21,18 @@ __all__ = ["TopicsMissing", "existing_partitions", "broker_topics", "absent_depl
 
 
 class TopicsMissing(LookupError):
-    """Topics a reader named that the broker does not have; nothing was read, nothing created."""
+    """Topics a reader named that the broker does not have; nothing was read, nothing created.
+    ``pipeline.cli`` says it in one line, exit code 2."""
 
-    def __init__(self, broker: str, topics: list[str]):
+    def __init__(self, broker: str, topics: list[str], line: str | None = None):
         self.broker, self.topics = broker, topics
         what = f"topic {topics[0]} does" if len(topics) == 1 else f"topics {', '.join(topics)} do"
-        super().__init__(f"{what} not exist on broker {broker}")
+        super().__init__(line or f"{what} not exist on broker {broker}")
+
+    def of_deployment(self, deployment: str, names: Mapping[str, str]) -> TopicsMissing:
+        """The same, said of deployment ``deployment`` (:func:`absent_deployment`)."""
+        line = absent_deployment(deployment, self.broker, names, self.topics)
+        return TopicsMissing(self.broker, self.topics, line)
 
 
 def existing_partitions(consumer, broker: str, topics: Iterable[str]) -> dict[str, list[int]]:
