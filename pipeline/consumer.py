@@ -298,10 +298,13 @@ def read_to_end(
     TopicPartition -> offset) up to their current end (or until ``until()`` is true). The end is
     each partition's true log end
     (:func:`pipeline.stream.kafka.log_end.log_ends`), not the ListOffsets answer, which the embedded
-    broker gives short (the last batch's base offset + 1)."""
+    broker gives short (the last batch's base offset + 1). Each topic's partitions are the broker's
+    own; a topic it does not have is :class:`~pipeline.stream.kafka.topic_presence.TopicsMissing`
+    before any request names it (the embedded broker would create it)."""
     from kafka import KafkaConsumer, TopicPartition
 
     from pipeline.stream.kafka.log_end import log_ends
+    from pipeline.stream.kafka.topic_presence import existing_partitions
 
     # a listener that is not a broker is one line within seconds, not kafka-python's 30 s bootstrap wait
     consumer = KafkaConsumer(
@@ -309,15 +312,14 @@ def read_to_end(
         **kafka_security(),
         enable_auto_commit=False,
         auto_offset_reset="earliest",
+        allow_auto_create_topics=False,  # a broker that honours it (Tansu does not: checked first)
         bootstrap_timeout_ms=BOOTSTRAP_TIMEOUT_MS,
         max_partition_fetch_bytes=8 * 1024 * 1024,
         fetch_max_bytes=64 * 1024 * 1024,
     )
     try:
-        tps = []
-        for topic in topics:
-            parts = consumer.partitions_for_topic(topic) or {0}
-            tps += [TopicPartition(topic, p) for p in sorted(parts)]
+        partitions = existing_partitions(consumer, bootstrap, topics)
+        tps = [TopicPartition(topic, p) for topic, parts in partitions.items() for p in parts]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
         for tp in tps:

@@ -165,6 +165,7 @@ def published_verifier(
     from kafka.errors import KafkaError
 
     from pipeline import descriptor
+    from pipeline.stream.kafka.topic_presence import TopicsMissing
     from pipeline.stream.kafka.topics import topic_names
 
     topic = topic_names(deployment)["deployment"]
@@ -172,6 +173,8 @@ def published_verifier(
         document = descriptor.published(broker, topic)
     except KafkaError as err:  # e.g. a Kafka whose ACLs predate the operator's read of it
         return None, f"cannot read {topic}: {err}"
+    except TopicsMissing:
+        return None, f"no topic {topic} on the broker"
     except ValueError as err:
         return None, f"the last record on {topic}: {err}"
     if document is None:

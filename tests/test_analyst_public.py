@@ -195,7 +195,9 @@ def test_analyst_commands_need_only_the_broker_and_the_deployment_name(deploymen
     assert len(proc.stderr.strip().splitlines()) == 1
     proc = dpstream("query", "--broker", d.broker, "--deployment", "no-such-deployment",
                     "--release", "quarterly", "--step", 1)
-    assert proc.returncode == 1 and "has published no descriptor" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and proc.stderr == (
+        f'dpstream: no deployment "no-such-deployment" on broker {d.broker} '
+        "(topic dpstream.no-such-deployment.deployment does not exist)\n"), proc.stderr
 
 
 def test_operator_commands_refuse_a_configuration_that_is_not_the_deployments(deployment):

@@ -13,16 +13,23 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
+from pipeline.stream.kafka.topics import PUBLIC_TOPICS
+
 from .reader import AnalystError, NotReleased, PublicReader
 
 if TYPE_CHECKING:
     from pipeline.config import Deployment
 
-__all__ = ["ConfigurationDiffers", "PublicSource", "public_names"]
+__all__ = ["ConfigurationDiffers", "NoSuchDeployment", "PublicSource", "public_names"]
 
 
 class ConfigurationDiffers(AnalystError):
     """The configuration given is not the deployment's (exit code 2)."""
+
+
+class NoSuchDeployment(AnalystError):
+    """The broker has no deployment of the name given, or not all its public topics (exit code 2);
+    nothing was created on the broker (:mod:`pipeline.stream.kafka.topic_presence`)."""
 
 
 def public_names(prefix: str, deployment: str) -> dict[str, str]:
@@ -42,8 +49,13 @@ class PublicSource:
     def read(self, timeout: float = 30.0, store=None) -> PublicReader:
         """Every public topic to its end (into ``store``), then a reader over them."""
         from pipeline.consumer import read_topics
+        from pipeline.stream.kafka.topic_presence import TopicsMissing
 
-        store = read_topics(self.broker, self.names, store=store, timeout=timeout)
+        public = {t: self.names[t] for t in PUBLIC_TOPICS}
+        try:
+            store = read_topics(self.broker, public, store=store, timeout=timeout)
+        except TopicsMissing as err:
+            raise NoSuchDeployment(str(err.of_deployment(self.deployment_name, public))) from None
         return PublicReader(self.deployment(store.descriptor), store)
 
     def deployment(self, published: dict | None):

@@ -4,7 +4,8 @@ Exit codes: 0 success; 1 runtime failure (a process died, a timeout, nothing pub
 or configuration error (an optional dependency not installed, the line naming the extra to install,
 pipeline/extras.py; a budget plan that exceeds the budget; a privacy-relevant
 configuration that differs from the one the deployment's state was created under or from its
-published descriptor, each differing key named); 3 refused by the deployment's state now, nothing
+published descriptor, each differing key named; a deployment name the broker has no topics of,
+nothing created on it); 3 refused by the deployment's state now, nothing
 done (a step already closed or too far ahead, every step closed, a close that needs ``--force``: several
 steps, lost reports, a ``close: deadline`` deployment) — never a budget: the whole spend is planned and
 checked at load (2), so no budget runs out at run time; 4 state lost: the public topics hold releases
@@ -79,6 +80,7 @@ from pipeline.cli.operator import (
 from pipeline.cli.verdict import DEFAULT_FATE_TIMEOUT
 from pipeline.connections import SecretUnavailable
 from pipeline.extras import extra_of_error
+from pipeline.stream.kafka.topic_presence import TopicsMissing
 
 __all__ = [
     "EXIT_CONFIG",
@@ -466,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
         if line is None:
             raise
         return _fail(EXIT_CONFIG, line)
+    except TopicsMissing as err:  # a reader of a deployment's topics the broker does not have
+        return _fail(EXIT_CONFIG, str(err))
     except Exception as err:  # noqa: BLE001 - expected connection failures become one line; the rest a traceback
         why = _unreachable(err)
         if why is None:

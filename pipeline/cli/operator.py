@@ -51,18 +51,22 @@ def _intake(deployment: Deployment, wait: float):
     refuse_other_configuration(deployment, store)  # before any count or spend is shown for it
     names = topic_names(deployment)
     from pipeline.producer import progress_printer
+    from pipeline.stream.kafka.topic_presence import TopicsMissing
 
-    return store, intake_view(
-        store,
-        broker,
-        names["reports"],
-        deployment.topics.partitions,
-        wait=wait,
-        repartition_topic=names["repartition"],
-        progress=_changes_only(
-            progress_printer("waiting for the workers: handled", " records sent before")
-        ),
-    )
+    try:
+        return store, intake_view(
+            store,
+            broker,
+            names["reports"],
+            deployment.topics.partitions,
+            wait=wait,
+            repartition_topic=names["repartition"],
+            progress=_changes_only(
+                progress_printer("waiting for the workers: handled", " records sent before")
+            ),
+        )
+    except TopicsMissing as err:  # never started, or another broker: said, nothing created
+        raise err.of_deployment(deployment.name, names) from None
 
 
 def _changes_only(show, every: float = 2.1):
@@ -616,6 +620,7 @@ def cmd_dead_letters(args) -> int:
     """Rejected reports by reason (curator side: the dead-letter topic holds the original reports)."""
     from pipeline.consumer import read_to_end
     from pipeline.dead_letters import format_summary, summarise
+    from pipeline.stream.kafka.topic_presence import TopicsMissing
     from pipeline.stream.kafka.topics import topic_names
 
     deployment = _load(args.config)
@@ -623,9 +628,13 @@ def cmd_dead_letters(args) -> int:
         deployment
     )  # its topic names and reasons are the deployment's own
     broker, _ = _endpoints(deployment, redis=False)
-    topic = topic_names(deployment)["dead-letter"]
+    names = topic_names(deployment)
+    topic = names["dead-letter"]
     messages: list[Any] = []
-    read_to_end(broker, [topic], messages.append)
+    try:
+        read_to_end(broker, [topic], messages.append)
+    except TopicsMissing as err:  # a deployment never started: said (exit 2), nothing created
+        raise err.of_deployment(deployment.name, names) from None
     summary = summarise(messages, examples=args.examples)
     if args.json:
         print(json.dumps({reason: s.__dict__ for reason, s in summary.items()}))

@@ -138,7 +138,9 @@ def intake_view(
     """The partitions' intake snapshots, once each worker has caught up with the reports log and the
     ``repartition`` log (reports forwarded from other partitions; or after ``wait`` seconds:
     ``unhandled`` then says how many records each partition still has). ``progress(handled, total)``
-    is called while waiting (records handled since the wait began, of those unhandled then)."""
+    is called while waiting (records handled since the wait began, of those unhandled then).
+    Topics the broker does not have: TopicsMissing (:mod:`pipeline.stream.kafka.topic_presence`),
+    nothing created."""
     from kafka import TopicPartition
 
     from pipeline.stream.kafka.log_end import log_ends
@@ -149,7 +151,7 @@ def intake_view(
         if repartition_topic
         else []
     )
-    ends = log_ends(broker, tps + forwarded)
+    ends = log_ends(broker, tps + forwarded, must_exist=True)
     deadline = time.monotonic() + wait
     first = None
     while True:

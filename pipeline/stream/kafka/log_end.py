@@ -25,6 +25,7 @@ import time
 from kafka import TopicPartition
 
 from pipeline.connections import kafka_security
+from pipeline.stream.kafka.topic_presence import existing_partitions
 
 __all__ = ["LogEnds", "log_ends", "log_ends_async"]
 
@@ -37,6 +38,7 @@ class LogEnds:
     def __init__(self, bootstrap: str, client_id: str = "dpstream-log-end"):
         from kafka import KafkaConsumer
 
+        self._bootstrap = bootstrap
         # short long-polls: an empty fetch at the end of the log comes back within fetch_max_wait_ms
         self._consumer = KafkaConsumer(
             bootstrap_servers=bootstrap,
@@ -47,11 +49,18 @@ class LogEnds:
             max_partition_fetch_bytes=1 << 20,
         )
 
-    def __call__(self, tps, timeout: float = 10.0, idle_ms: int = 100) -> dict:
+    def __call__(
+        self, tps, timeout: float = 10.0, idle_ms: int = 100, must_exist: bool = False
+    ) -> dict:
+        """``must_exist``: TopicsMissing, before any request names them, for topics the broker does
+        not have (:mod:`pipeline.stream.kafka.topic_presence`); otherwise the embedded broker
+        creates them and their ends are 0."""
         tps = list(tps)
         if not tps:
             return {}
         consumer = self._consumer
+        if must_exist:
+            existing_partitions(consumer, self._bootstrap, dict.fromkeys(tp.topic for tp in tps))
         ends = _listed_ends(consumer, tps)  # ListOffsets: may be short on the embedded broker
         consumer.assign(tps)
         for tp in tps:
@@ -92,11 +101,12 @@ def _listed_ends(consumer, tps: list) -> dict:
         return ends
 
 
-def log_ends(bootstrap: str, tps, timeout: float = 10.0) -> dict:
-    """True end offset of each TopicPartition in ``tps`` (one probe consumer, closed after)."""
+def log_ends(bootstrap: str, tps, timeout: float = 10.0, must_exist: bool = False) -> dict:
+    """True end offset of each TopicPartition in ``tps`` (one probe consumer, closed after;
+    ``must_exist``: :meth:`LogEnds.__call__`)."""
     probe = LogEnds(bootstrap)
     try:
-        return probe(tps, timeout=timeout)
+        return probe(tps, timeout=timeout, must_exist=must_exist)
     finally:
         probe.close()
 
