@@ -9,6 +9,13 @@ them slow in numpy: a gather through an unaligned view costs several times an al
 * keys all of one length (fixed-width ids, a chunk of consecutive numbers): the keys are a regular
   (keys, length) grid and a word of each is a strided view of the bytes, read by the ufunc that
   uses it: no gather at all;
+* keys of several lengths, none longer than 8 bytes (``SHORT``: a one-letter prefix and up to seven
+  digits, the usual range roster): one unaligned gather of the 64-bit word ending at each key's
+  end holds the whole key in its top bytes; shifted down by the bytes the key lacks, it is the
+  key from its start. Every read within a key is then a half of one of these two words (a view),
+  and a read wholly outside its key is zero: whatever the mix of lengths, one gather and one
+  shift (the layout below costs about one such gather for every word it reads, and its
+  positions' arithmetic as much again);
 * otherwise the bytes are copied four times, shifted by 0-3 bytes, into one aligned ``(4, m)``
   array of words: the word at byte ``p`` is ``[p % 4, p // 4]``, so every read is one aligned
   gather (four copies of the bytes cost less than one unaligned gather of 10^5 words).
@@ -23,9 +30,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["KeyWords"]
+__all__ = ["SHORT", "KeyWords"]
 
-_U32 = np.dtype("<u4")
+_U32, _U64 = np.dtype("<u4"), np.dtype("<u8")
+SHORT = 8  # bytes: keys up to this long are read as one word each
 
 
 class KeyWords:
@@ -49,8 +57,15 @@ class KeyWords:
         self._padded = padded
         self.bytes = padded[front : front + last - first]  # every key's, end to end
         self._shift = front - first  # key i starts at offsets[i] + shift in ``padded``
+        self.short = not self.uniform and self.longest <= SHORT
         if self.uniform:
             self._first = first + self._shift
+        elif self.short:
+            every_byte = np.ndarray(
+                (padded.size - 7,), dtype=_U64, buffer=padded, strides=(1,)
+            )  # unaligned: read by a fancy index (np.take would copy it whole first)
+            self._ends = every_byte[offsets[1:] + (self._shift - 8)]
+            self._starts: np.ndarray | None = None  # made on first use
         else:
             shifted = np.empty((4, words - 1), dtype=_U32)
             for r in range(4):
@@ -86,6 +101,8 @@ class KeyWords:
                 offset=first,
                 strides=(self.longest,),
             )
+        if self.short:
+            return self._within(side, distance, dtype)
         at = self._bases[side] + distance // 4
         low = self._words[at]
         if dtype == _U32:
@@ -94,3 +111,31 @@ class KeyWords:
         high <<= np.uint64(32)
         high |= low
         return high
+
+    def left_aligned(self) -> np.ndarray:
+        """Every key (``short`` keys only) as a little-endian 64-bit word: its bytes from the
+        lowest, zeros past its end."""
+        if not self.short:
+            raise ValueError("only keys of several lengths, none longer than SHORT, are held whole")
+        if self._starts is None:
+            missing = np.left_shift(8 - self.lengths, 3).astype(np.uint64)  # bits
+            self._starts = self._ends >> missing  # 64: zero (an empty key)
+        return self._starts
+
+    def _within(self, side: str, distance: int, dtype: np.dtype) -> np.ndarray:
+        """A read of keys of at most 8 bytes: a half or the whole of the word ending at the key's
+        end (``side`` "end", ``distance`` -8 or -4) or of the key from its start (``side``
+        "start", 0 or 4: the end word shifted down, zeros past the key); zero wholly outside."""
+        if side == "start":
+            word, at = self.left_aligned(), distance
+        else:
+            word, at = self._ends, distance + 8
+        if dtype == _U64:  # four bytes past the word: its other half, zeros beside it
+            if at == 0:
+                return word
+            if at in (-4, 4):
+                return word << np.uint64(32) if at < 0 else word >> np.uint64(32)
+            return np.zeros(self.size, dtype=_U64)
+        if at in (0, 4):
+            return word.view(_U32)[at // 4 :: 2]
+        return np.zeros(self.size, dtype=_U32)

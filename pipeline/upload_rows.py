@@ -49,8 +49,13 @@ def _eight_digits(word: np.ndarray, count) -> tuple[np.ndarray, np.ndarray]:
     number they write), eight digits at once (SWAR: each stage multiplies a lane by its scale
     plus one, adding each higher digit group times the scale to the one before it, wrapping; in
     place, one temporary)."""
-    x = np.bitwise_and(word, _KEEP[count], dtype=np.uint64)
-    x |= _FILL[count]
+    if np.ndim(count):  # a count per word (ids of several lengths; clipped to 0..8)
+        x = np.bitwise_xor(word, _ZEROS, dtype=np.uint64)  # the bytes not kept become "0"
+        x &= np.take(_KEEP, count, mode="clip")
+        x ^= _ZEROS
+    else:
+        x = np.bitwise_and(word, _KEEP[count], dtype=np.uint64)
+        x |= _FILL[count]
     spare = x & _HIGH_NIBBLES
     valid = spare == _ZEROS  # bytes 0x30..0x3F
     np.add(x, _SIXES, out=spare)
@@ -115,18 +120,18 @@ class UserRows:
             ok = ok & ((word & self._prefix_masks[j]) == self._prefix_words[j])
         # the number, 8 digits a word from the end (the id's last 8 bytes: its last 8 digits; at
         # most 24 bytes before an id's end, within the words' padding)
-        number = np.zeros(words.size, dtype=np.uint64)
+        number: Any = 0
         for k in range(-(-self._digits // 8)):
             if words.uniform:
                 count = min(max(digits - 8 * k, 0), 8)
             else:
-                count = np.clip(digits - 8 * k, 0, 8)
+                count = digits - 8 * k  # _eight_digits clips it to 0..8
             valid, value = _eight_digits(words.from_end(8 * k + 8, "<u8"), count)
             ok = ok & valid
-            number += value * np.uint64(10 ** (8 * k))
+            number = value if k == 0 else number + value * np.uint64(10 ** (8 * k))
         ok &= number < np.uint64(self._size)
         # no leading zero (unless the number is 0): at least the smallest number of its digits
-        ok &= number >= _LOWEST[np.clip(digits, 0, _LOWEST.size - 1)]
+        ok &= number >= np.take(_LOWEST, digits, mode="clip")
         if ok.all():
             return number.view(np.int64)  # below 10^18: the same as int64
         return np.where(ok, number.view(np.int64), -1)

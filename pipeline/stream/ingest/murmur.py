@@ -78,7 +78,7 @@ def murmur2_of_words(words: KeyWords) -> np.ndarray:
                 h ^= words.from_end(4) >> np.uint32(32 - 8 * (words.longest & 3))
                 h *= _M
         elif extra.any():
-            tail = words.from_end(4) >> _TAIL_SHIFT[extra]
+            tail = words.from_end(4) >> np.take(_TAIL_SHIFT, extra)
             h = np.where(extra > 0, (h ^ tail) * _M, h)
         h ^= h >> np.uint32(13)
         h *= _M
