@@ -20,6 +20,7 @@ from pipeline.stream.ingest.roster import murmur2_partition
 from pipeline.upload_columns import Columns
 from pipeline.upload_messages import _Listed, chunk_messages
 from pipeline.upload_rows import UserRows
+from test_upload_fast_paths import _canonical_row, _config
 
 # one-byte, two-byte, three-byte and four-byte UTF-8, a NUL, a control character
 _ALPHABET = list("az09_-é€😀\x00\n")
@@ -112,28 +113,6 @@ def test_murmur2_of_short_keys_of_several_lengths_is_kafkas(partitions):
         assert partition_of_hashes(hashes, partitions).tolist() == [
             murmur2_partition(u.encode(), partitions) for u in ids
         ]
-
-
-def _config(size: int, prefix: str = "u", partitions: int = 4) -> dict:
-    return {
-        "name": "mixed-lengths",
-        "roster": {"size": size, "id_prefix": prefix},
-        "horizon": 4,
-        "topics": {"partitions": partitions},
-        "attributes": {"poverty": {"type": "binary"}},
-        "budget": {"rho": 1.0},
-        "releases": [{"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 1.0}],
-    }
-
-
-def _canonical_row(user: str, prefix: str, size: int) -> int:
-    """The rule of a range roster (ids prefix0 .. prefix<size-1>), written out."""
-    digits = user[len(prefix) :] if user.startswith(prefix) else ""
-    if not digits or not digits.isascii() or not digits.isdigit():
-        return -1
-    if digits != "0" and digits.startswith("0"):
-        return -1
-    return int(digits) if int(digits) < size else -1
 
 
 @pytest.mark.parametrize("prefix", ["", "u", "hh", "é"])
