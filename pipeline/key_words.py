@@ -28,6 +28,8 @@ same distance from every key's start reaches past a short key).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pyarrow as pa
 
@@ -50,7 +52,7 @@ class KeyWords:
         self.longest = int(self.lengths.max()) if self.size else 0
         self.uniform = self.shortest == self.longest
         first, last = (int(offsets[0]), int(offsets[-1])) if offsets.size else (0, 0)
-        self.short = not self.uniform and self.longest <= SHORT and _VIEWS
+        self.short = not self.uniform and self.longest <= SHORT and _has_views()
         if self.short:
             self.bytes = data[first:last]  # every key's, end to end
             self.inline = _inline(data, offsets)
@@ -155,14 +157,25 @@ class KeyWords:
         return np.zeros(self.size, dtype=_U32)
 
 
-_VIEWS = hasattr(pa, "binary_view")  # pyarrow 16 and later
+@functools.cache
+def _has_views() -> bool:
+    """Whether this pyarrow casts binary to and from binary views (pyarrow 16 and later)."""
+    try:
+        probe = _inline(np.frombuffer(b"ab", dtype=np.uint8), np.array([0, 1, 2]))
+        viewed = pa.Array.from_buffers(pa.binary_view(), 2, [None, pa.py_buffer(probe)])
+        return viewed.cast(pa.binary()).to_pylist() == [b"a", b"b"]
+    except (AttributeError, NotImplementedError, pa.ArrowException):
+        return False
+
+
 # the bits a key of 0-8 bytes lacks in a 64-bit word
 _MISSING_BITS = np.array([8 * (8 - n) for n in range(SHORT + 1)], dtype=np.uint64)
 
 
 def _inline(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """The keys as Arrow binary views, ``(keys, 2)`` little-endian 64-bit words: a key of up to
-    12 bytes is held inline, its length (32 bits), then its bytes, zeros after them."""
+    12 bytes is held inline, its length (32 bits), then its bytes, zeros after them (the Arrow
+    columnar format's "variable-size binary view" layout pads an inline value with zeros)."""
     keys = pa.Array.from_buffers(
         pa.large_binary(),
         offsets.size - 1,

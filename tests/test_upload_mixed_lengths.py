@@ -101,6 +101,15 @@ def test_a_general_layouts_keys_are_not_held_whole():
             words.left_aligned()
 
 
+def test_without_binary_views_short_keys_take_the_general_layout(monkeypatch):
+    """A pyarrow that cannot cast to binary views (before 16): the general reads, same hashes."""
+    ids = _short_ids(7)
+    monkeypatch.setattr(key_words, "_has_views", lambda: False)
+    words = _words(ids)
+    assert not words.short
+    assert murmur2_of_words(words).tolist() == [kafka_murmur2(u.encode()) for u in ids]
+
+
 @pytest.mark.parametrize("partitions", [1, 3, 4, 16])
 def test_murmur2_of_short_keys_of_several_lengths_is_kafkas(partitions):
     """Random short ids (every length 0-8, non-ASCII, NUL) and a range roster's ids in text
