@@ -7,9 +7,9 @@ Repeats are found with a bitmap per step present in the file (a byte per roster 
 10^6 users and step), so the check's memory is one chunk plus those bitmaps, whatever the file's
 length. A chunk whose reports are all enrolled, in the horizon and not repeated (the usual case)
 is marked in one pass: its rows looked up in the bitmap, and checked for a repeat among themselves
-(ascending rows cannot repeat; else a fresh bitmap is counted, or the rows sorted); only a chunk
-with a bad report goes through the exact pass that names the first one. :class:`FileCheck` keeps,
-per step, the reports counted and the position of the first.
+(ascending rows cannot repeat; else the bitmap's marks are counted before and after marking them,
+or the rows sorted); only a chunk with a bad report goes through the exact pass that names the
+first one. :class:`FileCheck` keeps, per step, the reports counted and the position of the first.
 """
 
 from __future__ import annotations
@@ -64,18 +64,25 @@ def _all_pass(chunk: Columns, horizon: int) -> bool:
     return all(low > OUT_OF_DOMAIN for low in lowest) and any(low >= 0 for low in lowest)
 
 
-def _repeats_within(rows: np.ndarray, seen: np.ndarray) -> bool:
-    """Whether a row occurs twice in ``rows`` (none of which is marked in ``seen`` yet): rows
-    ascending cannot; else they are marked in a fresh bitmap and counted when a bitmap is small
-    beside the rows (fewer than 256 roster rows a report), sorted otherwise."""
-    if rows.size < 2 or (rows[1:] > rows[:-1]).all():
-        return False
-    if seen.size <= 256 * rows.size:
-        marks = np.zeros(seen.size, dtype=bool)
-        marks[rows] = True
-        return int(np.count_nonzero(marks)) != rows.size
-    ordered = np.sort(rows)
-    return bool((ordered[1:] == ordered[:-1]).any())
+def _marked_once(rows: np.ndarray, seen: np.ndarray) -> bool:
+    """Mark ``rows`` (none of which is marked in ``seen`` yet) in ``seen`` when none occurs twice
+    among them; False, ``seen`` unchanged, when one does. Rows ascending cannot repeat; else,
+    when the bitmap is small beside the rows (fewer than 256 roster rows a report), the rows
+    are marked and the marks counted before and after (a repeat marks fewer rows than it has;
+    a fresh bitmap for them cost a page fault per 4 kB and its own scatter), sorted otherwise."""
+    if rows.size >= 2 and not (rows[1:] > rows[:-1]).all():
+        if seen.size <= 256 * rows.size:
+            before = int(np.count_nonzero(seen))
+            seen[rows] = True
+            if int(np.count_nonzero(seen)) - before == rows.size:
+                return True
+            seen[rows] = False  # they were all unmarked before
+            return False
+        ordered = np.sort(rows)
+        if (ordered[1:] == ordered[:-1]).any():
+            return False
+    seen[rows] = True
+    return True
 
 
 def _first_of(start: int, bad: dict[str, np.ndarray]) -> Problem | None:
@@ -146,11 +153,9 @@ class FileCheck:
             seen = self._seen.get(step)
             if seen is None:
                 seen = self._seen[step] = np.zeros(self.users, dtype=bool)
-            fresh = not seen[rows_at].any() and not _repeats_within(rows_at, seen)
-            if not fresh:
+            if seen[rows_at].any() or not _marked_once(rows_at, seen):
                 for step_done, done in marked:
                     self._seen[step_done][done] = False
                 return False
-            seen[rows_at] = True
             marked.append((step, rows_at))
         return True

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.arrow_arrays import int32s, int64s, string_buffers, strings
-from pipeline.key_words import KeyWords
+from pipeline.key_words import SHORT, KeyWords
 from pipeline.stream.ingest.murmur import murmur2_of_words, partition_of_hashes
 from pipeline.stream.process.limits import MAX_REPORT_BYTES
 from pipeline.upload_columns import Columns
@@ -113,6 +113,7 @@ class _Listed:
     def __init__(self, users: pa.Array, order: np.ndarray, words: KeyWords):
         ids = words.bytes
         data = ids.tobytes()  # searched by memchr: faster than numpy's three comparisons
+        self.spaced = 1  # ends[k]: where id k starts in the join, less k separators
         plain = b'"' not in data and b"\\" not in data and (not ids.size or int(ids.min()) >= 0x20)
         if plain:
             self.open, separator, self.close = b'["', b'","', b'"]'
@@ -121,6 +122,11 @@ class _Listed:
             if joined is not None:  # ids of one length: id k ends at (k + 1) * length
                 self.ends = np.arange(order.size + 1, dtype=np.int64) * words.longest
                 self.joined = joined.data  # a memoryview of the bytes
+                return
+            inline = _joined_inline(words, order)
+            if inline is not None:  # id k and its separator end at ends[k + 1]
+                self.ends, self.joined = inline
+                self.spaced = 0
                 return
         users = users.take(int64s(order))
         if not plain:
@@ -139,8 +145,8 @@ class _Listed:
 
     def listed(self, start: int, stop: int) -> list:
         """The pieces of ``[...]`` of the ids ``start:stop`` (to join)."""
-        ends, gap = self.ends, self.gap
-        begin, end = int(ends[start]) + gap * start, int(ends[stop]) + gap * (stop - 1)
+        ends, gap, spaced = self.ends, self.gap, self.spaced * self.gap
+        begin, end = int(ends[start]) + spaced * start, int(ends[stop]) + spaced * stop - gap
         return [self.open, self.joined[begin:end], self.close]
 
 
@@ -159,6 +165,36 @@ def _joined_in_place(words: KeyWords, order: np.ndarray, separator: bytes) -> np
     for column, byte in enumerate(separator, start=width):
         rows[:, column] = byte
     return rows.reshape(-1)
+
+
+_SEPARATOR = int.from_bytes(b'","', "little")
+# added to the binary view of an id of n bytes (two 64-bit words: its length, then its bytes
+# inline, zeros after them) to append the separator: 3 to the length, its bytes after the id's
+_WITH_SEPARATOR = np.array(
+    [
+        [3 + ((_SEPARATOR << 8 * n + 32) & (2**64 - 1)), (_SEPARATOR << 8 * n) >> 32]
+        for n in range(SHORT + 1)
+    ],
+    dtype=np.uint64,
+)
+
+
+def _joined_inline(words: KeyWords, order: np.ndarray) -> tuple[np.ndarray, memoryview] | None:
+    """(offsets, bytes) of the ids in ``order``, each followed by ``","``, when they are of
+    several lengths and none longer than 8 bytes (:attr:`KeyWords.short`): the separator added
+    to the ids' binary views (each id held inline, zeros after it; with its separator 11 bytes at
+    most, still inline), the views taken in ``order`` as 16-byte rows, and Arrow's cast to
+    ``binary`` lays them end to end. None otherwise (Arrow joins them)."""
+    if not words.short or not order.size:
+        return None
+    views = np.take(_WITH_SEPARATOR, words.lengths, axis=0)
+    views += words.inline
+    views = np.take(views, order, axis=0)
+    viewed = pa.Array.from_buffers(pa.binary_view(), order.size, [None, pa.py_buffer(views)])
+    large = 11 * order.size >= 1 << 31  # 32-bit offsets would overflow
+    joined = viewed.cast(pa.large_binary() if large else pa.binary())
+    offsets = np.frombuffer(joined.buffers()[1], dtype=np.int64 if large else np.int32)
+    return offsets[: order.size + 1], memoryview(joined.buffers()[2])
 
 
 class _CodeText:

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.arrow_arrays import string_buffers
-from pipeline.key_words import KeyWords
+from pipeline.key_words import SHORT, KeyWords
 
 __all__ = ["UserRows"]
 
@@ -49,8 +49,18 @@ def _eight_digits(word: np.ndarray, count) -> tuple[np.ndarray, np.ndarray]:
     number they write), eight digits at once (SWAR: each stage multiplies a lane by its scale
     plus one, adding each higher digit group times the scale to the one before it, wrapping; in
     place, one temporary)."""
-    x = np.bitwise_and(word, _KEEP[count], dtype=np.uint64)
-    x |= _FILL[count]
+    if np.ndim(count):  # a count per word (ids of several lengths; clipped to 0..8)
+        x = np.bitwise_xor(word, _ZEROS, dtype=np.uint64)  # the bytes not kept become "0"
+        x &= np.take(_KEEP, count, mode="clip")
+        x ^= _ZEROS
+    else:
+        x = np.bitwise_and(word, _KEEP[count], dtype=np.uint64)
+        x |= _FILL[count]
+    return _digits_of(x)
+
+
+def _digits_of(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(whether each word's 8 bytes are ASCII digits, the number they write), in place."""
     spare = x & _HIGH_NIBBLES
     valid = spare == _ZEROS  # bytes 0x30..0x3F
     np.add(x, _SIXES, out=spare)
@@ -86,6 +96,7 @@ class UserRows:
                 np.uint32((1 << 8 * min(4, len(prefix) - i)) - 1) for i in range(0, len(prefix), 4)
             ]
         self._make_roster = roster
+        self._short_tables: dict[str, np.ndarray] | None = None
         self._roster: Any = None  # the Roster, made on first use
 
     def rows(self, users: pa.Array, words: KeyWords | None = None) -> np.ndarray:
@@ -98,6 +109,8 @@ class UserRows:
         skip = self._prefix.size
         if words.longest <= skip:  # no id has a digit (the reads below stay within the padding)
             return np.full(words.size, -1, dtype=np.int64)
+        if words.short:
+            return self._of_short(words)
         # digits after the prefix (a number when the ids are all of one length); more than the
         # largest row has: not canonical, or at least the roster's size
         digits: Any
@@ -115,21 +128,59 @@ class UserRows:
             ok = ok & ((word & self._prefix_masks[j]) == self._prefix_words[j])
         # the number, 8 digits a word from the end (the id's last 8 bytes: its last 8 digits; at
         # most 24 bytes before an id's end, within the words' padding)
-        number = np.zeros(words.size, dtype=np.uint64)
+        number: Any = 0
         for k in range(-(-self._digits // 8)):
             if words.uniform:
                 count = min(max(digits - 8 * k, 0), 8)
             else:
-                count = np.clip(digits - 8 * k, 0, 8)
+                count = digits - 8 * k  # _eight_digits clips it to 0..8
             valid, value = _eight_digits(words.from_end(8 * k + 8, "<u8"), count)
             ok = ok & valid
-            number += value * np.uint64(10 ** (8 * k))
+            number = value if k == 0 else number + value * np.uint64(10 ** (8 * k))
         ok &= number < np.uint64(self._size)
         # no leading zero (unless the number is 0): at least the smallest number of its digits
-        ok &= number >= _LOWEST[np.clip(digits, 0, _LOWEST.size - 1)]
+        ok &= number >= np.take(_LOWEST, digits, mode="clip")
         if ok.all():
             return number.view(np.int64)  # below 10^18: the same as int64
         return np.where(ok, number.view(np.int64), -1)
+
+    def _of_short(self, words: KeyWords) -> np.ndarray:
+        """Ids of several lengths, none longer than 8 bytes (:attr:`KeyWords.short`): each id is
+        one word (its bytes from the lowest), its prefix shifted out and its digits shifted up
+        to the word's top; the shift, the leading "0"s, whether the count of digits is right and
+        the smallest canonical number of that many digits are looked up by the id's length (one
+        gather each, where the general path computes them from the digits' count)."""
+        by_length, lengths = self._by_length(), words.lengths
+        ok = np.take(by_length["ok"], lengths)
+        for j in range(-(-self._prefix.size // 4)):
+            word = words.from_start(4 * j)
+            ok &= (word & self._prefix_masks[j]) == self._prefix_words[j]
+        x = words.left_aligned() >> np.uint64(8 * self._prefix.size)  # a new array
+        x <<= np.take(by_length["shift"], lengths)
+        x |= np.take(by_length["fill"], lengths)
+        valid, number = _digits_of(x)
+        ok &= valid
+        ok &= number < np.uint64(self._size)
+        ok &= number >= np.take(by_length["lowest"], lengths)
+        if ok.all():
+            return number.view(np.int64)
+        return np.where(ok, number.view(np.int64), -1)
+
+    def _by_length(self) -> dict[str, np.ndarray]:
+        """Per id length 0..SHORT: the digits' count is right (1 up to the largest row's), the
+        shift that puts them at a word's top (64: none), the "0"s under them, and the smallest
+        canonical number of that many digits."""
+        if self._short_tables is None:
+            digits = np.arange(SHORT + 1) - self._prefix.size
+            fits = (digits >= 1) & (digits <= self._digits)
+            count = np.clip(digits, 0, 8)
+            self._short_tables = {
+                "ok": fits,
+                "shift": np.where(fits, 8 * (8 - count), 64).astype(np.uint64),
+                "fill": _FILL[count],
+                "lowest": _LOWEST[np.clip(digits, 0, _LOWEST.size - 1)],
+            }
+        return self._short_tables
 
     def _of_roster(self, users: pa.Array) -> np.ndarray:
         if self._roster is None:
