@@ -61,8 +61,9 @@ def broker_topics(bootstrap: str) -> set[str]:
         consumer.close()
 
 
-def absent_deployment(deployment: str, broker: str, names: Mapping[str, str],
-                      missing: list[str]) -> str:
+def absent_deployment(
+    deployment: str, broker: str, names: Mapping[str, str], missing: list[str]
+) -> str:
     """The line for a reader that found ``missing`` of deployment ``deployment``'s topics
     (``names``: logical -> broker name) absent: no deployment of that name when none of its topics
     exists (its ``deployment`` topic named), else which of them it lacks."""
