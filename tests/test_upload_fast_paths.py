@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from kafka.partitioner.default import murmur2 as kafka_murmur2
+from support.range_roster import canonical_row, range_config
 
 from pipeline.allocator import keep_freed_memory
 from pipeline.arrow_arrays import string_buffers, strings
@@ -72,18 +73,6 @@ def test_murmur2_of_a_chunk_of_ids_of_a_few_lengths():
     assert _hashes_of(shuffled).tolist() == _kafka(shuffled)
 
 
-def _canonical_row(user: str, prefix: str, size: int) -> int:
-    """The rule of a range roster (ids prefix0 .. prefix<size-1>), written out."""
-    if not user.startswith(prefix):
-        return -1
-    digits = user[len(prefix) :]
-    if not digits or not all("0" <= c <= "9" for c in digits):
-        return -1
-    if digits != "0" and digits.startswith("0"):
-        return -1
-    return int(digits) if int(digits) < size else -1
-
-
 def _candidates(rng, prefix: str, size: int) -> list[str]:
     near = [0, 1, 9, 10, size - 1, size, size + 1, 10 * size]
     ids = [f"{prefix}{n}" for n in near + rng.integers(0, 2 * size + 2, 60).tolist()]
@@ -105,31 +94,19 @@ def test_range_roster_rows_follow_the_canonical_rule(prefix):
         rows = UserRows(parse_config_roster(prefix, size), lambda: None)
         ids = _candidates(rng, prefix, size)
         rng.shuffle(ids)
-        expected = [_canonical_row(u, prefix, size) for u in ids]
+        expected = [canonical_row(u, prefix, size) for u in ids]
         assert rows.rows(strings(ids)).tolist() == expected, (prefix, size)
         for length in {len(u.encode()) for u in ids}:
             same = [u for u in ids if len(u.encode()) == length]
             got = rows.rows(strings(same, large=True)).tolist()
-            assert got == [_canonical_row(u, prefix, size) for u in same], (prefix, size, length)
+            assert got == [canonical_row(u, prefix, size) for u in same], (prefix, size, length)
         if size <= 1000:  # the workers' roster agrees with the rule
             roster = Roster.from_range(size, prefix)
             assert [roster.row(u) for u in ids] == expected
 
 
 def parse_config_roster(prefix: str, size: int):
-    return parse_config(_config(size, prefix)).roster
-
-
-def _config(size: int, prefix: str = "u", partitions: int = 3) -> dict:
-    return {
-        "name": "fast-paths",
-        "roster": {"size": size, "id_prefix": prefix},
-        "horizon": 4,
-        "topics": {"partitions": partitions},
-        "attributes": {"poverty": {"type": "binary"}},
-        "budget": {"rho": 1.0},
-        "releases": [{"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 1.0}],
-    }
+    return parse_config(range_config(size, prefix)).roster
 
 
 def _first_repeat(pairs: list[tuple[str, int]]) -> int | None:
@@ -146,7 +123,7 @@ def test_the_check_finds_the_first_repeat_as_a_plain_scan_does(size):
     """Repeats inside a chunk (rows in any order), across chunks and at one step of a chunk of
     several steps: the first one found is a plain scan's; a refused chunk leaves the bitmaps as
     they were (the next clean chunk passes and is counted once)."""
-    dep = parse_config(_config(size))
+    dep = parse_config(range_config(size))
     rng = np.random.default_rng(size)
     for trial in range(60):
         chunks = [rng.integers(0, 300, int(rng.integers(1, 40))) for _ in range(3)]
@@ -217,7 +194,7 @@ def test_the_producer_made_during_the_check_sends_the_file_and_a_refused_file_no
     pq.write_table(pa.table({"user": users + ["u7"], "step": [1] * 51, "poverty": [0] * 51}), bad)
     with EmbeddedServices(broker_log=tmp_path / "broker.log") as svc:
         bootstrap = svc.broker.bootstrap
-        dep = parse_config(dict(_config(50), broker=bootstrap, redis=svc.redis.url))
+        dep = parse_config(dict(range_config(50), broker=bootstrap, redis=svc.redis.url))
         topic = ensure_topics(bootstrap, dep)["reports"]
         with pytest.raises(ReportFileError, match="row 51: a second report for user 'u7'"):
             upload_file(bad, dep, bootstrap)
@@ -272,7 +249,7 @@ def test_the_messages_kept_by_the_check_are_the_same_built_in_its_thread_or_besi
     steps = np.random.default_rng(4).integers(1, 3, 3000)
     path = tmp_path / "two-steps.parquet"
     pq.write_table(pa.table({"user": users, "step": steps, "poverty": [1] * 3000}), path)
-    dep = parse_config(_config(3000))
+    dep = parse_config(range_config(3000))
     monkeypatch.setenv("DPSTREAM_UPLOAD_CHUNK_ROWS", "512")
     made = {}
     for cores in (2, 4):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from kafka.partitioner.default import murmur2 as kafka_murmur2
+from support.range_roster import canonical_row, range_config
 
 import pipeline.key_words as key_words
 import pipeline.upload_messages as upload_messages
@@ -20,7 +21,6 @@ from pipeline.stream.ingest.roster import murmur2_partition
 from pipeline.upload_columns import Columns
 from pipeline.upload_messages import _Listed, chunk_messages
 from pipeline.upload_rows import UserRows
-from test_upload_fast_paths import _canonical_row, _config
 
 # one-byte, two-byte, three-byte and four-byte UTF-8, a NUL, a control character
 _ALPHABET = list("az09_-é€😀\x00\n")
@@ -133,7 +133,7 @@ def test_range_rows_of_short_ids_follow_the_canonical_rule(gathered, prefix):
     room = SHORT - len(prefix.encode())
     rng = np.random.default_rng(room)
     for size in sorted({1, 10, 11, 999, 10 ** (room - 1) + 7, 10**room}):
-        rows = UserRows(parse_config(_config(size, prefix)).roster, lambda: None)
+        rows = UserRows(parse_config(range_config(size, prefix)).roster, lambda: None)
         near = [0, 1, 9, 10, size - 1, size, size + 1] + rng.integers(0, 2 * size, 40).tolist()
         ids = [f"{prefix}{n}" for n in near] + [f"{prefix}0{n}" for n in (0, 1, 7)]
         ids += [f"{prefix}+1", f"{prefix}-1", f"{prefix} 1", f"{prefix}1 ", prefix, "", "x1"]
@@ -143,7 +143,7 @@ def test_range_rows_of_short_ids_follow_the_canonical_rule(gathered, prefix):
         assert f"{prefix}{size - 1}" in ids
         words = _words(ids)
         assert words.short, (prefix, size)
-        expected = [_canonical_row(u, prefix, size) for u in ids]
+        expected = [canonical_row(u, prefix, size) for u in ids]
         assert rows.rows(strings(ids), words).tolist() == expected, (prefix, size)
         assert rows.rows(strings(ids), gathered(ids)).tolist() == expected, (prefix, size)
 
@@ -181,7 +181,7 @@ def test_messages_of_short_ids_are_those_of_the_general_path(monkeypatch, keep_a
     the same messages (step, partition, reports, bytes) as with every key's words gathered and
     the ids joined by Arrow."""
     size = 30_000
-    dep = parse_config(_config(size))
+    dep = parse_config(range_config(size))
     ids = sorted(f"u{i}" for i in range(size))
     rng = np.random.default_rng(6)
     chunk = Columns(
