@@ -30,8 +30,9 @@ class _SleepsRecorded:
         time.sleep(seconds)
 
 
-def test_the_verdict_is_seen_soon_and_read_only_where_it_can_be(deployment, tmp_path, capsys,
-                                                                monkeypatch):
+def test_the_verdict_is_seen_soon_and_read_only_where_it_can_be(
+    deployment, tmp_path, capsys, monkeypatch  # noqa: F811 - the fixture
+):
     """Before: the wait slept 0.2 s between reads whatever it waited for, and every verdict read
     the dead-letter log with a consumer of its own (and a log-end probe), even when no report had
     been rejected. Now the first sleep is 10 ms (no sleep longer than before), a log that did not

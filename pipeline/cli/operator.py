@@ -140,8 +140,8 @@ def _early_producer(deployment: Deployment, closing: contextlib.ExitStack):
 
 
 def _early_mark(deployment: Deployment, early):
-    """The dead-letter mark taken beside the early producer (:class:`pipeline.cli.verdict.EarlyMark`;
-    None without one)."""
+    """The dead-letter mark taken beside the early producer
+    (:class:`pipeline.cli.verdict.EarlyMark`; None without one)."""
     from pipeline.cli.verdict import EarlyMark
 
     return None if early is None else EarlyMark(deployment, early.bootstrap, early)
