@@ -25,10 +25,11 @@ Reports sent to the partition that owns their user, as ``produce`` sends them, a
 
 from __future__ import annotations
 
+import threading
 import time
 from array import array
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -164,23 +165,22 @@ def await_fates(
     deadline = start + timeout
     last = receipt.last_offsets()
     total = receipt.reports
-    with ThreadPoolExecutor(1, thread_name_prefix="verdict-probe") as pool:
-        made = pool.submit(LogEnds, broker)
-        try:
-            delays = poll_delays()
-            while True:
-                snaps = store.intake()
-                handled = {p: int(snaps[p]["offset"]) if p in snaps else -1 for p in last}
-                left = receipt.reports_after(handled)
-                if progress is not None:
-                    progress(total - left, total)
-                if not left or time.monotonic() > deadline:
-                    break
-                time.sleep(next(delays))
-            probe = made.result()
-        except BaseException:
-            made.add_done_callback(_close_made)
-            raise
+    made = _in_daemon_thread(lambda: LogEnds(broker))
+    try:
+        delays = poll_delays()
+        while True:
+            snaps = store.intake()
+            handled = {p: int(snaps[p]["offset"]) if p in snaps else -1 for p in last}
+            left = receipt.reports_after(handled)
+            if progress is not None:
+                progress(total - left, total)
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(next(delays))
+        probe = made.result()
+    except BaseException:  # Ctrl-C: closed when made, not waited for
+        made.add_done_callback(_close_made)
+        raise
     try:
         applied = not left and _forwards_applied(
             store, probe, names["repartition"], partitions, deadline
@@ -196,6 +196,20 @@ def await_fates(
     )
     fates.waited = time.monotonic() - start
     return fates
+
+
+def _in_daemon_thread(make: Callable[[], object]) -> Future:
+    """``make()`` in a daemon thread (an interrupted process does not wait for it)."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(make())
+        except BaseException as err:  # noqa: BLE001 - raised by future.result()
+            future.set_exception(err)
+
+    threading.Thread(target=run, name="verdict-probe", daemon=True).start()
+    return future
 
 
 def _close_made(made: Future) -> None:
