@@ -25,9 +25,11 @@ Reports sent to the partition that owns their user, as ``produce`` sends them, a
 
 from __future__ import annotations
 
+import threading
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,7 +38,7 @@ import numpy as np
 if TYPE_CHECKING:
     from pipeline.stream.state.store import StateStore
 
-__all__ = ["Receipt", "Fates", "dead_letter_mark", "await_fates"]
+__all__ = ["Receipt", "Fates", "dead_letter_mark", "await_fates", "poll_delays"]
 
 # the dead-letter headers (pipeline.stream.kafka.messages.dead_letter_headers)
 SOURCE_HEADER, ITEM_HEADER = "dpstream-source", "dpstream-batch-index"
@@ -125,6 +127,20 @@ def dead_letter_mark(broker: str, topic: str, partitions: int) -> dict:
     return log_ends(broker, [TopicPartition(topic, p) for p in range(partitions)])
 
 
+def poll_delays(fast_for: float = 2.0, fast: float = 0.05, slow: float = 0.2) -> Iterator[float]:
+    """The sleeps between two reads of the workers' intake snapshots (Redis, not the broker):
+    10 ms doubling up to ``fast`` for the first ``fast_for`` seconds of sleeping, ``slow`` after.
+    A verdict that is there a moment after a read is seen ~10 ms later instead of after a fixed
+    200 ms; a long wait reads no more often than before (``slow``)."""
+    delay, slept = 0.01, 0.0
+    while slept < fast_for:
+        yield delay
+        slept += delay
+        delay = min(fast, delay * 2)
+    while True:
+        yield slow
+
+
 def await_fates(
     store: StateStore,
     broker: str,
@@ -136,41 +152,89 @@ def await_fates(
     progress: Callable[[int, int], None] | None = None,
 ) -> Fates:
     """Wait up to ``timeout`` seconds for the workers to handle ``receipt``'s messages, then
-    count its reports' dead letters (written after ``mark``) by reason."""
+    count its reports' dead letters (written after ``mark``) by reason.
+
+    One log-end probe serves the wait for forwarded reports and the dead-letter log's end; it
+    connects (TLS to the embedded broker's gate) in a thread while the snapshots are read. The
+    dead letters are read only when that log grew past ``mark``: a worker acknowledges a
+    partition's dead letters before its snapshot covers them, so a log that did not grow holds
+    none of this send's."""
+    from pipeline.stream.kafka.log_end import LogEnds
+
     start = time.monotonic()
     deadline = start + timeout
     last = receipt.last_offsets()
     total = receipt.reports
-    while True:
-        snaps = store.intake()
-        handled = {p: int(snaps[p]["offset"]) if p in snaps else -1 for p in last}
-        left = receipt.reports_after(handled)
-        if progress is not None:
-            progress(total - left, total)
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    applied = not left and _forwards_applied(
-        store, broker, names["repartition"], partitions, deadline
-    )
-    fates = Fates(sent=total, unknown=left, unapplied_forwards=not left and not applied)
-    fates.rejected = _rejections(
-        broker, names["dead-letter"], names["reports"], receipt, mark, handled
+    made = _in_daemon_thread(lambda: LogEnds(broker))
+    try:
+        delays = poll_delays()
+        while True:
+            snaps = store.intake()
+            handled = {p: int(snaps[p]["offset"]) if p in snaps else -1 for p in last}
+            left = receipt.reports_after(handled)
+            if progress is not None:
+                progress(total - left, total)
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(next(delays))
+        probe = made.result()
+    except BaseException:  # Ctrl-C: closed when made, not waited for
+        made.add_done_callback(_close_made)
+        raise
+    try:
+        applied = not left and _forwards_applied(
+            store, probe, names["repartition"], partitions, deadline
+        )
+        fates = Fates(sent=total, unknown=left, unapplied_forwards=not left and not applied)
+        grown = _grown_past(probe, mark)
+    finally:
+        probe.close()
+    fates.rejected = (
+        _rejections(broker, names["dead-letter"], names["reports"], receipt, mark, handled)
+        if grown
+        else {}
     )
     fates.waited = time.monotonic() - start
     return fates
 
 
+def _in_daemon_thread(make: Callable[[], object]) -> Future:
+    """``make()`` in a daemon thread (an interrupted process does not wait for it)."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(make())
+        except BaseException as err:  # noqa: BLE001 - raised by future.result()
+            future.set_exception(err)
+
+    threading.Thread(target=run, name="verdict-probe", daemon=True).start()
+    return future
+
+
+def _close_made(made: Future) -> None:
+    if made.exception() is None:
+        made.result().close()
+
+
+def _grown_past(probe, mark: dict) -> bool:
+    """Whether any partition of ``mark`` (TopicPartition -> end offset) has records past it."""
+    if not mark:
+        return True  # nothing to compare with: read
+    ends = probe(list(mark))
+    return any(ends[tp] > end for tp, end in mark.items())
+
+
 def _forwards_applied(
-    store: StateStore, broker: str, topic: str, partitions: int, deadline: float
+    store: StateStore, probe, topic: str, partitions: int, deadline: float
 ) -> bool:
     """Wait until every owner has handled the ``repartition`` log to its end now (the reports
-    other partitions forwarded to it); False if not by ``deadline``."""
+    other partitions forwarded to it); False if not by ``deadline``. ``probe``: a
+    :class:`pipeline.stream.kafka.log_end.LogEnds`."""
     from kafka import TopicPartition
 
-    from pipeline.stream.kafka.log_end import log_ends
-
-    ends = log_ends(broker, [TopicPartition(topic, p) for p in range(partitions)])
+    ends = probe([TopicPartition(topic, p) for p in range(partitions)])
+    delays = poll_delays()
     while True:
         snaps = store.intake()
         behind = [
@@ -183,7 +247,7 @@ def _forwards_applied(
             return True
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.2)
+        time.sleep(next(delays))
 
 
 def _rejections(

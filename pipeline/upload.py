@@ -464,6 +464,7 @@ class EarlyProducer:
     broker that does not answer nor leaves a producer open (:meth:`close` closes it when made)."""
 
     def __init__(self, bootstrap: str, topic: str, deployment_name: str | None = None):
+        self.bootstrap = bootstrap
         self._lock = threading.Lock()
         self._made = threading.Event()
         self._producer: Any = None

@@ -139,6 +139,14 @@ def _early_producer(deployment: Deployment, closing: contextlib.ExitStack):
     return early
 
 
+def _early_mark(deployment: Deployment, early):
+    """The dead-letter mark taken beside the early producer
+    (:class:`pipeline.cli.verdict.EarlyMark`; None without one)."""
+    from pipeline.cli.verdict import EarlyMark
+
+    return None if early is None else EarlyMark(deployment, early.bootstrap, early)
+
+
 def _missing_topic(deployment: Deployment, early) -> tuple[str | None, Any]:
     """(why nothing can be sent when the reports topic does not exist, None when it does; the
     early producer, None when making it failed), checked before anything names the topic: the
@@ -204,6 +212,7 @@ def _produce(args, stage: list[str], closing: contextlib.ExitStack) -> int:
     found = None
     # the producer made while the file is checked (not for a dry run: nothing is sent)
     early = _early_producer(deployment, closing) if path and not args.dry_run else None
+    marker = _early_mark(deployment, early)
     if path:  # the whole file is checked before anything is sent (pipeline.upload)
         stage[0] = f"checking {path}"
         try:
@@ -216,6 +225,7 @@ def _produce(args, stage: list[str], closing: contextlib.ExitStack) -> int:
         return _fail(EXIT_RUNTIME, missing)
     if early is None and path and not args.dry_run:  # the broker is known now, or it failed
         early = _early_producer(deployment, closing)
+        marker = _early_mark(deployment, early)
     stage[0] = "waiting for the workers' counts"
     _, view = _intake(deployment, wait=args.wait)
     window = open_window(deployment, view.closing)
@@ -239,7 +249,7 @@ def _produce(args, stage: list[str], closing: contextlib.ExitStack) -> int:
                     f"nothing sent: {path}:{line}: {why} (the file's {count:,} reports of step "
                     f"{file_step})",
                 )
-        return _send_file(deployment, found, args, view, stage, early)
+        return _send_file(deployment, found, args, view, stage, early, marker)
     step: int | None = args.step
     if step is None:  # the next open step without reports yet
         step = next((t for t in window if view.reported(t) == 0), None)
@@ -309,11 +319,14 @@ def _verdict(deployment: Deployment, receipt, mark, args, stage: list[str], sent
     return report_fates(deployment, receipt, mark, args.timeout)
 
 
-def _send_file(deployment: Deployment, found, args, view, stage: list[str], early) -> int:
+def _send_file(
+    deployment: Deployment, found, args, view, stage: list[str], early, marker=None
+) -> int:
     """A checked report file as batch messages (pipeline.upload): the topic must exist, each
     message goes to the partition owning its users, and what the broker acknowledged is what is
     reported; then the workers' verdict on those reports. ``early``: the producer made while the
-    file was checked (:class:`pipeline.upload.EarlyProducer`)."""
+    file was checked (:class:`pipeline.upload.EarlyProducer`) and ``marker`` the dead-letter mark
+    taken beside it (:class:`pipeline.cli.verdict.EarlyMark`)."""
     from pipeline.cli.verdict import held_conflicts, mark_dead_letters
     from pipeline.producer import TopicMissing, progress_printer
     from pipeline.stream.kafka.topics import topic_names
@@ -336,7 +349,9 @@ def _send_file(deployment: Deployment, found, args, view, stage: list[str], earl
         early.wait()  # the topic exists (checked before any client named it)
     except TopicMissing as err:
         return _fail(EXIT_RUNTIME, str(err))
-    mark = mark_dead_letters(deployment, broker)
+    mark = (
+        marker.get(deployment, broker) if marker else mark_dead_letters(deployment, broker)
+    )
     stage[0] = f"sending {found.path}"
     try:
         result = send_upload(

@@ -6,6 +6,7 @@ Curator side: the counts are the workers' (true counts, for the operator's termi
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 from pipeline.cli.common import EXIT_OK, EXIT_REJECTED, EXIT_RUNTIME, _endpoints, _fail
@@ -13,7 +14,13 @@ from pipeline.cli.common import EXIT_OK, EXIT_REJECTED, EXIT_RUNTIME, _endpoints
 if TYPE_CHECKING:
     from pipeline.config import Deployment
 
-__all__ = ["held_conflicts", "mark_dead_letters", "report_fates", "DEFAULT_FATE_TIMEOUT"]
+__all__ = [
+    "EarlyMark",
+    "held_conflicts",
+    "mark_dead_letters",
+    "report_fates",
+    "DEFAULT_FATE_TIMEOUT",
+]
 
 # seconds: the workers take ~10^5 reports/s and more (docs/performance.md), so 10^6 reports fit
 DEFAULT_FATE_TIMEOUT = 120.0
@@ -48,6 +55,35 @@ def mark_dead_letters(deployment: Deployment, broker: str) -> dict:
     return dead_letter_mark(
         broker, topic_names(deployment)["dead-letter"], topic_partitions(deployment)["dead-letter"]
     )
+
+
+class EarlyMark:
+    """:func:`mark_dead_letters` taken in a thread while the file is checked, once ``early`` (the
+    upload's :class:`pipeline.upload.EarlyProducer`) found the reports topic: a probe naming a
+    topic the embedded broker lacks would create it. Any mark taken before the send will do:
+    another producer's dead letters after it are told apart by source position
+    (:mod:`pipeline.fates`). A daemon thread, as the early producer's."""
+
+    def __init__(self, deployment: Deployment, broker: str, early):
+        self._mark: dict | None = None
+        self._done = threading.Event()
+        threading.Thread(
+            target=self._take, args=(deployment, broker, early), name="mark", daemon=True
+        ).start()
+
+    def _take(self, deployment: Deployment, broker: str, early) -> None:
+        try:
+            early.wait()
+            self._mark = mark_dead_letters(deployment, broker)
+        except BaseException:  # noqa: BLE001 - the send's own path says what failed
+            pass
+        finally:
+            self._done.set()
+
+    def get(self, deployment: Deployment, broker: str) -> dict:
+        """The mark; taken now when the thread could not."""
+        self._done.wait()
+        return self._mark if self._mark is not None else mark_dead_letters(deployment, broker)
 
 
 def report_fates(deployment: Deployment, receipt, mark, timeout: float) -> int:
