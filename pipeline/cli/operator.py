@@ -349,9 +349,7 @@ def _send_file(
         early.wait()  # the topic exists (checked before any client named it)
     except TopicMissing as err:
         return _fail(EXIT_RUNTIME, str(err))
-    mark = (
-        marker.get(deployment, broker) if marker else mark_dead_letters(deployment, broker)
-    )
+    mark = marker.get(deployment, broker) if marker else mark_dead_letters(deployment, broker)
     stage[0] = f"sending {found.path}"
     try:
         result = send_upload(
