@@ -429,6 +429,8 @@ class LocalCluster:
                     done.append(
                         f"restarted the embedded {name} (pid {service.pid}) on its port and data"
                     )
+            if not self.durable_log and any("broker" in line for line in done):
+                done.append(self._recreate_topics())
             if not svc.redis.running():
                 gone = svc.redis.pid
                 self._count_restart("redis", None, now)
@@ -466,6 +468,19 @@ class LocalCluster:
         if done:
             self.write_endpoints()
         return done
+
+    def _recreate_topics(self) -> str:
+        """After a restart of a broker whose log is memory-only: the deployment's topics, with their
+        configured partition counts, before a client names one (the embedded broker would create
+        it with its default count) or a `produce` finds none."""
+        try:
+            ensure_topics(self.broker, self.deployment, timeout=broker_wait_seconds())
+        except Exception as err:  # noqa: BLE001 - said, and the next round's clients fail visibly
+            return f"could not re-create the deployment's topics on the restarted broker: {err}"
+        return (
+            "re-created the deployment's topics (the broker's log is memory-only: the restart "
+            "lost every report and release it held)"
+        )
 
     def start_housekeeping(self) -> None:
         """Run :meth:`housekeeping` beside the supervision loop, in a thread of its own
