@@ -25,7 +25,6 @@ Reports sent to the partition that owns their user, as ``produce`` sends them, a
 
 from __future__ import annotations
 
-import threading
 import time
 from array import array
 from collections.abc import Callable, Iterator
@@ -159,13 +158,14 @@ def await_fates(
     dead letters are read only when that log grew past ``mark``: a worker acknowledges a
     partition's dead letters before its snapshot covers them, so a log that did not grow holds
     none of this send's."""
+    from pipeline.background import in_daemon_thread
     from pipeline.stream.kafka.log_end import LogEnds
 
     start = time.monotonic()
     deadline = start + timeout
     last = receipt.last_offsets()
     total = receipt.reports
-    made = _in_daemon_thread(lambda: LogEnds(broker))
+    made = in_daemon_thread(lambda: LogEnds(broker), "verdict-probe")
     try:
         delays = poll_delays()
         while True:
@@ -196,20 +196,6 @@ def await_fates(
     )
     fates.waited = time.monotonic() - start
     return fates
-
-
-def _in_daemon_thread(make: Callable[[], object]) -> Future:
-    """``make()`` in a daemon thread (an interrupted process does not wait for it)."""
-    future: Future = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(make())
-        except BaseException as err:  # noqa: BLE001 - raised by future.result()
-            future.set_exception(err)
-
-    threading.Thread(target=run, name="verdict-probe", daemon=True).start()
-    return future
 
 
 def _close_made(made: Future) -> None:

@@ -6,9 +6,9 @@ Curator side: the counts are the workers' (true counts, for the operator's termi
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING
 
+from pipeline.background import in_daemon_thread
 from pipeline.cli.common import EXIT_OK, EXIT_REJECTED, EXIT_RUNTIME, _endpoints, _fail
 
 if TYPE_CHECKING:
@@ -65,25 +65,17 @@ class EarlyMark:
     (:mod:`pipeline.fates`). A daemon thread, as the early producer's."""
 
     def __init__(self, deployment: Deployment, broker: str, early):
-        self._mark: dict | None = None
-        self._done = threading.Event()
-        threading.Thread(
-            target=self._take, args=(deployment, broker, early), name="mark", daemon=True
-        ).start()
-
-    def _take(self, deployment: Deployment, broker: str, early) -> None:
-        try:
+        def take() -> dict:
             early.wait()
-            self._mark = mark_dead_letters(deployment, broker)
-        except BaseException:  # noqa: BLE001 - the send's own path says what failed
-            pass
-        finally:
-            self._done.set()
+            return mark_dead_letters(deployment, broker)
+
+        self._mark = in_daemon_thread(take, "mark")
 
     def get(self, deployment: Deployment, broker: str) -> dict:
-        """The mark; taken now when the thread could not."""
-        self._done.wait()
-        return self._mark if self._mark is not None else mark_dead_letters(deployment, broker)
+        """The mark; taken now when the thread could not (the send's own path says what failed)."""
+        if self._mark.exception() is not None:
+            return mark_dead_letters(deployment, broker)
+        return self._mark.result()
 
 
 def report_fates(deployment: Deployment, receipt, mark, timeout: float) -> int:
