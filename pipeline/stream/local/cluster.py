@@ -414,9 +414,11 @@ class LocalCluster:
         done = []
         if self.services is not None:
             svc = self.services
+            broker_restarted = False
             if svc.gate is not None and not svc.gate.alive():
                 self._count_restart("broker-gate", svc.gate.returncode, now)
                 svc.restart_gate()
+                broker_restarted = True
                 done.append(
                     f"restarted the embedded broker's gate (pid {svc.gate.pid}) on its port, and the "
                     "broker and its object store behind it"
@@ -426,10 +428,11 @@ class LocalCluster:
                     self._count_restart(name, service.returncode, now)
                     service.stop()
                     service.start()
+                    broker_restarted = broker_restarted or service is svc.broker
                     done.append(
                         f"restarted the embedded {name} (pid {service.pid}) on its port and data"
                     )
-            if not self.durable_log and any("broker" in line for line in done):
+            if broker_restarted and not self.durable_log:
                 done.append(self._recreate_topics())
             if not svc.redis.running():
                 gone = svc.redis.pid
