@@ -20,6 +20,7 @@ from kafka.admin import NewTopic
 
 from pipeline.cli.common import EXIT_CONFIG
 from pipeline.stream.local.embedded import EmbeddedServices
+from support.topic_list import listed_topics
 
 USERS = 50
 
@@ -28,14 +29,6 @@ USERS = 50
 def services(tmp_path_factory):
     with EmbeddedServices(broker_log=tmp_path_factory.mktemp("broker") / "broker.log") as svc:
         yield svc
-
-
-def _topics(bootstrap: str) -> set[str]:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        return set(admin.list_topics())
-    finally:
-        admin.close()
 
 
 def _config(tmp_path, name: str, services) -> str:
@@ -106,7 +99,7 @@ def test_produce_to_a_deployment_the_broker_does_not_have_says_so_and_exits_2(
     below with exit 2."""
     name = f"no-such-{kind}-{'dry' if dry_run else 'send'}"
     broker = services.broker.bootstrap
-    before = _topics(broker)
+    before = listed_topics(broker)
     run = _produce(
         _config(tmp_path, name, services),
         *_source(tmp_path, kind),
@@ -118,7 +111,7 @@ def test_produce_to_a_deployment_the_broker_does_not_have_says_so_and_exits_2(
         f"(topic dpstream.{name}.deployment does not exist)\n"
     )
     assert "sent" not in run.stdout, run.stdout
-    assert _topics(broker) == before  # nothing made, so nothing sent
+    assert listed_topics(broker) == before  # nothing made, so nothing sent
 
 
 @pytest.mark.parametrize("kind", ["csv", "simulate"])
@@ -135,11 +128,11 @@ def test_produce_to_a_deployment_lacking_its_reports_topic_names_what_it_lacks(
         admin.create_topics([NewTopic(f"dpstream.{name}.deployment", 1, 1)])
     finally:
         admin.close()
-    before = _topics(broker)
+    before = listed_topics(broker)
     run = _produce(_config(tmp_path, name, services), *_source(tmp_path, kind))
     assert run.returncode == EXIT_CONFIG, (run.stdout, run.stderr)
     assert run.stderr.startswith(
         f'dpstream: deployment "{name}" on broker {broker} lacks dpstream.{name}.reports ('
     ), run.stderr
     assert len(run.stderr.splitlines()) == 1
-    assert _topics(broker) == before
+    assert listed_topics(broker) == before
