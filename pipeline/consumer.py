@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import orjson
 
-from pipeline.analyst.tables import write_csv, write_parquet
 from pipeline.connections import kafka_security
 from pipeline.releases.codecs import SYNTHETIC_DTYPES, IncompleteStep, columns_checksum
 from pipeline.releases.relative_error import answer_query
@@ -99,10 +98,14 @@ class SyntheticPanel:
 
     def export_csv(self, path: str | Path) -> Path:
         """The released columns as CSV (record, step_1..); ``dpstream export`` adds the data dictionary."""
+        from pipeline.analyst.tables import write_csv
+
         write_csv(Path(path), self.as_array(), None)
         return Path(path)
 
     def export_parquet(self, path: str | Path) -> Path:
+        from pipeline.analyst.tables import write_parquet
+
         write_parquet(
             Path(path), self.as_array(), None, {"release": self.release, "type": self.type}
         )

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipeline.cli.common import EXIT_RUNTIME
+from pipeline.cli.common import EXIT_CONFIG, EXIT_RUNTIME
 from pipeline.config import parse_config
 from pipeline.producer import TopicMissing
 from pipeline.stream.local.embedded import EmbeddedServices
@@ -165,7 +165,8 @@ def test_produce_to_a_missing_reports_topic_sends_nothing_and_makes_no_topic(
     the workers' counts from the reports topic, which made the broker create it, and then sent
     the file to it: "sent 50 reports for step 1 (all acknowledged)", exit 0, to a topic no
     worker reads. Now the topic is checked first (a file's by the producer made while the file
-    is checked): exit 1, the topic named, and no topic made."""
+    is checked) and no topic is made: the deployment the broker does not have is said as the
+    analysts' commands say it, exit 2 (tests/test_produce_missing_deployment.py)."""
     name = f"never-up-{mode}"
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(dict(_config(services), name=name)))
@@ -179,9 +180,8 @@ def test_produce_to_a_missing_reports_topic_sends_nothing_and_makes_no_topic(
          "--no-wait", "--wait", "1"],
         capture_output=True, text=True, timeout=120,
     )
-    assert run.returncode == EXIT_RUNTIME, (run.stdout, run.stderr)
-    assert f"'dpstream.{name}.reports' does not exist" in run.stderr, run.stderr
-    assert "nothing sent" in run.stderr
+    assert run.returncode == EXIT_CONFIG, (run.stdout, run.stderr)
+    assert f'no deployment "{name}" on broker' in run.stderr, run.stderr
     assert not {t for t in _topics(services.broker.bootstrap) if name in t}
 
 

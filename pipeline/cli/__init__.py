@@ -78,7 +78,6 @@ from pipeline.cli.operator import (
     cmd_status,
 )
 from pipeline.cli.verdict import DEFAULT_FATE_TIMEOUT
-from pipeline.connections import SecretUnavailable
 from pipeline.extras import extra_of_error
 from pipeline.stream.kafka.topic_presence import TopicsMissing
 
@@ -449,8 +448,6 @@ def main(argv: list[str] | None = None) -> int:
         _CONFIG_ARG[:] = [args.config]
     try:
         return int(args.func(args) or 0)
-    except SecretUnavailable as err:
-        return _fail(EXIT_CONFIG, f"configuration refused: {err}")
     except (
         OverflowError
     ) as err:  # e.g. budget.epsilon: 1e9 under allow_large: e^ε overflows a calibration
@@ -471,6 +468,11 @@ def main(argv: list[str] | None = None) -> int:
     except TopicsMissing as err:  # a reader of a deployment's topics the broker does not have
         return _fail(EXIT_CONFIG, str(err))
     except Exception as err:  # noqa: BLE001 - expected connection failures become one line; the rest a traceback
+        # imported here, not at the top: the parser needs none of pydantic (tests/test_cli_imports.py)
+        from pipeline.connections import SecretUnavailable
+
+        if isinstance(err, SecretUnavailable):
+            return _fail(EXIT_CONFIG, f"configuration refused: {err}")
         why = _unreachable(err)
         if why is None:
             raise

@@ -4,6 +4,9 @@ deployment's endpoints (configured, or those of a running `dpstream up`) and the
 (The exit codes are documented in :mod:`pipeline.cli`.)
 
 The audience modules (lifecycle, operator, analyst) import this one; it imports none of them.
+Nothing heavy is imported at module level (the connections and their pydantic models are imported
+by the functions that use them): ``pipeline.cli`` imports this module to build its parser, and
+``dpstream --help`` needs none of them (tests/test_cli_imports.py).
 """
 
 from __future__ import annotations
@@ -12,15 +15,6 @@ import json
 import os
 import sys
 from typing import TYPE_CHECKING, Literal, overload
-
-from pipeline.connections import (
-    check_secrets,
-    connection_failure,
-    kafka_security,
-    redis_client,
-    use_security,
-)
-from pipeline.security import check_no_password_in_url, redact_url
 
 if TYPE_CHECKING:
     from pipeline.config import Deployment
@@ -37,6 +31,7 @@ _CONFIG_ARG: list[str] = []  # the --config as typed, for the hints in messages
 
 def _load(path: str):
     from pipeline.config import ConfigError, load_config
+    from pipeline.connections import use_security
     from pipeline.privacy.errors import PrivacyBudgetError
 
     try:
@@ -92,6 +87,9 @@ def _check_reachable(broker: str, redis_url: str | None) -> None:
     import socket
 
     import redis
+
+    from pipeline.connections import connection_failure, redis_client
+    from pipeline.security import redact_url
 
     if broker not in _reached:
         errors = []
@@ -153,6 +151,8 @@ def _endpoints(
 ) -> tuple[str, str | None]:
     """Broker and Redis of a deployment: configured, or those of a running `dpstream up`; checked to answer.
     ``redis=False`` (the analysts' commands: public topics only) neither needs nor touches Redis."""
+    from pipeline.connections import check_secrets, kafka_security
+    from pipeline.security import check_no_password_in_url
     from pipeline.stream.local.cluster import endpoints_file
 
     # an unset variable or unreadable file is one line now, not a client's retry loop; an analyst has no
@@ -223,6 +223,8 @@ def _unreachable(err: BaseException) -> str | None:
     import redis
     from kafka import errors as kafka_errors
     from kafka.errors import KafkaConnectionError, KafkaTimeoutError
+
+    from pipeline.connections import connection_failure
 
     NoBrokersAvailable = getattr(
         kafka_errors, "NoBrokersAvailable", KafkaConnectionError

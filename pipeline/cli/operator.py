@@ -164,15 +164,26 @@ def _missing_topic(deployment: Deployment, early) -> tuple[str | None, Any]:
         try:
             early.wait()
             return None, early
-        except TopicMissing as err:
-            return str(err), None
+        except TopicMissing:
+            return _absent(deployment, broker), None
         except Exception:  # noqa: BLE001 - asked again below, by a client of its own
             pass
     try:
         require_topic(broker, topic_names(deployment)["reports"], deployment.name)
-    except TopicMissing as err:
-        return str(err), None
+    except TopicMissing:
+        return _absent(deployment, broker), None
     return None, None
+
+
+def _absent(deployment: Deployment, broker: str) -> str:
+    """What a missing reports topic means, said as the analysts' commands say a deployment the
+    broker does not have (:func:`pipeline.stream.kafka.topic_presence.absent_deployment`): no
+    deployment of that name when the broker has none of its topics, else which it lacks."""
+    from pipeline.stream.kafka.topic_presence import absent_deployment
+    from pipeline.stream.kafka.topics import topic_names
+
+    names = topic_names(deployment)
+    return absent_deployment(deployment.name, broker, names, [names["reports"]])
 
 
 def _produce(args, stage: list[str], closing: contextlib.ExitStack) -> int:
@@ -221,8 +232,8 @@ def _produce(args, stage: list[str], closing: contextlib.ExitStack) -> int:
             return _fail(EXIT_CONFIG, f"nothing sent: {err}")
     stage[0] = "checking the reports topic"
     missing, early = _missing_topic(deployment, early)
-    if missing is not None:
-        return _fail(EXIT_RUNTIME, missing)
+    if missing is not None:  # a configuration error, as for the analysts' commands: nothing sent
+        return _fail(EXIT_CONFIG, missing)
     if early is None and path and not args.dry_run:  # the broker is known now, or it failed
         early = _early_producer(deployment, closing)
         marker = _early_mark(deployment, early)
@@ -347,8 +358,8 @@ def _send_file(
         early = EarlyProducer(broker, topic, deployment.name)
     try:
         early.wait()  # the topic exists (checked before any client named it)
-    except TopicMissing as err:
-        return _fail(EXIT_RUNTIME, str(err))
+    except TopicMissing:
+        return _fail(EXIT_CONFIG, _absent(deployment, broker))
     mark = marker.get(deployment, broker) if marker else mark_dead_letters(deployment, broker)
     stage[0] = f"sending {found.path}"
     try:

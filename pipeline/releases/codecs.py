@@ -15,8 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.synth.postprocess import synthetic_dtype
-
 __all__ = [
     "SYNTHETIC_CHUNK_RECORDS",
     "SYNTHETIC_DTYPES",
@@ -41,6 +39,9 @@ class IncompleteStep(RuntimeError):
 def synthetic_columns(columns, categories: int) -> np.ndarray:
     """The new synthetic columns in the smallest type holding codes 0..categories−1 (int8 up to 128
     values, int16 up to 32,768); a value outside the alphabet is refused, never wrapped."""
+    # the synthesizers are imported by the releaser only: a reader of the topics needs none of them
+    from pipeline.synth.postprocess import synthetic_dtype
+
     arr = np.asarray(columns)
     if arr.size and (arr.min() < 0 or arr.max() >= categories):
         raise ValueError(
