@@ -22,6 +22,8 @@ parser and ``main``, and re-exports the commands' names under ``pipeline.cli``.
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import NoReturn
 
 from pipeline.cli.analyst import (
     _analyst,
@@ -77,6 +79,7 @@ from pipeline.cli.operator import (
     cmd_produce,
     cmd_status,
 )
+from pipeline.cli.quick_exit import collect_less, is_quick, leave
 from pipeline.cli.verdict import DEFAULT_FATE_TIMEOUT
 from pipeline.extras import extra_of_error
 from pipeline.stream.kafka.topic_presence import TopicsMissing
@@ -440,6 +443,20 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--json", action="store_true", help="machine-readable output")
     dl.set_defaults(func=cmd_dead_letters)
     return p
+
+
+def run() -> NoReturn:
+    """The ``dpstream`` command (its console script and ``python -m pipeline.cli``): :func:`main`
+    on the process's arguments, then its exit; a quick command (``produce``, ``status``) ends
+    without the interpreter's teardown (:mod:`pipeline.cli.quick_exit`)."""
+    argv = sys.argv[1:]
+    quick = is_quick(argv)
+    if quick:
+        collect_less()
+    code = main(argv)
+    if quick:
+        leave(code)
+    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
