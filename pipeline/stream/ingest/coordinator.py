@@ -350,8 +350,7 @@ class IngestCoordinator:
         for reason, count in result.reasons.items():
             METRICS.reports.labels("rejected").inc(count)
             METRICS.dead_letters.labels(reason).inc(count)
-        for key, value, headers in result.dead_letters:
-            await sends.send(self.names["dead-letter"], value, key=key, headers=headers)
+        await sends.send_many(self.names["dead-letter"], result.dead_letters)
         for p, value, headers in result.forwards:
             await forwards.send(self.names["repartition"], value, headers=headers, partition=p)
 

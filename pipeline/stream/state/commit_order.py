@@ -19,7 +19,7 @@ delivery future (``AIOKafkaProducer.send``) will do; tests pass an in-memory one
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 __all__ = ["Publisher", "CommitOrder", "Batch"]
@@ -73,6 +73,40 @@ class Batch:
                 headers=headers,
             )
         )
+
+    async def send_many(
+        self,
+        topic: str,
+        records: Sequence[tuple[bytes | None, bytes, list | None]],
+        partition: int = 0,
+    ) -> None:
+        """Hand ``(key, value, headers)`` messages to one partition, in order, a producer batch at a
+        time when the producer builds them (``AIOKafkaProducer.create_batch``, ``send_batch``): a
+        message costs the batch's append, not a send of its own (a send is ~60 µs of the event
+        loop: the 10^6 dead letters of a file sent twice took ~70 s). Each batch's acknowledgement
+        is awaited before the commit's writes, as a message's is."""
+        if not records:  # the usual fetch: nothing rejected
+            return
+        create = getattr(self.publisher, "create_batch", None)
+        send_batch = getattr(self.publisher, "send_batch", None)
+        if create is None or send_batch is None:
+            for key, value, headers in records:
+                await self.send(topic, value, key=key, partition=partition, headers=headers)
+            return
+        batch = create()
+        for key, value, headers in records:
+            if batch.append(timestamp=None, key=key, value=value, headers=headers or []) is None:
+                if batch.record_count():  # full: it goes, the message opens the next one
+                    self._pending.append(await send_batch(batch, topic, partition=partition))
+                    batch = create()
+                if batch.append(timestamp=None, key=key, value=value, headers=headers or []):
+                    continue
+                # larger than a batch by itself: sent alone (the producer refuses what is too large)
+                batch = create()
+                await self.send(topic, value, key=key, partition=partition, headers=headers)
+        if batch.record_count():
+            batch.close()
+            self._pending.append(await send_batch(batch, topic, partition=partition))
 
     async def acknowledged(self) -> None:
         """Wait until the broker acknowledged every message of this batch sent so far (raises if one failed)."""
