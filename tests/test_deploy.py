@@ -63,7 +63,11 @@ def test_dockerfile_installs_the_project_and_runs_dpstream():
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     entry = re.search(r"^ENTRYPOINT\s+(\[.*\])\s*$", text, re.M)
     assert entry and json.loads(entry.group(1)) == ["dpstream"]
-    assert scripts["dpstream"] == "pipeline.cli:main"
+    # the command's entry point: main on the process's arguments, then its exit (quick_exit.py)
+    assert scripts["dpstream"] == "pipeline.cli:run"
+    import pipeline.cli
+
+    assert callable(pipeline.cli.run)
     install = re.search(r"^RUN pip install \"?\.(\[[a-z,]+\])?\"?", text, re.M)
     assert install
     # the stream processes need no plots and no analyst page; `produce --csv` (deploy/README.md) needs files

@@ -63,8 +63,10 @@ def test_the_simulator_runs_only_when_asked_and_never_in_production(deployment, 
 
 def test_produce_reports_what_the_workers_rejected(deployment, tmp_path):
     """Sending a month twice: before, "all acknowledged" and exit 0 while the workers dead-lettered
-    all of it as duplicate, and --dry-run passed. Now the dry run says so (exit 5), and the send
-    prints the workers' verdict by reason with exit 5."""
+    all of it as duplicate, and --dry-run passed. Now the dry run says so (exit 5), and the send is
+    refused with nothing sent (exit 3: every report would be a duplicate, counted from the reports
+    log as the dry run counts); a file only part of which the workers hold is sent, with the exact
+    count said first, and the workers' verdict is printed by reason with exit 5."""
     path, env = deployment
     cfg = ["--config", str(path)]
     step1 = _csv(tmp_path / "s1.csv", 1)
@@ -76,20 +78,31 @@ def test_produce_reports_what_the_workers_rejected(deployment, tmp_path):
         assert dry.returncode == 5, (dry.stdout, dry.stderr)
         assert f"step 1: {N} of the {N} reports are of users the workers already hold" in \
             dry.stdout, dry.stdout
+        letters = dpstream("dead-letters", *cfg, "--json", env=env).stdout
         again = dpstream("produce", *cfg, "--csv", step1, env=env, check=False)
-        assert again.returncode == 5, (again.stdout, again.stderr)
-        assert f"0 accepted, {N} rejected (duplicate {N})" in again.stdout, again.stdout
-        assert "dpstream dead-letters" in again.stderr
+        assert again.returncode == 3, (again.stdout, again.stderr)
+        assert f"nothing sent: every one of the {N} reports is of a user the workers already " \
+            "hold a report of for its step" in again.stderr, again.stderr
+        assert again.stdout == ""  # no "sent" line
+        assert dpstream("dead-letters", *cfg, "--json", env=env).stdout == letters
         # half of step 2 then the other half: the second dry run finds no duplicate
         dpstream("produce", *cfg, "--csv", _csv(tmp_path / "a.csv", 2, range(N // 2)), env=env)
         second_half = _csv(tmp_path / "b.csv", 2, range(N // 2, N))
         dry = dpstream("produce", *cfg, "--csv", second_half, "--dry-run", env=env)
         assert "pass the workers' checks, none a duplicate" in dry.stdout, dry.stdout
+        # the whole of step 2 then: sent, and the half the workers hold is rejected
+        whole = dpstream("produce", *cfg, "--csv", _csv(tmp_path / "w.csv", 2), env=env,
+                         check=False)
+        assert whole.returncode == 5, (whole.stdout, whole.stderr)
+        assert f"WARNING: step 2: {N // 2} of the {N} reports are of users the workers already " \
+            "hold a report of" in whole.stderr, whole.stderr
+        assert f"{N - N // 2} accepted, {N // 2} rejected (duplicate {N // 2})" in whole.stdout
+        assert "dpstream dead-letters" in whole.stderr
         # the simulator, asked for, is judged the same way; --no-wait does not wait
         sim = dpstream("produce", *cfg, "--simulate", "--step", "3", env=env)
         assert f"sent {N} simulated reports for step 3" in sim.stdout
         assert f"{N} accepted, 0 rejected" in sim.stdout
-        nowait = dpstream("produce", *cfg, "--csv", second_half, "--no-wait", env=env)
+        nowait = dpstream("produce", *cfg, "--csv", second_half, "--replace", "--no-wait", env=env)
         assert "not waiting for the workers' verdict" in nowait.stdout
         assert "accepted" not in nowait.stdout
 

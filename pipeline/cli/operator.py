@@ -350,9 +350,23 @@ def _send_file(
         return _dry_run(deployment, found, args, view)
     # corrections (--replace) replace held reports: no duplicate to foresee
     held, certain = ([], 0) if args.replace else held_conflicts(deployment, view, found.counts)
+    broker, _ = _endpoints(deployment)
+    if held:  # some of the file's steps have reports already: counted exactly, as --dry-run does
+        stage[0] = "reading the reports log for what the workers hold"
+        exact = _exact_duplicates(deployment, broker, found, view)
+        if exact is not None:
+            lines, total, note = exact
+            if total == len(found):
+                return _fail(
+                    EXIT_REFUSED,
+                    f"nothing sent: every one of the {len(found):,} reports is of a user the "
+                    f"workers already hold a report of for its step ({note}): all would be "
+                    "dead-lettered as duplicate (the first report of a (user, step) wins; "
+                    "--replace sends them as corrections)",
+                )
+            held = lines
     for line in held:
         print(f"WARNING: {line}", file=sys.stderr)
-    broker, _ = _endpoints(deployment)
     topic = topic_names(deployment)["reports"]
     if early is None:  # the broker's address was not known without a word (not expected here)
         early = EarlyProducer(broker, topic, deployment.name)
@@ -391,6 +405,39 @@ def _send_file(
     return _verdict(deployment, result.receipt, mark, args, stage, sent)
 
 
+def _exact_duplicates(deployment: Deployment, broker: str, found, view):
+    """(a line per step with duplicates, how many of the file's reports are, the count's note),
+    counted exactly from the reports log (:mod:`pipeline.held_reports`); None when the log could
+    not be read (the workers' counts then only bound them)."""
+    from pipeline.held_reports import held_reports
+
+    try:
+        held = held_reports(deployment, broker, view, found.steps(), found.roster_of())
+    except Exception as err:  # noqa: BLE001 - the bound from the counts is said instead
+        print(
+            f"WARNING: the reports log could not be read to count duplicates exactly ({err})",
+            file=sys.stderr,
+        )
+        return None
+    return _counted(held, found)
+
+
+def _counted(held, found) -> tuple[list[str], int, str]:
+    """(a line per step of the file with duplicates, how many of its reports are, the note on
+    what the count covers) from the held reports."""
+    lines, total = [], 0
+    for step in sorted(found.steps()):
+        duplicates = held.duplicates(step, found.present[step])
+        total += duplicates
+        if duplicates:
+            lines.append(
+                f"step {step}: {duplicates:,} of the {found.counts[step]:,} reports are of "
+                "users the workers already hold a report of: dead-lettered as duplicate (the "
+                "first report of a (user, step) wins; --replace corrects them)"
+            )
+    return lines, total, held.note
+
+
 def _dry_run(deployment: Deployment, found, args, view) -> int:
     """What the workers would make of the checked file now: its reports of (user, step) pairs
     they hold a report of already are duplicates, counted exactly from the reports log
@@ -407,25 +454,18 @@ def _dry_run(deployment: Deployment, found, args, view) -> int:
         return EXIT_OK
     broker, _ = _endpoints(deployment)
     held = held_reports(deployment, broker, view, found.steps(), found.roster_of())
-    total = 0
-    for step in sorted(found.steps()):
-        duplicates = held.duplicates(step, found.present[step])
-        total += duplicates
-        if duplicates:
-            print(
-                f"dry run: step {step}: {duplicates:,} of the {found.counts[step]:,} reports "
-                "are of users the workers already hold a report of: dead-lettered as duplicate "
-                "(the first report of a (user, step) wins; --replace corrects them)"
-            )
+    lines, total, note = _counted(held, found)
+    for line in lines:
+        print(f"dry run: {line}")
     if total:
         return _fail(
             EXIT_REJECTED,
             f"dry run: {total:,} of the {len(found):,} reports would be rejected as duplicate "
-            f"({held.note}); nothing sent",
+            f"({note}); nothing sent",
         )
     print(
         f"dry run: {len(found):,} reports for step{plural} {steps} pass the workers' checks, "
-        f"none a duplicate ({held.note}); nothing sent"
+        f"none a duplicate ({note}); nothing sent"
     )
     return EXIT_OK
 
