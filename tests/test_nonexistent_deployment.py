@@ -22,6 +22,7 @@ from pipeline.cli import main
 from pipeline.consumer import read_to_end
 from pipeline.stream.kafka.topics import ensure_topics
 from pipeline.stream.local.embedded import EmbeddedBroker, EmbeddedRedis
+from support.topic_list import listed_topics
 
 ANALYST_COMMANDS = {
     "query": ["--release", "monthly", "--step", "1"],
@@ -44,14 +45,6 @@ def redis_url(tmp_path_factory):
     started = EmbeddedRedis(tmp_path_factory.mktemp("redis"), generate_password=False).start()
     yield started.url
     started.stop()
-
-
-def _topics(broker: str) -> set[str]:
-    admin = KafkaAdminClient(bootstrap_servers=broker)
-    try:
-        return set(admin.list_topics())
-    finally:
-        admin.close()
 
 
 def _run(*args) -> tuple[int, str]:
@@ -85,7 +78,7 @@ def test_an_analyst_command_of_a_missing_deployment_says_so_and_creates_nothing(
     broker, tmp_path, command
 ):
     name = f"no-such-{command}"
-    before = _topics(broker)
+    before = listed_topics(broker)
     extra = [a.format(tmp=tmp_path) for a in ANALYST_COMMANDS[command]]
     code, err = _run(command, "--broker", broker, "--deployment", name, *extra)
     assert code == 2, err
@@ -93,7 +86,7 @@ def test_an_analyst_command_of_a_missing_deployment_says_so_and_creates_nothing(
         f'dpstream: no deployment "{name}" on broker {broker} '
         f"(topic dpstream.{name}.deployment does not exist)\n"
     )
-    assert _topics(broker) == before
+    assert listed_topics(broker) == before
     assert not (tmp_path / "out.csv").exists() and not (tmp_path / "page").exists()
 
 
@@ -107,12 +100,12 @@ def test_a_configuration_of_a_deployment_never_started_is_said_and_a_later_up_is
         code, err = _run(command, "--config", config, *extra)
         assert (code, err) == (2, f'dpstream: no deployment "{name}" on broker {broker} '
                                   f"(topic dpstream.{name}.deployment does not exist)\n"), err
-    assert not {t for t in _topics(broker) if f".{name}." in t}
+    assert not {t for t in listed_topics(broker) if f".{name}." in t}
     # the topics a started deployment needs can still be made with its partition counts
     from pipeline.config import load_config
 
     ensure_topics(broker, load_config(str(config)))
-    assert {f"dpstream.{name}.deployment", f"dpstream.{name}.reports"} <= _topics(broker)
+    assert {f"dpstream.{name}.deployment", f"dpstream.{name}.reports"} <= listed_topics(broker)
 
 
 def test_a_deployment_lacking_some_public_topics_is_named_with_what_it_lacks(broker):
@@ -120,13 +113,13 @@ def test_a_deployment_lacking_some_public_topics_is_named_with_what_it_lacks(bro
     admin = KafkaAdminClient(bootstrap_servers=broker)
     admin.create_topics([NewTopic(f"dpstream.{name}.deployment", 1, 1)])
     admin.close()
-    before = _topics(broker)
+    before = listed_topics(broker)
     code, err = _run("alerts", "--broker", broker, "--deployment", name)
     lacks = ", ".join(f"dpstream.{name}.{t}" for t in ("releases", "synthetic", "alerts"))
     assert code == 2 and err.startswith(
         f'dpstream: deployment "{name}" on broker {broker} lacks {lacks} ('), err
     assert len(err.splitlines()) == 1
-    assert _topics(broker) == before
+    assert listed_topics(broker) == before
 
 
 def test_read_to_end_reads_the_real_partitions_and_refuses_a_missing_topic(broker):
@@ -144,12 +137,12 @@ def test_read_to_end_reads_the_real_partitions_and_refuses_a_missing_topic(broke
     read_to_end(broker, ["three-parts"], lambda m: seen.append((m.partition, m.value)))
     assert sorted(seen) == [(0, b"0"), (1, b"1"), (2, b"2")]
 
-    before = _topics(broker)
+    before = listed_topics(broker)
     with pytest.raises(TopicsMissing) as missing:
         read_to_end(broker, ["three-parts", "absent-a", "absent-b"], seen.append, timeout=5)
     assert missing.value.topics == ["absent-a", "absent-b"]
     assert str(missing.value) == f"topics absent-a, absent-b do not exist on broker {broker}"
-    assert _topics(broker) == before and len(seen) == 3
+    assert listed_topics(broker) == before and len(seen) == 3
 
 
 def test_status_and_close_of_a_deployment_never_started_create_no_topic(
@@ -168,4 +161,4 @@ def test_status_and_close_of_a_deployment_never_started_create_no_topic(
         assert main(["status", "--config", str(config), "--json", "--wait", "0"]) == 0
     # the rest of the status is shown; the intake says why it is not
     assert json.loads(out.getvalue())["intake"] == {"unavailable": f"TopicsMissing: {line}"}
-    assert not {t for t in _topics(broker) if f".{name}." in t}
+    assert not {t for t in listed_topics(broker) if f".{name}." in t}

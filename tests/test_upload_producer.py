@@ -20,16 +20,7 @@ from pipeline.cli.common import EXIT_CONFIG, EXIT_RUNTIME
 from pipeline.config import parse_config
 from pipeline.producer import TopicMissing
 from pipeline.stream.local.embedded import EmbeddedServices
-
-
-def _topics(bootstrap: str) -> set[str]:
-    from kafka import KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        return set(admin.list_topics())
-    finally:
-        admin.close()
+from support.topic_list import listed_topics
 
 
 def _config(services=None, broker: str = "", redis: str = "") -> dict:
@@ -69,13 +60,13 @@ def test_a_metadata_request_naming_a_missing_topic_creates_it_on_the_embedded_br
     from kafka import KafkaProducer
 
     bootstrap, topic = services.broker.bootstrap, f"named-by-a-producer-{allow}"
-    assert topic not in _topics(bootstrap)  # the listing created nothing
+    assert topic not in listed_topics(bootstrap)  # the listing created nothing
     producer = KafkaProducer(bootstrap_servers=bootstrap, allow_auto_create_topics=allow)
     try:
         producer.partitions_for(topic)
     finally:
         producer.close()
-    assert topic in _topics(bootstrap)
+    assert topic in listed_topics(bootstrap)
 
 
 def test_the_early_producer_refuses_a_missing_topic_and_creates_none(services):
@@ -88,7 +79,7 @@ def test_the_early_producer_refuses_a_missing_topic_and_creates_none(services):
     with pytest.raises(TopicMissing, match="'dpstream.nobody.reports' does not exist"):
         early.get()
     early.close()
-    assert topic not in _topics(bootstrap)
+    assert topic not in listed_topics(bootstrap)
 
 
 def test_the_early_producer_of_an_existing_topic_asks_the_broker_nothing_more(
@@ -132,7 +123,7 @@ def test_require_topic_refuses_a_missing_topic_and_creates_none(services):
     bootstrap = services.broker.bootstrap
     with pytest.raises(TopicMissing, match="'dpstream.nobody2.reports' does not exist.*'nobody2'"):
         require_topic(bootstrap, "dpstream.nobody2.reports", "nobody2")
-    assert "dpstream.nobody2.reports" not in _topics(bootstrap)
+    assert "dpstream.nobody2.reports" not in listed_topics(bootstrap)
 
 
 def test_upload_file_to_a_missing_topic_sends_nothing_and_makes_no_topic(services, tmp_path):
@@ -143,7 +134,7 @@ def test_upload_file_to_a_missing_topic_sends_nothing_and_makes_no_topic(service
     topic = topic_names(dep)["reports"]
     with pytest.raises(TopicMissing, match="does not exist"):
         upload_file(_file(tmp_path), dep, services.broker.bootstrap)
-    assert topic not in _topics(services.broker.bootstrap)
+    assert topic not in listed_topics(services.broker.bootstrap)
 
 
 def test_the_early_producer_closed_before_it_is_made_waits_for_nothing():
@@ -182,7 +173,7 @@ def test_produce_to_a_missing_reports_topic_sends_nothing_and_makes_no_topic(
     )
     assert run.returncode == EXIT_CONFIG, (run.stdout, run.stderr)
     assert f'no deployment "{name}" on broker' in run.stderr, run.stderr
-    assert not {t for t in _topics(services.broker.bootstrap) if name in t}
+    assert not {t for t in listed_topics(services.broker.bootstrap) if name in t}
 
 
 def test_produce_with_a_broker_that_does_not_answer_says_so_at_once(tmp_path):
