@@ -16,9 +16,9 @@ import time
 import numpy as np
 import yaml
 
-from support.cli import N, deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
-
+from jobs.eval.chaos_soak import all_taken
 from pipeline.connections import kafka_security
+from support.cli import N, deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
 
 
 def _csv(path, step: int, users=range(N)) -> str:
@@ -74,10 +74,10 @@ def test_produce_reports_what_the_workers_rejected(deployment, tmp_path):
         first = dpstream("produce", *cfg, "--csv", step1, env=env)
         verdict = f"workers' verdict on the {N} reports sent: {N} accepted, 0 rejected"
         assert verdict in first.stdout, first.stdout
-        dry = dpstream("produce", *cfg, "--csv", step1, "--dry-run", env=env, check=False)
-        assert dry.returncode == 5, (dry.stdout, dry.stderr)
+        dry1 = dpstream("produce", *cfg, "--csv", step1, "--dry-run", env=env, check=False)
+        assert dry1.returncode == 5, (dry1.stdout, dry1.stderr)
         assert f"step 1: {N} of the {N} reports are of users the workers already hold" in \
-            dry.stdout, dry.stdout
+            dry1.stdout, dry1.stdout
         letters = dpstream("dead-letters", *cfg, "--json", env=env).stdout
         again = dpstream("produce", *cfg, "--csv", step1, env=env, check=False)
         assert again.returncode == 3, (again.stdout, again.stderr)
@@ -98,6 +98,9 @@ def test_produce_reports_what_the_workers_rejected(deployment, tmp_path):
             "hold a report of" in whole.stderr, whole.stderr
         assert f"{N - N // 2} accepted, {N // 2} rejected (duplicate {N // 2})" in whole.stdout
         assert "dpstream dead-letters" in whole.stderr
+        # the chaos soak's retry reads these as "every report is with the workers"
+        assert all_taken(first) and all_taken(again) and all_taken(whole)
+        assert not all_taken(dry1)  # a dry run sends nothing (exit 5: would be rejected)
         # the simulator, asked for, is judged the same way; --no-wait does not wait
         sim = dpstream("produce", *cfg, "--simulate", "--step", "3", env=env)
         assert f"sent {N} simulated reports for step 3" in sim.stdout

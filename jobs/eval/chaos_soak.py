@@ -6,8 +6,8 @@ while steps are produced, closed and released; then a checker.
 
 A real `dpstream up` (durable embedded log, persistent embedded Redis under ``--dir``/home, two
 workers) is driven through the command line as an operator would: per step, the simulated panel's
-reports are sent with ``dpstream produce --jsonl`` (again until it exits 0: only then are they all
-acknowledged; a report sent twice is dead-lettered as a duplicate), ``dpstream close`` is repeated
+reports are sent with ``dpstream produce --jsonl`` (again until they are all with the workers:
+:func:`all_taken`; a report sent twice is dead-lettered as a duplicate), ``dpstream close`` is repeated
 until the step is closing, and the step must be released within ``--stall`` seconds. Meanwhile a
 fault thread, every ``--fault-every`` seconds on average (exponential gaps, seeded), picks one of
 the processes the endpoints file names — the broker, its object store, Redis, each worker, the
@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -69,6 +70,20 @@ def _config(directory: Path, name: str, n: int, horizon: int, seed: int) -> Path
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def all_taken(produce: subprocess.CompletedProcess) -> bool:
+    """Whether the workers hold every report of the file ``produce`` was given: it exited 0 (all
+    accepted); or an earlier attempt got them there (acknowledged, then a fault before its verdict
+    — its `up` killed, a worker stopped past the wait) and this one was refused because the workers
+    hold every one (exit 3), or was sent and only duplicates were rejected (exit 5)."""
+    if produce.returncode == 0:
+        return True
+    if produce.returncode == 3:
+        return "already hold a report of for its step" in produce.stderr
+    if produce.returncode == 5:
+        return re.search(r"rejected \(duplicate [\d,]+\)\n", produce.stdout) is not None
+    return False
 
 
 class Soak:
@@ -238,9 +253,9 @@ class Soak:
     def run_step(self, step: int) -> None:
         reports = self._report_file(step)
         deadline = time.monotonic() + self.stall * 2
-        while True:  # acknowledged: only an exit 0 says every report reached the broker
+        while True:  # until every report is with the workers (all_taken)
             self.ensure_up()
-            if self.dpstream("produce", "--jsonl", str(reports)).returncode == 0:
+            if all_taken(self.dpstream("produce", "--jsonl", str(reports))):
                 break
             assert time.monotonic() < deadline, f"step {step}: produce never succeeded"
             time.sleep(1)
