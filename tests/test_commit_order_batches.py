@@ -25,7 +25,8 @@ def broker():
 
 
 def _letters(count: int, tag: str) -> list[tuple[bytes | None, bytes, list | None]]:
-    """Messages of a few hundred bytes, some without a key or headers, one of ~0.6 MB."""
+    """Messages of a few hundred bytes, some without a key or headers, one of ~0.6 MB and one
+    larger than a producer batch (1 MB: sent alone)."""
     out: list[tuple[bytes | None, bytes, list | None]] = []
     for i in range(count):
         key = None if i % 97 == 0 else f"{tag}:{i}".encode()
@@ -33,6 +34,7 @@ def _letters(count: int, tag: str) -> list[tuple[bytes | None, bytes, list | Non
         headers = None if i % 89 == 0 else [("dpstream-reason", b"duplicate"), ("n", b"%d" % i)]
         out.append((key, value, headers))
     out.insert(count // 2, (f"{tag}:big".encode(), b"x" * 600_000, [("n", b"big")]))
+    out.insert(count // 3, (f"{tag}:bigger".encode(), b"y" * 1_500_000, None))
     return out
 
 

@@ -93,20 +93,25 @@ class Batch:
             for key, value, headers in records:
                 await self.send(topic, value, key=key, partition=partition, headers=headers)
             return
+
+        async def ship(batch) -> None:
+            if batch.record_count():
+                batch.close()
+                self._pending.append(await send_batch(batch, topic, partition=partition))
+
         batch = create()
         for key, value, headers in records:
-            if batch.append(timestamp=None, key=key, value=value, headers=headers or []) is None:
-                if batch.record_count():  # full: it goes, the message opens the next one
-                    self._pending.append(await send_batch(batch, topic, partition=partition))
-                    batch = create()
-                if batch.append(timestamp=None, key=key, value=value, headers=headers or []):
-                    continue
+            listed = headers or []
+            added = batch.append(timestamp=None, key=key, value=value, headers=listed)
+            if added is None and batch.record_count():  # full: it goes, the message opens the next
+                await ship(batch)
+                batch = create()
+                added = batch.append(timestamp=None, key=key, value=value, headers=listed)
+            if added is None:
                 # larger than a batch by itself: sent alone (the producer refuses what is too large)
                 batch = create()
                 await self.send(topic, value, key=key, partition=partition, headers=headers)
-        if batch.record_count():
-            batch.close()
-            self._pending.append(await send_batch(batch, topic, partition=partition))
+        await ship(batch)
 
     async def acknowledged(self) -> None:
         """Wait until the broker acknowledged every message of this batch sent so far (raises if one failed)."""
