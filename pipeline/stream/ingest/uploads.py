@@ -1,0 +1,135 @@
+"""Uploads held by the workers until they are committed (``dpstream produce`` of a file).
+
+An upload checks each chunk of its file and sends it at once, so a bad report late in the file is
+found after earlier chunks are in the log. All or nothing still holds because the workers do not
+apply an upload's messages when they read them: every message carries the header
+``dpstream-upload: <id>``, and a worker *holds* such messages, per partition and upload, until the
+upload's **end record** on that partition:
+
+* ``dpstream-upload-end: commit`` with value ``{"upload": id, "messages": n}``, sent by the uploader
+  to each partition once every one of its messages is acknowledged: the n held messages are applied
+  at the commit's log position (a report of a step closed before the commit is ``late``, as any
+  report). A partition holding another number of them dead-letters them all, ``uncommitted``;
+* ``dpstream-upload-end: abort``: the held messages are dropped; the uploader has said that nothing
+  of the file was accepted.
+
+An upload whose end record never comes (the uploader was killed) is dead-lettered ``uncommitted``,
+message by message, at the second close marker after its first message; until then its messages are
+held, also across restarts (they are in the partition's checkpoint). Records without the header are
+applied as they come, as before. Which reports count is still decided by log positions only (the
+commit's, instead of each message's), so a replay from a checkpoint reproduces the same state, and
+only the state at close enters a release: the privacy argument is unchanged (docs/privacy.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+__all__ = [
+    "UPLOAD_HEADER",
+    "UPLOAD_END_HEADER",
+    "HeldUpload",
+    "upload_headers",
+    "end_record",
+    "upload_of",
+    "end_of",
+    "end_count",
+]
+
+UPLOAD_HEADER = "dpstream-upload"
+UPLOAD_END_HEADER = "dpstream-upload-end"
+_ENDS = (b"commit", b"abort")
+
+
+def upload_headers(upload_id: str) -> list[tuple[str, bytes]]:
+    """The header every message of upload ``upload_id`` carries."""
+    return [(UPLOAD_HEADER, upload_id.encode())]
+
+
+def end_record(
+    upload_id: str, messages: int, commit: bool
+) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """(value, headers) of the end record of ``upload_id`` on a partition it sent ``messages`` to."""
+    value = orjson.dumps({"upload": upload_id, "messages": int(messages)})
+    return value, [
+        (UPLOAD_HEADER, upload_id.encode()),
+        (UPLOAD_END_HEADER, b"commit" if commit else b"abort"),
+    ]
+
+
+def _header(headers, name: str) -> bytes | None:
+    for key, value in headers or ():
+        if key == name:
+            return bytes(value) if value is not None else None
+    return None
+
+
+def upload_of(headers) -> str | None:
+    """The upload id a record's headers name (None: not part of an upload)."""
+    value = _header(headers, UPLOAD_HEADER)
+    return value.decode("ascii", "replace") if value else None
+
+
+def end_of(headers) -> str | None:
+    """``"commit"`` or ``"abort"`` for an end record, None otherwise (an unknown end value is None:
+    the record is then held as an upload message and, never committed, dead-lettered)."""
+    value = _header(headers, UPLOAD_END_HEADER)
+    return value.decode() if value in _ENDS else None
+
+
+def end_count(value: bytes | None) -> int | None:
+    """The message count an end record's value states (None: no valid count)."""
+    try:
+        n = orjson.loads(value or b"")["messages"]
+    except (orjson.JSONDecodeError, TypeError, KeyError):
+        return None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+
+@dataclass
+class HeldUpload:
+    """The messages of one upload a partition holds, in log order, and the close markers passed
+    since the first of them."""
+
+    offsets: list[int] = field(default_factory=list)
+    values: list[bytes] = field(default_factory=list)
+    headers: list[tuple] = field(default_factory=list)
+    closes: int = 0
+
+    def add(self, offset: int, value: bytes, headers) -> None:
+        self.offsets.append(offset)
+        self.values.append(bytes(value or b""))
+        self.headers.append(tuple(headers or ()))
+
+    @property
+    def size(self) -> int:
+        return sum(map(len, self.values))
+
+    def get_state(self) -> dict[str, Any]:
+        """For the checkpoint: the values as one byte buffer with their lengths (no per-message
+        objects in the blob)."""
+        return {
+            "offsets": np.asarray(self.offsets, dtype=np.int64),
+            "lengths": np.fromiter(map(len, self.values), dtype=np.int64, count=len(self.values)),
+            "data": np.frombuffer(b"".join(self.values), dtype=np.uint8),
+            "headers": [
+                [[k, bytes(v or b"").decode("latin-1")] for k, v in h] for h in self.headers
+            ],
+            "closes": self.closes,
+        }
+
+    @classmethod
+    def of_state(cls, state: dict[str, Any]) -> HeldUpload:
+        data = np.asarray(state["data"], dtype=np.uint8).tobytes()
+        ends = np.cumsum(np.asarray(state["lengths"], dtype=np.int64))
+        starts = ends - np.asarray(state["lengths"], dtype=np.int64)
+        return cls(
+            offsets=[int(o) for o in state["offsets"]],
+            values=[data[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)],
+            headers=[tuple((k, v.encode("latin-1")) for k, v in h) for h in state["headers"]],
+            closes=int(state["closes"]),
+        )
