@@ -46,16 +46,25 @@ REASON_HEADER = "dpstream-reason"
 
 class Receipt:
     """The acknowledged messages of one send: per partition of ``topic``, offsets and report
-    counts (8 bytes each, so a 10^6-message send keeps ~16 MB)."""
+    counts (8 bytes each, so a 10^6-message send keeps ~16 MB); for an upload, also its commit
+    records (:mod:`pipeline.upload_send`), with no reports: the workers apply the upload's messages
+    before a commit on its partition at the commit's offset, so they are handled only once the
+    commit is."""
 
     def __init__(self, topic: str):
         self.topic = topic
         self._offsets: dict[int, array] = {}
         self._counts: dict[int, array] = {}
+        self._commits: dict[int, array] = {}
 
     def add(self, partition: int, offset: int, reports: int = 1) -> None:
         self._offsets.setdefault(partition, array("q")).append(int(offset))
         self._counts.setdefault(partition, array("q")).append(int(reports))
+
+    def add_commit(self, partition: int, offset: int) -> None:
+        """An upload's commit record on ``partition`` (0 reports)."""
+        self.add(partition, offset, 0)
+        self._commits.setdefault(partition, array("q")).append(int(offset))
 
     @property
     def reports(self) -> int:
@@ -72,12 +81,24 @@ class Receipt:
         return offs[order], counts[order]
 
     def reports_after(self, handled: dict[int, int]) -> int:
-        """Reports in messages past ``handled`` (partition -> last offset a worker handled)."""
+        """Reports in messages past ``handled`` (partition -> last offset a worker handled); a
+        message before a commit record counts as handled when the commit is."""
         total = 0
         for p in self._offsets:
             offs, counts = self.table(p)
-            total += int(counts[offs > handled.get(p, -1)].sum())
+            total += int(counts[self._applied_at(p, offs) > handled.get(p, -1)].sum())
         return total
+
+    def _applied_at(self, partition: int, offsets: np.ndarray) -> np.ndarray:
+        """Where the workers apply the messages at ``offsets``: at the first commit record at or
+        after each (an upload's), else where it is."""
+        commits = np.sort(np.frombuffer(self._commits.get(partition, array("q")), dtype=np.int64))
+        if not commits.size:
+            return offsets
+        after = np.searchsorted(commits, offsets)
+        return np.where(
+            after < commits.size, commits[np.minimum(after, commits.size - 1)], offsets
+        )
 
     def counts_at(self, partition: int, offsets: np.ndarray) -> np.ndarray:
         """Reports of the messages at ``offsets`` of ``partition`` (0 where this send has none)."""

@@ -1,32 +1,29 @@
-"""Fast uploads of report files (CSV, JSONL, Parquet) as columnar batch messages, streamed.
+"""Fast uploads of report files (CSV, JSONL, Parquet) as columnar batch messages, in one pass.
 
 What ``dpstream produce`` sends a file with, a chunk of reports at a time
 (:mod:`pipeline.upload_columns`: pyarrow reads Parquet by record batches, CSV and JSONL by blocks;
-the next chunk is read ahead in a thread, :mod:`pipeline.read_ahead`):
+the next chunk is read ahead in a thread, :mod:`pipeline.read_ahead`). Each chunk is
 
-1. **Check** (:func:`read_upload`): every chunk is checked vectorised (:mod:`pipeline.upload_check`:
-   the workers' parser's rules on whole columns, enrolled users, and no (user, step) twice in the
-   file, with a bitmap per step). The first report the workers would reject stops the upload with
-   nothing sent: the error comes from the per-report checker
-   (:func:`pipeline.stream.ingest.report_files.check_report_file`: file, line and column) for CSV
-   and JSONL; a Parquet file is named by row. The pass keeps, per step, the reports counted, the
-   first report's position and the bitmap of the users reported (what ``produce`` compares with
-   the steps the workers accept now, and ``--dry-run`` with what they hold); and each checked
-   chunk's batch messages for the partitions that own its users (:mod:`pipeline.upload_messages`,
-   built after each chunk's check, in a thread beside it given a third core) while they fit in
-   ``DPSTREAM_UPLOAD_KEEP_MB``.
-2. **Send** (:func:`send_upload`): the kept messages are handed to the producer: what is sent is
-   what was checked. When they did not all fit, the file is read again: the first chunks' kept
-   messages are sent as they are and each later chunk's are built and handed to the producer, whose sender thread ships them while the next chunk is read
-   and built; a file that changed since its check then stops the send (what was acknowledged
-   before stays on the log and the workers judge it). The producer's buffer (32 MB) bounds what
-   waits to be sent.
+1. **checked** (:func:`checked_chunks`), vectorised (:mod:`pipeline.upload_check`: the workers'
+   parser's rules on whole columns, enrolled users, and no (user, step) twice in the file, with a
+   bitmap per step). A report the workers would reject stops the upload: the error comes from the
+   per-report checker (:func:`pipeline.stream.ingest.report_files.check_report_file`: file, line
+   and column) for CSV and JSONL; a Parquet file is named by row;
+2. **built** into batch messages for the partitions that own its users
+   (:mod:`pipeline.upload_messages`) and
+3. **handed to the producer** at once (:func:`send_upload`, :class:`pipeline.upload_send.StagedSend`):
+   its sender thread ships them while the next chunk is read, checked and built. The producer's
+   buffer (32 MB) bounds what waits to be sent.
 
-Why the check comes first and not chunk by chunk with the send: a bad report in the last chunk
-would otherwise come after the first chunks were sent, and a file would be half taken
-(docs/own-data.md, "All or nothing"). Memory: up to three chunks, the bitmaps and at most
-``DPSTREAM_UPLOAD_KEEP_MB`` of messages, whatever the file's length. The benchmark
-(``jobs/bench/bench_upload.py``) times both passes.
+All or nothing holds although a bad report in the last chunk is found after the first chunks
+were sent: every message carries the upload's id, the workers hold them, and apply them only at
+the upload's commit records, sent once every message is acknowledged; a stop part way sends abort
+records and they drop them (:mod:`pipeline.stream.ingest.uploads`; docs/own-data.md, "All or
+nothing"). Memory: up to three chunks and the bitmaps, whatever the file's length. The benchmark
+(``jobs/bench/bench_upload.py``) times it against a raw producer sending the same messages.
+
+:func:`read_upload` checks a whole file without sending (``--dry-run``, and ``produce``'s exact
+count of duplicates before a send when the workers hold reports of an open step already).
 
 A JSONL file pyarrow cannot read as one table (a value that is a number on one line and a string on
 another, an explicit ``null``) is read by the per-report reader instead: slower, same messages.
@@ -38,10 +35,8 @@ replaces the one the workers hold for its (user, step) while that step is open (
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from dataclasses import replace as dc_replace
@@ -53,35 +48,28 @@ import numpy as np
 
 from pipeline.allocator import keep_freed_memory
 from pipeline.config import Deployment
-from pipeline.fates import Receipt
-from pipeline.producer import SendResult
 from pipeline.read_ahead import read_ahead
-from pipeline.small_ints import value_counts
-from pipeline.stream.ingest.corrections import REPLACE_HEADER
-from pipeline.stream.ingest.report_files import (
-    ReportFileError,
-    _stamp,
-    check_report_file,
-)
-from pipeline.upload_check import FileCheck, Problem, stateless_problem
+from pipeline.stream.ingest.report_files import ReportFileError, check_report_file
+from pipeline.upload_check import FileCheck, Problem
 from pipeline.upload_columns import Columns, NotTabular, arrow_chunks, report_chunks
-from pipeline.upload_messages import Batch, chunk_messages, message_order
+from pipeline.upload_messages import Batch, chunk_messages
 from pipeline.upload_rows import UserRows
+from pipeline.upload_send import StagedSend, UploadAborted, UploadResult, deferred_interrupt
 
 __all__ = [
     "UPLOAD_SUFFIXES",
     "EarlyProducer",
+    "StepRefused",
     "Upload",
-    "UploadStopped",
+    "UploadAborted",
+    "UploadResult",
     "batch_producer",
+    "checked_chunks",
+    "open_upload",
     "read_upload",
     "send_upload",
     "upload_file",
 ]
-
-# MB of checked messages kept for the send (~18 bytes a report of short ids, message and position:
-# ~3.5 * 10^6 reports)
-KEEP_MB = 64
 
 UPLOAD_SUFFIXES = {
     ".csv": "csv",
@@ -92,35 +80,28 @@ UPLOAD_SUFFIXES = {
 }
 
 
-class UploadStopped(Exception):
-    """The send stopped part way (the file changed since its check); ``result``: what the broker
-    acknowledged before."""
+class StepRefused(Exception):
+    """A step of the file the workers would not take now (closed, or too far ahead): ``why``,
+    and the position in the file of its first report."""
 
-    def __init__(self, error: ReportFileError, result: SendResult):
-        super().__init__(str(error))
-        self.result = result
+    def __init__(self, step: int, position: int, why: str):
+        super().__init__(why)
+        self.step, self.position, self.why = step, position, why
 
 
 @dataclass(frozen=True)
 class Upload:
-    """A checked file: per step the reports to send and the first one's position. Its messages
-    are built from the file again when sent (:meth:`messages`)."""
+    """A report file: its kind and, once checked (:func:`read_upload`), per step the reports to
+    send, the first one's position and the bitmap of the users reported."""
 
     path: Path
     kind: str
     deployment: Deployment
-    tabular: bool  # read by pyarrow (else by the per-report reader)
-    reports_in_file: int
-    counts: dict[int, int]  # step -> reports to send
-    first_rows: dict[int, int]  # step -> position in the file of its first report
-    file_counts: dict[int, int]  # step -> reports in the file (what the check counted)
-    stamp: tuple[int, int]  # the file's size and modification time when checked
     roster_of: Callable[[], Any] = field(compare=False, repr=False)  # makes the Roster
+    reports_in_file: int = 0
+    counts: dict[int, int] = field(default_factory=dict)  # step -> reports to send
+    first_rows: dict[int, int] = field(default_factory=dict)  # step -> position of its first
     step: int | None = None  # only this step's reports are sent
-    # the messages the check built, per chunk, for the chunks whose messages fit in
-    # ``keep_bytes()`` (the first ones); ``kept_whole``: every chunk's, the file is not read again
-    kept: tuple[tuple[Batch, ...], ...] = field(default=(), compare=False, repr=False)
-    kept_whole: bool = False
     # step -> the roster rows with a report in the file (the check's bitmaps)
     present: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
@@ -150,57 +131,24 @@ class Upload:
 
     @cached_property
     def one_line_per_report(self) -> bool:
-        """The file (CSV, JSONL) has one line per report (and the CSV header): no blank lines and
-        no quoted line breaks, so a report's line is arithmetic."""
+        """The file (CSV, JSONL), checked whole, has one line per report (and the CSV header): no
+        blank lines and no quoted line breaks, so a report's line is arithmetic."""
         return _lines_in(self.path) == self.reports_in_file + (1 if self.kind == "csv" else 0)
 
-    def chunks(self) -> Iterator[Columns]:
-        if self.tabular:
-            return arrow_chunks(self.path, self.kind, self.deployment)
-        return report_chunks(self.path, self.deployment)
+    def check_chunks(self) -> Iterator[Columns]:
+        """The file's chunks, each checked (:func:`checked_chunks`)."""
+        return checked_chunks(self, _file_check(self))
+
+    def kept(self, chunk: Columns) -> np.ndarray:
+        """Offsets in ``chunk`` of the reports to send (``step``: that step's only)."""
+        if self.step is None:
+            return np.arange(len(chunk))
+        return np.flatnonzero(chunk.steps == self.step)
 
     def messages(self) -> Iterator[Batch]:
-        """The batch messages: those the check built and kept; for a file whose messages did not
-        all fit, the rest built from the file read again a chunk at a time (:class:`ReportFileError`
-        as soon as the file is seen to differ from the one checked)."""
-        if self.kept_whole:
-            for batches in self.kept:
-                yield from self._of_step(batches)
-            return
-        deployment = self.deployment
-        if _stamp(self.path) != self.stamp:
-            raise self._changed("its size or modification time")
-        counts: dict[int, int] = {}
-        try:
-            for number, chunk in enumerate(self.chunks()):
-                if stateless_problem(chunk, deployment.horizon) is not None:
-                    raise self._changed("a report the check had passed is now rejected")
-                values, _, n = value_counts(chunk.steps)
-                for t, c in zip(values.tolist(), n.tolist()):
-                    counts[t] = counts.get(t, 0) + c
-                if number < len(self.kept):  # built by the check: not again
-                    yield from self._of_step(self.kept[number])
-                    continue
-                if self.step is None:
-                    keep = np.arange(len(chunk))
-                else:
-                    keep = np.flatnonzero(chunk.steps == self.step)
-                yield from chunk_messages(chunk, keep, deployment)
-        except NotTabular:
-            raise self._changed("pyarrow no longer reads it as a table") from None
-        if counts != self.file_counts or _stamp(self.path) != self.stamp:
-            raise self._changed("its reports per step")
-
-    def _of_step(self, batches: tuple[Batch, ...]) -> Iterator[Batch]:
-        return (b for b in batches if self.step is None or b.step == self.step)
-
-    def _changed(self, what: str) -> ReportFileError:
-        return ReportFileError(
-            self.path,
-            None,
-            None,
-            f"the file changed after it was checked ({what}); nothing more sent",
-        )
+        """The batch messages, built from the file as it is checked again, a chunk at a time."""
+        for chunk in self.check_chunks():
+            yield from chunk_messages(chunk, self.kept(chunk), self.deployment)
 
     @property
     def batches(self) -> tuple[Batch, ...]:
@@ -208,8 +156,8 @@ class Upload:
         return tuple(self.messages())
 
     def line_of(self, index: int) -> int | None:
-        """Line of the ``index``-th report sent (:func:`send_upload` sends them message by
-        message; reads the file again)."""
+        """Line of the ``index``-th report sent (message by message, as :func:`send_upload`
+        sends them; reads the file again)."""
         for batch in self.messages():
             if index < batch.index.size:
                 return self.line_of_row(int(batch.index[index]))
@@ -218,11 +166,10 @@ class Upload:
 
 
 # -- checking -----------------------------------------------------------------------------
-def read_upload(path: str | Path, deployment, roster=None) -> Upload:
-    """Check a whole report file a chunk at a time (kept: per-step counts, the check's bitmaps and,
-    while they fit, the messages); :class:`ReportFileError` (nothing to send) if any report would be rejected
-    by the workers' stateless checks or repeats a (user, step) of the file. ``roster``: the
-    deployment's (made from its configuration when needed: a roster file, or an error to name)."""
+def open_upload(path: str | Path, deployment, roster=None) -> Upload:
+    """The report file at ``path``, not read yet; :class:`ReportFileError` for a type of file
+    not read here or a missing file. ``roster``: the deployment's (made from its configuration
+    when needed: a roster file, or an error to name)."""
     path = Path(path)
     kind = UPLOAD_SUFFIXES.get(path.suffix.lower())
     if kind is None:
@@ -235,24 +182,22 @@ def read_upload(path: str | Path, deployment, roster=None) -> Upload:
         )
     if not path.exists():
         raise ReportFileError(path, None, None, "no such file")
-    keep_freed_memory()  # chunk after chunk of numpy temporaries: not faulted in again each time
-    roster_of = _roster_maker(deployment, roster)
-    stamp = _stamp(path)
-    upload = Upload(path, kind, deployment, True, 0, {}, {}, {}, stamp, roster_of)
-    try:
-        check, kept, whole = _check(upload)
-    except NotTabular:  # the per-report checker reads it (and raises, naming the line)
-        check_report_file(path, deployment, roster_of())
-        upload = dc_replace(upload, tabular=False)
-        check, kept, whole = _check(upload)
+    return Upload(path, kind, deployment, _roster_maker(deployment, roster))
+
+
+def read_upload(path: str | Path, deployment, roster=None) -> Upload:
+    """Check a whole report file a chunk at a time, sending nothing (kept: per-step counts and
+    the check's bitmaps); :class:`ReportFileError` if any report would be rejected by the
+    workers' stateless checks or repeats a (user, step) of the file."""
+    upload = open_upload(path, deployment, roster)
+    check = _file_check(upload)
+    for _ in checked_chunks(upload, check):
+        pass
     return dc_replace(
         upload,
         reports_in_file=check.reports,
         counts=dict(check.counts),
         first_rows=dict(check.first_rows),
-        file_counts=dict(check.counts),
-        kept=kept,
-        kept_whole=whole,
         present=check.present,
     )
 
@@ -270,113 +215,55 @@ def _roster_maker(deployment, roster) -> Callable[[], object]:
     return roster_of
 
 
-def _check(upload: Upload) -> tuple[FileCheck, tuple[tuple[Batch, ...], ...], bool]:
-    """The file's check, the messages of its first chunks (built as each chunk passes) while they
-    fit in ``keep_bytes()``, and whether those are all of them."""
+def _file_check(upload: Upload) -> FileCheck:
     deployment = upload.deployment
-    check = FileCheck(
+    return FileCheck(
         deployment.horizon, deployment.n, UserRows(deployment.roster, upload.roster_of)
     )
-    kept = _Kept(keep_bytes(), deployment)
-    with kept:
-        for chunk in read_ahead(upload.chunks()):
-            problem = check.problem(chunk)
-            if problem is not None:
-                _refuse(upload, problem, chunk)
-            kept.build(chunk)
-        return check, *kept.batches()
 
 
-class _Kept:
-    """The messages of the checked chunks, those of the first chunks only, while they fit in
-    ``room`` bytes. Built in the check's thread after each chunk's check, or, given a third
-    core, in a thread beside the check (numpy and Arrow release the GIL: the build of a chunk
-    overlaps the check of the next), at most two chunks behind it. On two cores the read-ahead
-    thread and the check's are one a core: a third thread only shares them (the check pass of
-    10^6 reports ~5% longer with it, and ~5% more CPU)."""
-
-    BEHIND = 2
-
-    def __init__(self, room: int, deployment: Deployment, threaded: bool | None = None):
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.room, self.deployment = room, deployment
-        self.kept: list[tuple[Batch, ...]] = []
-        self.full = room <= 0  # nothing more is kept
-        self.pending: deque = deque()
-        if threaded is None:
-            threaded = _cores() >= 3
-        self.pool = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload-build")
-            if threaded
-            else None
-        )
-
-    def __enter__(self) -> _Kept:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for future in self.pending:
-            future.cancel()
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
-
-    def build(self, chunk: Columns) -> None:
-        if self.full:
-            return
-        if self.pool is None:
-            self._keep(_chunk_batches(chunk, self.deployment))
-            return
-        while len(self.pending) >= self.BEHIND:
-            self._collect()
-        # the owners and message order made here, beside the check: the build is the longer
-        message_order(chunk, self.deployment.topics.partitions)
-        self.pending.append(self.pool.submit(_chunk_batches, chunk, self.deployment))
-
-    def _collect(self) -> None:
-        self._keep(self.pending.popleft().result())
-
-    def _keep(self, batches: tuple[Batch, ...]) -> None:
-        if self.full:
-            return
-        self.room -= sum(len(b.value) + b.index.nbytes for b in batches)
-        if self.room < 0:  # no more room: the send builds this chunk and the rest again
-            self.full = True
-            for future in self.pending:
-                future.cancel()
-            self.pending.clear()
-        else:
-            self.kept.append(batches)
-
-    def batches(self) -> tuple[tuple[tuple[Batch, ...], ...], bool]:
-        """The kept messages per chunk, and whether they are every chunk's."""
-        while self.pending and not self.full:
-            self._collect()
-        return tuple(self.kept), not self.full
-
-
-def _cores() -> int:
-    """Cores this process may run on."""
+def checked_chunks(upload: Upload, check: FileCheck) -> Iterator[Columns]:
+    """The file's chunks in order, each yielded once ``check`` passed it (counted, its users
+    marked in the bitmaps); :class:`ReportFileError` at the first chunk holding a report the
+    workers would reject, naming it. pyarrow reads the file; one it cannot read as a table is
+    checked whole by the per-report checker (which names a bad line) and read by it from the
+    first report not yet yielded."""
+    keep_freed_memory()  # chunk after chunk of numpy temporaries: not faulted in again each time
+    done = 0
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        for chunk in read_ahead(arrow_chunks(upload.path, upload.kind, upload.deployment)):
+            _pass(upload, check, chunk)
+            done += len(chunk)
+            yield chunk
+        return
+    except NotTabular:  # the per-report checker reads it (and raises, naming the line)
+        pass
+    check_report_file(upload.path, upload.deployment, upload.roster_of())
+    for chunk in read_ahead(_from(report_chunks(upload.path, upload.deployment), done)):
+        _pass(upload, check, chunk)
+        yield chunk
 
 
-def _chunk_batches(chunk: Columns, deployment: Deployment) -> tuple[Batch, ...]:
-    """The chunk's messages (positions held as int32 when they fit: 4 bytes a report kept)."""
-    return tuple(chunk_messages(chunk, np.arange(len(chunk)), deployment))
+def _pass(upload: Upload, check: FileCheck, chunk: Columns) -> None:
+    problem = check.problem(chunk)
+    if problem is not None:
+        _refuse(upload, problem, chunk)
 
 
-def keep_bytes() -> int:
-    """Bytes of checked messages the upload keeps for its send (``KEEP_MB``, or the environment's
-    ``DPSTREAM_UPLOAD_KEEP_MB``; 0: none, the send reads the file again)."""
-    text = os.environ.get("DPSTREAM_UPLOAD_KEEP_MB", "").strip()
-    if not text:
-        return KEEP_MB << 20
-    if not text.isdigit():
-        raise ValueError(f"DPSTREAM_UPLOAD_KEEP_MB must be a whole number of MB, got {text!r}")
-    return int(text) << 20
+def _from(chunks: Iterator[Columns], start: int) -> Iterator[Columns]:
+    """The chunks' reports from position ``start`` on."""
+    for chunk in chunks:
+        if chunk.start + len(chunk) <= start:
+            continue
+        if chunk.start < start:
+            cut = start - chunk.start
+            chunk = Columns(
+                start,
+                chunk.users.slice(cut),
+                chunk.steps[cut:],
+                {name: codes[cut:] for name, codes in chunk.codes.items()},
+            )
+        yield chunk
 
 
 _PROBLEMS = {
@@ -408,18 +295,19 @@ def _refuse(upload: Upload, problem: Problem, chunk: Columns):
         upload.path,
         None,
         None,
-        f"row {at + 1}: {detail}; the workers would dead-letter it; nothing sent",
+        f"row {at + 1}: {detail}; the workers would dead-letter it",
     )
 
 
 # -- lines --------------------------------------------------------------------------------
 def _line_of(upload: Upload, position: int) -> int:
     """Line of the report at ``position`` (0-based) in the file (Parquet: its row, 1-based).
-    When the file has exactly one line per report (plus the CSV header) that is arithmetic;
-    otherwise (blank lines, quoted line breaks) the per-report reader counts."""
+    When the file was checked whole and has exactly one line per report (plus the CSV header)
+    that is arithmetic; otherwise (blank lines, quoted line breaks, a file sent in one pass) the
+    per-report reader counts."""
     if upload.kind == "parquet":
         return position + 1
-    if upload.one_line_per_report:
+    if upload.counts and upload.one_line_per_report:
         return position + 1 + (1 if upload.kind == "csv" else 0)
     from itertools import islice
 
@@ -438,7 +326,7 @@ def _lines_in(path: Path, block: int = 1 << 20) -> int:
     return lines + (0 if last == b"\n" else 1)
 
 
-# -- sending ------------------------------------------------------------------------------
+# -- the producer ---------------------------------------------------------------------------
 def batch_producer(bootstrap: str):
     """The producer of the upload's batch messages (and of its benchmark's raw baseline): the
     report producer's settings (:func:`pipeline.stream.kafka.report_producer.reports_kafka_producer`;
@@ -574,15 +462,7 @@ def _topics_listed_by(producer, topic: str, timeout: float = 30.0) -> set[str] |
         metadata.need_all_topic_metadata = False
 
 
-@dataclass
-class _Sent:
-    """A message handed to the producer: its future, reports and first report's position."""
-
-    future: object
-    reports: int
-    first: int
-
-
+# -- sending ------------------------------------------------------------------------------
 def send_upload(
     upload: Upload,
     bootstrap: str,
@@ -591,51 +471,64 @@ def send_upload(
     progress: Callable[[int, int], None] | None = None,
     timeout: float = 60.0,
     early: EarlyProducer | None = None,
-) -> SendResult:
-    """Send every message to its partition (acks=all) as it is built, and wait for the
-    acknowledgements; the result counts reports (a message's reports are acknowledged together)
-    and a failure names the position in the file of the message's first report. ``replace``:
-    each message carries the correction header. :class:`UploadStopped` if the file changed since
-    its check. ``early``: the producer made while the file was checked (closed here; its
+    refused: Callable[[int], str | None] | None = None,
+) -> UploadResult:
+    """Check and send the file in one pass: each chunk checked, built and handed to the producer
+    (acks=all, each message to its partition, with the upload's header); once every message is
+    acknowledged, the commit records (:class:`pipeline.upload_send.StagedSend`). The result
+    counts reports (a message's reports are acknowledged together); a failure names the position
+    in the file of the message's first report, and a message not acknowledged aborts the upload
+    (``committed`` False: nothing of it is accepted).
+
+    ``refused``: why the workers would refuse a step now (None: they take it), asked for each
+    step as its first report comes; a refused step stops the upload (:class:`StepRefused`).
+    A check's or a step's refusal, an error or KeyboardInterrupt before anything was handed to the
+    producer is raised as it is (nothing sent); after, abort records are sent and
+    :class:`UploadAborted` is raised with it as ``cause``. ``replace``: each message carries the
+    correction header. ``early``: the producer made while the file was checked (closed here; its
     :class:`pipeline.producer.TopicMissing` raised here, nothing sent)."""
     producer = early.get() if early is not None else batch_producer(bootstrap)
-    headers = [(REPLACE_HEADER, b"1")] if replace else None
-    receipt = Receipt(topic)
-    start, result = time.monotonic(), SendResult(receipt=receipt)
-    pending: deque[_Sent] = deque()
-
-    def settle(sent: _Sent, wait: float) -> None:
-        try:
-            stored = sent.future.get(timeout=wait)  # type: ignore[attr-defined]
-            result.acknowledged += sent.reports
-            receipt.add(stored.partition, stored.offset, sent.reports)
-        except Exception as err:  # noqa: BLE001 - a failed message: named by its first report
-            result.failed.append((sent.first, f"{type(err).__name__}: {err}"))
-        result.sent += sent.reports
-        if progress is not None:
-            progress(result.sent, len(upload))
-
-    stopped = None
+    staged = StagedSend(producer, topic, replace, progress)
+    staged.total = len(upload)  # known when the file was checked first, else 0
+    start, check, admitted = time.monotonic(), _file_check(upload), set[int]()
+    stopped = True
     try:
         try:
-            for batch in upload.messages():
-                future = producer.send(
-                    topic, value=batch.value, partition=batch.partition, headers=headers
-                )
-                pending.append(_Sent(future, batch.index.size, int(batch.index[0])))
-                while pending and pending[0].future.is_done:  # type: ignore[attr-defined]
-                    settle(pending.popleft(), 0.1)
-        except ReportFileError as err:
-            stopped = err
-        producer.flush(timeout=timeout)
-        while pending:
-            settle(pending.popleft(), max(0.1, timeout - (time.monotonic() - start)))
+            for chunk in checked_chunks(upload, check):
+                kept = upload.kept(chunk)
+                if refused is not None:
+                    _admit(chunk.steps[kept], check, admitted, refused)
+                for batch in chunk_messages(chunk, kept, upload.deployment):
+                    staged.send(batch)
+            staged.settle(timeout)
+        except BaseException as err:
+            if not staged.started:
+                raise
+            staged.abort()
+            staged.result.seconds = time.monotonic() - start
+            raise UploadAborted(err, staged.result) from err
+        with deferred_interrupt():  # the commit records go out whole, or the abort's
+            result = staged.finish(timeout, start)
+        stopped = False
     finally:
-        producer.close()
-    result.seconds = time.monotonic() - start
-    if stopped is not None:
-        raise UploadStopped(stopped, result)
+        producer.close(timeout=1.0 if stopped else None)  # stopped: what is not sent is moot
+    counts = dict(check.counts)
+    result.counts = counts if upload.step is None else {upload.step: counts.get(upload.step, 0)}
+    result.counts = {t: n for t, n in result.counts.items() if n}
     return result
+
+
+def _admit(
+    steps: np.ndarray, check: FileCheck, admitted: set[int], refused: Callable[[int], str | None]
+) -> None:
+    """:class:`StepRefused` for the first step among ``steps`` not asked about before that the
+    workers would refuse now (the first in the file, by its first report)."""
+    new = sorted(set(np.unique(steps).tolist()) - admitted, key=lambda t: check.first_rows[t])
+    for step in new:
+        why = refused(step)
+        if why is not None:
+            raise StepRefused(step, check.first_rows[step], why)
+        admitted.add(step)
 
 
 def upload_file(
@@ -646,21 +539,22 @@ def upload_file(
     step: int | None = None,
     replace: bool = False,
     progress: Callable[[int, int], None] | None = None,
-) -> SendResult:
-    """Check and send a report file (``step``: only that step's reports); raises
-    :class:`ReportFileError` with nothing sent when a report would be rejected, and
-    :class:`pipeline.producer.TopicMissing` (nothing sent, no topic made) when the deployment's
-    reports topic does not exist. The producer is made while the file is checked
+) -> UploadResult:
+    """Check and send a report file in one pass (``step``: only that step's reports;
+    :func:`send_upload`). A bad report raises :class:`ReportFileError` with nothing sent when it
+    is in the first chunk, else :class:`UploadAborted` (some messages sent, then aborted: nothing
+    accepted); :class:`pipeline.producer.TopicMissing` (nothing sent, no topic made) when the
+    deployment's reports topic does not exist. The producer is made while the file is opened
     (:class:`EarlyProducer`)."""
     from pipeline.stream.kafka.topics import topic_names
 
     topic = topic_names(deployment)["reports"]
     early = EarlyProducer(bootstrap, topic, deployment.name)
     try:
-        upload = read_upload(path, deployment, roster)
+        upload = open_upload(path, deployment, roster)
     except BaseException:
         early.close()
         raise
     if step is not None:
-        upload = upload.only_step(step)
+        upload = dc_replace(upload, step=step)
     return send_upload(upload, bootstrap, topic, replace, progress, early=early)

@@ -1,7 +1,7 @@
-"""The upload streams a file: checked a chunk at a time, then read again and sent a chunk at a
-time, so its memory is a chunk's and not the file's; a bad report anywhere (the last chunk too)
-refuses the whole file with nothing sent; the workers' verdict on a file sent in many chunks is
-exact, report by report (`dpstream up`: embedded broker, Redis, a worker, the releaser)."""
+"""The upload streams a file: checked and built a chunk at a time, so its memory is a chunk's and
+not the file's; a bad report anywhere (the last chunk too) refuses the whole file; the workers'
+verdict on a file sent in many chunks is exact, report by report (`dpstream up`: embedded broker,
+Redis, a worker, the releaser)."""
 
 from __future__ import annotations
 
@@ -65,10 +65,9 @@ def _parquet(path, users: int, steps: int = 1):
     return path
 
 
-def _peak_bytes(path, chunk_rows: int, keep_mb: int = 0) -> int:
+def _peak_bytes(path, chunk_rows: int) -> int:
     env = {"DPSTREAM_UPLOAD_CHUNK_ROWS": str(chunk_rows), "PATH": os.environ.get("PATH", ""),
-           "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
-           "DPSTREAM_UPLOAD_KEEP_MB": str(keep_mb)}
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     out = subprocess.run([sys.executable, "-c", _PEAK, json.dumps(CONFIG), str(path)], env=env,
                          capture_output=True, text=True, check=True, timeout=300).stdout
     return int(out.split()[-1])
@@ -85,15 +84,6 @@ def test_the_upload_holds_a_chunk_not_the_file(tmp_path):
     assert large - small < 256_000, (small, large)
 
 
-def test_the_checked_messages_kept_for_the_send_are_bounded(tmp_path):
-    """The check keeps the messages it built for the send while they fit in
-    DPSTREAM_UPLOAD_KEEP_MB; a file whose messages do not fit keeps none, so memory stays one
-    chunk, the bitmaps and at most that many MB whatever the file's length."""
-    small = _peak_bytes(_parquet(tmp_path / "small.parquet", 20_000), 4096, keep_mb=1)
-    large = _peak_bytes(_parquet(tmp_path / "large.parquet", 160_000), 4096, keep_mb=1)
-    assert large - small < (1 << 20) + 256_000, (small, large)
-
-
 @pytest.fixture
 def dep():
     return parse_config(dict(CONFIG, roster={"size": 1000}))
@@ -102,9 +92,8 @@ def dep():
 @pytest.mark.parametrize("suffix", ["csv", "jsonl", "parquet"])
 def test_a_bad_report_in_the_last_chunk_refuses_the_whole_file(dep, tmp_path, monkeypatch,
                                                                suffix):
-    """All or nothing (docs/own-data.md): the check reads the whole file before the first send,
-    a chunk at a time, so a repeat or a bad value in the last chunk stops the upload as one in the
-    first does, naming the line (CSV, JSONL) or row (Parquet)."""
+    """The check reads the whole file a chunk at a time: a repeat or a bad value in the last chunk
+    stops it as one in the first does, naming the line (CSV, JSONL) or row (Parquet)."""
     monkeypatch.setenv("DPSTREAM_UPLOAD_CHUNK_ROWS", "50")
     users = [f"u{i}" for i in range(1000)] + ["u3"]  # u3 again, in the last chunk
     table = pa.table({"user": users, "step": [1] * 1001, "poverty": [i % 2 for i in range(1001)]})
@@ -123,69 +112,6 @@ def test_a_bad_report_in_the_last_chunk_refuses_the_whole_file(dep, tmp_path, mo
     with pytest.raises(ReportFileError) as err:
         read_upload(path, dep, Roster.from_range(1000))
     assert words in str(err.value) and "second report for user 'u3'" in str(err.value)
-
-
-def test_a_file_changed_after_its_check_is_not_sent_on(dep, tmp_path, monkeypatch):
-    """When the checked messages are not kept (more than DPSTREAM_UPLOAD_KEEP_MB), the send reads
-    the file again: a file changed since its check stops the send, as the per-report reader does
-    (what was acknowledged before stays on the log)."""
-    monkeypatch.setenv("DPSTREAM_UPLOAD_CHUNK_ROWS", "50")
-    monkeypatch.setenv("DPSTREAM_UPLOAD_KEEP_MB", "0")
-    path = tmp_path / "s.csv"
-    path.write_text("user,step,poverty\n" + "".join(f"u{i},1,{i % 2}\n" for i in range(500)))
-    upload = read_upload(path, dep)
-    assert sum(b.index.size for b in upload.messages()) == 500  # unchanged: every report
-    path.write_text("user,step,poverty\n" + "".join(f"u{i},1,9\n" for i in range(500)))
-    with pytest.raises(ReportFileError, match="changed after it was checked"):
-        list(upload.messages())
-
-
-@pytest.mark.parametrize("suffix", ["csv", "parquet"])
-def test_the_send_sends_what_was_checked_without_reading_the_file_again(dep, tmp_path,
-                                                                        monkeypatch, suffix):
-    """Before, the send read and coded the whole file a second time (half the upload's CPU); a
-    file changed after its check then stopped the send part way. Now the messages the check built
-    are kept (they fit in DPSTREAM_UPLOAD_KEEP_MB) and sent as checked: a file rewritten, or
-    removed, after the check changes nothing that is sent."""
-    monkeypatch.setenv("DPSTREAM_UPLOAD_CHUNK_ROWS", "50")
-    table = pa.table({"user": [f"u{i}" for i in range(500)], "step": [1] * 500,
-                      "poverty": [i % 2 for i in range(500)]})
-    path = tmp_path / f"s.{suffix}"
-    if suffix == "csv":
-        path.write_text("user,step,poverty\n" + "".join(f"u{i},1,{i % 2}\n" for i in range(500)))
-    else:
-        pq.write_table(table, path)
-    upload = read_upload(path, dep)
-    path.write_text("user,step,poverty\n" + "".join(f"u{i},1,9\n" for i in range(500)))
-    path.unlink()
-    roster = Roster.from_range(1000)
-    from pipeline.stream.ingest.reports import ReportParser
-
-    parsed = ReportParser(roster, dep.attributes, dep.horizon).parse(
-        [b.value for b in upload.messages()])
-    assert not parsed.rejections
-    assert sorted(zip(parsed.rows.tolist(), parsed.codes["poverty"].tolist())) == [
-        (i, i % 2) for i in range(500)]
-
-
-def test_a_file_whose_messages_do_not_all_fit_sends_the_kept_ones_and_builds_the_rest(
-        tmp_path, monkeypatch):
-    """Past DPSTREAM_UPLOAD_KEEP_MB the check keeps the first chunks' messages only; the send
-    reads the file again, sends those as kept and builds the later chunks': every report once,
-    with its values, the same messages as with nothing kept."""
-    from pipeline.stream.ingest.reports import ReportParser
-
-    monkeypatch.setenv("DPSTREAM_UPLOAD_CHUNK_ROWS", "4096")
-    monkeypatch.setenv("DPSTREAM_UPLOAD_KEEP_MB", "1")
-    dep = parse_config(CONFIG)
-    path = _parquet(tmp_path / "long.parquet", 160_000)
-    upload = read_upload(path, dep)
-    assert not upload.kept_whole and 0 < len(upload.kept) < 160_000 // 4096
-    sent = [b.value for b in upload.messages()]
-    parsed = ReportParser(Roster.from_range(dep.n), dep.attributes, dep.horizon).parse(sent)
-    assert not parsed.rejections and np.array_equal(np.sort(parsed.rows), np.arange(160_000))
-    monkeypatch.setenv("DPSTREAM_UPLOAD_KEEP_MB", "0")
-    assert sent == [b.value for b in read_upload(path, dep).messages()]
 
 
 def _csv(path, step: int, users) -> str:

@@ -11,19 +11,16 @@ disk-backed log):
 1. **Raw producer**: kafka-python sending the upload's own batch messages (built beforehand, not
    timed) to their partitions, acks=all, until every one is acknowledged: the ceiling of sending
    exactly these bytes with this client.
-2. **Upload**: what :func:`pipeline.upload.upload_file` does, from the file on disk (each pass
-   timed): the check pass (the file read a chunk at a time, every value coded, users, domains and
-   repeats checked, each chunk's messages built and kept while they fit in
-   ``DPSTREAM_UPLOAD_KEEP_MB``), then the send pass (the kept messages handed to the producer;
-   a file whose messages did not fit is read and built again), until every message is
-   acknowledged — what ``dpstream produce`` does after its own checks. The producer is made in a
-   thread while the file is checked (:class:`pipeline.upload.EarlyProducer`: the topic's
-   existence checked by listing the broker's topics, then the client's connection and the
-   topic's metadata; nothing is sent before the check ends), as ``upload_file`` does; the raw producer's time includes its client's creation too, so both
+2. **Upload**: what :func:`pipeline.upload.upload_file` does, from the file on disk, in one pass:
+   each chunk read, checked (every value coded, users, domains and repeats checked) and built
+   into its messages, which are handed to the producer at once (its sender thread ships them
+   while the next chunk is read), every message with the upload's header; once every one is
+   acknowledged, a commit record to each partition sent to, until those are acknowledged too —
+   what ``dpstream produce`` does after its own checks. The producer is made in a thread while
+   the file is opened (:class:`pipeline.upload.EarlyProducer`: the topic's existence checked by
+   listing the broker's topics, then the client's connection and the topic's metadata), as
+   ``upload_file`` does; the raw producer's time includes its client's creation too, so both
    pay for one client.
-3. **One pass** (the design not chosen, for comparison): each chunk checked and sent as it is
-   read, with no check pass before; a bad report in a later chunk would then come after earlier
-   chunks were sent (docs/own-data.md, "All or nothing").
 
 Both send the same step of the same users to the same topic (no worker runs: the broker's work is
 the same). The ratio is raw seconds / upload seconds (≥ 0.5 is the goal). ``--repeat R`` (R > 1)
@@ -122,8 +119,7 @@ def write_file(path: Path, ids: list[str], step: int, seed: int = 0) -> Path:
 
 def raw_send(bootstrap: str, topic: str, batches) -> float:
     """Seconds for kafka-python to send the messages to their partitions and have all
-    acknowledged, from the client's creation to its close (as the upload is timed); ``batches``
-    may be built as they are sent (:func:`one_pass`)."""
+    acknowledged, from the client's creation to its close (as the upload is timed)."""
     from pipeline.upload import batch_producer
 
     started = time.perf_counter()
@@ -138,42 +134,20 @@ def raw_send(bootstrap: str, topic: str, batches) -> float:
     return time.perf_counter() - started
 
 
-def one_pass(path: Path, deployment, bootstrap: str, topic: str) -> float:
-    """Seconds to check and send the file in one pass: each chunk checked, then its messages sent
-    while the next is read (no check pass before)."""
-    from pipeline.upload_check import FileCheck
-    from pipeline.upload_columns import arrow_chunks
-    from pipeline.upload_messages import chunk_messages
-    from pipeline.upload_rows import UserRows
-
-    def checked_messages():
-        check = FileCheck(
-            deployment.horizon, deployment.n, UserRows(deployment.roster, lambda: None)
-        )
-        for chunk in arrow_chunks(path, path.suffix.lstrip("."), deployment):
-            if check.problem(chunk) is not None:
-                raise RuntimeError("the benchmark's file has a bad report")
-            yield from chunk_messages(chunk, np.arange(len(chunk)), deployment)
-
-    return raw_send(bootstrap, topic, checked_messages())
-
-
 def _timed_upload(path: Path, deployment, bootstrap: str, topic: str) -> tuple[float, dict]:
-    """What upload_file does, pass by pass, timed: the producer made while the file is checked,
-    then the send until every message is acknowledged; (seconds, stages)."""
-    from pipeline.upload import EarlyProducer, read_upload, send_upload
+    """What upload_file does, timed: the producer made while the file is opened, then the one
+    pass until every message and every commit record is acknowledged; (seconds, stages)."""
+    from pipeline.upload import EarlyProducer, open_upload, send_upload
 
     started, cpu = time.perf_counter(), time.process_time()
-    early = EarlyProducer(bootstrap, topic)  # made while the file is checked
-    checked = read_upload(path, deployment)
-    stages = {"check_s": time.perf_counter() - started}
-    sent = send_upload(checked, bootstrap, topic, early=early)
+    early = EarlyProducer(bootstrap, topic)  # made while the file is opened
+    sent = send_upload(open_upload(path, deployment), bootstrap, topic, early=early)
     upload = time.perf_counter() - started
-    stages["send_s"] = upload - stages["check_s"]
-    stages["upload_cpu_s"] = time.process_time() - cpu  # this process only, not the broker's
-    if sent.failed or sent.acknowledged != deployment.n:
+    stages = {"upload_cpu_s": time.process_time() - cpu}  # this process only, not the broker's
+    if sent.failed or sent.acknowledged != deployment.n or not sent.committed:
         raise RuntimeError(
-            f"upload acknowledged {sent.acknowledged:,} of {deployment.n:,}: {sent.failed[:3]}"
+            f"upload acknowledged {sent.acknowledged:,} of {deployment.n:,} "
+            f"(committed: {sent.committed}): {sent.failed[:3]}"
         )
     return upload, stages
 
@@ -187,9 +161,9 @@ def peak_memory_mb(config: Path, path: Path) -> float:
     code = (
         "import resource, sys\n"
         "from pipeline.config import load_config\n"
-        "from pipeline.upload import read_upload\n"
+        "from pipeline.upload import open_upload\n"
         "deployment = load_config(sys.argv[1])\n"
-        "for _ in read_upload(sys.argv[2], deployment).messages(): pass\n"
+        "for _ in open_upload(sys.argv[2], deployment).messages(): pass\n"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
     )
     out = subprocess.run(
@@ -206,7 +180,7 @@ def main(argv=None) -> dict:
     from pipeline.config import load_config
     from pipeline.stream.kafka.topics import ensure_topics
     from pipeline.stream.local.embedded import EmbeddedServices
-    from pipeline.upload import read_upload
+    from pipeline.upload import open_upload
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=1_000_000)
@@ -252,7 +226,7 @@ def main(argv=None) -> dict:
         ids = ORDERS[args.order]([f"{deployment.roster.id_prefix}{i}" for i in range(args.n)])
         path = write_file(out / f"step1.{args.format}", ids, 1)
         del ids
-        prepared = read_upload(path, deployment).batches  # what the raw producer sends (not timed)
+        prepared = open_upload(path, deployment).batches  # what the raw producer sends (not timed)
         result["messages"] = len(prepared)
         result["bytes"] = sum(len(b.value) for b in prepared)
         print(
@@ -283,7 +257,6 @@ def main(argv=None) -> dict:
         raw = float(np.median([p["raw_s"] for p in pairs]))
         upload = float(np.median([p["upload_s"] for p in pairs]))
         ratio = float(np.median([p["ratio"] for p in pairs]))
-        single = one_pass(path, deployment, svc.broker.bootstrap, topic)
         result["peak_rss_mb"] = peak_memory_mb(cfg_path, path)
         print(
             f"peak RSS of a process checking the file and building its messages: "
@@ -294,8 +267,6 @@ def main(argv=None) -> dict:
         raw_s=raw,
         upload_s=upload,
         ratio=ratio,
-        one_pass_s=single,
-        one_pass_ratio=raw / single,
         upload_s_per_million=upload * 1e6 / args.n,
         raw_reports_per_s=args.n / raw,
         upload_reports_per_s=args.n / upload,
@@ -311,9 +282,6 @@ def main(argv=None) -> dict:
         print(f"ratio raw / upload, pair by pair: {each}", flush=True)
         print("(the times above are medians over the pairs)", flush=True)
     print(f"ratio raw / upload: {ratio:.2f}", flush=True)
-    print(
-        f"one pass (no check before the send): {single:.2f} s, ratio {raw / single:.2f}", flush=True
-    )
     write_json(args.json, result)
     return result
 

@@ -189,7 +189,7 @@ def _absent(deployment: Deployment, broker: str) -> str:
 def _produce(args, stage: list[str], closing: contextlib.ExitStack) -> int:
     from pipeline.stream.ingest.intake_view import open_window
     from pipeline.stream.ingest.report_files import ReportFileError
-    from pipeline.upload import read_upload
+    from pipeline.upload import open_upload, read_upload
 
     deployment = _load(args.config)
     path = args.jsonl or args.csv or args.parquet
@@ -224,10 +224,10 @@ def _produce(args, stage: list[str], closing: contextlib.ExitStack) -> int:
     # the producer made while the file is checked (not for a dry run: nothing is sent)
     early = _early_producer(deployment, closing) if path and not args.dry_run else None
     marker = _early_mark(deployment, early)
-    if path:  # the whole file is checked before anything is sent (pipeline.upload)
+    if path:  # a dry run checks the whole file first; a send checks it as it sends
         stage[0] = f"checking {path}"
         try:
-            found = read_upload(path, deployment)
+            found = read_upload(path, deployment) if args.dry_run else open_upload(path, deployment)
         except ReportFileError as err:
             return _fail(EXIT_CONFIG, f"nothing sent: {err}")
     stage[0] = "checking the reports topic"
@@ -243,15 +243,23 @@ def _produce(args, stage: list[str], closing: contextlib.ExitStack) -> int:
     if not len(window):
         return _fail(EXIT_REFUSED, f"nothing sent: every step (1..{deployment.horizon}) is closed")
     if found is not None:
+        if not args.dry_run and not args.replace and any(view.reported(t) for t in window):
+            # the workers hold reports of an open step: the file is checked whole first, to count
+            # its duplicates exactly before anything is sent (pipeline.held_reports)
+            stage[0] = f"checking {path}"
+            try:
+                found = read_upload(path, deployment)
+            except ReportFileError as err:
+                return _fail(EXIT_CONFIG, f"nothing sent: {err}")
         if args.step is not None:
             found = found.only_step(args.step)
-            if not len(found):
+            if found.present and not len(found):  # checked whole: known now
                 return _fail(
                     EXIT_CONFIG, f"nothing sent: {path} has no report for step {args.step}"
                 )
         for file_step, line in sorted(
             found.first_lines.items(), key=lambda kv: kv[1]
-        ):  # the first refused line
+        ):  # the first refused line (a file checked whole; else each step as it comes)
             why = _step_refused(deployment, file_step, window)
             if why:
                 count = found.counts[file_step]
@@ -260,7 +268,7 @@ def _produce(args, stage: list[str], closing: contextlib.ExitStack) -> int:
                     f"nothing sent: {path}:{line}: {why} (the file's {count:,} reports of step "
                     f"{file_step})",
                 )
-        return _send_file(deployment, found, args, view, stage, early, marker)
+        return _send_file(deployment, found, args, view, window, stage, early, marker)
     step: int | None = args.step
     if step is None:  # the next open step without reports yet
         step = next((t for t in window if view.reported(t) == 0), None)
@@ -331,24 +339,28 @@ def _verdict(deployment: Deployment, receipt, mark, args, stage: list[str], sent
 
 
 def _send_file(
-    deployment: Deployment, found, args, view, stage: list[str], early, marker=None
+    deployment: Deployment, found, args, view, window, stage: list[str], early, marker=None
 ) -> int:
-    """A checked report file as batch messages (pipeline.upload): the topic must exist, each
-    message goes to the partition owning its users, and what the broker acknowledged is what is
-    reported; then the workers' verdict on those reports. ``early``: the producer made while the
-    file was checked (:class:`pipeline.upload.EarlyProducer`) and ``marker`` the dead-letter mark
-    taken beside it (:class:`pipeline.cli.verdict.EarlyMark`)."""
+    """A report file as batch messages (pipeline.upload): the topic must exist, each message goes
+    to the partition owning its users, the file is checked as it is sent, and what the broker
+    acknowledged is what is reported; then the workers' verdict on those reports. The workers
+    hold the upload's messages until its commit (sent once every one is acknowledged): a stop
+    part way (a bad report, a refused step, a message not acknowledged, Ctrl-C) aborts it, and
+    nothing of the file is accepted. ``found``: the file, checked whole when the workers hold
+    reports of an open step (its duplicates counted exactly before the send), else not read yet.
+    ``early``: the producer made while the file was opened
+    (:class:`pipeline.upload.EarlyProducer`) and ``marker`` the dead-letter mark taken beside
+    it (:class:`pipeline.cli.verdict.EarlyMark`)."""
     from pipeline.cli.verdict import held_conflicts, mark_dead_letters
     from pipeline.producer import TopicMissing, progress_printer
     from pipeline.stream.kafka.topics import topic_names
-    from pipeline.upload import EarlyProducer, UploadStopped, send_upload
+    from pipeline.upload import EarlyProducer, send_upload
 
-    steps = ", ".join(map(str, sorted(found.steps())))
-    plural = "s" if len(found.steps()) > 1 else ""
     if args.dry_run:
         stage[0] = "reading the reports log for what the workers hold"
         return _dry_run(deployment, found, args, view)
-    # corrections (--replace) replace held reports: no duplicate to foresee
+    # corrections (--replace) replace held reports: no duplicate to foresee; a file not checked
+    # whole yet: the workers hold no report of an open step
     held, certain = ([], 0) if args.replace else held_conflicts(deployment, view, found.counts)
     broker, _ = _endpoints(deployment)
     if held:  # some of the file's steps have reports already: counted exactly, as --dry-run does
@@ -384,25 +396,79 @@ def _send_file(
             args.replace,
             progress_printer("acknowledged", " reports"),
             early=early,
+            refused=lambda step: _step_refused(deployment, step, window),
         )
-    except UploadStopped as stop:
-        return _fail(
-            EXIT_RUNTIME,
-            f"{stop}: {stop.result.acknowledged:,} reports were "
-            "acknowledged before; the workers take or reject them "
-            "(`dpstream status`, `dpstream dead-letters`)",
-        )
+    except Exception as err:  # noqa: BLE001 - nothing sent, or sent and aborted: said
+        return _upload_stopped(found, err)
+    what = "corrections" if args.replace else "reports"
+    if not result.counts:
+        which = f" for step {args.step}" if args.step is not None else ""
+        return _fail(EXIT_CONFIG, f"nothing sent: {found.path} has no report{which}")
     if result.failed:
         at, why = result.failed[0]
         return _fail(
             EXIT_RUNTIME,
-            f"sent {result.sent:,} reports, {result.acknowledged:,} acknowledged; "
+            f"sent {result.sent:,} {what}, {result.acknowledged:,} acknowledged; "
             f"{len(result.failed):,} not (first: line {found.line_of_row(at)}: {why}); "
-            "resend those",
+            f"{_aborted(result)}; send the file again",
         )
-    what = "corrections" if args.replace else "reports"
+    if result.unended:
+        return _fail(
+            EXIT_RUNTIME,
+            f"sent {result.acknowledged:,} {what} (all acknowledged), but the commit records of "
+            f"reports partition(s) {_partitions(result.unended)} were not acknowledged: the "
+            "workers apply the other partitions' reports and hold these until the second close "
+            "marker after them, then dead-letter them `uncommitted` (`dpstream dead-letters`); "
+            "send those reports again once they are",
+        )
+    steps = ", ".join(map(str, sorted(result.counts)))
+    plural = "s" if len(result.counts) > 1 else ""
     sent = f"sent {result.acknowledged} {what} for step{plural} {steps} (all acknowledged)"
     return _verdict(deployment, result.receipt, mark, args, stage, sent)
+
+
+def _upload_stopped(found, err: Exception) -> int:
+    """The line and exit code of an upload stopped by ``err``: before anything was sent
+    (nothing sent), or after (:class:`pipeline.upload.UploadAborted`: aborted, nothing of the
+    file accepted). A bad report is a bad file (2), a refused step the deployment's state (3),
+    Ctrl-C 130, anything else a runtime failure (1)."""
+    from pipeline.stream.ingest.report_files import ReportFileError
+    from pipeline.upload import StepRefused, UploadAborted
+
+    cause: BaseException = err.cause if isinstance(err, UploadAborted) else err
+    if isinstance(cause, ReportFileError):
+        code, why = EXIT_CONFIG, str(cause)
+    elif isinstance(cause, StepRefused):
+        line = found.line_of_row(cause.position)
+        code, why = EXIT_REFUSED, f"{found.path}:{line}: {cause.why}"
+    elif isinstance(cause, KeyboardInterrupt):
+        code, why = EXIT_INTERRUPTED, f"interrupted (Ctrl-C) while sending {found.path}"
+    else:
+        code, why = EXIT_RUNTIME, f"{type(cause).__name__}: {cause}"
+    if not isinstance(err, UploadAborted):
+        if code == EXIT_RUNTIME:
+            raise err
+        return _fail(code, f"nothing sent: {why}")
+    return _fail(code, f"{why}; {_aborted(err.result)}")
+
+
+def _aborted(result) -> str:
+    """What an aborted upload (``result``: :class:`pipeline.upload_send.UploadResult`) leaves."""
+    text = (
+        f"the upload was aborted: nothing of the file was accepted (the {result.sent:,} reports "
+        "sent before were withdrawn by abort records; the workers drop them)"
+    )
+    if result.unended:
+        text += (
+            f"; the abort records of reports partition(s) {_partitions(result.unended)} were not "
+            "acknowledged: the workers hold those messages until the second close marker after "
+            "them, then dead-letter them `uncommitted` (none is accepted)"
+        )
+    return text
+
+
+def _partitions(partitions: list[int]) -> str:
+    return ", ".join(map(str, sorted(set(partitions))))
 
 
 def _exact_duplicates(deployment: Deployment, broker: str, found, view):
