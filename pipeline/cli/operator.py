@@ -224,10 +224,11 @@ def _produce(args, stage: list[str], closing: contextlib.ExitStack) -> int:
     # the producer made while the file is checked (not for a dry run: nothing is sent)
     early = _early_producer(deployment, closing) if path and not args.dry_run else None
     marker = _early_mark(deployment, early)
-    if path:  # a dry run checks the whole file first; a send checks it as it sends
+    if path:  # a send checks the file as it sends it; else it is checked whole first (a dry
+        # run; a broker not known without a word, which is said after the file's own problems)
         stage[0] = f"checking {path}"
         try:
-            found = read_upload(path, deployment) if args.dry_run else open_upload(path, deployment)
+            found = read_upload(path, deployment) if early is None else open_upload(path, deployment)
         except ReportFileError as err:
             return _fail(EXIT_CONFIG, f"nothing sent: {err}")
     stage[0] = "checking the reports topic"
