@@ -4,6 +4,7 @@ count is wrong or no end record comes by the second close; kept across a restart
 
 from __future__ import annotations
 
+import numpy as np
 import orjson
 import pytest
 
@@ -196,3 +197,27 @@ def test_a_commit_without_a_valid_count_is_not_a_commit(bad):
     log.records.append(Record(1, bad, tuple(headers)))
     out = drained(core, log)
     assert accepted(out) == 0 and reasons(out) == {"uncommitted": 1}
+
+
+def test_a_committed_correction_ranks_by_its_commit_not_by_its_message():
+    """Corrections of one log: the later one wins. A held upload's correction is at its commit's
+    position, so it beats a correction sent after its message but before its commit."""
+    from pipeline.stream.ingest.corrections import REPLACE_HEADER
+
+    core, roster = core_for(deployment(monitors=False))
+    core.assign(0)
+    user = users_of(roster, 0)[0]
+    fix = (REPLACE_HEADER, b"1")
+    log = UploadLog()
+
+    def report(poverty, headers):
+        value = orjson.dumps({"user": user, "step": 1, "values": {"poverty": poverty, "query": 1}})
+        log.records.append(Record(len(log.records), value, headers))
+
+    report(1, (*upload_headers(UP), fix))  # offset 0, committed at 2
+    report(0, (fix,))  # offset 1: a correction of the same (user, step), applied at once
+    log.end(UP, 1)
+    out = drained(core, log)
+    assert accepted(out) == 2 and not reasons(out)
+    local = int(np.flatnonzero(roster.rows_of(0, 3) == roster.ids.index(user))[0])
+    assert core.states[0].pending["poverty"][0, local] == 1  # the upload's value: committed later
