@@ -79,6 +79,10 @@ def test_an_upload_counts_at_its_commit_even_across_a_killed_worker(deployment, 
         _wait_reported(path, env, 1, 10)
         time.sleep(1.0)
         assert _reported(path, env, 1) == 10  # neither upload counts
+        held_now = status_json(path, env)["intake"]["held_uploads"]
+        assert held_now == {"1" * 32: {"messages": 300, "closes": 0}}, held_now
+        text = dpstream("status", *cfg, env=env).stdout
+        assert f"upload {'1' * 32}: 300 message(s) held, not committed yet" in text, text
         worker = next(pid for name, pid in run.started().items() if name.startswith("worker"))
         os.kill(worker, signal.SIGKILL)
         run.wait_for(r"restarted worker\S* \(pid \d+\)")
@@ -86,6 +90,7 @@ def test_an_upload_counts_at_its_commit_even_across_a_killed_worker(deployment, 
         _wait_reported(path, env, 1, 310)
         time.sleep(1.0)
         assert _reported(path, env, 1) == 310  # the aborted one still does not
+        assert status_json(path, env)["intake"]["held_uploads"] == {}
         # an upload never ended: held through the close of step 1, dead-lettered at step 2's
         never = _send_upload(producer, "3" * 32, range(500, 520), 2)
         dpstream("close", *cfg, "--step", "1", env=env, timeout=180)

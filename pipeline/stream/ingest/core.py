@@ -846,10 +846,12 @@ class IngestCore:
         """The partition's intake counts for Redis (``dpstream status`` / ``close``): what its state holds,
         the ``repartition`` position, and per open step short of it the count before a lost log."""
         short = self._short(partition)
+        held = self.held.get(partition)
         return {
             **self.states[partition].intake_summary(),
             "forwarded_offset": self.inboxes[partition].consumed,
             **({"lost": short} if short else {}),
+            **({"held": held.summary()} if held else {}),
         }
 
     def feedback_checkpoints(self) -> dict[int, bytes]:
