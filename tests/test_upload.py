@@ -25,6 +25,7 @@ import pytest
 from pipeline.config import load_config
 from pipeline.stream.ingest.corrections import REPLACE_HEADER
 from pipeline.stream.ingest.roster import Roster
+from pipeline.stream.ingest.uploads import UPLOAD_END_HEADER
 from pipeline.stream.local.cluster import LocalCluster
 from pipeline.stream.local.driver import StepDriver
 from pipeline.stream.local.embedded import EmbeddedServices
@@ -162,13 +163,17 @@ def test_csv_jsonl_and_parquet_files_go_as_batches_to_the_owners_and_every_row_c
             drv.manifests_seen,
         )
         owners = roster.owners(dep.topics.partitions)
-        batches = [
-            (p, orjson.loads(v))
+        records = [
+            (p, h, v)
             for p, h, v in reports_log(cluster.broker, cluster.names["reports"], 2)
             if "dpstream-control" not in h
         ]
-    # one columnar message per partition and step (1,200 reports fit one), each to its users' owner
+    # one columnar message per partition and step (1,200 reports fit one), each to its users'
+    # owner, then the upload's commit record on that partition
+    batches = [(p, orjson.loads(v)) for p, h, v in records if UPLOAD_END_HEADER not in h]
+    commits = [p for p, h, _ in records if h.get(UPLOAD_END_HEADER) == b"commit"]
     assert len(batches) == dep.topics.partitions * T
+    assert sorted(commits) == sorted(p for p, _ in batches)
     for p, msg in batches:
         rows = roster.rows_of_ids(msg["columns"]["user"])
         assert (owners[rows] == p).all()

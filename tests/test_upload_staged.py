@@ -204,3 +204,29 @@ def test_the_receipt_counts_an_uploads_reports_handled_once_its_commit_is():
     assert receipt.reports_after({0: 9, 1: 3}) == 7
     assert receipt.reports_after({0: 9, 1: 4}) == 0
     assert UPLOAD_HEADER == "dpstream-upload"
+
+
+def test_messages_not_acknowledged_abort_the_upload_and_say_so(services, dep, tmp_path):
+    """The broker stops answering (SIGSTOP) once the file is handed to the producer: no message
+    is acknowledged within the wait, so no commit is sent; the abort records cannot be
+    acknowledged either, and the result says which partitions' messages the workers may hold
+    (dead-lettered ``uncommitted`` at the second close)."""
+    import os
+    import signal
+
+    from pipeline.upload import EarlyProducer
+
+    path = _write(tmp_path / "s1.parquet", [f"u{i}" for i in range(USERS)], [1] * USERS)
+    broker = services.broker._proc.pid  # the broker process itself (no gate here)
+    early = EarlyProducer(services.broker.bootstrap, _topic(dep))
+    early.wait()  # connected, the topic's partitions known
+    try:
+        os.kill(broker, signal.SIGSTOP)
+        result = send_upload(open_upload(path, dep), services.broker.bootstrap, _topic(dep),
+                             timeout=2.0, early=early)
+    finally:
+        os.kill(broker, signal.SIGCONT)
+    assert not result.committed and result.failed and result.acknowledged == 0
+    assert result.sent == USERS and sorted(result.unended) == [0, 1, 2]
+    ends = _ends(_log(services.broker.bootstrap, _topic(dep)), result.upload)
+    assert "commit" not in {end for each in ends.values() for end, _ in each}
