@@ -497,7 +497,7 @@ def send_upload(
             for chunk in checked_chunks(upload, check):
                 kept = upload.kept(chunk)
                 if refused is not None:
-                    _admit(chunk.steps[kept], check, admitted, refused)
+                    _admit(upload.step, check, admitted, refused)
                 for batch in chunk_messages(chunk, kept, upload.deployment):
                     staged.send(batch)
             staged.settle(timeout)
@@ -519,15 +519,17 @@ def send_upload(
 
 
 def _admit(
-    steps: np.ndarray, check: FileCheck, admitted: set[int], refused: Callable[[int], str | None]
+    only: int | None, check: FileCheck, admitted: set[int], refused: Callable[[int], str | None]
 ) -> None:
-    """:class:`StepRefused` for the first step among ``steps`` not asked about before that the
-    workers would refuse now (the first in the file, by its first report)."""
-    new = sorted(set(np.unique(steps).tolist()) - admitted, key=lambda t: check.first_rows[t])
-    for step in new:
+    """:class:`StepRefused` for the first step of the file checked so far (``only``: that step
+    only), not asked about before, that the workers would refuse now (the first in the file, by
+    its first report)."""
+    seen = check.first_rows
+    new = [t for t in seen if t not in admitted and (only is None or t == only)]
+    for step in sorted(new, key=seen.__getitem__):
         why = refused(step)
         if why is not None:
-            raise StepRefused(step, check.first_rows[step], why)
+            raise StepRefused(step, seen[step], why)
         admitted.add(step)
 
 

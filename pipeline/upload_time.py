@@ -7,10 +7,11 @@ checked, read again and sent, every message acknowledged) on the embedded broker
 machine at 13.8 s (load average ~23; 37.7 s before the upload streamed); the figure here is about
 1.5 times that, so a deadline that passes this check leaves room for a slower or busier machine.
 The upload that keeps its checked messages (not reading the file again) took 0.55 s at a load of
-8 and less than half the CPU; not re-measured at ~23, the figure is kept.
-A report counts for a step when it is
-in the log before the step's close marker; a deadline shorter than the upload closes the step with
-part of it still on its way (dead-lettered ``late``).
+8 and less than half the CPU, the one-pass upload 0.15-0.24 s at a load of ~2; not re-measured at
+~23, the figure is kept.
+An upload's reports count for a step when its commit records are in the log before the step's
+close marker; a deadline shorter than the upload closes the step before the commit, and all of
+the upload's reports of it are dead-lettered ``late``.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def deadline_warning(deployment: Deployment) -> str | None:
         f"of one step of "
         f"{deployment.n:,} users (~{need:.0f} s at {UPLOAD_SECONDS_PER_MILLION:g} s per million, "
         "a conservative "
-        "figure: docs/streaming.md, 'How long an upload takes'): reports still on their way at the "
-        "deadline are "
-        "dead-lettered as late; raise it, or upload each step right after the previous close"
+        "figure: docs/streaming.md, 'How long an upload takes'): an upload not committed by the "
+        "deadline has all its reports of the step dead-lettered as late; raise it, or upload "
+        "each step right after the previous close"
     )
