@@ -228,7 +228,8 @@ def _produce(args, stage: list[str], closing: contextlib.ExitStack) -> int:
         # run; a broker not known without a word, which is said after the file's own problems)
         stage[0] = f"checking {path}"
         try:
-            found = read_upload(path, deployment) if early is None else open_upload(path, deployment)
+            opened = read_upload if early is None else open_upload
+            found = opened(path, deployment)
         except ReportFileError as err:
             return _fail(EXIT_CONFIG, f"nothing sent: {err}")
     stage[0] = "checking the reports topic"
@@ -418,9 +419,10 @@ def _send_file(
             EXIT_RUNTIME,
             f"sent {result.acknowledged:,} {what} (all acknowledged), but the commit records of "
             f"reports partition(s) {_partitions(result.unended)} were not acknowledged: the "
-            "workers apply the other partitions' reports and hold these until the second close "
-            "marker after them, then dead-letter them `uncommitted` (`dpstream dead-letters`); "
-            "send those reports again once they are",
+            "other partitions' reports are committed; if those records were not stored, the "
+            "workers hold these partitions' reports until the second close marker after them, "
+            "then dead-letter them `uncommitted` (`dpstream status` shows the uploads held, "
+            "`dpstream dead-letters` the rest)",
         )
     steps = ", ".join(map(str, sorted(result.counts)))
     plural = "s" if len(result.counts) > 1 else ""
@@ -462,8 +464,9 @@ def _aborted(result) -> str:
     if result.unended:
         text += (
             f"; the abort records of reports partition(s) {_partitions(result.unended)} were not "
-            "acknowledged: the workers hold those messages until the second close marker after "
-            "them, then dead-letter them `uncommitted` (none is accepted)"
+            "acknowledged: if they were not stored, the workers hold those messages until the "
+            "second close marker after them, then dead-letter them `uncommitted` (none is "
+            "accepted either way)"
         )
     return text
 
