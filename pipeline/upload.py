@@ -54,7 +54,13 @@ from pipeline.upload_check import FileCheck, Problem
 from pipeline.upload_columns import Columns, NotTabular, arrow_chunks, report_chunks
 from pipeline.upload_messages import Batch, chunk_messages
 from pipeline.upload_rows import UserRows
-from pipeline.upload_send import StagedSend, UploadAborted, UploadResult, deferred_interrupt
+from pipeline.upload_send import (
+    StagedSend,
+    UploadAborted,
+    UploadResult,
+    close_producer,
+    deferred_interrupt,
+)
 
 __all__ = [
     "UPLOAD_SUFFIXES",
@@ -509,9 +515,10 @@ def send_upload(
             raise UploadAborted(err, staged.result) from err
         with deferred_interrupt():  # the commit records go out whole, or the abort's
             result = staged.finish(timeout, start)
-        stopped = False
+        stopped = not result.committed
     finally:
-        producer.close(timeout=1.0 if stopped else None)  # stopped: what is not sent is moot
+        # aborted or not ended: what is still unsent is moot, and the broker may not answer
+        close_producer(producer, 1.0 if stopped else None)
     counts = dict(check.counts)
     result.counts = counts if upload.step is None else {upload.step: counts.get(upload.step, 0)}
     result.counts = {t: n for t, n in result.counts.items() if n}

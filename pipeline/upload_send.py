@@ -31,7 +31,14 @@ from pipeline.stream.ingest.corrections import REPLACE_HEADER
 from pipeline.stream.ingest.uploads import end_record, upload_headers
 from pipeline.upload_messages import Batch
 
-__all__ = ["ABORT_SECONDS", "StagedSend", "UploadAborted", "UploadResult", "deferred_interrupt"]
+__all__ = [
+    "ABORT_SECONDS",
+    "StagedSend",
+    "UploadAborted",
+    "UploadResult",
+    "close_producer",
+    "deferred_interrupt",
+]
 
 ABORT_SECONDS = 10.0  # what an abort waits at most, for the messages in flight and for its records
 
@@ -100,13 +107,20 @@ class StagedSend:
         while self.pending and self.pending[0].future.is_done:  # type: ignore[attr-defined]
             self._settle(self.pending.popleft(), 0.1)
 
-    def _settle(self, sent: _Sent, wait: float) -> None:
+    def _settle(self, sent: _Sent, wait: float, within: float | None = None) -> None:
+        """Count ``sent`` as acknowledged or failed, waiting ``wait`` s for it (``within``: the
+        whole wait, which a failure to answer in time is said with)."""
+        from kafka.errors import KafkaTimeoutError
+
         result = self.result
         try:
             stored = sent.future.get(timeout=wait)  # type: ignore[attr-defined]
             result.acknowledged += sent.reports
             assert result.receipt is not None
             result.receipt.add(stored.partition, stored.offset, sent.reports)
+        except KafkaTimeoutError:
+            said = f" within {within:g} s" if within is not None else ""
+            result.failed.append((sent.first, f"not acknowledged by the broker{said}"))
         except Exception as err:  # noqa: BLE001 - a failed message: named by its first report
             result.failed.append((sent.first, f"{type(err).__name__}: {err}"))
         result.sent += sent.reports
@@ -118,13 +132,16 @@ class StagedSend:
         self._settle_all(timeout)
 
     def _settle_all(self, timeout: float) -> None:
+        if not self.pending:  # each acknowledged or failed (a record left unsent keeps its place)
+            return
         start = time.monotonic()
         try:
             self.producer.flush(timeout=timeout)
         except Exception:  # noqa: BLE001 - each message not acknowledged is counted below
             pass
-        while self.pending:
-            self._settle(self.pending.popleft(), max(0.1, timeout - (time.monotonic() - start)))
+        while self.pending:  # past the timeout: only those done count as acknowledged
+            left = max(0.0, timeout - (time.monotonic() - start))
+            self._settle(self.pending.popleft(), left, within=timeout)
 
     def finish(self, timeout: float = 60.0, started: float | None = None) -> UploadResult:
         """Wait for every message's acknowledgement, then commit (every one acknowledged) or
@@ -141,9 +158,11 @@ class StagedSend:
             result.seconds = time.monotonic() - started
         return result
 
-    def abort(self, timeout: float = ABORT_SECONDS) -> UploadResult:
+    def abort(self, timeout: float | None = None) -> UploadResult:
         """Abort records to every partition sent to, once the messages in flight are sent or
-        ``timeout`` passed (best effort: an abort not acknowledged is in ``result.unended``)."""
+        ``timeout`` passed (default ``ABORT_SECONDS``; best effort: an abort not acknowledged is
+        in ``result.unended``)."""
+        timeout = ABORT_SECONDS if timeout is None else timeout
         deadline = time.monotonic() + timeout
         self._settle_all(timeout / 2)
         self._end(commit=False, timeout=max(0.1, deadline - time.monotonic()))
@@ -170,7 +189,7 @@ class StagedSend:
             pass
         for partition, future in ends:
             try:
-                stored = future.get(timeout=max(0.1, timeout - (time.monotonic() - start)))
+                stored = future.get(timeout=max(0.0, timeout - (time.monotonic() - start)))
             except Exception:  # noqa: BLE001 - its partition's messages stay held
                 self.result.unended.append(partition)
                 continue
@@ -196,3 +215,23 @@ def deferred_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
     if caught and callable(previous):
         previous(signal.SIGINT, None)  # the usual handler: KeyboardInterrupt
+
+
+def close_producer(producer, timeout: float | None = None) -> None:
+    """Close a kafka-python producer, waiting at most ``timeout`` seconds for what it still has
+    to send (None: all of it). Its ``close`` raises when that wait times out, before it stops
+    its sender thread: the sender is then stopped without sending the rest, and the producer
+    closed."""
+    try:
+        producer.close(timeout=timeout)
+        return
+    except Exception:  # noqa: BLE001 - KafkaTimeoutError from its flush: stopped below
+        pass
+    sender = getattr(producer, "_sender", None)
+    if sender is not None:
+        sender.force_close()  # the pending records fail, their futures are woken
+        sender.join(timeout or 1.0)
+    try:
+        producer.close(timeout=0)
+    except Exception:  # noqa: BLE001 - nothing left to wait for: the sender has stopped
+        pass

@@ -206,7 +206,8 @@ def test_the_receipt_counts_an_uploads_reports_handled_once_its_commit_is():
     assert UPLOAD_HEADER == "dpstream-upload"
 
 
-def test_messages_not_acknowledged_abort_the_upload_and_say_so(services, dep, tmp_path):
+def test_messages_not_acknowledged_abort_the_upload_and_say_so(services, dep, tmp_path,
+                                                               monkeypatch):
     """The broker stops answering (SIGSTOP) once the file is handed to the producer: no message
     is acknowledged within the wait, so no commit is sent; the abort records cannot be
     acknowledged either, and the result says which partitions' messages the workers may hold
@@ -214,8 +215,10 @@ def test_messages_not_acknowledged_abort_the_upload_and_say_so(services, dep, tm
     import os
     import signal
 
+    import pipeline.upload_send
     from pipeline.upload import EarlyProducer
 
+    monkeypatch.setattr(pipeline.upload_send, "ABORT_SECONDS", 2.0)  # the abort's wait, bounded
     path = _write(tmp_path / "s1.parquet", [f"u{i}" for i in range(USERS)], [1] * USERS)
     broker = services.broker._proc.pid  # the broker process itself (no gate here)
     early = EarlyProducer(services.broker.bootstrap, _topic(dep))
@@ -227,6 +230,7 @@ def test_messages_not_acknowledged_abort_the_upload_and_say_so(services, dep, tm
     finally:
         os.kill(broker, signal.SIGCONT)
     assert not result.committed and result.failed and result.acknowledged == 0
+    assert result.failed[0][1] == "not acknowledged by the broker within 2 s"
     assert result.sent == USERS and sorted(result.unended) == [0, 1, 2]
     ends = _ends(_log(services.broker.bootstrap, _topic(dep)), result.upload)
     assert "commit" not in {end for each in ends.values() for end, _ in each}
