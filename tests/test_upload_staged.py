@@ -234,3 +234,34 @@ def test_messages_not_acknowledged_abort_the_upload_and_say_so(services, dep, tm
     assert result.sent == USERS and sorted(result.unended) == [0, 1, 2]
     ends = _ends(_log(services.broker.bootstrap, _topic(dep)), result.upload)
     assert "commit" not in {end for each in ends.values() for end, _ in each}
+
+
+def test_a_jsonl_file_pyarrow_stops_reading_part_way_is_sent_whole_once(
+        services, dep, tmp_path, monkeypatch):
+    """A JSONL file whose values change type part way (a code where labels were): pyarrow reads
+    the first blocks, then cannot; the per-report reader, after checking the whole file, goes on
+    from the first report not sent yet. Every report is sent once, with its value, committed."""
+    from pipeline.stream.ingest.reports import ReportParser
+    from pipeline.stream.ingest.roster import Roster
+
+    dep = parse_config(dict(
+        name=f"staged-{next(_names)}", broker=services.broker.bootstrap,
+        redis=services.redis.url, roster={"size": USERS}, horizon=4, topics={"partitions": 3},
+        attributes={"status": {"type": "categorical", "values": ["employed", "unemployed"]}},
+        budget={"epsilon": 4.0, "delta": 1e-6},
+        releases=[{"name": "band", "type": "band_monitor", "attribute": "status",
+                   "value": "unemployed", "low": 10, "high": 100, "share": 1.0}]))
+    ensure_topics(services.broker.bootstrap, dep)
+    labels = ["employed", "unemployed"]
+    lines = [orjson.dumps({"user": f"u{i}", "step": 1, "values": {
+        "status": labels[i % 2] if i < 600 else i % 2}}) for i in range(USERS)]
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    result = upload_file(path, dep, services.broker.bootstrap)
+    assert result.committed and result.acknowledged == USERS
+    messages = [r.value for records in _log(services.broker.bootstrap, _topic(dep)).values()
+                for r in records if not end_of(r.headers)]
+    parsed = ReportParser(Roster.from_range(USERS), dep.attributes, dep.horizon).parse(messages)
+    assert not parsed.rejections
+    assert sorted(zip(parsed.rows.tolist(), parsed.codes["status"].tolist())) == [
+        (i, i % 2) for i in range(USERS)]
