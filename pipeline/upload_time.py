@@ -7,7 +7,7 @@ checked, read again and sent, every message acknowledged) on the embedded broker
 machine at 13.8 s (load average ~23; 37.7 s before the upload streamed); the figure here is about
 1.5 times that, so a deadline that passes this check leaves room for a slower or busier machine.
 The upload that keeps its checked messages (not reading the file again) took 0.55 s at a load of
-8 and less than half the CPU, the one-pass upload 0.15-0.24 s at a load of ~2; not re-measured at
+8 and less than half the CPU, the one-pass upload 0.13-0.24 s at loads of 0.6-2.3; not re-measured at
 ~23, the figure is kept.
 An upload's reports count for a step when its commit records are in the log before the step's
 close marker; a deadline shorter than the upload closes the step before the commit, and all of
