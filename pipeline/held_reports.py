@@ -27,6 +27,16 @@ closed when read: a verified marker of a later step is a close after the dry run
 descriptor carrying the keys (a releaser from before they were published) signatures are not
 checked, and :attr:`HeldReports.note` says so.
 
+Uploads (``dpstream produce`` of a file, :mod:`pipeline.stream.ingest.uploads`) are followed as
+the workers follow them. A message with the ``dpstream-upload`` header is held, per partition and
+upload, and counts only when its upload's commit record on the same partition is on the log when
+read and states the number of messages of the upload held there; it then counts in the window at
+the commit's position (a report of a step closed before the commit is ``late``). Held messages of
+an aborted upload, of a commit that states another count (the workers dead-letter them
+``uncommitted``) or of an upload not committed by the second close after its first message count
+for nothing; end records are never reports. An upload committed after an open step's first marker
+read may have begun one close earlier, so each partition is read from the marker before it.
+
 The answer is exact for every report on the log when it is read, handled by the workers yet or
 not; reports sent after it, and a close after it, are not foreseen (:attr:`HeldReports.note`).
 Memory: a byte per roster user for each step asked about, and one partition's reports between two
@@ -130,12 +140,12 @@ def held_reports(
     tps = [TopicPartition(topic, p) for p in range(deployment.topics.partitions)]
     ends = log_ends(broker, tps)
     start: dict = {}
-    first = closing - max_ahead  # read from its close marker (none yet: from the log's start)
+    first = closing - max_ahead  # the first marker whose window may hold a step asked about
     for tp in tps:
-        offset = _marker_offset(view, tp.partition, first) if first >= 1 else None
+        offset = _start_offset(view, tp.partition, first)
         if offset is not None:
             start[tp] = offset
-        elif first >= 1:
+        elif first >= 2:
             held.from_start.append(tp.partition)
     readers = {
         tp.partition: _PartitionReader(
@@ -188,6 +198,16 @@ def published_verifier(
     return verifier, None
 
 
+def _start_offset(view: IntakeView, partition: int, first: int) -> int | None:
+    """Where ``partition`` is read from: the marker before step ``first``'s (an upload held past
+    ``first``'s marker began after the one before: at the second it is dead-lettered), or
+    ``first``'s when the worker's history lacks it; None: from the log's start."""
+    before = _marker_offset(view, partition, first - 1) if first >= 2 else None
+    if before is None and first >= 2:
+        before = _marker_offset(view, partition, first)
+    return before
+
+
 def _marker_offset(view: IntakeView, partition: int, step: int) -> int | None:
     """Offset of the close marker of ``step`` in ``partition``'s log as its worker recorded it
     (None when it did not)."""
@@ -226,9 +246,11 @@ class _Closes:
 class _PartitionReader:
     """One reports partition's records in log order: reports are parsed by the workers' parser a
     run at a time, and those in their window mark their (user, step). Before the first marker read
-    nothing is closed: a partition is read from a marker, or from the log's start."""
+    nothing is closed: a partition is read from a marker, or from the log's start. An upload's
+    messages are held until its end record, as the workers hold them (module doc)."""
 
     RUN = 256  # records parsed at a time (a window never changes inside a run)
+    EXPIRY = 2  # closes after its first message at which an uncommitted upload is dead-lettered
 
     def __init__(self, deployment: Deployment, roster, held: HeldReports, closes: _Closes):
         from pipeline.stream.ingest.reports import ReportParser
@@ -239,10 +261,11 @@ class _PartitionReader:
         self.held = held
         self.closed = 0  # last closed step at the records read
         self.run: list[bytes] = []
+        self.uploads: dict[str, _HeldValues] = {}  # upload id -> its messages not yet ended
 
     def add(self, value: bytes | None, headers, offset: int) -> None:
         from pipeline.stream.ingest.core import is_marker
-        from pipeline.stream.process.limits import MAX_REPORT_BYTES
+        from pipeline.stream.ingest.uploads import upload_of
 
         if headers and is_marker(headers):
             step = self.closes.step(value or b"", offset)
@@ -251,11 +274,47 @@ class _PartitionReader:
             if step is not None and self.closed < step <= self.held.closing:
                 self.flush()
                 self.closed = step
+                self._expire()
             return
-        if value is not None and len(value) <= MAX_REPORT_BYTES:  # larger: dead-lettered
+        upload = upload_of(headers) if headers else None
+        if upload is not None:
+            self._upload(upload, value, headers)
+        else:
+            self._report(value)
+
+    def _report(self, value: bytes | None) -> None:
+        """A report read now (or an upload's, at its commit): into the run unless it is too large
+        (dead-lettered) or no step asked about is in the window."""
+        from pipeline.stream.process.limits import MAX_REPORT_BYTES
+
+        if self.closed + 1 + self.max_ahead <= self.held.closing:
+            return  # the window holds closed steps only
+        if value is not None and len(value) <= MAX_REPORT_BYTES:
             self.run.append(value)
             if len(self.run) >= self.RUN:
                 self.flush()
+
+    def _upload(self, upload: str, value: bytes | None, headers) -> None:
+        """A record of an upload: a message is held; a commit stating the number held releases
+        them as reports at its position, any other end drops them."""
+        from pipeline.stream.ingest.uploads import end_count, end_of
+
+        end = end_of(headers)
+        if end is None:
+            self.uploads.setdefault(upload, _HeldValues()).values.append(value)
+            return
+        held = self.uploads.pop(upload, None)
+        if held is not None and end == "commit" and end_count(value) == len(held.values):
+            for message in held.values:
+                self._report(message)
+
+    def _expire(self) -> None:
+        """A close: uploads it is the second close for are dead-lettered ``uncommitted``."""
+        for upload in list(self.uploads):
+            held = self.uploads[upload]
+            held.closes += 1
+            if held.closes >= self.EXPIRY:
+                del self.uploads[upload]
 
     def flush(self) -> None:
         """Mark the held pairs of the run read so far."""
@@ -267,3 +326,12 @@ class _PartitionReader:
         in_window = (parsed.steps > closed) & (parsed.steps <= closed + 1 + self.max_ahead)
         for step, rows in self.held.rows.items():
             rows[parsed.rows[in_window & (parsed.steps == step)]] = True
+
+
+@dataclass
+class _HeldValues:
+    """The messages of one upload a partition holds (values, in log order) and the closes read
+    since the first of them."""
+
+    values: list[bytes | None] = field(default_factory=list)
+    closes: int = 0

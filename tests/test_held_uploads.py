@@ -1,0 +1,122 @@
+"""`dpstream produce --dry-run` counts an upload's reports as the workers hold them: only once the
+upload's commit record is on the log, stating the number of its messages on the partition, and in
+the window at the commit's position; an aborted upload, one never committed, a commit that states
+another count and a commit after the second close since the upload's first message count nothing
+(docs/own-data.md, "Dry run"; the protocol: pipeline/stream/ingest/uploads.py). The upload's
+records are written to the reports log directly, as `produce` writes them (`dpstream up`: embedded
+broker, Redis, a worker and the releaser)."""
+
+from __future__ import annotations
+
+import csv
+import uuid
+
+import orjson
+import yaml
+
+from pipeline.connections import kafka_security
+from support.cli import deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
+
+TOPIC = "dpstream.cli-test.reports"
+PARTITIONS = 2
+
+
+def _csv(path, step: int, users) -> str:
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["user", "step", "poverty"])
+        w.writerows([f"u{i}", step, i % 2] for i in users)
+    return str(path)
+
+
+def _owned(users) -> dict[int, list[int]]:
+    """The users by the reports partition owning them (as an upload sends them)."""
+    from pipeline.stream.ingest.murmur import partitions_of
+
+    users = list(users)
+    owners = partitions_of([f"u{i}" for i in users], PARTITIONS)
+    return {p: [u for u, o in zip(users, owners, strict=True) if o == p] for p in range(PARTITIONS)}
+
+
+class _Upload:
+    """One upload's records on the reports log: columnar batch messages with the upload header,
+    two per partition, then (when asked) an end record per partition."""
+
+    def __init__(self, broker: str, step: int, users):
+        from kafka import KafkaProducer
+
+        from pipeline.stream.ingest.uploads import upload_headers
+
+        self.id = uuid.uuid4().hex
+        self.producer = KafkaProducer(bootstrap_servers=broker, **kafka_security())
+        self.sent: dict[int, int] = {}
+        for p, owned in _owned(users).items():
+            for part in (owned[: len(owned) // 2], owned[len(owned) // 2 :]):
+                columns = {"user": [f"u{i}" for i in part], "step": step,
+                           "poverty": [i % 2 for i in part]}
+                self.producer.send(TOPIC, orjson.dumps({"columns": columns}), partition=p,
+                                   headers=upload_headers(self.id)).get(timeout=30)
+                self.sent[p] = self.sent.get(p, 0) + 1
+
+    def end(self, commit: bool = True, stated: int = 0) -> None:
+        """The end records; ``stated``: added to the count each states."""
+        from pipeline.stream.ingest.uploads import end_record
+
+        for p, n in self.sent.items():
+            value, headers = end_record(self.id, n + stated, commit)
+            self.producer.send(TOPIC, value, partition=p, headers=headers).get(timeout=30)
+        self.producer.close()
+
+
+def _dry(cfg, env, path, step: int, users) -> tuple[int, str]:
+    """(exit code, duplicates foreseen) of a dry run of ``users``' reports of ``step``."""
+    run = dpstream("produce", *cfg, "--csv", _csv(path, step, users), "--dry-run", env=env,
+                   check=False)
+    assert run.returncode in (0, 5), (run.stdout, run.stderr)
+    if run.returncode == 0:
+        return 0, run.stdout
+    return int(run.stderr.split("dry run: ", 1)[1].split(" of ", 1)[0].replace(",", "")), \
+        run.stdout + run.stderr
+
+
+def test_only_committed_uploads_count_in_the_dry_run(deployment, tmp_path):  # noqa: F811
+    """Before: the dry run counted every message on the log as a report (300 of the 400 users
+    held): an aborted upload, one never committed and one whose commit states the wrong count
+    too, which the workers drop or dead-letter as ``uncommitted``. Now only the committed one
+    (100), and the uncommitted one once its commit is on the log (150)."""
+    path, env = deployment
+    cfg = ["--config", str(path)]
+    with running(path, env, tmp_path) as broker:
+        _Upload(broker, 1, range(0, 100)).end(commit=True)
+        _Upload(broker, 1, range(100, 200)).end(commit=False)
+        pending = _Upload(broker, 1, range(200, 250))
+        _Upload(broker, 1, range(250, 300)).end(commit=True, stated=1)
+        count, out = _dry(cfg, env, tmp_path / "a.csv", 1, range(400))
+        assert count == 100, out
+        pending.end(commit=True)
+        count, out = _dry(cfg, env, tmp_path / "b.csv", 1, range(400))
+        assert count == 150, out
+
+
+def test_an_upload_counts_in_the_window_at_its_commit(deployment, tmp_path):  # noqa: F811
+    """With step 1 open and ``max_ahead: 2``, step-4 reports are too far ahead. Before: the dry run
+    read an upload at its messages' positions: one of step 4 sent then and committed after step
+    1's close counted nothing, though the workers apply it at the commit, where step 4 is open;
+    and one sent after step 1's close, not committed by the second close after it (the workers
+    dead-letter it there, and ignore its commit after), counted: 60 duplicates foreseen, 80 held.
+    Now 80."""
+    path, env = deployment
+    config = yaml.safe_load(path.read_text())
+    config["steps"] = {"max_ahead": 2}
+    path.write_text(yaml.safe_dump(config))
+    cfg = ["--config", str(path)]
+    with running(path, env, tmp_path) as broker:
+        ahead = _Upload(broker, 4, range(80))
+        dpstream("close", *cfg, "--step", "1", env=env)
+        ahead.end(commit=True)
+        expired = _Upload(broker, 4, range(100, 160))  # step 4 in the window 2..4
+        dpstream("close", *cfg, "--step", "2", env=env)
+        dpstream("close", *cfg, "--step", "3", env=env)
+        expired.end(commit=True)
+        count, out = _dry(cfg, env, tmp_path / "a.csv", 4, range(200))
+        assert count == 80, out
