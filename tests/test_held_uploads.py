@@ -9,6 +9,9 @@ broker, Redis, a worker and the releaser)."""
 from __future__ import annotations
 
 import csv
+import json
+import os
+import signal
 import uuid
 
 import orjson
@@ -68,10 +71,15 @@ class _Upload:
         self.producer.close()
 
 
-def _dry(cfg, env, path, step: int, users) -> tuple[int, str]:
-    """(exit code, duplicates foreseen) of a dry run of ``users``' reports of ``step``."""
-    run = dpstream("produce", *cfg, "--csv", _csv(path, step, users), "--dry-run", env=env,
-                   check=False)
+def _worker_pids(tmp_path) -> list[int]:
+    record = json.loads((tmp_path / "home" / "cli-test.json").read_text())
+    return [p["pid"] for name, p in record["processes"].items() if name.startswith("worker")]
+
+
+def _dry(cfg, env, path, step: int, users, wait: str = "10") -> tuple[int, str]:
+    """(duplicates foreseen, output) of a dry run of ``users``' reports of ``step``."""
+    run = dpstream("produce", *cfg, "--csv", _csv(path, step, users), "--dry-run", "--wait", wait,
+                   env=env, check=False)
     assert run.returncode in (0, 5), (run.stdout, run.stderr)
     if run.returncode == 0:
         return 0, run.stdout
@@ -96,6 +104,19 @@ def test_only_committed_uploads_count_in_the_dry_run(deployment, tmp_path):  # n
         pending.end(commit=True)
         count, out = _dry(cfg, env, tmp_path / "b.csv", 1, range(400))
         assert count == 150, out
+
+        # a commit the (stopped) worker has not handled counts: it applies the upload there,
+        # before anything sent after the dry run
+        workers = _worker_pids(tmp_path)
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            _Upload(broker, 1, range(300, 340)).end(commit=True)
+            count, out = _dry(cfg, env, tmp_path / "c.csv", 1, range(400), wait="1")
+        finally:
+            for pid in workers:
+                os.kill(pid, signal.SIGCONT)
+        assert count == 190, out
 
 
 def test_an_upload_counts_in_the_window_at_its_commit(deployment, tmp_path):  # noqa: F811
