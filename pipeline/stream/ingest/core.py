@@ -44,13 +44,24 @@ from pipeline.stream.ingest.repartition import (
     source_positions,
 )
 from pipeline.stream.ingest.reports import ReportParser
+from pipeline.stream.ingest.uploads import (
+    HeldUpload,
+    HeldUploads,
+    end_count,
+    end_of,
+    upload_of,
+)
 from pipeline.stream.kafka.messages import (
     CONTROL_HEADER,
     dead_letter_headers,
     encode_partial,
     parse_close_marker,
 )
-from pipeline.stream.process.limits import DEAD_LETTER_COPY_BYTES, MAX_REPORT_BYTES
+from pipeline.stream.process.limits import (
+    DEAD_LETTER_COPY_BYTES,
+    MAX_HELD_BYTES,
+    MAX_REPORT_BYTES,
+)
 
 if TYPE_CHECKING:
     from pipeline.config import Deployment
@@ -165,6 +176,9 @@ class IngestCore:
         # written with the next checkpoint); pipeline.stream.kafka.log_identity
         self.restored_logs: dict[int, dict[str, str]] = {}
         self.log_ids: dict[int, dict[str, str]] = {}
+        # partition -> upload id -> its messages held until the upload's end record
+        # (pipeline.stream.ingest.uploads); in the checkpoint
+        self.held: dict[int, HeldUploads] = {}
 
     # -- assignment ------------------------------------------------------------------------------
     def assign(self, partition: int) -> int:
@@ -194,6 +208,7 @@ class IngestCore:
             inbox.set_state(restored["repartition"])
         self.states[partition] = state
         self.inboxes[partition] = inbox
+        self.held[partition] = HeldUploads(restored.get("uploads"))
         old = restored.get("partials")  # a checkpoint of the previous version kept them inside
         last = range(state.closed - self.KEEP_PARTIALS + 1, state.closed + 1)
         stored = (
@@ -212,6 +227,7 @@ class IngestCore:
         self.restored_logs.pop(partition, None)
         self.log_ids.pop(partition, None)
         self.backlog.pop(partition, None)
+        self.held.pop(partition, None)
         self._rewinds.pop(partition, None)
         self._rewinds.pop(("repartition", partition), None)
         self.inboxes.pop(partition, None)
@@ -356,6 +372,7 @@ class IngestCore:
                     self.isolated or self.inboxes[partition].ready(step)
                 ):
                     break  # resume when the feedback of the last closed step / the forwarded reports arrive
+                outputs.extend(self._expire_uploads(partition))
                 messages, blob, summary = self.close(partition, step, rec.offset, closed_at)
                 write, drop = self._kept_changes.get(partition, (set(), set()))
                 kept = self.kept.get(partition, {})
@@ -371,6 +388,11 @@ class IngestCore:
                     )
                 )
                 self._kept_changes[partition] = (set(), set())
+            elif rec.headers and (upload := upload_of(rec.headers)) is not None:
+                if run:
+                    outputs.append(self.apply_reports(partition, run, replacing))
+                    run = []
+                outputs.extend(self._upload_record(partition, upload, rec))
             else:
                 correction = is_replacement(rec.headers) if rec.headers else False
                 if run and correction != replacing:
@@ -455,6 +477,89 @@ class IngestCore:
                 )
             )
         return self._counted(result, len(applied), parsed.rejections, displaced)
+
+    # -- uploads held until committed (pipeline.stream.ingest.uploads) ----------------------------------
+    def _upload_record(self, partition: int, upload: str, rec: Record) -> list[ApplyResult]:
+        """A message of an upload (held), or its end record on this partition: a commit applies the
+        held messages here, at the commit's position; an abort drops them."""
+        state = self.states[partition]
+        held = self.held[partition]
+        end = end_of(rec.headers)
+        if end is None:
+            held.hold(upload, rec.offset, rec.value, rec.headers)
+            state.offset = max(state.offset, rec.offset)
+            return self._over_limit(partition)
+        this = held.pop(upload)
+        state.offset = max(state.offset, rec.offset)
+        if this is None:  # nothing of it here (sent nothing to this partition, or ended already)
+            return []
+        if end == "abort":
+            log.info(
+                "partition %d: upload %s aborted by its sender at offset %d: its %d held message(s) "
+                "dropped",
+                partition,
+                upload,
+                rec.offset,
+                len(this.offsets),
+            )
+            return []
+        stated = end_count(rec.value)
+        if stated != len(this.offsets):
+            detail = (
+                f"the commit of upload {upload} at offset {rec.offset} names {stated} message(s) on "
+                f"this partition, {len(this.offsets)} were held: none of them is used"
+            )
+            return [self._uncommitted(partition, this, detail)]
+        records = [
+            Record(o, v, h) for o, v, h in zip(this.offsets, this.values, this.headers, strict=True)
+        ]
+        results = [
+            self.apply_reports(partition, list(group), correction)
+            for correction, group in groupby(records, key=lambda r: is_replacement(r.headers))
+        ]
+        state.offset = max(state.offset, rec.offset)  # apply_reports set it to the last message's
+        return results
+
+    def _expire_uploads(self, partition: int) -> list[ApplyResult]:
+        """At a close: an upload held since before the previous close, still without its end record
+        (its sender stopped), is dead-lettered ``uncommitted``."""
+        held = self.held[partition]
+        out = []
+        for upload in held:
+            held.get(upload).closes += 1
+            if held.get(upload).closes >= 2:
+                detail = (
+                    f"upload {upload} never sent its commit record: held through two closes, "
+                    "none of its reports is used (was its produce stopped?)"
+                )
+                out.append(self._uncommitted(partition, held.take(upload), detail))
+        return out
+
+    def _over_limit(self, partition: int) -> list[ApplyResult]:
+        """The oldest held uploads dead-lettered ``uncommitted`` while this partition holds more than
+        ``MAX_HELD_BYTES`` of them: held messages are in memory and in the checkpoint."""
+        held = self.held[partition]
+        out = []
+        while len(held) > 1 and held.size > MAX_HELD_BYTES:
+            upload = next(iter(held))
+            detail = (
+                f"upload {upload} was not committed while this partition held more than "
+                f"{MAX_HELD_BYTES:,} bytes of uncommitted uploads: none of its reports is used"
+            )
+            out.append(self._uncommitted(partition, held.take(upload), detail))
+        return out
+
+    def _uncommitted(self, partition: int, upload: HeldUpload, detail: str) -> ApplyResult:
+        """Every held message of an upload as a dead letter (reason ``uncommitted``)."""
+        state = self.states[partition]
+        letters = [
+            self._letter("uncommitted", detail, value, partition, offset, None)
+            for offset, value in zip(upload.offsets, upload.values, strict=True)
+        ]
+        state.intake.count(0, {"uncommitted": len(letters)})
+        return ApplyResult(
+            partition=partition, reasons={"uncommitted": len(letters)}, dead_letters=letters
+        )
 
     def drain_forwarded(self, partition: int) -> list[ApplyResult]:
         """Apply the forwarded reports of the partition's open interval (see :class:`Inbox`)."""
@@ -746,8 +851,13 @@ class IngestCore:
                 **self.states[partition].get_state(),
                 "repartition": self.inboxes[partition].get_state(),
                 "logs": self.log_ids.get(partition, {}),
+                **self._held_state(partition),
             }
         )
+
+    def _held_state(self, partition: int) -> dict:
+        held = self.held.get(partition)
+        return {"uploads": held.get_state()} if held else {}
 
     def _reject_record(
         self, partition: int, rec: Record, reason: str, detail: str, topic: str = "reports"

@@ -33,6 +33,7 @@ __all__ = [
     "UPLOAD_HEADER",
     "UPLOAD_END_HEADER",
     "HeldUpload",
+    "HeldUploads",
     "upload_headers",
     "end_record",
     "upload_of",
@@ -100,14 +101,13 @@ class HeldUpload:
     headers: list[tuple] = field(default_factory=list)
     closes: int = 0
 
+    size: int = 0  # bytes of the values
+
     def add(self, offset: int, value: bytes, headers) -> None:
         self.offsets.append(offset)
         self.values.append(bytes(value or b""))
         self.headers.append(tuple(headers or ()))
-
-    @property
-    def size(self) -> int:
-        return sum(map(len, self.values))
+        self.size += len(self.values[-1])
 
     def get_state(self) -> dict[str, Any]:
         """For the checkpoint: the values as one byte buffer with their lengths (no per-message
@@ -132,4 +132,44 @@ class HeldUpload:
             values=[data[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)],
             headers=[tuple((k, v.encode("latin-1")) for k, v in h) for h in state["headers"]],
             closes=int(state["closes"]),
+            size=int(np.asarray(state["lengths"], dtype=np.int64).sum()),
         )
+
+
+class HeldUploads:
+    """The uploads one partition holds, oldest first, and their total size."""
+
+    def __init__(self, state: dict[str, Any] | None = None):
+        self.uploads: dict[str, HeldUpload] = {
+            u: HeldUpload.of_state(h) for u, h in (state or {}).items()
+        }
+        self.size = sum(h.size for h in self.uploads.values())
+
+    def __len__(self) -> int:
+        return len(self.uploads)
+
+    def __iter__(self):
+        return iter(list(self.uploads))
+
+    def hold(self, upload: str, offset: int, value: bytes, headers) -> None:
+        held = self.uploads.setdefault(upload, HeldUpload())
+        before = held.size
+        held.add(offset, value, headers)
+        self.size += held.size - before
+
+    def pop(self, upload: str) -> HeldUpload | None:
+        held = self.uploads.pop(upload, None)
+        if held is not None:
+            self.size -= held.size
+        return held
+
+    def take(self, upload: str) -> HeldUpload:
+        held = self.pop(upload)
+        assert held is not None, upload
+        return held
+
+    def get(self, upload: str) -> HeldUpload:
+        return self.uploads[upload]
+
+    def get_state(self) -> dict[str, Any]:
+        return {u: h.get_state() for u, h in self.uploads.items()}

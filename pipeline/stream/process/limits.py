@@ -10,14 +10,19 @@
 * ``DEAD_LETTER_COPY_BYTES``: a dead letter carries at most this many bytes of the original message
   (header ``dpstream-original-size`` gives the full size), so dead-lettering can never itself fail
   on a size limit.
+* ``MAX_HELD_BYTES``: the uncommitted upload messages one partition holds
+  (:mod:`pipeline.stream.ingest.uploads`); above it the oldest held upload is dead-lettered
+  ``uncommitted``. They are in the worker's memory and in the partition's checkpoint (a Redis value
+  is at most 512 MB); an upload of 10^6 reports is ~14 MB over all partitions.
 """
 
 from __future__ import annotations
 
-__all__ = ["MAX_MESSAGE_BYTES", "MAX_REPORT_BYTES", "DEAD_LETTER_COPY_BYTES"]
+__all__ = ["MAX_MESSAGE_BYTES", "MAX_REPORT_BYTES", "DEAD_LETTER_COPY_BYTES", "MAX_HELD_BYTES"]
 
 MAX_MESSAGE_BYTES = 8 << 20
 MAX_REPORT_BYTES = (
     1 << 20
 )  # Kafka's default message.max.bytes: what any broker takes from a report producer
 DEAD_LETTER_COPY_BYTES = 64 << 10
+MAX_HELD_BYTES = 256 << 20

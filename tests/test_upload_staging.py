@@ -1,0 +1,198 @@
+"""Workers hold an upload's messages until its commit record (pipeline.stream.ingest.uploads):
+applied at the commit's log position, dropped on abort, dead-lettered ``uncommitted`` when the
+count is wrong or no end record comes by the second close; kept across a restart (real Redis)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from pipeline.serialization import loads_state
+from pipeline.stream.ingest import core as core_module
+from pipeline.stream.ingest.core import Record
+from pipeline.stream.ingest.uploads import end_record, upload_headers
+from support.stores import WritableStore
+from test_stream_ingest import Log, applies, closes, core_for, deployment, users_of
+
+UP, OTHER = "a" * 32, "b" * 32
+
+
+class UploadLog(Log):
+    def upload(self, upload, user, step, **values) -> Record:
+        values = values or {"poverty": 1, "query": 1}
+        value = orjson.dumps({"user": user, "step": step, "values": values})
+        rec = Record(len(self.records), value, tuple(upload_headers(upload)))
+        self.records.append(rec)
+        return rec
+
+    def end(self, upload, messages, commit=True) -> Record:
+        value, headers = end_record(upload, messages, commit)
+        rec = Record(len(self.records), value, tuple(headers))
+        self.records.append(rec)
+        return rec
+
+
+def drained(core, log, start=0):
+    core.enqueue(0, log.records[start:])
+    return core.drain(0)
+
+
+def accepted(outputs):
+    return sum(a.accepted for a in applies(outputs))
+
+
+def reasons(outputs):
+    out: dict[str, int] = {}
+    for a in applies(outputs):
+        for r, n in a.reasons.items():
+            out[r] = out.get(r, 0) + n
+    return out
+
+
+def test_an_upload_counts_only_at_its_commit_and_its_dead_letters_name_the_messages():
+    core, roster = core_for(deployment(monitors=False))
+    core.assign(0)
+    mine = users_of(roster, 0)
+    log = UploadLog()
+    log.upload(UP, mine[0], 1)
+    log.upload(UP, "nobody", 1)
+    held = drained(core, log)
+    assert accepted(held) == 0 and not reasons(held)
+    assert core.states[0].offset == 1  # handled (held), so a restart does not wait for them
+    assert core.states[0].intake_summary()["open"].get("1", 0) == 0
+    log.end(UP, 2)
+    out = drained(core, log, 2)
+    assert accepted(out) == 1 and reasons(out) == {"unknown_user": 1}
+    (letter,) = [d for a in applies(out) for d in a.dead_letters]
+    headers = dict(letter[2])
+    assert headers["dpstream-source"].decode().endswith("/0/1")  # the message's own offset
+    assert core.states[0].offset == 2  # the commit's
+
+
+def test_an_aborted_upload_is_dropped_and_a_later_end_of_it_ignored():
+    core, roster = core_for(deployment(monitors=False))
+    core.assign(0)
+    mine = users_of(roster, 0)
+    log = UploadLog()
+    log.upload(UP, mine[0], 1)
+    log.end(UP, 1, commit=False)
+    log.end(UP, 1)  # a commit after the abort finds nothing held
+    log.report(mine[0], 1)  # so this is the first report of the user
+    out = drained(core, log)
+    assert accepted(out) == 1 and not reasons(out)
+    assert not core.held[0]
+
+
+def test_a_commit_naming_another_count_uses_none_of_the_upload():
+    core, roster = core_for(deployment(monitors=False))
+    core.assign(0)
+    mine = users_of(roster, 0)
+    log = UploadLog()
+    log.upload(UP, mine[0], 1)
+    log.upload(UP, mine[1], 1)
+    log.end(UP, 3)
+    out = drained(core, log)
+    assert accepted(out) == 0 and reasons(out) == {"uncommitted": 2}
+    details = {dict(d[2])["dpstream-detail"].decode() for a in applies(out) for d in a.dead_letters}
+    assert any("names 3 message(s)" in d and "2 were held" in d for d in details), details
+
+
+def test_the_commit_position_decides_late_and_duplicate():
+    core, roster = core_for(deployment(monitors=False))
+    core.assign(0)
+    mine = users_of(roster, 0)
+    log = UploadLog()
+    log.upload(UP, mine[0], 1)  # before the plain report in the log ...
+    log.upload(UP, mine[1], 1)
+    log.report(mine[0], 1)  # ... but this one counts first: the upload is not committed yet
+    log.marker(1)
+    log.upload(OTHER, mine[2], 2)
+    log.end(UP, 2)  # after the close of step 1: its reports are late
+    log.end(OTHER, 1)
+    out = drained(core, log)
+    (close,) = closes(out)
+    assert close.summary["reported"] == 1
+    assert reasons(out) == {"late": 2} and accepted(out) == 2  # the plain report; OTHER's step 2
+
+
+def test_an_upload_never_ended_is_dead_lettered_at_the_second_close():
+    core, roster = core_for(deployment(monitors=False))
+    core.assign(0)
+    mine = users_of(roster, 0)
+    log = UploadLog()
+    log.upload(UP, mine[0], 2)
+    log.marker(1)
+    out = drained(core, log)
+    assert not reasons(out) and len(core.held[0]) == 1  # held through one close
+    log.marker(2)
+    out = drained(core, log, 2)
+    assert reasons(out) == {"uncommitted": 1} and not core.held[0]
+    (close,) = closes(out)
+    assert close.summary["reported"] == 0
+    kinds = [type(o).__name__ for o in out]
+    assert kinds.index("ApplyResult") < kinds.index("CloseOutput")  # acknowledged before its checkpoint
+
+
+def test_held_uploads_above_the_limit_dead_letter_the_oldest(monkeypatch):
+    monkeypatch.setattr(core_module, "MAX_HELD_BYTES", 150)
+    core, roster = core_for(deployment(monitors=False))
+    core.assign(0)
+    mine = users_of(roster, 0)
+    log = UploadLog()
+    log.upload(UP, mine[0], 1)
+    log.upload(OTHER, mine[1], 1)  # two held messages of ~60 bytes: within the limit
+    assert not reasons(drained(core, log))
+    log.upload(OTHER, mine[2], 1)
+    out = drained(core, log, 2)
+    assert reasons(out) == {"uncommitted": 1}  # UP, the oldest
+    assert list(core.held[0]) == [OTHER]
+
+
+def test_held_messages_survive_a_restart_in_the_checkpoint(redis_client):
+    dep = deployment(monitors=False)
+    mine = None
+    log = UploadLog()
+
+    def run(core):
+        core.enqueue(0, log.records)
+        return core.drain(0)
+
+    ref, roster = core_for(dep)
+    ref.assign(0)
+    mine = users_of(roster, 0)
+    log.upload(UP, mine[0], 2, poverty=0)
+    log.upload(UP, mine[1], 2)
+    log.marker(1)  # the checkpoint of this close holds the two messages
+    log.report(mine[2], 2)
+    log.end(UP, 2)
+    log.marker(2)
+    expected = closes(run(ref))
+
+    store = WritableStore(redis_client, dep.name)
+    a, _ = core_for(dep, store=store)
+    a.assign(0)
+    a.enqueue(0, log.records[:3])
+    (close1,) = closes(a.drain(0))
+    assert set(loads_state(close1.checkpoint)["uploads"]) == {UP}
+    store.save_checkpoint(0, close1.checkpoint)
+    del a
+    b, _ = core_for(dep, store=WritableStore(redis_client, dep.name))
+    assert b.assign(0) == 3  # after the marker: the held messages come from the checkpoint
+    out = run(b)
+    assert accepted(out) == 3
+    (close2,) = closes(out)
+    assert close2.summary == expected[1].summary and close2.summary["reported"] == 3
+    assert close2.messages == expected[1].messages
+    assert "uploads" not in loads_state(close2.checkpoint)
+
+
+@pytest.mark.parametrize("bad", [b"", b"{}", b'{"messages": -1}', b'{"messages": true}'])
+def test_a_commit_without_a_valid_count_is_not_a_commit(bad):
+    core, roster = core_for(deployment(monitors=False))
+    core.assign(0)
+    log = UploadLog()
+    log.upload(UP, users_of(roster, 0)[0], 1)
+    _, headers = end_record(UP, 1, True)
+    log.records.append(Record(1, bad, tuple(headers)))
+    out = drained(core, log)
+    assert accepted(out) == 0 and reasons(out) == {"uncommitted": 1}
