@@ -12,9 +12,11 @@ without the workers' checkpoints (which the operator role may not read, docs/sec
   written to — for a report of another partition's user too, since its owner applies it in the
   interval the source's markers delimit (:class:`pipeline.stream.ingest.repartition.Inbox`);
 * a report of an open step ``t >= closing + 1`` can only have been in its window after the marker
-  of step ``closing - max_ahead``, so each partition is read from that marker (its offset is in
-  the workers' intake history, :class:`pipeline.stream.ingest.partition_state.Intake`; from the
-  log's start when the history does not have it) to the log's end.
+  of step ``closing - max_ahead``; an upload applied after it may have begun one close earlier
+  (below), so each partition is read from the marker before that one (its offset is in the
+  workers' intake history, :class:`pipeline.stream.ingest.partition_state.Intake`; from the log's
+  start when the history does not have it) to the log's end, and reports read before the marker
+  of ``closing - max_ahead`` are not parsed (their window holds closed steps only).
 
 A close marker counts as a close, as it does for the workers, only when it is genuine: when its
 partition's worker recorded it as its step's close (intake history: the workers' own verdict, which
@@ -33,14 +35,14 @@ upload, and counts only when its upload's commit record on the same partition is
 read and states the number of messages of the upload held there; it then counts in the window at
 the commit's position (a report of a step closed before the commit is ``late``). Held messages of
 an aborted upload, of a commit that states another count (the workers dead-letter them
-``uncommitted``) or of an upload not committed by the second close after its first message count
-for nothing; end records are never reports. An upload committed after an open step's first marker
-read may have begun one close earlier, so each partition is read from the marker before it.
+``uncommitted``), of an upload not committed by the second close after its first message, or of
+the oldest uploads while a partition holds more than ``MAX_HELD_BYTES`` of them count for nothing;
+end records are never reports.
 
 The answer is exact for every report on the log when it is read, handled by the workers yet or
 not; reports sent after it, and a close after it, are not foreseen (:attr:`HeldReports.note`).
-Memory: a byte per roster user for each step asked about, and one partition's reports between two
-markers at a time.
+Memory: a byte per roster user for each step asked about, 256 reports at a time, and the messages
+of uploads read whose end record is not read yet (as the workers hold them).
 """
 
 from __future__ import annotations
@@ -254,6 +256,7 @@ class _PartitionReader:
 
     def __init__(self, deployment: Deployment, roster, held: HeldReports, closes: _Closes):
         from pipeline.stream.ingest.reports import ReportParser
+        from pipeline.stream.ingest.uploads import HeldUploads
 
         self.parser = ReportParser(roster, deployment.attributes, deployment.horizon)
         self.closes = closes
@@ -261,7 +264,7 @@ class _PartitionReader:
         self.held = held
         self.closed = 0  # last closed step at the records read
         self.run: list[bytes] = []
-        self.uploads: dict[str, _HeldValues] = {}  # upload id -> its messages not yet ended
+        self.uploads = HeldUploads()  # the uploads' messages not yet ended, oldest upload first
 
     def add(self, value: bytes | None, headers, offset: int) -> None:
         from pipeline.stream.ingest.core import is_marker
@@ -278,7 +281,7 @@ class _PartitionReader:
             return
         upload = upload_of(headers) if headers else None
         if upload is not None:
-            self._upload(upload, value, headers)
+            self._upload(upload, value, headers, offset)
         else:
             self._report(value)
 
@@ -294,27 +297,32 @@ class _PartitionReader:
             if len(self.run) >= self.RUN:
                 self.flush()
 
-    def _upload(self, upload: str, value: bytes | None, headers) -> None:
-        """A record of an upload: a message is held; a commit stating the number held releases
-        them as reports at its position, any other end drops them."""
+    def _upload(self, upload: str, value: bytes | None, headers, offset: int) -> None:
+        """A record of an upload, as the workers take it (:class:`IngestCore`): a message is held
+        (the oldest uploads dropped while the partition holds more than ``MAX_HELD_BYTES``); a
+        commit stating the number held releases them as reports at its position, any other end
+        drops them."""
         from pipeline.stream.ingest.uploads import end_count, end_of
+        from pipeline.stream.process.limits import MAX_HELD_BYTES
 
         end = end_of(headers)
         if end is None:
-            self.uploads.setdefault(upload, _HeldValues()).values.append(value)
+            self.uploads.hold(upload, offset, value or b"", headers)
+            while len(self.uploads) > 1 and self.uploads.size > MAX_HELD_BYTES:
+                self.uploads.take(next(iter(self.uploads)))  # dead-lettered
             return
-        held = self.uploads.pop(upload, None)
+        held = self.uploads.pop(upload)
         if held is not None and end == "commit" and end_count(value) == len(held.values):
             for message in held.values:
                 self._report(message)
 
     def _expire(self) -> None:
         """A close: uploads it is the second close for are dead-lettered ``uncommitted``."""
-        for upload in list(self.uploads):
-            held = self.uploads[upload]
+        for upload in self.uploads:
+            held = self.uploads.get(upload)
             held.closes += 1
             if held.closes >= self.EXPIRY:
-                del self.uploads[upload]
+                self.uploads.take(upload)
 
     def flush(self) -> None:
         """Mark the held pairs of the run read so far."""
@@ -326,12 +334,3 @@ class _PartitionReader:
         in_window = (parsed.steps > closed) & (parsed.steps <= closed + 1 + self.max_ahead)
         for step, rows in self.held.rows.items():
             rows[parsed.rows[in_window & (parsed.steps == step)]] = True
-
-
-@dataclass
-class _HeldValues:
-    """The messages of one upload a partition holds (values, in log order) and the closes read
-    since the first of them."""
-
-    values: list[bytes | None] = field(default_factory=list)
-    closes: int = 0

@@ -71,6 +71,14 @@ class _Upload:
         self.producer.close()
 
 
+def _workers_hold(cfg, env, step: int) -> int:
+    """Users the workers count an accepted report of for open step ``step`` (`dpstream status`,
+    once they have handled the log)."""
+    status = json.loads(dpstream("status", *cfg, "--json", "--wait", "60", env=env).stdout)
+    assert not status["intake"]["unhandled_records"], status["intake"]
+    return status["intake"]["open"][str(step)]["reported"]
+
+
 def _worker_pids(tmp_path) -> list[int]:
     record = json.loads((tmp_path / "home" / "cli-test.json").read_text())
     return [p["pid"] for name, p in record["processes"].items() if name.startswith("worker")]
@@ -101,9 +109,11 @@ def test_only_committed_uploads_count_in_the_dry_run(deployment, tmp_path):  # n
         _Upload(broker, 1, range(250, 300)).end(commit=True, stated=1)
         count, out = _dry(cfg, env, tmp_path / "a.csv", 1, range(400))
         assert count == 100, out
+        assert _workers_hold(cfg, env, 1) == 100
         pending.end(commit=True)
         count, out = _dry(cfg, env, tmp_path / "b.csv", 1, range(400))
         assert count == 150, out
+        assert _workers_hold(cfg, env, 1) == 150
 
         # a commit the (stopped) worker has not handled counts: it applies the upload there,
         # before anything sent after the dry run
@@ -117,6 +127,7 @@ def test_only_committed_uploads_count_in_the_dry_run(deployment, tmp_path):  # n
             for pid in workers:
                 os.kill(pid, signal.SIGCONT)
         assert count == 190, out
+        assert _workers_hold(cfg, env, 1) == 190
 
 
 def test_an_upload_counts_in_the_window_at_its_commit(deployment, tmp_path):  # noqa: F811
@@ -141,3 +152,4 @@ def test_an_upload_counts_in_the_window_at_its_commit(deployment, tmp_path):  # 
         expired.end(commit=True)
         count, out = _dry(cfg, env, tmp_path / "a.csv", 4, range(200))
         assert count == 80, out
+        assert _workers_hold(cfg, env, 4) == 80
