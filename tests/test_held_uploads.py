@@ -45,7 +45,8 @@ class _Upload:
     """One upload's records on the reports log: columnar batch messages with the upload header,
     two per partition, then (when asked) an end record per partition."""
 
-    def __init__(self, broker: str, step: int, users):
+    def __init__(self, broker: str, step: int, users, partition: int | None = None):
+        """``partition``: all to this one (another producer's), not each user's owner."""
         from kafka import KafkaProducer
 
         from pipeline.stream.ingest.uploads import upload_headers
@@ -53,7 +54,8 @@ class _Upload:
         self.id = uuid.uuid4().hex
         self.producer = KafkaProducer(bootstrap_servers=broker, **kafka_security())
         self.sent: dict[int, int] = {}
-        for p, owned in _owned(users).items():
+        by_partition = _owned(users) if partition is None else {partition: list(users)}
+        for p, owned in by_partition.items():
             for part in (owned[: len(owned) // 2], owned[len(owned) // 2 :]):
                 columns = {"user": [f"u{i}" for i in part], "step": step,
                            "poverty": [i % 2 for i in part]}
@@ -129,6 +131,13 @@ def test_only_committed_uploads_count_in_the_dry_run(deployment, tmp_path):  # n
         assert count == 190, out
         assert _workers_hold(cfg, env, 1) == 190
 
+        # sent to one partition: the other partition's users are forwarded to their owner when
+        # the commit is applied
+        _Upload(broker, 1, range(340, 380), partition=0).end(commit=True)
+        count, out = _dry(cfg, env, tmp_path / "d.csv", 1, range(400))
+        assert count == 230, out
+        assert _workers_hold(cfg, env, 1) == 230
+
 
 def test_an_upload_counts_in_the_window_at_its_commit(deployment, tmp_path):  # noqa: F811
     """With step 1 open and ``max_ahead: 2``, step-4 reports are too far ahead. Before: the dry run
@@ -153,3 +162,5 @@ def test_an_upload_counts_in_the_window_at_its_commit(deployment, tmp_path):  # 
         count, out = _dry(cfg, env, tmp_path / "a.csv", 4, range(200))
         assert count == 80, out
         assert _workers_hold(cfg, env, 4) == 80
+        letters = json.loads(dpstream("dead-letters", *cfg, "--json", env=env).stdout)
+        assert letters["uncommitted"]["count"] == sum(expired.sent.values()), letters
