@@ -164,3 +164,24 @@ def test_an_upload_counts_in_the_window_at_its_commit(deployment, tmp_path):  # 
         assert _workers_hold(cfg, env, 4) == 80
         letters = json.loads(dpstream("dead-letters", *cfg, "--json", env=env).stdout)
         assert letters["uncommitted"]["count"] == sum(expired.sent.values()), letters
+
+
+def test_an_upload_begun_before_the_read_starts_counts(deployment, tmp_path):  # noqa: F811
+    """``max_ahead: 0``. A step-3 upload sent while step 2 was open, committed after step 2's
+    close, is applied at the commit (step 3 open then). The dry run reads the log from a close
+    marker: from step 2's it would see the commit but none of the messages (0 duplicates
+    foreseen, 70 held); it reads from the marker before (step 1's) and counts them."""
+    path, env = deployment
+    config = yaml.safe_load(path.read_text())
+    config["steps"] = {"max_ahead": 0}
+    path.write_text(yaml.safe_dump(config))
+    cfg = ["--config", str(path)]
+    with running(path, env, tmp_path) as broker:
+        dpstream("close", *cfg, "--step", "1", env=env)
+        early = _Upload(broker, 3, range(70))
+        dpstream("close", *cfg, "--step", "2", env=env)
+        early.end(commit=True)
+        count, out = _dry(cfg, env, tmp_path / "a.csv", 3, range(200))
+        assert count == 70, out
+        assert "log's start" not in out  # both markers are in the workers' history
+        assert _workers_hold(cfg, env, 3) == 70
