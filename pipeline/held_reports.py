@@ -72,6 +72,9 @@ class HeldReports:
     from_start: list[int] = field(default_factory=list)
     short: dict[int, int] = field(default_factory=dict)  # partition -> records not read (timeout)
     lost_log: bool = False  # the workers hold reports of a log the broker has lost
+    # partition -> its first offset left, where the broker's retention deleted records that may
+    # count (the workers hold them in their checkpoints)
+    deleted: dict[int, int] = field(default_factory=dict)
     # why close markers' signatures were not checked (None: they were)
     unverified: str | None = None
 
@@ -88,6 +91,11 @@ class HeldReports:
             return (
                 "a lower bound: the broker lost reports the workers hold (`dpstream status` "
                 "shows LOST), and they are not on the log to count"
+            )
+        if self.deleted:
+            return (
+                "a lower bound: the log's retention deleted records of partitions "
+                f"{sorted(self.deleted)} that the workers took before and hold in their checkpoints"
             )
         if self.short:
             missing = sum(self.short.values())
@@ -151,7 +159,11 @@ def held_reports(
             held.from_start.append(tp.partition)
     readers = {
         tp.partition: _PartitionReader(
-            deployment, roster, held, _Closes(verifier, _recorded(view, tp.partition))
+            deployment,
+            roster,
+            held,
+            _Closes(verifier, _recorded(view, tp.partition)),
+            _Span(tp.partition, start.get(tp, 0), _marker_offset(view, tp.partition, first)),
         )
         for tp in tps
     }
@@ -231,6 +243,11 @@ class _Closes:
     verifier: CloseVerifier | None
     recorded: dict[int, int]  # offset -> step, as the partition's worker closed it
 
+    def before(self, offset: int, closing: int) -> int:
+        """The last step the partition's worker closed at a marker before ``offset``, of those the
+        releaser had closed (0: none recorded)."""
+        return max((t for o, t in self.recorded.items() if o < offset and t <= closing), default=0)
+
     def step(self, value: bytes, offset: int) -> int | None:
         """The step the marker at ``offset`` closes (None: it closes nothing)."""
         from pipeline.stream.control.signatures import Unverified
@@ -245,16 +262,32 @@ class _Closes:
             return None  # the workers dead-letter it
 
 
+@dataclass(frozen=True)
+class _Span:
+    """Where one partition's read begins, and the marker after which its reports may count."""
+
+    partition: int
+    start: int  # offset the read starts at (a marker's, or 0)
+    counted_from: int | None  # offset of the first marker whose window holds an open step
+
+
 class _PartitionReader:
     """One reports partition's records in log order: reports are parsed by the workers' parser a
     run at a time, and those in their window mark their (user, step). Before the first marker read
     nothing is closed: a partition is read from a marker, or from the log's start. An upload's
-    messages are held until its end record, as the workers hold them (module doc)."""
+    messages are held until its end record, as the workers hold them (module doc).
+
+    The durable log's retention (:mod:`pipeline.stream.local.retention`) deletes records up to a
+    close the workers have checkpointed, the first marker to read too: the last step closed before
+    the first record left is then the one the workers' history records, and the count is a lower
+    bound (:attr:`HeldReports.deleted`) when records that may count were deleted."""
 
     RUN = 256  # records parsed at a time (a window never changes inside a run)
     EXPIRY = 2  # closes after its first message at which an uncommitted upload is dead-lettered
 
-    def __init__(self, deployment: Deployment, roster, held: HeldReports, closes: _Closes):
+    def __init__(
+        self, deployment: Deployment, roster, held: HeldReports, closes: _Closes, span: _Span
+    ):
         from pipeline.stream.ingest.reports import ReportParser
         from pipeline.stream.ingest.uploads import HeldUploads
 
@@ -265,11 +298,15 @@ class _PartitionReader:
         self.closed = 0  # last closed step at the records read
         self.run: list[bytes] = []
         self.uploads = HeldUploads()  # the uploads' messages not yet ended, oldest upload first
+        self.span = span
+        self.trimmed: bool | None = None  # whether records before the first read were deleted
 
     def add(self, value: bytes | None, headers, offset: int) -> None:
         from pipeline.stream.ingest.core import is_marker
         from pipeline.stream.ingest.uploads import upload_of
 
+        if self.trimmed is None:
+            self._begin(offset)
         if headers and is_marker(headers):
             step = self.closes.step(value or b"", offset)
             # a genuine marker of a step the releaser had not closed when read: a close after
@@ -284,6 +321,20 @@ class _PartitionReader:
             self._upload(upload, value, headers, offset)
         else:
             self._report(value)
+
+    def _begin(self, offset: int) -> None:
+        """The first record read, at ``offset``: records before it, from the start asked for, were
+        deleted by the log's retention."""
+        span = self.span
+        self.trimmed = offset > span.start
+        if not self.trimmed:
+            return
+        self.closed = self.closes.before(offset, self.held.closing)
+        if span.counted_from is None or offset > span.counted_from + 1:
+            self._lost(offset)  # reports that may be in an open step's window
+
+    def _lost(self, offset: int) -> None:
+        self.held.deleted.setdefault(self.span.partition, offset)
 
     def _report(self, value: bytes | None) -> None:
         """A report read now (or an upload's, at its commit): into the run unless it is too large
@@ -312,9 +363,12 @@ class _PartitionReader:
                 self.uploads.take(next(iter(self.uploads)))  # dead-lettered
             return
         held = self.uploads.pop(upload)
-        if held is not None and end == "commit" and end_count(value) == len(held.values):
+        stated, read = end_count(value), 0 if held is None else len(held.values)
+        if held is not None and end == "commit" and stated == read:
             for message in held.values:
                 self._report(message)
+        elif end == "commit" and self.trimmed and stated is not None and stated > read:
+            self._lost(offset)  # the rest of its messages may have been deleted
 
     def _expire(self) -> None:
         """A close: uploads it is the second close for are dead-lettered ``uncommitted``."""
