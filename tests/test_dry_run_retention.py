@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import time
 
-import yaml
-
 from support.cli import deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
 from support.up import wait_released
-from test_held_uploads import TOPIC, _csv, _dry, _Upload, _workers_hold
+from test_held_uploads import TOPIC, _ahead, _dry, _Upload, _workers_hold
+from test_produce_dry_run import _csv
 
 
 def _first_offsets(broker: str) -> dict[int, int]:
@@ -44,11 +43,7 @@ def test_the_dry_run_counts_after_retention_deleted_its_first_marker(deployment,
     step 2's close). Now 140."""
     from pipeline.stream.kafka.log_end import log_ends
 
-    path, env = deployment
-    config = yaml.safe_load(path.read_text())
-    config["steps"] = {"max_ahead": 1}
-    path.write_text(yaml.safe_dump(config))
-    cfg = ["--config", str(path)]
+    path, env, cfg = _ahead(deployment, 1)
     with running(path, env, tmp_path) as broker:
         from kafka import TopicPartition
 

@@ -8,7 +8,6 @@ broker, Redis, a worker and the releaser)."""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import signal
@@ -19,17 +18,10 @@ import yaml
 
 from pipeline.connections import kafka_security
 from support.cli import deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
+from test_produce_dry_run import _csv, _worker_pids
 
 TOPIC = "dpstream.cli-test.reports"
 PARTITIONS = 2
-
-
-def _csv(path, step: int, users) -> str:
-    with path.open("w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["user", "step", "poverty"])
-        w.writerows([f"u{i}", step, i % 2] for i in users)
-    return str(path)
 
 
 def _owned(users) -> dict[int, list[int]]:
@@ -81,9 +73,13 @@ def _workers_hold(cfg, env, step: int) -> int:
     return status["intake"]["open"][str(step)]["reported"]
 
 
-def _worker_pids(tmp_path) -> list[int]:
-    record = json.loads((tmp_path / "home" / "cli-test.json").read_text())
-    return [p["pid"] for name, p in record["processes"].items() if name.startswith("worker")]
+def _ahead(deployment, max_ahead: int) -> tuple[object, dict, list[str]]:  # noqa: F811
+    """(path, env, command-line config) of the deployment with ``steps.max_ahead``."""
+    path, env = deployment
+    config = yaml.safe_load(path.read_text())
+    config["steps"] = {"max_ahead": max_ahead}
+    path.write_text(yaml.safe_dump(config))
+    return path, env, ["--config", str(path)]
 
 
 def _dry(cfg, env, path, step: int, users, wait: str = "10") -> tuple[int, str]:
@@ -146,11 +142,7 @@ def test_an_upload_counts_in_the_window_at_its_commit(deployment, tmp_path):  # 
     and one sent after step 1's close, not committed by the second close after it (the workers
     dead-letter it there, and ignore its commit after), counted: 60 duplicates foreseen, 80 held.
     Now 80."""
-    path, env = deployment
-    config = yaml.safe_load(path.read_text())
-    config["steps"] = {"max_ahead": 2}
-    path.write_text(yaml.safe_dump(config))
-    cfg = ["--config", str(path)]
+    path, env, cfg = _ahead(deployment, 2)
     with running(path, env, tmp_path) as broker:
         ahead = _Upload(broker, 4, range(80))
         dpstream("close", *cfg, "--step", "1", env=env)
@@ -171,11 +163,7 @@ def test_an_upload_begun_before_the_read_starts_counts(deployment, tmp_path):  #
     close, is applied at the commit (step 3 open then). The dry run reads the log from a close
     marker: from step 2's it would see the commit but none of the messages (0 duplicates
     foreseen, 70 held); it reads from the marker before (step 1's) and counts them."""
-    path, env = deployment
-    config = yaml.safe_load(path.read_text())
-    config["steps"] = {"max_ahead": 0}
-    path.write_text(yaml.safe_dump(config))
-    cfg = ["--config", str(path)]
+    path, env, cfg = _ahead(deployment, 0)
     with running(path, env, tmp_path) as broker:
         dpstream("close", *cfg, "--step", "1", env=env)
         early = _Upload(broker, 3, range(70))
