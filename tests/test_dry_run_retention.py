@@ -7,6 +7,9 @@ and the releaser)."""
 from __future__ import annotations
 
 import time
+import uuid
+
+import orjson
 
 from support.cli import deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
 from support.up import wait_released
@@ -65,3 +68,78 @@ def test_the_dry_run_counts_after_retention_deleted_its_first_marker(deployment,
         assert count == 140, out
         assert "exact for" in out, out
         assert _workers_hold(cfg, env, 3) == 140
+
+
+def test_the_count_is_a_lower_bound_when_the_retention_deleted_what_may_count(tmp_path,
+                                                                              redis_client):
+    """Against the embedded durable broker, with batches deleted through its retention
+    (:meth:`LogRetention.trim`) past what the workers' history lets the dry run stand in for:
+    partition 0 loses an upload's message committed after step 1's close (its commit states 1,
+    none is left), partition 1 reports of step 3 sent after step 1's close. Before, the count
+    left out what was deleted and called itself exact; now it says it is a lower bound."""
+    from kafka import KafkaProducer
+
+    from pipeline.config import parse_config
+    from pipeline.held_reports import held_reports
+    from pipeline.stream.ingest.intake_view import IntakeView
+    from pipeline.stream.ingest.roster import Roster
+    from pipeline.stream.ingest.uploads import end_record, upload_headers
+    from pipeline.stream.kafka.messages import CONTROL_HEADER
+    from pipeline.stream.kafka.topics import ensure_topics
+    from pipeline.stream.local.embedded import EmbeddedServices
+    from pipeline.stream.local.retention import LogRetention
+    from pipeline.stream.state.store import StateStore
+
+    def report(user: int) -> bytes:
+        return orjson.dumps({"user": f"u{user}", "step": 3, "values": {"pov": user % 2}})
+
+    def marker(step: int) -> tuple[bytes, list]:
+        value = {"step": step, "closed_at": 1, "action": "close"}
+        return orjson.dumps(value), [(CONTROL_HEADER, b"close")]
+
+    upload, late_upload = uuid.uuid4().hex, uuid.uuid4().hex
+    batch = orjson.dumps({"columns": {"user": [f"u{i}" for i in range(15, 20)], "step": 3,
+                                      "pov": [i % 2 for i in range(15, 20)]}})
+    later = orjson.dumps({"columns": {"user": [f"u{i}" for i in range(10, 15)], "step": 3,
+                                      "pov": [i % 2 for i in range(10, 15)]}})
+    logs = {  # (value, headers) in log order: offsets 0, 1, ...
+        0: [(batch, upload_headers(upload)), marker(1), end_record(upload, 1, True)]
+        + [(report(i), []) for i in range(10)]
+        + [(later, upload_headers(late_upload)), marker(2), end_record(late_upload, 1, True)],
+        1: [marker(1)] + [(report(i), []) for i in range(20, 30)] + [marker(2)],
+    }
+    with EmbeddedServices(data_dir=tmp_path / "svc", durable_log=True) as svc:
+        dep = parse_config({
+            "name": "trim", "broker": svc.broker.bootstrap, "redis": "redis://r:6379/0",
+            "roster": {"size": 40}, "horizon": 4, "steps": {"max_ahead": 1},
+            "topics": {"partitions": 2}, "attributes": {"pov": {"type": "binary"}},
+            "budget": {"rho": 0.5},
+            "releases": [{"name": "cu", "type": "cumulative", "attribute": "pov", "share": 1.0}],
+        })
+        names = ensure_topics(svc.broker.bootstrap, dep)
+        producer = KafkaProducer(bootstrap_servers=svc.broker.bootstrap, linger_ms=0)
+        for p, records in logs.items():
+            for value, headers in records:  # one batch each
+                producer.send(names["reports"], value, partition=p, headers=headers).get(30)
+        producer.close()
+        markers = {p: [o for o, (_, h) in enumerate(r) if h and h[0][0] == CONTROL_HEADER]
+                   for p, r in logs.items()}
+        view = IntakeView(2, 2, {p: {"closed": 2, "open": {}, "history": {
+            str(t): {"marker": o} for t, o in enumerate(m, start=1)}} for p, m in markers.items()})
+        roster = Roster.from_config(dep.roster)
+
+        def held():
+            return held_reports(dep, svc.broker.bootstrap, view, {3}, roster, timeout=60)
+
+        whole = held()
+        assert int(whole.rows[3].sum()) == 30 and "exact for" in whole.note, whole
+        retention = LogRetention(svc.storage, StateStore(redis_client, "trim"), names, 2)
+        # partition 0: the upload's message and step 1's marker; partition 1: the marker and
+        # three reports after it
+        assert retention.trim(names["reports"], 0, 2) == 2
+        assert retention.trim(names["reports"], 1, 4) == 4
+        trimmed = held()
+    assert int(trimmed.rows[3].sum()) == 30 - 5 - 3, trimmed
+    assert trimmed.deleted == {0: 2, 1: 4}, trimmed
+    assert "a lower bound: the log's retention deleted records of partitions [0, 1]" in \
+        trimmed.note
