@@ -33,6 +33,13 @@ class UploadLog(Log):
         return rec
 
 
+def partition_zero():
+    """A core holding partition 0, its users, and an empty log."""
+    core, roster = core_for(deployment(monitors=False))
+    core.assign(0)
+    return core, users_of(roster, 0), UploadLog()
+
+
 def drained(core, log, start=0):
     core.enqueue(0, log.records[start:])
     return core.drain(0)
@@ -51,10 +58,7 @@ def reasons(outputs):
 
 
 def test_an_upload_counts_only_at_its_commit_and_its_dead_letters_name_the_messages():
-    core, roster = core_for(deployment(monitors=False))
-    core.assign(0)
-    mine = users_of(roster, 0)
-    log = UploadLog()
+    core, mine, log = partition_zero()
     log.upload(UP, mine[0], 1)
     log.upload(UP, "nobody", 1)
     held = drained(core, log)
@@ -71,10 +75,7 @@ def test_an_upload_counts_only_at_its_commit_and_its_dead_letters_name_the_messa
 
 
 def test_an_aborted_upload_is_dropped_and_a_later_end_of_it_ignored():
-    core, roster = core_for(deployment(monitors=False))
-    core.assign(0)
-    mine = users_of(roster, 0)
-    log = UploadLog()
+    core, mine, log = partition_zero()
     log.upload(UP, mine[0], 1)
     log.end(UP, 1, commit=False)
     log.end(UP, 1)  # a commit after the abort finds nothing held
@@ -85,10 +86,7 @@ def test_an_aborted_upload_is_dropped_and_a_later_end_of_it_ignored():
 
 
 def test_a_commit_naming_another_count_uses_none_of_the_upload():
-    core, roster = core_for(deployment(monitors=False))
-    core.assign(0)
-    mine = users_of(roster, 0)
-    log = UploadLog()
+    core, mine, log = partition_zero()
     log.upload(UP, mine[0], 1)
     log.upload(UP, mine[1], 1)
     log.end(UP, 3)
@@ -99,10 +97,7 @@ def test_a_commit_naming_another_count_uses_none_of_the_upload():
 
 
 def test_the_commit_position_decides_late_and_duplicate():
-    core, roster = core_for(deployment(monitors=False))
-    core.assign(0)
-    mine = users_of(roster, 0)
-    log = UploadLog()
+    core, mine, log = partition_zero()
     log.upload(UP, mine[0], 1)  # before the plain report in the log ...
     log.upload(UP, mine[1], 1)
     log.report(mine[0], 1)  # ... but this one counts first: the upload is not committed yet
@@ -117,10 +112,7 @@ def test_the_commit_position_decides_late_and_duplicate():
 
 
 def test_an_upload_never_ended_is_dead_lettered_at_the_second_close():
-    core, roster = core_for(deployment(monitors=False))
-    core.assign(0)
-    mine = users_of(roster, 0)
-    log = UploadLog()
+    core, mine, log = partition_zero()
     log.upload(UP, mine[0], 2)
     log.marker(1)
     out = drained(core, log)
@@ -136,10 +128,7 @@ def test_an_upload_never_ended_is_dead_lettered_at_the_second_close():
 
 def test_held_uploads_above_the_limit_dead_letter_the_oldest(monkeypatch):
     monkeypatch.setattr(core_module, "MAX_HELD_BYTES", 150)
-    core, roster = core_for(deployment(monitors=False))
-    core.assign(0)
-    mine = users_of(roster, 0)
-    log = UploadLog()
+    core, mine, log = partition_zero()
     log.upload(UP, mine[0], 1)
     log.upload(OTHER, mine[1], 1)  # two held messages of ~60 bytes: within the limit
     assert not reasons(drained(core, log))
