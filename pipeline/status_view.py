@@ -95,6 +95,12 @@ def format_status(s: dict[str, Any]) -> str:
         )
     for p, n in intake.get("unhandled_records", {}).items():
         lines.append(f"  reports partition {p}: {n:,} records not handled yet")
+    for upload, h in intake.get("held_uploads", {}).items():
+        lines.append(
+            f"  upload {upload}: {h['messages']:,} message(s) held, not committed yet (they count only "
+            "once its produce commits them; never committed, they are dead-lettered as uncommitted "
+            + ("at the next close)" if h["closes"] else "at the second close from now)")
+        )
     for t, n in intake.get("lost_reports", {}).items():
         lines.append(
             f"LOST: step {t}: {n:,} reports the workers had counted were lost with the broker's log; they "

@@ -109,6 +109,7 @@ class ApplyResult:
         default_factory=list
     )  # (repartition partition, value, headers)
     forwarded: int = 0  # reports of users owned elsewhere, in ``forwards``
+    ranked: int = 0  # reports of a committed upload given positions (IngestCore.apply_reports)
 
 
 class IngestCore:
@@ -408,10 +409,17 @@ class IngestCore:
 
     # -- reports ---------------------------------------------------------------------------------
     def apply_reports(
-        self, partition: int, records: list[Record], replacing: bool = False
+        self,
+        partition: int,
+        records: list[Record],
+        replacing: bool = False,
+        committed: tuple[int, int] | None = None,
     ) -> ApplyResult:
         """Parse and apply a run of report records (no markers) of one partition; ``replacing``:
-        a run of corrections (:meth:`PartitionState.replace`)."""
+        a run of corrections (:meth:`PartitionState.replace`). ``committed``: (commit offset, rank
+        of the run's first report) of a held upload's messages, whose reports take their log
+        positions from the commit (``result.ranked``: how many ranks they took); dead letters still
+        name each report's own message."""
         state = self.states[partition]
         result = ApplyResult(partition=partition)
         if not records:
@@ -445,22 +453,35 @@ class IngestCore:
                 state.offset = last
                 return self._counted(result, 0, [], [])
         parsed = self.parser.parse(values)
+        at = None
+        if committed is not None:  # (commit offset, rank in the upload) per report
+            at = np.empty((2, len(parsed)), dtype=np.int64)
+            at[0] = committed[0]
+            at[1] = np.arange(committed[1], committed[1] + len(parsed))
+            result.ranked = len(parsed)
         # reports of users another partition owns (a producer not partitioning by murmur2 of the user
         # id): forwarded to their owner, which applies them (pipeline.stream.ingest.repartition)
         foreign = state.local.foreign(parsed.rows)
         if foreign.any():
             offsets = np.fromiter(map(_OFFSET, records), dtype=np.int64, count=len(records))
-            result.forwards = self.forwarder.forward(partition, offsets, parsed.take(foreign))
+            result.forwards = self.forwarder.forward(
+                partition, offsets, parsed.take(foreign), None if at is None else at[:, foreign]
+            )
             if replacing:
                 result.forwards = [
                     (p, v, [*h, (REPLACE_HEADER, b"1")]) for p, v, h in result.forwards
                 ]
             result.forwarded = int(foreign.sum())
             parsed = parsed.take(~foreign)
+            at = None if at is None else at[:, ~foreign]
         displaced: list = []
         if replacing:
             offsets = np.fromiter(map(_OFFSET, records), dtype=np.int64, count=len(records))
-            positions = source_positions(offsets[parsed.message], parsed.batch_index)
+            positions = (
+                source_positions(offsets[parsed.message], parsed.batch_index)
+                if at is None
+                else source_positions(at[0], at[1])
+            )
             applied = state.replace(parsed, 0, positions, displaced)
         else:
             applied = state.apply(parsed, 0, displaced)
@@ -513,10 +534,13 @@ class IngestCore:
         records = [
             Record(o, v, h) for o, v, h in zip(this.offsets, this.values, this.headers, strict=True)
         ]
-        results = [
-            self.apply_reports(partition, list(group), correction)
-            for correction, group in groupby(records, key=lambda r: is_replacement(r.headers))
-        ]
+        results: list[ApplyResult] = []
+        rank = 0
+        for correction, group in groupby(records, key=lambda r: is_replacement(r.headers)):
+            results.append(
+                self.apply_reports(partition, list(group), correction, (rec.offset, rank))
+            )
+            rank += results[-1].ranked
         state.offset = max(state.offset, rec.offset)  # apply_reports set it to the last message's
         return results
 
@@ -822,10 +846,12 @@ class IngestCore:
         """The partition's intake counts for Redis (``dpstream status`` / ``close``): what its state holds,
         the ``repartition`` position, and per open step short of it the count before a lost log."""
         short = self._short(partition)
+        held = self.held.get(partition)
         return {
             **self.states[partition].intake_summary(),
             "forwarded_offset": self.inboxes[partition].consumed,
             **({"lost": short} if short else {}),
+            **({"held": held.summary()} if held else {}),
         }
 
     def feedback_checkpoints(self) -> dict[int, bytes]:

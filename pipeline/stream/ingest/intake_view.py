@@ -61,6 +61,18 @@ class IntakeView:
                     out[int(t)] = out.get(int(t), 0) + missing
         return dict(sorted(out.items()))
 
+    def held_uploads(self) -> dict[str, dict[str, int]]:
+        """Uploads the workers hold, not yet committed (``pipeline.stream.ingest.uploads``): per
+        upload id, messages held over all partitions and the most closes one partition held it
+        through (at 2 it is dead-lettered ``uncommitted``)."""
+        out: dict[str, dict[str, int]] = {}
+        for snap in self.snapshots.values():
+            for upload, h in snap.get("held", {}).items():
+                seen = out.setdefault(upload, {"messages": 0, "closes": 0})
+                seen["messages"] += int(h["messages"])
+                seen["closes"] = max(seen["closes"], int(h["closes"]))
+        return dict(sorted(out.items()))
+
     def log_lost_warnings(self) -> list[str]:
         """One line per sign of a lost log, for the operator's terminal (empty: none)."""
         lines = [
@@ -115,6 +127,7 @@ class IntakeView:
             "unhandled_records": {str(p): n for p, n in self.unhandled.items() if n},
             "lost_reports": {str(t): n for t, n in self.lost().items()},
             "counted_past_log_end": {str(p): n for p, n in self.stale.items() if n},
+            "held_uploads": self.held_uploads(),
         }
 
 

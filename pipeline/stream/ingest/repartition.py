@@ -121,9 +121,12 @@ class Forwarder:
             ]
         )
 
-    def forward(self, source: int, offsets: np.ndarray, parsed) -> list[tuple[int, bytes, list]]:
+    def forward(
+        self, source: int, offsets: np.ndarray, parsed, at: np.ndarray | None = None
+    ) -> list[tuple[int, bytes, list]]:
         """(owner partition, value, headers) for the parsed reports ``parsed`` (users of other
-        partitions); ``offsets[i]`` is the source offset of parsed message i."""
+        partitions); ``offsets[i]`` is the source offset of parsed message i. ``at``: the reports'
+        (offset, item) positions instead, (2, reports) (a committed upload's: its commit's)."""
         size, width = len(parsed), self.dtype.itemsize
         owner = self.owners[parsed.rows]
         packed = np.empty(size, dtype=self.dtype)
@@ -131,8 +134,11 @@ class Forwarder:
         for i, name in enumerate(self.names):
             packed[f"a{i}"] = parsed.codes[name]
         positions = np.empty((2, size), dtype="<i8")
-        np.take(offsets, parsed.message, out=positions[0])
-        positions[1] = parsed.batch_index
+        if at is None:
+            np.take(offsets, parsed.message, out=positions[0])
+            positions[1] = parsed.batch_index
+        else:
+            positions[:] = at
         # grouped by owner, log order within each; rows gathered as raw bytes (a structured gather is 10x slower)
         order = np.argsort(owner, kind="stable")
         raw = np.take(packed.view(np.uint8).reshape(size, width), order, axis=0)

@@ -173,3 +173,9 @@ class HeldUploads:
 
     def get_state(self) -> dict[str, Any]:
         return {u: h.get_state() for u, h in self.uploads.items()}
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """Per upload id: messages held and closes passed (``dpstream status``)."""
+        return {
+            u: {"messages": len(h.offsets), "closes": h.closes} for u, h in self.uploads.items()
+        }
