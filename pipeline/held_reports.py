@@ -77,6 +77,7 @@ class HeldReports:
     deleted: dict[int, int] = field(default_factory=dict)
     # why close markers' signatures were not checked (None: they were)
     unverified: str | None = None
+    uncommitted: int = 0  # uploads on the log held without an end record when read
 
     def duplicates(self, step: int, sending: np.ndarray) -> int:
         """Reports of ``sending`` (bool per roster row: a report of the user for ``step``) the
@@ -115,11 +116,18 @@ class HeldReports:
             if self.unverified is not None
             else ""
         )
+        pending = (
+            f"; {self.uncommitted:,} upload(s) on the log not committed yet are not counted (the "
+            "workers hold them until their commit record)"
+            if self.uncommitted
+            else ""
+        )
         return (
             f"exact for the {self.records:,} records on the reports log now (handled by the "
             "workers or not); reports sent after this and a close after this are not foreseen"
             + whole
             + unchecked
+            + pending
         )
 
 
@@ -179,6 +187,7 @@ def held_reports(
         readers[tp.partition].flush()
         if last[tp.partition] + 1 < ends[tp]:
             held.short[tp.partition] = ends[tp] - last[tp.partition] - 1
+    held.uncommitted = len(set().union(*(r.uploads for r in readers.values())))
     return held
 
 

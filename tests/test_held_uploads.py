@@ -107,10 +107,12 @@ def test_only_committed_uploads_count_in_the_dry_run(deployment, tmp_path):  # n
         _Upload(broker, 1, range(250, 300)).end(commit=True, stated=1)
         count, out = _dry(cfg, env, tmp_path / "a.csv", 1, range(400))
         assert count == 100, out
+        assert "1 upload(s) on the log not committed yet are not counted" in out, out
         assert _workers_hold(cfg, env, 1) == 100
         pending.end(commit=True)
         count, out = _dry(cfg, env, tmp_path / "b.csv", 1, range(400))
         assert count == 150, out
+        assert "not committed yet" not in out, out
         assert _workers_hold(cfg, env, 1) == 150
 
         # a commit the (stopped) worker has not handled counts: it applies the upload there,
