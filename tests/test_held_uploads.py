@@ -175,3 +175,25 @@ def test_an_upload_begun_before_the_read_starts_counts(deployment, tmp_path):  #
         assert count == 70, out
         assert "log's start" not in out  # both markers are in the workers' history
         assert _workers_hold(cfg, env, 3) == 70
+
+
+def test_produce_refuses_only_a_file_whose_upload_was_committed(deployment, tmp_path):  # noqa: F811
+    """The workers hold reports of step 1 (a committed upload), so `produce` counts a file's
+    duplicates exactly before sending. Before: the reports of an aborted upload counted as held,
+    and the file of its 100 users was refused, "every one of the 100 reports is of a user the
+    workers already hold" (exit 3), though the workers hold none of them. Now it is sent and all
+    100 are accepted; the committed upload's file is still refused."""
+    path, env = deployment
+    cfg = ["--config", str(path)]
+    with running(path, env, tmp_path) as broker:
+        _Upload(broker, 1, range(100)).end(commit=True)
+        _Upload(broker, 1, range(100, 200)).end(commit=False)
+        aborted = dpstream("produce", *cfg, "--csv", _csv(tmp_path / "a.csv", 1, range(100, 200)),
+                           env=env, check=False)
+        assert aborted.returncode == 0, (aborted.stdout, aborted.stderr)
+        assert "100 accepted, 0 rejected" in aborted.stdout, aborted.stdout
+        committed = dpstream("produce", *cfg, "--csv", _csv(tmp_path / "b.csv", 1, range(100)),
+                             env=env, check=False)
+        assert committed.returncode == 3, (committed.stdout, committed.stderr)
+        assert "every one of the 100 reports is of a user the workers already hold" in \
+            committed.stderr
