@@ -21,6 +21,9 @@ from support.cli import deployment, dpstream, running  # noqa: F401 - `deploymen
 from test_produce_dry_run import _csv, _worker_pids
 
 TOPIC = "dpstream.cli-test.reports"
+# the broker's log in memory: the durable log's retention, which may delete an upload's messages
+# sent before a close, is not what these tests are about (test_dry_run_retention.py)
+IN_MEMORY = ("--ephemeral",)
 PARTITIONS = 2
 
 
@@ -100,7 +103,7 @@ def test_only_committed_uploads_count_in_the_dry_run(deployment, tmp_path):  # n
     (100), and the uncommitted one once its commit is on the log (150)."""
     path, env = deployment
     cfg = ["--config", str(path)]
-    with running(path, env, tmp_path) as broker:
+    with running(path, env, tmp_path, *IN_MEMORY) as broker:
         _Upload(broker, 1, range(0, 100)).end(commit=True)
         _Upload(broker, 1, range(100, 200)).end(commit=False)
         pending = _Upload(broker, 1, range(200, 250))
@@ -145,7 +148,7 @@ def test_an_upload_counts_in_the_window_at_its_commit(deployment, tmp_path):  # 
     dead-letter it there, and ignore its commit after), counted: 60 duplicates foreseen, 80 held.
     Now 80."""
     path, env, cfg = _ahead(deployment, 2)
-    with running(path, env, tmp_path) as broker:
+    with running(path, env, tmp_path, *IN_MEMORY) as broker:
         ahead = _Upload(broker, 4, range(80))
         dpstream("close", *cfg, "--step", "1", env=env)
         ahead.end(commit=True)
@@ -166,7 +169,7 @@ def test_an_upload_begun_before_the_read_starts_counts(deployment, tmp_path):  #
     marker: from step 2's it would see the commit but none of the messages (0 duplicates
     foreseen, 70 held); it reads from the marker before (step 1's) and counts them."""
     path, env, cfg = _ahead(deployment, 0)
-    with running(path, env, tmp_path) as broker:
+    with running(path, env, tmp_path, *IN_MEMORY) as broker:
         dpstream("close", *cfg, "--step", "1", env=env)
         early = _Upload(broker, 3, range(70))
         dpstream("close", *cfg, "--step", "2", env=env)
@@ -185,7 +188,7 @@ def test_produce_refuses_only_a_file_whose_upload_was_committed(deployment, tmp_
     100 are accepted; the committed upload's file is still refused."""
     path, env = deployment
     cfg = ["--config", str(path)]
-    with running(path, env, tmp_path) as broker:
+    with running(path, env, tmp_path, *IN_MEMORY) as broker:
         _Upload(broker, 1, range(100)).end(commit=True)
         _Upload(broker, 1, range(100, 200)).end(commit=False)
         aborted = dpstream("produce", *cfg, "--csv", _csv(tmp_path / "a.csv", 1, range(100, 200)),
