@@ -2,9 +2,11 @@
 upload's commit record is on the log, stating the number of its messages on the partition, and in
 the window at the commit's position; an aborted upload, one never committed, a commit that states
 another count and a commit after the second close since the upload's first message count nothing
-(docs/own-data.md, "Dry run"; the protocol: pipeline/stream/ingest/uploads.py). The upload's
-records are written to the reports log directly, as `produce` writes them (`dpstream up`: embedded
-broker, Redis, a worker and the releaser)."""
+(docs/own-data.md, "Dry run"; the protocol: pipeline/stream/ingest/uploads.py). Each count is
+compared with what the workers hold (`dpstream status`), and `produce` refuses a file as wholly
+held only when its upload was committed. The upload's records are written to the reports log
+directly, as `produce` writes them (`dpstream up`: embedded broker, Redis, a worker and the
+releaser)."""
 
 from __future__ import annotations
 
