@@ -33,6 +33,13 @@ class UploadLog(Log):
         return rec
 
 
+def partition_zero():
+    """A core holding partition 0, its users, and an empty log."""
+    core, roster = core_for(deployment(monitors=False))
+    core.assign(0)
+    return core, users_of(roster, 0), UploadLog()
+
+
 def drained(core, log, start=0):
     core.enqueue(0, log.records[start:])
     return core.drain(0)
@@ -51,10 +58,7 @@ def reasons(outputs):
 
 
 def test_an_upload_counts_only_at_its_commit_and_its_dead_letters_name_the_messages():
-    core, roster = core_for(deployment(monitors=False))
-    core.assign(0)
-    mine = users_of(roster, 0)
-    log = UploadLog()
+    core, mine, log = partition_zero()
     log.upload(UP, mine[0], 1)
     log.upload(UP, "nobody", 1)
     held = drained(core, log)
@@ -71,10 +75,7 @@ def test_an_upload_counts_only_at_its_commit_and_its_dead_letters_name_the_messa
 
 
 def test_an_aborted_upload_is_dropped_and_a_later_end_of_it_ignored():
-    core, roster = core_for(deployment(monitors=False))
-    core.assign(0)
-    mine = users_of(roster, 0)
-    log = UploadLog()
+    core, mine, log = partition_zero()
     log.upload(UP, mine[0], 1)
     log.end(UP, 1, commit=False)
     log.end(UP, 1)  # a commit after the abort finds nothing held
@@ -85,10 +86,7 @@ def test_an_aborted_upload_is_dropped_and_a_later_end_of_it_ignored():
 
 
 def test_a_commit_naming_another_count_uses_none_of_the_upload():
-    core, roster = core_for(deployment(monitors=False))
-    core.assign(0)
-    mine = users_of(roster, 0)
-    log = UploadLog()
+    core, mine, log = partition_zero()
     log.upload(UP, mine[0], 1)
     log.upload(UP, mine[1], 1)
     log.end(UP, 3)
@@ -99,10 +97,7 @@ def test_a_commit_naming_another_count_uses_none_of_the_upload():
 
 
 def test_the_commit_position_decides_late_and_duplicate():
-    core, roster = core_for(deployment(monitors=False))
-    core.assign(0)
-    mine = users_of(roster, 0)
-    log = UploadLog()
+    core, mine, log = partition_zero()
     log.upload(UP, mine[0], 1)  # before the plain report in the log ...
     log.upload(UP, mine[1], 1)
     log.report(mine[0], 1)  # ... but this one counts first: the upload is not committed yet
@@ -117,10 +112,7 @@ def test_the_commit_position_decides_late_and_duplicate():
 
 
 def test_an_upload_never_ended_is_dead_lettered_at_the_second_close():
-    core, roster = core_for(deployment(monitors=False))
-    core.assign(0)
-    mine = users_of(roster, 0)
-    log = UploadLog()
+    core, mine, log = partition_zero()
     log.upload(UP, mine[0], 2)
     log.marker(1)
     out = drained(core, log)
@@ -136,10 +128,7 @@ def test_an_upload_never_ended_is_dead_lettered_at_the_second_close():
 
 def test_held_uploads_above_the_limit_dead_letter_the_oldest(monkeypatch):
     monkeypatch.setattr(core_module, "MAX_HELD_BYTES", 150)
-    core, roster = core_for(deployment(monitors=False))
-    core.assign(0)
-    mine = users_of(roster, 0)
-    log = UploadLog()
+    core, mine, log = partition_zero()
     log.upload(UP, mine[0], 1)
     log.upload(OTHER, mine[1], 1)  # two held messages of ~60 bytes: within the limit
     assert not reasons(drained(core, log))
@@ -221,3 +210,70 @@ def test_a_committed_correction_ranks_by_its_commit_not_by_its_message():
     assert accepted(out) == 2 and not reasons(out)
     local = int(np.flatnonzero(roster.rows_of(0, 3) == roster.ids.index(user))[0])
     assert core.states[0].pending["poverty"][0, local] == 1  # the upload's value: committed later
+
+
+def _random_log(roster, rng) -> UploadLog:
+    """Plain reports, uploads (committed, aborted, never ended, a wrong count) interleaved with
+    the close markers of steps 1..3, on partition 0 (some users owned by other partitions)."""
+    log = UploadLog()
+    users = users_of(roster, 0) + users_of(roster, 1)[:3]
+    open_uploads: dict[str, int] = {}
+    step = 1
+    for i in range(160):
+        roll = rng.random()
+        if roll < 0.03 and step <= 3:
+            log.marker(step)
+            step += 1
+        elif roll < 0.35:
+            log.report(str(rng.choice(users)), int(rng.integers(1, 5)), poverty=int(rng.integers(2)))
+        elif roll < 0.8 or not open_uploads:
+            upload = f"{int(rng.integers(6)):032x}"
+            if upload in open_uploads or rng.random() < 0.5:
+                log.upload(upload, str(rng.choice(users)), int(rng.integers(1, 5)))
+                open_uploads[upload] = open_uploads.get(upload, 0) + 1
+        else:
+            upload = str(rng.choice(sorted(open_uploads)))
+            n = open_uploads.pop(upload)
+            fate = rng.random()
+            if fate < 0.7:
+                log.end(upload, n)
+            elif fate < 0.85:
+                log.end(upload, n, commit=False)
+            else:
+                log.end(upload, n + 1)
+    while step <= 3:
+        log.marker(step)
+        step += 1
+    return log
+
+
+def test_a_restart_at_any_close_reproduces_every_close_with_uploads_held(redis_client):
+    """The state at each close, its partial and the dead letters do not depend on where the worker
+    stopped: held messages travel in the checkpoint, positions come from the log."""
+    dep = deployment(monitors=False)
+    for seed in range(4):
+        ref, roster = core_for(dep)
+        ref.assign(0)
+        log = _random_log(roster, np.random.default_rng(seed))
+        ref.enqueue(0, log.records)
+        expected_out = ref.drain_all(0)
+        expected = [(c.step, c.messages) for c in closes(expected_out)]
+        letters = sorted(d[0] for a in applies(expected_out) for d in a.dead_letters)
+        assert [s for s, _ in expected] == [1, 2, 3]
+        markers = [r.offset for r in log.records if r.headers and r.headers[0][1] == b"close"]
+        for stop in range(len(markers)):  # a crash right after close `stop`'s checkpoint
+            store = WritableStore(redis_client, f"{dep.name}-{seed}-{stop}")
+            a, _ = core_for(dep, store=store)
+            a.assign(0)
+            a.enqueue(0, log.records[: markers[stop] + 1])
+            first = a.drain_all(0)
+            (last,) = [c for c in closes(first) if c.step == stop + 1]
+            store.save_checkpoint(0, last.checkpoint)
+            b, _ = core_for(dep, store=store)
+            assert b.assign(0) == markers[stop] + 1
+            b.enqueue(0, log.records)
+            second = b.drain_all(0)
+            got = [(c.step, c.messages) for c in closes(first) + closes(second)]
+            assert got == expected, (seed, stop)
+            again = sorted(d[0] for a in applies(first + second) for d in a.dead_letters)
+            assert again == letters, (seed, stop)

@@ -93,7 +93,14 @@ def test_an_upload_counts_at_its_commit_even_across_a_killed_worker(deployment, 
         assert status_json(path, env)["intake"]["held_uploads"] == {}
         # an upload never ended: held through the close of step 1, dead-lettered at step 2's
         never = _send_upload(producer, "3" * 32, range(500, 520), 2)
-        dpstream("close", *cfg, "--step", "1", env=env, timeout=180)
+        deadline = time.monotonic() + 60
+        while status_json(path, env)["intake"]["held_uploads"].get("3" * 32, {}).get("messages") \
+                != 20:
+            assert time.monotonic() < deadline, status_json(path, env)["intake"]
+            time.sleep(0.3)
+        closing = dpstream("close", *cfg, "--step", "1", env=env, timeout=180)
+        assert f"WARNING: upload {'3' * 32}: 20 message(s) held by the workers, not committed" in \
+            closing.stderr, closing.stderr
         wait_released(path, env, 1, timeout=120)
         assert _reported(path, env, 2) == 0
         dpstream("close", *cfg, "--step", "2", env=env, timeout=180)

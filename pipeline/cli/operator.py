@@ -586,6 +586,13 @@ def cmd_close(args) -> int:
                 "the counts below miss them",
                 file=sys.stderr,
             )
+    for upload, held in view.held_uploads().items():
+        print(
+            f"WARNING: upload {upload}: {held['messages']:,} message(s) held by the workers, not "
+            "committed yet (a produce still sending?): its reports count only at its commit, and a "
+            "report of a step closed before then is late",
+            file=sys.stderr,
+        )
     checks = close_assessment(deployment, view, steps)
     for c in checks:
         print(

@@ -52,14 +52,16 @@ def deployment(tmp_path):
 
 
 @contextlib.contextmanager
-def running(path, env, tmp_path):
-    """`dpstream up` in the background (one worker); yields the broker address; stops it after. Meanwhile
+def running(path, env, tmp_path, *up_args: str):
+    """`dpstream up` in the background (one worker; ``up_args``: more options of `up`); yields the
+    broker address; stops it after. Meanwhile
     this process's clients hold the curator's client certificate of its broker's gate, as the commands
     do (``pipeline.connections.kafka_security()`` for a test's own Kafka clients)."""
     from pipeline.stream.local.broker_tls import BROKER_TLS_ENV
 
     up = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "up", "--config", str(path),
-                           "--workers", "1", "--log-dir", str(tmp_path / "logs")], env=env,
+                           "--workers", "1", "--log-dir", str(tmp_path / "logs"), *up_args],
+                          env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           start_new_session=True)
     try:
