@@ -96,9 +96,7 @@ class Receipt:
         if not commits.size:
             return offsets
         after = np.searchsorted(commits, offsets)
-        return np.where(
-            after < commits.size, commits[np.minimum(after, commits.size - 1)], offsets
-        )
+        return np.where(after < commits.size, commits[np.minimum(after, commits.size - 1)], offsets)
 
     def counts_at(self, partition: int, offsets: np.ndarray) -> np.ndarray:
         """Reports of the messages at ``offsets`` of ``partition`` (0 where this send has none)."""
