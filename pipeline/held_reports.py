@@ -373,9 +373,9 @@ class _PartitionReader:
             return
         held = self.uploads.pop(upload)
         stated, read = end_count(value), 0 if held is None else len(held.values)
-        if held is not None and end == "commit" and stated == read:
-            for message in held.values:
-                self._report(message)
+        if held is not None and end == "commit" and held.complete(stated):
+            for i in held.in_order():
+                self._report(held.values[i])
         elif end == "commit" and self.trimmed and stated is not None and stated > read:
             self._lost(offset)  # the rest of its messages may have been deleted
 

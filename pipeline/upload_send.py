@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pipeline.fates import Receipt
 from pipeline.producer import SendResult
 from pipeline.stream.ingest.corrections import REPLACE_HEADER
-from pipeline.stream.ingest.uploads import end_record, upload_headers
+from pipeline.stream.ingest.uploads import SEQ_HEADER, end_record, upload_headers
 from pipeline.upload_messages import Batch
 
 __all__ = [
@@ -99,10 +99,12 @@ class StagedSend:
         return bool(self.messages)
 
     def send(self, batch: Batch) -> None:
+        seq = self.messages.get(batch.partition, 0)  # its number on the partition (a retry's copy)
+        headers = [*self.headers, (SEQ_HEADER, b"%d" % seq)]
         future = self.producer.send(
-            self.topic, value=batch.value, partition=batch.partition, headers=self.headers
+            self.topic, value=batch.value, partition=batch.partition, headers=headers
         )
-        self.messages[batch.partition] = self.messages.get(batch.partition, 0) + 1
+        self.messages[batch.partition] = seq + 1
         self.pending.append(_Sent(future, batch.index.size, int(batch.index[0])))
         while self.pending and self.pending[0].future.is_done:  # type: ignore[attr-defined]
             self._settle(self.pending.popleft(), 0.1)

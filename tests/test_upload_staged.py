@@ -18,7 +18,7 @@ from pipeline.config import parse_config
 from pipeline.fates import Receipt
 from pipeline.stream.ingest.corrections import REPLACE_HEADER
 from pipeline.stream.ingest.report_files import ReportFileError
-from pipeline.stream.ingest.uploads import UPLOAD_HEADER, end_of, upload_of
+from pipeline.stream.ingest.uploads import UPLOAD_HEADER, end_of, seq_of, upload_of
 from pipeline.stream.kafka.topics import ensure_topics
 from pipeline.stream.local.embedded import EmbeddedServices
 from pipeline.upload import StepRefused, UploadAborted, open_upload, send_upload, upload_file
@@ -110,6 +110,8 @@ def test_every_message_carries_the_upload_and_each_partition_gets_one_commit_aft
         messages = [r for r in records if not end_of(r.headers)]
         assert all(upload_of(r.headers) == result.upload for r in messages)
         assert all((dict(r.headers).get(REPLACE_HEADER) == b"1") == replace for r in messages)
+        # numbered on their partition, so a copy stored by a retried send is held once
+        assert [seq_of(r.headers) for r in messages] == list(range(len(messages)))
         assert all(r.key is None for r in records[-1:])
         if not messages:
             assert not records

@@ -277,3 +277,34 @@ def test_a_restart_at_any_close_reproduces_every_close_with_uploads_held(redis_c
             assert got == expected, (seed, stop)
             again = sorted(d[0] for a in applies(first + second) for d in a.dead_letters)
             assert again == letters, (seed, stop)
+
+
+def test_numbered_messages_a_copy_held_once_and_applied_in_number_order():
+    """A retried send may store a message twice or after a later one: numbered messages
+    (``dpstream-upload-seq``) are held once each and applied by number."""
+    core, mine, log = partition_zero()
+
+    def numbered(seq, user, poverty):
+        value = orjson.dumps({"user": user, "step": 1, "values": {"poverty": poverty, "query": 1}})
+        log.records.append(Record(len(log.records), value, tuple(upload_headers(UP, seq))))
+
+    numbered(1, mine[0], 1)  # stored before message 0
+    numbered(0, mine[0], 0)
+    numbered(1, mine[0], 1)  # a copy of message 1
+    numbered(2, mine[1], 1)
+    log.end(UP, 3)
+    out = drained(core, log)
+    # message 0 first: its report of mine[0] is accepted, message 1's is the duplicate
+    assert accepted(out) == 2 and reasons(out) == {"duplicate": 1}
+    (letter,) = [d for a in applies(out) for d in a.dead_letters]
+    assert dict(letter[2])["dpstream-source"].decode().endswith("/0/0")  # message 1, stored first
+
+
+def test_a_numbered_upload_missing_a_number_uses_none_of_it():
+    core, mine, log = partition_zero()
+    for seq in (0, 2):
+        value = orjson.dumps({"user": mine[seq], "step": 1, "values": {"poverty": 1, "query": 1}})
+        log.records.append(Record(len(log.records), value, tuple(upload_headers(UP, seq))))
+    log.end(UP, 2)  # two messages held, but not numbered 0 and 1
+    out = drained(core, log)
+    assert accepted(out) == 0 and reasons(out) == {"uncommitted": 2}

@@ -525,14 +525,16 @@ class IngestCore:
             )
             return []
         stated = end_count(rec.value)
-        if stated != len(this.offsets):
+        if not this.complete(stated):
             detail = (
                 f"the commit of upload {upload} at offset {rec.offset} names {stated} message(s) on "
-                f"this partition, {len(this.offsets)} were held: none of them is used"
+                f"this partition, {len(this.offsets)} were held"
+                + (f" (numbered {sorted(this.numbers)[:5]}...)" if this.numbers else "")
+                + ": none of them is used"
             )
             return [self._uncommitted(partition, this, detail)]
         records = [
-            Record(o, v, h) for o, v, h in zip(this.offsets, this.values, this.headers, strict=True)
+            Record(this.offsets[i], this.values[i], this.headers[i]) for i in this.in_order()
         ]
         results: list[ApplyResult] = []
         rank = 0

@@ -32,23 +32,31 @@ import orjson
 __all__ = [
     "UPLOAD_HEADER",
     "UPLOAD_END_HEADER",
+    "SEQ_HEADER",
     "HeldUpload",
     "HeldUploads",
     "upload_headers",
     "end_record",
     "upload_of",
+    "seq_of",
     "end_of",
     "end_count",
 ]
 
 UPLOAD_HEADER = "dpstream-upload"
 UPLOAD_END_HEADER = "dpstream-upload-end"
+SEQ_HEADER = "dpstream-upload-seq"
 _ENDS = (b"commit", b"abort")
 
 
-def upload_headers(upload_id: str) -> list[tuple[str, bytes]]:
-    """The header every message of upload ``upload_id`` carries."""
-    return [(UPLOAD_HEADER, upload_id.encode())]
+def upload_headers(upload_id: str, seq: int | None = None) -> list[tuple[str, bytes]]:
+    """The headers of a message of upload ``upload_id``: the id, and ``seq``, the message's number
+    among the upload's messages to its partition (0, 1, ...): a copy stored twice by a retried send
+    is then held once, and messages stored out of order are applied in order."""
+    headers = [(UPLOAD_HEADER, upload_id.encode())]
+    if seq is not None:
+        headers.append((SEQ_HEADER, b"%d" % seq))
+    return headers
 
 
 def end_record(
@@ -73,6 +81,12 @@ def upload_of(headers) -> str | None:
     """The upload id a record's headers name (None: not part of an upload)."""
     value = _header(headers, UPLOAD_HEADER)
     return value.decode("ascii", "replace") if value else None
+
+
+def seq_of(headers) -> int | None:
+    """A message's number in its upload's messages to its partition (None: not numbered)."""
+    value = _header(headers, SEQ_HEADER)
+    return int(value) if value and value.isdigit() and len(value) <= 18 else None
 
 
 def end_of(headers) -> str | None:
@@ -102,12 +116,34 @@ class HeldUpload:
     closes: int = 0
 
     size: int = 0  # bytes of the values
+    numbers: dict[int, int] = field(default_factory=dict)  # seq -> index, of numbered messages
 
-    def add(self, offset: int, value: bytes, headers) -> None:
+    def add(self, offset: int, value: bytes, headers) -> bool:
+        """Hold a message; False for a copy of a numbered message held already (a retried send
+        stored it twice: the same bytes)."""
+        seq = seq_of(headers)
+        if seq is not None:
+            if seq in self.numbers:
+                return False
+            self.numbers[seq] = len(self.offsets)
         self.offsets.append(offset)
         self.values.append(bytes(value or b""))
         self.headers.append(tuple(headers or ()))
         self.size += len(self.values[-1])
+        return True
+
+    def complete(self, stated: int | None) -> bool:
+        """Whether a commit stating ``stated`` messages finds them all: numbered 0..stated-1, or,
+        unnumbered, as many."""
+        if stated is None or len(self.offsets) != stated:
+            return False
+        return not self.numbers or (len(self.numbers) == stated and max(self.numbers) == stated - 1)
+
+    def in_order(self) -> list[int]:
+        """The held messages' indexes in the order they are applied: by number, else log order."""
+        if not self.numbers:
+            return list(range(len(self.offsets)))
+        return [self.numbers[seq] for seq in sorted(self.numbers)]
 
     def get_state(self) -> dict[str, Any]:
         """For the checkpoint: the values as one byte buffer with their lengths (no per-message
@@ -127,13 +163,14 @@ class HeldUpload:
         data = np.asarray(state["data"], dtype=np.uint8).tobytes()
         ends = np.cumsum(np.asarray(state["lengths"], dtype=np.int64))
         starts = ends - np.asarray(state["lengths"], dtype=np.int64)
-        return cls(
-            offsets=[int(o) for o in state["offsets"]],
-            values=[data[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)],
-            headers=[tuple((k, v.encode("latin-1")) for k, v in h) for h in state["headers"]],
-            closes=int(state["closes"]),
-            size=int(np.asarray(state["lengths"], dtype=np.int64).sum()),
-        )
+        held = cls(closes=int(state["closes"]))
+        for offset, start, end, headers in zip(
+            state["offsets"], starts.tolist(), ends.tolist(), state["headers"], strict=True
+        ):
+            held.add(
+                int(offset), data[start:end], tuple((k, v.encode("latin-1")) for k, v in headers)
+            )
+        return held
 
 
 class HeldUploads:
