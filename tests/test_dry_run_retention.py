@@ -12,9 +12,8 @@ import uuid
 import orjson
 
 from support.cli import deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
+from support.report_log import TOPIC, RawUpload, dry_run, report_csv, with_max_ahead, workers_hold
 from support.up import wait_released
-from test_held_uploads import TOPIC, _ahead, _dry, _Upload, _workers_hold
-from test_produce_dry_run import _csv
 
 
 def _first_offsets(broker: str) -> dict[int, int]:
@@ -46,17 +45,17 @@ def test_the_dry_run_counts_after_retention_deleted_its_first_marker(deployment,
     step 2's close). Now 140."""
     from pipeline.stream.kafka.log_end import log_ends
 
-    path, env, cfg = _ahead(deployment, 1)
+    path, env, cfg = with_max_ahead(deployment, 1)
     with running(path, env, tmp_path) as broker:
         from kafka import TopicPartition
 
-        dpstream("produce", *cfg, "--csv", _csv(tmp_path / "one.csv", 1, range(800)), env=env)
+        dpstream("produce", *cfg, "--csv", report_csv(tmp_path / "one.csv", 1, range(800)), env=env)
         dpstream("close", *cfg, "--step", "1", env=env)
         after_close = log_ends(broker, [TopicPartition(TOPIC, p) for p in range(2)])
         wait_released(path, env, 1)
         time.sleep(6)  # a retention round samples the checkpoints at step 1's close
-        dpstream("produce", *cfg, "--csv", _csv(tmp_path / "three.csv", 3, range(100)), env=env)
-        upload = _Upload(broker, 3, range(100, 140))
+        dpstream("produce", *cfg, "--csv", report_csv(tmp_path / "three.csv", 3, range(100)), env=env)
+        upload = RawUpload(broker, 3, range(100, 140))
         dpstream("close", *cfg, "--step", "2", env=env)
         wait_released(path, env, 2)
         deadline = time.monotonic() + 60
@@ -64,10 +63,10 @@ def test_the_dry_run_counts_after_retention_deleted_its_first_marker(deployment,
             assert time.monotonic() < deadline, "the retention deleted nothing"
             time.sleep(1)
         upload.end(commit=True)
-        count, out = _dry(cfg, env, tmp_path / "a.csv", 3, range(200))
+        count, out = dry_run(cfg, env, tmp_path / "a.csv", 3, range(200))
         assert count == 140, out
         assert "exact for" in out, out
-        assert _workers_hold(cfg, env, 3) == 140
+        assert workers_hold(cfg, env, 3) == 140
 
 
 def test_the_count_is_a_lower_bound_when_the_retention_deleted_what_may_count(tmp_path,

@@ -13,89 +13,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import uuid
 
-import orjson
-import yaml
-
-from pipeline.connections import kafka_security
 from support.cli import deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
-from test_produce_dry_run import _csv, _worker_pids
-
-TOPIC = "dpstream.cli-test.reports"
-# the broker's log in memory: the durable log's retention, which may delete an upload's messages
-# sent before a close, is not what these tests are about (test_dry_run_retention.py)
-IN_MEMORY = ("--ephemeral",)
-PARTITIONS = 2
-
-
-def _owned(users) -> dict[int, list[int]]:
-    """The users by the reports partition owning them (as an upload sends them)."""
-    from pipeline.stream.ingest.murmur import partitions_of
-
-    users = list(users)
-    owners = partitions_of([f"u{i}" for i in users], PARTITIONS)
-    return {p: [u for u, o in zip(users, owners, strict=True) if o == p] for p in range(PARTITIONS)}
-
-
-class _Upload:
-    """One upload's records on the reports log: columnar batch messages with the upload header,
-    two per partition, then (when asked) an end record per partition."""
-
-    def __init__(self, broker: str, step: int, users, partition: int | None = None):
-        """``partition``: all to this one (another producer's), not each user's owner."""
-        from kafka import KafkaProducer
-
-        from pipeline.stream.ingest.uploads import upload_headers
-
-        self.id = uuid.uuid4().hex
-        self.producer = KafkaProducer(bootstrap_servers=broker, **kafka_security())
-        self.sent: dict[int, int] = {}
-        by_partition = _owned(users) if partition is None else {partition: list(users)}
-        for p, owned in by_partition.items():
-            for part in (owned[: len(owned) // 2], owned[len(owned) // 2 :]):
-                columns = {"user": [f"u{i}" for i in part], "step": step,
-                           "poverty": [i % 2 for i in part]}
-                self.producer.send(TOPIC, orjson.dumps({"columns": columns}), partition=p,
-                                   headers=upload_headers(self.id)).get(timeout=30)
-                self.sent[p] = self.sent.get(p, 0) + 1
-
-    def end(self, commit: bool = True, stated: int = 0) -> None:
-        """The end records; ``stated``: added to the count each states."""
-        from pipeline.stream.ingest.uploads import end_record
-
-        for p, n in self.sent.items():
-            value, headers = end_record(self.id, n + stated, commit)
-            self.producer.send(TOPIC, value, partition=p, headers=headers).get(timeout=30)
-        self.producer.close()
-
-
-def _workers_hold(cfg, env, step: int) -> int:
-    """Users the workers count an accepted report of for open step ``step`` (`dpstream status`,
-    once they have handled the log)."""
-    status = json.loads(dpstream("status", *cfg, "--json", "--wait", "60", env=env).stdout)
-    assert not status["intake"]["unhandled_records"], status["intake"]
-    return status["intake"]["open"][str(step)]["reported"]
-
-
-def _ahead(deployment, max_ahead: int) -> tuple[object, dict, list[str]]:  # noqa: F811
-    """(path, env, command-line config) of the deployment with ``steps.max_ahead``."""
-    path, env = deployment
-    config = yaml.safe_load(path.read_text())
-    config["steps"] = {"max_ahead": max_ahead}
-    path.write_text(yaml.safe_dump(config))
-    return path, env, ["--config", str(path)]
-
-
-def _dry(cfg, env, path, step: int, users, wait: str = "10") -> tuple[int, str]:
-    """(duplicates foreseen, output) of a dry run of ``users``' reports of ``step``."""
-    run = dpstream("produce", *cfg, "--csv", _csv(path, step, users), "--dry-run", "--wait", wait,
-                   env=env, check=False)
-    assert run.returncode in (0, 5), (run.stdout, run.stderr)
-    if run.returncode == 0:
-        return 0, run.stdout
-    return int(run.stderr.split("dry run: ", 1)[1].split(" of ", 1)[0].replace(",", "")), \
-        run.stdout + run.stderr
+from support.report_log import (
+    IN_MEMORY,
+    RawUpload,
+    dry_run,
+    report_csv,
+    with_max_ahead,
+    worker_pids,
+    workers_hold,
+)
 
 
 def test_only_committed_uploads_count_in_the_dry_run(deployment, tmp_path):  # noqa: F811
@@ -106,40 +34,40 @@ def test_only_committed_uploads_count_in_the_dry_run(deployment, tmp_path):  # n
     path, env = deployment
     cfg = ["--config", str(path)]
     with running(path, env, tmp_path, *IN_MEMORY) as broker:
-        _Upload(broker, 1, range(0, 100)).end(commit=True)
-        _Upload(broker, 1, range(100, 200)).end(commit=False)
-        pending = _Upload(broker, 1, range(200, 250))
-        _Upload(broker, 1, range(250, 300)).end(commit=True, stated=1)
-        count, out = _dry(cfg, env, tmp_path / "a.csv", 1, range(400))
+        RawUpload(broker, 1, range(0, 100)).end(commit=True)
+        RawUpload(broker, 1, range(100, 200)).end(commit=False)
+        pending = RawUpload(broker, 1, range(200, 250))
+        RawUpload(broker, 1, range(250, 300)).end(commit=True, stated=1)
+        count, out = dry_run(cfg, env, tmp_path / "a.csv", 1, range(400))
         assert count == 100, out
         assert "1 upload(s) on the log not committed yet are not counted" in out, out
-        assert _workers_hold(cfg, env, 1) == 100
+        assert workers_hold(cfg, env, 1) == 100
         pending.end(commit=True)
-        count, out = _dry(cfg, env, tmp_path / "b.csv", 1, range(400))
+        count, out = dry_run(cfg, env, tmp_path / "b.csv", 1, range(400))
         assert count == 150, out
         assert "not committed yet" not in out, out
-        assert _workers_hold(cfg, env, 1) == 150
+        assert workers_hold(cfg, env, 1) == 150
 
         # a commit the (stopped) worker has not handled counts: it applies the upload there,
         # before anything sent after the dry run
-        workers = _worker_pids(tmp_path)
+        workers = worker_pids(tmp_path)
         for pid in workers:
             os.kill(pid, signal.SIGSTOP)
         try:
-            _Upload(broker, 1, range(300, 340)).end(commit=True)
-            count, out = _dry(cfg, env, tmp_path / "c.csv", 1, range(400), wait="1")
+            RawUpload(broker, 1, range(300, 340)).end(commit=True)
+            count, out = dry_run(cfg, env, tmp_path / "c.csv", 1, range(400), wait="1")
         finally:
             for pid in workers:
                 os.kill(pid, signal.SIGCONT)
         assert count == 190, out
-        assert _workers_hold(cfg, env, 1) == 190
+        assert workers_hold(cfg, env, 1) == 190
 
         # sent to one partition: the other partition's users are forwarded to their owner when
         # the commit is applied
-        _Upload(broker, 1, range(340, 380), partition=0).end(commit=True)
-        count, out = _dry(cfg, env, tmp_path / "d.csv", 1, range(400))
+        RawUpload(broker, 1, range(340, 380), partition=0).end(commit=True)
+        count, out = dry_run(cfg, env, tmp_path / "d.csv", 1, range(400))
         assert count == 230, out
-        assert _workers_hold(cfg, env, 1) == 230
+        assert workers_hold(cfg, env, 1) == 230
 
 
 def test_an_upload_counts_in_the_window_at_its_commit(deployment, tmp_path):  # noqa: F811
@@ -149,18 +77,18 @@ def test_an_upload_counts_in_the_window_at_its_commit(deployment, tmp_path):  # 
     and one sent after step 1's close, not committed by the second close after it (the workers
     dead-letter it there, and ignore its commit after), counted: 60 duplicates foreseen, 80 held.
     Now 80."""
-    path, env, cfg = _ahead(deployment, 2)
+    path, env, cfg = with_max_ahead(deployment, 2)
     with running(path, env, tmp_path, *IN_MEMORY) as broker:
-        ahead = _Upload(broker, 4, range(80))
+        ahead = RawUpload(broker, 4, range(80))
         dpstream("close", *cfg, "--step", "1", env=env)
         ahead.end(commit=True)
-        expired = _Upload(broker, 4, range(100, 160))  # step 4 in the window 2..4
+        expired = RawUpload(broker, 4, range(100, 160))  # step 4 in the window 2..4
         dpstream("close", *cfg, "--step", "2", env=env)
         dpstream("close", *cfg, "--step", "3", env=env)
         expired.end(commit=True)
-        count, out = _dry(cfg, env, tmp_path / "a.csv", 4, range(200))
+        count, out = dry_run(cfg, env, tmp_path / "a.csv", 4, range(200))
         assert count == 80, out
-        assert _workers_hold(cfg, env, 4) == 80
+        assert workers_hold(cfg, env, 4) == 80
         letters = json.loads(dpstream("dead-letters", *cfg, "--json", env=env).stdout)
         assert letters["uncommitted"]["count"] == sum(expired.sent.values()), letters
 
@@ -170,16 +98,16 @@ def test_an_upload_begun_before_the_read_starts_counts(deployment, tmp_path):  #
     close, is applied at the commit (step 3 open then). The dry run reads the log from a close
     marker: from step 2's it would see the commit but none of the messages (0 duplicates
     foreseen, 70 held); it reads from the marker before (step 1's) and counts them."""
-    path, env, cfg = _ahead(deployment, 0)
+    path, env, cfg = with_max_ahead(deployment, 0)
     with running(path, env, tmp_path, *IN_MEMORY) as broker:
         dpstream("close", *cfg, "--step", "1", env=env)
-        early = _Upload(broker, 3, range(70))
+        early = RawUpload(broker, 3, range(70))
         dpstream("close", *cfg, "--step", "2", env=env)
         early.end(commit=True)
-        count, out = _dry(cfg, env, tmp_path / "a.csv", 3, range(200))
+        count, out = dry_run(cfg, env, tmp_path / "a.csv", 3, range(200))
         assert count == 70, out
         assert "log's start" not in out  # both markers are in the workers' history
-        assert _workers_hold(cfg, env, 3) == 70
+        assert workers_hold(cfg, env, 3) == 70
 
 
 def test_produce_refuses_only_a_file_whose_upload_was_committed(deployment, tmp_path):  # noqa: F811
@@ -191,13 +119,13 @@ def test_produce_refuses_only_a_file_whose_upload_was_committed(deployment, tmp_
     path, env = deployment
     cfg = ["--config", str(path)]
     with running(path, env, tmp_path, *IN_MEMORY) as broker:
-        _Upload(broker, 1, range(100)).end(commit=True)
-        _Upload(broker, 1, range(100, 200)).end(commit=False)
-        aborted = dpstream("produce", *cfg, "--csv", _csv(tmp_path / "a.csv", 1, range(100, 200)),
+        RawUpload(broker, 1, range(100)).end(commit=True)
+        RawUpload(broker, 1, range(100, 200)).end(commit=False)
+        aborted = dpstream("produce", *cfg, "--csv", report_csv(tmp_path / "a.csv", 1, range(100, 200)),
                            env=env, check=False)
         assert aborted.returncode == 0, (aborted.stdout, aborted.stderr)
         assert "100 accepted, 0 rejected" in aborted.stdout, aborted.stdout
-        committed = dpstream("produce", *cfg, "--csv", _csv(tmp_path / "b.csv", 1, range(100)),
+        committed = dpstream("produce", *cfg, "--csv", report_csv(tmp_path / "b.csv", 1, range(100)),
                              env=env, check=False)
         assert committed.returncode == 3, (committed.stdout, committed.stderr)
         assert "every one of the 100 reports is of a user the workers already hold" in \

@@ -8,7 +8,6 @@ embedded broker, Redis, a worker and the releaser)."""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import signal
@@ -17,19 +16,7 @@ import yaml
 
 from pipeline.connections import kafka_security
 from support.cli import N, deployment, dpstream, running  # noqa: F401 - `deployment` is a fixture
-
-
-def _csv(path, step: int, users) -> str:
-    with path.open("w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["user", "step", "poverty"])
-        w.writerows([f"u{i}", step, i % 2] for i in users)
-    return str(path)
-
-
-def _worker_pids(tmp_path) -> list[int]:
-    record = json.loads((tmp_path / "home" / "cli-test.json").read_text())
-    return [p["pid"] for name, p in record["processes"].items() if name.startswith("worker")]
+from support.report_log import report_csv, worker_pids
 
 
 def _send_raw(broker: str, step: int, users, partition: int) -> None:
@@ -56,11 +43,11 @@ def test_the_dry_run_counts_duplicates_exactly(deployment, tmp_path):  # noqa: F
     cfg = ["--config", str(path)]
 
     def dry(name: str, step: int, users, wait: str = "10"):
-        return dpstream("produce", *cfg, "--csv", _csv(tmp_path / name, step, users), "--dry-run",
+        return dpstream("produce", *cfg, "--csv", report_csv(tmp_path / name, step, users), "--dry-run",
                         "--wait", wait, env=env, check=False)
 
     with running(path, env, tmp_path) as broker:
-        dpstream("produce", *cfg, "--csv", _csv(tmp_path / "a.csv", 1, range(400)), env=env)
+        dpstream("produce", *cfg, "--csv", report_csv(tmp_path / "a.csv", 1, range(400)), env=env)
         half = dry("b.csv", 1, range(200, 600))  # users 200..399 are held
         assert half.returncode == 5, (half.stdout, half.stderr)
         assert "step 1: 200 of the 400 reports are of users the workers already hold" in \
@@ -70,7 +57,7 @@ def test_the_dry_run_counts_duplicates_exactly(deployment, tmp_path):  # noqa: F
 
         # reports on the log that the (stopped) worker has not handled, half of them on a
         # partition that does not own their user, count too
-        workers = _worker_pids(tmp_path)
+        workers = worker_pids(tmp_path)
         for pid in workers:
             os.kill(pid, signal.SIGSTOP)
         try:
@@ -90,7 +77,7 @@ def test_the_dry_run_counts_duplicates_exactly(deployment, tmp_path):  # noqa: F
         assert "log's start" not in clean.stdout  # read from step 1's close marker
         assert f"dry run: {N} reports for step 2 pass the workers' checks, none a duplicate" in \
             clean.stdout, clean.stdout
-        dpstream("produce", *cfg, "--csv", _csv(tmp_path / "e.csv", 2, range(100)), env=env)
+        dpstream("produce", *cfg, "--csv", report_csv(tmp_path / "e.csv", 2, range(100)), env=env)
         some = dry("f.csv", 2, range(N))
         assert f"step 2: 100 of the {N} reports" in some.stdout, (some.stdout, some.stderr)
 
@@ -151,11 +138,11 @@ def test_a_forged_close_marker_moves_no_window_of_the_dry_run(deployment, tmp_pa
         _send_raw(broker, 3, range(100), partition=0)  # after the forged markers: future_step
         _send_raw(broker, 3, range(100, 200), partition=1)
         dpstream("close", *cfg, "--step", "1", env=env)
-        dpstream("produce", *cfg, "--csv", _csv(tmp_path / "held.csv", 3, range(50)), env=env)
+        dpstream("produce", *cfg, "--csv", report_csv(tmp_path / "held.csv", 3, range(50)), env=env)
         control = tmp_path / "home" / "cli-test" / "control"
         _wait_for_published_key(broker, (control / "curator.pub").read_text())
 
-        sending = _csv(tmp_path / "step3.csv", 3, range(200))
+        sending = report_csv(tmp_path / "step3.csv", 3, range(200))
         dry = dpstream("produce", *cfg, "--csv", sending, "--dry-run", env=env, check=False)
         assert dry.returncode == 5, (dry.stdout, dry.stderr)
         assert "step 3: 50 of the 200 reports are of users the workers already hold" in \
@@ -183,7 +170,7 @@ def test_a_close_signed_with_a_rotated_out_key_still_counts(deployment, tmp_path
     cfg = ["--config", str(path)]
     with running(path, env, tmp_path):
         dpstream("close", *cfg, "--step", "1", env=env)
-        dpstream("produce", *cfg, "--csv", _csv(tmp_path / "held.csv", 3, range(50)), env=env)
+        dpstream("produce", *cfg, "--csv", report_csv(tmp_path / "held.csv", 3, range(50)), env=env)
         wait_released(path, env, 1)
     control = tmp_path / "home" / "cli-test" / "control"
     old = (control / "curator.pub").read_bytes()
@@ -193,7 +180,7 @@ def test_a_close_signed_with_a_rotated_out_key_still_counts(deployment, tmp_path
         new = (control / "curator.pub").read_text()
         assert new != old.decode()  # a new pair
         _wait_for_published_key(broker, new)
-        dry = dpstream("produce", *cfg, "--csv", _csv(tmp_path / "s.csv", 3, range(200)),
+        dry = dpstream("produce", *cfg, "--csv", report_csv(tmp_path / "s.csv", 3, range(200)),
                        "--dry-run", env=env, check=False)
     assert dry.returncode == 5, (dry.stdout, dry.stderr)
     assert "step 3: 50 of the 200 reports are of users the workers already hold" in dry.stdout, \

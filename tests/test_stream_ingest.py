@@ -6,85 +6,19 @@ import numpy as np
 import orjson
 import pytest
 
-from pipeline.config import parse_config
 from pipeline.serialization import dumps_state, loads_state
-from pipeline.stream.ingest.core import ApplyResult, CloseOutput, IngestCore, Record, is_marker
-from pipeline.stream.kafka.messages import CONTROL_HEADER
+from pipeline.stream.ingest.core import CloseOutput, IngestCore, Record, is_marker
 from pipeline.stream.ingest.reports import REASONS
 from pipeline.stream.ingest.roster import Roster
-from pipeline.stream.state.store import StateStore
-from support.stores import WritableStore
+from pipeline.stream.kafka.messages import CONTROL_HEADER
 from pipeline.stream.kafka.topics import topic_names
 from pipeline.stream.state.keys import Keys
-
-PARTS = 3
-MARK = ((CONTROL_HEADER, b"close"),)
-
-
-def deployment(monitors=True, n=30):
-    releases = [
-        {"name": "fw", "type": "fixed_window", "attribute": "poverty", "window": 2, "share": 0.5},
-        {"name": "cu", "type": "cumulative", "attribute": "poverty", "share": 0.5},
-    ]
-    budget = {"rho": 1.0}
-    if monitors:
-        budget.update(epsilon=1.0, delta=1e-6)
-        releases.append({"name": "hh", "type": "heavy_hitters", "attribute": "query", "k": 2, "share": 1.0})
-    return parse_config({
-        "name": "ing",
-        "topics": {"partitions": PARTS},
-        "roster": {"size": n},
-        "horizon": 5,
-        "attributes": {"poverty": {"type": "binary"}, "query": {"type": "hashed", "size": 20}},
-        "budget": budget,
-        "random": {"kind": "seeded", "seed": 3},
-        "releases": releases,
-    })
-
-
-class Log:
-    """A reports partition's log: appends records with increasing offsets."""
-
-    def __init__(self):
-        self.records: list[Record] = []
-
-    def report(self, user, step, **values) -> Record:
-        values = values or {"poverty": 1, "query": 1}
-        rec = Record(len(self.records), orjson.dumps({"user": user, "step": step, "values": values}))
-        self.records.append(rec)
-        return rec
-
-    def raw(self, value: bytes) -> Record:
-        rec = Record(len(self.records), value)
-        self.records.append(rec)
-        return rec
-
-    def marker(self, step) -> Record:
-        rec = Record(len(self.records), orjson.dumps({"step": step}), MARK)
-        self.records.append(rec)
-        return rec
-
-
-def users_of(roster, partition):
-    return [roster.ids[i] for i in roster.rows_of(partition, PARTS)]
-
-
-def core_for(dep, store=None):
-    roster = Roster.from_range(dep.n)
-    core = IngestCore(dep, roster, topic_names(dep), store=store, isolated=True)
-    return core, roster
+from support.ingest_log import MARK, PARTS, Log, applies, closes, core_for, deployment, users_of
+from support.stores import WritableStore
 
 
 def feedback(release, step, flagged=()):
     return orjson.dumps({"release": release, "step": step, "flagged": list(flagged)})
-
-
-def closes(outputs):
-    return [o for o in outputs if isinstance(o, CloseOutput)]
-
-
-def applies(outputs):
-    return [o for o in outputs if isinstance(o, ApplyResult)]
 
 
 def decode_partial(out: CloseOutput):

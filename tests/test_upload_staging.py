@@ -12,8 +12,8 @@ from pipeline.serialization import loads_state
 from pipeline.stream.ingest import core as core_module
 from pipeline.stream.ingest.core import Record
 from pipeline.stream.ingest.uploads import end_record, upload_headers
+from support.ingest_log import Log, applies, closes, core_for, deployment, users_of
 from support.stores import WritableStore
-from test_stream_ingest import Log, applies, closes, core_for, deployment, users_of
 
 UP, OTHER = "a" * 32, "b" * 32
 
@@ -219,7 +219,7 @@ def _random_log(roster, rng) -> UploadLog:
     users = users_of(roster, 0) + users_of(roster, 1)[:3]
     open_uploads: dict[str, int] = {}
     step = 1
-    for i in range(160):
+    for _ in range(160):
         roll = rng.random()
         if roll < 0.03 and step <= 3:
             log.marker(step)
