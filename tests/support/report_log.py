@@ -28,15 +28,10 @@ def worker_pids(tmp_path) -> list[int]:
     return [p["pid"] for name, p in record["processes"].items() if name.startswith("worker")]
 
 
-
 TOPIC = "dpstream.cli-test.reports"
-
-
 # the broker's log in memory: the durable log's retention, which may delete an upload's messages
 # sent before a close, is not what these tests are about (test_dry_run_retention.py)
 IN_MEMORY = ("--ephemeral",)
-
-
 PARTITIONS = 2
 
 
