@@ -23,7 +23,7 @@ nothing"). Memory: up to three chunks and the bitmaps, whatever the file's lengt
 (``jobs/bench/bench_upload.py``) times it against a raw producer sending the same messages.
 
 :func:`read_upload` checks a whole file without sending (``--dry-run``, and ``produce``'s exact
-count of duplicates before a send when the workers hold reports of an open step already).
+count of duplicates before a send when the workers hold reports of a step of its first chunk).
 
 A JSONL file pyarrow cannot read as one table (a value that is a number on one line and a string on
 another, an explicit ``null``) is read by the per-report reader instead: slower, same messages.
@@ -140,6 +140,15 @@ class Upload:
         """The file (CSV, JSONL), checked whole, has one line per report (and the CSV header): no
         blank lines and no quoted line breaks, so a report's line is arithmetic."""
         return _lines_in(self.path) == self.reports_in_file + (1 if self.kind == "csv" else 0)
+
+    def first_steps(self) -> set[int] | None:
+        """The steps of the file's first chunk, read but not checked (None: not known so: pyarrow
+        does not read the file as a table, or it fails on it; the check names the problem)."""
+        try:
+            chunk = next(iter(arrow_chunks(self.path, self.kind, self.deployment)), None)
+        except Exception:  # noqa: BLE001 - the check that follows reads it again and says why
+            return None
+        return set() if chunk is None else set(np.unique(chunk.steps).tolist())
 
     def check_chunks(self) -> Iterator[Columns]:
         """The file's chunks, each checked (:func:`checked_chunks`)."""

@@ -105,6 +105,17 @@ def test_a_bad_report_in_a_later_chunk_is_sent_then_aborted_and_nothing_accepted
         assert f"{N:,} accepted, 0 rejected" in good.stdout, good.stdout
         uploads = _ends_of_uploads(_log(broker))
         assert sorted(map(sorted, uploads.values())) == [["abort"], ["commit"]], uploads
+        # the workers hold step 1 now: a step-1 file is checked whole before anything is sent
+        # (its duplicates are counted first), a step-2 file still goes in the one pass
+        again = dpstream("produce", *cfg, "--csv", _csv(tmp_path / "again.csv", 1, range(N),
+                         extra="u3,1,0\n"), env=env, check=False)
+        assert again.returncode == 2 and "aborted" not in again.stderr, again.stderr
+        assert len(_ends_of_uploads(_log(broker))) == 2  # nothing sent
+        month2 = dpstream("produce", *cfg, "--csv", _csv(tmp_path / "m2.csv", 2, range(N),
+                          extra="u3,2,0\n"), env=env, check=False)
+        assert month2.returncode == 2, month2.stderr
+        assert "the upload was aborted: nothing of the file was accepted" in month2.stderr
+        assert len(_ends_of_uploads(_log(broker))) == 3  # sent, then aborted
 
 
 def _default_sigint():

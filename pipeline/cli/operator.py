@@ -245,9 +245,10 @@ def _produce(args, stage: list[str], closing: contextlib.ExitStack) -> int:
     if not len(window):
         return _fail(EXIT_REFUSED, f"nothing sent: every step (1..{deployment.horizon}) is closed")
     if found is not None:
-        if not args.dry_run and not args.replace and any(view.reported(t) for t in window):
-            # the workers hold reports of an open step: the file is checked whole first, to count
-            # its duplicates exactly before anything is sent (pipeline.held_reports)
+        held = {t for t in window if view.reported(t)}
+        if not args.dry_run and not args.replace and held and _may_repeat(found, held):
+            # the workers hold reports of a step of the file: the file is checked whole first, to
+            # count its duplicates exactly before anything is sent (pipeline.held_reports)
             stage[0] = f"checking {path}"
             try:
                 found = read_upload(path, deployment)
@@ -294,6 +295,14 @@ def _produce(args, stage: list[str], closing: contextlib.ExitStack) -> int:
         )
         return EXIT_OK
     return _send_simulated(deployment, step, args, stage)
+
+
+def _may_repeat(found, held: set[int]) -> bool:
+    """Whether the file may hold reports of a step the workers hold reports of: its first chunk
+    does (or is not read so). A later chunk of another such step is sent in the one pass, and the
+    workers' verdict counts its duplicates."""
+    first = found.first_steps()
+    return first is None or bool(first & held)
 
 
 def _send_simulated(deployment: Deployment, step: int, args, stage: list[str]) -> int:
@@ -349,7 +358,8 @@ def _send_file(
     hold the upload's messages until its commit (sent once every one is acknowledged): a stop
     part way (a bad report, a refused step, a message not acknowledged, Ctrl-C) aborts it, and
     nothing of the file is accepted. ``found``: the file, checked whole when the workers hold
-    reports of an open step (its duplicates counted exactly before the send), else not read yet.
+    reports of a step of its first chunk (its duplicates counted exactly before the send), else
+    not read yet.
     ``early``: the producer made while the file was opened
     (:class:`pipeline.upload.EarlyProducer`) and ``marker`` the dead-letter mark taken beside
     it (:class:`pipeline.cli.verdict.EarlyMark`)."""
