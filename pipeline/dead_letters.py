@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipeline.stream.kafka.messages import REPORTS_HEADER
+
 __all__ = ["ReasonSummary", "summarise", "format_summary"]
 
 
@@ -27,7 +29,7 @@ def summarise(messages, examples: int = 0) -> dict[str, ReasonSummary]:
     for msg in messages:
         headers = {k: v.decode(errors="replace") for k, v in (msg.headers or [])}
         s = out.setdefault(headers.get("dpstream-reason", "(no reason header)"), ReasonSummary())
-        s.count += 1
+        s.count += int(headers.get(REPORTS_HEADER, "1"))  # a whole message: all its reports
         source = headers.get("dpstream-source", "")
         s.first_source = s.first_source or source
         s.last_source = source

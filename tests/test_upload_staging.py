@@ -308,3 +308,25 @@ def test_a_numbered_upload_missing_a_number_uses_none_of_it():
     log.end(UP, 2)  # two messages held, but not numbered 0 and 1
     out = drained(core, log)
     assert accepted(out) == 0 and reasons(out) == {"uncommitted": 2}
+
+
+def test_a_dead_letter_of_a_held_batch_message_counts_its_reports():
+    """One dead letter per held message, but the counts (intake, `dpstream dead-letters`) are of
+    reports: a batch message of three reports counts three."""
+    from pipeline.dead_letters import summarise
+
+    core, mine, log = partition_zero()
+    columns = {"user": mine[:3], "step": 1, "poverty": [0, 1, 0], "query": [1, 1, 1]}
+    log.records.append(Record(0, orjson.dumps({"columns": columns}), tuple(upload_headers(UP, 0))))
+    log.upload(UP, mine[3], 1)  # unnumbered: one report
+    log.end(UP, 5)  # a wrong count
+    out = drained(core, log)
+    assert reasons(out) == {"uncommitted": 4}
+    letters = [d for a in applies(out) for d in a.dead_letters]
+    assert [dict(h).get("dpstream-reports") for _, _, h in letters] == [b"3", None]
+
+    class Letter:
+        def __init__(self, headers):
+            self.headers = headers
+
+    assert summarise([Letter(h) for _, _, h in letters])["uncommitted"].count == 4

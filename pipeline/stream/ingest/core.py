@@ -576,15 +576,18 @@ class IngestCore:
         return out
 
     def _uncommitted(self, partition: int, upload: HeldUpload, detail: str) -> ApplyResult:
-        """Every held message of an upload as a dead letter (reason ``uncommitted``)."""
+        """Every held message of an upload as a dead letter (reason ``uncommitted``), with the
+        number of reports it holds (a batch message: all of them; counted by the parser)."""
         state = self.states[partition]
-        letters = [
-            self._letter("uncommitted", detail, value, partition, offset, None)
-            for offset, value in zip(upload.offsets, upload.values, strict=True)
-        ]
-        state.intake.count(0, {"uncommitted": len(letters)})
+        letters, reports = [], 0
+        for offset, value in zip(upload.offsets, upload.values, strict=True):
+            parsed = self.parser.parse([value]) if len(value) <= MAX_REPORT_BYTES else None
+            n = 1 if parsed is None else max(1, len(parsed) + len(parsed.rejections))
+            letters.append(self._letter("uncommitted", detail, value, partition, offset, None, n))
+            reports += n
+        state.intake.count(0, {"uncommitted": reports})
         return ApplyResult(
-            partition=partition, reasons={"uncommitted": len(letters)}, dead_letters=letters
+            partition=partition, reasons={"uncommitted": reports}, dead_letters=letters
         )
 
     def drain_forwarded(self, partition: int) -> list[ApplyResult]:
@@ -695,15 +698,22 @@ class IngestCore:
         return result
 
     def _letter(
-        self, reason: str, detail: str, original: bytes, source: int, offset: int, item: int | None
+        self,
+        reason: str,
+        detail: str,
+        original: bytes,
+        source: int,
+        offset: int,
+        item: int | None,
+        reports: int = 1,
     ) -> tuple[bytes, bytes, list]:
         """A dead letter keyed by the report's position in reports partition ``source``: stable under
-        replay, whatever the run split or the path it took."""
+        replay, whatever the run split or the path it took. ``reports``: a whole message's."""
         key = f"{source}:{offset}:{'-' if item is None else item}".encode()
-        return key, *bounded_copy(
-            original,
-            dead_letter_headers(reason, detail, self.names["reports"], source, offset, item),
+        headers = dead_letter_headers(
+            reason, detail, self.names["reports"], source, offset, item, reports
         )
+        return key, *bounded_copy(original, headers)
 
     def _marker_fields(self, value: bytes) -> tuple[int | None, int | None]:
         """(step, closed_at) of a close marker: verified (:class:`Unverified` when it does not

@@ -41,6 +41,7 @@ from pipeline.serialization import dumps_state, loads_state
 
 __all__ = [
     "CONTROL_HEADER",
+    "REPORTS_HEADER",
     "PARTIAL_CHUNK_BYTES",
     "synthetic_chunks",
     "encode_partial",
@@ -195,8 +196,17 @@ def parse_close_marker(value: bytes) -> tuple[int | None, int | None]:
     )
 
 
+REPORTS_HEADER = "dpstream-reports"  # a dead letter of a whole message: the reports it holds
+
+
 def dead_letter_headers(
-    reason: str, detail: str, topic: str, partition: int, offset: int, batch_index: int | None
+    reason: str,
+    detail: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    batch_index: int | None,
+    reports: int = 1,
 ) -> list[tuple[str, bytes]]:
     headers = [
         ("dpstream-reason", reason.encode()),
@@ -205,4 +215,6 @@ def dead_letter_headers(
     ]
     if batch_index is not None:
         headers.append(("dpstream-batch-index", str(batch_index).encode()))
+    if reports != 1:
+        headers.append((REPORTS_HEADER, str(reports).encode()))
     return headers
