@@ -122,7 +122,7 @@ def _csv(path, step: int, users) -> str:
 def test_a_file_sent_in_many_chunks_gets_an_exact_verdict(deployment, tmp_path):  # noqa: F811
     """`produce` of files read and sent in chunks of 64 reports: the workers' verdict counts every
     report once (accepted, and rejected by reason), exit 5 on rejections; a bad report in the last
-    chunk sends nothing (exit 2)."""
+    chunk aborts the upload and the workers take nothing of it (exit 2)."""
     path, env = deployment
     env = dict(env, DPSTREAM_UPLOAD_CHUNK_ROWS="64")
     cfg = ["--config", str(path)]
@@ -143,7 +143,9 @@ def test_a_file_sent_in_many_chunks_gets_an_exact_verdict(deployment, tmp_path):
         with bad.open("a") as fh:
             fh.write("nobody,2,1\n")
         refused = dpstream("produce", *cfg, "--csv", str(bad), env=env, check=False)
-        assert refused.returncode == 2 and "nothing sent" in refused.stderr, refused.stderr
+        # step 2 holds nothing yet: sent in one pass, then aborted at the bad line
+        assert refused.returncode == 2, refused.stderr
+        assert "the upload was aborted: nothing of the file was accepted" in refused.stderr
         assert f"{bad}:{N + 2}" in refused.stderr and "nobody" in refused.stderr
         status = json.loads(dpstream("status", *cfg, "--json", env=env).stdout)["intake"]
         assert status["open"].get("2", {"reported": 0})["reported"] == 0
