@@ -49,6 +49,7 @@ import numpy as np
 from pipeline.allocator import keep_freed_memory
 from pipeline.config import Deployment
 from pipeline.read_ahead import read_ahead
+from pipeline.stream.ingest import uploads
 from pipeline.stream.ingest.report_files import ReportFileError, check_report_file
 from pipeline.upload_check import FileCheck, Problem
 from pipeline.upload_columns import Columns, NotTabular, arrow_chunks, report_chunks
@@ -506,6 +507,7 @@ def send_upload(
     staged = StagedSend(producer, topic, replace, progress)
     staged.total = len(upload)  # known when the file was checked first, else 0
     start, check, admitted = time.monotonic(), _file_check(upload), set[int]()
+    per_partition = np.zeros(upload.deployment.topics.partitions, dtype=np.int64)
     stopped = True
     try:
         try:
@@ -514,6 +516,9 @@ def send_upload(
                 if refused is not None:
                     _admit(upload.step, check, admitted, refused)
                 for batch in chunk_messages(chunk, kept, upload.deployment):
+                    per_partition[batch.partition] += batch.index.size
+                    if per_partition[batch.partition] > uploads.MAX_UPLOAD_REPORTS:
+                        raise _too_many(upload, batch.partition)
                     staged.send(batch)
             staged.settle(timeout)
         except BaseException as err:
@@ -532,6 +537,17 @@ def send_upload(
     result.counts = counts if upload.step is None else {upload.step: counts.get(upload.step, 0)}
     result.counts = {t: n for t, n in result.counts.items() if n}
     return result
+
+
+def _too_many(upload: Upload, partition: int) -> ReportFileError:
+    return ReportFileError(
+        upload.path,
+        None,
+        None,
+        f"more than {uploads.MAX_UPLOAD_REPORTS:,} of its reports are of users of reports "
+        f"partition {partition}: one upload sends at most that many to a partition (a report's "
+        "place in the upload is 24 bits); send the file in parts",
+    )
 
 
 def _admit(

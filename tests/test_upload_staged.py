@@ -267,3 +267,21 @@ def test_a_jsonl_file_pyarrow_stops_reading_part_way_is_sent_whole_once(
     assert not parsed.rejections
     assert sorted(zip(parsed.rows.tolist(), parsed.codes["status"].tolist())) == [
         (i, i % 2) for i in range(USERS)]
+
+
+def test_an_upload_over_the_reports_a_partition_may_take_is_aborted(services, dep, tmp_path,
+                                                                      monkeypatch):
+    """A committed report's place in its upload is 24 bits on its partition: `produce` stops a
+    file that would send more to one partition (aborted, nothing accepted), where the ranks would
+    have run into the next offset's. The limit lowered to 100 here."""
+    from pipeline.stream.ingest import uploads
+
+    monkeypatch.setattr(uploads, "MAX_UPLOAD_REPORTS", 100)
+    path = _write(tmp_path / "many.csv", [f"u{i}" for i in range(USERS)], [1] * USERS)
+    with pytest.raises(UploadAborted) as stopped:
+        upload_file(path, dep, services.broker.bootstrap)
+    cause = stopped.value.cause
+    assert isinstance(cause, ReportFileError) and "more than 100 of its reports" in str(cause)
+    assert not stopped.value.result.committed
+    log = _log(services.broker.bootstrap, _topic(dep))
+    assert all(not records or end_of(records[-1].headers) == "abort" for records in log.values())

@@ -30,6 +30,7 @@ import numpy as np
 import orjson
 
 __all__ = [
+    "MAX_UPLOAD_REPORTS",
     "UPLOAD_HEADER",
     "UPLOAD_END_HEADER",
     "SEQ_HEADER",
@@ -43,6 +44,10 @@ __all__ = [
     "end_count",
 ]
 
+# a committed report's log position is (commit offset, rank in the upload on its partition), the
+# rank in 24 bits (pipeline.stream.ingest.repartition): at most this many reports of one upload
+# go to one partition (dpstream produce refuses a file with more)
+MAX_UPLOAD_REPORTS = (1 << 24) - 1
 UPLOAD_HEADER = "dpstream-upload"
 UPLOAD_END_HEADER = "dpstream-upload-end"
 SEQ_HEADER = "dpstream-upload-seq"
