@@ -292,7 +292,6 @@ class _PartitionReader:
     bound (:attr:`HeldReports.deleted`) when records that may count were deleted."""
 
     RUN = 256  # records parsed at a time (a window never changes inside a run)
-    EXPIRY = 2  # closes after its first message at which an uncommitted upload is dead-lettered
 
     def __init__(
         self, deployment: Deployment, roster, held: HeldReports, closes: _Closes, span: _Span
@@ -363,13 +362,12 @@ class _PartitionReader:
         commit stating the number held releases them as reports at its position, any other end
         drops them."""
         from pipeline.stream.ingest.uploads import end_count, end_of
-        from pipeline.stream.process.limits import MAX_HELD_BYTES
 
         end = end_of(headers)
         if end is None:
-            self.uploads.hold(upload, offset, value or b"", headers)
-            while len(self.uploads) > 1 and self.uploads.size > MAX_HELD_BYTES:
-                self.uploads.take(next(iter(self.uploads)))  # dead-lettered
+            self.uploads.hold(
+                upload, offset, value or b"", headers
+            )  # those given up: dead-lettered
             return
         held = self.uploads.pop(upload)
         stated, read = end_count(value), 0 if held is None else len(held.values)
@@ -381,11 +379,7 @@ class _PartitionReader:
 
     def _expire(self) -> None:
         """A close: uploads it is the second close for are dead-lettered ``uncommitted``."""
-        for upload in self.uploads:
-            held = self.uploads.get(upload)
-            held.closes += 1
-            if held.closes >= self.EXPIRY:
-                self.uploads.take(upload)
+        self.uploads.close()
 
     def flush(self) -> None:
         """Mark the held pairs of the run read so far."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pipeline.fates import Receipt
 from pipeline.producer import SendResult
 from pipeline.stream.ingest.corrections import REPLACE_HEADER
-from pipeline.stream.ingest.uploads import SEQ_HEADER, end_record, upload_headers
+from pipeline.stream.ingest.uploads import end_record, upload_headers
 from pipeline.upload_messages import Batch
 
 __all__ = [
@@ -87,7 +87,7 @@ class StagedSend:
     ):
         self.producer, self.topic, self.progress = producer, topic, progress
         self.id = upload_id or uuid.uuid4().hex
-        self.headers = upload_headers(self.id) + ([(REPLACE_HEADER, b"1")] if replace else [])
+        self.extra = [(REPLACE_HEADER, b"1")] if replace else []  # beside the upload's headers
         self.messages: dict[int, int] = {}  # partition -> messages handed to the producer
         self.pending: deque[_Sent] = deque()
         self.result = UploadResult(receipt=Receipt(topic), upload=self.id)
@@ -100,7 +100,7 @@ class StagedSend:
 
     def send(self, batch: Batch) -> None:
         seq = self.messages.get(batch.partition, 0)  # its number on the partition (a retry's copy)
-        headers = [*self.headers, (SEQ_HEADER, b"%d" % seq)]
+        headers = upload_headers(self.id, seq) + self.extra
         future = self.producer.send(
             self.topic, value=batch.value, partition=batch.partition, headers=headers
         )
@@ -131,9 +131,6 @@ class StagedSend:
 
     def settle(self, timeout: float) -> None:
         """Wait (up to ``timeout``) until every message handed over is acknowledged or failed."""
-        self._settle_all(timeout)
-
-    def _settle_all(self, timeout: float) -> None:
         if not self.pending:  # each acknowledged or failed (a record left unsent keeps its place)
             return
         start = time.monotonic()
@@ -149,7 +146,7 @@ class StagedSend:
         """Wait for every message's acknowledgement, then commit (every one acknowledged) or
         abort (one was not: nothing of the upload is taken). ``started``: when the upload began
         (``result.seconds`` counts from it)."""
-        self._settle_all(timeout)
+        self.settle(timeout)
         result = self.result
         if result.failed:
             self.abort()
@@ -166,7 +163,7 @@ class StagedSend:
         in ``result.unended``)."""
         timeout = ABORT_SECONDS if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        self._settle_all(timeout / 2)
+        self.settle(timeout / 2)
         self._end(commit=False, timeout=max(0.1, deadline - time.monotonic()))
         return self.result
 

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from pipeline.serialization import loads_state
-from pipeline.stream.ingest import core as core_module
+from pipeline.stream.process import limits
 from pipeline.stream.ingest.core import Record
 from pipeline.stream.ingest.uploads import end_record, upload_headers
 from support.ingest_log import Log, applies, closes, core_for, deployment, users_of
@@ -127,7 +127,7 @@ def test_an_upload_never_ended_is_dead_lettered_at_the_second_close():
 
 
 def test_held_uploads_above_the_limit_dead_letter_the_oldest(monkeypatch):
-    monkeypatch.setattr(core_module, "MAX_HELD_BYTES", 150)
+    monkeypatch.setattr(limits, "MAX_HELD_BYTES", 150)
     core, mine, log = partition_zero()
     log.upload(UP, mine[0], 1)
     log.upload(OTHER, mine[1], 1)  # two held messages of ~60 bytes: within the limit

@@ -57,11 +57,8 @@ from pipeline.stream.kafka.messages import (
     encode_partial,
     parse_close_marker,
 )
-from pipeline.stream.process.limits import (
-    DEAD_LETTER_COPY_BYTES,
-    MAX_HELD_BYTES,
-    MAX_REPORT_BYTES,
-)
+from pipeline.stream.process import limits
+from pipeline.stream.process.limits import DEAD_LETTER_COPY_BYTES, MAX_REPORT_BYTES
 
 if TYPE_CHECKING:
     from pipeline.config import Deployment
@@ -506,12 +503,17 @@ class IngestCore:
         state = self.states[partition]
         held = self.held[partition]
         end = end_of(rec.headers)
+        state.offset = max(state.offset, rec.offset)  # handled: held, dropped or applied here
         if end is None:
-            held.hold(upload, rec.offset, rec.value, rec.headers)
-            state.offset = max(state.offset, rec.offset)
-            return self._over_limit(partition)
+            detail = (
+                "upload {} was not committed while this partition held more than "
+                f"{limits.MAX_HELD_BYTES:,} bytes of uncommitted uploads: none of its reports is used"
+            )
+            return [
+                self._uncommitted(partition, given_up, detail.format(oldest))
+                for oldest, given_up in held.hold(upload, rec.offset, rec.value, rec.headers)
+            ]
         this = held.pop(upload)
-        state.offset = max(state.offset, rec.offset)
         if this is None:  # nothing of it here (sent nothing to this partition, or ended already)
             return []
         if end == "abort":
@@ -549,31 +551,14 @@ class IngestCore:
     def _expire_uploads(self, partition: int) -> list[ApplyResult]:
         """At a close: an upload held since before the previous close, still without its end record
         (its sender stopped), is dead-lettered ``uncommitted``."""
-        held = self.held[partition]
-        out = []
-        for upload in held:
-            held.get(upload).closes += 1
-            if held.get(upload).closes >= 2:
-                detail = (
-                    f"upload {upload} never sent its commit record: held through two closes, "
-                    "none of its reports is used (was its produce stopped?)"
-                )
-                out.append(self._uncommitted(partition, held.take(upload), detail))
-        return out
-
-    def _over_limit(self, partition: int) -> list[ApplyResult]:
-        """The oldest held uploads dead-lettered ``uncommitted`` while this partition holds more than
-        ``MAX_HELD_BYTES`` of them: held messages are in memory and in the checkpoint."""
-        held = self.held[partition]
-        out = []
-        while len(held) > 1 and held.size > MAX_HELD_BYTES:
-            upload = next(iter(held))
-            detail = (
-                f"upload {upload} was not committed while this partition held more than "
-                f"{MAX_HELD_BYTES:,} bytes of uncommitted uploads: none of its reports is used"
-            )
-            out.append(self._uncommitted(partition, held.take(upload), detail))
-        return out
+        detail = (
+            "upload {} never sent its commit record: held through two closes, none of its reports "
+            "is used (was its produce stopped?)"
+        )
+        return [
+            self._uncommitted(partition, expired, detail.format(upload))
+            for upload, expired in self.held[partition].close()
+        ]
 
     def _uncommitted(self, partition: int, upload: HeldUpload, detail: str) -> ApplyResult:
         """Every held message of an upload as a dead letter (reason ``uncommitted``), with the

@@ -29,7 +29,10 @@ from typing import Any
 import numpy as np
 import orjson
 
+from pipeline.stream.process import limits
+
 __all__ = [
+    "EXPIRY_CLOSES",
     "MAX_UPLOAD_REPORTS",
     "UPLOAD_HEADER",
     "UPLOAD_END_HEADER",
@@ -51,6 +54,7 @@ MAX_UPLOAD_REPORTS = (1 << 24) - 1
 UPLOAD_HEADER = "dpstream-upload"
 UPLOAD_END_HEADER = "dpstream-upload-end"
 SEQ_HEADER = "dpstream-upload-seq"
+EXPIRY_CLOSES = 2  # an upload not ended by the second close after its first message is given up
 _ENDS = (b"commit", b"abort")
 
 
@@ -193,11 +197,28 @@ class HeldUploads:
     def __iter__(self):
         return iter(list(self.uploads))
 
-    def hold(self, upload: str, offset: int, value: bytes, headers) -> None:
+    def hold(self, upload: str, offset: int, value: bytes, headers) -> list[tuple[str, HeldUpload]]:
+        """Hold a message; returns the oldest uploads given up (dead-lettered ``uncommitted`` by a
+        worker) while the partition holds more than ``MAX_HELD_BYTES``, the newest kept."""
         held = self.uploads.setdefault(upload, HeldUpload())
         before = held.size
         held.add(offset, value, headers)
         self.size += held.size - before
+        over = []
+        while len(self.uploads) > 1 and self.size > limits.MAX_HELD_BYTES:
+            oldest = next(iter(self.uploads))
+            over.append((oldest, self.take(oldest)))
+        return over
+
+    def close(self) -> list[tuple[str, HeldUpload]]:
+        """A close marker: returns the uploads it is the ``EXPIRY_CLOSES``-th close for since their
+        first message, given up (dead-lettered ``uncommitted`` by a worker)."""
+        expired = []
+        for upload in list(self.uploads):
+            self.uploads[upload].closes += 1
+            if self.uploads[upload].closes >= EXPIRY_CLOSES:
+                expired.append((upload, self.take(upload)))
+        return expired
 
     def pop(self, upload: str) -> HeldUpload | None:
         held = self.uploads.pop(upload, None)
@@ -209,9 +230,6 @@ class HeldUploads:
         held = self.pop(upload)
         assert held is not None, upload
         return held
-
-    def get(self, upload: str) -> HeldUpload:
-        return self.uploads[upload]
 
     def get_state(self) -> dict[str, Any]:
         return {u: h.get_state() for u, h in self.uploads.items()}
