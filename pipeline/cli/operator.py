@@ -373,7 +373,7 @@ def _send_file(
         return _dry_run(deployment, found, args, view)
     # corrections (--replace) replace held reports: no duplicate to foresee; a file not checked
     # whole yet: the workers hold no report of an open step
-    held, certain = ([], 0) if args.replace else held_conflicts(deployment, view, found.counts)
+    held = [] if args.replace else held_conflicts(deployment, view, found.counts)
     broker, _ = _endpoints(deployment)
     if held:  # some of the file's steps have reports already: counted exactly, as --dry-run does
         stage[0] = "reading the reports log for what the workers hold"

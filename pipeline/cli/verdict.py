@@ -26,25 +26,24 @@ __all__ = [
 DEFAULT_FATE_TIMEOUT = 120.0
 
 
-def held_conflicts(deployment: Deployment, view, counts: dict[int, int]) -> tuple[list[str], int]:
+def held_conflicts(deployment: Deployment, view, counts: dict[int, int]) -> list[str]:
     """For the steps of ``counts`` (step -> reports about to be sent) that the workers already
-    hold accepted reports for: one line each, and how many reports are sure to be rejected as
+    hold accepted reports for: one line each, with how many reports are sure to be rejected as
     ``duplicate`` — a step's reports beyond its users without an accepted report yet
     (pigeonhole: the workers' counts do not say which users they are)."""
-    lines, certain = [], 0
+    lines = []
     for step, sending in sorted(counts.items()):
         held = view.reported(step)
         if not held:
             continue
         sure = max(0, sending + held - deployment.n)
-        certain += sure
         lines.append(
             f"step {step}: the workers already hold accepted reports of {held:,} of "
             f"{deployment.n:,} users; a report of one of them is rejected as duplicate (the "
             f"first report of a (user, step) wins): at least {sure:,} of the "
             f"{sending:,} to send" + (", all of them" if sure == sending else "")
         )
-    return lines, certain
+    return lines
 
 
 def mark_dead_letters(deployment: Deployment, broker: str) -> dict:
