@@ -271,3 +271,34 @@ def test_a_chunks_codes_are_listed_in_message_order_as_json(codes):
             assert pieces is None
             continue
         assert json.loads(b"".join(bytes(p) for p in pieces)) == expected
+
+
+_CELLS = ["0", "1", "", "True", "FALSE", " 1", "01", "2", "/", ":", "1.0", "yes", None, "7", "x y"]
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_text_codes_of_a_long_column_are_those_of_each_cell_alone(large):
+    """A long text column of a binary attribute is coded from its bytes where a cell is "0" or
+    "1" and by its distinct values otherwise; of a hashed one, by its distinct values: each
+    cell's code is the one it gets alone (a one-cell column takes neither shortcut), by CSV's
+    rules and by JSON's, also for a slice of a column."""
+    from pipeline.upload_columns import _codes
+
+    dep = parse_config(
+        {
+            "name": "text-codes",
+            "roster": {"size": 4},
+            "horizon": 2,
+            "attributes": {"flag": {"type": "binary"}, "item": {"type": "hashed", "size": 50}},
+            "budget": {"rho": 1.0},
+            "releases": [{"name": "c", "type": "cumulative", "attribute": "flag", "share": 1.0}],
+        }
+    )
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        cells = [_CELLS[i] for i in rng.integers(0, len(_CELLS), 400)]
+        column = pa.array(["pad", *cells], pa.large_string() if large else pa.string()).slice(1)
+        for attribute in dep.attributes.values():
+            for csv_cells in (True, False):
+                alone = [_codes(attribute, column.slice(i, 1), csv_cells)[0] for i in range(400)]
+                assert _codes(attribute, column, csv_cells).tolist() == alone

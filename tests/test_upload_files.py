@@ -81,6 +81,48 @@ def test_a_csv_and_jsonl_upload_says_what_the_per_report_path_says(dep, tmp_path
         assert all(b.value.startswith(b'{"columns":') for b in upload.batches)
 
 
+def test_a_parquet_files_dictionary_columns_with_nulls_say_what_the_per_report_path_says(
+    dep, tmp_path
+):
+    """Parquet text columns are read as dictionaries and coded by a take of the coded
+    dictionary: a null is missing and a value outside the domain is refused, as the workers'
+    parser decodes each report."""
+    status = ["employed", None, "unemployed", "employed", None, "unemployed", "employed", None]
+    poverty = ["1", "0", None, "yes", "true", "0", None, "1"]
+
+    def written(poverty: list) -> tuple:
+        path = tmp_path / "dictionary.parquet"
+        columns = {"status": status, "poverty": poverty}
+        pq.write_table(
+            pa.table(
+                {
+                    "user": [f"u{i}" for i in range(N)],
+                    "step": [1] * N,
+                    **{name: pa.array(c).dictionary_encode() for name, c in columns.items()},
+                }
+            ),
+            path,
+        )
+        reports = [
+            {
+                "user": f"u{i}",
+                "step": 1,
+                "values": {k: c[i] for k, c in columns.items() if c[i] is not None},
+            }
+            for i in range(N)
+        ]
+        return path, _parsed(dep, [orjson.dumps(r) for r in reports])
+
+    path, reference = written(poverty)
+    assert reference.rejections  # "yes" is outside the binary domain: the file is refused whole
+    with pytest.raises(ReportFileError, match="row 4: value 'yes' of 'poverty'"):
+        read_upload(path, dep, Roster.from_range(N))
+    path, reference = written(["1" if v == "yes" else v for v in poverty])
+    fast = _parsed(dep, [b.value for b in read_upload(path, dep, Roster.from_range(N)).batches])
+    assert not reference.rejections and not fast.rejections
+    assert _by_report(dep, fast) == _by_report(dep, reference)
+
+
 def test_batches_go_to_the_murmur2_owner_of_their_users(dep, tmp_path):
     users = [f"u{i}" for i in range(N)]
     path = tmp_path / "all.parquet"
