@@ -372,6 +372,8 @@ class _PartitionReader:
         held = self.uploads.pop(upload)
         stated, read = end_count(value), 0 if held is None else len(held.values)
         if held is not None and end == "commit" and held.complete(stated):
+            if held.over_rank_limit(lambda values: len(self.parser.parse(values))):
+                return  # more reports than ranks: the workers dead-letter it whole
             for i in held.in_order():
                 self._report(held.values[i])
         elif end == "commit" and self.trimmed and stated is not None and stated > read:

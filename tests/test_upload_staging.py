@@ -11,6 +11,7 @@ import pytest
 from pipeline.serialization import loads_state
 from pipeline.stream.process import limits
 from pipeline.stream.ingest.core import Record
+from pipeline.stream.ingest import uploads
 from pipeline.stream.ingest.uploads import end_record, upload_headers
 from support.ingest_log import Log, applies, closes, core_for, deployment, users_of
 from support.stores import WritableStore
@@ -136,6 +137,50 @@ def test_held_uploads_above_the_limit_dead_letter_the_oldest(monkeypatch):
     out = drained(core, log, 2)
     assert reasons(out) == {"uncommitted": 1}  # UP, the oldest
     assert list(core.held[0]) == [OTHER]
+
+
+def test_an_upload_with_more_reports_than_ranks_on_a_partition_uses_none_of_them(monkeypatch):
+    """A committed report's place in its upload is 24 bits: an uploader other than ``produce``
+    that commits more reports on one partition has the whole upload dead-lettered, not numbered
+    past the limit (the limit lowered to 2 reports, so 3 small messages are counted)."""
+    monkeypatch.setattr(uploads, "MAX_UPLOAD_REPORTS", 2)
+    core, mine, log = partition_zero()
+    for user in mine[:3]:
+        log.upload(UP, user, 1)
+    log.end(UP, 3)
+    out = drained(core, log)
+    assert accepted(out) == 0 and reasons(out) == {"uncommitted": 3}
+    letters = [dict(d[2]) for a in applies(out) for d in a.dead_letters]
+    assert all(b"more than 2 of its reports" in h["dpstream-detail"] for h in letters)
+    for user in mine[3:5]:  # as many as the ranks number: applied
+        log.upload(OTHER, user, 1)
+    log.end(OTHER, 2)
+    assert accepted(drained(core, log, 4)) == 2
+
+
+def test_the_dry_run_drops_an_upload_with_more_reports_than_ranks_as_the_workers_do(monkeypatch):
+    """The dry run (pipeline.held_reports) reads the log as the workers take it: an upload
+    committed with more reports on a partition than its ranks number counts nothing."""
+    from pipeline.held_reports import HeldReports, _Closes, _PartitionReader, _Span
+    from pipeline.stream.ingest.roster import Roster
+
+    monkeypatch.setattr(uploads, "MAX_UPLOAD_REPORTS", 2)
+    dep = deployment(monitors=False)
+    roster = Roster.from_range(dep.n)
+    mine = users_of(roster, 0)
+    log = UploadLog()
+    for user in mine[:3]:
+        log.upload(UP, user, 1)
+    log.end(UP, 3)
+    for user in mine[3:5]:
+        log.upload(OTHER, user, 1)
+    log.end(OTHER, 2)
+    held = HeldReports(closing=0, rows={1: np.zeros(dep.n, dtype=bool)})
+    reader = _PartitionReader(dep, roster, held, _Closes(None, {}), _Span(0, 0, None))
+    for rec in log.records:
+        reader.add(rec.value, rec.headers, rec.offset)
+    reader.flush()
+    assert sorted(roster.ids[r] for r in np.flatnonzero(held.rows[1])) == sorted(mine[3:5])
 
 
 def test_held_messages_survive_a_restart_in_the_checkpoint(redis_client):

@@ -33,6 +33,7 @@ import orjson
 
 from pipeline.serialization import dumps_state, loads_state
 from pipeline.stream.control.signatures import CloseVerifier, Unverified
+from pipeline.stream.ingest import uploads
 from pipeline.stream.ingest.corrections import REPLACE_HEADER, is_replacement
 from pipeline.stream.ingest.partition_state import OwnedRows, PartitionState
 from pipeline.stream.ingest.repartition import (
@@ -535,6 +536,13 @@ class IngestCore:
                 + ": none of them is used"
             )
             return [self._uncommitted(partition, this, detail)]
+        if this.over_rank_limit(self._reports_in):
+            detail = (
+                f"the commit of upload {upload} at offset {rec.offset}: more than "
+                f"{uploads.MAX_UPLOAD_REPORTS:,} of its reports on this partition (a committed "
+                "report's place in its upload is 24 bits): none of them is used"
+            )
+            return [self._uncommitted(partition, this, detail)]
         records = [
             Record(this.offsets[i], this.values[i], this.headers[i]) for i in this.in_order()
         ]
@@ -547,6 +555,10 @@ class IngestCore:
             rank += results[-1].ranked
         state.offset = max(state.offset, rec.offset)  # apply_reports set it to the last message's
         return results
+
+    def _reports_in(self, values: list[bytes]) -> int:
+        """Reports the parser takes from ``values`` (the ranks their commit would give)."""
+        return len(self.parser.parse(values))
 
     def _expire_uploads(self, partition: int) -> list[ApplyResult]:
         """At a close: an upload held since before the previous close, still without its end record

@@ -23,6 +23,7 @@ only the state at close enters a release: the privacy argument is unchanged (doc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,10 @@ __all__ = [
 # rank in 24 bits (pipeline.stream.ingest.repartition): at most this many reports of one upload
 # go to one partition (dpstream produce refuses a file with more)
 MAX_UPLOAD_REPORTS = (1 << 24) - 1
+# the fewest bytes a report takes in a message: in a columnar batch, its id's two quotes, one
+# character and a comma; so an upload of fewer bytes than 4 * (MAX_UPLOAD_REPORTS + 1) held on a
+# partition cannot hold more reports than its ranks number, and is not counted
+_MIN_REPORT_BYTES = 4
 UPLOAD_HEADER = "dpstream-upload"
 UPLOAD_END_HEADER = "dpstream-upload-end"
 SEQ_HEADER = "dpstream-upload-seq"
@@ -147,6 +152,15 @@ class HeldUpload:
         if stated is None or len(self.offsets) != stated:
             return False
         return not self.numbers or (len(self.numbers) == stated and max(self.numbers) == stated - 1)
+
+    def over_rank_limit(self, count: Callable[[list[bytes]], int]) -> bool:
+        """Whether the upload holds more reports on this partition than a committed report's rank
+        numbers (``MAX_UPLOAD_REPORTS``: ``dpstream produce`` never sends more; another uploader
+        may). ``count``: the reports the workers parse from messages, called only when the held
+        bytes could hold that many (above 64 MiB)."""
+        if self.size < _MIN_REPORT_BYTES * (MAX_UPLOAD_REPORTS + 1):
+            return False
+        return count(self.values) > MAX_UPLOAD_REPORTS
 
     def in_order(self) -> list[int]:
         """The held messages' indexes in the order they are applied: by number, else log order."""
