@@ -291,7 +291,9 @@ def _codes(attribute, column, csv_cells: bool, distinct: bool = False) -> np.nda
             number = pc.match_substring_regex(pc.utf8_trim_whitespace(arr), r"^[+-]?[0-9]{1,18}$")
             number = values_of(number) & valid_of(number)
             if number.any():
-                ints = pc.cast(pc.utf8_trim_whitespace(arr.filter(bools(number))), pa.int64())
+                # "+1" is 1, as int() reads it; Arrow's cast takes no plus sign
+                signed = pc.utf8_trim_whitespace(arr.filter(bools(number)))
+                ints = pc.cast(pc.utf8_ltrim(signed, characters="+"), pa.int64())
                 ints = values_of(ints)
                 out[number] = np.where((ints >= 0) & (ints < size), ints, OUT_OF_DOMAIN)
         out[~present] = MISSING
@@ -321,12 +323,14 @@ def _zero_one_cells(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     offsets: np.ndarray = np.frombuffer(arr.buffers()[1], dtype=np.int64 if wide else np.int32)
     offsets = offsets[arr.offset : arr.offset + size + 1]
     data = arr.buffers()[2]
-    if data is None or not size:
+    if data is None or not data.size or not size:  # every cell empty or null
         return np.zeros(size, dtype=np.int64), np.arange(size)
     starts: np.ndarray = offsets[:-1]
     first: np.ndarray = np.take(np.frombuffer(data, dtype=np.uint8), starts, mode="clip")
     digit = first - np.uint8(ord("0"))
     fast = (offsets[1:] - starts == 1) & (digit <= 1)  # below "0": wrapped above 1
+    if arr.null_count:  # a null's slot may hold bytes
+        fast &= valid_of(arr)
     return digit.astype(np.int64), np.flatnonzero(~fast)
 
 

@@ -273,7 +273,7 @@ def test_a_chunks_codes_are_listed_in_message_order_as_json(codes):
         assert json.loads(b"".join(bytes(p) for p in pieces)) == expected
 
 
-_CELLS = ["0", "1", "", "True", "FALSE", " 1", "01", "2", "/", ":", "1.0", "yes", None, "7", "x y"]
+_CELLS = ["0", "1", "", "True", "FALSE", " 1", "01", "2", "/", ":", "1.0", "yes", None, "7", "x y", "+1"]
 
 
 @pytest.mark.parametrize("large", [False, True])
@@ -302,3 +302,44 @@ def test_text_codes_of_a_long_column_are_those_of_each_cell_alone(large):
             for csv_cells in (True, False):
                 alone = [_codes(attribute, column.slice(i, 1), csv_cells)[0] for i in range(400)]
                 assert _codes(attribute, column, csv_cells).tolist() == alone
+
+
+def test_text_codes_of_long_columns_all_empty_all_null_or_signed():
+    """Columns past the shortcuts' length that they must not misread: every cell empty (a data
+    buffer of no bytes) or null, a null whose slot holds the byte "0", and integers with a sign,
+    which CSV's rule reads as ``int`` does ("+1" is 1)."""
+    from pipeline.attributes import MISSING, OUT_OF_DOMAIN
+    from pipeline.upload_columns import _codes
+
+    dep = parse_config(
+        {
+            "name": "text-codes",
+            "roster": {"size": 4},
+            "horizon": 2,
+            "attributes": {"flag": {"type": "binary"}, "item": {"type": "hashed", "size": 50}},
+            "budget": {"rho": 1.0},
+            "releases": [{"name": "c", "type": "cumulative", "attribute": "flag", "share": 1.0}],
+        }
+    )
+    flag, item = dep.attributes["flag"], dep.attributes["item"]
+    n = 300
+    assert _codes(flag, pa.array([""] * n), True).tolist() == [MISSING] * n
+    assert _codes(flag, pa.array([""] * n), False).tolist() == [OUT_OF_DOMAIN] * n
+    for csv_cells in (True, False):
+        assert _codes(flag, pa.array([None] * n, pa.string()), csv_cells).tolist() == [MISSING] * n
+    # a null over the bytes "0": missing, not 0
+    offsets = np.arange(n + 1, dtype=np.int32)
+    valid = np.ones(n, dtype=bool)
+    valid[::2] = False
+    held = pa.Array.from_buffers(
+        pa.string(),
+        n,
+        [pa.py_buffer(np.packbits(valid, bitorder="little")), pa.py_buffer(offsets),
+         pa.py_buffer(b"0" * n)],
+    )
+    assert _codes(flag, held, True).tolist() == [MISSING, 0] * (n // 2)
+    signed = pa.array(["+1", "-1", "+0", " +1 "] * (n // 4))
+    assert _codes(flag, signed, True).tolist() == [1, OUT_OF_DOMAIN, 0, 1] * (n // 4)
+    assert _codes(item, pa.array(["+7", "-7"] * (n // 2)), True).tolist() == [7, OUT_OF_DOMAIN] * (
+        n // 2
+    )

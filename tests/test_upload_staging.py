@@ -158,6 +158,26 @@ def test_an_upload_with_more_reports_than_ranks_on_a_partition_uses_none_of_them
     assert accepted(drained(core, log, 4)) == 2
 
 
+def test_a_message_too_large_to_parse_takes_no_rank_of_its_upload(monkeypatch):
+    """Reports of a message above MAX_REPORT_BYTES are never parsed (the message is dead-lettered
+    ``too_large``): they do not count toward the rank limit (lowered to 2; the message limit to
+    150 bytes, so a batch of 3 reports is too large and a single report is not)."""
+    from pipeline.stream.ingest import core as ingest_core
+
+    monkeypatch.setattr(uploads, "MAX_UPLOAD_REPORTS", 2)
+    monkeypatch.setattr(limits, "MAX_REPORT_BYTES", 150)
+    monkeypatch.setattr(ingest_core, "MAX_REPORT_BYTES", 150)
+    core, mine, log = partition_zero()
+    single = {"user": mine[0], "step": 1, "values": {"poverty": 1, "query": 1}}
+    batch = {"columns": {"user": mine[1:4], "step": 1, "poverty": [1, 1, 1], "query": [1, 1, 1]}}
+    for seq, value in enumerate([orjson.dumps(single), orjson.dumps(batch) + b" " * 80]):
+        assert (len(value) > 150) == (seq == 1)
+        log.records.append(Record(len(log.records), value, tuple(upload_headers(UP, seq))))
+    log.end(UP, 2)
+    out = drained(core, log)
+    assert accepted(out) == 1 and reasons(out) == {"too_large": 1}
+
+
 def test_the_dry_run_drops_an_upload_with_more_reports_than_ranks_as_the_workers_do(monkeypatch):
     """The dry run (pipeline.held_reports) reads the log as the workers take it: an upload
     committed with more reports on a partition than its ranks number counts nothing."""

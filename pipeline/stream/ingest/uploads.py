@@ -156,11 +156,13 @@ class HeldUpload:
     def over_rank_limit(self, count: Callable[[list[bytes]], int]) -> bool:
         """Whether the upload holds more reports on this partition than a committed report's rank
         numbers (``MAX_UPLOAD_REPORTS``: ``dpstream produce`` never sends more; another uploader
-        may). ``count``: the reports the workers parse from messages, called only when the held
-        bytes could hold that many (above 64 MiB)."""
-        if self.size < _MIN_REPORT_BYTES * (MAX_UPLOAD_REPORTS + 1):
+        may). ``count``: the reports the workers parse from messages, called with the messages
+        they parse (not those above ``MAX_REPORT_BYTES``, dead-lettered ``too_large`` unparsed)
+        only when those messages' bytes could hold that many (64 MiB or more)."""
+        parsed = [v for v in self.values if len(v) <= limits.MAX_REPORT_BYTES]
+        if sum(map(len, parsed)) < _MIN_REPORT_BYTES * (MAX_UPLOAD_REPORTS + 1):
             return False
-        return count(self.values) > MAX_UPLOAD_REPORTS
+        return count(parsed) > MAX_UPLOAD_REPORTS
 
     def in_order(self) -> list[int]:
         """The held messages' indexes in the order they are applied: by number, else log order."""
