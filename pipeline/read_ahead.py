@@ -25,6 +25,7 @@ def read_ahead(items: Iterable[T]) -> Iterator[T]:
     """``items``, produced by a thread one item ahead of the consumer. Closing the generator
     (a consumer that stops early) stops the thread after the item it is reading."""
     ready: queue.Queue = queue.Queue(maxsize=1)
+    taken = threading.Semaphore(0)  # released once the consumer has taken an item
     stop = threading.Event()
 
     def produce() -> None:
@@ -33,7 +34,7 @@ def read_ahead(items: Iterable[T]) -> Iterator[T]:
                 if stop.is_set():
                     return
                 ready.put((item, None))
-                ready.join()  # taken: read the next while the consumer uses this one
+                taken.acquire()  # taken: read the next while the consumer uses this one
             ready.put((_END, None))
         except BaseException as err:  # noqa: BLE001 - handed to the consumer, raised there
             ready.put((_END, err))
@@ -43,7 +44,7 @@ def read_ahead(items: Iterable[T]) -> Iterator[T]:
     try:
         while True:
             item, err = ready.get()
-            ready.task_done()
+            taken.release()
             if err is not None:
                 raise err
             if item is _END:
@@ -51,10 +52,14 @@ def read_ahead(items: Iterable[T]) -> Iterator[T]:
             yield item
     finally:
         stop.set()
-        while thread.is_alive():  # unblock a put or join waiting on us, then let it see ``stop``
+        while thread.is_alive():
+            # unblock the thread waiting for its item to be taken (also when Ctrl-C came between
+            # the consumer's get and its release: a queue's task_done count would then stay
+            # owed and its join wait forever) or to put one, then let it see ``stop``; a
+            # release more than it waits for is harmless
+            taken.release()
             try:
                 ready.get(timeout=0.05)
-                ready.task_done()
             except queue.Empty:
                 pass
         thread.join()

@@ -38,3 +38,39 @@ def test_at_most_one_item_ahead_and_an_early_stop_ends_the_thread():
     reader.close()
     assert not [t for t in threading.enumerate() if t.name == "read-ahead"]
     assert len(produced) <= 3
+
+
+def test_an_interrupt_between_taking_an_item_and_saying_so_still_ends_the_thread(monkeypatch):
+    """Ctrl-C can land just after the consumer took an item from the queue and before it told the
+    thread so: the thread must still end (it once waited forever on a queue's unfinished task,
+    and ``dpstream produce`` hung instead of exiting 130)."""
+    import queue
+    import types
+
+    import pipeline.read_ahead as module
+
+    class InterruptedOnce(queue.Queue):
+        fired = False
+
+        def get(self, block=True, timeout=None):
+            item = super().get(block, timeout)
+            if timeout is None and not InterruptedOnce.fired:  # the consumer's take of item 0
+                InterruptedOnce.fired = True
+                raise KeyboardInterrupt
+            return item
+
+    monkeypatch.setattr(module, "queue", types.SimpleNamespace(Queue=InterruptedOnce, Empty=queue.Empty))
+    outcome: list = []
+
+    def consume():
+        try:
+            for _ in read_ahead(iter(range(100))):
+                pass
+        except KeyboardInterrupt:
+            outcome.append("interrupted")
+
+    consumer = threading.Thread(target=consume, daemon=True)  # a hang must not hold pytest
+    consumer.start()
+    consumer.join(timeout=10)
+    assert not consumer.is_alive() and outcome == ["interrupted"]
+    assert not [t for t in threading.enumerate() if t.name == "read-ahead"]
