@@ -14,6 +14,7 @@ __all__ = [
     "bools",
     "int32s",
     "int64s",
+    "offsets_of",
     "string_buffers",
     "string_scalar",
     "strings",
@@ -55,6 +56,14 @@ def strings(values: list, large: bool = False) -> pa.Array:
 
 def string_scalar(value: str, large: bool = False) -> pa.Scalar:
     return strings([value], large)[0]
+
+
+def offsets_of(arr: pa.Array) -> np.ndarray:
+    """The offsets of a string or binary array (32-bit, or 64-bit for the large types) as a view
+    of its buffer, from its first value: value i ends at ``offsets[i + 1]`` in the data buffer."""
+    wide = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64 if wide else np.int32)
+    return offsets[arr.offset : arr.offset + len(arr) + 1]
 
 
 def string_buffers(users: pa.Array) -> tuple[np.ndarray, np.ndarray]:

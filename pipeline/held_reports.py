@@ -365,14 +365,13 @@ class _PartitionReader:
 
         end = end_of(headers)
         if end is None:
-            self.uploads.hold(
-                upload, offset, value or b"", headers
-            )  # those given up: dead-lettered
+            # the uploads given up beside it count nothing (the workers dead-letter them)
+            self.uploads.hold(upload, offset, value or b"", headers)
             return
         held = self.uploads.pop(upload)
         stated, read = end_count(value), 0 if held is None else len(held.values)
         if held is not None and end == "commit" and held.complete(stated):
-            if held.over_rank_limit(lambda values: len(self.parser.parse(values))):
+            if held.over_rank_limit(self.parser):
                 return  # more reports than ranks: the workers dead-letter it whole
             for i in held.in_order():
                 self._report(held.values[i])

@@ -28,7 +28,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.arrow_arrays import bools, int64s, string_buffers, strings, valid_of, values_of
+from pipeline.arrow_arrays import (
+    bools,
+    int64s,
+    offsets_of,
+    string_buffers,
+    strings,
+    valid_of,
+    values_of,
+)
 from pipeline.attributes import MISSING, OUT_OF_DOMAIN, public_hash
 from pipeline.key_words import KeyWords
 from pipeline.stream.ingest.report_files import ReportFileError, _chunks, _records
@@ -244,19 +252,18 @@ def _codes(attribute, column, csv_cells: bool, distinct: bool = False) -> np.nda
     if pa.types.is_null(t):
         return np.full(len(arr), MISSING, dtype=np.int64)
     text = pa.types.is_string(t) or pa.types.is_large_string(t)
-    if text and kind == "binary" and not distinct and len(arr) > _ENCODED_ABOVE:
-        # the usual binary cell, "0" or "1", read from the bytes (~4 ms per 10^6 cells); the
-        # others (other spellings, empty, null) by the rules below
+    if text and kind != "categorical" and not distinct and len(arr) > _ENCODED_ABOVE:
+        # a binary or hashed attribute's text (CSV's every column) coded by its distinct values:
+        # lower-casing, hashing and CSV's integer rule cost ~0.5 us a cell, ~80 ms per 10^6
+        # binary cells; a dictionary's encoding ~20 ms, then a handful of values. A binary
+        # column's usual cells, "0" and "1", are read from the bytes first (~4 ms per 10^6)
+        if kind != "binary":
+            return _codes(attribute, pc.dictionary_encode(arr), csv_cells)
         out, rest = _zero_one_cells(arr)
         if rest.size:
             others = pc.dictionary_encode(arr.take(int64s(rest)))
             out[rest] = _codes(attribute, others, csv_cells)
         return out
-    if text and kind != "categorical" and not distinct and len(arr) > _ENCODED_ABOVE:
-        # a binary or hashed attribute's text (CSV's every column) coded by its distinct values:
-        # lower-casing, hashing and CSV's integer rule cost ~0.5 us a cell, ~80 ms per 10^6
-        # binary cells; a dictionary's encoding ~20 ms, then a handful of values
-        return _codes(attribute, pc.dictionary_encode(arr), csv_cells)
     if pa.types.is_dictionary(t):  # each distinct value coded once
         coded = _codes(attribute, arr.dictionary, csv_cells, distinct=True)
         if not coded.size:
@@ -319,9 +326,7 @@ def _zero_one_cells(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(codes, positions of the other cells) of a string array: 0 or 1 where the cell is the one
     byte "0" or "1" (in any rule of a binary attribute: that value), the others to be coded."""
     size = len(arr)
-    wide = pa.types.is_large_string(arr.type)
-    offsets: np.ndarray = np.frombuffer(arr.buffers()[1], dtype=np.int64 if wide else np.int32)
-    offsets = offsets[arr.offset : arr.offset + size + 1]
+    offsets = offsets_of(arr)
     data = arr.buffers()[2]
     if data is None or not data.size or not size:  # every cell empty or null
         return np.zeros(size, dtype=np.int64), np.arange(size)

@@ -19,7 +19,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.arrow_arrays import int32s, int64s, string_buffers, strings
+from pipeline.arrow_arrays import int32s, int64s, offsets_of, string_buffers, strings
 from pipeline.key_words import SHORT, KeyWords
 from pipeline.stream.ingest.murmur import murmur2_of_words, partition_of_hashes
 from pipeline.stream.process.limits import MAX_REPORT_BYTES
@@ -134,8 +134,7 @@ class _Listed:
             self.open, separator, self.close = b"[", b",", b"]"
         self.gap = len(separator)
         large = pa.types.is_large_string(users.type)
-        ends = np.frombuffer(users.buffers()[1], dtype=np.int64 if large else np.int32)
-        ends = ends[users.offset : users.offset + len(users) + 1]
+        ends = offsets_of(users)
         self.ends = ends - ends[0]  # id k's bytes end at ends[k + 1] + gap * k in the join
         if not large and int(self.ends[-1]) + self.gap * len(users) >= 1 << 31:
             users, large = users.cast(pa.large_string()), True  # the join outgrows 32-bit offsets
@@ -193,8 +192,7 @@ def _joined_inline(words: KeyWords, order: np.ndarray) -> tuple[np.ndarray, memo
     viewed = pa.Array.from_buffers(pa.binary_view(), order.size, [None, pa.py_buffer(views)])
     large = 11 * order.size >= 1 << 31  # 32-bit offsets would overflow
     joined = viewed.cast(pa.large_binary() if large else pa.binary())
-    offsets = np.frombuffer(joined.buffers()[1], dtype=np.int64 if large else np.int32)
-    return offsets[: order.size + 1], memoryview(joined.buffers()[2])
+    return offsets_of(joined), memoryview(joined.buffers()[2])
 
 
 class _CodeText:

@@ -273,6 +273,20 @@ def test_a_chunks_codes_are_listed_in_message_order_as_json(codes):
         assert json.loads(b"".join(bytes(p) for p in pieces)) == expected
 
 
+def _text_deployment():
+    """A binary and a hashed attribute: the text codes' shortcuts."""
+    return parse_config(
+        {
+            "name": "text-codes",
+            "roster": {"size": 4},
+            "horizon": 2,
+            "attributes": {"flag": {"type": "binary"}, "item": {"type": "hashed", "size": 50}},
+            "budget": {"rho": 1.0},
+            "releases": [{"name": "c", "type": "cumulative", "attribute": "flag", "share": 1.0}],
+        }
+    )
+
+
 _CELLS = ["0", "1", "", "True", "FALSE", " 1", "01", "2", "/", ":", "1.0", "yes", None, "7", "x y", "+1"]
 
 
@@ -284,16 +298,7 @@ def test_text_codes_of_a_long_column_are_those_of_each_cell_alone(large):
     rules and by JSON's, also for a slice of a column."""
     from pipeline.upload_columns import _codes
 
-    dep = parse_config(
-        {
-            "name": "text-codes",
-            "roster": {"size": 4},
-            "horizon": 2,
-            "attributes": {"flag": {"type": "binary"}, "item": {"type": "hashed", "size": 50}},
-            "budget": {"rho": 1.0},
-            "releases": [{"name": "c", "type": "cumulative", "attribute": "flag", "share": 1.0}],
-        }
-    )
+    dep = _text_deployment()
     rng = np.random.default_rng(5)
     for _ in range(3):
         cells = [_CELLS[i] for i in rng.integers(0, len(_CELLS), 400)]
@@ -311,16 +316,7 @@ def test_text_codes_of_long_columns_all_empty_all_null_or_signed():
     from pipeline.attributes import MISSING, OUT_OF_DOMAIN
     from pipeline.upload_columns import _codes
 
-    dep = parse_config(
-        {
-            "name": "text-codes",
-            "roster": {"size": 4},
-            "horizon": 2,
-            "attributes": {"flag": {"type": "binary"}, "item": {"type": "hashed", "size": 50}},
-            "budget": {"rho": 1.0},
-            "releases": [{"name": "c", "type": "cumulative", "attribute": "flag", "share": 1.0}],
-        }
-    )
+    dep = _text_deployment()
     flag, item = dep.attributes["flag"], dep.attributes["item"]
     n = 300
     assert _codes(flag, pa.array([""] * n), True).tolist() == [MISSING] * n

@@ -536,7 +536,7 @@ class IngestCore:
                 + ": none of them is used"
             )
             return [self._uncommitted(partition, this, detail)]
-        if this.over_rank_limit(self._reports_in):
+        if this.over_rank_limit(self.parser):
             detail = (
                 f"the commit of upload {upload} at offset {rec.offset}: more than "
                 f"{uploads.MAX_UPLOAD_REPORTS:,} of its reports on this partition (a committed "
@@ -555,10 +555,6 @@ class IngestCore:
             rank += results[-1].ranked
         state.offset = max(state.offset, rec.offset)  # apply_reports set it to the last message's
         return results
-
-    def _reports_in(self, values: list[bytes]) -> int:
-        """Reports the parser takes from ``values`` (the ranks their commit would give)."""
-        return len(self.parser.parse(values))
 
     def _expire_uploads(self, partition: int) -> list[ApplyResult]:
         """At a close: an upload held since before the previous close, still without its end record

@@ -23,14 +23,16 @@ only the state at close enters a release: the privacy argument is unchanged (doc
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 
 from pipeline.stream.process import limits
+
+if TYPE_CHECKING:
+    from pipeline.stream.ingest.reports import ReportParser
 
 __all__ = [
     "EXPIRY_CLOSES",
@@ -153,16 +155,16 @@ class HeldUpload:
             return False
         return not self.numbers or (len(self.numbers) == stated and max(self.numbers) == stated - 1)
 
-    def over_rank_limit(self, count: Callable[[list[bytes]], int]) -> bool:
+    def over_rank_limit(self, parser: ReportParser) -> bool:
         """Whether the upload holds more reports on this partition than a committed report's rank
         numbers (``MAX_UPLOAD_REPORTS``: ``dpstream produce`` never sends more; another uploader
-        may). ``count``: the reports the workers parse from messages, called with the messages
-        they parse (not those above ``MAX_REPORT_BYTES``, dead-lettered ``too_large`` unparsed)
-        only when those messages' bytes could hold that many (64 MiB or more)."""
+        may): the reports ``parser`` (the workers') takes from the messages they parse (not those
+        above ``MAX_REPORT_BYTES``, dead-lettered ``too_large`` unparsed), parsed only when those
+        messages' bytes could hold that many (64 MiB or more)."""
         parsed = [v for v in self.values if len(v) <= limits.MAX_REPORT_BYTES]
         if sum(map(len, parsed)) < _MIN_REPORT_BYTES * (MAX_UPLOAD_REPORTS + 1):
             return False
-        return count(parsed) > MAX_UPLOAD_REPORTS
+        return len(parser.parse(parsed)) > MAX_UPLOAD_REPORTS
 
     def in_order(self) -> list[int]:
         """The held messages' indexes in the order they are applied: by number, else log order."""
