@@ -27,6 +27,7 @@ string there is a label or a hashed value, never a number.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -57,6 +58,14 @@ def public_hash(value: str, size: int) -> int:
     digest = hashlib.blake2b(value.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "little") % size
 
+
+# A CSV cell is a whole number when, without these spaces around it, it is an optional sign and
+# ASCII digits (not "1_0" or other scripts' digits, which Python's int() would also take). One rule
+# for the per-report reader (csv_value) and the upload's whole columns (pipeline.upload_columns),
+# so a cell's code does not depend on which of them reads the file
+CSV_SPACE = " \t\r\n\v\f\u00a0"
+CSV_INTEGER = r"^[+-]?[0-9]+$"
+_CSV_INTEGER = re.compile(CSV_INTEGER)
 
 _BINARY_STRINGS = {"0": 0, "1": 1, "0.0": 0, "1.0": 1, "false": 0, "true": 1}
 
@@ -120,16 +129,16 @@ class _AttributeMethods:
     def wire_values(self, codes: np.ndarray) -> list:
         return np.asarray(codes).astype(np.int64).tolist()
 
-    def domain_hint(self) -> str:
-        """What a report may carry for this attribute, for an ``out_of_domain`` dead letter's detail."""
+    def domain_hint(self, csv: bool = False) -> str:
+        """What a report may carry for this attribute, for an ``out_of_domain`` dead letter's detail
+        (``csv``: what a CSV cell may be, where it differs)."""
         return f"allowed: an integer code in 0..{self.size - 1}"
 
     def csv_value(self, text: str) -> str | int:
-        """Numbers become integers; other text stays a string (and is decoded as such)."""
-        try:
-            return int(text)
-        except ValueError:
-            return text
+        """A whole number (:data:`CSV_INTEGER` once :data:`CSV_SPACE` is stripped) becomes that
+        integer; other text stays a string (and is decoded as such)."""
+        number = text.strip(CSV_SPACE)
+        return int(number) if _CSV_INTEGER.match(number) else text
 
 
 class BinaryAttribute(StrictModel, _AttributeMethods):
@@ -173,7 +182,7 @@ class BinaryAttribute(StrictModel, _AttributeMethods):
     def code(self, value):
         return self.labels().index(value) if isinstance(value, str) else int(value)
 
-    def domain_hint(self) -> str:
+    def domain_hint(self, csv: bool = False) -> str:
         return 'allowed: 0 or 1 (also true/false, "0"/"1", 0.0/1.0)'
 
 
@@ -232,17 +241,23 @@ class CategoricalAttribute(StrictModel, _AttributeMethods):
     def public_labels(self, ids):
         return {str(i): self.values[int(i)] for i in ids}
 
-    def domain_hint(self) -> str:
-        """The declared labels (the first ``HINT_LABELS`` of a long list), matched case-sensitively."""
+    def domain_hint(self, csv: bool = False) -> str:
+        """The declared labels (the first ``HINT_LABELS`` of a long list), matched case-sensitively;
+        a code too, except in a CSV, whose cells are labels (:meth:`csv_value`)."""
         shown = ", ".join(repr(v) for v in self.values[:HINT_LABELS])
         more = (
             f", … ({len(self.values):,} labels in all: see the configuration)"
             if self.size > HINT_LABELS
             else ""
         )
+        codes = (
+            " (in a CSV a cell is a label, a number too: codes are for JSONL and Parquet)"
+            if csv
+            else f", or a code in 0..{self.size - 1}"
+        )
         return (
-            f"allowed: {shown}{more}, or a code in 0..{self.size - 1}; labels match exactly "
-            "(case-sensitive, no surrounding spaces)"
+            f"allowed: {shown}{more}{codes}; labels match exactly (case-sensitive, no surrounding "
+            "spaces)"
         )
 
     def wire_values(self, codes):
@@ -313,7 +328,7 @@ class HashedAttribute(StrictModel, _AttributeMethods):
     def public_labels(self, ids):
         return {str(i): self.dictionary[int(i)] for i in ids if int(i) in self.dictionary}
 
-    def domain_hint(self) -> str:
+    def domain_hint(self, csv: bool = False) -> str:
         return f"allowed: any string (hashed to an id) or an integer id in 0..{self.size - 1}"
 
 

@@ -37,7 +37,7 @@ from pipeline.arrow_arrays import (
     valid_of,
     values_of,
 )
-from pipeline.attributes import MISSING, OUT_OF_DOMAIN, public_hash
+from pipeline.attributes import CSV_INTEGER, CSV_SPACE, MISSING, OUT_OF_DOMAIN, public_hash
 from pipeline.key_words import KeyWords
 from pipeline.stream.ingest.report_files import ReportFileError, _chunks, _records
 
@@ -294,15 +294,7 @@ def _codes(attribute, column, csv_cells: bool, distinct: bool = False) -> np.nda
             )
             out = ids[_ints(encoded.indices, 0)] if ids.size else _outside(len(arr))
         if csv_cells and kind != "categorical":
-            # a CSV cell that is an integer is that integer (csv_value)
-            number = pc.match_substring_regex(pc.utf8_trim_whitespace(arr), r"^[+-]?[0-9]{1,18}$")
-            number = values_of(number) & valid_of(number)
-            if number.any():
-                # "+1" is 1, as int() reads it; Arrow's cast takes no plus sign
-                signed = pc.utf8_trim_whitespace(arr.filter(bools(number)))
-                ints = pc.cast(pc.utf8_ltrim(signed, characters="+"), pa.int64())
-                ints = values_of(ints)
-                out[number] = np.where((ints >= 0) & (ints < size), ints, OUT_OF_DOMAIN)
+            out = _csv_integers(arr, out, size)
         out[~present] = MISSING
     elif pa.types.is_boolean(t):
         out = _ints(arr, 0) if kind == "binary" else _outside(len(arr))
@@ -319,6 +311,26 @@ def _codes(attribute, column, csv_cells: bool, distinct: bool = False) -> np.nda
         out = _outside(len(arr))
     if arr.null_count:
         out[~valid_of(arr)] = MISSING
+    return out
+
+
+def _csv_integers(arr: pa.Array, out: np.ndarray, size: int) -> np.ndarray:
+    """``out`` with the codes of the CSV cells that are whole numbers (the rule of
+    :meth:`pipeline.attributes.BinaryAttribute.csv_value`): the number where it is in 0..size-1,
+    else outside the domain."""
+    trimmed = pc.utf8_trim(arr, characters=CSV_SPACE)
+    number = pc.match_substring_regex(trimmed, CSV_INTEGER)
+    number = values_of(number) & valid_of(number)
+    if not number.any():
+        return out
+    # "+1" is 1, as int() reads it (Arrow's cast takes no plus sign); more than 18 digits after
+    # the leading zeros is beyond int64, and beyond any domain
+    signed = pc.utf8_ltrim(trimmed.filter(bools(number)), characters="+")
+    digits = pc.utf8_ltrim(pc.utf8_ltrim(signed, characters="-"), characters="0")
+    short = values_of(pc.utf8_length(digits)) <= 18
+    ints = np.full(short.size, OUT_OF_DOMAIN, dtype=np.int64)
+    ints[short] = values_of(pc.cast(signed.filter(bools(short)), pa.int64()))
+    out[number] = np.where((ints >= 0) & (ints < size), ints, OUT_OF_DOMAIN)
     return out
 
 

@@ -285,9 +285,15 @@ def test_out_of_domain_names_the_allowed_values_and_case_sensitivity(deployment,
     bad.write_text("user,step,item,employment\nu0,1,apple,employed\nu1,1,pear,Employed\n")
     proc = dpstream("produce", "--config", str(hh), "--csv", str(bad), env=env, check=False)
     assert proc.returncode == 2, proc.stderr
+    # a CSV's cells are labels (a number too): its message offers no codes, a JSON report's does
     assert (f"{bad}:3: column 4 ('employment'): out_of_domain: value 'Employed' is outside the "
-            "domain of 'employment'; allowed: 'employed', 'unemployed', 'inactive', or a code in "
-            "0..2; labels match exactly (case-sensitive") in proc.stderr, proc.stderr
+            "domain of 'employment'; allowed: 'employed', 'unemployed', 'inactive' (in a CSV a "
+            "cell is a label, a number too: codes are for JSONL and Parquet); labels match "
+            "exactly (case-sensitive") in proc.stderr, proc.stderr
+    bad.write_text("user,step,item,employment\nu0,1,apple,1\n")
+    proc = dpstream("produce", "--config", str(hh), "--csv", str(bad), "--dry-run", env=env, check=False)
+    assert proc.returncode == 2 and "value '1' is outside the domain of 'employment'" in proc.stderr
+    assert "a number too" in proc.stderr and "or a code" not in proc.stderr, proc.stderr
     dep = load_config(hh)
     parser = ReportParser(Roster.from_config(dep.roster), dep.attributes, dep.horizon)
     columnar = json.dumps({"columns": {"user": ["u0", "u1"], "step": 1,
@@ -295,7 +301,7 @@ def test_out_of_domain_names_the_allowed_values_and_case_sensitivity(deployment,
     single = json.dumps({"user": "u2", "step": 1, "values": {"employment": "Employed "}})
     details = [r.detail for r in parser.parse([columnar.encode(), single.encode()]).rejections]
     assert len(details) == 2
-    assert all("allowed: 'employed', 'unemployed', 'inactive'" in d for d in details)
+    assert all("allowed: 'employed', 'unemployed', 'inactive', or a code in 0..2" in d for d in details)
     assert "'EMPLOYED'" in details[0] and "case-sensitive" in details[1]
     # a long list is cut, and says how many labels there are
     labels = [f"job{i}" for i in range(500)]

@@ -339,3 +339,34 @@ def test_text_codes_of_long_columns_all_empty_all_null_or_signed():
     assert _codes(item, pa.array(["+7", "-7"] * (n // 2)), True).tolist() == [7, OUT_OF_DOMAIN] * (
         n // 2
     )
+
+
+# cells on which Python's int() and the upload's whole-column rule used to disagree (underscores,
+# other scripts' digits, other spaces, more than 18 digits), and their neighbours
+_NUMBER_CELLS = ["0", "1", " 1 ", "+1", "-1", "-0", "01", "007", "+0999", "1_0", "\u0661", "\u00a01",
+                 "1\u00a0", "\u20031", "\x1c1", "\t1\t", "0" * 21 + "1", "9" * 20, "1" * 18, "1" * 19,
+                 "-" + "9" * 19, "+", "-", " ", "1.0", "1e0", "0x1", "true", " true", "abc", "5", "49", "50"]
+
+
+@pytest.mark.parametrize("name", ["flag", "item"])
+def test_a_csv_cell_is_a_number_by_one_rule_in_both_readers(name, tmp_path):
+    """A CSV cell gets the same code from the upload's whole-column rule as from the per-report
+    reader (``csv_value``, then the workers' decoder), which reads a file pyarrow cannot read as a
+    table: a whole number is an optional sign and ASCII digits between ASCII spaces or no-break
+    spaces, however many digits ("1_0" and Arabic-Indic digits are text, as is "1" after an
+    em space). Before, Python's int() read "1_0" as 10 and the column rule read it as text."""
+    from pipeline.attributes import MISSING
+    from pipeline.upload_columns import _codes
+
+    attribute = _text_deployment().attributes[name]
+    decode = attribute.column_decoder()
+    cells = _NUMBER_CELLS * 10  # long enough for the shortcuts of a long column
+    per_report = [next(iter(decode([attribute.csv_value(c)]))) for c in cells]
+    assert _codes(attribute, pa.array(cells), True).tolist() == per_report
+    assert [_codes(attribute, pa.array([c]), True)[0] for c in cells] == per_report
+    by_cell = dict(zip(cells, per_report))
+    assert by_cell["1_0"] != 10 and by_cell["\u0661"] != 1 and by_cell["0" * 21 + "1"] == 1
+    if name == "flag":
+        assert by_cell["+0999"] == by_cell["9" * 20] == by_cell["1_0"] != MISSING
+    else:  # a hashed attribute: text is hashed, a number outside 0..49 is outside the domain
+        assert by_cell["49"] == 49 and by_cell["50"] == by_cell["9" * 20] == by_cell["-1"]

@@ -133,7 +133,8 @@ def check_report_file(
     """Check a whole ``*.csv`` or ``*.jsonl`` report file a chunk at a time; raises :class:`ReportFileError`
     at the first bad line. Memory: one chunk, plus a byte per roster row for each step in the file."""
     path = Path(path)
-    parser = ReportParser(roster, deployment.attributes, deployment.horizon)
+    csv_hints = path.suffix.lower() == ".csv"
+    parser = ReportParser(roster, deployment.attributes, deployment.horizon, csv_hints=csv_hints)
     records = _records(path, deployment)
     stamp = _stamp(path)
     seen: dict[int, np.ndarray] = {}  # step -> which roster rows already have a report at that step

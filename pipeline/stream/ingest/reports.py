@@ -125,8 +125,16 @@ class ParsedReports:
 class ReportParser:
     """Validates reports against the public configuration (roster, attribute domains, horizon)."""
 
-    def __init__(self, roster, attributes: dict, horizon: int, fast_chunk: int = _FAST_CHUNK):
-        """``fast_chunk``: single-report messages per fast-path attempt (0 = reference path only)."""
+    def __init__(
+        self,
+        roster,
+        attributes: dict,
+        horizon: int,
+        fast_chunk: int = _FAST_CHUNK,
+        csv_hints: bool = False,
+    ):
+        """``fast_chunk``: single-report messages per fast-path attempt (0 = reference path only).
+        ``csv_hints``: an ``out_of_domain`` detail says what a CSV cell may be (a file's checker)."""
         self.roster = roster
         self.fast_chunk = int(fast_chunk)
         self.horizon = int(horizon)
@@ -137,7 +145,9 @@ class ReportParser:
         self._column_decoders = {
             name: attr.column_decoder() for name, attr in self.attributes.items()
         }
-        self._hints = {name: attr.domain_hint() for name, attr in self.attributes.items()}
+        self._hints = {
+            name: attr.domain_hint(csv=csv_hints) for name, attr in self.attributes.items()
+        }
         self._fast_decode = self._single_report_decoder(self._names)
         self._fast_columns_decode = self._columnar_decoder(self._names)
 
