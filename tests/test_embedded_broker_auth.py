@@ -253,6 +253,76 @@ def test_up_restarts_a_killed_gate_and_its_broker_behind_it(deployment, tmp_path
             record["processes"]["broker-gate"]["pid"]
 
 
+def _name_topic(broker: str, tls: BrokerTls, topic: str) -> str:
+    """What a job reconnecting to the broker does first: a metadata request naming one of its topics (a
+    producer's, which lets the broker create a topic it lacks). What it got, in one line."""
+    from pipeline.stream.local.gate_service import client_context
+
+    try:
+        producer = KafkaProducer(bootstrap_servers=broker, security_protocol="SSL", ssl_context=client_context(tls),
+                                 max_block_ms=3000, request_timeout_ms=3000, bootstrap_timeout_ms=3000)
+    except Exception as err:  # noqa: BLE001 - the outcome is what the test checks
+        return f"refused: {type(err).__name__}: {err}"[:200]
+    try:
+        return f"saw {len(producer.partitions_for(topic))} partitions"
+    except Exception as err:  # noqa: BLE001
+        return f"refused: {type(err).__name__}: {err}"[:200]
+    finally:
+        producer.close(timeout=5)
+
+
+@pytest.mark.parametrize("killed", ["broker-gate", "broker"])
+def test_no_client_reaches_a_restarted_memory_only_broker_before_its_topics(deployment, tmp_path, monkeypatch,
+                                                                          killed):
+    """The race `up` had after restarting a memory-only broker (its gate killed, or itself): a job that
+    reconnected and named a topic before `up` made the topics again got it created with the broker's
+    default count of partitions, and `up` then refused the deployment's own count. Forced here: such a
+    client tries right before the re-creation, and must not get through before it."""
+    from pipeline.stream.kafka.topics import ensure_topics
+    from pipeline.stream.local.cluster import LocalCluster
+    from pipeline.stream.local.embedded import LOCAL_SECRETS_ENV
+    from pipeline.stream.local.gate_service import client_context
+
+    path, env = deployment
+    monkeypatch.setenv("DPSTREAM_HOME", env["DPSTREAM_HOME"])
+    monkeypatch.setenv(LOCAL_SECRETS_ENV, str(tmp_path / "secrets"))
+    dep = load_config(path)
+    names = topic_names(dep)
+    cluster = LocalCluster(path, dep, workers=0, isolated=True)
+    raced: list[str] = []
+    recreate = LocalCluster._recreate_topics
+
+    def a_client_first(self: LocalCluster) -> str:
+        raced.append(_name_topic(self.broker, tls, names["reports"]))
+        return recreate(self)
+
+    monkeypatch.setattr(LocalCluster, "_recreate_topics", a_client_first)
+    try:
+        cluster.start_services()
+        ensure_topics(cluster.broker, dep)
+        svc = cluster.services
+        assert svc is not None and svc.gate is not None
+        tls = svc.gate.tls
+        victim = svc.gate if killed == "broker-gate" else svc.broker
+        os.kill(victim.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while victim.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        done = cluster.supervise()
+        assert raced and raced[0].startswith("refused"), raced
+        assert any(line.startswith("re-created the deployment's topics") for line in done), done
+        admin = KafkaAdminClient(bootstrap_servers=cluster.broker, security_protocol="SSL",
+                                 ssl_context=client_context(tls))
+        try:
+            counts = {d.get("name", d.get("topic")): len(d["partitions"]) for d in admin.describe_topics(list(names.values()))}
+        finally:
+            admin.close()
+        assert counts[names["reports"]] == dep.topics.partitions, counts
+        assert _name_topic(cluster.broker, tls, names["reports"]) == f"saw {dep.topics.partitions} partitions"
+    finally:
+        cluster.stop()
+
+
 def test_an_open_broker_is_said_once_and_is_open(deployment, tmp_path):
     path, env = deployment
     with up(path, dict(env, DPSTREAM_EMBEDDED_BROKER="open"), tmp_path, "--ephemeral") as (broker, notice, lines):

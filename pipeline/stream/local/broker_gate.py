@@ -16,8 +16,15 @@ The broker and the object store are started inside this namespace with ``nsenter
 their loopback ports exist in no other namespace, and only this user (or root) can enter it. Another local
 user reaches the TLS port and nothing else, and without the client key cannot complete a handshake.
 
+While *held*, the gate closes every connection to the broker's port as soon as it is accepted, as if the
+broker were still down (clients retry). ``dpstream up`` holds it while a broker whose log is memory-only
+restarts: it makes the deployment's topics from inside the namespace before any client can name one,
+which the broker would otherwise create with its own default partition count.
+
 Run as ``python -m pipeline.stream.local.broker_gate --tls-port Q --broker-port P [--store-port S]
---tls-dir DIR --ready-fd N``; it writes ``ready <mode>`` (``user`` or ``net``) or ``error <why>`` to fd N.
+--tls-dir DIR --control-fd N [--held]``, fd N one end of a connected unix socket: the gate writes
+``ready <mode>`` (``user`` or ``net``) or ``error <why>`` on it, then takes the lines ``hold`` and ``open``,
+answering ``held`` or ``open`` once the new state applies to every connection accepted after.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import struct
 import sys
 from pathlib import Path
 
-__all__ = ["enter_command", "enter_private_network", "main", "server_context"]
+__all__ = ["Hold", "enter_command", "enter_private_network", "main", "server_context"]
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
@@ -136,8 +143,18 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         writer.close()
 
 
-def _forwarder(inner_port: int):
+class Hold:
+    """Whether the broker's port turns every client away (the gate's control socket sets it)."""
+
+    def __init__(self, held: bool) -> None:
+        self.held = held
+
+
+def _forwarder(inner_port: int, hold: Hold | None = None):
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if hold is not None and hold.held:  # what a client of a broker still down sees: it retries
+            writer.close()
+            return
         try:  # opened after the move: the service inside the private namespace
             inner_reader, inner_writer = await asyncio.open_connection("127.0.0.1", inner_port)
         except OSError:
@@ -151,17 +168,37 @@ def _forwarder(inner_port: int):
     return handle
 
 
-Route = tuple[socket.socket, int, ssl.SSLContext | None]  # host listener, port inside, TLS or plain
+# host listener, port inside, TLS or plain, the hold it obeys (None: always open)
+Route = tuple[socket.socket, int, ssl.SSLContext | None, Hold | None]
 
 
-async def _serve(routes: list[Route]) -> None:
+async def _obey(control: socket.socket, hold: Hold) -> None:
+    """The ``hold`` and ``open`` lines from ``dpstream up``, each answered once it applies."""
+    try:
+        reader, writer = await asyncio.open_unix_connection(sock=control)
+        while line := await reader.readline():
+            command = line.decode(errors="replace").strip()
+            if command in ("hold", "open"):
+                hold.held = command == "hold"
+                writer.write(b"held\n" if hold.held else b"open\n")
+            else:
+                writer.write(f"error unknown command {command!r}\n".encode())
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass  # `up` is gone: the gate keeps serving as it was, until it is stopped
+
+
+async def _serve(routes: list[Route], control: socket.socket, hold: Hold) -> None:
     servers = [
         await asyncio.start_server(
-            _forwarder(inner), sock=sock, ssl=context, ssl_handshake_timeout=10 if context else None
+            _forwarder(inner, held_by),
+            sock=sock,
+            ssl=context,
+            ssl_handshake_timeout=10 if context else None,
         )
-        for sock, inner, context in routes
+        for sock, inner, context, held_by in routes
     ]
-    await asyncio.gather(*(server.serve_forever() for server in servers))
+    await asyncio.gather(*(server.serve_forever() for server in servers), _obey(control, hold))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,21 +207,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--broker-port", type=int, required=True)
     ap.add_argument("--store-port", type=int)
     ap.add_argument("--tls-dir", type=Path, required=True)
-    ap.add_argument("--ready-fd", type=int, required=True)
+    ap.add_argument("--control-fd", type=int, required=True)
+    ap.add_argument("--held", action="store_true", help="start held (see the module's docstring)")
     args = ap.parse_args(argv)
-    with os.fdopen(args.ready_fd, "w") as ready:
-        try:
-            context = server_context(args.tls_dir)
-            routes: list[Route] = [(_listener(args.tls_port), args.broker_port, context)]
-            if args.store_port:
-                routes.append((_listener(args.store_port), args.store_port, None))
-            mode = enter_private_network()  # after the listeners: they stay on the host
-        except (OSError, ssl.SSLError) as err:
-            ready.write(f"error {err}\n")
-            return 1
-        ready.write(f"ready {mode}\n")
+    control = socket.socket(fileno=args.control_fd)
+    hold = Hold(args.held)
     try:
-        asyncio.run(_serve(routes))
+        context = server_context(args.tls_dir)
+        routes: list[Route] = [(_listener(args.tls_port), args.broker_port, context, hold)]
+        if args.store_port:  # up's log retention only: the store checks its access key itself
+            routes.append((_listener(args.store_port), args.store_port, None, None))
+        mode = enter_private_network()  # after the listeners: they stay on the host
+    except (OSError, ssl.SSLError) as err:
+        control.sendall(f"error {err}\n".encode())
+        return 1
+    control.sendall(f"ready {mode}\n".encode())
+    try:
+        asyncio.run(_serve(routes, control, hold))
     except KeyboardInterrupt:
         pass
     return 0

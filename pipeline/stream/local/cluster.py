@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -40,6 +41,7 @@ from pipeline.stream.process.runtime import job_command
 
 if TYPE_CHECKING:
     from pipeline.stream.control.signing_keys import ControlKeys
+    from pipeline.stream.local.gate_service import BrokerGate
     from pipeline.stream.local.housekeeper import Housekeeper
     from pipeline.stream.local.retention import LogRetention
 from pipeline.stream.local.broker_access import open_broker
@@ -415,9 +417,11 @@ class LocalCluster:
         if self.services is not None:
             svc = self.services
             broker_restarted = False
+            # a memory-only log comes back empty: the gate lets no client in before its topics exist
+            hold = not self.durable_log
             if svc.gate is not None and not svc.gate.alive():
                 self._count_restart("broker-gate", svc.gate.returncode, now)
-                svc.restart_gate()
+                svc.restart_gate(hold=hold)
                 broker_restarted = True
                 done.append(
                     f"restarted the embedded broker's gate (pid {svc.gate.pid}) on its port, and the "
@@ -426,9 +430,12 @@ class LocalCluster:
             for name, service in (("object-store", svc.storage), ("broker", svc.broker)):
                 if service is not None and not service.alive():
                     self._count_restart(name, service.returncode, now)
-                    service.stop()
-                    service.start()
-                    broker_restarted = broker_restarted or service is svc.broker
+                    if service is svc.broker:
+                        svc.restart_broker(hold=hold)
+                        broker_restarted = True
+                    else:
+                        service.stop()
+                        service.start()
                     done.append(
                         f"restarted the embedded {name} (pid {service.pid}) on its port and data"
                     )
@@ -475,15 +482,53 @@ class LocalCluster:
     def _recreate_topics(self) -> str:
         """After a restart of a broker whose log is memory-only: the deployment's topics, with their
         configured partition counts, before a client names one (the embedded broker would create
-        it with its default count) or a `produce` finds none."""
+        it with its default count) or a `produce` finds none. Behind its gate, the gate is held
+        meanwhile (:meth:`EmbeddedServices.restart_gate`): the topics are made from inside its
+        network, then the gate is opened."""
+        wait = broker_wait_seconds()
+        gate = self.services.gate if self.services is not None else None
         try:
-            ensure_topics(self.broker, self.deployment, timeout=broker_wait_seconds())
+            if gate is not None and gate.held:
+                self._create_topics_inside(gate, wait)
+                then = ", then let the broker's clients in"
+            else:  # no gate to hold (DPSTREAM_EMBEDDED_BROKER=open): a client may come first
+                ensure_topics(self.broker, self.deployment, timeout=wait)
+                then = ""
+            line = (
+                f"re-created the deployment's topics{then} (the broker's log is memory-only: the "
+                "restart lost every report and release it held)"
+            )
         except Exception as err:  # noqa: BLE001 - said, and the next round's clients fail visibly
-            return f"could not re-create the deployment's topics on the restarted broker: {err}"
-        return (
-            "re-created the deployment's topics (the broker's log is memory-only: the restart "
-            "lost every report and release it held)"
+            line = f"could not re-create the deployment's topics on the restarted broker: {err}"
+        if self.services is not None:  # opened either way: a broker nobody reaches helps no one
+            self.services.admit()
+        return line
+
+    def _create_topics_inside(self, gate: BrokerGate, timeout: float) -> None:
+        """:mod:`pipeline.stream.local.inner_topics` in the gate's network namespace, against the broker
+        there (in plain Kafka: the process gets no gate certificate)."""
+        from pipeline.stream.local.broker_tls import BROKER_TLS_ENV
+
+        assert self.services is not None
+        cmd = [
+            *gate.enter(),
+            sys.executable,
+            "-m",
+            "pipeline.stream.local.inner_topics",
+            "--config",
+            self.config_path,
+            "--broker",
+            f"127.0.0.1:{self.services.broker.port}",
+            "--timeout",
+            str(timeout),
+        ]
+        env = {k: v for k, v in os.environ.items() if k != BROKER_TLS_ENV}
+        made = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=timeout + 60, check=False
         )
+        if made.returncode != 0:
+            lines = made.stderr.strip().splitlines()
+            raise RuntimeError(lines[-1] if lines else f"exit code {made.returncode}")
 
     def start_housekeeping(self) -> None:
         """Run :meth:`housekeeping` beside the supervision loop, in a thread of its own

@@ -205,10 +205,8 @@ class EmbeddedBroker(_ServiceProcess):
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.gate is not None:
-            from pipeline.stream.local.gate_service import INNER_BROKER_PORT
-
-            self.port, self.advertised = INNER_BROKER_PORT, f"127.0.0.1:{self.gate.port}"
+        if self.gate is not None:  # inside, on the gate's port number (gate_service's docstring)
+            self.port, self.advertised = self.gate.port, f"127.0.0.1:{self.gate.port}"
 
     @property
     def bootstrap(self) -> str:
@@ -252,6 +250,8 @@ class EmbeddedBroker(_ServiceProcess):
     def _wait_ready(self, timeout: float) -> None:
         if self.gate is None:
             return super()._wait_ready(timeout)
+        if self.gate.held:  # unreachable from outside: whoever holds the gate waits for it inside
+            return None  # (EmbeddedServices.admit waits for it through the gate then)
         from pipeline.stream.local.gate_service import wait_for_kafka
 
         wait_for_kafka(self.gate.port, self.gate.tls, timeout)
@@ -450,17 +450,38 @@ class EmbeddedServices:
             raise
         return self
 
-    def restart_gate(self) -> None:
-        """A new gate (its private network went with it), then the object store and broker inside it."""
+    def restart_gate(self, hold: bool = False) -> None:
+        """A new gate (its private network went with it), then the object store and broker inside it.
+        ``hold``: the new gate turns every client of the broker away until :meth:`admit`, and the
+        broker is not waited for (nothing outside reaches it): the caller makes what must exist before
+        any client comes (a memory-only log's topics) from inside the gate's network first."""
         self.broker.stop()
         if self.storage is not None:
             self.storage.stop()
         assert self.gate is not None
         self.gate.stop()
-        self.gate.start()
+        self.gate.start(held=hold)
         if self.storage is not None:
             self.storage.start()
         self.broker.start()
+
+    def restart_broker(self, hold: bool = False) -> None:
+        """The broker again, on its port and storage; ``hold`` (with a gate): as in :meth:`restart_gate`,
+        the gate turns every client away from before the new broker starts until :meth:`admit`."""
+        self.broker.stop()
+        if hold and self.gate is not None:
+            self.gate.hold()
+        self.broker.start()
+
+    def admit(self, timeout: float = 20.0) -> None:
+        """Open a held gate to the broker's clients, and wait (up to ``timeout`` s) until the broker
+        answers through it."""
+        if self.gate is None or not self.gate.held:
+            return
+        from pipeline.stream.local.gate_service import wait_for_kafka
+
+        self.gate.admit()
+        wait_for_kafka(self.gate.port, self.gate.tls, timeout)
 
     def stop(self) -> None:
         """The broker first (its storage must outlive it), then its storage, its gate, then Redis."""

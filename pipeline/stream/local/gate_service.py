@@ -5,12 +5,15 @@ private network namespace; the embedded broker and object store are then started
 (:meth:`BrokerGate.enter`). Their own ports cannot be probed from the host, so readiness is checked
 through the gate: a Kafka ``ApiVersions`` round trip over mutual TLS for the broker, an HTTP answer for
 the object store.
+
+Inside, the broker listens on the gate's own port number: the address it advertises in its metadata
+(``127.0.0.1:<gate port>``, what clients outside reach through the gate) is then the broker itself for a
+client inside the namespace, which is how ``dpstream up`` makes a restarted broker's topics while the
+gate is held (:meth:`BrokerGate.hold`).
 """
 
 from __future__ import annotations
 
-import os
-import select
 import socket
 import ssl
 import struct
@@ -25,7 +28,6 @@ from pipeline.stream.local.broker_tls import BrokerTls
 from pipeline.stream.local.service_process import _ServiceProcess, free_port, open_private_log
 
 __all__ = [
-    "INNER_BROKER_PORT",
     "BrokerGate",
     "GateUnavailable",
     "client_context",
@@ -33,7 +35,6 @@ __all__ = [
     "wait_for_kafka",
 ]
 
-INNER_BROKER_PORT = 9092  # inside the private namespace: no other process there to collide with
 _API_VERSIONS_V0 = struct.pack(
     ">ihhih", 10, 18, 0, 1, -1
 )  # size, api key, version, correlation id, no client id
@@ -92,17 +93,23 @@ def wait_for_http(port: int, timeout: float = 20.0) -> None:
 
 @dataclass
 class BrokerGate(_ServiceProcess):
-    """The gate's process: TLS on 127.0.0.1:``port`` and, with ``store_port``, the object store's port."""
+    """The gate's process: TLS on 127.0.0.1:``port`` and, with ``store_port``, the object store's port.
+
+    ``up`` keeps one end of a unix socket to it (its control: :mod:`pipeline.stream.local.broker_gate`)
+    to hold it closed to the broker's clients and open it again."""
 
     tls: BrokerTls
     port: int = field(default_factory=free_port)
     store_port: int | None = None
     log_path: Path | None = None
     mode: str | None = None  # "user" or "net" once started (pipeline.stream.local.broker_gate)
+    held: bool = field(default=False, init=False)  # turning every client of the broker away
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _control: socket.socket | None = field(default=None, init=False, repr=False)
 
-    def start(self, timeout: float = 20.0) -> BrokerGate:
-        read_end, write_end = os.pipe()
+    def start(self, timeout: float = 20.0, held: bool = False) -> BrokerGate:
+        """Start the gate; ``held``: closed to the broker's clients until :meth:`admit`."""
+        ours, theirs = socket.socketpair()
         self.command = [
             sys.executable,
             "-m",
@@ -110,11 +117,12 @@ class BrokerGate(_ServiceProcess):
             "--tls-port",
             str(self.port),
             "--broker-port",
-            str(INNER_BROKER_PORT),
+            str(self.port),  # the same number inside (the module's docstring)
             "--tls-dir",
             str(self.tls.directory),
-            "--ready-fd",
-            str(write_end),
+            "--control-fd",
+            str(theirs.fileno()),
+            *(["--held"] if held else []),
         ]
         if self.store_port:
             self.command += ["--store-port", str(self.store_port)]
@@ -124,16 +132,18 @@ class BrokerGate(_ServiceProcess):
                 self.command,
                 stdout=log or subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,
-                pass_fds=(write_end,),
+                pass_fds=(theirs.fileno(),),
                 start_new_session=True,
             )
+        except BaseException:
+            ours.close()
+            raise
         finally:
-            os.close(write_end)
+            theirs.close()
             if log is not None:
                 log.close()
-        with os.fdopen(read_end) as ready:
-            answered = select.select([ready], [], [], timeout)[0]
-            line = ready.readline().strip() if answered else "error no answer within the timeout"
+        self._control = ours
+        line = self._answer(timeout) or "error no answer within the timeout"
         kind, _, detail = line.partition(" ")
         if kind != "ready":
             self.stop()
@@ -141,8 +151,52 @@ class BrokerGate(_ServiceProcess):
                 f"the embedded broker cannot be isolated: {detail or 'the gate exited'}; "
                 "DPSTREAM_EMBEDDED_BROKER=open runs it reachable by every local user"
             )
-        self.mode = detail
+        self.mode, self.held = detail, held
         return self
+
+    def hold(self, timeout: float = 10.0) -> None:
+        """Close the broker's port to every client from now on (each connection closed once accepted, as
+        when the broker is down) until :meth:`admit`; returns once the gate applies it."""
+        self._command("hold", "held", timeout)
+        self.held = True
+
+    def admit(self, timeout: float = 10.0) -> None:
+        """Forward the broker's clients again (after :meth:`hold`, or a start ``held``)."""
+        self._command("open", "open", timeout)
+        self.held = False
+
+    def _command(self, command: str, answer: str, timeout: float) -> None:
+        if self._control is None:
+            raise RuntimeError("the broker gate is not running")
+        try:
+            self._control.sendall(f"{command}\n".encode())
+            got = self._answer(timeout)
+        except OSError as err:
+            got = f"error {err}"
+        if got != answer:
+            raise RuntimeError(f"the broker gate did not {command}: {got or 'no answer'}")
+
+    def _answer(self, timeout: float) -> str:
+        """The gate's next line on the control socket ('' when it closed it or said nothing in time)."""
+        assert self._control is not None
+        self._control.settimeout(timeout)
+        data = b""
+        try:  # one line per command: nothing of a later answer can be read here
+            while not data.endswith(b"\n"):
+                chunk = self._control.recv(256)
+                if not chunk:
+                    break
+                data += chunk
+        except TimeoutError:
+            pass
+        return data.decode(errors="replace").strip()
+
+    def stop(self) -> None:
+        super().stop()
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        self.held = False
 
     def enter(self) -> list[str]:
         """The command prefix that starts a process inside the gate's private network."""
