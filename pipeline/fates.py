@@ -8,7 +8,8 @@ Whatever sends the reports (one JSON message per report, or batch messages of ma
 and how many reports it carries. The workers file every rejection under its source position:
 a dead letter's ``dpstream-source`` header names (topic, partition, offset) and
 ``dpstream-batch-index`` the item of a batch message, also for a report forwarded to the partition
-that owns its user (:mod:`pipeline.stream.ingest.core`). So the reports of this producer are
+that owns its user (:mod:`pipeline.stream.ingest.core`); a letter without it stands for the whole
+message (one whose every report one check rejected, or an ``uncommitted`` one). So the reports of this producer are
 told apart from everyone else's by position alone, and nothing is matched on the private values.
 
 :func:`await_fates` waits (bounded) until the workers have handled those positions — each

@@ -4,7 +4,9 @@ late and early steps, mixed batches, reports on the wrong partition.
 The promise checked: the ingest path never raises, and every report sent is
 accounted for exactly once — either accepted (and then reflected in the partition state exactly once
 for its (user, step)) or rejected to the dead letters with a reason from ``REASONS`` and its
-original bytes (for a batch item: the item re-encoded, plus its batch index).
+original bytes (for a batch item: the item re-encoded, plus its batch index; for a batch message
+whose every report one stateful check rejected: one dead letter of the message, its bytes and its
+report count).
 
 Part 1 drives :class:`IngestCore` (pure logic, no I/O) with hypothesis: fast, many examples,
 derandomized so CI is deterministic. Part 2 sends a bounded fuzz corpus through the real broker into a
@@ -144,11 +146,31 @@ def columnar(draw):
     return cols
 
 
+OWNED = Roster.from_range(N_USERS).owners(P)
+
+
+@st.composite
+def clean_batch(draw):
+    """A batch (rows or columnar) of well-formed reports of one partition's users for one step: all
+    of it late, all duplicates or all ahead is one dead letter of the message (or all accepted)."""
+    owner = draw(st.integers(0, P - 1))
+    mine = [u for u in ROSTER_IDS if OWNED[int(u[1:])] == owner]
+    batch = draw(st.lists(st.sampled_from(mine), min_size=1, max_size=5))
+    step = draw(st.integers(min_value=1, max_value=HORIZON))
+    pov = draw(st.lists(st.sampled_from([0, 1]), min_size=len(batch), max_size=len(batch)))
+    if draw(st.booleans()):
+        return orjson.dumps({"columns": {"user": batch, "step": step, "pov": pov}}), batch[0]
+    reports = [{"user": u, "step": step, "values": {"pov": v}} for u, v in zip(batch, pov)]
+    return orjson.dumps({"reports": reports}), batch[0]
+
+
 @st.composite
 def message(draw):
     """(bytes, partition choice): single reports, batches, raw garbage, odd JSON."""
     kind = draw(st.sampled_from(["report", "report", "report", "batch", "batch", "columnar", "columnar", "bytes",
-                                 "json", "badbatch"]))
+                                 "json", "badbatch", "clean", "clean"]))
+    if kind == "clean":
+        return draw(clean_batch())
     if kind == "columnar":
         cols = draw(columnar())
         body = {"columns": cols}
@@ -236,6 +258,7 @@ def run_scenario(deployment, scen, owners):
     closes, segments = scen
     offsets = [0] * P
     sent_units = 0
+    sent: dict[tuple[int, int], bytes] = {}  # (partition, offset) -> the message
     accepted_total = 0
     dead: dict[bytes, tuple[dict, bytes]] = {}
     displaced: dict[tuple[str, int], int] = {}  # (user, step) -> accepted reports later displaced
@@ -251,7 +274,8 @@ def run_scenario(deployment, scen, owners):
                 continue
             assert isinstance(out, ApplyResult)
             accepted_total += out.accepted
-            assert sum(out.reasons.values()) == len(out.dead_letters)
+            # counts are of reports: a whole message's dead letter counts all it holds
+            assert sum(out.reasons.values()) == sum(_reports(h) for _, _, h in out.dead_letters)
             for key, value, headers in out.dead_letters:
                 assert key not in dead, f"two rejections share the dead-letter key {key!r}"
                 dead[key] = (dict(headers), value)
@@ -267,6 +291,7 @@ def run_scenario(deployment, scen, owners):
             rec = Record(offsets[p], raw)
             offsets[p] += 1
             per_part[p].append(rec)
+            sent[(p, rec.offset)] = raw
             for item, idx in units_of(raw):
                 unit_info[(p, rec.offset, idx)] = (item, core.states[p].closed)
                 sent_units += 1
@@ -299,7 +324,7 @@ def run_scenario(deployment, scen, owners):
         return (closed, 0 if unit[0] == owner else 1 + unit[0], unit[1], -1 if unit[2] is None else unit[2])
 
     # 1. conservation: every report sent is accepted or dead-lettered, never both, never twice
-    assert accepted_total + len(dead) == sent_units
+    assert accepted_total + sum(_reports(h.items()) for h, _ in dead.values()) == sent_units
     rejected: dict[tuple[int, int, int | None], str] = {}
     for key, (headers, value) in dead.items():
         reason = headers["dpstream-reason"].decode()
@@ -313,6 +338,13 @@ def run_scenario(deployment, scen, owners):
         idx = int(headers["dpstream-batch-index"]) if "dpstream-batch-index" in headers else None
         assert key == f"{p}:{off}:{'-' if idx is None else idx}".encode()
         unit = (int(p), int(off), idx)
+        batch = [u for u in unit_info if u[:2] == unit[:2] and u[2] is not None]
+        if idx is None and batch:  # a batch message every report of which one check rejected
+            assert reason in ("late", "duplicate", "future_step"), reason
+            assert _reports(headers.items()) == len(batch) and value == sent[unit[:2]]
+            assert not any(u in rejected for u in batch)
+            rejected.update(dict.fromkeys(batch, reason))
+            continue
         assert unit in unit_info, f"dead letter for a report never sent: {unit}"
         rejected[unit] = reason
         item, _ = unit_info[unit]
@@ -368,7 +400,12 @@ def run_scenario(deployment, scen, owners):
             first = accepted_pairs.get((u, s))
             assert first is not None and first[0] < precedence(unit, closed, u), (unit, first)  # precedence wins
     assert len(accepted_pairs) == accepted_total
-    return accepted_total, len(dead)
+    return accepted_total, sum(_reports(h.items()) for h, _ in dead.values())
+
+
+def _reports(headers) -> int:
+    """The reports a dead letter stands for (a whole batch message's: ``dpstream-reports``)."""
+    return int(dict(headers).get("dpstream-reports", b"1"))
 
 
 def _well_formed(item) -> bool:
@@ -679,7 +716,7 @@ def test_fuzz_corpus_through_broker_into_running_worker(tmp_path, monkeypatch):
             # (reports on the wrong partition forwarded and fed back in memory: the outcome does not
             # depend on how the worker's logs interleaved)
             core = IngestCore(dep, roster, cluster.names)
-            expected, units, accepted = {}, 0, 0
+            expected, units, accepted, rejected = {}, 0, 0, 0
             for p in range(P):
                 core.assign(p)
                 core.enqueue(p, log[p])
@@ -688,7 +725,8 @@ def test_fuzz_corpus_through_broker_into_running_worker(tmp_path, monkeypatch):
                 if isinstance(out, ApplyResult):
                     accepted += out.accepted
                     expected.update({key: (dict(h)["dpstream-reason"], value) for key, value, h in out.dead_letters})
-            assert accepted + len(expected) == units  # conservation on the real log
+                    rejected += sum(_reports(h) for _, _, h in out.dead_letters)
+            assert accepted + rejected == units  # conservation on the real log (of reports, not letters)
             assert expected, "the corpus produced no rejection: not a fuzz test"
             letters = _read_all(cluster.broker, cluster.names["dead-letter"], 1, raw=True)[0]
             got = {}

@@ -9,7 +9,8 @@ an :class:`IngestCore` owning one of 4 partitions of an n-user roster (the bench
 is fed that partition's step-1 reports as records, 12,500 per fetch, as the worker's consumer hands
 them over (enqueue, drain: parse, id lookup, checks, apply), then closes the step (partials and
 checkpoint). Three forms of the same reports: single-report messages, columnar batches of 5,000,
-and the close; and the single-report messages sent to another partition (as a CRC32 or random
+and the close; the columnar batches again after the close (all late: dead-lettered); and the
+single-report messages sent to another partition (as a CRC32 or random
 partitioner does), forwarded through an in-memory ``repartition`` log and applied by their owner
 (source and owner in the one process: the whole extra CPU a forwarded report costs). Each commit
 is checked out into a temporary git worktree (as :mod:`jobs.bench.compare` does) and measured in
@@ -107,14 +108,28 @@ def close():
     core.close(0, 1, len(single), None)
     return time.process_time() - started
 
+def late(values, per_fetch):
+    # the closed step's batches again (a close that overtook an upload): every report late
+    start = core.states[0].offset + 1
+    records = [Rec(start + i, v) for i, v in enumerate(values)]
+    started = time.process_time()
+    for i in range(0, len(records), per_fetch):
+        core.enqueue(0, records[i:i + per_fetch])
+        core.drain_all(0)
+    spent = time.process_time() - started
+    assert core.states[0].intake.rejected == {"late": len(ids)}, core.states[0].intake.rejected
+    return spent
+
 out = {"single_us_per_report": min(ingest(single, FETCH) for _ in range(3)) / len(ids) * 1e6,
        "columnar_us_per_report": min(ingest(columnar, max(1, FETCH // 5000)) for _ in range(3)) / len(ids) * 1e6,
        "forwarded_us_per_report": min(forwarded(single, FETCH) for _ in range(3)) / len(ids) * 1e6}
-closes = []
+closes, lates = [], []
 for _ in range(3):
     ingest(columnar, 3)
     closes.append(close())
+    lates.append(late(columnar, max(1, FETCH // 5000)))
 out["close_ms_per_partition"] = min(closes) * 1e3
+out["late_columnar_us_per_report"] = min(lates) / len(ids) * 1e6
 out["users_in_partition"] = len(ids)
 print("RESULT " + json.dumps(out), flush=True)
 """
@@ -124,6 +139,7 @@ FIGURES = {
     "columnar_us_per_report": "ingest, columnar batches (CPU µs per report)",
     "forwarded_us_per_report": "ingest, single-report messages on the wrong partition, forwarded (CPU µs)",
     "close_ms_per_partition": "close of a partition: partials + checkpoint (CPU ms)",
+    "late_columnar_us_per_report": "columnar batches of a closed step, all late (CPU µs per report)",
 }
 
 

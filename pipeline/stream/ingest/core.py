@@ -417,7 +417,14 @@ class IngestCore:
         a run of corrections (:meth:`PartitionState.replace`). ``committed``: (commit offset, rank
         of the run's first report) of a held upload's messages, whose reports take their log
         positions from the commit (``result.ranked``: how many ranks they took); dead letters still
-        name each report's own message."""
+        name each report's own message.
+
+        A batch message whose every report one check rejects (all ``late``: a step closed before
+        it; all ``duplicate``: a batch sent again) is one dead letter of the whole message (its
+        bytes, no ``dpstream-batch-index``, ``dpstream-reports`` its report count, key
+        ``<partition>:<offset>:-``, the same on a replay); a message with any report accepted,
+        forwarded or rejected otherwise has one dead letter per rejected report, as before.
+        The counts (``result.reasons``, the intake) are of reports either way."""
         state = self.states[partition]
         result = ApplyResult(partition=partition)
         if not records:
@@ -451,6 +458,8 @@ class IngestCore:
                 state.offset = last
                 return self._counted(result, 0, [], [])
         parsed = self.parser.parse(values)
+        # a batch message whose reports one check rejects all: one dead letter (ParsedReports.reject)
+        parsed.whole = True
         at = None
         if committed is not None:  # (commit offset, rank in the upload) per report
             at = np.empty((2, len(parsed)), dtype=np.int64)
@@ -493,6 +502,7 @@ class IngestCore:
                     partition,
                     records[rej.message].offset,
                     rej.batch_index,
+                    rej.reports,
                 )
             )
         return self._counted(result, len(applied), parsed.rejections, displaced)
@@ -683,8 +693,8 @@ class IngestCore:
                 )
             )
         result.accepted = applied - len(displaced)
-        for rej in rejections:
-            result.reasons[rej.reason] = result.reasons.get(rej.reason, 0) + 1
+        for rej in rejections:  # reports, not letters: a whole message's counts all it holds
+            result.reasons[rej.reason] = result.reasons.get(rej.reason, 0) + rej.reports
         if displaced:
             result.reasons["duplicate"] = result.reasons.get("duplicate", 0) + len(displaced)
         state.intake.count(result.accepted, result.reasons, result.forwarded)

@@ -20,7 +20,9 @@ or a hashed value) stays ``out_of_domain``. An attribute missing from a report i
 imputed at step close. Stateless checks happen here (``malformed``, ``unknown_user``,
 ``out_of_domain``); checks that need per-user state (``duplicate``, ``late``, ``future_step``)
 happen in :mod:`pipeline.stream.ingest.partition_state`. Nothing is dropped silently: every rejected report
-comes back as a :class:`Rejection` carrying its original bytes.
+comes back as a :class:`Rejection` carrying its original bytes — on a worker's own log, a batch
+message whose every report one stateful check rejects as one :class:`Rejection` of the whole
+message (:meth:`ParsedReports.reject`).
 """
 
 from __future__ import annotations
@@ -45,11 +47,15 @@ _FAST_MAX_BYTES = 4096  # longer messages (batches) skip the fast path
 
 @dataclass(frozen=True)
 class Rejection:
+    """A rejected report, or a whole batch message (``batch_index`` None, ``reports`` its reports,
+    ``original`` its bytes) whose every report one check rejected (:meth:`ParsedReports.reject`)."""
+
     reason: str
     detail: str
     original: bytes
     batch_index: int | None = None
     message: int = -1  # index of the source message in the parsed list (-> its log offset)
+    reports: int = 1
 
 
 @dataclass
@@ -60,6 +66,10 @@ class ParsedReports:
     position in that message's batch (-1 for a single-report message). A report's bytes are
     rebuilt from its source only when it is rejected, so the accepted path has no per-report
     Python objects.
+
+    With ``whole`` set (the direct apply path, :meth:`IngestCore.apply_reports`), a batch message
+    whose every report one check rejects becomes one rejection of the message (see :meth:`reject`);
+    it needs ``sizes`` and ``raw``, which only :meth:`ReportParser.parse` gives.
     """
 
     rows: np.ndarray
@@ -69,6 +79,10 @@ class ParsedReports:
     batch_index: np.ndarray  # per report: position in its batch message, -1 for a single report
     sources: list  # per message: its bytes, a row batch's decoded items, or a columnar batch
     rejections: list[Rejection] = field(default_factory=list)
+    # batch message (index) -> the reports it holds as parsed, the parser's rejections included
+    sizes: dict[int, int] | None = None
+    raw: list | None = None  # per message: its bytes, as given to the parser
+    whole: bool = False  # a batch message all rejected by one check: one rejection (reject)
 
     @classmethod
     def of_singles(cls, rows, steps, codes: dict) -> ParsedReports:
@@ -96,8 +110,20 @@ class ParsedReports:
         return orjson.dumps(source[j])
 
     def reject(self, mask: np.ndarray, reason: str, detail: str) -> None:
-        """Move the reports selected by ``mask`` into the rejections (stateful checks use this)."""
-        for i in np.flatnonzero(mask):
+        """Move the reports selected by ``mask`` into the rejections (stateful checks use this).
+
+        With ``whole``, a batch message all of whose reports ``mask`` selects, none of them
+        rejected before (by the parser or an earlier check), becomes one rejection carrying the
+        message's bytes and its report count, and no report of it is re-encoded: a late step's
+        upload is one dead letter per message, not one per report. The callers' masks select
+        reports not rejected before, so such a message has no report accepted or rejected for
+        another reason; one whose reports were partly taken away (forwarded to their owner) holds
+        fewer here than ``sizes`` says and stays per report.
+        """
+        idx = np.flatnonzero(mask)
+        if self.whole and idx.size:
+            idx = self._reject_whole(idx, reason, detail)
+        for i in idx:
             j = int(self.batch_index[i])
             self.rejections.append(
                 Rejection(
@@ -109,6 +135,29 @@ class ParsedReports:
                 )
             )
 
+    def _reject_whole(self, idx: np.ndarray, reason: str, detail: str) -> np.ndarray:
+        """Reject whole the batch messages all of whose reports are in ``idx`` (see :meth:`reject`);
+        returns the reports of ``idx`` left to reject one by one."""
+        if not self.sizes or self.raw is None:
+            return idx
+        msgs = self.message[idx]
+        counts = np.bincount(msgs)
+        before = {r.message for r in self.rejections}
+        full = [
+            m
+            for m, n in self.sizes.items()
+            if n > 0 and m < counts.size and counts[m] == n and m not in before
+        ]
+        if not full:
+            return idx
+        for m in full:
+            self.rejections.append(
+                Rejection(reason, detail, bytes(self.raw[m]), None, m, self.sizes[m])
+            )
+        whole = np.zeros(counts.size, dtype=bool)
+        whole[full] = True
+        return idx[~whole[msgs]]
+
     def take(self, mask: np.ndarray) -> ParsedReports:
         keep = np.flatnonzero(mask)
         return ParsedReports(
@@ -119,6 +168,9 @@ class ParsedReports:
             batch_index=self.batch_index[keep],
             sources=self.sources,
             rejections=list(self.rejections),
+            sizes=self.sizes,
+            raw=self.raw,
+            whole=self.whole,
         )
 
 
@@ -211,6 +263,7 @@ class ReportParser:
         sources: list[Any] = list(
             messages
         )  # a batch message's entry becomes its decoded items or columns
+        sizes: dict[int, int] = {}  # batch message -> the reports it holds
         msg_no = 0
 
         def reject(reason: str, detail: str, raw, index: int | None = None) -> None:
@@ -296,6 +349,7 @@ class ReportParser:
                 if seg is not None:
                     flush()
                     segments.append(seg)
+                    sizes[msg_no] = int(seg[0].size)
                     continue
                 try:
                     msg = orjson.loads(raw)
@@ -307,6 +361,8 @@ class ReportParser:
                     seg = self._columnar(msg, raw, msg_no, rejections, sources)
                     if seg is not None:
                         segments.append(seg)
+                    if isinstance(sources[msg_no], _Columns):  # not rejected whole
+                        sizes[msg_no] = len(sources[msg_no].cols["user"])
                     continue
                 if type(msg) is dict and "reports" in msg:
                     items = msg["reports"]
@@ -314,6 +370,7 @@ class ReportParser:
                         reject("malformed", 'a batch is {"reports": [...]} and nothing else', raw)
                         continue
                     sources[msg_no] = items
+                    sizes[msg_no] = len(items)
                     for i, rep in enumerate(items):
                         one(rep, None, i)
                 else:
@@ -339,6 +396,8 @@ class ReportParser:
                 )
                 for r in rejections
             ],
+            sizes=sizes,
+            raw=messages,
         )
 
     def _fast_singles(self, chunk: list, first: int) -> tuple | None:
