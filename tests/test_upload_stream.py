@@ -176,3 +176,30 @@ def test_a_roster_file_is_looked_up_from_the_columns_bytes(tmp_path, monkeypatch
                              "poverty": [0] * (len(ids) + 1)}), path)
     with pytest.raises(ReportFileError, match="row 43: unknown_user: user 'h-040' is not enrolled"):
         read_upload(path, dep)
+
+
+@pytest.mark.parametrize("suffix", ["csv", "jsonl"])
+def test_a_text_file_is_read_by_blocks_into_growing_chunks_every_report_once(dep, tmp_path,
+                                                                           monkeypatch, suffix):
+    """CSV and JSONL are read by blocks of a quarter chunk, grouped into chunks that grow from one
+    block (the first reports are checked soon) to about a whole chunk, decoded in a thread of
+    their own: every report comes once, in the file's order, with its step and code."""
+    from pipeline.upload_columns import arrow_chunks
+
+    monkeypatch.setenv("DPSTREAM_UPLOAD_CHUNK_ROWS", "64")
+    rows = [(f"u{i}", 1 + i % 3, i % 2) for i in range(1000)]  # ids of 2 to 4 bytes
+    path = tmp_path / f"blocks.{suffix}"
+    if suffix == "csv":
+        path.write_text("user,step,poverty\n" + "".join(f"{u},{t},{p}\n" for u, t, p in rows))
+    else:
+        path.write_text("".join(json.dumps({"user": u, "step": t, "values": {"poverty": p}}) + "\n"
+                                for u, t, p in rows))
+    chunks = list(arrow_chunks(path, suffix, dep))
+    sizes = [len(c) for c in chunks]
+    assert sum(sizes) == len(rows) and len(chunks) > 4, sizes
+    # the first chunk one block, the next two; none past a chunk by more than a block or two
+    assert sizes[0] < sizes[1] and max(sizes) < 3 * 64, sizes
+    assert [c.start for c in chunks] == np.cumsum([0, *sizes[:-1]]).tolist()
+    got = [(u, int(t), int(p)) for c in chunks
+           for u, t, p in zip(c.users.to_pylist(), c.steps, c.codes["poverty"])]
+    assert got == rows
