@@ -51,7 +51,7 @@ __all__ = ["CHUNK_ROWS", "Columns", "NotTabular", "arrow_chunks", "chunk_rows", 
 CHUNK_ROWS = 1 << 17
 _CSV_ROW_BYTES, _JSONL_ROW_BYTES = 32, 96  # a CSV or JSONL chunk's bytes per row
 # a chunk of CSV or JSONL is read as this many blocks: the first chunk is one block (a CSV's
-# first reports are checked ~5 ms after the start, not ~40), the next ones grow to a whole chunk
+# first reports are checked ~10 ms after the start, not ~50), the next ones grow to a whole chunk
 _BLOCKS_PER_CHUNK = 4
 _ENCODED_ABOVE = 256  # cells: a longer text column of a binary or hashed attribute is encoded first
 _BINARY_TEXT = ["0", "1", "0.0", "1.0", "false", "true"]  # lower-cased spellings of a binary value
@@ -110,7 +110,7 @@ def arrow_chunks(path: Path, kind: str, deployment) -> Iterator[Columns]:
     start = 0
     # the file decoded in a thread of its own, a chunk ahead of the coding (this generator's
     # thread: the upload's read-ahead), which runs a chunk ahead of the check and build; on two
-    # cores a CSV upload ~10% faster than decoding and coding in one thread (docs/streaming.md)
+    # cores, with the blocks of _csv_reader, a CSV upload ~15% faster (docs/streaming.md)
     for table in read_ahead(_tables(path, kind, deployment)):
         columns = _columns(path, kind, _flattened(path, kind, table), deployment, start)
         start += len(columns)
@@ -173,7 +173,7 @@ def _csv_reader(path: Path, deployment):
     if not header or set(header) - known or len(set(header)) != len(header):
         raise NotTabular("the header is for the per-report checker to name")
     # one thread: Arrow's pool would parse blocks ahead on both cores, the coding and the check
-    # waiting ~40 ms for the first. The step read as an integer (~5 ms per 10^6 less than a cast
+    # waiting ~50 ms for the first. The step read as an integer (~5 ms per 10^6 less than a cast
     # of its text; a cell that is not one raises, and the per-report reader takes the file)
     types = {name: pa.string() for name in header} | {"step": pa.int64()}
     return pcsv.open_csv(
@@ -235,11 +235,6 @@ def _columns(path: Path, kind: str, table: pa.Table, deployment, start: int) -> 
         _not_columns(path, kind, "user must be a string in every row")
     if user.null_count:
         _not_columns(path, kind, "user must be a string in every row")
-    if kind == "csv":
-        try:
-            step = step.cast(pa.int64())
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            raise NotTabular("a step that is not an integer") from None
     if not pa.types.is_integer(step.type) or step.null_count:
         _not_columns(path, kind, "step must be an integer in every row")
     codes = {

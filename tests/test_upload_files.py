@@ -260,3 +260,13 @@ def test_lines_are_counted_past_blank_lines_and_quoted_line_breaks(dep, tmp_path
     with pytest.raises(ReportFileError) as err:
         read_upload(jsonl, dep, Roster.from_range(N))
     assert f"{jsonl}:4:" in str(err.value)
+
+
+def test_a_csv_step_with_spaces_or_a_plus_sign_is_that_step(dep, tmp_path):
+    """The CSV reader reads the step as an integer (spaces around it allowed); a cell it does
+    not take ("+2") sends the file to the per-report reader, which reads it as int() does: either
+    way the step is 2, not an error."""
+    for cells in ([" 2", "2 "], ["+2", "2"]):
+        path = tmp_path / "steps.csv"
+        path.write_text("user,step,poverty\n" + "".join(f"u{i},{c},1\n" for i, c in enumerate(cells)))
+        assert read_upload(path, dep, Roster.from_range(N)).counts == {2: 2}
