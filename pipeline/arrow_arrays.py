@@ -69,9 +69,7 @@ def offsets_of(arr: pa.Array) -> np.ndarray:
 def string_buffers(users: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(UTF-8 bytes, offsets) of a string array: id i is ``data[offsets[i]:offsets[i + 1]]``."""
     users = users.cast(pa.large_string())
-    offsets = np.frombuffer(users.buffers()[1], dtype=np.int64)[
-        users.offset : users.offset + len(users) + 1
-    ]
+    offsets = offsets_of(users)
     data = users.buffers()[2]
     raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, dtype=np.uint8)
     return raw, offsets

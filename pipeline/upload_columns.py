@@ -350,7 +350,7 @@ def _csv_integers(arr: pa.Array, out: np.ndarray, size: int) -> np.ndarray:
     # "+1" is 1, as int() reads it (Arrow's cast takes no plus sign); more than 18 digits after
     # the leading zeros is beyond int64, and beyond any domain
     signed = pc.utf8_ltrim(trimmed.filter(bools(number)), characters="+")
-    digits = pc.utf8_ltrim(pc.utf8_ltrim(signed, characters="-"), characters="0")
+    digits = pc.utf8_ltrim(signed, characters="-0")  # the sign, then leading zeros
     short = values_of(pc.utf8_length(digits)) <= 18
     ints = np.full(short.size, OUT_OF_DOMAIN, dtype=np.int64)
     ints[short] = values_of(pc.cast(signed.filter(bools(short)), pa.int64()))

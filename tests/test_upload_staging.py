@@ -13,7 +13,7 @@ from pipeline.stream.process import limits
 from pipeline.stream.ingest.core import Record
 from pipeline.stream.ingest import uploads
 from pipeline.stream.ingest.uploads import end_record, upload_headers
-from support.ingest_log import Log, applies, closes, core_for, deployment, users_of
+from support.ingest_log import Log, applies, closes, core_for, deployment, reasons_of, users_of
 from support.stores import WritableStore
 
 UP, OTHER = "a" * 32, "b" * 32
@@ -50,25 +50,17 @@ def accepted(outputs):
     return sum(a.accepted for a in applies(outputs))
 
 
-def reasons(outputs):
-    out: dict[str, int] = {}
-    for a in applies(outputs):
-        for r, n in a.reasons.items():
-            out[r] = out.get(r, 0) + n
-    return out
-
-
 def test_an_upload_counts_only_at_its_commit_and_its_dead_letters_name_the_messages():
     core, mine, log = partition_zero()
     log.upload(UP, mine[0], 1)
     log.upload(UP, "nobody", 1)
     held = drained(core, log)
-    assert accepted(held) == 0 and not reasons(held)
+    assert accepted(held) == 0 and not reasons_of(held)
     assert core.states[0].offset == 1  # handled (held), so a restart does not wait for them
     assert core.states[0].intake_summary()["open"].get("1", 0) == 0
     log.end(UP, 2)
     out = drained(core, log, 2)
-    assert accepted(out) == 1 and reasons(out) == {"unknown_user": 1}
+    assert accepted(out) == 1 and reasons_of(out) == {"unknown_user": 1}
     (letter,) = [d for a in applies(out) for d in a.dead_letters]
     headers = dict(letter[2])
     assert headers["dpstream-source"].decode().endswith("/0/1")  # the message's own offset
@@ -82,7 +74,7 @@ def test_an_aborted_upload_is_dropped_and_a_later_end_of_it_ignored():
     log.end(UP, 1)  # a commit after the abort finds nothing held
     log.report(mine[0], 1)  # so this is the first report of the user
     out = drained(core, log)
-    assert accepted(out) == 1 and not reasons(out)
+    assert accepted(out) == 1 and not reasons_of(out)
     assert not core.held[0]
 
 
@@ -92,7 +84,7 @@ def test_a_commit_naming_another_count_uses_none_of_the_upload():
     log.upload(UP, mine[1], 1)
     log.end(UP, 3)
     out = drained(core, log)
-    assert accepted(out) == 0 and reasons(out) == {"uncommitted": 2}
+    assert accepted(out) == 0 and reasons_of(out) == {"uncommitted": 2}
     details = {dict(d[2])["dpstream-detail"].decode() for a in applies(out) for d in a.dead_letters}
     assert any("names 3 message(s)" in d and "2 were held" in d for d in details), details
 
@@ -109,7 +101,7 @@ def test_the_commit_position_decides_late_and_duplicate():
     out = drained(core, log)
     (close,) = closes(out)
     assert close.summary["reported"] == 1
-    assert reasons(out) == {"late": 2} and accepted(out) == 2  # the plain report; OTHER's step 2
+    assert reasons_of(out) == {"late": 2} and accepted(out) == 2  # the plain report; OTHER's step 2
 
 
 def test_an_upload_never_ended_is_dead_lettered_at_the_second_close():
@@ -117,10 +109,10 @@ def test_an_upload_never_ended_is_dead_lettered_at_the_second_close():
     log.upload(UP, mine[0], 2)
     log.marker(1)
     out = drained(core, log)
-    assert not reasons(out) and len(core.held[0]) == 1  # held through one close
+    assert not reasons_of(out) and len(core.held[0]) == 1  # held through one close
     log.marker(2)
     out = drained(core, log, 2)
-    assert reasons(out) == {"uncommitted": 1} and not core.held[0]
+    assert reasons_of(out) == {"uncommitted": 1} and not core.held[0]
     (close,) = closes(out)
     assert close.summary["reported"] == 0
     kinds = [type(o).__name__ for o in out]
@@ -132,10 +124,10 @@ def test_held_uploads_above_the_limit_dead_letter_the_oldest(monkeypatch):
     core, mine, log = partition_zero()
     log.upload(UP, mine[0], 1)
     log.upload(OTHER, mine[1], 1)  # two held messages of ~60 bytes: within the limit
-    assert not reasons(drained(core, log))
+    assert not reasons_of(drained(core, log))
     log.upload(OTHER, mine[2], 1)
     out = drained(core, log, 2)
-    assert reasons(out) == {"uncommitted": 1}  # UP, the oldest
+    assert reasons_of(out) == {"uncommitted": 1}  # UP, the oldest
     assert list(core.held[0]) == [OTHER]
 
 
@@ -149,7 +141,7 @@ def test_an_upload_with_more_reports_than_ranks_on_a_partition_uses_none_of_them
         log.upload(UP, user, 1)
     log.end(UP, 3)
     out = drained(core, log)
-    assert accepted(out) == 0 and reasons(out) == {"uncommitted": 3}
+    assert accepted(out) == 0 and reasons_of(out) == {"uncommitted": 3}
     letters = [dict(d[2]) for a in applies(out) for d in a.dead_letters]
     assert all(b"more than 2 of its reports" in h["dpstream-detail"] for h in letters)
     for user in mine[3:5]:  # as many as the ranks number: applied
@@ -175,7 +167,7 @@ def test_a_message_too_large_to_parse_takes_no_rank_of_its_upload(monkeypatch):
         log.records.append(Record(len(log.records), value, tuple(upload_headers(UP, seq))))
     log.end(UP, 2)
     out = drained(core, log)
-    assert accepted(out) == 1 and reasons(out) == {"too_large": 1}
+    assert accepted(out) == 1 and reasons_of(out) == {"too_large": 1}
 
 
 def test_the_dry_run_drops_an_upload_with_more_reports_than_ranks_as_the_workers_do(monkeypatch):
@@ -250,7 +242,7 @@ def test_a_commit_without_a_valid_count_is_not_a_commit(bad):
     _, headers = end_record(UP, 1, True)
     log.records.append(Record(1, bad, tuple(headers)))
     out = drained(core, log)
-    assert accepted(out) == 0 and reasons(out) == {"uncommitted": 1}
+    assert accepted(out) == 0 and reasons_of(out) == {"uncommitted": 1}
 
 
 def test_a_committed_correction_ranks_by_its_commit_not_by_its_message():
@@ -272,7 +264,7 @@ def test_a_committed_correction_ranks_by_its_commit_not_by_its_message():
     report(0, (fix,))  # offset 1: a correction of the same (user, step), applied at once
     log.end(UP, 1)
     out = drained(core, log)
-    assert accepted(out) == 2 and not reasons(out)
+    assert accepted(out) == 2 and not reasons_of(out)
     local = int(np.flatnonzero(roster.rows_of(0, 3) == roster.ids.index(user))[0])
     assert core.states[0].pending["poverty"][0, local] == 1  # the upload's value: committed later
 
@@ -360,7 +352,7 @@ def test_numbered_messages_a_copy_held_once_and_applied_in_number_order():
     log.end(UP, 3)
     out = drained(core, log)
     # message 0 first: its report of mine[0] is accepted, message 1's is the duplicate
-    assert accepted(out) == 2 and reasons(out) == {"duplicate": 1}
+    assert accepted(out) == 2 and reasons_of(out) == {"duplicate": 1}
     (letter,) = [d for a in applies(out) for d in a.dead_letters]
     assert dict(letter[2])["dpstream-source"].decode().endswith("/0/0")  # message 1, stored first
 
@@ -372,7 +364,7 @@ def test_a_numbered_upload_missing_a_number_uses_none_of_it():
         log.records.append(Record(len(log.records), value, tuple(upload_headers(UP, seq))))
     log.end(UP, 2)  # two messages held, but not numbered 0 and 1
     out = drained(core, log)
-    assert accepted(out) == 0 and reasons(out) == {"uncommitted": 2}
+    assert accepted(out) == 0 and reasons_of(out) == {"uncommitted": 2}
 
 
 def test_a_dead_letter_of_a_held_batch_message_counts_its_reports():
@@ -386,7 +378,7 @@ def test_a_dead_letter_of_a_held_batch_message_counts_its_reports():
     log.upload(UP, mine[3], 1)  # unnumbered: one report
     log.end(UP, 5)  # a wrong count
     out = drained(core, log)
-    assert reasons(out) == {"uncommitted": 4}
+    assert reasons_of(out) == {"uncommitted": 4}
     letters = [d for a in applies(out) for d in a.dead_letters]
     assert [dict(h).get("dpstream-reports") for _, _, h in letters] == [b"3", None]
 

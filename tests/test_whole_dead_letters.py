@@ -21,7 +21,8 @@ from pipeline.stream.ingest.corrections import REPLACE_HEADER
 from pipeline.stream.ingest.uploads import end_record, upload_headers
 from pipeline.stream.kafka.messages import REPORTS_HEADER
 from pipeline.stream.kafka.topics import topic_names
-from support.ingest_log import MARK, PARTS, Log, applies, closes, core_for, deployment, users_of
+from support.ingest_log import (MARK, PARTS, Log, applies, closes, core_for, deployment,
+                                reasons_of, users_of)
 from support.loopback import Loopback
 
 
@@ -55,14 +56,6 @@ def drained(core, log, start):
 
 def letters_of(outputs):
     return [d for a in applies(outputs) for d in a.dead_letters]
-
-
-def reasons_of(outputs):
-    out: dict[str, int] = {}
-    for a in applies(outputs):
-        for r, n in a.reasons.items():
-            out[r] = out.get(r, 0) + n
-    return out
 
 
 class Letter:  # what a consumer of the dead-letter topic hands over

@@ -76,3 +76,12 @@ def closes(outputs):
 
 def applies(outputs):
     return [o for o in outputs if isinstance(o, ApplyResult)]
+
+
+def reasons_of(outputs) -> dict[str, int]:
+    """Reports rejected by reason over the runs' results (counts of reports, not dead letters)."""
+    out: dict[str, int] = {}
+    for a in applies(outputs):
+        for r, n in a.reasons.items():
+            out[r] = out.get(r, 0) + n
+    return out
