@@ -61,6 +61,23 @@ def pytest_configure(config):
     _durations.recording = not hasattr(config, "workerinput")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report shows how its embedded services were doing (a broker that died, and
+    its log's last lines: :mod:`support.service_states`)."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    from pipeline.stream.local.embedded import EmbeddedServices
+    from support.service_states import service_states
+
+    values = getattr(item, "funcargs", {})
+    for name, value in values.items():
+        if isinstance(value, EmbeddedServices):
+            report.sections.append((f"embedded services of fixture {name!r}", service_states(value)))
+
+
 def pytest_runtest_logreport(report):
     if _durations.recording:
         _durations.add(report)

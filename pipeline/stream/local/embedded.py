@@ -404,7 +404,11 @@ class EmbeddedServices:
         self.data_dir = (
             Path(tempfile.mkdtemp(prefix="dpstream-")) if data_dir is None else Path(data_dir)
         )
+        # a temporary deployment's broker logs into its directory (gone on stop): a test that fails
+        # while the broker is down can still show why (tests/support/service_states.py)
         broker_log = Path(broker_log) if broker_log else None
+        if broker_log is None and self._own_dir:
+            broker_log = self.data_dir / "broker.log"
         self.storage = (
             EmbeddedObjectStore(
                 self.data_dir / "log",
