@@ -17,11 +17,14 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return _counted(np.asarray(values))[0]
 
 
-def value_counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def value_counts(
+    values: np.ndarray, bounds: tuple[int, int] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(distinct values ascending, index of each one's first occurrence, its count): as
-    ``np.unique(values, return_index=True, return_counts=True)``."""
+    ``np.unique(values, return_index=True, return_counts=True)``. ``bounds``: the values' (lowest,
+    highest), when known already (not computed again)."""
     values = np.asarray(values)
-    found, counts = _counted(values)
+    found, counts = _counted(values, bounds)
     if counts is None:
         return np.unique(values, return_index=True, return_counts=True)
     if found.size == 1:
@@ -30,11 +33,13 @@ def value_counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return found, first, counts
 
 
-def _counted(values: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+def _counted(
+    values: np.ndarray, bounds: tuple[int, int] | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
     """(distinct values, their counts; None when the range was too wide to count)."""
     if not values.size:
         return values[:0], np.zeros(0, dtype=np.int64)
-    low, high = int(values.min()), int(values.max())
+    low, high = bounds if bounds is not None else (int(values.min()), int(values.max()))
     if low == high:  # the common case: one step, ids of one length
         return values[:1].copy(), np.array([values.size])
     if high - low >= _SPAN:

@@ -55,12 +55,12 @@ def _all_pass(chunk: Columns, horizon: int) -> bool:
     """Whether no report of the chunk can break a stateless rule: every step in the horizon, no
     code ``OUT_OF_DOMAIN`` (the lowest code) and one attribute reported by every report. False
     does not mean a report breaks one (several attributes may share the reports' values)."""
-    steps = chunk.steps
-    if not steps.size:
+    if not len(chunk):
         return True
-    if steps.min() < 1 or steps.max() > horizon:
+    low, high = chunk.step_range
+    if low < 1 or high > horizon:
         return False
-    lowest = [int(c.min()) for c in chunk.codes.values()]
+    lowest = [chunk.code_range(name)[0] for name in chunk.codes]
     return all(low > OUT_OF_DOMAIN for low in lowest) and any(low >= 0 for low in lowest)
 
 
@@ -119,7 +119,7 @@ class FileCheck:
         stateless = stateless_problem(chunk, self.horizon)
         rows = self.rows.rows(chunk.users, chunk.user_words)
         steps = chunk.steps
-        values, first, counts = value_counts(steps)
+        values, first, counts = value_counts(steps, chunk.step_range)
         if stateless is None and not (rows < 0).any() and self._marked(rows, steps, values):
             self._count(chunk.start, values, first, counts)
             return None

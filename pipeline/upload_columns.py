@@ -78,6 +78,23 @@ class Columns:
         return int(self.steps.size)
 
     @cached_property
+    def step_range(self) -> tuple[int, int]:
+        """(lowest, highest) step ((0, 0): no report), read by the check's rules, its count of
+        steps and the build's grouping (each took the two reductions of its own)."""
+        steps = self.steps
+        return (int(steps.min()), int(steps.max())) if steps.size else (0, 0)
+
+    def code_range(self, name: str) -> tuple[int, int]:
+        """(lowest, highest) code of attribute ``name`` ((0, 0): no report), read by the check's
+        rules and the build's text of codes."""
+        made = self.derived.get(("range", name))
+        if made is None:
+            codes = self.codes[name]
+            made = (int(codes.min()), int(codes.max())) if codes.size else (0, 0)
+            self.derived[("range", name)] = made
+        return made
+
+    @cached_property
     def user_words(self) -> KeyWords:
         """The user ids' bytes as words (read by the check's roster rows, then by murmur2)."""
         return KeyWords(*string_buffers(self.users))

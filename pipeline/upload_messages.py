@@ -52,15 +52,24 @@ def chunk_messages(chunk: Columns, keep: np.ndarray, deployment) -> Iterator[Bat
         words, (key, order) = chunk.user_words, message_order(chunk, partitions)
     else:
         words = KeyWords(*string_buffers(users))
-        key, order = _grouped(chunk.steps[keep], words, partitions)
+        steps = chunk.steps[keep]
+        key, order = _grouped(steps, (int(steps.min()), int(steps.max())), words, partitions)
     bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True]).tolist()
     # everything in message order once per chunk: a message is then slices of these
     widest = words.longest
-    codes = {name: _CodeText(c if whole else c[keep], order) for name, c in chunk.codes.items()}
+    codes = {
+        name: _CodeText(c, order, chunk.code_range(name)) if whole else _CodeText(c[keep], order)
+        for name, c in chunk.codes.items()
+    }
     start = chunk.start
     wide = start + len(chunk) >= 1 << 31  # positions held as int32 when they fit (kept: 4 bytes)
-    positions: np.ndarray = (keep[order] if not whole else order) + start
-    positions = positions.astype(np.int64 if wide else np.int32)
+    # one pass: the sum written in the positions' type (a sum, then a cast: ~0.3 ms per 10^6 more)
+    positions = np.add(
+        keep[order] if not whole else order,
+        start,
+        out=np.empty(order.size, dtype=np.int64 if wide else np.int32),
+        casting="unsafe",
+    )
     listed = _Listed(users, order, words)
     per_message = _per_message(widest, codes, deployment)
     for lo, hi in pairwise(bounds):
@@ -78,16 +87,25 @@ def message_order(chunk: Columns, partitions: int) -> tuple[np.ndarray, np.ndarr
     made = chunk.derived.get(("order", partitions))
     if made is None:
         made = chunk.derived[("order", partitions)] = _grouped(
-            chunk.steps, chunk.user_words, partitions
+            chunk.steps, chunk.step_range, chunk.user_words, partitions
         )
     return made
 
 
-def _grouped(steps: np.ndarray, words: KeyWords, partitions: int) -> tuple[np.ndarray, np.ndarray]:
+def _grouped(
+    steps: np.ndarray, step_range: tuple[int, int], words: KeyWords, partitions: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(key, order) of :func:`message_order`; ``step_range``: the steps' (lowest, highest)."""
     owners = partition_of_hashes(murmur2_of_words(words), partitions)
-    key = steps * partitions + owners
-    if key.size and key.min() >= 0 and key.max() < 1 << 16:
-        key = key.astype(np.uint16)  # numpy sorts 16-bit keys stably by radix: ~10x faster
+    low, high = step_range
+    if low >= 0 and (high + 1) * partitions <= 1 << 16:
+        # numpy sorts 16-bit keys stably by radix: ~10x faster. Made as 16 bits from the start
+        # (the steps' bounds known: no 64-bit key, nor its reductions and cast)
+        key = steps.astype(np.uint16)
+        key *= np.uint16(partitions)
+        np.add(key, owners, out=key, casting="unsafe")
+    else:
+        key = steps * partitions + owners
     order = np.argsort(key, kind="stable")
     return key[order], order
 
@@ -202,8 +220,13 @@ class _CodeText:
     than orjson writing each message's int64 codes, and a byte gathered per report, not 8);
     other codes are written by orjson per message, a missing one as ``null``."""
 
-    def __init__(self, codes: np.ndarray, order: np.ndarray):
-        low, high = (int(codes.min()), int(codes.max())) if codes.size else (0, 0)
+    def __init__(
+        self, codes: np.ndarray, order: np.ndarray, bounds: tuple[int, int] | None = None
+    ):
+        """``bounds``: the codes' (lowest, highest), when the check has them already."""
+        if bounds is None:
+            bounds = (int(codes.min()), int(codes.max())) if codes.size else (0, 0)
+        low, high = bounds
         self.text: memoryview | None = None
         if low >= 0 and high <= 9:  # a little-endian 16-bit word a report: digit, comma
             digits = np.take(codes.astype("<u2"), order)
