@@ -64,15 +64,15 @@ def _all_pass(chunk: Columns, horizon: int) -> bool:
     return all(low > OUT_OF_DOMAIN for low in lowest) and any(low >= 0 for low in lowest)
 
 
-def _marked_once(rows: np.ndarray, seen: np.ndarray) -> bool:
+def _marked_once(rows: np.ndarray, seen: np.ndarray, before: int) -> bool:
     """Mark ``rows`` (none of which is marked in ``seen`` yet) in ``seen`` when none occurs twice
     among them; False, ``seen`` unchanged, when one does. Rows ascending cannot repeat; else,
     when the bitmap is small beside the rows (fewer than 256 roster rows a report), the rows
-    are marked and the marks counted before and after (a repeat marks fewer rows than it has;
-    a fresh bitmap for them cost a page fault per 4 kB and its own scatter), sorted otherwise."""
+    are marked and the marks counted after (a repeat marks fewer rows than it has; a fresh
+    bitmap for them cost a page fault per 4 kB and its own scatter), sorted otherwise.
+    ``before``: the rows marked in ``seen`` (the reports counted at its step)."""
     if rows.size >= 2 and not (rows[1:] > rows[:-1]).all():
         if seen.size <= 256 * rows.size:
-            before = int(np.count_nonzero(seen))
             seen[rows] = True
             if int(np.count_nonzero(seen)) - before == rows.size:
                 return True
@@ -153,7 +153,10 @@ class FileCheck:
             seen = self._seen.get(step)
             if seen is None:
                 seen = self._seen[step] = np.zeros(self.users, dtype=bool)
-            if seen[rows_at].any() or not _marked_once(rows_at, seen):
+            # the bitmap marks each report counted at its step once: its marks are that count
+            # (not counted again: a pass over 1 MB per 10^6 users and chunk)
+            before = self.counts.get(step, 0)
+            if seen[rows_at].any() or not _marked_once(rows_at, seen, before):
                 for step_done, done in marked:
                     self._seen[step_done][done] = False
                 return False

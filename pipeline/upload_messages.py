@@ -54,7 +54,9 @@ def chunk_messages(chunk: Columns, keep: np.ndarray, deployment) -> Iterator[Bat
         words = KeyWords(*string_buffers(users))
         steps = chunk.steps[keep]
         key, order = _grouped(steps, (int(steps.min()), int(steps.max())), words, partitions)
-    bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True]).tolist()
+    # where the key changes, the chunk's ends added in Python (np.r_'s concatenation of 2^17
+    # flags cost more than the flags)
+    bounds = [0, *(np.flatnonzero(key[1:] != key[:-1]) + 1).tolist(), key.size]
     # everything in message order once per chunk: a message is then slices of these
     widest = words.longest
     codes = {
