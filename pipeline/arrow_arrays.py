@@ -12,6 +12,7 @@ import pyarrow as pa
 
 __all__ = [
     "bools",
+    "int8s",
     "int32s",
     "int64s",
     "offsets_of",
@@ -27,6 +28,12 @@ def int64s(values: np.ndarray) -> pa.Array:
     """An int64 array holding ``values``."""
     data = np.ascontiguousarray(values, dtype=np.int64)
     return pa.Array.from_buffers(pa.int64(), data.size, [None, pa.py_buffer(data)])
+
+
+def int8s(values: np.ndarray) -> pa.Array:
+    """An int8 array holding ``values``."""
+    data = np.ascontiguousarray(values, dtype=np.int8)
+    return pa.Array.from_buffers(pa.int8(), data.size, [None, pa.py_buffer(data)])
 
 
 def int32s(values: np.ndarray) -> pa.Array:

@@ -222,9 +222,7 @@ class _CodeText:
     than orjson writing each message's int64 codes, and a byte gathered per report, not 8);
     other codes are written by orjson per message, a missing one as ``null``."""
 
-    def __init__(
-        self, codes: np.ndarray, order: np.ndarray, bounds: tuple[int, int] | None = None
-    ):
+    def __init__(self, codes: np.ndarray, order: np.ndarray, bounds: tuple[int, int] | None = None):
         """``bounds``: the codes' (lowest, highest), when the check has them already."""
         if bounds is None:
             bounds = (int(codes.min()), int(codes.max())) if codes.size else (0, 0)
