@@ -370,3 +370,60 @@ def test_a_csv_cell_is_a_number_by_one_rule_in_both_readers(name, tmp_path):
         assert by_cell["+0999"] == by_cell["9" * 20] == by_cell["1_0"] != MISSING
     else:  # a hashed attribute: text is hashed, a number outside 0..49 is outside the domain
         assert by_cell["49"] == 49 and by_cell["50"] == by_cell["9" * 20] == by_cell["-1"]
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        ["employed", "unemployed", "inactive"],
+        ["", "a", "ab", "abcd", "abcde"],  # an empty label; labels that are others' prefixes
+        ["é", "名前", "x" * 12, "y" * 11, "\x00"],  # UTF-8, exactly 12 bytes, a NUL
+        [f"label-{i}" for i in range(16)],  # as many labels as are matched word by word
+    ],
+)
+@pytest.mark.parametrize("large", [False, True])
+def test_categorical_text_codes_are_arrows_index_of_each_label(labels, large):
+    """A categorical attribute's text cells coded by comparing Arrow binary views' words are each
+    cell's index in the labels by Arrow's ``index_in``, outside the domain otherwise: cells that
+    are a label's prefix or extension, a label with a NUL or a space after it, other cases,
+    cells longer than 12 bytes that start with a label, nulls (missing) and a slice of a
+    column; more labels, or a longer one, are left to ``index_in``."""
+    import pyarrow.compute as pc
+
+    from pipeline.attributes import MISSING, OUT_OF_DOMAIN
+    from pipeline.upload_columns import _codes, _label_codes
+
+    dep = parse_config(
+        {
+            "name": "labels",
+            "roster": {"size": 4},
+            "horizon": 2,
+            "attributes": {
+                "flag": {"type": "binary"},
+                "status": {"type": "categorical", "values": labels},
+            },
+            "budget": {"rho": 1.0},
+            "releases": [{"name": "c", "type": "cumulative", "attribute": "flag", "share": 1.0}],
+        }
+    )
+    attribute = dep.attributes["status"]
+    near = [c for label in labels for c in (label, label + "\x00", label + " ", label[:-1],
+                                             label.upper(), label + "xxxxxxxxxxxxx", " " + label)]
+    cells_of = [*near, "", None, "x" * 13, "y" * 12, "other", "\x00" * 12]
+    rng = np.random.default_rng(6)
+    cells = [cells_of[i] for i in rng.integers(0, len(cells_of), 2000)]
+    column = pa.array(["pad", *cells], pa.large_string() if large else pa.string()).slice(1)
+    found = pc.index_in(column, value_set=pa.array(labels)).to_pylist()
+    expected = [OUT_OF_DOMAIN if at is None else at for at in found]
+    got = _label_codes(column, labels)
+    assert got is not None and got.dtype == np.int8
+    assert [g for g, c in zip(got.tolist(), cells) if c is not None] == [
+        e for e, c in zip(expected, cells) if c is not None
+    ]
+    for csv_cells in (True, False):  # nulls missing; an empty cell too by CSV's rule
+        codes = _codes(attribute, column, csv_cells).tolist()
+        assert codes == [
+            MISSING if c is None or (csv_cells and c == "") else e for e, c in zip(expected, cells)
+        ]
+    assert _label_codes(column, [*labels, "z" * 13]) is None
+    assert _label_codes(column, [*labels, *(f"more-{i}" for i in range(17))]) is None
