@@ -249,17 +249,19 @@ def test_a_chunks_ids_are_listed_in_message_order_as_json(ids):
         [-1] * 80,  # none reported: the attribute is left out
     ],
 )
-def test_a_chunks_codes_are_listed_in_message_order_as_json(codes):
+@pytest.mark.parametrize("dtype", [np.int64, np.int8])  # a large domain's codes; a small one's
+@pytest.mark.parametrize("bounds", [False, True])  # the check's bounds handed on, or not
+def test_a_chunks_codes_are_listed_in_message_order_as_json(codes, dtype, bounds):
     """Every slice of an attribute's codes listed for messages is the JSON list of those codes
     in the order given (``null`` for a missing one; None when all are missing), whether written
-    as digits once per chunk or by orjson per message."""
+    as digits once per chunk or by orjson per message, from int64 or int8 codes."""
     import json
 
     from pipeline.upload_messages import _CodeText
 
-    values = np.array(codes, dtype=np.int64)
+    values = np.array(codes, dtype=dtype)
     order = np.random.default_rng(4).permutation(values.size)
-    text = _CodeText(values, order)
+    text = _CodeText(values, order, (min(codes), max(codes)) if bounds else None)
     ordered = [None if c < 0 else c for c in values[order].tolist()]
     rng = np.random.default_rng(5)
     for start, stop in [(0, values.size), (0, 1), (values.size - 1, values.size)] + [
@@ -427,3 +429,26 @@ def test_categorical_text_codes_are_arrows_index_of_each_label(labels, large):
         ]
     assert _label_codes(column, [*labels, "z" * 13]) is None
     assert _label_codes(column, [*labels, *(f"more-{i}" for i in range(17))]) is None
+
+
+@pytest.mark.parametrize("high", [1, 12, 20_000, 2**31])  # a 16-bit key, and a 64-bit one
+def test_message_order_is_a_stable_sort_by_step_then_owner(high):
+    """The chunk's order for messages (its key made from the steps' bounds, as 16 bits when it
+    fits) is the stable sort by step * partitions + the owner by Kafka's partitioner; the
+    chunk's step and code bounds are its steps' and codes' lowest and highest."""
+    from pipeline.upload_messages import message_order
+
+    rng = np.random.default_rng(high)
+    ids = [f"u{i}" for i in rng.integers(0, 10**6, 3000).tolist()]
+    steps = rng.integers(max(1, high - 3), high + 1, len(ids)).astype(np.int64)
+    codes = rng.integers(-2, 3, len(ids)).astype(np.int8)
+    chunk = Columns(0, strings(ids), steps, {"poverty": codes})
+    assert chunk.step_range == (int(steps.min()), int(steps.max()))
+    assert chunk.code_range("poverty") == (int(codes.min()), int(codes.max()))
+    assert Columns(0, strings([]), steps[:0], {"poverty": codes[:0]}).step_range == (0, 0)
+    for partitions in (1, 3, 4):
+        owners = np.array([murmur2_partition(u.encode(), partitions) for u in ids])
+        expected = steps * partitions + owners
+        key, order = message_order(chunk, partitions)
+        assert order.tolist() == np.argsort(expected, kind="stable").tolist()
+        assert key.tolist() == expected[order].tolist()
