@@ -307,6 +307,12 @@ def _codes(attribute, column, csv_cells: bool, distinct: bool = False) -> np.nda
     """Codes of one attribute column, as the workers' parser decodes each value (``-1`` for a
     missing value, ``-2`` for one outside the domain), with whole-column operations.
     ``distinct``: the values are a dictionary's (each coded as it is)."""
+    if isinstance(column, pa.ChunkedArray) and column.num_chunks > 1:
+        # a table of several batches (CSV, JSONL: a chunk is up to 4 blocks): each part coded
+        # alone and the codes joined, a byte a cell, where combining the text first copied every
+        # cell's bytes (~1.3 ms per 10^6 CSV reports of two attributes). The rules read each
+        # cell alone: its code is the same in any part
+        return np.concatenate([_codes(attribute, part, csv_cells) for part in column.chunks])
     arr = _one_array(column) if isinstance(column, pa.ChunkedArray) else column
     kind, size = attribute.type, int(attribute.size)
     t = arr.type

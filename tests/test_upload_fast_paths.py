@@ -452,3 +452,35 @@ def test_message_order_is_a_stable_sort_by_step_then_owner(high):
         key, order = message_order(chunk, partitions)
         assert order.tolist() == np.argsort(expected, kind="stable").tolist()
         assert key.tolist() == expected[order].tolist()
+
+
+def test_codes_of_a_column_of_several_parts_are_those_of_the_column_whole():
+    """A table's column of several batches (a CSV chunk's blocks) is coded part by part: the
+    codes are those of the column combined, for parts short and long (the shortcuts' threshold),
+    text of each attribute's kind, nulls, and integers."""
+    from pipeline.upload_columns import _codes
+
+    dep = parse_config(
+        {
+            "name": "parts",
+            "roster": {"size": 4},
+            "horizon": 2,
+            "attributes": {
+                "flag": {"type": "binary"},
+                "item": {"type": "hashed", "size": 50},
+                "status": {"type": "categorical", "values": ["1", "True", "x y", "+1"]},
+            },
+            "budget": {"rho": 1.0},
+            "releases": [{"name": "c", "type": "cumulative", "attribute": "flag", "share": 1.0}],
+        }
+    )
+    rng = np.random.default_rng(8)
+    sizes = [3, 400, 1, 256, 257, 1000]
+    text = [[_CELLS[i] for i in rng.integers(0, len(_CELLS), n)] for n in sizes]
+    numbers = [[None if x == 9 else int(x) for x in rng.integers(-1, 10, n)] for n in sizes]
+    for parts in (text, numbers):
+        column = pa.chunked_array([pa.array(part) for part in parts])
+        for attribute in dep.attributes.values():
+            for csv_cells in (True, False):
+                whole = _codes(attribute, column.combine_chunks(), csv_cells)
+                assert _codes(attribute, column, csv_cells).tolist() == whole.tolist()
