@@ -54,9 +54,7 @@ def chunk_messages(chunk: Columns, keep: np.ndarray, deployment) -> Iterator[Bat
         words = KeyWords(*string_buffers(users))
         steps = chunk.steps[keep]
         key, order = _grouped(steps, (int(steps.min()), int(steps.max())), words, partitions)
-    # where the key changes, the chunk's ends added in Python (np.r_'s concatenation of 2^17
-    # flags cost more than the flags)
-    bounds = [0, *(np.flatnonzero(key[1:] != key[:-1]) + 1).tolist(), key.size]
+    bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True]).tolist()
     # everything in message order once per chunk: a message is then slices of these
     widest = words.longest
     codes = {
@@ -65,13 +63,8 @@ def chunk_messages(chunk: Columns, keep: np.ndarray, deployment) -> Iterator[Bat
     }
     start = chunk.start
     wide = start + len(chunk) >= 1 << 31  # positions held as int32 when they fit (kept: 4 bytes)
-    # one pass: the sum written in the positions' type (a sum, then a cast: ~0.3 ms per 10^6 more)
-    positions = np.add(
-        keep[order] if not whole else order,
-        start,
-        out=np.empty(order.size, dtype=np.int64 if wide else np.int32),
-        casting="unsafe",
-    )
+    positions: np.ndarray = (keep[order] if not whole else order) + start
+    positions = positions.astype(np.int64 if wide else np.int32)
     listed = _Listed(users, order, words)
     per_message = _per_message(widest, codes, deployment)
     for lo, hi in pairwise(bounds):
@@ -102,7 +95,7 @@ def _grouped(
     low, high = step_range
     if low >= 0 and (high + 1) * partitions <= 1 << 16:
         # numpy sorts 16-bit keys stably by radix: ~10x faster. Made as 16 bits from the start
-        # (the steps' bounds known: no 64-bit key, nor its reductions and cast)
+        # (the steps' bounds known: no 64-bit key, its reductions and cast; ~0.4 ms per 10^6)
         key = steps.astype(np.uint16)
         key *= np.uint16(partitions)
         np.add(key, owners, out=key, casting="unsafe")
