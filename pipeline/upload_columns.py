@@ -165,8 +165,11 @@ def _tables(path: Path, kind: str, deployment) -> Iterator[pa.Table]:
             for batch in parquet.iter_batches(batch_size=chunk_rows(), use_threads=False):
                 yield pa.Table.from_batches([batch])
             return
+        row_bytes = _CSV_ROW_BYTES if kind == "csv" else _JSONL_ROW_BYTES
+        block = _block_bytes(row_bytes)
         reader = _csv_reader(path, deployment) if kind == "csv" else _jsonl_reader(path)
-        yield from _grown(reader, chunk_rows())
+        blocks = -(-path.stat().st_size // block)  # about: a block ends at a line's end
+        yield from _grown(reader, chunk_rows(), blocks)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError, OSError) as err:
         if kind == "parquet":
             raise ReportFileError(
@@ -175,20 +178,29 @@ def _tables(path: Path, kind: str, deployment) -> Iterator[pa.Table]:
         raise NotTabular(str(err)) from None
 
 
-def _grown(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
+def _grown(
+    batches: Iterator[pa.RecordBatch], rows: int, blocks: int | None = None
+) -> Iterator[pa.Table]:
     """The blocks' batches as tables: the first one batch, each next of at least twice the rows of
-    the last, up to ``rows``."""
+    the last, up to ``rows``; and, of a file of about ``blocks`` blocks, its last
+    ``_BLOCKS_PER_CHUNK`` blocks one by one (what the check, build and send do after the last block
+    is decoded is then a block's work, not a chunk's)."""
     held: list[pa.RecordBatch] = []
     size, goal = 0, 0
-    for batch in batches:
+    for seen, batch in enumerate(batches, start=1):
         held.append(batch)
         size += batch.num_rows
-        if size >= goal:
+        if size >= goal or (blocks is not None and blocks - seen < _BLOCKS_PER_CHUNK):
             yield pa.Table.from_batches(held)
             goal = min(rows, 2 * size)
             held, size = [], 0
     if held:
         yield pa.Table.from_batches(held)
+
+
+def _block_bytes(row_bytes: int) -> int:
+    """Bytes of a CSV or JSONL block (``row_bytes`` a line)."""
+    return max(1, chunk_rows() * row_bytes // _BLOCKS_PER_CHUNK)
 
 
 def _csv_reader(path: Path, deployment):
@@ -206,7 +218,7 @@ def _csv_reader(path: Path, deployment):
     return pcsv.open_csv(
         path,
         read_options=pcsv.ReadOptions(
-            block_size=max(1, chunk_rows() * _CSV_ROW_BYTES // _BLOCKS_PER_CHUNK),
+            block_size=_block_bytes(_CSV_ROW_BYTES),
             use_threads=False,
         ),
         convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=False),
@@ -218,7 +230,7 @@ def _jsonl_reader(path: Path):
 
     if _holds(path, b"null"):  # an explicit null is out of domain, an absent value is not
         raise NotTabular("an explicit null")
-    block = max(1, chunk_rows() * _JSONL_ROW_BYTES // _BLOCKS_PER_CHUNK)
+    block = _block_bytes(_JSONL_ROW_BYTES)
     return pjson.open_json(path, read_options=pjson.ReadOptions(block_size=block))
 
 

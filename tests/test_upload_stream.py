@@ -182,9 +182,10 @@ def test_a_roster_file_is_looked_up_from_the_columns_bytes(tmp_path, monkeypatch
 def test_a_text_file_is_read_by_blocks_into_growing_chunks_every_report_once(dep, tmp_path,
                                                                            monkeypatch, suffix):
     """CSV and JSONL are read by blocks of a quarter chunk, grouped into chunks that grow from one
-    block (the first reports are checked soon) to about a whole chunk, decoded in a thread of
-    their own: every report comes once, in the file's order, with its step and code."""
-    from pipeline.upload_columns import arrow_chunks
+    block (the first reports are checked soon) to about a whole chunk, the file's last blocks one
+    by one (little is left to do once the last is decoded), decoded in a thread of their own:
+    every report comes once, in the file's order, with its step and code."""
+    from pipeline.upload_columns import _csv_reader, _jsonl_reader, arrow_chunks
 
     monkeypatch.setenv("DPSTREAM_UPLOAD_CHUNK_ROWS", "64")
     rows = [(f"u{i}", 1 + i % 3, i % 2) for i in range(1000)]  # ids of 2 to 4 bytes
@@ -199,6 +200,8 @@ def test_a_text_file_is_read_by_blocks_into_growing_chunks_every_report_once(dep
     assert sum(sizes) == len(rows) and len(chunks) > 4, sizes
     # the first chunk one block, the next two; none past a chunk by more than a block or two
     assert sizes[0] < sizes[1] and max(sizes) < 3 * 64, sizes
+    blocks = [b.num_rows for b in (_csv_reader(path, dep) if suffix == "csv" else _jsonl_reader(path))]
+    assert sizes[-3:] == blocks[-3:] and max(sizes[:-4]) > max(blocks), (sizes, blocks)
     assert [c.start for c in chunks] == np.cumsum([0, *sizes[:-1]]).tolist()
     got = [(u, int(t), int(p)) for c in chunks
            for u, t, p in zip(c.users.to_pylist(), c.steps, c.codes["poverty"])]
