@@ -73,6 +73,20 @@ def test_murmur2_of_a_chunk_of_ids_of_a_few_lengths():
     assert _hashes_of(shuffled).tolist() == _kafka(shuffled)
 
 
+def _coded(name: str, **attributes: dict):
+    """A small deployment with a binary attribute ``flag`` and ``attributes``, to code columns."""
+    return parse_config(
+        {
+            "name": name,
+            "roster": {"size": 4},
+            "horizon": 2,
+            "attributes": {"flag": {"type": "binary"}, **attributes},
+            "budget": {"rho": 1.0},
+            "releases": [{"name": "c", "type": "cumulative", "attribute": "flag", "share": 1.0}],
+        }
+    )
+
+
 def _candidates(rng, prefix: str, size: int) -> list[str]:
     near = [0, 1, 9, 10, size - 1, size, size + 1, 10 * size]
     ids = [f"{prefix}{n}" for n in near + rng.integers(0, 2 * size + 2, 60).tolist()]
@@ -395,19 +409,7 @@ def test_categorical_text_codes_are_arrows_index_of_each_label(labels, large):
     from pipeline.attributes import MISSING, OUT_OF_DOMAIN
     from pipeline.upload_columns import _codes, _label_codes
 
-    dep = parse_config(
-        {
-            "name": "labels",
-            "roster": {"size": 4},
-            "horizon": 2,
-            "attributes": {
-                "flag": {"type": "binary"},
-                "status": {"type": "categorical", "values": labels},
-            },
-            "budget": {"rho": 1.0},
-            "releases": [{"name": "c", "type": "cumulative", "attribute": "flag", "share": 1.0}],
-        }
-    )
+    dep = _coded("labels", status={"type": "categorical", "values": labels})
     attribute = dep.attributes["status"]
     near = [c for label in labels for c in (label, label + "\x00", label + " ", label[:-1],
                                              label.upper(), label + "xxxxxxxxxxxxx", " " + label)]
@@ -460,19 +462,10 @@ def test_codes_of_a_column_of_several_parts_are_those_of_the_column_whole():
     text of each attribute's kind, nulls, and integers."""
     from pipeline.upload_columns import _codes
 
-    dep = parse_config(
-        {
-            "name": "parts",
-            "roster": {"size": 4},
-            "horizon": 2,
-            "attributes": {
-                "flag": {"type": "binary"},
-                "item": {"type": "hashed", "size": 50},
-                "status": {"type": "categorical", "values": ["1", "True", "x y", "+1"]},
-            },
-            "budget": {"rho": 1.0},
-            "releases": [{"name": "c", "type": "cumulative", "attribute": "flag", "share": 1.0}],
-        }
+    dep = _coded(
+        "parts",
+        item={"type": "hashed", "size": 50},
+        status={"type": "categorical", "values": ["1", "True", "x y", "+1"]},
     )
     rng = np.random.default_rng(8)
     sizes = [3, 400, 1, 256, 257, 1000]
