@@ -12,7 +12,7 @@ import pyarrow as pa
 
 __all__ = [
     "bools",
-    "int8s",
+    "integers",
     "int32s",
     "int64s",
     "offsets_of",
@@ -24,22 +24,23 @@ __all__ = [
 ]
 
 
+def integers(values: np.ndarray, dtype) -> pa.Array:
+    """An Arrow integer array of the numpy type ``dtype`` holding ``values`` (their buffer itself
+    when they are of that type and contiguous)."""
+    data = np.ascontiguousarray(values, dtype=dtype)
+    return pa.Array.from_buffers(
+        pa.from_numpy_dtype(data.dtype), data.size, [None, pa.py_buffer(data)]
+    )
+
+
 def int64s(values: np.ndarray) -> pa.Array:
     """An int64 array holding ``values``."""
-    data = np.ascontiguousarray(values, dtype=np.int64)
-    return pa.Array.from_buffers(pa.int64(), data.size, [None, pa.py_buffer(data)])
-
-
-def int8s(values: np.ndarray) -> pa.Array:
-    """An int8 array holding ``values``."""
-    data = np.ascontiguousarray(values, dtype=np.int8)
-    return pa.Array.from_buffers(pa.int8(), data.size, [None, pa.py_buffer(data)])
+    return integers(values, np.int64)
 
 
 def int32s(values: np.ndarray) -> pa.Array:
     """An int32 array holding ``values``."""
-    data = np.ascontiguousarray(values, dtype=np.int32)
-    return pa.Array.from_buffers(pa.int32(), data.size, [None, pa.py_buffer(data)])
+    return integers(values, np.int32)
 
 
 def bools(mask: np.ndarray) -> pa.Array:

@@ -68,13 +68,8 @@ def _digits_of(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     np.add(x, _SIXES, out=spare)
     spare &= _HIGH_NIBBLES
     valid &= spare == _ZEROS  # and not 0x3A..0x3F
-    # each byte its digit; the first byte is the most significant
-    with np.errstate(over="ignore"):
-        for mask, scale, shift in _STAGES:
-            x &= mask
-            x *= scale
-            x >>= shift
-    return valid, x
+    x &= _STAGES[0][0]  # each byte its digit
+    return valid, _number_of(x)
 
 
 def _below_ten(x: np.ndarray) -> np.ndarray:
@@ -90,7 +85,7 @@ def _below_ten(x: np.ndarray) -> np.ndarray:
 
 def _number_of(x: np.ndarray) -> np.ndarray:
     """The number each word's 8 bytes of digit values (0-9) write, the first byte the most
-    significant, in place (:func:`_digits_of`'s stages; no high nibbles to clear first)."""
+    significant, in place."""
     with np.errstate(over="ignore"):
         for stage, (mask, scale, shift) in enumerate(_STAGES):
             if stage:
